@@ -1,0 +1,539 @@
+//! The attention op: configuration, shape checking, and the GPU forward pass
+//! (upload → projections → scores → softmax → weighted sum → readback, one encoder, one submit).
+
+use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayViewD, IxDyn};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::{buffer, pipeline::KernelId, readback};
+use crate::kernels::{self, matmul, softmax, weighted_sum};
+
+/// The projection weights of one attention layer, in the `X·W` orientation:
+/// `Q = X·W_Q + b_Q`, `K = X·W_K + b_K`, `V = X·W_V + b_V`.
+///
+/// `W_Q` and `W_K` are `(d, d_k)`, `W_V` is `(d, d_v)`, the biases `(d_k,)` and `(d_v,)`.
+/// PyTorch's `nn.Linear(d, d_k).weight` is stored `(d_k, d)`: pass its transpose
+/// (`linear.weight.T`, or `.t()` on an ndarray view, which costs nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct Projections<'a> {
+    /// `W_Q`, `(d, d_k)`.
+    pub w_q: ArrayView2<'a, f32>,
+    /// `W_K`, `(d, d_k)`.
+    pub w_k: ArrayView2<'a, f32>,
+    /// `W_V`, `(d, d_v)`.
+    pub w_v: ArrayView2<'a, f32>,
+    /// `b_Q`, `(d_k,)`.
+    pub b_q: Option<ArrayView1<'a, f32>>,
+    /// `b_K`, `(d_k,)`.
+    pub b_k: Option<ArrayView1<'a, f32>>,
+    /// `b_V`, `(d_v,)`.
+    pub b_v: Option<ArrayView1<'a, f32>>,
+}
+
+impl<'a> Projections<'a> {
+    /// Weights without biases.
+    pub fn new(
+        w_q: ArrayView2<'a, f32>,
+        w_k: ArrayView2<'a, f32>,
+        w_v: ArrayView2<'a, f32>,
+    ) -> Self {
+        Projections {
+            w_q,
+            w_k,
+            w_v,
+            b_q: None,
+            b_k: None,
+            b_v: None,
+        }
+    }
+
+    /// Adds the biases.
+    pub fn with_bias(
+        mut self,
+        b_q: ArrayView1<'a, f32>,
+        b_k: ArrayView1<'a, f32>,
+        b_v: ArrayView1<'a, f32>,
+    ) -> Self {
+        self.b_q = Some(b_q);
+        self.b_k = Some(b_k);
+        self.b_v = Some(b_v);
+        self
+    }
+}
+
+/// What a forward pass returns.
+#[derive(Debug, Clone)]
+pub struct Output<T = f32> {
+    /// The context vectors, `(n, d_v)` or `(batch, n, d_v)`, heads concatenated along the
+    /// last axis.
+    pub context: ArrayD<T>,
+    /// The attention weights, `(n, n)`, `(batch, n, n)`, `(H, n, n)` or `(batch, H, n, n)`
+    /// (a heads axis only when `H > 1`); `None` when the caller opted out.
+    pub weights: Option<ArrayD<T>>,
+}
+
+/// The sizes of one problem, checked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dims {
+    /// Whether X had a batch axis.
+    pub batched: bool,
+    /// Batch size (1 without a batch axis).
+    pub batch: usize,
+    /// Sequence length.
+    pub n: usize,
+    /// Embedding width of X.
+    pub d: usize,
+    /// Query/key width (all heads).
+    pub d_k: usize,
+    /// Value width (all heads).
+    pub d_v: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Scale applied to `Q·Kᵀ`.
+    pub scale: f32,
+    /// Causal mask.
+    pub causal: bool,
+}
+
+impl Dims {
+    /// Shape of the context output.
+    pub fn context_shape(&self) -> Vec<usize> {
+        let mut s = vec![self.n, self.d_v];
+        if self.batched {
+            s.insert(0, self.batch);
+        }
+        s
+    }
+
+    /// Shape of the weights output.
+    pub fn weights_shape(&self) -> Vec<usize> {
+        let mut s = vec![self.n, self.n];
+        if self.heads > 1 {
+            s.insert(0, self.heads);
+        }
+        if self.batched {
+            s.insert(0, self.batch);
+        }
+        s
+    }
+
+    /// Floating-point operations of the attention itself (projections excluded):
+    /// `2·n·n·(d_k + d_v)` per batch index.
+    pub fn attention_flops(&self) -> f64 {
+        2.0 * (self.batch * self.n * self.n) as f64 * (self.d_k + self.d_v) as f64
+    }
+
+    /// Floating-point operations of the three projections: `2·n·d·(2·d_k + d_v)` per batch index.
+    pub fn projection_flops(&self) -> f64 {
+        2.0 * (self.batch * self.n * self.d) as f64 * (2 * self.d_k + self.d_v) as f64
+    }
+}
+
+/// Scaled dot-product self-attention, configured with a builder:
+///
+/// ```text
+/// Q = X·W_Q (+b_Q),  K = X·W_K (+b_K),  V = X·W_V (+b_V)      (Q = K = V = X without weights)
+/// A_h = softmax(Q_h·K_hᵀ · scale)   row by row, scale = 1/sqrt(d_k/H) by default
+/// context = [A_1·V_1, …, A_H·V_H]   (heads concatenated along the last axis)
+/// ```
+///
+/// Head `h` uses columns `[h·d_k/H, (h+1)·d_k/H)` of Q and K and the matching slice of V, as
+/// PyTorch's multi-head attention splits them. With `causal`, query `i` attends to keys
+/// `j ≤ i` (top-left aligned, PyTorch's `is_causal`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attention {
+    heads: usize,
+    causal: bool,
+    scale: Option<f32>,
+    return_weights: bool,
+    nan_fill: bool,
+}
+
+impl Default for Attention {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Attention {
+    /// One head, no mask, default scale, weights returned.
+    pub fn new() -> Self {
+        Attention {
+            heads: 1,
+            causal: false,
+            scale: None,
+            return_weights: true,
+            nan_fill: false,
+        }
+    }
+
+    /// Number of heads (`d_k` and `d_v` must divide by it).
+    pub fn heads(mut self, heads: usize) -> Self {
+        self.heads = heads;
+        self
+    }
+
+    /// Causal mask: query `i` attends to keys `j ≤ i`.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    /// The factor applied to `Q·Kᵀ` before the softmax (default `1/sqrt(d_k/H)`).
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Whether to read back the attention weights (default true).
+    pub fn return_weights(mut self, yes: bool) -> Self {
+        self.return_weights = yes;
+        self
+    }
+
+    /// Pre-fill the GPU outputs with NaN, so any element a kernel failed to write shows up
+    /// (for testing kernels; default false).
+    pub fn nan_fill(mut self, yes: bool) -> Self {
+        self.nan_fill = yes;
+        self
+    }
+
+    /// Whether the weights are returned.
+    pub fn returns_weights(&self) -> bool {
+        self.return_weights
+    }
+
+    /// Checks every shape and option against `x` and the projections.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] or [`Error::InvalidArgument`] naming what is wrong.
+    pub fn dims(&self, x_shape: &[usize], proj: Option<&Projections<'_>>) -> Result<Dims> {
+        let (batched, batch, n, d) = match *x_shape {
+            [n, d] => (false, 1, n, d),
+            [b, n, d] => (true, b, n, d),
+            _ => {
+                return Err(Error::shape(format!(
+                    "X must be (n, d) or (batch, n, d), got shape {x_shape:?}"
+                )))
+            }
+        };
+        if n == 0 {
+            return Err(Error::invalid("X", "empty sequence (n = 0)"));
+        }
+        if d == 0 {
+            return Err(Error::invalid("X", "zero-width embeddings (d = 0)"));
+        }
+        if batch == 0 {
+            return Err(Error::invalid("X", "empty batch (batch = 0)"));
+        }
+        let (d_k, d_v) = match proj {
+            None => (d, d),
+            Some(p) => check_projections(d, p)?,
+        };
+        if self.heads == 0 {
+            return Err(Error::invalid("heads", "must be at least 1"));
+        }
+        if d_k % self.heads != 0 {
+            return Err(Error::invalid(
+                "heads",
+                format!("d_k = {d_k} does not divide by heads = {}", self.heads),
+            ));
+        }
+        if d_v % self.heads != 0 {
+            return Err(Error::invalid(
+                "heads",
+                format!("d_v = {d_v} does not divide by heads = {}", self.heads),
+            ));
+        }
+        let scale = match self.scale {
+            Some(s) if !s.is_finite() => {
+                return Err(Error::invalid("scale", format!("must be finite, got {s}")))
+            }
+            Some(s) => s,
+            None => 1.0 / ((d_k / self.heads) as f32).sqrt(),
+        };
+        Ok(Dims {
+            batched,
+            batch,
+            n,
+            d,
+            d_k,
+            d_v,
+            heads: self.heads,
+            scale,
+            causal: self.causal,
+        })
+    }
+
+    /// Computes attention on the GPU.
+    ///
+    /// `x` is `(n, d)` or `(batch, n, d)`; without `proj`, `Q = K = V = X`.
+    ///
+    /// # Errors
+    /// Bad shapes or options, non-finite inputs, sizes over the device's limits, and any
+    /// wgpu validation, out-of-memory or device-lost error, as [`Error`] variants.
+    pub fn forward(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<Output> {
+        let dims = self.dims(x.shape(), proj)?;
+        check_inputs_finite(&x, proj)?;
+        let (context, weights) = ctx.scoped(|| self.record_and_run(ctx, &dims, &x, proj))?;
+        let context = ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
+            .map_err(|e| Error::shape(e.to_string()))?;
+        let weights = weights
+            .map(|w| ArrayD::from_shape_vec(IxDyn(&dims.weights_shape()), w))
+            .transpose()
+            .map_err(|e| Error::shape(e.to_string()))?;
+        Ok(Output { context, weights })
+    }
+
+    fn record_and_run(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: &ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let Dims {
+            batch,
+            n,
+            d,
+            d_k,
+            d_v,
+            heads,
+            ..
+        } = *dims;
+        let groups = batch * heads;
+        // Check every size before allocating anything.
+        buffer::check_len(ctx, "attention weights (batch·heads·n·n)", groups * n * n)?;
+        buffer::check_len(ctx, "context (batch·n·d_v)", batch * n * d_v)?;
+
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("attention forward"),
+            });
+
+        // Upload.
+        let x_buf = buffer::upload(ctx, "X", contiguous(x).as_ref())?;
+        let projected;
+        let (q, k, v) = match proj {
+            None => (&x_buf, &x_buf, &x_buf),
+            Some(p) => {
+                let rows = batch * n;
+                let project = |encoder: &mut wgpu::CommandEncoder,
+                               name: &str,
+                               w: &ArrayView2<'_, f32>,
+                               b: Option<&ArrayView1<'_, f32>>|
+                 -> Result<wgpu::Buffer> {
+                    let width = w.ncols();
+                    let w_buf = buffer::upload(ctx, name, contiguous(w).as_ref())?;
+                    let b_buf = match b {
+                        Some(b) => buffer::upload(ctx, name, contiguous(b).as_ref())?,
+                        None => buffer::upload(ctx, name, &[])?,
+                    };
+                    let out = buffer::output(ctx, name, rows * width, false)?;
+                    let mm = matmul::Matmul {
+                        m: rows,
+                        n: width,
+                        k: d,
+                        batch: 1,
+                        heads: 1,
+                        a: matmul::Strides::row_major(kernels::u32_of("d", d)?, 0, 0),
+                        b: matmul::Strides::row_major(kernels::u32_of("width", width)?, 0, 0),
+                        c: matmul::Strides::row_major(kernels::u32_of("width", width)?, 0, 0),
+                        flags: if b.is_some() { matmul::HAS_BIAS } else { 0 },
+                    };
+                    let (params, wgs) = mm.params()?;
+                    kernels::record(
+                        ctx,
+                        encoder,
+                        KernelId::Matmul,
+                        &params,
+                        &[&x_buf, &w_buf, &b_buf, &out],
+                        wgs,
+                    )?;
+                    Ok(out)
+                };
+                projected = (
+                    project(&mut encoder, "Q", &p.w_q, p.b_q.as_ref())?,
+                    project(&mut encoder, "K", &p.w_k, p.b_k.as_ref())?,
+                    project(&mut encoder, "V", &p.w_v, p.b_v.as_ref())?,
+                );
+                (&projected.0, &projected.1, &projected.2)
+            }
+        };
+
+        // Scores S = Q_h·K_hᵀ, one group per (batch, head).
+        let u = |what: &str, v: usize| kernels::u32_of(what, v);
+        let dk_h = d_k / heads;
+        let qk = matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n * d_k)?);
+        let scores = buffer::output(
+            ctx,
+            "attention weights",
+            groups * n * n,
+            self.nan_fill && self.return_weights,
+        )?;
+        let no_bias = buffer::upload(ctx, "no bias", &[])?;
+        let mm = matmul::Matmul {
+            m: n,
+            n,
+            k: dk_h,
+            batch,
+            heads,
+            a: qk,
+            b: qk.transposed(),
+            c: matmul::Strides {
+                off: 0,
+                batch: u("heads·n·n", heads * n * n)?,
+                head: u("n·n", n * n)?,
+                row: u("n", n)?,
+                col: 1,
+            },
+            flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
+        };
+        let (params, wgs) = mm.params()?;
+        kernels::record(
+            ctx,
+            &mut encoder,
+            KernelId::Matmul,
+            &params,
+            &[q, k, &no_bias, &scores],
+            wgs,
+        )?;
+
+        // A = softmax(scale · S), in place.
+        let (params, wgs) = softmax::params(groups, n, n, dims.scale, self.causal)?;
+        kernels::record(ctx, &mut encoder, KernelId::Softmax, &params, &[&scores], wgs)?;
+
+        // context = A·V per head, heads side by side.
+        let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
+        let (params, wgs) = weighted_sum::params(batch, heads, n, n, d_v, self.causal)?;
+        kernels::record(
+            ctx,
+            &mut encoder,
+            KernelId::WeightedSum,
+            &params,
+            &[&scores, v, &context],
+            wgs,
+        )?;
+
+        // Readback.
+        let mut pending = vec![readback::copy_out(ctx, &mut encoder, &context, batch * n * d_v)];
+        if self.return_weights {
+            pending.push(readback::copy_out(ctx, &mut encoder, &scores, groups * n * n));
+        }
+        let submission = ctx.queue.submit([encoder.finish()]);
+        let mut results = readback::finish(ctx, submission, pending)?.into_iter();
+        let context = results.next().unwrap_or_default();
+        Ok((context, results.next()))
+    }
+}
+
+/// The elements of an array in row-major order, copied only when it is not already.
+fn contiguous<'a, D: ndarray::Dimension>(
+    a: &'a ndarray::ArrayView<'_, f32, D>,
+) -> std::borrow::Cow<'a, [f32]> {
+    match a.as_slice() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(a.iter().copied().collect()),
+    }
+}
+
+fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize)> {
+    let (wq, wk, wv) = (p.w_q.shape(), p.w_k.shape(), p.w_v.shape());
+    for (name, w) in [("W_Q", wq), ("W_K", wk), ("W_V", wv)] {
+        if w[0] != d {
+            return Err(Error::shape(format!(
+                "{name} is {w:?} but X has d = {d} columns, so {name} must have {d} rows \
+                 (weights are (d, d_out), the X·W orientation; PyTorch's nn.Linear.weight is the transpose)"
+            )));
+        }
+        if w[1] == 0 {
+            return Err(Error::invalid(name, "has zero columns"));
+        }
+    }
+    if wq[1] != wk[1] {
+        return Err(Error::shape(format!(
+            "W_Q is {wq:?} and W_K is {wk:?}: queries and keys must have the same width d_k"
+        )));
+    }
+    let (d_k, d_v) = (wq[1], wv[1]);
+    for (name, b, want) in [("b_Q", p.b_q, d_k), ("b_K", p.b_k, d_k), ("b_V", p.b_v, d_v)] {
+        if let Some(b) = b {
+            if b.len() != want {
+                return Err(Error::shape(format!(
+                    "{name} has length {} but its projection has {want} columns",
+                    b.len()
+                )));
+            }
+        }
+    }
+    Ok((d_k, d_v))
+}
+
+/// `Err(NonFinite)` naming the array and the first NaN or infinity in it.
+pub fn check_finite<D: ndarray::Dimension>(
+    name: &str,
+    a: &ndarray::ArrayView<'_, f32, D>,
+) -> Result<()> {
+    match a.indexed_iter().find(|(_, v)| !v.is_finite()) {
+        None => Ok(()),
+        Some((idx, v)) => Err(Error::NonFinite {
+            array: name.to_string(),
+            value: *v,
+            index: ndarray::IntoDimension::into_dimension(idx).as_array_view().to_vec(),
+        }),
+    }
+}
+
+pub(crate) fn check_inputs_finite(
+    x: &ArrayViewD<'_, f32>,
+    proj: Option<&Projections<'_>>,
+) -> Result<()> {
+    check_finite("X", x)?;
+    if let Some(p) = proj {
+        check_finite("W_Q", &p.w_q)?;
+        check_finite("W_K", &p.w_k)?;
+        check_finite("W_V", &p.w_v)?;
+        for (name, b) in [("b_Q", p.b_q), ("b_K", p.b_k), ("b_V", p.b_v)] {
+            if let Some(b) = b {
+                check_finite(name, &b)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array2;
+
+    #[test]
+    fn dims_default_scale_uses_per_head_width() {
+        let d = Attention::new().heads(4).dims(&[2, 5, 32], None).unwrap();
+        assert_eq!(d.scale, 1.0 / 8f32.sqrt());
+        assert_eq!(d.weights_shape(), vec![2, 4, 5, 5]);
+        assert_eq!(d.context_shape(), vec![2, 5, 32]);
+    }
+
+    #[test]
+    fn dims_rejects_heads_that_do_not_divide() {
+        let err = Attention::new().heads(3).dims(&[5, 8], None).unwrap_err();
+        assert!(err.to_string().contains("does not divide"), "{err}");
+    }
+
+    #[test]
+    fn dims_rejects_mismatched_weights() {
+        let wq = Array2::<f32>::zeros((4, 3));
+        let wk = Array2::<f32>::zeros((4, 2));
+        let wv = Array2::<f32>::zeros((4, 5));
+        let p = Projections::new(wq.view(), wk.view(), wv.view());
+        let err = Attention::new().dims(&[7, 4], Some(&p)).unwrap_err();
+        assert!(err.to_string().contains("W_K"), "{err}");
+    }
+}

@@ -1,0 +1,292 @@
+//! The `wgpu-attention` command line: `devices`, `run`, `verify`, `demo`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use ndarray::{ArrayD, Ix1, Ix2};
+use wgpu_attention::{
+    demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Error,
+    Projections, Result,
+};
+
+/// Scaled dot-product self-attention in WGSL compute shaders on wgpu.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone, Default)]
+struct AdapterArgs {
+    /// Graphics API: vulkan, metal, dx12 or gl (default: WGPU_BACKEND, else all).
+    #[arg(long)]
+    backend: Option<Backend>,
+    /// Pick the adapter whose name contains this (default: WGPU_ADAPTER_NAME, else the best).
+    #[arg(long)]
+    adapter: Option<String>,
+}
+
+impl AdapterArgs {
+    fn options(&self) -> ContextOptions {
+        ContextOptions {
+            backend: self.backend,
+            adapter_name: self.adapter.clone(),
+        }
+    }
+
+    fn open(&self) -> Result<Context> {
+        Context::with_options(&self.options())
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List every adapter wgpu finds, best first, with the limits that matter.
+    Devices {
+        #[command(flatten)]
+        adapter: AdapterArgs,
+    },
+    /// Compute attention over .npy inputs and write context.npy and weights.npy.
+    Run(RunArgs),
+    /// Check the GPU kernels against the f64 CPU reference over many shapes and options.
+    Verify {
+        /// Random cases in addition to the fixed sweep.
+        #[arg(long, default_value_t = 20)]
+        trials: usize,
+        /// Seed of the random cases and their data.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[command(flatten)]
+        adapter: AdapterArgs,
+    },
+    /// Seed 000's example: attention over the words of a sentence, printed as a table.
+    Demo {
+        /// The sentence.
+        sentence: Option<String>,
+        /// Seed of the embedding and weights.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        #[command(flatten)]
+        adapter: AdapterArgs,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Input X, (n, d) or (batch, n, d), float32 or float64 .npy.
+    #[arg(long)]
+    x: PathBuf,
+    /// W_Q, (d, d_k), in X·W orientation (PyTorch's nn.Linear.weight transposed).
+    #[arg(long, requires_all = ["wk", "wv"])]
+    wq: Option<PathBuf>,
+    /// W_K, (d, d_k).
+    #[arg(long, requires_all = ["wq", "wv"])]
+    wk: Option<PathBuf>,
+    /// W_V, (d, d_v).
+    #[arg(long, requires_all = ["wq", "wk"])]
+    wv: Option<PathBuf>,
+    /// b_Q, (d_k,).
+    #[arg(long, requires_all = ["bk", "bv", "wq"])]
+    bq: Option<PathBuf>,
+    /// b_K, (d_k,).
+    #[arg(long, requires_all = ["bq", "bv", "wq"])]
+    bk: Option<PathBuf>,
+    /// b_V, (d_v,).
+    #[arg(long, requires_all = ["bq", "bk", "wq"])]
+    bv: Option<PathBuf>,
+    /// Number of heads (d_k and d_v must divide by it).
+    #[arg(long, default_value_t = 1)]
+    heads: usize,
+    /// Causal mask: position i attends to j ≤ i.
+    #[arg(long)]
+    causal: bool,
+    /// Scale of Q·Kᵀ (default 1/sqrt(d_k/heads)).
+    #[arg(long, allow_negative_numbers = true)]
+    scale: Option<f32>,
+    /// Do not compute-and-return the attention weights (no weights.npy).
+    #[arg(long)]
+    no_weights: bool,
+    /// Output directory (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    adapter: AdapterArgs,
+}
+
+fn read_2d(path: &Path) -> Result<ndarray::Array2<f32>> {
+    let a = npy::read(path)?;
+    let shape = a.shape().to_vec();
+    a.into_dimensionality::<Ix2>()
+        .map_err(|_| Error::io(path, format!("expected a 2-D array, found shape {shape:?}")))
+}
+
+fn read_1d(path: &Path) -> Result<ndarray::Array1<f32>> {
+    let a = npy::read(path)?;
+    let shape = a.shape().to_vec();
+    a.into_dimensionality::<Ix1>()
+        .map_err(|_| Error::io(path, format!("expected a 1-D array, found shape {shape:?}")))
+}
+
+fn run(args: &RunArgs) -> Result<()> {
+    let x: ArrayD<f32> = npy::read(&args.x)?;
+    let weights = match (&args.wq, &args.wk, &args.wv) {
+        (Some(q), Some(k), Some(v)) => Some((read_2d(q)?, read_2d(k)?, read_2d(v)?)),
+        _ => None,
+    };
+    let biases = match (&args.bq, &args.bk, &args.bv) {
+        (Some(q), Some(k), Some(v)) => Some((read_1d(q)?, read_1d(k)?, read_1d(v)?)),
+        _ => None,
+    };
+    let proj = weights.as_ref().map(|(q, k, v)| {
+        let p = Projections::new(q.view(), k.view(), v.view());
+        match &biases {
+            Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
+            None => p,
+        }
+    });
+    let mut op = Attention::new()
+        .heads(args.heads)
+        .causal(args.causal)
+        .return_weights(!args.no_weights);
+    if let Some(s) = args.scale {
+        op = op.scale(s);
+    }
+    // Check the problem before opening a device, so bad input fails fast.
+    let dims = op.dims(x.shape(), proj.as_ref())?;
+    let ctx = args.adapter.open()?;
+    let start = Instant::now();
+    let out = op.forward(&ctx, x.view(), proj.as_ref())?;
+    let elapsed = start.elapsed();
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| Error::io(&args.out, format!("cannot create directory: {e}")))?;
+    npy::write(&args.out.join("context.npy"), &out.context)?;
+    if let Some(w) = &out.weights {
+        npy::write(&args.out.join("weights.npy"), w)?;
+    }
+    let info = ctx.adapter_info();
+    println!("adapter   {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    println!(
+        "problem   X {:?}, d_k {}, d_v {}, heads {}, scale {}, causal {}",
+        x.shape(),
+        dims.d_k,
+        dims.d_v,
+        dims.heads,
+        dims.scale,
+        dims.causal
+    );
+    println!(
+        "context   {:?} -> {}",
+        out.context.shape(),
+        args.out.join("context.npy").display()
+    );
+    if let Some(w) = &out.weights {
+        println!("weights   {:?} -> {}", w.shape(), args.out.join("weights.npy").display());
+    }
+    println!(
+        "time      {:.2} ms (upload, kernels, readback; includes first-use shader compilation)",
+        elapsed.as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
+    let ctx = adapter.open()?;
+    let info = ctx.adapter_info();
+    println!("adapter: {} ({:?}, {:?}, driver {})", info.name, info.backend, info.device_type, info.driver);
+    println!("GPU vs f64 CPU reference; bound = relative-error tolerance (grows with the logit size)\n");
+    println!("{}", verify::HEADER);
+    let mut cases = verify::standard_cases();
+    cases.extend(verify::random_cases(trials, seed));
+    let mut failed = 0;
+    for (i, case) in cases.iter().enumerate() {
+        match verify::run_case(&ctx, case, seed.wrapping_add(i as u64)) {
+            Ok(r) => {
+                if !r.passed() {
+                    failed += 1;
+                }
+                println!("{r}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{:<45} error: {e}", case.to_string());
+            }
+        }
+    }
+    println!("\n{} passed, {} failed", cases.len() - failed, failed);
+    Ok(failed == 0)
+}
+
+fn demo_cmd(sentence: Option<&str>, seed: u64, adapter: &AdapterArgs) -> Result<()> {
+    let sentence = sentence.unwrap_or(demo::DEFAULT_SENTENCE);
+    let inputs = demo::inputs(sentence, seed)?;
+    let ctx = adapter.open()?;
+    let info = ctx.adapter_info();
+    println!("adapter:    {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    println!("sentence:   {sentence:?}");
+    println!("vocabulary: {:?}", inputs.vocab);
+    println!("indices:    {:?}", inputs.indices);
+    println!(
+        "X (n={}, d={}) from a seeded normal embedding (seed {seed}); W_Q, W_K {}x{}, W_V {}x{} uniform in [0, 1)\n",
+        inputs.x.nrows(),
+        demo::D,
+        demo::D,
+        demo::D_K,
+        demo::D,
+        demo::D_V
+    );
+    let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
+    let op = Attention::new();
+    let out = op.forward(&ctx, inputs.x.view().into_dyn(), Some(&proj))?;
+    let weights = out.weights.as_ref().ok_or_else(|| Error::invalid("demo", "no weights"))?;
+    println!("attention weights softmax(Q·Kᵀ/sqrt({})), row = query word, column = key word:", demo::D_K);
+    print!("{}", demo::table(&inputs.words, weights)?);
+    let reference = wgpu_attention::reference::attention(&op, inputs.x.view().into_dyn(), Some(&proj))?;
+    let (rel_c, max_c) = wgpu_attention::reference::compare(&out.context, &reference.context);
+    let (rel_w, max_w) = wgpu_attention::reference::compare(
+        weights,
+        reference.weights.as_ref().ok_or_else(|| Error::invalid("reference", "no weights"))?,
+    );
+    println!(
+        "\ncontext vectors: {:?}; vs the f64 CPU reference: weights max abs {:.1e} (rel {:.1e}), context max abs {:.1e} (rel {:.1e})",
+        out.context.shape(),
+        max_w,
+        rel_w,
+        max_c,
+        rel_c
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Devices { adapter } => {
+            let adapters = list_adapters(&adapter.options());
+            if adapters.is_empty() {
+                Err(Error::NoAdapter {
+                    wanted: String::new(),
+                    hint: "Install a GPU driver, or a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers`).".into(),
+                })
+            } else {
+                for (i, a) in adapters.iter().enumerate() {
+                    println!("[{i}] {a}");
+                }
+                Ok(true)
+            }
+        }
+        Command::Run(args) => run(args).map(|()| true),
+        Command::Verify { trials, seed, adapter } => verify_cmd(*trials, *seed, adapter),
+        Command::Demo { sentence, seed, adapter } => demo_cmd(sentence.as_deref(), *seed, adapter).map(|()| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! Adapter choice, device creation, limits and error capture: everything a forward pass
+//! needs from wgpu, created once and shared.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::gpu::pipeline::PipelineCache;
+
+/// A graphics API wgpu can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Vulkan (Linux, Windows, Android; lavapipe is a software Vulkan driver).
+    Vulkan,
+    /// Metal (macOS, iOS).
+    Metal,
+    /// Direct3D 12 (Windows).
+    Dx12,
+    /// OpenGL / OpenGL ES.
+    Gl,
+}
+
+impl Backend {
+    /// The wgpu backend set for this backend.
+    pub fn backends(self) -> wgpu::Backends {
+        match self {
+            Backend::Vulkan => wgpu::Backends::VULKAN,
+            Backend::Metal => wgpu::Backends::METAL,
+            Backend::Dx12 => wgpu::Backends::DX12,
+            Backend::Gl => wgpu::Backends::GL,
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "vulkan" | "vk" => Ok(Backend::Vulkan),
+            "metal" | "mtl" => Ok(Backend::Metal),
+            "dx12" | "d3d12" => Ok(Backend::Dx12),
+            "gl" | "gles" | "opengl" => Ok(Backend::Gl),
+            other => Err(Error::invalid(
+                "backend",
+                format!("{other:?} is not one of vulkan, metal, dx12, gl"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Vulkan => "vulkan",
+            Backend::Metal => "metal",
+            Backend::Dx12 => "dx12",
+            Backend::Gl => "gl",
+        })
+    }
+}
+
+/// Which adapter to open.
+///
+/// Unset fields fall back to the environment: `WGPU_BACKEND` (a comma list such as
+/// `vulkan,gl`) and `WGPU_ADAPTER_NAME` (a case-insensitive substring of the adapter's name).
+/// Among the adapters left, the best device type wins: discrete GPU, then integrated,
+/// virtual, software (CPU), other; ties go to Vulkan/Metal/DX12 over GL.
+#[derive(Debug, Clone, Default)]
+pub struct ContextOptions {
+    /// Only adapters of this backend.
+    pub backend: Option<Backend>,
+    /// Only adapters whose name contains this (case-insensitive).
+    pub adapter_name: Option<String>,
+}
+
+impl ContextOptions {
+    fn backends(&self) -> wgpu::Backends {
+        match self.backend {
+            Some(b) => b.backends(),
+            None => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+        }
+    }
+
+    fn name_filter(&self) -> Option<String> {
+        self.adapter_name
+            .clone()
+            .or_else(|| std::env::var("WGPU_ADAPTER_NAME").ok())
+            .filter(|s| !s.is_empty())
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match self.backend {
+            Some(b) => parts.push(format!("backend {b}")),
+            None => {
+                if let Ok(v) = std::env::var("WGPU_BACKEND") {
+                    parts.push(format!("WGPU_BACKEND={v}"));
+                }
+            }
+        }
+        if let Some(n) = self.name_filter() {
+            parts.push(format!("name containing {n:?}"));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" matching {}", parts.join(", "))
+        }
+    }
+}
+
+/// What `devices` prints about one adapter.
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    /// wgpu's adapter info (name, backend, device type, driver).
+    pub info: wgpu::AdapterInfo,
+    /// The adapter's limits.
+    pub limits: wgpu::Limits,
+    /// Whether it can do f16 and subgroup operations.
+    pub features: wgpu::Features,
+}
+
+impl fmt::Display for AdapterSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.info;
+        let l = &self.limits;
+        writeln!(f, "{}", i.name)?;
+        writeln!(
+            f,
+            "  backend {:?}, type {:?}, vendor 0x{:04x}, device 0x{:04x}",
+            i.backend, i.device_type, i.vendor, i.device
+        )?;
+        writeln!(f, "  driver {} ({})", i.driver, i.driver_info)?;
+        writeln!(
+            f,
+            "  max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB",
+            l.max_storage_buffer_binding_size >> 20,
+            l.max_buffer_size >> 20,
+            l.max_compute_workgroup_storage_size >> 10
+        )?;
+        writeln!(
+            f,
+            "  max invocations/workgroup {}, workgroups/dimension {}, storage buffers/stage {}, 2D texture {}",
+            l.max_compute_invocations_per_workgroup,
+            l.max_compute_workgroups_per_dimension,
+            l.max_storage_buffers_per_shader_stage,
+            l.max_texture_dimension_2d
+        )?;
+        let feats: Vec<&str> = [
+            (wgpu::Features::SHADER_F16, "shader-f16"),
+            (wgpu::Features::SUBGROUP, "subgroup"),
+            (wgpu::Features::TIMESTAMP_QUERY, "timestamp-query"),
+            (wgpu::Features::SHADER_F64, "shader-f64"),
+        ]
+        .iter()
+        .filter(|(flag, _)| self.features.contains(*flag))
+        .map(|(_, name)| *name)
+        .collect();
+        write!(f, "  features: {}", feats.join(", "))
+    }
+}
+
+fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let ty = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    };
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 => 0,
+        _ => 1,
+    };
+    (ty, backend)
+}
+
+fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = backends;
+    wgpu::Instance::new(desc)
+}
+
+const NO_ADAPTER_HINT: &str = "Install a GPU driver with Vulkan, Metal or DX12 support; with no GPU, \
+install a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers`). \
+Run `wgpu-attention devices` to see what wgpu finds.";
+
+/// Every adapter wgpu finds for the given options, best first.
+pub fn list_adapters(options: &ContextOptions) -> Vec<AdapterSummary> {
+    select(options)
+        .into_iter()
+        .map(|a| AdapterSummary {
+            info: a.get_info(),
+            limits: a.limits(),
+            features: a.features(),
+        })
+        .collect()
+}
+
+fn select(options: &ContextOptions) -> Vec<wgpu::Adapter> {
+    let instance = new_instance(options.backends());
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(options.backends()));
+    if let Some(name) = options.name_filter() {
+        let name = name.to_lowercase();
+        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
+    }
+    adapters.sort_by_key(|a| rank(&a.get_info()));
+    adapters
+}
+
+/// An open device: the adapter, its device and queue, and the compiled kernels.
+///
+/// Create one and reuse it; every [`crate::Attention::forward`] call on it shares the
+/// pipeline cache.
+pub struct Context {
+    pub(crate) adapter: wgpu::Adapter,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) pipelines: PipelineCache,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.adapter.get_info().name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// Opens the best adapter with default options (honouring `WGPU_BACKEND` and
+    /// `WGPU_ADAPTER_NAME`).
+    ///
+    /// # Errors
+    /// [`Error::NoAdapter`] when none is found, with a hint naming the fix;
+    /// [`Error::RequestDevice`] when the adapter refuses a device.
+    pub fn new() -> Result<Self> {
+        Self::with_options(&ContextOptions::default())
+    }
+
+    /// Opens the best adapter matching `options`.
+    ///
+    /// # Errors
+    /// As [`Context::new`].
+    pub fn with_options(options: &ContextOptions) -> Result<Self> {
+        let adapter = select(options)
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NoAdapter {
+                wanted: options.describe(),
+                hint: NO_ADAPTER_HINT.to_string(),
+            })?;
+        Self::from_adapter(adapter)
+    }
+
+    /// Opens a device on an adapter the caller chose, with the adapter's full limits.
+    ///
+    /// # Errors
+    /// [`Error::RequestDevice`] when the adapter refuses.
+    pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgpu-attention"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            ..Default::default()
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
+                adapter: adapter.get_info().name,
+                message: e.to_string(),
+            })?;
+        Ok(Self::from_parts(adapter, device, queue))
+    }
+
+    /// Wraps a device the caller already owns (its limits are taken from the device).
+    pub fn from_parts(adapter: wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        let lost = Arc::new(Mutex::new(None));
+        let lost_cb = Arc::clone(&lost);
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut l) = lost_cb.lock() {
+                *l = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        // Errors outside our error scopes must not panic the caller's process; each forward
+        // pass runs inside scopes, so anything landing here is reported on the next call.
+        device.on_uncaptured_error(Arc::new(|_e: wgpu::Error| {}));
+        let limits = device.limits();
+        Self {
+            adapter,
+            device,
+            queue,
+            limits,
+            pipelines: PipelineCache::default(),
+            lost,
+        }
+    }
+
+    /// The adapter's name, backend, device type and driver.
+    pub fn adapter_info(&self) -> wgpu::AdapterInfo {
+        self.adapter.get_info()
+    }
+
+    /// The device's limits (the adapter's full limits unless the caller made the device).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// The wgpu device, for callers who record their own work beside ours.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The wgpu queue.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// `Err(DeviceLost)` once the device has been lost; a lost context stays unusable.
+    pub fn check_alive(&self) -> Result<()> {
+        match self.lost.lock().ok().and_then(|l| l.clone()) {
+            Some(msg) => Err(Error::DeviceLost(msg)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and turns anything they
+    /// capture into `Err`.
+    pub(crate) fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.check_alive()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(validation.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o.or(v) {
+            return Err(e.into());
+        }
+        self.check_alive()?;
+        out
+    }
+}

@@ -1,0 +1,97 @@
+//! Storage buffers: uploads of host arrays and allocations for results, each checked against
+//! the device's limits first so an oversize problem is an `Err`, not a wgpu panic.
+
+use wgpu::util::DeviceExt;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+const F32: u64 = std::mem::size_of::<f32>() as u64;
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// Checks that a storage buffer of `len` f32s fits the device's limits.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] naming the buffer, its size and the limit.
+pub fn check_len(ctx: &Context, what: &str, len: usize) -> Result<u64> {
+    let bytes = (len as u64).max(1) * F32;
+    let limits = ctx.limits();
+    if bytes > limits.max_storage_buffer_binding_size {
+        return Err(Error::LimitExceeded {
+            what: what.to_string(),
+            needed: mib(bytes),
+            limit: mib(limits.max_storage_buffer_binding_size),
+            limit_name: "max_storage_buffer_binding_size",
+        });
+    }
+    if bytes > limits.max_buffer_size {
+        return Err(Error::LimitExceeded {
+            what: what.to_string(),
+            needed: mib(bytes),
+            limit: mib(limits.max_buffer_size),
+            limit_name: "max_buffer_size",
+        });
+    }
+    // Kernels index with u32.
+    if len as u64 > u32::MAX as u64 {
+        return Err(Error::LimitExceeded {
+            what: what.to_string(),
+            needed: format!("{len} elements"),
+            limit: format!("{} elements", u32::MAX),
+            limit_name: "u32 indexing",
+        });
+    }
+    Ok(bytes)
+}
+
+/// Uploads `data` into a new read-only storage buffer.
+pub fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+    check_len(ctx, label, data.len())?;
+    // wgpu rejects zero-sized bindings; a one-element dummy stands in for "no data".
+    let contents: &[f32] = if data.is_empty() { &[0.0] } else { data };
+    Ok(ctx
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(contents),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        }))
+}
+
+/// Allocates a storage buffer of `len` f32s that kernels write and readback copies from.
+/// With `nan_fill` every element starts as NaN, so an element no kernel wrote shows up.
+pub fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<wgpu::Buffer> {
+    let bytes = check_len(ctx, label, len)?;
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: nan_fill,
+    });
+    if nan_fill {
+        {
+            let mut view = buffer
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| Error::Validation(e.to_string()))?;
+            // Mapped memory is write-only: write whole bytes, never read.
+            let nans = vec![f32::NAN; len.max(1)];
+            view.copy_from_slice(bytemuck::cast_slice(&nans));
+        }
+        buffer.unmap();
+    }
+    Ok(buffer)
+}
+
+/// A uniform buffer holding one typed parameter block.
+pub fn uniform<P: bytemuck::Pod>(ctx: &Context, label: &str, params: &P) -> wgpu::Buffer {
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+}

@@ -1,0 +1,7 @@
+//! The GPU plumbing in data-flow order: [`buffer`] (upload and allocation, checked against
+//! the device's limits), [`pipeline`] (the compiled kernels, cached under a typed key) and
+//! [`readback`] (copy to staging, map, wait: the one place that polls the device).
+
+pub mod buffer;
+pub mod pipeline;
+pub mod readback;

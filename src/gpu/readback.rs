@@ -1,0 +1,84 @@
+//! Reading results back: copy into staging buffers inside the forward pass's encoder, then
+//! map them all and wait. Every `poll` and `map_async` of the crate is in this file.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// How long a readback waits for the GPU before giving up with an error.
+pub const READBACK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A staging buffer and how many f32s to read from it.
+pub struct Pending {
+    staging: wgpu::Buffer,
+    len: usize,
+}
+
+/// Records a copy of the first `len` f32s of `src` into a new staging buffer.
+pub fn copy_out(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    len: usize,
+) -> Pending {
+    let bytes = (len.max(1) * std::mem::size_of::<f32>()) as u64;
+    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("readback staging"),
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+    Pending { staging, len }
+}
+
+/// Waits for `submission` and returns the contents of every pending buffer, in order.
+///
+/// # Errors
+/// [`Error::Poll`] when the wait fails or times out, [`Error::Readback`] when mapping fails.
+pub fn finish(
+    ctx: &Context,
+    submission: wgpu::SubmissionIndex,
+    pending: Vec<Pending>,
+) -> Result<Vec<Vec<f32>>> {
+    let (tx, rx) = mpsc::channel();
+    for (i, p) in pending.iter().enumerate() {
+        let tx = tx.clone();
+        p.staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send((i, r));
+            });
+    }
+    drop(tx);
+    ctx.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: Some(READBACK_TIMEOUT),
+        })
+        .map_err(|e| Error::Poll(e.to_string()))?;
+    ctx.check_alive()?;
+    for _ in 0..pending.len() {
+        let (_, r) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|_| Error::Readback("map callback never fired".into()))?;
+        r.map_err(|e| Error::Readback(e.to_string()))?;
+    }
+    pending
+        .into_iter()
+        .map(|p| {
+            let out = {
+                let view = p
+                    .staging
+                    .slice(..)
+                    .get_mapped_range()
+                    .map_err(|e| Error::Readback(e.to_string()))?;
+                bytemuck::cast_slice::<u8, f32>(&view)[..p.len].to_vec()
+            };
+            p.staging.unmap();
+            Ok(out)
+        })
+        .collect()
+}

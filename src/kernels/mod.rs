@@ -1,0 +1,105 @@
+//! One launcher per WGSL kernel: its typed uniform (mirroring the WGSL `Params` struct) and
+//! the arithmetic of its grid. Recording a dispatch is the same for all of them:
+//! [`record`] builds the uniform, the bind group and the pass.
+
+pub mod matmul;
+pub mod softmax;
+pub mod weighted_sum;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+use crate::gpu::pipeline::KernelId;
+
+/// Splits `count` workgroups into an `(x, y)` grid under the per-dimension limit; kernels
+/// recover the linear id as `x + y · num_workgroups.x` and drop ids past `count`.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when even a square grid cannot hold `count`.
+pub fn grid(count: u64, max_per_dim: u32) -> Result<(u32, u32)> {
+    let max = u64::from(max_per_dim.max(1));
+    if count == 0 {
+        return Ok((0, 0));
+    }
+    let x = count.min(max);
+    let y = count.div_ceil(x);
+    if y > max {
+        return Err(Error::LimitExceeded {
+            what: "dispatch".into(),
+            needed: format!("{count} workgroups"),
+            limit: format!("{} workgroups", max * max),
+            limit_name: "max_compute_workgroups_per_dimension",
+        });
+    }
+    Ok((x as u32, y as u32))
+}
+
+/// Records one dispatch of `kernel` into `encoder`: `params` at binding 0, then `buffers` at
+/// bindings 1, 2, …, over `workgroups` workgroups.
+pub fn record<P: bytemuck::Pod>(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    kernel: KernelId,
+    params: &P,
+    buffers: &[&wgpu::Buffer],
+    workgroups: u64,
+) -> Result<()> {
+    let (x, y) = grid(workgroups, ctx.limits().max_compute_workgroups_per_dimension)?;
+    if x == 0 {
+        return Ok(());
+    }
+    let pipeline = ctx.pipelines.get(ctx, kernel)?;
+    let uniform = buffer::uniform(ctx, kernel.file_name(), params);
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: uniform.as_entire_binding(),
+    }];
+    entries.extend(buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry {
+        binding: i as u32 + 1,
+        resource: b.as_entire_binding(),
+    }));
+    let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.file_name()),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(kernel.file_name()),
+        timestamp_writes: None,
+    });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind_group, &[]);
+    pass.dispatch_workgroups(x, y, 1);
+    Ok(())
+}
+
+/// Converts a size to the u32 the kernels index with.
+pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::LimitExceeded {
+        what: what.to_string(),
+        needed: v.to_string(),
+        limit: u32::MAX.to_string(),
+        limit_name: "u32 indexing",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_covers_count_exactly_or_more() {
+        for &(count, max) in &[(1u64, 65535u32), (65535, 65535), (65536, 65535), (10_000_000, 65535), (7, 2)] {
+            let (x, y) = grid(count, max).unwrap();
+            assert!(x <= max && y <= max);
+            assert!(u64::from(x) * u64::from(y) >= count);
+            assert!(u64::from(x) * u64::from(y - 1) < count, "one row too many");
+        }
+    }
+
+    #[test]
+    fn grid_rejects_what_cannot_fit() {
+        assert!(matches!(grid(5, 2), Err(Error::LimitExceeded { .. })));
+        assert_eq!(grid(0, 65535).unwrap(), (0, 0));
+    }
+}

@@ -1,0 +1,16 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+pub mod attention;
+pub mod context;
+pub mod demo;
+pub mod error;
+pub mod gpu;
+pub mod kernels;
+pub mod npy;
+pub mod reference;
+pub mod verify;
+
+pub use attention::{Attention, Dims, Output, Projections};
+pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
+pub use error::{Error, Result};

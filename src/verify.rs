@@ -1,0 +1,312 @@
+//! Kernel verification: problems over many shapes and options, each run on the GPU and on
+//! the f64 CPU reference and compared. Drives `wgpu-attention verify` and the test suite.
+
+use std::fmt;
+
+use ndarray::{Array1, Array2, ArrayD, IxDyn};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+use crate::attention::{Attention, Projections};
+use crate::context::Context;
+use crate::error::Result;
+use crate::reference;
+
+/// f32 machine epsilon, as f64.
+const EPS32: f64 = f32::EPSILON as f64;
+
+/// One problem: sizes and options; its numbers come from a seed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Case {
+    /// Batch axis size; `None` for a 2-D X.
+    pub batch: Option<usize>,
+    /// Sequence length.
+    pub n: usize,
+    /// Embedding width.
+    pub d: usize,
+    /// Query/key width (ignored without projections: then `d`).
+    pub d_k: usize,
+    /// Value width (ignored without projections: then `d`).
+    pub d_v: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Causal mask.
+    pub causal: bool,
+    /// Projections given (else `Q = K = V = X`).
+    pub weights: bool,
+    /// Biases given (with projections).
+    pub bias: bool,
+    /// A scale other than the default.
+    pub scale: Option<f32>,
+    /// X is multiplied by this, to make large logits.
+    pub magnitude: f32,
+}
+
+impl Case {
+    /// A plain single-head case with projections.
+    pub const fn new(n: usize, d: usize, d_k: usize, d_v: usize) -> Self {
+        Case {
+            batch: None,
+            n,
+            d,
+            d_k,
+            d_v,
+            heads: 1,
+            causal: false,
+            weights: true,
+            bias: false,
+            scale: None,
+            magnitude: 1.0,
+        }
+    }
+
+    /// The op this case configures.
+    pub fn op(&self) -> Attention {
+        let mut op = Attention::new().heads(self.heads).causal(self.causal).nan_fill(true);
+        if let Some(s) = self.scale {
+            op = op.scale(s);
+        }
+        op
+    }
+
+    /// Draws the case's arrays from `seed`.
+    pub fn data(&self, seed: u64) -> CaseData {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut normal = |shape: &[usize], s: f32| {
+            let len = shape.iter().product();
+            let v: Vec<f32> = (0..len).map(|_| s * rng.sample::<f32, _>(StandardNormal)).collect();
+            ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape and length agree")
+        };
+        let x_shape: Vec<usize> = match self.batch {
+            Some(b) => vec![b, self.n, self.d],
+            None => vec![self.n, self.d],
+        };
+        let x = normal(&x_shape, self.magnitude);
+        let ws = 1.0 / (self.d as f32).sqrt();
+        let two = |a: ArrayD<f32>| a.into_dimensionality::<ndarray::Ix2>().expect("2-D");
+        let one = |a: ArrayD<f32>| a.into_dimensionality::<ndarray::Ix1>().expect("1-D");
+        let weights = self.weights.then(|| {
+            (
+                two(normal(&[self.d, self.d_k], ws)),
+                two(normal(&[self.d, self.d_k], ws)),
+                two(normal(&[self.d, self.d_v], ws)),
+            )
+        });
+        let biases = (self.weights && self.bias).then(|| {
+            (
+                one(normal(&[self.d_k], 0.5)),
+                one(normal(&[self.d_k], 0.5)),
+                one(normal(&[self.d_v], 0.5)),
+            )
+        });
+        CaseData { x, weights, biases }
+    }
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shape = match self.batch {
+            Some(b) => format!("{b}x{}x{}", self.n, self.d),
+            None => format!("{}x{}", self.n, self.d),
+        };
+        write!(f, "{shape:<12}")?;
+        let mut opts = Vec::new();
+        if self.weights {
+            opts.push(format!("dk={} dv={}", self.d_k, self.d_v));
+        } else {
+            opts.push("QKV=X".to_string());
+        }
+        if self.heads > 1 {
+            opts.push(format!("H={}", self.heads));
+        }
+        if self.causal {
+            opts.push("causal".into());
+        }
+        if self.bias {
+            opts.push("bias".into());
+        }
+        if let Some(s) = self.scale {
+            opts.push(format!("scale={s}"));
+        }
+        if self.magnitude != 1.0 {
+            opts.push(format!("|X|x{}", self.magnitude));
+        }
+        write!(f, "{}", opts.join(" "))
+    }
+}
+
+/// A case's arrays.
+#[derive(Debug, Clone)]
+pub struct CaseData {
+    /// X.
+    pub x: ArrayD<f32>,
+    /// `W_Q, W_K, W_V`.
+    pub weights: Option<(Array2<f32>, Array2<f32>, Array2<f32>)>,
+    /// `b_Q, b_K, b_V`.
+    pub biases: Option<(Array1<f32>, Array1<f32>, Array1<f32>)>,
+}
+
+impl CaseData {
+    /// The projections as views.
+    pub fn projections(&self) -> Option<Projections<'_>> {
+        self.weights.as_ref().map(|(q, k, v)| {
+            let p = Projections::new(q.view(), k.view(), v.view());
+            match &self.biases {
+                Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
+                None => p,
+            }
+        })
+    }
+}
+
+/// How one case came out.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    /// The case.
+    pub case: Case,
+    /// ‖context − ref‖ / ‖ref‖.
+    pub context_rel: f64,
+    /// max |context − ref|.
+    pub context_max: f64,
+    /// ‖weights − ref‖ / ‖ref‖.
+    pub weights_rel: f64,
+    /// max |weights − ref|.
+    pub weights_max: f64,
+    /// The relative-error bound both must meet.
+    pub tolerance: f64,
+}
+
+impl CaseResult {
+    /// Both relative errors within the tolerance (NaN anywhere fails).
+    pub fn passed(&self) -> bool {
+        self.context_rel <= self.tolerance && self.weights_rel <= self.tolerance
+    }
+}
+
+/// The relative-error bound for a problem whose logits reach `logit_bound`: f32 rounding
+/// of a logit of size L is about ε·L, and the softmax turns that absolute error into a
+/// relative error of the weights, so the bound grows with L.
+pub fn tolerance(logit_bound: f64) -> f64 {
+    2e-5 + 16.0 * EPS32 * logit_bound
+}
+
+/// Runs `case` with data from `seed` on the GPU and the reference and compares them.
+///
+/// # Errors
+/// Whatever the GPU or reference path returns.
+pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
+    let data = case.data(seed);
+    let proj = data.projections();
+    let op = case.op();
+    let gpu = op.forward(ctx, data.x.view(), proj.as_ref())?;
+    let cpu = reference::attention(&op, data.x.view(), proj.as_ref())?;
+    let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
+    let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights) {
+        (Some(g), Some(c)) => reference::compare(g, c),
+        _ => (f64::INFINITY, f64::INFINITY),
+    };
+    let bound = reference::logit_bound(&op, data.x.view(), proj.as_ref())?;
+    Ok(CaseResult {
+        case: *case,
+        context_rel,
+        context_max,
+        weights_rel,
+        weights_max,
+        tolerance: tolerance(bound),
+    })
+}
+
+/// The fixed sweep: every size the issue names, odd widths, d_k ≠ d_v, batch, heads,
+/// causal, bias, custom scale and large logits.
+pub fn standard_cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for &n in &[1usize, 2, 7, 37, 64, 129, 1000] {
+        cases.push(Case::new(n, 16, 24, 28));
+    }
+    let base = Case::new(37, 13, 10, 6);
+    cases.extend([
+        Case { weights: false, ..Case::new(7, 5, 5, 5) },
+        Case { weights: false, causal: true, ..Case::new(65, 9, 9, 9) },
+        Case { bias: true, ..base },
+        Case { causal: true, ..base },
+        Case { causal: true, bias: true, batch: Some(3), ..Case::new(129, 17, 12, 20) },
+        Case { heads: 2, ..base },
+        Case { heads: 4, batch: Some(2), causal: true, bias: true, ..Case::new(70, 31, 32, 16) },
+        Case { heads: 8, ..Case::new(33, 64, 64, 64) },
+        Case { scale: Some(0.05), ..base },
+        Case { scale: Some(-0.7), causal: true, ..base },
+        Case { batch: Some(1), ..Case::new(1, 3, 2, 1) },
+        Case { batch: Some(5), ..Case::new(2, 1, 1, 1) },
+        Case { magnitude: 30.0, ..Case::new(50, 16, 16, 16) },
+        Case { magnitude: 12.0, weights: false, causal: true, ..Case::new(40, 24, 24, 24) },
+        Case { causal: true, heads: 2, ..Case::new(1000, 16, 16, 32) },
+    ]);
+    cases
+}
+
+/// `count` random cases from `seed`: sizes up to a few hundred, every option at random.
+pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    (0..count)
+        .map(|_| {
+            let heads = [1, 1, 2, 3, 4][rng.random_range(0..5)];
+            let weights = rng.random_bool(0.8);
+            let d: usize = rng.random_range(1..=48);
+            let (d_k, d_v) = if weights {
+                (heads * rng.random_range(1..=16), heads * rng.random_range(1..=16))
+            } else {
+                let d = d.div_ceil(heads) * heads;
+                (d, d)
+            };
+            let d = if weights { d } else { d_k };
+            Case {
+                batch: rng.random_bool(0.4).then(|| rng.random_range(1..=4)),
+                n: rng.random_range(1..=300),
+                d,
+                d_k,
+                d_v,
+                heads,
+                causal: rng.random_bool(0.5),
+                weights,
+                bias: weights && rng.random_bool(0.5),
+                scale: rng.random_bool(0.2).then(|| rng.random_range(-1.0..2.0)),
+                magnitude: if rng.random_bool(0.15) { 10.0 } else { 1.0 },
+            }
+        })
+        .collect()
+}
+
+/// The table header `verify` prints.
+pub const HEADER: &str =
+    "case                                          ctx max abs   ctx rel    wts max abs   wts rel    bound      result";
+
+impl fmt::Display for CaseResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<45} {:>10.2e}  {:>9.2e}  {:>10.2e}  {:>9.2e}  {:>9.2e}  {}",
+            self.case.to_string(),
+            self.context_max,
+            self.context_rel,
+            self.weights_max,
+            self.weights_rel,
+            self.tolerance,
+            if self.passed() { "pass" } else { "FAIL" }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_cases_are_valid_configurations() {
+        for c in random_cases(200, 7) {
+            let data = c.data(1);
+            let proj = data.projections();
+            c.op().dims(data.x.shape(), proj.as_ref()).unwrap();
+        }
+    }
+}
