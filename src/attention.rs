@@ -370,7 +370,8 @@ impl Attention {
         // Scores S = Q_h·K_hᵀ, one group per (batch, head).
         let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let dk_h = d_k / heads;
-        let qk = matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n * d_k)?);
+        let qk =
+            matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n * d_k)?);
         let scores = buffer::output(
             ctx,
             "attention weights",
@@ -407,7 +408,14 @@ impl Attention {
 
         // A = softmax(scale · S), in place.
         let (params, wgs) = softmax::params(groups, n, n, dims.scale, self.causal)?;
-        kernels::record(ctx, &mut encoder, KernelId::Softmax, &params, &[&scores], wgs)?;
+        kernels::record(
+            ctx,
+            &mut encoder,
+            KernelId::Softmax,
+            &params,
+            &[&scores],
+            wgs,
+        )?;
 
         // context = A·V per head, heads side by side.
         let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
@@ -422,9 +430,19 @@ impl Attention {
         )?;
 
         // Readback.
-        let mut pending = vec![readback::copy_out(ctx, &mut encoder, &context, batch * n * d_v)];
+        let mut pending = vec![readback::copy_out(
+            ctx,
+            &mut encoder,
+            &context,
+            batch * n * d_v,
+        )];
         if self.return_weights {
-            pending.push(readback::copy_out(ctx, &mut encoder, &scores, groups * n * n));
+            pending.push(readback::copy_out(
+                ctx,
+                &mut encoder,
+                &scores,
+                groups * n * n,
+            ));
         }
         let submission = ctx.queue.submit([encoder.finish()]);
         let mut results = readback::finish(ctx, submission, pending)?.into_iter();
@@ -462,7 +480,11 @@ fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize)> {
         )));
     }
     let (d_k, d_v) = (wq[1], wv[1]);
-    for (name, b, want) in [("b_Q", p.b_q, d_k), ("b_K", p.b_k, d_k), ("b_V", p.b_v, d_v)] {
+    for (name, b, want) in [
+        ("b_Q", p.b_q, d_k),
+        ("b_K", p.b_k, d_k),
+        ("b_V", p.b_v, d_v),
+    ] {
         if let Some(b) = b {
             if b.len() != want {
                 return Err(Error::shape(format!(
@@ -485,7 +507,9 @@ pub fn check_finite<D: ndarray::Dimension>(
         Some((idx, v)) => Err(Error::NonFinite {
             array: name.to_string(),
             value: *v,
-            index: ndarray::IntoDimension::into_dimension(idx).as_array_view().to_vec(),
+            index: ndarray::IntoDimension::into_dimension(idx)
+                .as_array_view()
+                .to_vec(),
         }),
     }
 }

@@ -181,7 +181,8 @@ fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
-const NO_ADAPTER_HINT: &str = "Install a GPU driver with Vulkan, Metal or DX12 support; with no GPU, \
+const NO_ADAPTER_HINT: &str =
+    "Install a GPU driver with Vulkan, Metal or DX12 support; with no GPU, \
 install a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers`). \
 Run `wgpu-attention devices` to see what wgpu finds.";
 
@@ -267,11 +268,12 @@ impl Context {
             required_limits: limits.clone(),
             ..Default::default()
         };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|e| Error::RequestDevice {
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            Error::RequestDevice {
                 adapter: adapter.get_info().name,
                 message: e.to_string(),
-            })?;
+            }
+        })?;
         Ok(Self::from_parts(adapter, device, queue))
     }
 

@@ -58,9 +58,11 @@ pub fn inputs(sentence: &str, seed: u64) -> Result<DemoInputs> {
         .collect();
 
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let embedding = Array2::from_shape_simple_fn((vocab.len(), D), || rng.sample::<f32, _>(StandardNormal));
+    let embedding =
+        Array2::from_shape_simple_fn((vocab.len(), D), || rng.sample::<f32, _>(StandardNormal));
     let x = embedding.select(ndarray::Axis(0), &indices);
-    let mut uniform = |rows, cols| Array2::from_shape_simple_fn((rows, cols), || rng.random::<f32>());
+    let mut uniform =
+        |rows, cols| Array2::from_shape_simple_fn((rows, cols), || rng.random::<f32>());
     let w_k = uniform(D, D_K);
     let w_q = uniform(D, D_K);
     let w_v = uniform(D, D_V);

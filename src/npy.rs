@@ -44,7 +44,8 @@ fn describe(path: &Path, e: ReadNpyError) -> Error {
 /// # Errors
 /// [`Error::Io`] naming the path.
 pub fn write(path: &Path, a: &ArrayD<f32>) -> Result<()> {
-    let file = std::fs::File::create(path).map_err(|e| Error::io(path, format!("cannot create: {e}")))?;
+    let file =
+        std::fs::File::create(path).map_err(|e| Error::io(path, format!("cannot create: {e}")))?;
     let a = a.as_standard_layout();
     a.write_npy(std::io::BufWriter::new(file))
         .map_err(|e| Error::io(path, format!("cannot write: {e}")))

@@ -10,7 +10,11 @@ fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)
 }
 
-fn project(x: &Array2<f64>, w: &ArrayView2<'_, f32>, b: Option<&ndarray::ArrayView1<'_, f32>>) -> Array2<f64> {
+fn project(
+    x: &Array2<f64>,
+    w: &ArrayView2<'_, f32>,
+    b: Option<&ndarray::ArrayView1<'_, f32>>,
+) -> Array2<f64> {
     let mut out = x.dot(&to_f64_2d(w));
     if let Some(b) = b {
         let b: Array1<f64> = b.mapv(f64::from);
@@ -84,7 +88,8 @@ pub fn attention(
             for i in 0..n {
                 let visible = if causal { i + 1 } else { n };
                 let row: Vec<f64> = logits.row(i).to_vec();
-                a.row_mut(i).assign(&Array1::from(softmax_row(&row, visible)));
+                a.row_mut(i)
+                    .assign(&Array1::from(softmax_row(&row, visible)));
             }
             context
                 .slice_mut(s![b, .., h * dv_h..(h + 1) * dv_h])
@@ -106,7 +111,11 @@ pub fn attention(
 
 /// The largest `|scale · Σ_k |q_ik|·|k_jk||` over the problem: how big the logits can get,
 /// which sets how much f32 rounding the softmax can amplify.
-pub fn logit_bound(op: &Attention, x: ArrayViewD<'_, f32>, proj: Option<&Projections<'_>>) -> Result<f64> {
+pub fn logit_bound(
+    op: &Attention,
+    x: ArrayViewD<'_, f32>,
+    proj: Option<&Projections<'_>>,
+) -> Result<f64> {
     let dims = op.dims(x.shape(), proj)?;
     let x3 = x
         .to_shape((dims.batch, dims.n, dims.d))

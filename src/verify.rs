@@ -63,7 +63,10 @@ impl Case {
 
     /// The op this case configures.
     pub fn op(&self) -> Attention {
-        let mut op = Attention::new().heads(self.heads).causal(self.causal).nan_fill(true);
+        let mut op = Attention::new()
+            .heads(self.heads)
+            .causal(self.causal)
+            .nan_fill(true);
         if let Some(s) = self.scale {
             op = op.scale(s);
         }
@@ -75,7 +78,9 @@ impl Case {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut normal = |shape: &[usize], s: f32| {
             let len = shape.iter().product();
-            let v: Vec<f32> = (0..len).map(|_| s * rng.sample::<f32, _>(StandardNormal)).collect();
+            let v: Vec<f32> = (0..len)
+                .map(|_| s * rng.sample::<f32, _>(StandardNormal))
+                .collect();
             ArrayD::from_shape_vec(IxDyn(shape), v).expect("shape and length agree")
         };
         let x_shape: Vec<usize> = match self.batch {
@@ -127,7 +132,7 @@ impl fmt::Display for Case {
             opts.push("bias".into());
         }
         if let Some(s) = self.scale {
-            opts.push(format!("scale={s}"));
+            opts.push(format!("scale={s:.3}"));
         }
         if self.magnitude != 1.0 {
             opts.push(format!("|X|x{}", self.magnitude));
@@ -188,7 +193,7 @@ impl CaseResult {
 /// of a logit of size L is about ε·L, and the softmax turns that absolute error into a
 /// relative error of the weights, so the bound grows with L.
 pub fn tolerance(logit_bound: f64) -> f64 {
-    2e-5 + 16.0 * EPS32 * logit_bound
+    5e-6 + 4.0 * EPS32 * logit_bound
 }
 
 /// Runs `case` with data from `seed` on the GPU and the reference and compares them.
@@ -226,21 +231,70 @@ pub fn standard_cases() -> Vec<Case> {
     }
     let base = Case::new(37, 13, 10, 6);
     cases.extend([
-        Case { weights: false, ..Case::new(7, 5, 5, 5) },
-        Case { weights: false, causal: true, ..Case::new(65, 9, 9, 9) },
+        Case {
+            weights: false,
+            ..Case::new(7, 5, 5, 5)
+        },
+        Case {
+            weights: false,
+            causal: true,
+            ..Case::new(65, 9, 9, 9)
+        },
         Case { bias: true, ..base },
-        Case { causal: true, ..base },
-        Case { causal: true, bias: true, batch: Some(3), ..Case::new(129, 17, 12, 20) },
+        Case {
+            causal: true,
+            ..base
+        },
+        Case {
+            causal: true,
+            bias: true,
+            batch: Some(3),
+            ..Case::new(129, 17, 12, 20)
+        },
         Case { heads: 2, ..base },
-        Case { heads: 4, batch: Some(2), causal: true, bias: true, ..Case::new(70, 31, 32, 16) },
-        Case { heads: 8, ..Case::new(33, 64, 64, 64) },
-        Case { scale: Some(0.05), ..base },
-        Case { scale: Some(-0.7), causal: true, ..base },
-        Case { batch: Some(1), ..Case::new(1, 3, 2, 1) },
-        Case { batch: Some(5), ..Case::new(2, 1, 1, 1) },
-        Case { magnitude: 30.0, ..Case::new(50, 16, 16, 16) },
-        Case { magnitude: 12.0, weights: false, causal: true, ..Case::new(40, 24, 24, 24) },
-        Case { causal: true, heads: 2, ..Case::new(1000, 16, 16, 32) },
+        Case {
+            heads: 4,
+            batch: Some(2),
+            causal: true,
+            bias: true,
+            ..Case::new(70, 31, 32, 16)
+        },
+        Case {
+            heads: 8,
+            ..Case::new(33, 64, 64, 64)
+        },
+        Case {
+            scale: Some(0.05),
+            ..base
+        },
+        Case {
+            scale: Some(-0.7),
+            causal: true,
+            ..base
+        },
+        Case {
+            batch: Some(1),
+            ..Case::new(1, 3, 2, 1)
+        },
+        Case {
+            batch: Some(5),
+            ..Case::new(2, 1, 1, 1)
+        },
+        Case {
+            magnitude: 30.0,
+            ..Case::new(50, 16, 16, 16)
+        },
+        Case {
+            magnitude: 12.0,
+            weights: false,
+            causal: true,
+            ..Case::new(40, 24, 24, 24)
+        },
+        Case {
+            causal: true,
+            heads: 2,
+            ..Case::new(1000, 16, 16, 32)
+        },
     ]);
     cases
 }
@@ -254,7 +308,10 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
             let weights = rng.random_bool(0.8);
             let d: usize = rng.random_range(1..=48);
             let (d_k, d_v) = if weights {
-                (heads * rng.random_range(1..=16), heads * rng.random_range(1..=16))
+                (
+                    heads * rng.random_range(1..=16),
+                    heads * rng.random_range(1..=16),
+                )
             } else {
                 let d = d.div_ceil(heads) * heads;
                 (d, d)
@@ -279,13 +336,13 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
 
 /// The table header `verify` prints.
 pub const HEADER: &str =
-    "case                                          ctx max abs   ctx rel    wts max abs   wts rel    bound      result";
+    "case                                             ctx max abs   ctx rel    wts max abs   wts rel    bound      result";
 
 impl fmt::Display for CaseResult {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{:<45} {:>10.2e}  {:>9.2e}  {:>10.2e}  {:>9.2e}  {:>9.2e}  {}",
+            "{:<48} {:>10.2e}  {:>9.2e}  {:>10.2e}  {:>9.2e}  {:>9.2e}  {}",
             self.case.to_string(),
             self.context_max,
             self.context_rel,

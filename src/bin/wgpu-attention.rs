@@ -167,7 +167,10 @@ fn run(args: &RunArgs) -> Result<()> {
         npy::write(&args.out.join("weights.npy"), w)?;
     }
     let info = ctx.adapter_info();
-    println!("adapter   {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    println!(
+        "adapter   {} ({:?}, {:?})",
+        info.name, info.backend, info.device_type
+    );
     println!(
         "problem   X {:?}, d_k {}, d_v {}, heads {}, scale {}, causal {}",
         x.shape(),
@@ -183,7 +186,11 @@ fn run(args: &RunArgs) -> Result<()> {
         args.out.join("context.npy").display()
     );
     if let Some(w) = &out.weights {
-        println!("weights   {:?} -> {}", w.shape(), args.out.join("weights.npy").display());
+        println!(
+            "weights   {:?} -> {}",
+            w.shape(),
+            args.out.join("weights.npy").display()
+        );
     }
     println!(
         "time      {:.2} ms (upload, kernels, readback; includes first-use shader compilation)",
@@ -195,8 +202,13 @@ fn run(args: &RunArgs) -> Result<()> {
 fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
     let ctx = adapter.open()?;
     let info = ctx.adapter_info();
-    println!("adapter: {} ({:?}, {:?}, driver {})", info.name, info.backend, info.device_type, info.driver);
-    println!("GPU vs f64 CPU reference; bound = relative-error tolerance (grows with the logit size)\n");
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {})",
+        info.name, info.backend, info.device_type, info.driver
+    );
+    println!(
+        "GPU vs f64 CPU reference; bound = relative-error tolerance (grows with the logit size)\n"
+    );
     println!("{}", verify::HEADER);
     let mut cases = verify::standard_cases();
     cases.extend(verify::random_cases(trials, seed));
@@ -211,7 +223,7 @@ fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
             }
             Err(e) => {
                 failed += 1;
-                println!("{:<45} error: {e}", case.to_string());
+                println!("{:<48} error: {e}", case.to_string());
             }
         }
     }
@@ -224,7 +236,10 @@ fn demo_cmd(sentence: Option<&str>, seed: u64, adapter: &AdapterArgs) -> Result<
     let inputs = demo::inputs(sentence, seed)?;
     let ctx = adapter.open()?;
     let info = ctx.adapter_info();
-    println!("adapter:    {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    println!(
+        "adapter:    {} ({:?}, {:?})",
+        info.name, info.backend, info.device_type
+    );
     println!("sentence:   {sentence:?}");
     println!("vocabulary: {:?}", inputs.vocab);
     println!("indices:    {:?}", inputs.indices);
@@ -240,14 +255,24 @@ fn demo_cmd(sentence: Option<&str>, seed: u64, adapter: &AdapterArgs) -> Result<
     let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
     let op = Attention::new();
     let out = op.forward(&ctx, inputs.x.view().into_dyn(), Some(&proj))?;
-    let weights = out.weights.as_ref().ok_or_else(|| Error::invalid("demo", "no weights"))?;
-    println!("attention weights softmax(Q·Kᵀ/sqrt({})), row = query word, column = key word:", demo::D_K);
+    let weights = out
+        .weights
+        .as_ref()
+        .ok_or_else(|| Error::invalid("demo", "no weights"))?;
+    println!(
+        "attention weights softmax(Q·Kᵀ/sqrt({})), row = query word, column = key word:",
+        demo::D_K
+    );
     print!("{}", demo::table(&inputs.words, weights)?);
-    let reference = wgpu_attention::reference::attention(&op, inputs.x.view().into_dyn(), Some(&proj))?;
+    let reference =
+        wgpu_attention::reference::attention(&op, inputs.x.view().into_dyn(), Some(&proj))?;
     let (rel_c, max_c) = wgpu_attention::reference::compare(&out.context, &reference.context);
     let (rel_w, max_w) = wgpu_attention::reference::compare(
         weights,
-        reference.weights.as_ref().ok_or_else(|| Error::invalid("reference", "no weights"))?,
+        reference
+            .weights
+            .as_ref()
+            .ok_or_else(|| Error::invalid("reference", "no weights"))?,
     );
     println!(
         "\ncontext vectors: {:?}; vs the f64 CPU reference: weights max abs {:.1e} (rel {:.1e}), context max abs {:.1e} (rel {:.1e})",
@@ -278,8 +303,16 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => run(args).map(|()| true),
-        Command::Verify { trials, seed, adapter } => verify_cmd(*trials, *seed, adapter),
-        Command::Demo { sentence, seed, adapter } => demo_cmd(sentence.as_deref(), *seed, adapter).map(|()| true),
+        Command::Verify {
+            trials,
+            seed,
+            adapter,
+        } => verify_cmd(*trials, *seed, adapter),
+        Command::Demo {
+            sentence,
+            seed,
+            adapter,
+        } => demo_cmd(sentence.as_deref(), *seed, adapter).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

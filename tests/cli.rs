@@ -1,0 +1,155 @@
+//! The command line end to end: `run` over .npy files (float32 and float64), `demo`,
+//! `verify` and `devices`.
+
+use std::process::Command;
+
+use ndarray::{Array1, Array2, Array3, ArrayD};
+use wgpu_attention::{reference, Attention, Projections};
+
+fn cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+        .args(args)
+        .output()
+        .expect("binary runs")
+}
+
+fn ok(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn run_writes_context_and_weights_that_match_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let x = Array3::from_shape_fn((2, 11, 6), |(b, i, j)| {
+        ((b * 5 + i * 3 + j) as f32 * 0.7).sin()
+    });
+    let wq = Array2::from_shape_fn((6, 8), |(i, j)| ((i * 8 + j) as f32 * 0.3).cos() * 0.5);
+    let wk = Array2::from_shape_fn((6, 8), |(i, j)| ((i * 8 + j) as f32 * 0.17).sin() * 0.5);
+    // W_V as float64: converted on read.
+    let wv = Array2::from_shape_fn((6, 4), |(i, j)| ((i + 2 * j) as f64 * 0.21).sin());
+    let bq = Array1::from_shape_fn(8, |i| i as f32 * 0.1);
+    let bk = Array1::from_shape_fn(8, |i| -(i as f32) * 0.05);
+    let bv = Array1::from_shape_fn(4, |i| i as f32);
+    ndarray_npy::write_npy(p("x.npy"), &x).unwrap();
+    ndarray_npy::write_npy(p("wq.npy"), &wq).unwrap();
+    ndarray_npy::write_npy(p("wk.npy"), &wk).unwrap();
+    ndarray_npy::write_npy(p("wv.npy"), &wv).unwrap();
+    ndarray_npy::write_npy(p("bq.npy"), &bq).unwrap();
+    ndarray_npy::write_npy(p("bk.npy"), &bk).unwrap();
+    ndarray_npy::write_npy(p("bv.npy"), &bv).unwrap();
+    let stdout = ok(&cli(&[
+        "run",
+        "--x",
+        &p("x.npy"),
+        "--wq",
+        &p("wq.npy"),
+        "--wk",
+        &p("wk.npy"),
+        "--wv",
+        &p("wv.npy"),
+        "--bq",
+        &p("bq.npy"),
+        "--bk",
+        &p("bk.npy"),
+        "--bv",
+        &p("bv.npy"),
+        "--heads",
+        "2",
+        "--causal",
+        "--out",
+        &p("out"),
+    ]));
+    assert!(stdout.contains("adapter"), "{stdout}");
+
+    let context: ArrayD<f32> = ndarray_npy::read_npy(p("out/context.npy")).unwrap();
+    let weights: ArrayD<f32> = ndarray_npy::read_npy(p("out/weights.npy")).unwrap();
+    assert_eq!(context.shape(), &[2, 11, 4]);
+    assert_eq!(weights.shape(), &[2, 2, 11, 11]);
+
+    let wv32 = wv.mapv(|v| v as f32);
+    let proj = Projections::new(wq.view(), wk.view(), wv32.view()).with_bias(
+        bq.view(),
+        bk.view(),
+        bv.view(),
+    );
+    let op = Attention::new().heads(2).causal(true);
+    let cpu = reference::attention(&op, x.view().into_dyn(), Some(&proj)).unwrap();
+    let (rel, _) = reference::compare(&context, &cpu.context);
+    assert!(rel < 1e-5, "context rel err {rel}");
+    let (rel, _) = reference::compare(&weights, cpu.weights.as_ref().unwrap());
+    assert!(rel < 1e-5, "weights rel err {rel}");
+}
+
+#[test]
+fn run_no_weights_writes_only_context_and_honours_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let x = Array2::from_shape_fn((7, 3), |(i, j)| (i as f32 - j as f32) * 0.4);
+    ndarray_npy::write_npy(p("x.npy"), &x).unwrap();
+    ok(&cli(&[
+        "run",
+        "--x",
+        &p("x.npy"),
+        "--no-weights",
+        "--scale",
+        "-0.25",
+        "--out",
+        &p("out"),
+    ]));
+    assert!(!dir.path().join("out/weights.npy").exists());
+    let context: ArrayD<f32> = ndarray_npy::read_npy(p("out/context.npy")).unwrap();
+    let cpu =
+        reference::attention(&Attention::new().scale(-0.25), x.view().into_dyn(), None).unwrap();
+    let (rel, _) = reference::compare(&context, &cpu.context);
+    assert!(rel < 1e-5, "{rel}");
+}
+
+#[test]
+fn demo_prints_a_labelled_table_of_the_sentence() {
+    let stdout = ok(&cli(&["demo", "the cat sat on the mat"]));
+    assert!(
+        stdout.contains("vocabulary: [\"cat\", \"mat\", \"on\", \"sat\", \"the\"]"),
+        "{stdout}"
+    );
+    let table_rows = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("the "))
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|v| v.parse::<f32>().is_ok())
+        })
+        .count();
+    assert_eq!(table_rows, 2, "{stdout}");
+    // A row of the table sums to 1.
+    let row: f32 = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("cat "))
+        .unwrap()
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse::<f32>().unwrap())
+        .sum();
+    assert!((row - 1.0).abs() < 1e-3, "{row}");
+}
+
+#[test]
+fn verify_passes_and_reports_a_table() {
+    let stdout = ok(&cli(&["verify", "--trials", "3", "--seed", "5"]));
+    assert!(stdout.contains("0 failed"), "{stdout}");
+    assert!(stdout.contains("ctx rel"), "{stdout}");
+}
+
+#[test]
+fn devices_lists_at_least_one_adapter() {
+    let stdout = ok(&cli(&["devices"]));
+    assert!(stdout.contains("[0] "), "{stdout}");
+    assert!(stdout.contains("max storage binding"), "{stdout}");
+}

@@ -1,0 +1,147 @@
+//! The GPU path against the f64 CPU reference: the fixed sweep of `verify` (n ∈ {1, 2, 7,
+//! 37, 64, 129, 1000}, odd widths, d_k ≠ d_v, batch, heads, causal, bias, custom scale,
+//! large logits), seeded random cases, and targeted properties. Outputs are pre-filled with
+//! NaN, so an element no kernel wrote fails the comparison.
+
+mod common;
+
+use ndarray::{Array2, Array3, Axis, Ix2, Ix4};
+use wgpu_attention::verify::{self, Case};
+use wgpu_attention::{reference, Attention};
+
+fn check(cases: &[Case], seed: u64) {
+    let mut failures = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        let r = verify::run_case(common::ctx(), case, seed + i as u64).unwrap();
+        if !r.passed() {
+            failures.push(r.to_string());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        verify::HEADER,
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn standard_sweep_matches_reference() {
+    check(&verify::standard_cases(), 1);
+}
+
+#[test]
+fn random_cases_match_reference() {
+    check(&verify::random_cases(40, 2024), 77);
+}
+
+#[test]
+fn causal_rows_sum_to_one_and_never_look_ahead() {
+    let x = Array3::from_shape_fn((2, 37, 7), |(b, i, j)| {
+        ((b * 31 + i * 7 + j) as f32 * 0.37).sin()
+    });
+    let out = Attention::new()
+        .causal(true)
+        .nan_fill(true)
+        .forward(common::ctx(), x.view().into_dyn(), None)
+        .unwrap();
+    let w = out
+        .weights
+        .unwrap()
+        .into_dimensionality::<ndarray::Ix3>()
+        .unwrap();
+    for b in 0..2 {
+        for i in 0..37 {
+            let row = w.index_axis(Axis(0), b).row(i).to_owned();
+            assert!(
+                row.iter().skip(i + 1).all(|&v| v == 0.0),
+                "row {i} looks ahead"
+            );
+            assert!(
+                (row.sum() - 1.0).abs() < 1e-5,
+                "row {i} sums to {}",
+                row.sum()
+            );
+        }
+    }
+    // Row 0 attends only to itself.
+    assert_eq!(w[[0, 0, 0]], 1.0);
+}
+
+#[test]
+fn logits_in_the_thousands_give_finite_correct_weights() {
+    // Q = K = V = X with entries ~±40 and d = 8: logits of several thousand.
+    let x = Array2::from_shape_fn((29, 8), |(i, j)| 40.0 * ((i * 8 + j) as f32 * 0.91).cos());
+    let op = Attention::new().nan_fill(true);
+    let gpu = op
+        .forward(common::ctx(), x.view().into_dyn(), None)
+        .unwrap();
+    let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+    let bound = reference::logit_bound(&op, x.view().into_dyn(), None).unwrap();
+    assert!(
+        bound > 1000.0,
+        "the test must make large logits, got {bound}"
+    );
+    let w = gpu.weights.unwrap();
+    assert!(w.iter().all(|v| v.is_finite()));
+    let (rel, _) = reference::compare(&w, cpu.weights.as_ref().unwrap());
+    assert!(rel <= verify::tolerance(bound), "weights rel err {rel}");
+    let (rel, _) = reference::compare(&gpu.context, &cpu.context);
+    assert!(rel <= verify::tolerance(bound), "context rel err {rel}");
+}
+
+#[test]
+fn more_than_65535_workgroups_in_one_dispatch() {
+    // 256 heads of width 1 over n = 300: 76,800 softmax rows, one workgroup each.
+    let x = Array2::from_shape_fn((300, 256), |(i, j)| {
+        ((i * 13 + j * 7) % 17) as f32 * 0.1 - 0.8
+    });
+    let op = Attention::new().heads(256).nan_fill(true);
+    let gpu = op
+        .forward(common::ctx(), x.view().into_dyn(), None)
+        .unwrap();
+    let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+    let w = gpu.weights.unwrap();
+    assert_eq!(w.shape(), &[256, 300, 300]);
+    let (rel, _) = reference::compare(&w, cpu.weights.as_ref().unwrap());
+    assert!(rel < 1e-5, "weights rel err {rel}");
+    let (rel, _) = reference::compare(&gpu.context, &cpu.context);
+    assert!(rel < 1e-5, "context rel err {rel}");
+}
+
+#[test]
+fn opting_out_of_weights_returns_none_and_the_same_context() {
+    let x = Array3::from_shape_fn((2, 19, 12), |(b, i, j)| ((b + 2 * i + 3 * j) as f32).sin());
+    let op = Attention::new().heads(3).causal(true).nan_fill(true);
+    let with = op
+        .forward(common::ctx(), x.view().into_dyn(), None)
+        .unwrap();
+    let without = op
+        .return_weights(false)
+        .forward(common::ctx(), x.view().into_dyn(), None)
+        .unwrap();
+    assert!(without.weights.is_none());
+    assert_eq!(with.context, without.context);
+    let w = with.weights.unwrap().into_dimensionality::<Ix4>().unwrap();
+    assert_eq!(w.dim(), (2, 3, 19, 19));
+}
+
+#[test]
+fn transposed_and_strided_views_are_accepted() {
+    // PyTorch's nn.Linear stores (d_out, d): its transpose is a non-contiguous view.
+    let lin_q = Array2::from_shape_fn((6, 5), |(i, j)| (i as f32 - j as f32) * 0.1);
+    let lin_v = Array2::from_shape_fn((4, 5), |(i, j)| (i * j) as f32 * 0.05);
+    let x = Array2::from_shape_fn((9, 5), |(i, j)| ((i + j) as f32 * 0.3).sin());
+    let p = wgpu_attention::Projections::new(lin_q.t(), lin_q.t(), lin_v.t());
+    let op = Attention::new().nan_fill(true);
+    let gpu = op
+        .forward(common::ctx(), x.view().into_dyn(), Some(&p))
+        .unwrap();
+    let cpu = reference::attention(&op, x.view().into_dyn(), Some(&p)).unwrap();
+    let (rel, _) = reference::compare(&gpu.context, &cpu.context);
+    assert!(rel < 1e-5, "{rel}");
+    assert_eq!(
+        gpu.context.into_dimensionality::<Ix2>().unwrap().dim(),
+        (9, 4)
+    );
+}
