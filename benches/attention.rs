@@ -10,7 +10,10 @@ use wgpu_attention::{reference, Attention, Context};
 fn forward(c: &mut Criterion) {
     let ctx = Context::new().expect("benches need an adapter");
     let info = ctx.adapter_info();
-    eprintln!("adapter: {} ({:?}, {:?})", info.name, info.backend, info.device_type);
+    eprintln!(
+        "adapter: {} ({:?}, {:?})",
+        info.name, info.backend, info.device_type
+    );
     let d = 64;
     let mut group = c.benchmark_group("attention_forward_d64");
     group.sample_size(10);
@@ -19,7 +22,10 @@ fn forward(c: &mut Criterion) {
         let op = Attention::new();
         let dims = op.dims(x.shape(), None).unwrap();
         group.throughput(Throughput::Elements(dims.attention_flops() as u64));
-        for (name, op) in [("gpu_with_weights", op), ("gpu_context_only", op.return_weights(false))] {
+        for (name, op) in [
+            ("gpu_with_weights", op),
+            ("gpu_context_only", op.return_weights(false)),
+        ] {
             group.bench_with_input(BenchmarkId::new(name, n), &x, |b, x| {
                 b.iter(|| op.forward(&ctx, x.view().into_dyn(), None).unwrap())
             });
