@@ -14,3 +14,5 @@ pub mod verify;
 pub use attention::{Attention, Dims, Output, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
+/// The wgpu this crate is built on, for callers who bring their own device.
+pub use wgpu;
