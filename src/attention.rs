@@ -317,8 +317,9 @@ impl Attention {
                 label: Some("attention forward"),
             });
 
-        // Upload.
+        // Upload. One empty stand-in serves every matmul without a bias.
         let x_buf = buffer::upload(ctx, "X", contiguous(x).as_ref())?;
+        let no_bias = buffer::upload(ctx, "no bias", &[])?;
         let projected;
         let (q, k, v) = match proj {
             None => (&x_buf, &x_buf, &x_buf),
@@ -332,8 +333,8 @@ impl Attention {
                     let width = w.ncols();
                     let w_buf = buffer::upload(ctx, name, contiguous(w).as_ref())?;
                     let b_buf = match b {
-                        Some(b) => buffer::upload(ctx, name, contiguous(b).as_ref())?,
-                        None => buffer::upload(ctx, name, &[])?,
+                        Some(b) => Some(buffer::upload(ctx, name, contiguous(b).as_ref())?),
+                        None => None,
                     };
                     let out = buffer::output(ctx, name, rows * width, false)?;
                     let mm = matmul::Matmul {
@@ -353,7 +354,7 @@ impl Attention {
                         encoder,
                         KernelId::Matmul,
                         &params,
-                        &[&x_buf, &w_buf, &b_buf, &out],
+                        &[&x_buf, &w_buf, b_buf.as_ref().unwrap_or(&no_bias), &out],
                         wgs,
                     )?;
                     Ok(out)
@@ -378,7 +379,6 @@ impl Attention {
             groups * n * n,
             self.nan_fill && self.return_weights,
         )?;
-        let no_bias = buffer::upload(ctx, "no bias", &[])?;
         let mm = matmul::Matmul {
             m: n,
             n,

@@ -181,7 +181,8 @@ fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
-const NO_ADAPTER_HINT: &str =
+/// How to get an adapter when there is none: part of every [`Error::NoAdapter`].
+pub const NO_ADAPTER_HINT: &str =
     "Install a GPU driver with Vulkan, Metal or DX12 support; with no GPU, \
 install a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers`). \
 Run `wgpu-attention devices` to see what wgpu finds.";

@@ -293,7 +293,7 @@ fn main() -> ExitCode {
             if adapters.is_empty() {
                 Err(Error::NoAdapter {
                     wanted: String::new(),
-                    hint: "Install a GPU driver, or a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers`).".into(),
+                    hint: wgpu_attention::context::NO_ADAPTER_HINT.into(),
                 })
             } else {
                 for (i, a) in adapters.iter().enumerate() {
