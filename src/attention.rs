@@ -6,6 +6,7 @@ use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayViewD, IxDyn};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::{buffer, pipeline::KernelId, readback};
+use crate::kernels::flash::{self, FlashVariant};
 use crate::kernels::{self, matmul, softmax, weighted_sum};
 
 /// The projection weights of one attention layer, in the `X·W` orientation:
@@ -147,6 +148,50 @@ pub struct Attention {
     scale: Option<f32>,
     return_weights: bool,
     nan_fill: bool,
+    kernels: Kernels,
+}
+
+/// Which kernel family computes the attention.
+///
+/// The storage-buffer kernels run on every adapter; the subgroup kernels read K and V from
+/// textures and share them through subgroup shuffles, which is what is fast on lavapipe (where
+/// storage and workgroup memory are slow), and need `Features::SUBGROUP` with a fixed
+/// subgroup size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernels {
+    /// Pick for the adapter: subgroup kernels on CPU adapters (lavapipe) that have them,
+    /// storage-buffer kernels elsewhere.
+    #[default]
+    Auto,
+    /// Storage buffers and workgroup-memory tiles (any adapter).
+    Storage,
+    /// Textures and subgroup shuffles (adapters with a fixed subgroup size).
+    Subgroup,
+}
+
+impl std::str::FromStr for Kernels {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Kernels::Auto),
+            "storage" => Ok(Kernels::Storage),
+            "subgroup" => Ok(Kernels::Subgroup),
+            _ => Err(Error::invalid(
+                "kernels",
+                format!("unknown kernel family {s:?}; expected auto, storage or subgroup"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kernels::Auto => "auto",
+            Kernels::Storage => "storage",
+            Kernels::Subgroup => "subgroup",
+        })
+    }
 }
 
 impl Default for Attention {
@@ -164,7 +209,48 @@ impl Attention {
             scale: None,
             return_weights: true,
             nan_fill: false,
+            kernels: Kernels::Auto,
         }
+    }
+
+    /// Which kernel family to use (default [`Kernels::Auto`]).
+    pub fn kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
+    /// The fused (flash) kernel this op uses on `ctx`, or `None` for the three-kernel path
+    /// (taken when the weights are returned, since they are then materialized anyway).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when [`Kernels::Subgroup`] is forced on an adapter
+    /// without a fixed subgroup size.
+    pub fn fused_variant(&self, ctx: &Context) -> Result<Option<FlashVariant>> {
+        if self.return_weights {
+            return Ok(None);
+        }
+        let subgroup = FlashVariant::Subgroup { rows_per_lane: 2 };
+        let storage = FlashVariant::Tiled { keys: 32 };
+        Ok(Some(match self.kernels {
+            Kernels::Storage => storage,
+            Kernels::Subgroup => {
+                if ctx.subgroup_size().is_none() {
+                    return Err(Error::invalid(
+                        "kernels",
+                        "subgroup kernels need Features::SUBGROUP and a fixed subgroup size,                          which this adapter does not report; use storage or auto",
+                    ));
+                }
+                subgroup
+            }
+            Kernels::Auto => {
+                let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+                if cpu && ctx.subgroup_size().is_some() {
+                    subgroup
+                } else {
+                    storage
+                }
+            }
+        }))
     }
 
     /// Number of heads (`d_k` and `d_v` must divide by it).
@@ -308,7 +394,10 @@ impl Attention {
         } = *dims;
         let groups = batch * heads;
         // Check every size before allocating anything.
-        buffer::check_len(ctx, "attention weights (batch·heads·n·n)", groups * n * n)?;
+        let fused = self.fused_variant(ctx)?;
+        if fused.is_none() {
+            buffer::check_len(ctx, "attention weights (batch·heads·n·n)", groups * n * n)?;
+        }
         buffer::check_len(ctx, "context (batch·n·d_v)", batch * n * d_v)?;
 
         let mut encoder = ctx
@@ -354,7 +443,12 @@ impl Attention {
                         encoder,
                         KernelId::Matmul,
                         &params,
-                        &[&x_buf, &w_buf, b_buf.as_ref().unwrap_or(&no_bias), &out],
+                        &[
+                            (&x_buf).into(),
+                            (&w_buf).into(),
+                            b_buf.as_ref().unwrap_or(&no_bias).into(),
+                            (&out).into(),
+                        ],
                         wgs,
                     )?;
                     Ok(out)
@@ -368,11 +462,47 @@ impl Attention {
             }
         };
 
-        // Scores S = Q_h·K_hᵀ, one group per (batch, head).
         let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let dk_h = d_k / heads;
+        let dv_h = d_v / heads;
         let qk =
             matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n * d_k)?);
+        let vo =
+            matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n * d_v)?);
+
+        if let Some(variant) = fused {
+            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V.
+            let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
+            let op = flash::Flash {
+                batch,
+                heads,
+                n_q: n,
+                n_kv: n,
+                dk_h,
+                dv_h,
+                q: qk,
+                k: qk,
+                v: vo,
+                o: vo,
+                causal: self.causal,
+                scale: dims.scale,
+            };
+            op.record(ctx, &mut encoder, variant, q, k, v, &context)?;
+            let pending = vec![readback::copy_out(
+                ctx,
+                &mut encoder,
+                &context,
+                batch * n * d_v,
+            )];
+            let submission = ctx.queue.submit([encoder.finish()]);
+            let context = readback::finish(ctx, submission, pending)?
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            return Ok((context, None));
+        }
+
+        // Scores S = Q_h·K_hᵀ, one group per (batch, head).
         let scores = buffer::output(
             ctx,
             "attention weights",
@@ -402,7 +532,7 @@ impl Attention {
             &mut encoder,
             KernelId::Matmul,
             &params,
-            &[q, k, &no_bias, &scores],
+            &[q.into(), k.into(), (&no_bias).into(), (&scores).into()],
             wgs,
         )?;
 
@@ -413,7 +543,7 @@ impl Attention {
             &mut encoder,
             KernelId::Softmax,
             &params,
-            &[&scores],
+            &[(&scores).into()],
             wgs,
         )?;
 
@@ -425,7 +555,7 @@ impl Attention {
             &mut encoder,
             KernelId::WeightedSum,
             &params,
-            &[&scores, v, &context],
+            &[(&scores).into(), v.into(), (&context).into()],
             wgs,
         )?;
 

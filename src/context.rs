@@ -220,6 +220,7 @@ pub struct Context {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
+    subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
 }
 
@@ -257,15 +258,17 @@ impl Context {
         Self::from_adapter(adapter)
     }
 
-    /// Opens a device on an adapter the caller chose, with the adapter's full limits.
+    /// Opens a device on an adapter the caller chose, with the adapter's full limits and
+    /// the optional features the kernels use where it has them (subgroups, timestamp queries).
     ///
     /// # Errors
     /// [`Error::RequestDevice`] when the adapter refuses.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
         let limits = adapter.limits();
+        let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
-            required_features: wgpu::Features::empty(),
+            required_features: adapter.features() & wanted,
             required_limits: limits.clone(),
             ..Default::default()
         };
@@ -291,12 +294,18 @@ impl Context {
         // pass runs inside scopes, so anything landing here is reported on the next call.
         device.on_uncaptured_error(Arc::new(|_e: wgpu::Error| {}));
         let limits = device.limits();
+        // Subgroup kernels are compiled for one size, so they need it fixed and known.
+        let info = adapter.get_info();
+        let subgroup_size = (device.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == info.subgroup_max_size)
+            .then_some(info.subgroup_min_size);
         Self {
             adapter,
             device,
             queue,
             limits,
             pipelines: PipelineCache::default(),
+            subgroup_size,
             lost,
         }
     }
@@ -309,6 +318,13 @@ impl Context {
     /// The device's limits (the adapter's full limits unless the caller made the device).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.limits
+    }
+
+    /// The subgroup size kernels can be compiled for: `Some` when the device has
+    /// `Features::SUBGROUP` and the adapter reports one fixed size (8 on lavapipe, 32 on
+    /// NVIDIA), `None` otherwise (the subgroup kernels are then unavailable).
+    pub fn subgroup_size(&self) -> Option<u32> {
+        self.subgroup_size
     }
 
     /// The wgpu device, for callers who record their own work beside ours.

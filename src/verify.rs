@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use crate::attention::{Attention, Projections};
+use crate::attention::{Attention, Kernels, Projections};
 use crate::context::Context;
 use crate::error::Result;
 use crate::reference;
@@ -41,6 +41,9 @@ pub struct Case {
     pub scale: Option<f32>,
     /// X is multiplied by this, to make large logits.
     pub magnitude: f32,
+    /// `Some(kernels)`: the fused path without weights, on that kernel family; `None`: the
+    /// three-kernel path, weights returned and checked too.
+    pub fused: Option<Kernels>,
 }
 
 impl Case {
@@ -58,6 +61,15 @@ impl Case {
             bias: false,
             scale: None,
             magnitude: 1.0,
+            fused: None,
+        }
+    }
+
+    /// The same case on the fused path with `kernels` (`None`: the three-kernel path).
+    pub fn fused(self, kernels: Option<Kernels>) -> Self {
+        Case {
+            fused: kernels,
+            ..self
         }
     }
 
@@ -69,6 +81,9 @@ impl Case {
             .nan_fill(true);
         if let Some(s) = self.scale {
             op = op.scale(s);
+        }
+        if let Some(k) = self.fused {
+            op = op.return_weights(false).kernels(k);
         }
         op
     }
@@ -136,6 +151,9 @@ impl fmt::Display for Case {
         }
         if self.magnitude != 1.0 {
             opts.push(format!("|X|x{}", self.magnitude));
+        }
+        if let Some(k) = self.fused {
+            opts.push(format!("fused:{k}"));
         }
         write!(f, "{}", opts.join(" "))
     }
@@ -207,8 +225,10 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
     let gpu = op.forward(ctx, data.x.view(), proj.as_ref())?;
     let cpu = reference::attention(&op, data.x.view(), proj.as_ref())?;
     let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
-    let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights) {
-        (Some(g), Some(c)) => reference::compare(g, c),
+    let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
+        (Some(g), Some(c), None) => reference::compare(g, c),
+        // The fused path returns no weights by design; only the context is checked.
+        (None, _, Some(_)) => (0.0, 0.0),
         _ => (f64::INFINITY, f64::INFINITY),
     };
     let bound = reference::logit_bound(&op, data.x.view(), proj.as_ref())?;
@@ -329,25 +349,53 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                 bias: weights && rng.random_bool(0.5),
                 scale: rng.random_bool(0.2).then(|| rng.random_range(-1.0..2.0)),
                 magnitude: if rng.random_bool(0.15) { 10.0 } else { 1.0 },
+                fused: None,
             }
         })
         .collect()
 }
 
+/// The paths every case runs on with `ctx`: the three-kernel path, then the fused path on
+/// each kernel family the adapter has.
+pub fn paths(ctx: &Context) -> Vec<Option<Kernels>> {
+    let mut paths = vec![None, Some(Kernels::Storage)];
+    if ctx.subgroup_size().is_some() {
+        paths.push(Some(Kernels::Subgroup));
+    }
+    paths
+}
+
+/// Every case on every path of [`paths`].
+pub fn on_every_path(ctx: &Context, cases: &[Case]) -> Vec<Case> {
+    let paths = paths(ctx);
+    cases
+        .iter()
+        .flat_map(|c| paths.iter().map(move |&p| c.fused(p)))
+        .collect()
+}
+
 /// The table header `verify` prints.
 pub const HEADER: &str =
-    "case                                             ctx max abs   ctx rel    wts max abs   wts rel    bound      result";
+    "case                                                       ctx max abs   ctx rel    wts max abs   wts rel    bound      result";
 
 impl fmt::Display for CaseResult {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (wmax, wrel) = if self.case.fused.is_some() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!("{:.2e}", self.weights_max),
+                format!("{:.2e}", self.weights_rel),
+            )
+        };
         write!(
             f,
-            "{:<48} {:>10.2e}  {:>9.2e}  {:>10.2e}  {:>9.2e}  {:>9.2e}  {}",
+            "{:<58} {:>10.2e}  {:>9.2e}  {:>10}  {:>9}  {:>9.2e}  {}",
             self.case.to_string(),
             self.context_max,
             self.context_rel,
-            self.weights_max,
-            self.weights_rel,
+            wmax,
+            wrel,
             self.tolerance,
             if self.passed() { "pass" } else { "FAIL" }
         )

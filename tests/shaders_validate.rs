@@ -5,14 +5,21 @@ use wgpu_attention::gpu::pipeline::KernelId;
 #[test]
 fn every_shader_parses_and_validates_with_naga() {
     for id in KernelId::ALL {
-        let module = naga::front::wgsl::parse_str(id.source())
-            .unwrap_or_else(|e| panic!("{}: {}", id.file_name(), e.emit_to_string(id.source())));
-        naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}: {e:?}", id.file_name()));
+        // Small odd constants: the shaders must not assume powers of two.
+        let consts: Vec<u32> = id.constants().iter().map(|_| 3).collect();
+        let source = id.source_with(&consts);
+        let module = naga::front::wgsl::parse_str(&source)
+            .unwrap_or_else(|e| panic!("{}: {}", id.file_name(), e.emit_to_string(&source)));
+        let caps = if id.needs_subgroups() {
+            naga::valid::Capabilities::SUBGROUP
+        } else {
+            naga::valid::Capabilities::empty()
+        };
+        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", id.file_name()));
         assert!(
             module
                 .entry_points

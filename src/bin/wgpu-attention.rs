@@ -212,6 +212,7 @@ fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
     println!("{}", verify::HEADER);
     let mut cases = verify::standard_cases();
     cases.extend(verify::random_cases(trials, seed));
+    let cases = verify::on_every_path(&ctx, &cases);
     let mut failed = 0;
     for (i, case) in cases.iter().enumerate() {
         match verify::run_case(&ctx, case, seed.wrapping_add(i as u64)) {
@@ -223,7 +224,7 @@ fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
             }
             Err(e) => {
                 failed += 1;
-                println!("{:<48} error: {e}", case.to_string());
+                println!("{:<58} error: {e}", case.to_string());
             }
         }
     }

@@ -2,6 +2,7 @@
 //! the arithmetic of its grid. Recording a dispatch is the same for all of them:
 //! [`record`] builds the uniform, the bind group and the pass.
 
+pub mod flash;
 pub mod matmul;
 pub mod softmax;
 pub mod weighted_sum;
@@ -9,7 +10,7 @@ pub mod weighted_sum;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
-use crate::gpu::pipeline::KernelId;
+use crate::gpu::pipeline::PipelineKey;
 
 /// Splits `count` workgroups into an `(x, y)` grid under the per-dimension limit; kernels
 /// recover the linear id as `x + y · num_workgroups.x` and drop ids past `count`.
@@ -34,16 +35,39 @@ pub fn grid(count: u64, max_per_dim: u32) -> Result<(u32, u32)> {
     Ok((x as u32, y as u32))
 }
 
-/// Records one dispatch of `kernel` into `encoder`: `params` at binding 0, then `buffers` at
-/// bindings 1, 2, …, over `workgroups` workgroups.
+/// A resource bound to a kernel after its uniform block.
+#[derive(Debug, Clone, Copy)]
+pub enum Binding<'a> {
+    /// A storage buffer.
+    Buffer(&'a wgpu::Buffer),
+    /// A sampled or storage texture.
+    Texture(&'a wgpu::TextureView),
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Binding<'a> {
+    fn from(b: &'a wgpu::Buffer) -> Self {
+        Binding::Buffer(b)
+    }
+}
+
+impl<'a> From<&'a wgpu::TextureView> for Binding<'a> {
+    fn from(t: &'a wgpu::TextureView) -> Self {
+        Binding::Texture(t)
+    }
+}
+
+/// Records one dispatch of `kernel` into `encoder`: `params` at binding 0, then `resources`
+/// at bindings 1, 2, …, over `workgroups` workgroups.
 pub fn record<P: bytemuck::Pod>(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    kernel: KernelId,
+    kernel: impl Into<PipelineKey>,
     params: &P,
-    buffers: &[&wgpu::Buffer],
+    resources: &[Binding<'_>],
     workgroups: u64,
 ) -> Result<()> {
+    let key = kernel.into();
+    let label = key.kernel.file_name();
     let (x, y) = grid(
         workgroups,
         ctx.limits().max_compute_workgroups_per_dimension,
@@ -51,28 +75,31 @@ pub fn record<P: bytemuck::Pod>(
     if x == 0 {
         return Ok(());
     }
-    let pipeline = ctx.pipelines.get(ctx, kernel)?;
-    let uniform = buffer::uniform(ctx, kernel.file_name(), params);
+    let pipeline = ctx.pipelines.get(ctx, key)?;
+    let uniform = buffer::uniform(ctx, label, params);
     let mut entries = vec![wgpu::BindGroupEntry {
         binding: 0,
         resource: uniform.as_entire_binding(),
     }];
     entries.extend(
-        buffers
+        resources
             .iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
+            .map(|(i, r)| wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
+                resource: match *r {
+                    Binding::Buffer(b) => b.as_entire_binding(),
+                    Binding::Texture(t) => wgpu::BindingResource::TextureView(t),
+                },
             }),
     );
     let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(kernel.file_name()),
+        label: Some(label),
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,
     });
     let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(kernel.file_name()),
+        label: Some(label),
         timestamp_writes: None,
     });
     pass.set_pipeline(&pipeline);

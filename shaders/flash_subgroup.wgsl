@@ -1,0 +1,205 @@
+// Fused attention (flash attention, online softmax) for adapters where textures and
+// subgroup operations are fast and storage/workgroup memory is slow (lavapipe):
+//
+//     o_i = Σ_j exp(s_ij − m_i) · v_j / Σ_j exp(s_ij − m_i),   s_ij = scale · q_i·k_j
+//
+// computed in one pass over the keys with a running max m_i and sum l_i; the n × n scores
+// never exist in memory. Scores run in the log2 domain (q is pre-multiplied by
+// scale·log2 e, so exp becomes exp2).
+//
+// One workgroup is one subgroup of SG lanes. Lane `l` owns the R query rows
+// row0 + r·SG + l: their q and output accumulators live in its registers, so the softmax
+// of a row is private to one lane. Keys are streamed in tiles of SG: lane `l` loads key
+// j0 + l from the K and V textures (one textureLoad per 4 values), and subgroupShuffle hands
+// it to every lane. With the loop bound SG constant, the shuffles have constant lanes once
+// unrolled.
+//
+// K and V are packed by pack.wgsl into rgba32float textures: key j of group g, values
+// 4c..4c+3, sits at texel ((j & mask)·D4 + c, g·rows + (j >> shift)).
+// Causal (top-left, PyTorch's is_causal): row i sees keys j ≤ i; tiles past the block's
+// last row are skipped.
+//
+// The host prepends: const SG (subgroup size), R (rows per lane), DK4 / DV4 (per-head
+// widths of q·k and v in vec4s, rounded up).
+
+struct Params {
+    n_q: u32,
+    n_kv: u32,
+    heads: u32,
+    groups: u32,
+    blocks: u32,
+    causal: u32,
+    dk_h: u32,
+    dv_h: u32,
+    q_off: u32,
+    q_batch: u32,
+    q_head: u32,
+    q_row: u32,
+    o_off: u32,
+    o_batch: u32,
+    o_head: u32,
+    o_row: u32,
+    k_off: u32,
+    k_batch: u32,
+    k_head: u32,
+    k_row: u32,
+    v_off: u32,
+    v_batch: u32,
+    v_head: u32,
+    v_row: u32,
+    k_shift: u32,
+    k_rows: u32,
+    v_shift: u32,
+    v_rows: u32,
+    scale_log2: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+// Stands in for −∞: exp2(NEG − m) is exactly 0 for any finite m and never makes NaN.
+const NEG: f32 = -3.0e38;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_buf: array<f32>;
+@group(0) @binding(2) var k_tex: texture_2d<f32>;
+@group(0) @binding(3) var v_tex: texture_2d<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(SG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.groups * p.blocks {
+        return;
+    }
+    let g = id / p.blocks;
+    let row0 = (id % p.blocks) * SG * R;
+    let b = g / p.heads;
+    let h = g % p.heads;
+
+    var q: array<array<vec4<f32>, DK4>, R>;
+    var o: array<array<vec4<f32>, DV4>, R>;
+    var m: array<f32, R>;
+    var l: array<f32, R>;
+    var rows: array<u32, R>;
+    let q_base = p.q_off + b * p.q_batch + h * p.q_head;
+    for (var r = 0u; r < R; r++) {
+        let row = row0 + r * SG + lane;
+        rows[r] = row;
+        m[r] = NEG;
+        l[r] = 0.0;
+        for (var c = 0u; c < DK4; c++) {
+            var v = vec4<f32>(0.0);
+            if row < p.n_q {
+                for (var e = 0u; e < 4u; e++) {
+                    let col = c * 4u + e;
+                    if col < p.dk_h {
+                        v[e] = q_buf[q_base + row * p.q_row + col];
+                    }
+                }
+            }
+            q[r][c] = v * p.scale_log2;
+        }
+        for (var c = 0u; c < DV4; c++) {
+            o[r][c] = vec4<f32>(0.0);
+        }
+    }
+
+    // Keys this block needs (the same for every lane, so the loop stays uniform).
+    var kv_end = p.n_kv;
+    if p.causal != 0u {
+        kv_end = min(kv_end, min(row0 + SG * R, p.n_q));
+    }
+    let k_mask = (1u << p.k_shift) - 1u;
+    let v_mask = (1u << p.v_shift) - 1u;
+
+    for (var j0 = 0u; j0 < kv_end; j0 += SG) {
+        // Lane `lane` fetches key j0 + lane.
+        let j = j0 + lane;
+        var kr: array<vec4<f32>, DK4>;
+        var vr: array<vec4<f32>, DV4>;
+        if j < p.n_kv {
+            let kx = (j & k_mask) * DK4;
+            let ky = g * p.k_rows + (j >> p.k_shift);
+            for (var c = 0u; c < DK4; c++) {
+                kr[c] = textureLoad(k_tex, vec2<u32>(kx + c, ky), 0);
+            }
+            let vx = (j & v_mask) * DV4;
+            let vy = g * p.v_rows + (j >> p.v_shift);
+            for (var c = 0u; c < DV4; c++) {
+                vr[c] = textureLoad(v_tex, vec2<u32>(vx + c, vy), 0);
+            }
+        }
+        let count = min(SG, kv_end - j0);
+
+        // Scores of this tile, and each row's tile max.
+        var s: array<array<f32, SG>, R>;
+        var tile_max: array<f32, R>;
+        for (var r = 0u; r < R; r++) {
+            tile_max[r] = NEG;
+        }
+        for (var jj = 0u; jj < SG; jj++) {
+            var acc: array<f32, R>;
+            for (var c = 0u; c < DK4; c++) {
+                let kc = subgroupShuffle(kr[c], jj);
+                for (var r = 0u; r < R; r++) {
+                    acc[r] += dot(q[r][c], kc);
+                }
+            }
+            for (var r = 0u; r < R; r++) {
+                var x = acc[r];
+                if jj >= count || (p.causal != 0u && j0 + jj > rows[r]) {
+                    x = NEG;
+                }
+                s[r][jj] = x;
+                tile_max[r] = max(tile_max[r], x);
+            }
+        }
+
+        // Rescale what was accumulated to the new running max.
+        for (var r = 0u; r < R; r++) {
+            let m_new = max(m[r], tile_max[r]);
+            let corr = exp2(m[r] - m_new);
+            m[r] = m_new;
+            l[r] *= corr;
+            for (var c = 0u; c < DV4; c++) {
+                o[r][c] *= corr;
+            }
+        }
+
+        // Accumulate exp(s − m)·v.
+        for (var jj = 0u; jj < SG; jj++) {
+            var pr: array<f32, R>;
+            for (var r = 0u; r < R; r++) {
+                pr[r] = exp2(s[r][jj] - m[r]);
+                l[r] += pr[r];
+            }
+            for (var c = 0u; c < DV4; c++) {
+                let vc = subgroupShuffle(vr[c], jj);
+                for (var r = 0u; r < R; r++) {
+                    o[r][c] += pr[r] * vc;
+                }
+            }
+        }
+    }
+
+    let o_base = p.o_off + b * p.o_batch + h * p.o_head;
+    for (var r = 0u; r < R; r++) {
+        let row = rows[r];
+        if row < p.n_q {
+            let inv = 1.0 / l[r];
+            for (var c = 0u; c < DV4; c++) {
+                for (var e = 0u; e < 4u; e++) {
+                    let col = c * 4u + e;
+                    if col < p.dv_h {
+                        out[o_base + row * p.o_row + col] = o[r][c][e] * inv;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+// Fused attention (flash attention, online softmax) for any adapter, from storage buffers:
+//
+//     o_i = Σ_j exp(s_ij − m_i) · v_j / Σ_j exp(s_ij − m_i),   s_ij = scale · q_i·k_j
+//
+// one pass over the keys with a running max m_i and sum l_i; the n × n scores never exist in
+// memory. Scores run in the log2 domain (q pre-multiplied by scale·log2 e).
+//
+// A workgroup of WG threads owns WG consecutive query rows of one (batch, head) group, one
+// row per thread, its q and output accumulator in registers. Keys are streamed in tiles of
+// BK: the workgroup loads the tile's K and V rows into workgroup memory together, then every
+// thread reads them from there (the classic GPU layout: one global read per key per
+// workgroup, not per row). Causal (top-left, PyTorch's is_causal): row i sees keys j ≤ i;
+// tiles past the workgroup's last row are skipped.
+//
+// The host prepends: const BK (keys per tile), DK4 / DV4 (per-head widths of q·k and v in
+// vec4s, rounded up). Uses the same Params block as flash_subgroup.wgsl (its texture fields
+// unused here); K and V are read through their strides.
+
+struct Params {
+    n_q: u32,
+    n_kv: u32,
+    heads: u32,
+    groups: u32,
+    blocks: u32,
+    causal: u32,
+    dk_h: u32,
+    dv_h: u32,
+    q_off: u32,
+    q_batch: u32,
+    q_head: u32,
+    q_row: u32,
+    o_off: u32,
+    o_batch: u32,
+    o_head: u32,
+    o_row: u32,
+    k_off: u32,
+    k_batch: u32,
+    k_head: u32,
+    k_row: u32,
+    v_off: u32,
+    v_batch: u32,
+    v_head: u32,
+    v_row: u32,
+    k_shift: u32,
+    k_rows: u32,
+    v_shift: u32,
+    v_rows: u32,
+    scale_log2: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const WG: u32 = 64u;
+const NEG: f32 = -3.0e38;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_buf: array<f32>;
+@group(0) @binding(2) var<storage, read> k_buf: array<f32>;
+@group(0) @binding(3) var<storage, read> v_buf: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> k_tile: array<vec4<f32>, BK * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
+
+// Values 4c..4c+3 of a row that starts at `base` and has `width` values (zero past it).
+fn load4(buf_is_k: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        let col = c * 4u + e;
+        if col < width {
+            if buf_is_k {
+                v[e] = k_buf[base + col];
+            } else {
+                v[e] = v_buf[base + col];
+            }
+        }
+    }
+    return v;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.groups * p.blocks {
+        return;
+    }
+    let g = id / p.blocks;
+    let row0 = (id % p.blocks) * WG;
+    let row = row0 + li;
+    let b = g / p.heads;
+    let h = g % p.heads;
+
+    var q: array<vec4<f32>, DK4>;
+    var o: array<vec4<f32>, DV4>;
+    var m = NEG;
+    var l = 0.0;
+    let q_base = p.q_off + b * p.q_batch + h * p.q_head + row * p.q_row;
+    for (var c = 0u; c < DK4; c++) {
+        var v = vec4<f32>(0.0);
+        if row < p.n_q {
+            for (var e = 0u; e < 4u; e++) {
+                let col = c * 4u + e;
+                if col < p.dk_h {
+                    v[e] = q_buf[q_base + col];
+                }
+            }
+        }
+        q[c] = v * p.scale_log2;
+    }
+    for (var c = 0u; c < DV4; c++) {
+        o[c] = vec4<f32>(0.0);
+    }
+
+    var kv_end = p.n_kv;
+    if p.causal != 0u {
+        kv_end = min(kv_end, min(row0 + WG, p.n_q));
+    }
+    let k_base = p.k_off + b * p.k_batch + h * p.k_head;
+    let v_base = p.v_off + b * p.v_batch + h * p.v_head;
+
+    for (var j0 = 0u; j0 < kv_end; j0 += BK) {
+        for (var t = li; t < BK * DK4; t += WG) {
+            let j = j0 + t / DK4;
+            var v = vec4<f32>(0.0);
+            if j < p.n_kv {
+                v = load4(true, k_base + j * p.k_row, t % DK4, p.dk_h);
+            }
+            k_tile[t] = v;
+        }
+        for (var t = li; t < BK * DV4; t += WG) {
+            let j = j0 + t / DV4;
+            var v = vec4<f32>(0.0);
+            if j < p.n_kv {
+                v = load4(false, v_base + j * p.v_row, t % DV4, p.dv_h);
+            }
+            v_tile[t] = v;
+        }
+        workgroupBarrier();
+
+        let count = min(BK, kv_end - j0);
+        var s: array<f32, BK>;
+        var tile_max = NEG;
+        for (var jj = 0u; jj < BK; jj++) {
+            var acc = 0.0;
+            for (var c = 0u; c < DK4; c++) {
+                acc += dot(q[c], k_tile[jj * DK4 + c]);
+            }
+            if jj >= count || (p.causal != 0u && j0 + jj > row) {
+                acc = NEG;
+            }
+            s[jj] = acc;
+            tile_max = max(tile_max, acc);
+        }
+        let m_new = max(m, tile_max);
+        let corr = exp2(m - m_new);
+        m = m_new;
+        l *= corr;
+        for (var c = 0u; c < DV4; c++) {
+            o[c] *= corr;
+        }
+        for (var jj = 0u; jj < count; jj++) {
+            let pr = exp2(s[jj] - m);
+            l += pr;
+            for (var c = 0u; c < DV4; c++) {
+                o[c] += pr * v_tile[jj * DV4 + c];
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if row < p.n_q {
+        let o_base = p.o_off + b * p.o_batch + h * p.o_head + row * p.o_row;
+        let inv = 1.0 / l;
+        for (var c = 0u; c < DV4; c++) {
+            for (var e = 0u; e < 4u; e++) {
+                let col = c * 4u + e;
+                if col < p.dv_h {
+                    out[o_base + col] = o[c][e] * inv;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+// Copies per-head rows of K or V out of a storage buffer into an rgba32float texture for
+// flash_subgroup.wgsl, zero-padding each row to a multiple of 4 values:
+//
+//     row j of group g, values 4c..4c+3  →  texel ((j & mask)·D4 + c, g·rows + (j >> shift))
+//
+// (2^shift rows side by side per texture row, so long sequences fit the texture limits).
+// Row j of group g = (batch index b, head h) starts at off + b·batch + h·head + j·row in the
+// source. One invocation per texel, linear 2-D grid of 64-wide workgroups.
+
+struct Params {
+    n: u32,
+    heads: u32,
+    groups: u32,
+    width: u32,
+    d4: u32,
+    shift: u32,
+    rows: u32,
+    off: u32,
+    batch: u32,
+    head: u32,
+    row: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var dst: texture_storage_2d<rgba32float, write>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let id = (wg.x + wg.y * nwg.x) * 64u + li;
+    if id >= p.groups * p.n * p.d4 {
+        return;
+    }
+    let c = id % p.d4;
+    let t = id / p.d4;
+    let j = t % p.n;
+    let g = t / p.n;
+    let base = p.off + (g / p.heads) * p.batch + (g % p.heads) * p.head + j * p.row;
+    var v = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) {
+        let col = c * 4u + e;
+        if col < p.width {
+            v[e] = src[base + col];
+        }
+    }
+    let mask = (1u << p.shift) - 1u;
+    textureStore(dst, vec2<u32>((j & mask) * p.d4 + c, g * p.rows + (j >> p.shift)), v);
+}

@@ -1,0 +1,45 @@
+//! `rgba32float` textures that kernels fill with `textureStore` and read with `textureLoad`
+//! (four f32 values per texel), checked against the device's texture limits first.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// A 2-D `rgba32float` texture of `width × height` texels, writable as a storage texture and
+/// readable with `textureLoad`; returns it with its default view.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when a side exceeds `max_texture_dimension_2d`.
+pub fn rgba32f(
+    ctx: &Context,
+    label: &str,
+    width: u32,
+    height: u32,
+) -> Result<(wgpu::Texture, wgpu::TextureView)> {
+    let max = ctx.limits().max_texture_dimension_2d;
+    for (side, len) in [("width", width), ("height", height)] {
+        if len > max {
+            return Err(Error::LimitExceeded {
+                what: format!("{label} texture {side}"),
+                needed: format!("{len} texels"),
+                limit: format!("{max} texels"),
+                limit_name: "max_texture_dimension_2d",
+            });
+        }
+    }
+    let texture = ctx.device.create_texture(&wgpu::TextureDescriptor {
+        label: Some(label),
+        size: wgpu::Extent3d {
+            width: width.max(1),
+            height: height.max(1),
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Float,
+        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::TEXTURE_BINDING,
+        view_formats: &[],
+    });
+    let view = texture.create_view(&Default::default());
+    Ok((texture, view))
+}
