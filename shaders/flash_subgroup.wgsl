@@ -87,15 +87,15 @@ fn main(
     var l: array<f32, R>;
     var rows: array<u32, R>;
     let q_base = p.q_off + b * p.q_batch + h * p.q_head;
-    for (var r = 0u; r < R; r++) {
+    for (var r = 0u; r < R; r++) { // unroll
         let row = row0 + r * SG + lane;
         rows[r] = row;
         m[r] = NEG;
         l[r] = 0.0;
-        for (var c = 0u; c < DK4; c++) {
+        for (var c = 0u; c < DK4; c++) { // unroll
             var v = vec4<f32>(0.0);
             if row < p.n_q {
-                for (var e = 0u; e < 4u; e++) {
+                for (var e = 0u; e < 4u; e++) { // unroll
                     let col = c * 4u + e;
                     if col < p.dk_h {
                         v[e] = q_buf[q_base + row * p.q_row + col];
@@ -104,7 +104,7 @@ fn main(
             }
             q[r][c] = v * p.scale_log2;
         }
-        for (var c = 0u; c < DV4; c++) {
+        for (var c = 0u; c < DV4; c++) { // unroll
             o[r][c] = vec4<f32>(0.0);
         }
     }
@@ -125,12 +125,12 @@ fn main(
         if j < p.n_kv {
             let kx = (j & k_mask) * DK4;
             let ky = g * p.k_rows + (j >> p.k_shift);
-            for (var c = 0u; c < DK4; c++) {
+            for (var c = 0u; c < DK4; c++) { // unroll
                 kr[c] = textureLoad(k_tex, vec2<u32>(kx + c, ky), 0);
             }
             let vx = (j & v_mask) * DV4;
             let vy = g * p.v_rows + (j >> p.v_shift);
-            for (var c = 0u; c < DV4; c++) {
+            for (var c = 0u; c < DV4; c++) { // unroll
                 vr[c] = textureLoad(v_tex, vec2<u32>(vx + c, vy), 0);
             }
         }
@@ -139,18 +139,18 @@ fn main(
         // Scores of this tile, and each row's tile max.
         var s: array<array<f32, SG>, R>;
         var tile_max: array<f32, R>;
-        for (var r = 0u; r < R; r++) {
+        for (var r = 0u; r < R; r++) { // unroll
             tile_max[r] = NEG;
         }
-        for (var jj = 0u; jj < SG; jj++) {
+        for (var jj = 0u; jj < SG; jj++) { // unroll
             var acc: array<f32, R>;
-            for (var c = 0u; c < DK4; c++) {
+            for (var c = 0u; c < DK4; c++) { // unroll
                 let kc = subgroupShuffle(kr[c], jj);
-                for (var r = 0u; r < R; r++) {
+                for (var r = 0u; r < R; r++) { // unroll
                     acc[r] += dot(q[r][c], kc);
                 }
             }
-            for (var r = 0u; r < R; r++) {
+            for (var r = 0u; r < R; r++) { // unroll
                 var x = acc[r];
                 if jj >= count || (p.causal != 0u && j0 + jj > rows[r]) {
                     x = NEG;
@@ -161,26 +161,26 @@ fn main(
         }
 
         // Rescale what was accumulated to the new running max.
-        for (var r = 0u; r < R; r++) {
+        for (var r = 0u; r < R; r++) { // unroll
             let m_new = max(m[r], tile_max[r]);
             let corr = exp2(m[r] - m_new);
             m[r] = m_new;
             l[r] *= corr;
-            for (var c = 0u; c < DV4; c++) {
+            for (var c = 0u; c < DV4; c++) { // unroll
                 o[r][c] *= corr;
             }
         }
 
         // Accumulate exp(s − m)·v.
-        for (var jj = 0u; jj < SG; jj++) {
+        for (var jj = 0u; jj < SG; jj++) { // unroll
             var pr: array<f32, R>;
-            for (var r = 0u; r < R; r++) {
+            for (var r = 0u; r < R; r++) { // unroll
                 pr[r] = exp2(s[r][jj] - m[r]);
                 l[r] += pr[r];
             }
-            for (var c = 0u; c < DV4; c++) {
+            for (var c = 0u; c < DV4; c++) { // unroll
                 let vc = subgroupShuffle(vr[c], jj);
-                for (var r = 0u; r < R; r++) {
+                for (var r = 0u; r < R; r++) { // unroll
                     o[r][c] += pr[r] * vc;
                 }
             }
@@ -188,12 +188,12 @@ fn main(
     }
 
     let o_base = p.o_off + b * p.o_batch + h * p.o_head;
-    for (var r = 0u; r < R; r++) {
+    for (var r = 0u; r < R; r++) { // unroll
         let row = rows[r];
         if row < p.n_q {
             let inv = 1.0 / l[r];
-            for (var c = 0u; c < DV4; c++) {
-                for (var e = 0u; e < 4u; e++) {
+            for (var c = 0u; c < DV4; c++) { // unroll
+                for (var e = 0u; e < 4u; e++) { // unroll
                     let col = c * 4u + e;
                     if col < p.dv_h {
                         out[o_base + row * p.o_row + col] = o[r][c][e] * inv;

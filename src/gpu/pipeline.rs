@@ -74,18 +74,101 @@ impl KernelId {
         matches!(self, KernelId::FlashSubgroup)
     }
 
-    /// The full WGSL text for `consts` (one value per name in [`KernelId::constants`]).
+    /// The full WGSL text for `consts` (one value per name in [`KernelId::constants`]):
+    /// the constants prepended, and every loop marked `// unroll` unrolled (see [`unroll`]).
     pub fn source_with(self, consts: &[u32]) -> String {
+        let named: Vec<(&str, u32)> = self
+            .constants()
+            .iter()
+            .copied()
+            .zip(consts.iter().copied())
+            .collect();
         let mut text = String::new();
-        for (name, value) in self.constants().iter().zip(consts) {
+        for (name, value) in &named {
             text.push_str(&format!("const {name}: u32 = {value}u;\n"));
         }
-        text.push_str(self.source());
+        text.push_str(&unroll(self.source(), &named));
         text
     }
 
     /// The entry point every kernel uses.
     pub const ENTRY: &'static str = "main";
+}
+
+/// The marker that asks for a loop to be unrolled, at the end of its `for` line.
+const UNROLL: &str = "// unroll";
+
+/// Unrolls every loop written `for (var i = 0u; i < N; i++) { // unroll` whose bound `N`
+/// is a literal (`4u`) or one of `consts`, into `N` copies of its body, each in a block that
+/// starts with `const i = <k>u;`.
+///
+/// Shader compilers that keep private arrays in registers only when every index is constant
+/// (llvmpipe's, for one) need this; others see the same program. The source stays valid WGSL
+/// with the markers ignored, so tools that never unroll still read it. Markers whose loop does
+/// not have that exact form are left alone.
+pub fn unroll(source: &str, consts: &[(&str, u32)]) -> String {
+    let mut text = source.to_string();
+    // The last marker never encloses another one, so expanding from the end handles nesting.
+    let mut search_end = text.len();
+    while let Some(mark) = text[..search_end].rfind(UNROLL) {
+        search_end = mark;
+        let line_start = text[..mark].rfind('\n').map_or(0, |i| i + 1);
+        let Some((var, count)) = parse_for(&text[line_start..mark], consts) else {
+            continue;
+        };
+        let body_start = mark + UNROLL.len();
+        let Some(body_end) = matching_brace(&text[body_start..]).map(|i| body_start + i) else {
+            continue;
+        };
+        let body = &text[body_start..body_end];
+        let indent: String = text[line_start..]
+            .chars()
+            .take_while(|c| *c == ' ')
+            .collect();
+        let mut out = String::new();
+        for k in 0..count {
+            out.push_str(&format!(
+                "{{\n{indent}    const {var} = {k}u;{body}}}\n{indent}"
+            ));
+        }
+        let out = out.trim_end().to_string();
+        text.replace_range(line_start + indent.len()..body_end + 1, &out);
+    }
+    text
+}
+
+/// `(var, count)` from `for (var i = 0u; i < N; i++) {`.
+fn parse_for(line: &str, consts: &[(&str, u32)]) -> Option<(String, u32)> {
+    let rest = line.trim().strip_prefix("for (var ")?;
+    let (var, rest) = rest.split_once(" = 0u; ")?;
+    let rest = rest.strip_prefix(var)?.strip_prefix(" < ")?;
+    let (bound, rest) = rest.split_once("; ")?;
+    if rest.trim() != format!("{var}++) {{") {
+        return None;
+    }
+    let count = match bound.strip_suffix('u').and_then(|b| b.parse().ok()) {
+        Some(n) => n,
+        None => consts.iter().find(|(name, _)| *name == bound)?.1,
+    };
+    Some((var.to_string(), count))
+}
+
+/// Byte offset of the `}` closing a block whose `{` was just before `text`.
+fn matching_brace(text: &str) -> Option<usize> {
+    let mut depth = 1usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// What a cached pipeline is built from: a kernel and its prepended constants.
@@ -143,5 +226,25 @@ impl PipelineCache {
         let pipeline = Arc::new(pipeline);
         map.insert(key, Arc::clone(&pipeline));
         Ok(pipeline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unroll_expands_marked_loops_with_nesting() {
+        let src = "fn f() {\n    for (var r = 0u; r < R; r++) { // unroll\n        for (var e = 0u; e < 2u; e++) { // unroll\n            x[r][e] = 1.0;\n        }\n    }\n    for (var j = 0u; j < n; j++) { // unroll\n    }\n}\n";
+        let out = unroll(src, &[("R", 2)]);
+        assert!(
+            !out.contains("for (var r") && !out.contains("for (var e"),
+            "{out}"
+        );
+        assert_eq!(out.matches("x[r][e] = 1.0;").count(), 4, "{out}");
+        assert_eq!(out.matches("const r = 1u;").count(), 1, "{out}");
+        assert_eq!(out.matches("const e = 1u;").count(), 2, "{out}");
+        // A bound that is neither a literal nor a known constant stays a loop.
+        assert!(out.contains("for (var j = 0u; j < n; j++)"), "{out}");
     }
 }
