@@ -1,11 +1,12 @@
-// Copies per-head rows of K or V out of a storage buffer into an rgba32float texture for
-// flash_subgroup.wgsl, zero-padding each row to a multiple of 4 values:
+// Copies per-group matrices out of a storage buffer into an rgba32float texture for the
+// subgroup kernels (flash_subgroup.wgsl, matmul_subgroup.wgsl), zero-padding each row to a
+// multiple of 4 values:
 //
 //     row j of group g, values 4c..4c+3  →  texel ((j & mask)·D4 + c, g·rows + (j >> shift))
 //
 // (2^shift rows side by side per texture row, so long sequences fit the texture limits).
-// Row j of group g = (batch index b, head h) starts at off + b·batch + h·head + j·row in the
-// source. One invocation per texel, linear 2-D grid of 64-wide workgroups.
+// Element (j, col) of group g = (batch index b, head h) is src[off + b·batch + h·head +
+// j·row + col·col_stride], so a transposed operand packs as well. One invocation per texel, linear 2-D grid of 64-wide workgroups.
 
 struct Params {
     n: u32,
@@ -19,7 +20,7 @@ struct Params {
     batch: u32,
     head: u32,
     row: u32,
-    _pad: u32,
+    col: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -45,7 +46,7 @@ fn main(
     for (var e = 0u; e < 4u; e++) {
         let col = c * 4u + e;
         if col < p.width {
-            v[e] = src[base + col];
+            v[e] = src[base + col * p.col];
         }
     }
     let mask = (1u << p.shift) - 1u;

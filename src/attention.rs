@@ -7,6 +7,8 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::{buffer, pipeline::KernelId, readback};
 use crate::kernels::flash::{self, FlashVariant};
+use crate::kernels::matmul::MatmulVariant;
+use crate::kernels::matmul_subgroup::{self, SoftmaxEpilogue};
 use crate::kernels::{self, matmul, softmax, weighted_sum};
 
 /// The projection weights of one attention layer, in the `X·W` orientation:
@@ -194,6 +196,35 @@ impl std::fmt::Display for Kernels {
     }
 }
 
+/// What a forward pass runs, from [`Attention::plan`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// The kernel family ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
+    pub family: Kernels,
+    /// One fused pass without weights, instead of materializing them.
+    pub fused: bool,
+    /// The matmul of the projections (and, storage family, of the scores).
+    pub matmul: MatmulVariant,
+    /// The fused kernel (subgroup family: also the row statistics of the weights).
+    pub flash: FlashVariant,
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.fused, self.family) {
+            (true, _) => write!(f, "{} + {}", self.matmul, self.flash),
+            (false, Kernels::Subgroup) => {
+                write!(
+                    f,
+                    "{} + {} + weights via {}",
+                    self.matmul, self.flash, self.matmul
+                )
+            }
+            (false, _) => write!(f, "{} + softmax + weighted_sum", self.matmul),
+        }
+    }
+}
+
 impl Default for Attention {
     fn default() -> Self {
         Self::new()
@@ -219,38 +250,47 @@ impl Attention {
         self
     }
 
-    /// The fused (flash) kernel this op uses on `ctx`, or `None` for the three-kernel path
-    /// (taken when the weights are returned, since they are then materialized anyway).
+    /// The kernels this op runs on `ctx`: the family [`Kernels::Auto`] resolves to, and
+    /// whether the fused path is taken (when the weights are not returned).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when [`Kernels::Subgroup`] is forced on an adapter
     /// without a fixed subgroup size.
-    pub fn fused_variant(&self, ctx: &Context) -> Result<Option<FlashVariant>> {
-        if self.return_weights {
-            return Ok(None);
-        }
-        let subgroup = FlashVariant::Subgroup { rows_per_lane: 2 };
-        let storage = FlashVariant::Tiled { keys: 32 };
-        Ok(Some(match self.kernels {
-            Kernels::Storage => storage,
-            Kernels::Subgroup => {
-                if ctx.subgroup_size().is_none() {
-                    return Err(Error::invalid(
-                        "kernels",
-                        "subgroup kernels need Features::SUBGROUP and a fixed subgroup size,                          which this adapter does not report; use storage or auto",
-                    ));
-                }
-                subgroup
+    pub fn plan(&self, ctx: &Context) -> Result<Plan> {
+        let subgroup = ctx.subgroup_size().is_some();
+        let family = match self.kernels {
+            Kernels::Storage => Kernels::Storage,
+            Kernels::Subgroup if !subgroup => {
+                return Err(Error::invalid(
+                    "kernels",
+                    "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, \
+                     which this adapter does not report; use storage or auto",
+                ))
             }
+            Kernels::Subgroup => Kernels::Subgroup,
             Kernels::Auto => {
                 let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
-                if cpu && ctx.subgroup_size().is_some() {
-                    subgroup
+                if cpu && subgroup {
+                    Kernels::Subgroup
                 } else {
-                    storage
+                    Kernels::Storage
                 }
             }
-        }))
+        };
+        Ok(match family {
+            Kernels::Subgroup => Plan {
+                family,
+                fused: !self.return_weights,
+                matmul: MatmulVariant::Subgroup { rows_per_lane: 2 },
+                flash: FlashVariant::Subgroup { rows_per_lane: 2 },
+            },
+            _ => Plan {
+                family: Kernels::Storage,
+                fused: !self.return_weights,
+                matmul: MatmulVariant::Tiled,
+                flash: FlashVariant::Tiled { keys: 32 },
+            },
+        })
     }
 
     /// Number of heads (`d_k` and `d_v` must divide by it).
@@ -393,9 +433,9 @@ impl Attention {
             ..
         } = *dims;
         let groups = batch * heads;
+        let plan = self.plan(ctx)?;
         // Check every size before allocating anything.
-        let fused = self.fused_variant(ctx)?;
-        if fused.is_none() {
+        if !plan.fused {
             buffer::check_len(ctx, "attention weights (batch·heads·n·n)", groups * n * n)?;
         }
         buffer::check_len(ctx, "context (batch·n·d_v)", batch * n * d_v)?;
@@ -409,15 +449,15 @@ impl Attention {
         // Upload. One empty stand-in serves every matmul without a bias.
         let x_buf = buffer::upload(ctx, "X", contiguous(x).as_ref())?;
         let no_bias = buffer::upload(ctx, "no bias", &[])?;
+        let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let projected;
         let (q, k, v) = match proj {
             None => (&x_buf, &x_buf, &x_buf),
             Some(p) => {
                 let rows = batch * n;
-                let project = |encoder: &mut wgpu::CommandEncoder,
-                               name: &str,
-                               w: &ArrayView2<'_, f32>,
-                               b: Option<&ArrayView1<'_, f32>>|
+                let mut project = |name: &str,
+                                   w: &ArrayView2<'_, f32>,
+                                   b: Option<&ArrayView1<'_, f32>>|
                  -> Result<wgpu::Buffer> {
                     let width = w.ncols();
                     let w_buf = buffer::upload(ctx, name, contiguous(w).as_ref())?;
@@ -432,84 +472,33 @@ impl Attention {
                         k: d,
                         batch: 1,
                         heads: 1,
-                        a: matmul::Strides::row_major(kernels::u32_of("d", d)?, 0, 0),
-                        b: matmul::Strides::row_major(kernels::u32_of("width", width)?, 0, 0),
-                        c: matmul::Strides::row_major(kernels::u32_of("width", width)?, 0, 0),
+                        a: matmul::Strides::row_major(u("d", d)?, 0, 0),
+                        b: matmul::Strides::row_major(u("width", width)?, 0, 0),
+                        c: matmul::Strides::row_major(u("width", width)?, 0, 0),
                         flags: if b.is_some() { matmul::HAS_BIAS } else { 0 },
                     };
-                    let (params, wgs) = mm.params()?;
-                    kernels::record(
-                        ctx,
-                        encoder,
-                        KernelId::Matmul,
-                        &params,
-                        &[
-                            (&x_buf).into(),
-                            (&w_buf).into(),
-                            b_buf.as_ref().unwrap_or(&no_bias).into(),
-                            (&out).into(),
-                        ],
-                        wgs,
-                    )?;
+                    let bias = b_buf.as_ref().unwrap_or(&no_bias);
+                    mm.record(ctx, &mut encoder, plan.matmul, &x_buf, &w_buf, bias, &out)?;
                     Ok(out)
                 };
                 projected = (
-                    project(&mut encoder, "Q", &p.w_q, p.b_q.as_ref())?,
-                    project(&mut encoder, "K", &p.w_k, p.b_k.as_ref())?,
-                    project(&mut encoder, "V", &p.w_v, p.b_v.as_ref())?,
+                    project("Q", &p.w_q, p.b_q.as_ref())?,
+                    project("K", &p.w_k, p.b_k.as_ref())?,
+                    project("V", &p.w_v, p.b_v.as_ref())?,
                 );
                 (&projected.0, &projected.1, &projected.2)
             }
         };
 
-        let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let dk_h = d_k / heads;
         let dv_h = d_v / heads;
         let qk =
             matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n * d_k)?);
         let vo =
             matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n * d_v)?);
-
-        if let Some(variant) = fused {
-            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V.
-            let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
-            let op = flash::Flash {
-                batch,
-                heads,
-                n_q: n,
-                n_kv: n,
-                dk_h,
-                dv_h,
-                q: qk,
-                k: qk,
-                v: vo,
-                o: vo,
-                causal: self.causal,
-                scale: dims.scale,
-            };
-            op.record(ctx, &mut encoder, variant, q, k, v, &context)?;
-            let pending = vec![readback::copy_out(
-                ctx,
-                &mut encoder,
-                &context,
-                batch * n * d_v,
-            )];
-            let submission = ctx.queue.submit([encoder.finish()]);
-            let context = readback::finish(ctx, submission, pending)?
-                .into_iter()
-                .next()
-                .unwrap_or_default();
-            return Ok((context, None));
-        }
-
+        let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
         // Scores S = Q_h·K_hᵀ, one group per (batch, head).
-        let scores = buffer::output(
-            ctx,
-            "attention weights",
-            groups * n * n,
-            self.nan_fill && self.return_weights,
-        )?;
-        let mm = matmul::Matmul {
+        let scores_mm = matmul::Matmul {
             m: n,
             n,
             k: dk_h,
@@ -526,38 +515,86 @@ impl Attention {
             },
             flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
         };
-        let (params, wgs) = mm.params()?;
-        kernels::record(
-            ctx,
-            &mut encoder,
-            KernelId::Matmul,
-            &params,
-            &[q.into(), k.into(), (&no_bias).into(), (&scores).into()],
-            wgs,
-        )?;
+        let weights = if plan.fused || plan.family == Kernels::Subgroup {
+            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. For the weights,
+            // it also leaves each row's log-sum-exp, and one more matmul writes them.
+            let lse = match plan.fused {
+                true => None,
+                false => Some(buffer::output(ctx, "row log-sum-exp", groups * n, false)?),
+            };
+            let op = flash::Flash {
+                batch,
+                heads,
+                n_q: n,
+                n_kv: n,
+                dk_h,
+                dv_h,
+                q: qk,
+                k: qk,
+                v: vo,
+                o: vo,
+                causal: self.causal,
+                scale: dims.scale,
+            };
+            op.record(
+                ctx,
+                &mut encoder,
+                plan.flash,
+                q,
+                k,
+                v,
+                &context,
+                lse.as_ref(),
+            )?;
+            match (lse, plan.matmul) {
+                (Some(lse), MatmulVariant::Subgroup { rows_per_lane }) => {
+                    let weights =
+                        buffer::output(ctx, "attention weights", groups * n * n, self.nan_fill)?;
+                    matmul_subgroup::record_matmul(
+                        ctx,
+                        &mut encoder,
+                        &scores_mm,
+                        rows_per_lane,
+                        q,
+                        k,
+                        &no_bias,
+                        Some(SoftmaxEpilogue {
+                            lse: &lse,
+                            scale: dims.scale,
+                        }),
+                        &weights,
+                    )?;
+                    Some(weights)
+                }
+                _ => None,
+            }
+        } else {
+            let scores = buffer::output(ctx, "attention weights", groups * n * n, self.nan_fill)?;
+            scores_mm.record(ctx, &mut encoder, plan.matmul, q, k, &no_bias, &scores)?;
 
-        // A = softmax(scale · S), in place.
-        let (params, wgs) = softmax::params(groups, n, n, dims.scale, self.causal)?;
-        kernels::record(
-            ctx,
-            &mut encoder,
-            KernelId::Softmax,
-            &params,
-            &[(&scores).into()],
-            wgs,
-        )?;
+            // A = softmax(scale · S), in place.
+            let (params, wgs) = softmax::params(groups, n, n, dims.scale, self.causal)?;
+            kernels::record(
+                ctx,
+                &mut encoder,
+                KernelId::Softmax,
+                &params,
+                &[(&scores).into()],
+                wgs,
+            )?;
 
-        // context = A·V per head, heads side by side.
-        let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
-        let (params, wgs) = weighted_sum::params(batch, heads, n, n, d_v, self.causal)?;
-        kernels::record(
-            ctx,
-            &mut encoder,
-            KernelId::WeightedSum,
-            &params,
-            &[(&scores).into(), v.into(), (&context).into()],
-            wgs,
-        )?;
+            // context = A·V per head, heads side by side.
+            let (params, wgs) = weighted_sum::params(batch, heads, n, n, d_v, self.causal)?;
+            kernels::record(
+                ctx,
+                &mut encoder,
+                KernelId::WeightedSum,
+                &params,
+                &[(&scores).into(), v.into(), (&context).into()],
+                wgs,
+            )?;
+            Some(scores)
+        };
 
         // Readback.
         let mut pending = vec![readback::copy_out(
@@ -566,13 +603,8 @@ impl Attention {
             &context,
             batch * n * d_v,
         )];
-        if self.return_weights {
-            pending.push(readback::copy_out(
-                ctx,
-                &mut encoder,
-                &scores,
-                groups * n * n,
-            ));
+        if let (true, Some(w)) = (self.return_weights, &weights) {
+            pending.push(readback::copy_out(ctx, &mut encoder, w, groups * n * n));
         }
         let submission = ctx.queue.submit([encoder.finish()]);
         let mut results = readback::finish(ctx, submission, pending)?.into_iter();

@@ -11,7 +11,7 @@ pub mod npy;
 pub mod reference;
 pub mod verify;
 
-pub use attention::{Attention, Dims, Kernels, Output, Projections};
+pub use attention::{Attention, Dims, Kernels, Output, Plan, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
 /// The wgpu this crate is built on, for callers who bring their own device.

@@ -41,9 +41,10 @@ pub struct Case {
     pub scale: Option<f32>,
     /// X is multiplied by this, to make large logits.
     pub magnitude: f32,
-    /// `Some(kernels)`: the fused path without weights, on that kernel family; `None`: the
-    /// three-kernel path, weights returned and checked too.
-    pub fused: Option<Kernels>,
+    /// The kernel family.
+    pub kernels: Kernels,
+    /// The fused path without weights (else the weights are returned and checked too).
+    pub fused: bool,
 }
 
 impl Case {
@@ -61,14 +62,16 @@ impl Case {
             bias: false,
             scale: None,
             magnitude: 1.0,
-            fused: None,
+            kernels: Kernels::Auto,
+            fused: false,
         }
     }
 
-    /// The same case on the fused path with `kernels` (`None`: the three-kernel path).
-    pub fn fused(self, kernels: Option<Kernels>) -> Self {
+    /// The same case on kernel family `kernels`, fused (no weights) or not.
+    pub fn on(self, kernels: Kernels, fused: bool) -> Self {
         Case {
-            fused: kernels,
+            kernels,
+            fused,
             ..self
         }
     }
@@ -82,10 +85,7 @@ impl Case {
         if let Some(s) = self.scale {
             op = op.scale(s);
         }
-        if let Some(k) = self.fused {
-            op = op.return_weights(false).kernels(k);
-        }
-        op
+        op.return_weights(!self.fused).kernels(self.kernels)
     }
 
     /// Draws the case's arrays from `seed`.
@@ -152,8 +152,11 @@ impl fmt::Display for Case {
         if self.magnitude != 1.0 {
             opts.push(format!("|X|x{}", self.magnitude));
         }
-        if let Some(k) = self.fused {
-            opts.push(format!("fused:{k}"));
+        if self.kernels != Kernels::Auto {
+            opts.push(format!("[{}]", self.kernels));
+        }
+        if self.fused {
+            opts.push("fused".into());
         }
         write!(f, "{}", opts.join(" "))
     }
@@ -226,9 +229,9 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
     let cpu = reference::attention(&op, data.x.view(), proj.as_ref())?;
     let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
     let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
-        (Some(g), Some(c), None) => reference::compare(g, c),
+        (Some(g), Some(c), false) => reference::compare(g, c),
         // The fused path returns no weights by design; only the context is checked.
-        (None, _, Some(_)) => (0.0, 0.0),
+        (None, _, true) => (0.0, 0.0),
         _ => (f64::INFINITY, f64::INFINITY),
     };
     let bound = reference::logit_bound(&op, data.x.view(), proj.as_ref())?;
@@ -349,20 +352,24 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                 bias: weights && rng.random_bool(0.5),
                 scale: rng.random_bool(0.2).then(|| rng.random_range(-1.0..2.0)),
                 magnitude: if rng.random_bool(0.15) { 10.0 } else { 1.0 },
-                fused: None,
+                kernels: Kernels::Auto,
+                fused: false,
             }
         })
         .collect()
 }
 
-/// The paths every case runs on with `ctx`: the three-kernel path, then the fused path on
-/// each kernel family the adapter has.
-pub fn paths(ctx: &Context) -> Vec<Option<Kernels>> {
-    let mut paths = vec![None, Some(Kernels::Storage)];
+/// The paths every case runs on with `ctx`: each kernel family the adapter has, with the
+/// weights and fused.
+pub fn paths(ctx: &Context) -> Vec<(Kernels, bool)> {
+    let mut families = vec![Kernels::Storage];
     if ctx.subgroup_size().is_some() {
-        paths.push(Some(Kernels::Subgroup));
+        families.push(Kernels::Subgroup);
     }
-    paths
+    families
+        .into_iter()
+        .flat_map(|k| [(k, false), (k, true)])
+        .collect()
 }
 
 /// Every case on every path of [`paths`].
@@ -370,7 +377,7 @@ pub fn on_every_path(ctx: &Context, cases: &[Case]) -> Vec<Case> {
     let paths = paths(ctx);
     cases
         .iter()
-        .flat_map(|c| paths.iter().map(move |&p| c.fused(p)))
+        .flat_map(|c| paths.iter().map(move |&(k, f)| c.on(k, f)))
         .collect()
 }
 
@@ -380,7 +387,7 @@ pub const HEADER: &str =
 
 impl fmt::Display for CaseResult {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (wmax, wrel) = if self.case.fused.is_some() {
+        let (wmax, wrel) = if self.case.fused {
             ("-".to_string(), "-".to_string())
         } else {
             (

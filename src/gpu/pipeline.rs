@@ -20,18 +20,22 @@ pub enum KernelId {
     FlashTiled,
     /// `shaders/flash_subgroup.wgsl`: fused attention from textures, subgroup shuffles.
     FlashSubgroup,
+    /// `shaders/matmul_subgroup.wgsl`: batched matmul from textures, subgroup broadcasts,
+    /// with bias or softmax epilogue.
+    MatmulSubgroup,
     /// `shaders/pack.wgsl`: per-head rows of a storage buffer into an `rgba32float` texture.
     Pack,
 }
 
 impl KernelId {
     /// All kernels, for tests that validate every shader.
-    pub const ALL: [KernelId; 6] = [
+    pub const ALL: [KernelId; 7] = [
         KernelId::Matmul,
         KernelId::Softmax,
         KernelId::WeightedSum,
         KernelId::FlashTiled,
         KernelId::FlashSubgroup,
+        KernelId::MatmulSubgroup,
         KernelId::Pack,
     ];
 
@@ -43,6 +47,7 @@ impl KernelId {
             KernelId::WeightedSum => "weighted_sum.wgsl",
             KernelId::FlashTiled => "flash_tiled.wgsl",
             KernelId::FlashSubgroup => "flash_subgroup.wgsl",
+            KernelId::MatmulSubgroup => "matmul_subgroup.wgsl",
             KernelId::Pack => "pack.wgsl",
         }
     }
@@ -55,6 +60,7 @@ impl KernelId {
             KernelId::WeightedSum => include_str!("../../shaders/weighted_sum.wgsl"),
             KernelId::FlashTiled => include_str!("../../shaders/flash_tiled.wgsl"),
             KernelId::FlashSubgroup => include_str!("../../shaders/flash_subgroup.wgsl"),
+            KernelId::MatmulSubgroup => include_str!("../../shaders/matmul_subgroup.wgsl"),
             KernelId::Pack => include_str!("../../shaders/pack.wgsl"),
         }
     }
@@ -65,13 +71,14 @@ impl KernelId {
         match self {
             KernelId::FlashTiled => &["BK", "DK4", "DV4"],
             KernelId::FlashSubgroup => &["SG", "R", "DK4", "DV4"],
+            KernelId::MatmulSubgroup => &["SG", "T"],
             _ => &[],
         }
     }
 
     /// Whether the kernel uses subgroup operations (needs `Features::SUBGROUP`).
     pub fn needs_subgroups(self) -> bool {
-        matches!(self, KernelId::FlashSubgroup)
+        matches!(self, KernelId::FlashSubgroup | KernelId::MatmulSubgroup)
     }
 
     /// The full WGSL text for `consts` (one value per name in [`KernelId::constants`]):

@@ -3,8 +3,10 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::context::Context;
 use crate::error::Result;
-use crate::kernels::u32_of;
+use crate::gpu::pipeline::KernelId;
+use crate::kernels::{matmul_subgroup, record, u32_of};
 
 /// Side of the square output tile one workgroup computes.
 pub const TILE: u32 = 64;
@@ -137,6 +139,74 @@ impl Matmul {
             _pad: [0; 2],
         };
         Ok((p, (tiles_m * tiles_n * groups) as u64))
+    }
+}
+
+/// Which kernel computes a [`Matmul`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatmulVariant {
+    /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
+    Tiled,
+    /// `matmul_subgroup.wgsl`: textures and subgroup broadcasts, `(subgroup size ·
+    /// rows_per_lane) × (4 · subgroup size)` tiles.
+    Subgroup {
+        /// Tile rows per lane.
+        rows_per_lane: u32,
+    },
+}
+
+impl std::fmt::Display for MatmulVariant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MatmulVariant::Tiled => write!(f, "matmul-tiled(64x64)"),
+            MatmulVariant::Subgroup { rows_per_lane } => {
+                write!(f, "matmul-subgroup(t={rows_per_lane})")
+            }
+        }
+    }
+}
+
+impl Matmul {
+    /// Records `c ← a·b (+ bias)` with `variant`; `bias` is read only with [`HAS_BIAS`]
+    /// (any buffer may stand in otherwise).
+    ///
+    /// # Errors
+    /// Size limits, and the subgroup variant on an adapter without a fixed subgroup size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        variant: MatmulVariant,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+        bias: &wgpu::Buffer,
+        c: &wgpu::Buffer,
+    ) -> Result<()> {
+        match variant {
+            MatmulVariant::Tiled => {
+                let (params, wgs) = self.params()?;
+                record(
+                    ctx,
+                    encoder,
+                    KernelId::Matmul,
+                    &params,
+                    &[a.into(), b.into(), bias.into(), c.into()],
+                    wgs,
+                )
+            }
+            MatmulVariant::Subgroup { rows_per_lane } => matmul_subgroup::record_matmul(
+                ctx,
+                encoder,
+                self,
+                rows_per_lane,
+                a,
+                b,
+                bias,
+                None,
+                c,
+            ),
+        }
     }
 }
 

@@ -4,6 +4,8 @@
 
 pub mod flash;
 pub mod matmul;
+pub mod matmul_subgroup;
+pub mod pack;
 pub mod softmax;
 pub mod weighted_sum;
 

@@ -1,0 +1,145 @@
+// Batched matmul C[g] = A[g]·B[g] for adapters where textures and subgroup operations are
+// fast and storage/workgroup memory is slow (lavapipe), with two epilogues:
+//
+//     HAS_BIAS:  C[g, i, j] = (A·B)[i, j] + bias[j]
+//     SOFTMAX:   C[g, i, j] = exp2(scale_log2 · (A·B)[i, j] − lse[g, i])   (0 where causal hides j > i)
+//
+// SOFTMAX turns Q·Kᵀ into the attention weights, given each row's log2-sum-exp from the
+// flash pass (flash_subgroup.wgsl writes it), so the weights cost one matmul and no
+// n × n round trip through a softmax kernel.
+//
+// A and B are packed by pack.wgsl into rgba32float textures: row r of group g, values
+// 4c..4c+3, at texel ((r & mask)·D4 + c, g·rows + (r >> shift)). One workgroup is one
+// subgroup of SG lanes and computes an (SG·T) × (4·SG) tile of C: lane `l` owns output
+// columns 4·(tile_col·SG + l) .. +3 of every tile row. Per step of 4 along k, each lane
+// loads one texel of A for T rows and four texels of B, and subgroupBroadcast shares the
+// A values; loops marked `// unroll` are unrolled by the host so the lanes are constants.
+//
+// The host prepends: const SG (subgroup size), T (tile rows per lane).
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    heads: u32,
+    groups: u32,
+    tiles_m: u32,
+    tiles_n: u32,
+    flags: u32,
+    a_shift: u32,
+    a_rows: u32,
+    a_d4: u32,
+    b_shift: u32,
+    b_rows: u32,
+    b_d4: u32,
+    _pad0: u32,
+    _pad1: u32,
+    c_off: u32,
+    c_batch: u32,
+    c_head: u32,
+    c_row: u32,
+    scale_log2: f32,
+    _pad2: u32,
+    _pad3: u32,
+    _pad4: u32,
+}
+
+const HAS_BIAS: u32 = 1u;
+const CAUSAL: u32 = 2u;
+const SOFTMAX: u32 = 4u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var a_tex: texture_2d<f32>;
+@group(0) @binding(2) var b_tex: texture_2d<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read> lse: array<f32>;
+@group(0) @binding(5) var<storage, read_write> c: array<f32>;
+
+fn texel_a(g: u32, r: u32, c4: u32) -> vec2<u32> {
+    let mask = (1u << p.a_shift) - 1u;
+    return vec2<u32>((r & mask) * p.a_d4 + c4, g * p.a_rows + (r >> p.a_shift));
+}
+
+fn texel_b(g: u32, r: u32, c4: u32) -> vec2<u32> {
+    let mask = (1u << p.b_shift) - 1u;
+    return vec2<u32>((r & mask) * p.b_d4 + c4, g * p.b_rows + (r >> p.b_shift));
+}
+
+@compute @workgroup_size(SG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let per_group = p.tiles_m * p.tiles_n;
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.groups * per_group {
+        return;
+    }
+    let g = id / per_group;
+    let t = id % per_group;
+    let row0 = (t / p.tiles_n) * SG * T;
+    let col4 = (t % p.tiles_n) * SG + lane;
+    let softmax = (p.flags & SOFTMAX) != 0u;
+    let causal = (p.flags & CAUSAL) != 0u;
+
+    var acc: array<vec4<f32>, SG * T>;
+    // A causal weights tile wholly above the diagonal is all zeros: skip the products.
+    let skip = softmax && causal && (t % p.tiles_n) * SG * 4u > row0 + SG * T - 1u;
+    let k4s = select((p.k + 3u) / 4u, 0u, skip);
+    for (var k4 = 0u; k4 < k4s; k4++) {
+        var a: array<vec4<f32>, T>;
+        for (var r = 0u; r < T; r++) { // unroll
+            let row = row0 + r * SG + lane;
+            if row < p.m {
+                a[r] = textureLoad(a_tex, texel_a(g, row, k4), 0);
+            }
+        }
+        var b: array<vec4<f32>, 4>;
+        for (var e = 0u; e < 4u; e++) { // unroll
+            let kk = k4 * 4u + e;
+            if kk < p.k && col4 < p.b_d4 {
+                b[e] = textureLoad(b_tex, texel_b(g, kk, col4), 0);
+            }
+        }
+        for (var r = 0u; r < T; r++) { // unroll
+            for (var l = 0u; l < SG; l++) { // unroll
+                let av = subgroupBroadcast(a[r], l);
+                let i = r * SG + l;
+                acc[i] += av.x * b[0] + av.y * b[1] + av.z * b[2] + av.w * b[3];
+            }
+        }
+    }
+
+    let b_idx = g / p.heads;
+    let h = g % p.heads;
+    let base = p.c_off + b_idx * p.c_batch + h * p.c_head;
+    for (var r = 0u; r < T; r++) { // unroll
+        for (var l = 0u; l < SG; l++) { // unroll
+            let i = r * SG + l;
+            let row = row0 + i;
+            if row < p.m {
+                var shift = 0.0;
+                if softmax {
+                    shift = lse[g * p.m + row];
+                }
+                for (var e = 0u; e < 4u; e++) { // unroll
+                    let col = col4 * 4u + e;
+                    if col < p.n {
+                        var v = acc[i][e];
+                        if (p.flags & HAS_BIAS) != 0u {
+                            v += bias[col];
+                        }
+                        if softmax {
+                            v = exp2(v * p.scale_log2 - shift);
+                            if causal && col > row {
+                                v = 0.0;
+                            }
+                        }
+                        c[base + row * p.c_row + col] = v;
+                    }
+                }
+            }
+        }
+    }
+}

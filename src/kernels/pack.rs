@@ -1,0 +1,180 @@
+//! Launcher of `shaders/pack.wgsl`: per-group matrices from a storage buffer into an
+//! `rgba32float` texture, the operand format of the subgroup kernels.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::pipeline::KernelId;
+use crate::gpu::texture;
+use crate::kernels::matmul::Strides;
+use crate::kernels::{record, u32_of, Binding};
+
+/// Mirrors `Params` in `shaders/pack.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct PackParams {
+    n: u32,
+    heads: u32,
+    groups: u32,
+    width: u32,
+    d4: u32,
+    shift: u32,
+    rows: u32,
+    off: u32,
+    batch: u32,
+    head: u32,
+    row: u32,
+    col: u32,
+}
+
+/// Where `n` rows of `d4` texels per group go in a packed texture: `2^shift` rows side by side
+/// per texture row, `rows` texture rows per group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackLayout {
+    /// log2 of the rows per texture row.
+    pub shift: u32,
+    /// Texture rows per group.
+    pub rows: u32,
+    /// Texels per matrix row (values / 4, rounded up).
+    pub d4: u32,
+    /// Texture width in texels.
+    pub width: u32,
+    /// Texture height in texels.
+    pub height: u32,
+}
+
+impl PackLayout {
+    /// The layout for `groups` groups of `n` rows of `d4` texels under a side limit of
+    /// `max_dim` texels.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when one row is wider than the limit or the groups' rows do
+    /// not fit its height.
+    pub fn new(what: &str, groups: usize, n: usize, d4: usize, max_dim: u32) -> Result<Self> {
+        let max_dim = max_dim as usize;
+        if d4 > max_dim {
+            return Err(Error::LimitExceeded {
+                what: format!("{what} texture width (one row)"),
+                needed: format!("{d4} texels"),
+                limit: format!("{max_dim} texels"),
+                limit_name: "max_texture_dimension_2d",
+            });
+        }
+        let mut shift = 0u32;
+        while (d4 << (shift + 1)) <= max_dim && (1usize << shift) < n {
+            shift += 1;
+        }
+        let rows = n.div_ceil(1 << shift);
+        let height = groups * rows;
+        if height > max_dim {
+            return Err(Error::LimitExceeded {
+                what: format!("{what} texture height (batch·heads·rows)"),
+                needed: format!("{height} texels"),
+                limit: format!("{max_dim} texels"),
+                limit_name: "max_texture_dimension_2d",
+            });
+        }
+        Ok(PackLayout {
+            shift,
+            rows: rows as u32,
+            d4: d4 as u32,
+            width: (d4 << shift) as u32,
+            height: height as u32,
+        })
+    }
+}
+
+/// A packed operand: the texture's view and where its rows are.
+pub struct Packed {
+    /// For `textureLoad`.
+    pub view: wgpu::TextureView,
+    /// Its layout.
+    pub layout: PackLayout,
+}
+
+/// One matrix per group to pack: `rows × width` values, element `(g, r, c)` at
+/// `off + batch·(g / heads) + head·(g % heads) + row·r + col·c` of the source.
+#[derive(Debug, Clone, Copy)]
+pub struct Pack {
+    /// Batch indices.
+    pub batch: usize,
+    /// Heads per batch index.
+    pub heads: usize,
+    /// Rows per group.
+    pub rows: usize,
+    /// Values per row.
+    pub width: usize,
+    /// Where the source elements are.
+    pub src: Strides,
+}
+
+impl Pack {
+    /// Records the pack of `src` into a new texture named `what`.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when the texture cannot hold it.
+    pub fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        what: &str,
+        src: &wgpu::Buffer,
+    ) -> Result<Packed> {
+        let groups = self.batch * self.heads;
+        let d4 = self.width.div_ceil(4);
+        let layout = PackLayout::new(
+            what,
+            groups,
+            self.rows,
+            d4,
+            ctx.limits().max_texture_dimension_2d,
+        )?;
+        let (_texture, view) = texture::rgba32f(ctx, what, layout.width, layout.height)?;
+        let params = PackParams {
+            n: u32_of("rows", self.rows)?,
+            heads: u32_of("heads", self.heads)?,
+            groups: u32_of("batch·heads", groups)?,
+            width: u32_of("row width", self.width)?,
+            d4: layout.d4,
+            shift: layout.shift,
+            rows: layout.rows,
+            off: self.src.off,
+            batch: self.src.batch,
+            head: self.src.head,
+            row: self.src.row,
+            col: self.src.col,
+        };
+        let texels = (groups * self.rows) as u64 * u64::from(layout.d4);
+        record(
+            ctx,
+            encoder,
+            KernelId::Pack,
+            &params,
+            &[src.into(), Binding::Texture(&view)],
+            texels.div_ceil(64),
+        )?;
+        Ok(Packed { view, layout })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_size_matches_wgsl_struct() {
+        assert_eq!(std::mem::size_of::<PackParams>(), 12 * 4);
+    }
+
+    #[test]
+    fn layout_folds_long_sequences_under_the_limit() {
+        let l = PackLayout::new("K", 2, 32768, 16, 16384).unwrap();
+        assert_eq!((l.shift, l.rows, l.width, l.height), (10, 32, 16384, 64));
+        let l = PackLayout::new("K", 3, 7, 2, 16384).unwrap();
+        assert!(l.width <= 16384 && (l.rows << l.shift) >= 7);
+        assert_eq!(l.rows, 1);
+        assert!(PackLayout::new("K", 100_000, 32768, 16, 16384).is_err());
+        assert!(PackLayout::new("K", 1, 1, 20_000, 16384).is_err());
+    }
+}
