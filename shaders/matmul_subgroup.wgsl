@@ -12,8 +12,8 @@
 // 4c..4c+3, at texel ((r & mask)·D4 + c, g·rows + (r >> shift)). One workgroup is one
 // subgroup of SG lanes and computes an (SG·T) × (4·SG) tile of C: lane `l` owns output
 // columns 4·(tile_col·SG + l) .. +3 of every tile row. Per step of 4 along k, each lane
-// loads one texel of A for T rows and four texels of B, and subgroupBroadcast shares the
-// A values; loops marked `// unroll` are unrolled by the host so the lanes are constants.
+// loads one texel of A for T rows and four texels of B, and subgroupShuffle shares the
+// A values; loops marked `// unroll` are unrolled by the host, so the lanes are constants.
 //
 // The host prepends: const SG (subgroup size), T (tile rows per lane).
 
@@ -104,7 +104,7 @@ fn main(
         }
         for (var r = 0u; r < T; r++) { // unroll
             for (var l = 0u; l < SG; l++) { // unroll
-                let av = subgroupBroadcast(a[r], l);
+                let av = subgroupShuffle(a[r], l);
                 let i = r * SG + l;
                 acc[i] += av.x * b[0] + av.y * b[1] + av.z * b[2] + av.w * b[3];
             }

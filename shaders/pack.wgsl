@@ -21,11 +21,18 @@ struct Params {
     head: u32,
     row: u32,
     col: u32,
+    aligned: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var dst: texture_storage_2d<rgba32float, write>;
+// The same buffer seen as vec4s: with `aligned` (unit column stride, every offset and stride
+// and the width multiples of 4) a texel is one load instead of four.
+@group(0) @binding(3) var<storage, read> src4: array<vec4<f32>>;
 
 @compute @workgroup_size(64)
 fn main(
@@ -43,10 +50,14 @@ fn main(
     let g = t / p.n;
     let base = p.off + (g / p.heads) * p.batch + (g % p.heads) * p.head + j * p.row;
     var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
-        let col = c * 4u + e;
-        if col < p.width {
-            v[e] = src[base + col * p.col];
+    if p.aligned != 0u {
+        v = src4[base / 4u + c];
+    } else {
+        for (var e = 0u; e < 4u; e++) {
+            let col = c * 4u + e;
+            if col < p.width {
+                v[e] = src[base + col * p.col];
+            }
         }
     }
     let mask = (1u << p.shift) - 1u;

@@ -445,6 +445,7 @@ impl Attention {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("attention forward"),
             });
+        ctx.begin_timing();
 
         // Upload. One empty stand-in serves every matmul without a bias.
         let x_buf = buffer::upload(ctx, "X", contiguous(x).as_ref())?;
@@ -606,8 +607,16 @@ impl Attention {
         if let (true, Some(w)) = (self.return_weights, &weights) {
             pending.push(readback::copy_out(ctx, &mut encoder, w, groups * n * n));
         }
+        let timing = ctx.end_timing(&mut encoder).map(|(p, labels)| {
+            pending.push(p);
+            labels
+        });
         let submission = ctx.queue.submit([encoder.finish()]);
-        let mut results = readback::finish(ctx, submission, pending)?.into_iter();
+        let mut results = readback::finish(ctx, submission, pending)?;
+        if let Some(labels) = timing {
+            ctx.store_times(&results.pop().unwrap_or_default(), &labels);
+        }
+        let mut results = results.into_iter();
         let context = results.next().unwrap_or_default();
         Ok((context, results.next()))
     }

@@ -2,10 +2,13 @@
 //! needs from wgpu, created once and shared.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::gpu::pipeline::PipelineCache;
+use crate::gpu::readback::Pending;
+use crate::gpu::timing::{self, KernelTime, Profiler};
 
 /// A graphics API wgpu can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -210,6 +213,17 @@ fn select(options: &ContextOptions) -> Vec<wgpu::Adapter> {
     adapters
 }
 
+/// How per-kernel times are taken while profiling ([`Context::set_profiling`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profiling {
+    /// Not profiling.
+    Off = 0,
+    /// Timestamp queries around each compute pass.
+    Timestamps = 1,
+    /// Each kernel submitted alone and timed with the wall clock.
+    WallClock = 2,
+}
+
 /// An open device: the adapter, its device and queue, and the compiled kernels.
 ///
 /// Create one and reuse it; every [`crate::Attention::forward`] call on it shares the
@@ -222,6 +236,9 @@ pub struct Context {
     pub(crate) pipelines: PipelineCache,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
+    profiling: AtomicU8,
+    pub(crate) profiler: Mutex<Option<Profiler>>,
+    kernel_times: Mutex<Vec<KernelTime>>,
 }
 
 impl fmt::Debug for Context {
@@ -307,6 +324,9 @@ impl Context {
             pipelines: PipelineCache::default(),
             subgroup_size,
             lost,
+            profiling: AtomicU8::new(Profiling::Off as u8),
+            profiler: Mutex::new(None),
+            kernel_times: Mutex::new(Vec::new()),
         }
     }
 
@@ -325,6 +345,80 @@ impl Context {
     /// NVIDIA), `None` otherwise (the subgroup kernels are then unavailable).
     pub fn subgroup_size(&self) -> Option<u32> {
         self.subgroup_size
+    }
+
+    /// Turns per-kernel timing on or off. While on, each forward pass leaves its kernels'
+    /// times in [`Context::kernel_times`]: from timestamp queries on GPUs that have
+    /// `Features::TIMESTAMP_QUERY`, else (and on CPU adapters such as lavapipe, whose
+    /// timestamps do not bracket the work of a pass) by submitting each kernel on its own and
+    /// timing it with the wall clock. Meant for benchmarks: it serializes the passes, and with
+    /// several threads sharing the context, the times of one call may be another's.
+    pub fn set_profiling(&self, on: bool) -> Profiling {
+        let timestamps = self
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
+        let mode = match (on, timestamps) {
+            (false, _) => Profiling::Off,
+            (true, true) => Profiling::Timestamps,
+            (true, false) => Profiling::WallClock,
+        };
+        self.profiling.store(mode as u8, Ordering::Relaxed);
+        mode
+    }
+
+    /// The current timing mode.
+    pub fn profiling(&self) -> Profiling {
+        match self.profiling.load(Ordering::Relaxed) {
+            1 => Profiling::Timestamps,
+            2 => Profiling::WallClock,
+            _ => Profiling::Off,
+        }
+    }
+
+    /// Adds one kernel's time (wall-clock mode).
+    pub(crate) fn push_time(&self, time: KernelTime) {
+        if let Ok(mut t) = self.kernel_times.lock() {
+            t.push(time);
+        }
+    }
+
+    /// The GPU time of each compute pass of the last forward pass while profiling, in order.
+    pub fn kernel_times(&self) -> Vec<KernelTime> {
+        self.kernel_times
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// Starts timing the passes recorded from now on, when profiling is on.
+    pub(crate) fn begin_timing(&self) {
+        if let Ok(mut t) = self.kernel_times.lock() {
+            t.clear();
+        }
+        if self.profiling() == Profiling::Timestamps {
+            if let Ok(mut p) = self.profiler.lock() {
+                *p = Some(Profiler::new(self));
+            }
+        }
+    }
+
+    /// Records the resolve of the timestamps taken since [`Context::begin_timing`].
+    pub(crate) fn end_timing(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+    ) -> Option<(Pending, Vec<&'static str>)> {
+        let profiler = self.profiler.lock().ok()?.take()?;
+        profiler.resolve(self, encoder)
+    }
+
+    /// Stores the times read back for `labels`.
+    pub(crate) fn store_times(&self, words: &[f32], labels: &[&'static str]) {
+        let times = timing::times(words, labels, self.queue.get_timestamp_period());
+        if let Ok(mut t) = self.kernel_times.lock() {
+            *t = times;
+        }
     }
 
     /// The wgpu device, for callers who record their own work beside ours.

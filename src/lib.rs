@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod bench;
 pub mod context;
 pub mod demo;
 pub mod error;

@@ -69,7 +69,11 @@ fn causal_rows_sum_to_one_and_never_look_ahead() {
     }
     // Row 0 attends only to itself: weight 1 to f32 rounding (the subgroup family writes
     // exp2(s − lse) with lse from the flash pass, so it may be 1 − 1 ulp).
-    assert!((w[[0, 0, 0]] - 1.0).abs() <= 2.0 * f32::EPSILON, "{}", w[[0, 0, 0]]);
+    assert!(
+        (w[[0, 0, 0]] - 1.0).abs() <= 2.0 * f32::EPSILON,
+        "{}",
+        w[[0, 0, 0]]
+    );
 }
 
 #[test]

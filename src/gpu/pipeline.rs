@@ -20,22 +20,25 @@ pub enum KernelId {
     FlashTiled,
     /// `shaders/flash_subgroup.wgsl`: fused attention from textures, subgroup shuffles.
     FlashSubgroup,
-    /// `shaders/matmul_subgroup.wgsl`: batched matmul from textures, subgroup broadcasts,
+    /// `shaders/matmul_subgroup.wgsl`: batched matmul from textures, subgroup shuffles,
     /// with bias or softmax epilogue.
     MatmulSubgroup,
+    /// `shaders/fma_peak.wgsl`: the arithmetic ceiling, for `bench`.
+    FmaPeak,
     /// `shaders/pack.wgsl`: per-head rows of a storage buffer into an `rgba32float` texture.
     Pack,
 }
 
 impl KernelId {
     /// All kernels, for tests that validate every shader.
-    pub const ALL: [KernelId; 7] = [
+    pub const ALL: [KernelId; 8] = [
         KernelId::Matmul,
         KernelId::Softmax,
         KernelId::WeightedSum,
         KernelId::FlashTiled,
         KernelId::FlashSubgroup,
         KernelId::MatmulSubgroup,
+        KernelId::FmaPeak,
         KernelId::Pack,
     ];
 
@@ -48,6 +51,7 @@ impl KernelId {
             KernelId::FlashTiled => "flash_tiled.wgsl",
             KernelId::FlashSubgroup => "flash_subgroup.wgsl",
             KernelId::MatmulSubgroup => "matmul_subgroup.wgsl",
+            KernelId::FmaPeak => "fma_peak.wgsl",
             KernelId::Pack => "pack.wgsl",
         }
     }
@@ -61,6 +65,7 @@ impl KernelId {
             KernelId::FlashTiled => include_str!("../../shaders/flash_tiled.wgsl"),
             KernelId::FlashSubgroup => include_str!("../../shaders/flash_subgroup.wgsl"),
             KernelId::MatmulSubgroup => include_str!("../../shaders/matmul_subgroup.wgsl"),
+            KernelId::FmaPeak => include_str!("../../shaders/fma_peak.wgsl"),
             KernelId::Pack => include_str!("../../shaders/pack.wgsl"),
         }
     }

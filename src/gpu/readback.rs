@@ -34,6 +34,21 @@ pub fn copy_out(
     Pending { staging, len }
 }
 
+/// Waits (at most [`READBACK_TIMEOUT`]) until `submission` has run.
+///
+/// # Errors
+/// [`Error::Poll`] when the wait fails or times out, [`Error::DeviceLost`] when the device
+/// was lost meanwhile.
+pub fn wait(ctx: &Context, submission: wgpu::SubmissionIndex) -> Result<()> {
+    ctx.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: Some(READBACK_TIMEOUT),
+        })
+        .map_err(|e| Error::Poll(e.to_string()))?;
+    ctx.check_alive()
+}
+
 /// Waits for `submission` and returns the contents of every pending buffer, in order.
 ///
 /// # Errors
@@ -53,13 +68,7 @@ pub fn finish(
             });
     }
     drop(tx);
-    ctx.device
-        .poll(wgpu::PollType::Wait {
-            submission_index: Some(submission),
-            timeout: Some(READBACK_TIMEOUT),
-        })
-        .map_err(|e| Error::Poll(e.to_string()))?;
-    ctx.check_alive()?;
+    wait(ctx, submission)?;
     for _ in 0..pending.len() {
         let (_, r) = rx
             .recv_timeout(Duration::from_secs(5))

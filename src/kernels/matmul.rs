@@ -147,7 +147,7 @@ impl Matmul {
 pub enum MatmulVariant {
     /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
     Tiled,
-    /// `matmul_subgroup.wgsl`: textures and subgroup broadcasts, `(subgroup size ·
+    /// `matmul_subgroup.wgsl`: textures and subgroup shuffles, `(subgroup size ·
     /// rows_per_lane) × (4 · subgroup size)` tiles.
     Subgroup {
         /// Tile rows per lane.

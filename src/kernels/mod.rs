@@ -9,10 +9,11 @@ pub mod pack;
 pub mod softmax;
 pub mod weighted_sum;
 
-use crate::context::Context;
+use crate::context::{Context, Profiling};
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
 use crate::gpu::pipeline::PipelineKey;
+use crate::gpu::timing::KernelTime;
+use crate::gpu::{buffer, readback};
 
 /// Splits `count` workgroups into an `(x, y)` grid under the per-dimension limit; kernels
 /// recover the linear id as `x + y · num_workgroups.x` and drop ids past `count`.
@@ -100,14 +101,48 @@ pub fn record<P: bytemuck::Pod>(
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,
     });
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(label),
-        timestamp_writes: None,
-    });
-    pass.set_pipeline(&pipeline);
-    pass.set_bind_group(0, &bind_group, &[]);
-    pass.dispatch_workgroups(x, y, 1);
+    let wall_clock = ctx.profiling() == Profiling::WallClock;
+    let started = if wall_clock {
+        // Finish what came before, so the clock sees this kernel alone.
+        submit_and_wait(ctx, encoder)?;
+        Some(std::time::Instant::now())
+    } else {
+        None
+    };
+    {
+        let mut profiler = ctx
+            .profiler
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(label),
+            timestamp_writes: profiler.as_mut().and_then(|p| p.next(label)),
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(x, y, 1);
+    }
+    if let Some(t) = started {
+        submit_and_wait(ctx, encoder)?;
+        ctx.push_time(KernelTime {
+            kernel: label,
+            ms: t.elapsed().as_secs_f64() * 1e3,
+        });
+    }
     Ok(())
+}
+
+/// Submits what `encoder` holds so far, waits for it, and leaves a fresh encoder in its place
+/// (wall-clock profiling).
+fn submit_and_wait(ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+    let fresh = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("profiled"),
+        });
+    let done = std::mem::replace(encoder, fresh);
+    let submission = ctx.queue.submit([done.finish()]);
+    readback::wait(ctx, submission)
 }
 
 /// Converts a size to the u32 the kernels index with.

@@ -26,6 +26,8 @@ struct PackParams {
     head: u32,
     row: u32,
     col: u32,
+    aligned: u32,
+    _pad: [u32; 3],
 }
 
 /// Where `n` rows of `d4` texels per group go in a packed texture: `2^shift` rows side by side
@@ -110,6 +112,16 @@ pub struct Pack {
 }
 
 impl Pack {
+    /// Whether every texel is one aligned vec4 of the source.
+    fn aligned(&self) -> bool {
+        let s = self.src;
+        s.col == 1
+            && self.width.is_multiple_of(4)
+            && [s.off, s.batch, s.head, s.row]
+                .iter()
+                .all(|v| v.is_multiple_of(4))
+    }
+
     /// Records the pack of `src` into a new texture named `what`.
     ///
     /// # Errors
@@ -144,6 +156,16 @@ impl Pack {
             head: self.src.head,
             row: self.src.row,
             col: self.src.col,
+            aligned: u32::from(self.aligned()),
+            _pad: [0; 3],
+        };
+        // The vec4 view needs at least one vec4; a stand-in serves tiny unaligned sources.
+        let stand_in;
+        let src4 = if src.size() >= 16 {
+            src
+        } else {
+            stand_in = crate::gpu::buffer::upload(ctx, "pack stand-in", &[0.0; 4])?;
+            &stand_in
         };
         let texels = (groups * self.rows) as u64 * u64::from(layout.d4);
         record(
@@ -151,7 +173,7 @@ impl Pack {
             encoder,
             KernelId::Pack,
             &params,
-            &[src.into(), Binding::Texture(&view)],
+            &[src.into(), Binding::Texture(&view), src4.into()],
             texels.div_ceil(64),
         )?;
         Ok(Packed { view, layout })
@@ -164,7 +186,7 @@ mod tests {
 
     #[test]
     fn params_size_matches_wgsl_struct() {
-        assert_eq!(std::mem::size_of::<PackParams>(), 12 * 4);
+        assert_eq!(std::mem::size_of::<PackParams>(), 16 * 4);
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! The `wgpu-attention` command line: `devices`, `run`, `verify`, `demo`.
+//! The `wgpu-attention` command line: `devices`, `run`, `verify`, `bench`, `demo`.
+
+mod bench_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -20,7 +22,7 @@ struct Cli {
 }
 
 #[derive(Args, Clone, Default)]
-struct AdapterArgs {
+pub struct AdapterArgs {
     /// Graphics API: vulkan, metal, dx12 or gl (default: WGPU_BACKEND, else all).
     #[arg(long)]
     backend: Option<Backend>,
@@ -37,7 +39,7 @@ impl AdapterArgs {
         }
     }
 
-    fn open(&self) -> Result<Context> {
+    pub fn open(&self) -> Result<Context> {
         Context::with_options(&self.options())
     }
 }
@@ -62,6 +64,8 @@ enum Command {
         #[command(flatten)]
         adapter: AdapterArgs,
     },
+    /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
+    Bench(bench_cmd::BenchArgs),
     /// Seed 000's example: attention over the words of a sentence, printed as a table.
     Demo {
         /// The sentence.
@@ -309,6 +313,7 @@ fn main() -> ExitCode {
             seed,
             adapter,
         } => verify_cmd(*trials, *seed, adapter),
+        Command::Bench(args) => bench_cmd::bench_cmd(args),
         Command::Demo {
             sentence,
             seed,

@@ -1,0 +1,315 @@
+//! `wgpu-attention bench`: GPU against CPU, side by side in one run.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use ndarray::Array3;
+use serde::Serialize;
+use wgpu_attention::bench::{self, Stats};
+use wgpu_attention::context::Profiling;
+use wgpu_attention::{Attention, Error, Kernels, Result};
+
+use crate::AdapterArgs;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Sequence lengths to sweep.
+    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 1024, 4096])]
+    n: Vec<usize>,
+    /// Model width d (Q = K = V = X, so d_k = d_v = d; projections excluded).
+    #[arg(long, default_value_t = 64)]
+    d: usize,
+    /// Heads (d must divide by it).
+    #[arg(long, default_value_t = 1)]
+    heads: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Causal mask (FLOP counts stay those of the full problem).
+    #[arg(long)]
+    causal: bool,
+    /// Timed runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Untimed runs first (lavapipe compiles each kernel at its first dispatch).
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Kernel family: auto, storage, subgroup, or all (every family the adapter has).
+    #[arg(long, default_value = "auto")]
+    kernels: String,
+    /// Only the fused path (no attention weights), not the weights path too.
+    #[arg(long)]
+    fused_only: bool,
+    /// Skip the CPU baseline.
+    #[arg(long)]
+    no_cpu: bool,
+    /// Size of the square matmul to time on each family (0 skips it).
+    #[arg(long, default_value_t = 1024)]
+    matmul: usize,
+    /// Also write every measurement as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    adapter: AdapterArgs,
+}
+
+/// One measured line.
+#[derive(Serialize)]
+struct Record {
+    kind: &'static str,
+    path: String,
+    n: usize,
+    d: usize,
+    heads: usize,
+    batch: usize,
+    causal: bool,
+    flop: f64,
+    #[serde(flatten)]
+    stats: Stats,
+    gflops: f64,
+    gpu_over_cpu_speedup: Option<f64>,
+    share_of_fma_peak: Option<f64>,
+    kernels_ms: Vec<(String, f64)>,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    adapter: String,
+    backend: String,
+    driver: String,
+    cpu: String,
+    fma_peak_gflops: Option<f64>,
+    records: &'a [Record],
+}
+
+/// An attention measurement of `n` under `args`, without ratios or kernel times yet.
+fn attention_record(args: &BenchArgs, n: usize, flop: f64, path: String, stats: Stats) -> Record {
+    Record {
+        kind: "attention",
+        path,
+        n,
+        d: args.d,
+        heads: args.heads,
+        batch: args.batch,
+        causal: args.causal,
+        flop,
+        stats,
+        gflops: flop / (stats.median_ms * 1e6),
+        gpu_over_cpu_speedup: None,
+        share_of_fma_peak: None,
+        kernels_ms: Vec::new(),
+    }
+}
+
+const HEADER: &str = "path                              n     median ms   spread (min-max)   GFLOP/s  vs CPU  % peak  GPU time per kernel (ms)";
+
+fn line(r: &Record) -> String {
+    let kernels: Vec<String> = r
+        .kernels_ms
+        .iter()
+        .map(|(k, ms)| format!("{k} {ms:.2}"))
+        .collect();
+    format!(
+        "{:<32} {:>6} {:>11.2}   {:>8.2}-{:<8.2} {:>8.2}  {:>6}  {:>6}  {}",
+        r.path,
+        r.n,
+        r.stats.median_ms,
+        r.stats.min_ms,
+        r.stats.max_ms,
+        r.gflops,
+        r.gpu_over_cpu_speedup
+            .map_or("-".into(), |s| format!("{s:.2}x")),
+        r.share_of_fma_peak
+            .map_or("-".into(), |s| format!("{:.0}%", 100.0 * s)),
+        kernels.join(", ")
+    )
+}
+
+pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
+    bench::check_sizes("--n", &args.n)?;
+    bench::check_sizes("--d", &[args.d])?;
+    bench::check_sizes("--batch", &[args.batch])?;
+    // Heads that do not divide d are caught by Attention::dims, like everywhere else.
+    Attention::new()
+        .heads(args.heads)
+        .dims(&[1, args.d], None)?;
+    let choice = match args.kernels.as_str() {
+        "all" => None,
+        k => Some(k.parse::<Kernels>()?),
+    };
+    let ctx = args.adapter.open()?;
+    let families = bench::families(&ctx, choice)?;
+    let info = ctx.adapter_info();
+    let timing = ctx.set_profiling(true);
+    let cpu = bench::cpu_name();
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {} {})",
+        info.name, info.backend, info.device_type, info.driver, info.driver_info
+    );
+    println!("cpu:     {cpu}; CPU baseline = f32 ndarray (matrixmultiply GEMM, one thread)");
+    println!(
+        "timing:  median of {} runs after {} warm-up; wall clock per call (upload, kernels, \
+         readback){}",
+        args.repeats,
+        args.warmup,
+        match timing {
+            Profiling::Timestamps => "; per-kernel GPU time from timestamp queries",
+            _ => "; per-kernel time: each kernel submitted alone, wall clock",
+        }
+    );
+
+    let mut steps = families.len() * args.n.len() * if args.fused_only { 1 } else { 2 };
+    steps += usize::from(!args.no_cpu) * args.n.len();
+    steps += usize::from(args.matmul > 0) * families.len() + 1;
+    let progress = ProgressBar::new(steps as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let say = |s: String| progress.suspend(|| println!("{s}"));
+
+    progress.set_message("FMA ceiling");
+    let peak = bench::fma_peak(&ctx)?;
+    progress.inc(1);
+    say(format!("FMA ceiling (fma_peak.wgsl): {peak:.1} GFLOP/s\n"));
+    let mut records = Vec::new();
+
+    if args.matmul > 0 {
+        let m = args.matmul;
+        say(format!(
+            "matmul {m}x{m}x{m} (operands on the GPU; subgroup family includes packing):"
+        ));
+        say(HEADER.to_string());
+        for &family in &families {
+            let variant = Attention::new().kernels(family).plan(&ctx)?.matmul;
+            progress.set_message(format!("{variant}"));
+            let flop = 2.0 * (m * m * m) as f64;
+            let (stats, kernels_ms) =
+                bench::matmul(&ctx, variant, (m, m, m), args.warmup, args.repeats)?;
+            progress.inc(1);
+            // The kernel's own share, from its GPU time where there is one.
+            let kernel_ms = kernels_ms
+                .iter()
+                .find(|(k, _)| k.starts_with("matmul"))
+                .map_or(stats.median_ms, |(_, ms)| *ms);
+            let r = Record {
+                kind: "matmul",
+                path: variant.to_string(),
+                n: m,
+                d: m,
+                heads: 1,
+                batch: 1,
+                causal: false,
+                flop,
+                stats,
+                gflops: flop / (stats.median_ms * 1e6),
+                gpu_over_cpu_speedup: None,
+                share_of_fma_peak: Some(flop / (kernel_ms * 1e6) / peak),
+                kernels_ms,
+            };
+            say(line(&r));
+            records.push(r);
+        }
+        say(String::new());
+    }
+
+    say(format!(
+        "attention, Q = K = V = X, d = {}, heads = {}, batch = {}{} (FLOP = 2·n²·(d_k+d_v)·batch):",
+        args.d,
+        args.heads,
+        args.batch,
+        if args.causal { ", causal" } else { "" }
+    ));
+    say(HEADER.to_string());
+    for &n in &args.n {
+        let x = Array3::from_shape_fn((args.batch, n, args.d), |(b, i, j)| {
+            (((b * 31 + i * 7 + j * 13) % 23) as f32 / 23.0 - 0.5) * 2.0
+        });
+        let dims = Attention::new().heads(args.heads).dims(x.shape(), None)?;
+        let flop = dims.attention_flops();
+        let mut here = Vec::new();
+        let cpu_ms = if args.no_cpu {
+            None
+        } else {
+            progress.set_message(format!("cpu n={n}"));
+            let (stats, _) = bench::measure(args.warmup.min(1), args.repeats, || {
+                Ok(bench::cpu_attention_f32(x.view(), args.heads, args.causal))
+            })?;
+            progress.inc(1);
+            here.push(attention_record(
+                args,
+                n,
+                flop,
+                "cpu f32 ndarray".into(),
+                stats,
+            ));
+            Some(stats.median_ms)
+        };
+        for &family in &families {
+            for weights in [false, true] {
+                if weights && args.fused_only {
+                    continue;
+                }
+                let op = Attention::new()
+                    .heads(args.heads)
+                    .causal(args.causal)
+                    .kernels(family)
+                    .return_weights(weights);
+                let plan = op.plan(&ctx)?;
+                let path = format!(
+                    "gpu {family} {}",
+                    if weights { "+weights" } else { "fused" }
+                );
+                progress.set_message(format!("{path} n={n}"));
+                let result = bench::gpu_attention(&ctx, &op, x.view(), args.warmup, args.repeats);
+                progress.inc(1);
+                match result {
+                    Ok((stats, kernels_ms)) => {
+                        let kernel_total: f64 = kernels_ms.iter().map(|(_, ms)| ms).sum();
+                        let ms = if kernels_ms.is_empty() {
+                            stats.median_ms
+                        } else {
+                            kernel_total
+                        };
+                        here.push(Record {
+                            gpu_over_cpu_speedup: cpu_ms.map(|c| c / stats.median_ms),
+                            share_of_fma_peak: Some(flop / (ms * 1e6) / peak),
+                            kernels_ms,
+                            ..attention_record(args, n, flop, path, stats)
+                        });
+                    }
+                    Err(e @ Error::LimitExceeded { .. }) => {
+                        say(format!("{path:<32} {n:>6}   skipped ({plan}): {e}"));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for r in &here {
+            say(line(r));
+        }
+        records.extend(here);
+    }
+    progress.finish_and_clear();
+    println!(
+        "\nvs CPU: CPU median / GPU median (above 1: the GPU is faster). % peak: FLOP over the \
+         kernels' GPU time, against the FMA ceiling."
+    );
+
+    if let Some(path) = &args.json {
+        let report = Report {
+            adapter: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            driver: format!("{} {}", info.driver, info.driver_info),
+            cpu,
+            fma_peak_gflops: Some(peak),
+            records: &records,
+        };
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::invalid("--json", e.to_string()))?;
+        std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(true)
+}
