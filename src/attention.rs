@@ -10,6 +10,7 @@ use crate::kernels::flash::{self, FlashVariant};
 use crate::kernels::matmul::MatmulVariant;
 use crate::kernels::matmul_subgroup::{self, SoftmaxEpilogue};
 use crate::kernels::{self, matmul, softmax, weighted_sum};
+use crate::tune;
 
 /// The projection weights of one attention layer, in the `X·W` orientation:
 /// `Q = X·W_Q + b_Q`, `K = X·W_K + b_K`, `V = X·W_V + b_V`.
@@ -151,6 +152,8 @@ pub struct Attention {
     return_weights: bool,
     nan_fill: bool,
     kernels: Kernels,
+    flash: Option<FlashVariant>,
+    matmul: Option<MatmulVariant>,
 }
 
 /// Which kernel family computes the attention.
@@ -209,11 +212,20 @@ pub struct Plan {
     pub flash: FlashVariant,
 }
 
+impl Plan {
+    /// Whether the weights come from the fused pass's row statistics and one matmul with a
+    /// softmax epilogue (both subgroup kernels), rather than scores → softmax → weighted sum.
+    pub fn weights_from_lse(&self) -> bool {
+        matches!(self.flash, FlashVariant::Subgroup { .. })
+            && matches!(self.matmul, MatmulVariant::Subgroup { .. })
+    }
+}
+
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.fused, self.family) {
+        match (self.fused, self.weights_from_lse()) {
             (true, _) => write!(f, "{} + {}", self.matmul, self.flash),
-            (false, Kernels::Subgroup) => {
+            (false, true) => {
                 write!(
                     f,
                     "{} + {} + weights via {}",
@@ -241,6 +253,8 @@ impl Attention {
             return_weights: true,
             nan_fill: false,
             kernels: Kernels::Auto,
+            flash: None,
+            matmul: None,
         }
     }
 
@@ -250,16 +264,31 @@ impl Attention {
         self
     }
 
-    /// The kernels this op runs on `ctx`: the family [`Kernels::Auto`] resolves to, and
-    /// whether the fused path is taken (when the weights are not returned).
+    /// Forces the fused kernel's variant instead of the tuned one (its family then overrides
+    /// [`Attention::kernels`]); for testing and benchmarking every variant.
+    pub fn flash_variant(mut self, variant: FlashVariant) -> Self {
+        self.flash = Some(variant);
+        self
+    }
+
+    /// Forces the matmul's variant instead of the tuned one.
+    pub fn matmul_variant(mut self, variant: MatmulVariant) -> Self {
+        self.matmul = Some(variant);
+        self
+    }
+
+    /// The kernels this op runs on `ctx` for `dims`: the family (with [`Kernels::Auto`], the
+    /// one whose fused kernel measured fastest), each kernel's tuned variant (see
+    /// [`crate::tune`]), and whether the fused path is taken (when the weights are not
+    /// returned).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when [`Kernels::Subgroup`] is forced on an adapter
-    /// without a fixed subgroup size.
-    pub fn plan(&self, ctx: &Context) -> Result<Plan> {
+    /// without a fixed subgroup size; GPU errors while measuring.
+    pub fn plan(&self, ctx: &Context, dims: &Dims) -> Result<Plan> {
         let subgroup = ctx.subgroup_size().is_some();
-        let family = match self.kernels {
-            Kernels::Storage => Kernels::Storage,
+        let families = match self.kernels {
+            Kernels::Storage => vec![Kernels::Storage],
             Kernels::Subgroup if !subgroup => {
                 return Err(Error::invalid(
                     "kernels",
@@ -267,29 +296,42 @@ impl Attention {
                      which this adapter does not report; use storage or auto",
                 ))
             }
-            Kernels::Subgroup => Kernels::Subgroup,
-            Kernels::Auto => {
-                let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
-                if cpu && subgroup {
-                    Kernels::Subgroup
-                } else {
-                    Kernels::Storage
-                }
+            Kernels::Subgroup => vec![Kernels::Subgroup],
+            Kernels::Auto if !subgroup => vec![Kernels::Storage],
+            // First is the default when tuning is off: subgroup kernels where storage
+            // memory is slow (CPU adapters), storage kernels on GPUs.
+            Kernels::Auto if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu => {
+                vec![Kernels::Subgroup, Kernels::Storage]
             }
+            Kernels::Auto => vec![Kernels::Storage, Kernels::Subgroup],
         };
-        Ok(match family {
-            Kernels::Subgroup => Plan {
-                family,
-                fused: !self.return_weights,
-                matmul: MatmulVariant::Subgroup { rows_per_lane: 2 },
-                flash: FlashVariant::Subgroup { rows_per_lane: 2 },
-            },
-            _ => Plan {
-                family: Kernels::Storage,
-                fused: !self.return_weights,
-                matmul: MatmulVariant::Tiled,
-                flash: FlashVariant::Tiled { keys: 32 },
-            },
+        let head = (dims.d_k / dims.heads, dims.d_v / dims.heads);
+        let flash = match self.flash {
+            Some(v) => v,
+            None => tune::flash(ctx, &families, head, dims.n)?,
+        };
+        let family = match flash {
+            FlashVariant::Subgroup { .. } => Kernels::Subgroup,
+            FlashVariant::Tiled { .. } => Kernels::Storage,
+        };
+        let matmul = match self.matmul {
+            Some(v) => v,
+            None => tune::matmul(ctx, &[family], dims.batch * dims.n)?,
+        };
+        let needs_subgroups =
+            family == Kernels::Subgroup || matches!(matmul, MatmulVariant::Subgroup { .. });
+        if needs_subgroups && !subgroup {
+            return Err(Error::invalid(
+                "kernels",
+                "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, \
+                 which this adapter does not report",
+            ));
+        }
+        Ok(Plan {
+            family,
+            fused: !self.return_weights,
+            matmul,
+            flash,
         })
     }
 
@@ -406,7 +448,9 @@ impl Attention {
     ) -> Result<Output> {
         let dims = self.dims(x.shape(), proj)?;
         check_inputs_finite(&x, proj)?;
-        let (context, weights) = ctx.scoped(|| self.record_and_run(ctx, &dims, &x, proj))?;
+        ctx.check_alive()?;
+        let plan = self.plan(ctx, &dims)?;
+        let (context, weights) = ctx.scoped(|| self.record_and_run(ctx, &plan, &dims, &x, proj))?;
         let context = ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
             .map_err(|e| Error::shape(e.to_string()))?;
         let weights = weights
@@ -419,6 +463,7 @@ impl Attention {
     fn record_and_run(
         &self,
         ctx: &Context,
+        plan: &Plan,
         dims: &Dims,
         x: &ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
@@ -433,7 +478,6 @@ impl Attention {
             ..
         } = *dims;
         let groups = batch * heads;
-        let plan = self.plan(ctx)?;
         // Check every size before allocating anything.
         if !plan.fused {
             buffer::check_len(ctx, "attention weights (batch·heads·n·n)", groups * n * n)?;
@@ -516,7 +560,7 @@ impl Attention {
             },
             flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
         };
-        let weights = if plan.fused || plan.family == Kernels::Subgroup {
+        let weights = if plan.fused || plan.weights_from_lse() {
             // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. For the weights,
             // it also leaves each row's log-sum-exp, and one more matmul writes them.
             let lse = match plan.fused {

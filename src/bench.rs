@@ -9,7 +9,7 @@ use std::time::Instant;
 use ndarray::{s, Array2, Array3, ArrayView3, Axis};
 use serde::Serialize;
 
-use crate::attention::{Attention, Kernels};
+use crate::attention::{Attention, Dims, Kernels};
 use crate::context::{Context, Profiling};
 use crate::error::{Error, Result};
 use crate::gpu::pipeline::KernelId;
@@ -305,10 +305,14 @@ fn profiled(
     Ok((stats, kernel_medians(&runs)))
 }
 
-/// The kernel families to benchmark for `choice` on `ctx` (`None`: every family it has).
-pub fn families(ctx: &Context, choice: Option<Kernels>) -> Result<Vec<Kernels>> {
+/// The kernel families to benchmark for `choice` on `ctx` (`None`: every family it has;
+/// [`Kernels::Auto`]: the one it resolves to for `dims`).
+///
+/// # Errors
+/// As [`Attention::plan`].
+pub fn families(ctx: &Context, choice: Option<Kernels>, dims: &Dims) -> Result<Vec<Kernels>> {
     match choice {
-        Some(k) => Ok(vec![Attention::new().kernels(k).plan(ctx)?.family]),
+        Some(k) => Ok(vec![Attention::new().kernels(k).plan(ctx, dims)?.family]),
         None => {
             let mut v = vec![Kernels::Storage];
             if ctx.subgroup_size().is_some() {

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::pipeline::PipelineCache;
 use crate::gpu::readback::Pending;
 use crate::gpu::timing::{self, KernelTime, Profiler};
+use crate::tune::TuneCache;
 
 /// A graphics API wgpu can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -239,6 +240,7 @@ pub struct Context {
     profiling: AtomicU8,
     pub(crate) profiler: Mutex<Option<Profiler>>,
     kernel_times: Mutex<Vec<KernelTime>>,
+    tune: TuneCache,
 }
 
 impl fmt::Debug for Context {
@@ -327,6 +329,7 @@ impl Context {
             profiling: AtomicU8::new(Profiling::Off as u8),
             profiler: Mutex::new(None),
             kernel_times: Mutex::new(Vec::new()),
+            tune: TuneCache::from_env(),
         }
     }
 
@@ -366,6 +369,17 @@ impl Context {
         };
         self.profiling.store(mode as u8, Ordering::Relaxed);
         mode
+    }
+
+    /// Replaces the autotuner's cache (by default the one [`TuneCache::from_env`] names).
+    pub fn with_tune_cache(mut self, cache: TuneCache) -> Self {
+        self.tune = cache;
+        self
+    }
+
+    /// The autotuner's remembered choices ([`crate::tune`]).
+    pub fn tune_cache(&self) -> &TuneCache {
+        &self.tune
     }
 
     /// The current timing mode.

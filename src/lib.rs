@@ -10,6 +10,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod npy;
 pub mod reference;
+pub mod tune;
 pub mod verify;
 
 pub use attention::{Attention, Dims, Kernels, Output, Plan, Projections};

@@ -17,7 +17,7 @@ use crate::kernels::{record, u32_of, Binding};
 pub const TILED_ROWS: usize = 64;
 
 /// How the fused pass is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum FlashVariant {
     /// `flash_tiled.wgsl`: one query row per thread, K/V tiles of `keys` rows in workgroup
     /// memory.

@@ -143,7 +143,7 @@ impl Matmul {
 }
 
 /// Which kernel computes a [`Matmul`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum MatmulVariant {
     /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
     Tiled,

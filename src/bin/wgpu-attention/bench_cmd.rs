@@ -8,7 +8,7 @@ use ndarray::Array3;
 use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::context::Profiling;
-use wgpu_attention::{Attention, Error, Kernels, Result};
+use wgpu_attention::{tune, Attention, Error, Kernels, Result};
 
 use crate::AdapterArgs;
 
@@ -131,7 +131,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     bench::check_sizes("--d", &[args.d])?;
     bench::check_sizes("--batch", &[args.batch])?;
     // Heads that do not divide d are caught by Attention::dims, like everywhere else.
-    Attention::new()
+    let head_dims = Attention::new()
         .heads(args.heads)
         .dims(&[1, args.d], None)?;
     let choice = match args.kernels.as_str() {
@@ -139,7 +139,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         k => Some(k.parse::<Kernels>()?),
     };
     let ctx = args.adapter.open()?;
-    let families = bench::families(&ctx, choice)?;
+    let families = bench::families(&ctx, choice, &head_dims)?;
     let info = ctx.adapter_info();
     let timing = ctx.set_profiling(true);
     let cpu = bench::cpu_name();
@@ -182,7 +182,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         ));
         say(HEADER.to_string());
         for &family in &families {
-            let variant = Attention::new().kernels(family).plan(&ctx)?.matmul;
+            let variant = tune::matmul(&ctx, &[family], m)?;
             progress.set_message(format!("{variant}"));
             let flop = 2.0 * (m * m * m) as f64;
             let (stats, kernels_ms) =
@@ -256,7 +256,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
                     .causal(args.causal)
                     .kernels(family)
                     .return_weights(weights);
-                let plan = op.plan(&ctx)?;
+                let plan = op.plan(&ctx, &dims)?;
                 let path = format!(
                     "gpu {family} {}",
                     if weights { "+weights" } else { "fused" }

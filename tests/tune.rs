@@ -1,0 +1,127 @@
+//! The autotuner on a real adapter: it picks one of its candidates, remembers the choice in
+//! its file, does not measure problems too small to matter, and the op it tunes still
+//! matches the reference.
+
+mod common;
+
+use ndarray::Array3;
+use wgpu_attention::tune::{self, TuneCache, MIN_TUNED_N};
+use wgpu_attention::verify::{self, Case};
+use wgpu_attention::{reference, Attention, Context, Kernels};
+
+fn families(ctx: &Context) -> Vec<Kernels> {
+    let mut f = vec![Kernels::Storage];
+    if ctx.subgroup_size().is_some() {
+        f.insert(0, Kernels::Subgroup);
+    }
+    f
+}
+
+#[test]
+fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tune.json");
+    let ctx = Context::new()
+        .unwrap()
+        .with_tune_cache(TuneCache::at(Some(path.clone())));
+    let fam = families(&ctx);
+
+    // Too small to measure: the default, and nothing written.
+    let small = tune::flash(&ctx, &fam, (16, 16), MIN_TUNED_N - 1).unwrap();
+    assert_eq!(small, tune::default_flash(fam[0]));
+    assert!(!path.exists(), "a small problem must not be measured");
+
+    let chosen = tune::flash(&ctx, &fam, (16, 16), 1024).unwrap();
+    assert!(tune::flash_candidates(&ctx, &fam, 4, 4).contains(&chosen));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("flash") && text.contains("dk4=4 dv4=4"),
+        "{text}"
+    );
+
+    // A new context on the same file reuses the choice, now for small problems too.
+    let again = Context::new()
+        .unwrap()
+        .with_tune_cache(TuneCache::at(Some(path)));
+    assert_eq!(tune::flash(&again, &fam, (16, 16), 8).unwrap(), chosen);
+    assert_eq!(
+        tune::flash(&again, &fam, (13, 16), 8).unwrap(),
+        chosen,
+        "widths round up to whole vec4s, so 13 shares 16's choice"
+    );
+}
+
+#[test]
+fn auto_kernels_after_tuning_match_the_reference() {
+    let x = Array3::from_shape_fn((1, 300, 32), |(_, i, j)| {
+        ((i * 5 + j * 3) as f32 * 0.11).sin()
+    });
+    for weights in [false, true] {
+        let op = Attention::new()
+            .heads(2)
+            .causal(true)
+            .kernels(Kernels::Auto)
+            .return_weights(weights)
+            .nan_fill(true);
+        let gpu = op
+            .forward(common::ctx(), x.view().into_dyn(), None)
+            .unwrap();
+        let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+        let (rel, _) = reference::compare(&gpu.context, &cpu.context);
+        assert!(rel < 1e-5, "weights={weights}: rel {rel}");
+    }
+}
+
+#[test]
+fn every_candidate_variant_matches_the_reference() {
+    // Every variant autotuning may pick, not only the one it picks here: each fused variant
+    // with and without the weights, each matmul variant in the projections.
+    let ctx = common::ctx();
+    let fam = families(ctx);
+    let cases = [
+        Case {
+            heads: 2,
+            causal: true,
+            bias: true,
+            batch: Some(2),
+            ..Case::new(37, 12, 10, 14)
+        },
+        Case {
+            causal: false,
+            ..Case::new(300, 16, 64, 64)
+        },
+    ];
+    let mut failures = Vec::new();
+    for case in &cases {
+        let data = case.data(5);
+        let proj = data.projections();
+        let reference = reference::attention(&case.op(), data.x.view(), proj.as_ref()).unwrap();
+        let bound = verify::tolerance(
+            reference::logit_bound(&case.op(), data.x.view(), proj.as_ref()).unwrap(),
+        );
+        let flash = tune::flash_candidates(ctx, &fam, 16, 16);
+        let matmul = tune::matmul_candidates(ctx, &fam);
+        for (i, &fv) in flash.iter().enumerate() {
+            for weights in [false, true] {
+                let mv = matmul[i % matmul.len()];
+                let op = case
+                    .op()
+                    .return_weights(weights)
+                    .flash_variant(fv)
+                    .matmul_variant(mv);
+                let gpu = op.forward(ctx, data.x.view(), proj.as_ref()).unwrap();
+                let (rel, _) = reference::compare(&gpu.context, &reference.context);
+                let wrel = match (&gpu.weights, &reference.weights) {
+                    (Some(g), Some(r)) => reference::compare(g, r).0,
+                    _ => 0.0,
+                };
+                if !(rel <= bound && wrel <= bound) || weights != gpu.weights.is_some() {
+                    failures.push(format!(
+                        "{case} {fv} {mv} weights={weights}: {rel:e} {wrel:e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
