@@ -281,3 +281,31 @@ fn cli_unknown_backend_and_missing_adapter_are_clear_errors() {
     ]);
     assert_one_line_error(&out, "mesa-vulkan-drivers");
 }
+
+#[test]
+fn cli_bad_kernel_family_and_bench_sizes_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    ndarray_npy::write_npy(&x, &Array2::<f32>::ones((3, 2))).unwrap();
+    let out = cli(&[
+        "run",
+        "--x",
+        x.to_str().unwrap(),
+        "--kernels",
+        "cuda",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("auto, storage or subgroup"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli(&["bench", "--n", "256,0", "--matmul", "0"]);
+    assert_one_line_error(&out, "--n");
+    let out = cli(&["bench", "--d", "64", "--heads", "3", "--matmul", "0"]);
+    assert_one_line_error(&out, "does not divide");
+    let out = cli(&["bench", "--kernels", "fastest", "--matmul", "0"]);
+    assert_one_line_error(&out, "auto, storage or subgroup");
+}

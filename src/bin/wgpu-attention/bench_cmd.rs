@@ -8,7 +8,7 @@ use ndarray::Array3;
 use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::context::Profiling;
-use wgpu_attention::{tune, Attention, Error, Kernels, Result};
+use wgpu_attention::{reference, tune, Attention, Error, Kernels, Result};
 
 use crate::AdapterArgs;
 
@@ -69,6 +69,7 @@ struct Record {
     stats: Stats,
     gflops: f64,
     gpu_over_cpu_speedup: Option<f64>,
+    gpu_over_reference_speedup: Option<f64>,
     share_of_fma_peak: Option<f64>,
     kernels_ms: Vec<(String, f64)>,
 }
@@ -97,12 +98,16 @@ fn attention_record(args: &BenchArgs, n: usize, flop: f64, path: String, stats: 
         stats,
         gflops: flop / (stats.median_ms * 1e6),
         gpu_over_cpu_speedup: None,
+        gpu_over_reference_speedup: None,
         share_of_fma_peak: None,
         kernels_ms: Vec::new(),
     }
 }
 
-const HEADER: &str = "path                              n     median ms   spread (min-max)   GFLOP/s  vs CPU  % peak  GPU time per kernel (ms)";
+/// The f64 reference is timed up to this n (it holds n × n f64 weights per head).
+const REFERENCE_MAX_N: usize = 4096;
+
+const HEADER: &str = "path                              n     median ms   spread (min-max)   GFLOP/s  vs f32  vs f64  % peak  time per kernel (ms)";
 
 fn line(r: &Record) -> String {
     let kernels: Vec<String> = r
@@ -111,7 +116,7 @@ fn line(r: &Record) -> String {
         .map(|(k, ms)| format!("{k} {ms:.2}"))
         .collect();
     format!(
-        "{:<32} {:>6} {:>11.2}   {:>8.2}-{:<8.2} {:>8.2}  {:>6}  {:>6}  {}",
+        "{:<32} {:>6} {:>11.2}   {:>8.2}-{:<8.2} {:>8.2}  {:>6}  {:>6}  {:>6}  {}",
         r.path,
         r.n,
         r.stats.median_ms,
@@ -119,6 +124,8 @@ fn line(r: &Record) -> String {
         r.stats.max_ms,
         r.gflops,
         r.gpu_over_cpu_speedup
+            .map_or("-".into(), |s| format!("{s:.2}x")),
+        r.gpu_over_reference_speedup
             .map_or("-".into(), |s| format!("{s:.2}x")),
         r.share_of_fma_peak
             .map_or("-".into(), |s| format!("{:.0}%", 100.0 * s)),
@@ -160,7 +167,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     );
 
     let mut steps = families.len() * args.n.len() * if args.fused_only { 1 } else { 2 };
-    steps += usize::from(!args.no_cpu) * args.n.len();
+    steps += usize::from(!args.no_cpu) * args.n.len() * 2;
     steps += usize::from(args.matmul > 0) * families.len() + 1;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(
@@ -205,6 +212,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
                 stats,
                 gflops: flop / (stats.median_ms * 1e6),
                 gpu_over_cpu_speedup: None,
+                gpu_over_reference_speedup: None,
                 share_of_fma_peak: Some(flop / (kernel_ms * 1e6) / peak),
                 kernels_ms,
             };
@@ -246,6 +254,21 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
             ));
             Some(stats.median_ms)
         };
+        // The f64 oracle the tests check against: slower, but the definition.
+        let reference_ms = if args.no_cpu || n > REFERENCE_MAX_N {
+            None
+        } else {
+            progress.set_message(format!("cpu f64 reference n={n}"));
+            let op = Attention::new().heads(args.heads).causal(args.causal);
+            let (stats, _) = bench::measure(0, args.repeats.min(3), || {
+                reference::attention(&op, x.view().into_dyn(), None)
+            })?;
+            progress.inc(1);
+            let mut r = attention_record(args, n, flop, "cpu f64 reference".into(), stats);
+            r.gpu_over_cpu_speedup = cpu_ms.map(|c| c / stats.median_ms);
+            here.push(r);
+            Some(stats.median_ms)
+        };
         for &family in &families {
             for weights in [false, true] {
                 if weights && args.fused_only {
@@ -274,6 +297,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
                         };
                         here.push(Record {
                             gpu_over_cpu_speedup: cpu_ms.map(|c| c / stats.median_ms),
+                            gpu_over_reference_speedup: reference_ms.map(|c| c / stats.median_ms),
                             share_of_fma_peak: Some(flop / (ms * 1e6) / peak),
                             kernels_ms,
                             ..attention_record(args, n, flop, path, stats)
@@ -293,8 +317,9 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     }
     progress.finish_and_clear();
     println!(
-        "\nvs CPU: CPU median / GPU median (above 1: the GPU is faster). % peak: FLOP over the \
-         kernels' GPU time, against the FMA ceiling."
+        "\nvs f32 / vs f64: the CPU baseline's (f32 ndarray) or the f64 reference's median over \
+         this row's (above 1: this row is faster). % peak: FLOP over the kernels' time, against \
+         the FMA ceiling."
     );
 
     if let Some(path) = &args.json {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use ndarray::{ArrayD, Ix1, Ix2};
 use wgpu_attention::{
-    demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Error,
+    demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Error, Kernels,
     Projections, Result,
 };
 
@@ -113,6 +113,10 @@ struct RunArgs {
     /// Do not compute-and-return the attention weights (no weights.npy).
     #[arg(long)]
     no_weights: bool,
+    /// Kernel family: auto (measured on first use), storage (any adapter) or subgroup
+    /// (textures + subgroup operations, fast on lavapipe).
+    #[arg(long, default_value = "auto")]
+    kernels: Kernels,
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
@@ -154,7 +158,8 @@ fn run(args: &RunArgs) -> Result<()> {
     let mut op = Attention::new()
         .heads(args.heads)
         .causal(args.causal)
-        .return_weights(!args.no_weights);
+        .return_weights(!args.no_weights)
+        .kernels(args.kernels);
     if let Some(s) = args.scale {
         op = op.scale(s);
     }
