@@ -254,48 +254,35 @@ fn cli_shape_errors_name_the_arrays() {
     assert_one_line_error(&out, "(n, d) or (batch, n, d)");
 }
 
-#[test]
-fn cli_unknown_backend_and_missing_adapter_are_clear_errors() {
+/// `wgpu-attention run` on a small valid X with one extra flag and its value.
+fn run_with(flag: &str, value: &str) -> std::process::Output {
     let dir = tempfile::tempdir().unwrap();
     let x = dir.path().join("x.npy");
     ndarray_npy::write_npy(&x, &Array2::<f32>::ones((3, 2))).unwrap();
-    let out = cli(&[
+    let out_dir = dir.path().join("o");
+    cli(&[
         "run",
         "--x",
         x.to_str().unwrap(),
-        "--backend",
-        "cuda",
+        flag,
+        value,
         "--out",
-        dir.path().to_str().unwrap(),
-    ]);
+        out_dir.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn cli_unknown_backend_and_missing_adapter_are_clear_errors() {
+    let out = run_with("--backend", "cuda");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("vulkan, metal, dx12, gl"));
-    let out = cli(&[
-        "run",
-        "--x",
-        x.to_str().unwrap(),
-        "--adapter",
-        "no-such-gpu-xyz",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
+    let out = run_with("--adapter", "no-such-gpu-xyz");
     assert_one_line_error(&out, "mesa-vulkan-drivers");
 }
 
 #[test]
 fn cli_bad_kernel_family_and_bench_sizes_are_clear_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let x = dir.path().join("x.npy");
-    ndarray_npy::write_npy(&x, &Array2::<f32>::ones((3, 2))).unwrap();
-    let out = cli(&[
-        "run",
-        "--x",
-        x.to_str().unwrap(),
-        "--kernels",
-        "cuda",
-        "--out",
-        dir.path().to_str().unwrap(),
-    ]);
+    let out = run_with("--kernels", "cuda");
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("auto, storage or subgroup"),
