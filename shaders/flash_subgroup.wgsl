@@ -19,9 +19,6 @@
 // Causal (top-left, PyTorch's is_causal): row i sees keys j ≤ i; tiles past the block's
 // last row are skipped.
 //
-// With write_lse set, each row's log2-sum-exp goes to `lse` too, so matmul_subgroup.wgsl can
-// write the weights exp2(s − lse) without a softmax pass.
-//
 // The host prepends: const SG (subgroup size), R (rows per lane), DK4 / DV4 (per-head
 // widths of q·k and v in vec4s, rounded up).
 
@@ -55,7 +52,7 @@ struct Params {
     v_shift: u32,
     v_rows: u32,
     scale_log2: f32,
-    write_lse: u32,
+    _pad0: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -68,8 +65,6 @@ const NEG: f32 = -3.0e38;
 @group(0) @binding(2) var k_tex: texture_2d<f32>;
 @group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
-// With write_lse: each row's log2-sum-exp m + log2(l), at g·n_q + row (for the weights).
-@group(0) @binding(5) var<storage, read_write> lse: array<f32>;
 
 @compute @workgroup_size(SG)
 fn main(
@@ -196,9 +191,6 @@ fn main(
     for (var r = 0u; r < R; r++) { // unroll
         let row = rows[r];
         if row < p.n_q {
-            if p.write_lse != 0u {
-                lse[g * p.n_q + row] = m[r] + log2(l[r]);
-            }
             let inv = 1.0 / l[r];
             for (var c = 0u; c < DV4; c++) { // unroll
                 for (var e = 0u; e < 4u; e++) { // unroll

@@ -46,7 +46,7 @@ struct Params {
     v_shift: u32,
     v_rows: u32,
     scale_log2: f32,
-    write_lse: u32,
+    _pad0: u32,
     _pad1: u32,
     _pad2: u32,
 }

@@ -1,12 +1,16 @@
 // Batched matmul C[g] = A[g]·B[g] for adapters where textures and subgroup operations are
-// fast and storage/workgroup memory is slow (lavapipe), with two epilogues:
+// fast and storage/workgroup memory is slow (lavapipe), with three epilogues:
 //
 //     HAS_BIAS:  C[g, i, j] = (A·B)[i, j] + bias[j]
-//     SOFTMAX:   C[g, i, j] = exp2(scale_log2 · (A·B)[i, j] − lse[g, i])   (0 where causal hides j > i)
+//     STATS:     per row i and column tile t, with s_ij = scale_log2 · (A·B)[i, j] over the
+//                tile's visible columns: C[((g·m + i)·tiles_n + t)·2 + {0, 1}] =
+//                (max_j s_ij, Σ_j exp2(s_ij − max))                         (the partial softmax)
+//     SOFTMAX:   C[g, i, j] = exp2(s_ij − lse[g·m + i])   (0 where causal hides j > i)
 //
-// SOFTMAX turns Q·Kᵀ into the attention weights, given each row's log2-sum-exp from the
-// flash pass (flash_subgroup.wgsl writes it), so the weights cost one matmul and no
-// n × n round trip through a softmax kernel.
+// STATS, then lse_reduce.wgsl (lse = log2 Σ over the tiles), then SOFTMAX turn Q·Kᵀ into the
+// attention weights without an n × n round trip through a softmax kernel. Both passes compute
+// every logit with the same instructions, so the weights are normalized by exactly the logits
+// they are made of (a row with one dominant key gets weight 1 to the last bit or two).
 //
 // A and B are packed by pack.wgsl into rgba32float textures: row r of group g, values
 // 4c..4c+3, at texel ((r & mask)·D4 + c, g·rows + (r >> shift)). One workgroup is one
@@ -47,6 +51,8 @@ struct Params {
 const HAS_BIAS: u32 = 1u;
 const CAUSAL: u32 = 2u;
 const SOFTMAX: u32 = 4u;
+const STATS: u32 = 8u;
+const NEG: f32 = -3.0e38;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var a_tex: texture_2d<f32>;
@@ -81,11 +87,12 @@ fn main(
     let row0 = (t / p.tiles_n) * SG * T;
     let col4 = (t % p.tiles_n) * SG + lane;
     let softmax = (p.flags & SOFTMAX) != 0u;
+    let stats = (p.flags & STATS) != 0u;
     let causal = (p.flags & CAUSAL) != 0u;
 
     var acc: array<vec4<f32>, SG * T>;
-    // A causal weights tile wholly above the diagonal is all zeros: skip the products.
-    let skip = softmax && causal && (t % p.tiles_n) * SG * 4u > row0 + SG * T - 1u;
+    // A causal tile wholly above the diagonal is all masked: skip the products.
+    let skip = (softmax || stats) && causal && (t % p.tiles_n) * SG * 4u > row0 + SG * T - 1u;
     let k4s = select((p.k + 3u) / 4u, 0u, skip);
     for (var k4 = 0u; k4 < k4s; k4++) {
         var a: array<vec4<f32>, T>;
@@ -109,6 +116,40 @@ fn main(
                 acc[i] += av.x * b[0] + av.y * b[1] + av.z * b[2] + av.w * b[3];
             }
         }
+    }
+
+    if stats {
+        // Each row's max and sum of exp2 over this tile's visible columns, across the lanes.
+        for (var r = 0u; r < T; r++) { // unroll
+            for (var l = 0u; l < SG; l++) { // unroll
+                let i = r * SG + l;
+                let row = row0 + i;
+                var v: array<f32, 4>;
+                var local_max = NEG;
+                for (var e = 0u; e < 4u; e++) { // unroll
+                    let col = col4 * 4u + e;
+                    var x = acc[i][e] * p.scale_log2;
+                    if col >= p.n || (causal && col > row) {
+                        x = NEG;
+                    }
+                    v[e] = x;
+                    local_max = max(local_max, x);
+                }
+                let tile_max = subgroupMax(local_max);
+                var local_sum = 0.0;
+                for (var e = 0u; e < 4u; e++) { // unroll
+                    local_sum += exp2(v[e] - tile_max);
+                }
+                // A tile with nothing visible sums 0 (exp2 of NEG − NEG would be 1).
+                let tile_sum = select(subgroupAdd(local_sum), 0.0, tile_max == NEG);
+                if lane == 0u && row < p.m {
+                    let at = ((g * p.m + row) * p.tiles_n + t % p.tiles_n) * 2u;
+                    c[at] = tile_max;
+                    c[at + 1u] = tile_sum;
+                }
+            }
+        }
+        return;
     }
 
     let b_idx = g / p.heads;

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{buffer, pipeline::KernelId, readback};
 use crate::kernels::flash::{self, FlashVariant};
 use crate::kernels::matmul::MatmulVariant;
-use crate::kernels::matmul_subgroup::{self, SoftmaxEpilogue};
+use crate::kernels::matmul_subgroup;
 use crate::kernels::{self, matmul, softmax, weighted_sum};
 use crate::tune;
 
@@ -213,8 +213,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Whether the weights come from the fused pass's row statistics and one matmul with a
-    /// softmax epilogue (both subgroup kernels), rather than scores → softmax → weighted sum.
+    /// Whether the context comes from the fused kernel and the weights from the subgroup
+    /// matmul's statistics and softmax epilogues, rather than scores → softmax → weighted sum.
     pub fn weights_from_lse(&self) -> bool {
         matches!(self.flash, FlashVariant::Subgroup { .. })
             && matches!(self.matmul, MatmulVariant::Subgroup { .. })
@@ -561,12 +561,8 @@ impl Attention {
             flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
         };
         let weights = if plan.fused || plan.weights_from_lse() {
-            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. For the weights,
-            // it also leaves each row's log-sum-exp, and one more matmul writes them.
-            let lse = match plan.fused {
-                true => None,
-                false => Some(buffer::output(ctx, "row log-sum-exp", groups * n, false)?),
-            };
+            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. The weights, when
+            // asked for, come from the products again: statistics, log-sum-exp, exp(s − lse).
             let op = flash::Flash {
                 batch,
                 heads,
@@ -581,32 +577,19 @@ impl Attention {
                 causal: self.causal,
                 scale: dims.scale,
             };
-            op.record(
-                ctx,
-                &mut encoder,
-                plan.flash,
-                q,
-                k,
-                v,
-                &context,
-                lse.as_ref(),
-            )?;
-            match (lse, plan.matmul) {
-                (Some(lse), MatmulVariant::Subgroup { rows_per_lane }) => {
+            op.record(ctx, &mut encoder, plan.flash, q, k, v, &context)?;
+            match (plan.fused, plan.matmul) {
+                (false, MatmulVariant::Subgroup { rows_per_lane }) => {
                     let weights =
                         buffer::output(ctx, "attention weights", groups * n * n, self.nan_fill)?;
-                    matmul_subgroup::record_matmul(
+                    matmul_subgroup::record_weights(
                         ctx,
                         &mut encoder,
                         &scores_mm,
                         rows_per_lane,
                         q,
                         k,
-                        &no_bias,
-                        Some(SoftmaxEpilogue {
-                            lse: &lse,
-                            scale: dims.scale,
-                        }),
+                        dims.scale,
                         &weights,
                     )?;
                     Some(weights)

@@ -241,6 +241,7 @@ pub struct Context {
     pub(crate) profiler: Mutex<Option<Profiler>>,
     kernel_times: Mutex<Vec<KernelTime>>,
     tune: TuneCache,
+    tuning: bool,
 }
 
 impl fmt::Debug for Context {
@@ -330,6 +331,7 @@ impl Context {
             profiler: Mutex::new(None),
             kernel_times: Mutex::new(Vec::new()),
             tune: TuneCache::from_env(),
+            tuning: crate::tune::enabled(),
         }
     }
 
@@ -375,6 +377,19 @@ impl Context {
     pub fn with_tune_cache(mut self, cache: TuneCache) -> Self {
         self.tune = cache;
         self
+    }
+
+    /// Turns the autotuner's measuring on or off for this context (default: on unless
+    /// `WGPU_ATTENTION_TUNE=off`). Off, remembered choices are still used and everything else
+    /// takes its family's default variant.
+    pub fn with_tuning(mut self, on: bool) -> Self {
+        self.tuning = on;
+        self
+    }
+
+    /// Whether the autotuner may measure.
+    pub fn tuning(&self) -> bool {
+        self.tuning
     }
 
     /// The autotuner's remembered choices ([`crate::tune`]).

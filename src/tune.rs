@@ -6,7 +6,8 @@
 //! kernel: per-head widths in vec4s and the row count's power-of-two bucket). The disk cache is a JSON map in
 //! `$WGPU_ATTENTION_TUNE_CACHE` (a file path; `off` keeps choices in memory only), else
 //! `$XDG_CACHE_HOME/wgpu-attention/tune.json`, else `~/.cache/wgpu-attention/tune.json`.
-//! `WGPU_ATTENTION_TUNE=off` skips measuring and takes each family's default variant.
+//! `WGPU_ATTENTION_TUNE=off` (or [`Context::with_tuning`]) skips measuring: remembered
+//! choices are still used, anything else takes its family's default variant.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -100,7 +101,8 @@ impl TuneCache {
     }
 }
 
-/// Whether measuring is on (`WGPU_ATTENTION_TUNE` is not `off`).
+/// Whether measuring is on by default (`WGPU_ATTENTION_TUNE` is not `off`); see
+/// [`Context::with_tuning`].
 pub fn enabled() -> bool {
     !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
 }
@@ -215,7 +217,7 @@ pub fn flash(
     let (dk4, dv4) = (dk_h.div_ceil(4) as u32, dv_h.div_ceil(4) as u32);
     let candidates = flash_candidates(ctx, families, dk4, dv4);
     let fallback = default_flash(families[0]);
-    if candidates.len() < 2 || !enabled() {
+    if candidates.len() < 2 {
         return Ok(candidates.first().copied().unwrap_or(fallback));
     }
     let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
@@ -227,7 +229,7 @@ pub fn flash(
     if let Some(v) = ctx.tune_cache().get(&key) {
         return Ok(v);
     }
-    if n < MIN_TUNED_N {
+    if n < MIN_TUNED_N || !ctx.tuning() {
         return Ok(fallback);
     }
     let n = anchor;
@@ -254,7 +256,7 @@ pub fn flash(
         scale: 0.125,
     };
     let best = fastest(&candidates, |c| {
-        bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None)).map(|t| t.0)
+        bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out)).map(|t| t.0)
     })?
     .unwrap_or(fallback);
     ctx.tune_cache().put(&key, &best);
@@ -269,7 +271,7 @@ pub fn flash(
 pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<MatmulVariant> {
     let candidates = matmul_candidates(ctx, families);
     let fallback = default_matmul(families[0]);
-    if candidates.len() < 2 || !enabled() {
+    if candidates.len() < 2 {
         return Ok(candidates.first().copied().unwrap_or(fallback));
     }
     let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
@@ -277,7 +279,7 @@ pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<Matmul
     if let Some(v) = ctx.tune_cache().get(&key) {
         return Ok(v);
     }
-    if rows < MIN_TUNED_N {
+    if rows < MIN_TUNED_N || !ctx.tuning() {
         return Ok(fallback);
     }
     let m = MATMUL_ANCHOR;

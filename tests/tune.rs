@@ -23,6 +23,7 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
     let path = dir.path().join("tune.json");
     let ctx = Context::new()
         .unwrap()
+        .with_tuning(true)
         .with_tune_cache(TuneCache::at(Some(path.clone())));
     let fam = families(&ctx);
 
@@ -39,6 +40,7 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
     // A new context on the same file reuses the choice for the same bucket of sizes.
     let again = Context::new()
         .unwrap()
+        .with_tuning(true)
         .with_tune_cache(TuneCache::at(Some(path)));
     assert_eq!(tune::flash(&again, &fam, (16, 16), 5000).unwrap(), chosen);
     assert_eq!(
@@ -50,6 +52,11 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
 
 #[test]
 fn auto_kernels_after_tuning_match_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Context::new()
+        .unwrap()
+        .with_tuning(true)
+        .with_tune_cache(TuneCache::at(Some(dir.path().join("tune.json"))));
     let x = Array3::from_shape_fn((1, 300, 32), |(_, i, j)| {
         ((i * 5 + j * 3) as f32 * 0.11).sin()
     });
@@ -60,9 +67,7 @@ fn auto_kernels_after_tuning_match_the_reference() {
             .kernels(Kernels::Auto)
             .return_weights(weights)
             .nan_fill(true);
-        let gpu = op
-            .forward(common::ctx(), x.view().into_dyn(), None)
-            .unwrap();
+        let gpu = op.forward(&ctx, x.view().into_dyn(), None).unwrap();
         let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
         let (rel, _) = reference::compare(&gpu.context, &cpu.context);
         assert!(rel < 1e-5, "weights={weights}: rel {rel}");

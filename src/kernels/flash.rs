@@ -65,8 +65,7 @@ pub struct FlashParams {
     v_shift: u32,
     v_rows: u32,
     scale_log2: f32,
-    write_lse: u32,
-    _pad: [u32; 2],
+    _pad: [u32; 3],
 }
 
 /// One fused attention problem: `groups = batch · heads` independent heads.
@@ -125,8 +124,7 @@ impl Flash {
         Ok((p, (groups * blocks) as u64))
     }
 
-    /// Records the fused pass: `out ← softmax(scale·Q·Kᵀ)·V`, with `variant`; with `lse`
-    /// (subgroup variant only), each row's log2-sum-exp as well, `groups × n_q` values.
+    /// Records the fused pass: `out ← softmax(scale·Q·Kᵀ)·V`, with `variant`.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the subgroup variant is asked for on a device without
@@ -141,18 +139,11 @@ impl Flash {
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
         out: &wgpu::Buffer,
-        lse: Option<&wgpu::Buffer>,
     ) -> Result<()> {
         let dk4 = u32_of("d_k per head", self.dk_h.div_ceil(4))?;
         let dv4 = u32_of("d_v per head", self.dv_h.div_ceil(4))?;
         match variant {
             FlashVariant::Tiled { keys } => {
-                if lse.is_some() {
-                    return Err(Error::invalid(
-                        "lse",
-                        "only the subgroup flash kernel writes row statistics",
-                    ));
-                }
                 let needed = u64::from(keys) * u64::from(dk4 + dv4) * 16;
                 let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
                 if needed > limit {
@@ -202,7 +193,6 @@ impl Flash {
                 params.k_rows = k_tex.layout.rows;
                 params.v_shift = v_tex.layout.shift;
                 params.v_rows = v_tex.layout.rows;
-                params.write_lse = u32::from(lse.is_some());
                 let key = PipelineKey {
                     kernel: KernelId::FlashSubgroup,
                     consts: [sg, rows_per_lane, dk4, dv4],
@@ -217,7 +207,6 @@ impl Flash {
                         Binding::Texture(&k_tex.view),
                         Binding::Texture(&v_tex.view),
                         out.into(),
-                        lse.unwrap_or(out).into(),
                     ],
                     wgs,
                 )

@@ -195,17 +195,9 @@ impl Matmul {
                     wgs,
                 )
             }
-            MatmulVariant::Subgroup { rows_per_lane } => matmul_subgroup::record_matmul(
-                ctx,
-                encoder,
-                self,
-                rows_per_lane,
-                a,
-                b,
-                bias,
-                None,
-                c,
-            ),
+            MatmulVariant::Subgroup { rows_per_lane } => {
+                matmul_subgroup::record_matmul(ctx, encoder, self, rows_per_lane, a, b, bias, c)
+            }
         }
     }
 }

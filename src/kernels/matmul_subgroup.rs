@@ -6,14 +6,17 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::buffer;
 use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::kernels::matmul::{Matmul, HAS_BIAS, SKIP_UPPER};
-use crate::kernels::pack::Pack;
+use crate::kernels::pack::{Pack, Packed};
 use crate::kernels::{record, u32_of, Binding};
 
 /// Epilogue flag: `C = exp2(scale_log2·(A·B) − lse[row])`, zero above the diagonal with
-/// [`SKIP_UPPER`] (the attention weights from the flash pass's row statistics).
-pub const SOFTMAX: u32 = 4;
+/// [`SKIP_UPPER`].
+const SOFTMAX: u32 = 4;
+/// Epilogue flag: per row and column tile, the max and sum of exp2 of `scale_log2·(A·B)`.
+const STATS: u32 = 8;
 
 /// Mirrors `Params` in `shaders/matmul_subgroup.wgsl`.
 #[repr(C)]
@@ -42,18 +45,137 @@ struct Params {
     _pad1: [u32; 3],
 }
 
-/// The softmax epilogue's inputs: the row statistics and the scale.
+/// Mirrors `Params` in `shaders/lse_reduce.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct ReduceParams {
+    rows: u32,
+    tiles: u32,
+    _pad: [u32; 2],
+}
+
+/// What the kernel does after the products.
 #[derive(Debug, Clone, Copy)]
-pub struct SoftmaxEpilogue<'a> {
-    /// Per-row log2-sum-exp, `groups × m` values, from the flash pass.
-    pub lse: &'a wgpu::Buffer,
-    /// Factor on `A·B` before the softmax.
-    pub scale: f32,
+enum Epilogue<'a> {
+    /// `C = A·B (+ bias)`.
+    Plain,
+    /// Partial softmax statistics of `scale·A·B` per row and column tile.
+    Stats { scale: f32 },
+    /// `C = exp(scale·A·B − lse)`: the attention weights.
+    Softmax { scale: f32, lse: &'a wgpu::Buffer },
+}
+
+/// A and B packed into textures, ready for one or more dispatches.
+struct Operands {
+    sg: u32,
+    a: Packed,
+    b: Packed,
+}
+
+fn subgroup_size(ctx: &Context) -> Result<u32> {
+    ctx.subgroup_size().ok_or_else(|| {
+        Error::invalid(
+            "kernel",
+            "matmul_subgroup needs Features::SUBGROUP and a fixed subgroup size",
+        )
+    })
+}
+
+fn pack(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    mm: &Matmul,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+) -> Result<Operands> {
+    let sg = subgroup_size(ctx)?;
+    let mut pack = |what: &str, buf: &wgpu::Buffer, src, rows, width| {
+        Pack {
+            batch: mm.batch,
+            heads: mm.heads,
+            rows,
+            width,
+            src,
+        }
+        .record(ctx, encoder, what, buf)
+    };
+    Ok(Operands {
+        sg,
+        a: pack("matmul A", a, mm.a, mm.m, mm.k)?,
+        b: pack("matmul B", b, mm.b, mm.k, mm.n)?,
+    })
+}
+
+/// Column tiles of `mm` (each `4 · subgroup size` wide).
+fn tiles_n(mm: &Matmul, sg: u32) -> usize {
+    mm.n.div_ceil(4 * sg as usize)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dispatch(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    mm: &Matmul,
+    rows_per_lane: u32,
+    ops: &Operands,
+    bias: &wgpu::Buffer,
+    epilogue: Epilogue<'_>,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    let sg = ops.sg;
+    let tiles_m = mm.m.div_ceil((sg * rows_per_lane) as usize);
+    let tiles_n = tiles_n(mm, sg);
+    let groups = mm.batch * mm.heads;
+    let (flags, scale, lse) = match epilogue {
+        Epilogue::Plain => (mm.flags & (HAS_BIAS | SKIP_UPPER), 0.0, bias),
+        Epilogue::Stats { scale } => ((mm.flags & SKIP_UPPER) | STATS, scale, bias),
+        Epilogue::Softmax { scale, lse } => ((mm.flags & SKIP_UPPER) | SOFTMAX, scale, lse),
+    };
+    let params = Params {
+        m: u32_of("matmul rows", mm.m)?,
+        n: u32_of("matmul columns", mm.n)?,
+        k: u32_of("matmul inner dimension", mm.k)?,
+        heads: u32_of("heads", mm.heads)?,
+        groups: u32_of("matmul groups", groups)?,
+        tiles_m: u32_of("matmul row tiles", tiles_m)?,
+        tiles_n: u32_of("matmul column tiles", tiles_n)?,
+        flags,
+        a_shift: ops.a.layout.shift,
+        a_rows: ops.a.layout.rows,
+        a_d4: ops.a.layout.d4,
+        b_shift: ops.b.layout.shift,
+        b_rows: ops.b.layout.rows,
+        b_d4: ops.b.layout.d4,
+        c_off: mm.c.off,
+        c_batch: mm.c.batch,
+        c_head: mm.c.head,
+        c_row: mm.c.row,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        ..Default::default()
+    };
+    let key = PipelineKey {
+        kernel: KernelId::MatmulSubgroup,
+        consts: [sg, rows_per_lane, 0, 0],
+    };
+    record(
+        ctx,
+        encoder,
+        key,
+        &params,
+        &[
+            Binding::Texture(&ops.a.view),
+            Binding::Texture(&ops.b.view),
+            bias.into(),
+            lse.into(),
+            c.into(),
+        ],
+        (tiles_m * tiles_n * groups) as u64,
+    )
 }
 
 /// Records `mm` with the subgroup kernel, `rows_per_lane` tile rows per lane: packs A and B,
-/// then one dispatch. `bias` is read when `mm.flags` has [`HAS_BIAS`]; with `softmax`, the
-/// product becomes attention weights.
+/// then one dispatch. `bias` is read when `mm.flags` has [`HAS_BIAS`] (any buffer may stand
+/// in otherwise).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] without a fixed subgroup size; texture limits as
@@ -67,74 +189,70 @@ pub fn record_matmul(
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
     bias: &wgpu::Buffer,
-    softmax: Option<SoftmaxEpilogue<'_>>,
     c: &wgpu::Buffer,
 ) -> Result<()> {
-    let sg = ctx.subgroup_size().ok_or_else(|| {
-        Error::invalid(
-            "kernel",
-            "matmul_subgroup needs Features::SUBGROUP and a fixed subgroup size",
-        )
-    })?;
-    let mut pack = |what: &str, buf: &wgpu::Buffer, src, rows, width| {
-        Pack {
-            batch: mm.batch,
-            heads: mm.heads,
-            rows,
-            width,
-            src,
-        }
-        .record(ctx, encoder, what, buf)
-    };
-    let a_tex = pack("matmul A", a, mm.a, mm.m, mm.k)?;
-    let b_tex = pack("matmul B", b, mm.b, mm.k, mm.n)?;
-    let tile_rows = (sg * rows_per_lane) as usize;
-    let tiles_m = mm.m.div_ceil(tile_rows);
-    let tiles_n = mm.n.div_ceil(4 * sg as usize);
-    let groups = mm.batch * mm.heads;
-    let mut flags = mm.flags & (HAS_BIAS | SKIP_UPPER);
-    if softmax.is_some() {
-        flags |= SOFTMAX;
-    }
-    let params = Params {
-        m: u32_of("matmul rows", mm.m)?,
-        n: u32_of("matmul columns", mm.n)?,
-        k: u32_of("matmul inner dimension", mm.k)?,
-        heads: u32_of("heads", mm.heads)?,
-        groups: u32_of("matmul groups", groups)?,
-        tiles_m: u32_of("matmul row tiles", tiles_m)?,
-        tiles_n: u32_of("matmul column tiles", tiles_n)?,
-        flags,
-        a_shift: a_tex.layout.shift,
-        a_rows: a_tex.layout.rows,
-        a_d4: a_tex.layout.d4,
-        b_shift: b_tex.layout.shift,
-        b_rows: b_tex.layout.rows,
-        b_d4: b_tex.layout.d4,
-        c_off: mm.c.off,
-        c_batch: mm.c.batch,
-        c_head: mm.c.head,
-        c_row: mm.c.row,
-        scale_log2: softmax.map_or(0.0, |s| s.scale * std::f32::consts::LOG2_E),
-        ..Default::default()
-    };
-    let key = PipelineKey {
-        kernel: KernelId::MatmulSubgroup,
-        consts: [sg, rows_per_lane, 0, 0],
+    let ops = pack(ctx, encoder, mm, a, b)?;
+    dispatch(
+        ctx,
+        encoder,
+        mm,
+        rows_per_lane,
+        &ops,
+        bias,
+        Epilogue::Plain,
+        c,
+    )
+}
+
+/// Records the attention weights `softmax(scale · Q·Kᵀ)` of the score problem `mm` (A = Q,
+/// B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`, in three passes that never hold
+/// unnormalized scores: the products' per-tile softmax statistics, their reduction to each
+/// row's log-sum-exp (`shaders/lse_reduce.wgsl`), then the products again with
+/// `exp(s − lse)` as the epilogue.
+///
+/// # Errors
+/// As [`record_matmul`], and the statistics buffer's size limit.
+#[allow(clippy::too_many_arguments)]
+pub fn record_weights(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    mm: &Matmul,
+    rows_per_lane: u32,
+    q: &wgpu::Buffer,
+    k: &wgpu::Buffer,
+    scale: f32,
+    weights: &wgpu::Buffer,
+) -> Result<()> {
+    let ops = pack(ctx, encoder, mm, q, k)?;
+    let rows = mm.batch * mm.heads * mm.m;
+    let tiles = tiles_n(mm, ops.sg);
+    let partial = buffer::output(ctx, "softmax statistics", rows * tiles * 2, false)?;
+    let lse = buffer::output(ctx, "row log-sum-exp", rows, false)?;
+    let stats = Epilogue::Stats { scale };
+    dispatch(ctx, encoder, mm, rows_per_lane, &ops, &lse, stats, &partial)?;
+    let params = ReduceParams {
+        rows: u32_of("rows", rows)?,
+        tiles: u32_of("column tiles", tiles)?,
+        _pad: [0; 2],
     };
     record(
         ctx,
         encoder,
-        key,
+        KernelId::LseReduce,
         &params,
-        &[
-            Binding::Texture(&a_tex.view),
-            Binding::Texture(&b_tex.view),
-            bias.into(),
-            softmax.map_or(bias, |s| s.lse).into(),
-            c.into(),
-        ],
-        (tiles_m * tiles_n * groups) as u64,
+        &[(&partial).into(), (&lse).into()],
+        (rows as u64).div_ceil(64),
+    )?;
+    let softmax = Epilogue::Softmax { scale, lse: &lse };
+    dispatch(
+        ctx,
+        encoder,
+        mm,
+        rows_per_lane,
+        &ops,
+        &partial,
+        softmax,
+        weights,
     )
 }
 
@@ -143,7 +261,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_size_matches_wgsl_struct() {
+    fn params_sizes_match_wgsl_structs() {
         assert_eq!(std::mem::size_of::<Params>(), 24 * 4);
+        assert_eq!(std::mem::size_of::<ReduceParams>(), 4 * 4);
     }
 }

@@ -11,8 +11,10 @@ use wgpu_attention::Context;
 
 pub fn ctx() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
+    // Measuring for the autotuner would only slow the suite: the tests force each variant
+    // (tests/tune.rs measures on contexts of its own).
     CTX.get_or_init(|| match Context::new() {
-        Ok(c) => c,
+        Ok(c) => c.with_tuning(false),
         Err(e) => panic!("GPU tests need an adapter and none could be opened: {e}"),
     })
 }
