@@ -160,29 +160,35 @@ fn main(
             }
         }
 
-        // Rescale what was accumulated to the new running max.
+        // The new running max; exp(s − m) of the tile, and the factor for what came before.
+        var corr: array<f32, R>;
         for (var r = 0u; r < R; r++) { // unroll
             let m_new = max(m[r], tile_max[r]);
-            let corr = exp2(m[r] - m_new);
+            corr[r] = exp2(m[r] - m_new);
             m[r] = m_new;
-            l[r] *= corr;
-            for (var c = 0u; c < DV4; c++) { // unroll
-                o[r][c] *= corr;
+            var sum = 0.0;
+            for (var jj = 0u; jj < SG; jj++) { // unroll
+                s[r][jj] = exp2(s[r][jj] - m_new);
+                sum += s[r][jj];
             }
+            l[r] = l[r] * corr[r] + sum;
         }
 
-        // Accumulate exp(s − m)·v.
-        for (var jj = 0u; jj < SG; jj++) { // unroll
-            var pr: array<f32, R>;
+        // o ← corr·o + Σ_j p_j·v_j, one vec4 column at a time so its accumulators stay in
+        // registers across the tile's keys.
+        for (var c = 0u; c < DV4; c++) { // unroll
+            var oc: array<vec4<f32>, R>;
             for (var r = 0u; r < R; r++) { // unroll
-                pr[r] = exp2(s[r][jj] - m[r]);
-                l[r] += pr[r];
+                oc[r] = o[r][c] * corr[r];
             }
-            for (var c = 0u; c < DV4; c++) { // unroll
+            for (var jj = 0u; jj < SG; jj++) { // unroll
                 let vc = subgroupShuffle(vr[c], jj);
                 for (var r = 0u; r < R; r++) { // unroll
-                    o[r][c] += pr[r] * vc;
+                    oc[r] = fma(vec4<f32>(s[r][jj]), vc, oc[r]);
                 }
+            }
+            for (var r = 0u; r < R; r++) { // unroll
+                o[r][c] = oc[r];
             }
         }
     }

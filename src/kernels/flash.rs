@@ -187,7 +187,15 @@ impl Flash {
                     .record(ctx, encoder, what, buf)
                 };
                 let k_tex = pack("K", k, self.k, self.dk_h)?;
-                let v_tex = pack("V", v, self.v, self.dv_h)?;
+                // Q = K = V = X (no projections): one texture serves both.
+                let same = k == v && self.k == self.v && self.dk_h == self.dv_h;
+                let v_packed;
+                let v_tex = if same {
+                    &k_tex
+                } else {
+                    v_packed = pack("V", v, self.v, self.dv_h)?;
+                    &v_packed
+                };
                 let (mut params, wgs) = self.params((sg * rows_per_lane) as usize)?;
                 params.k_shift = k_tex.layout.shift;
                 params.k_rows = k_tex.layout.rows;
