@@ -492,7 +492,8 @@ impl Attention {
         ctx.begin_timing();
 
         // Upload. One empty stand-in serves every matmul without a bias.
-        let x_buf = buffer::upload(ctx, "X", contiguous(x).as_ref())?;
+        let x_host = contiguous(x);
+        let x_buf = buffer::upload(ctx, "X", x_host.as_ref())?;
         let no_bias = buffer::upload(ctx, "no bias", &[])?;
         let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let projected;
@@ -577,7 +578,12 @@ impl Attention {
                 causal: self.causal,
                 scale: dims.scale,
             };
-            op.record(ctx, &mut encoder, plan.flash, q, k, v, &context)?;
+            // Without projections K = V = X is on the host already.
+            let host = match proj {
+                None => Some(x_host.as_ref()),
+                Some(_) => None,
+            };
+            op.record(ctx, &mut encoder, plan.flash, q, k, v, &context, host)?;
             match (plan.fused, plan.matmul) {
                 (false, MatmulVariant::Subgroup { rows_per_lane }) => {
                     let weights =

@@ -257,7 +257,7 @@ pub fn flash(
         scale: 0.125,
     };
     let best = fastest(&candidates, |c| {
-        bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out)).map(|t| t.0)
+        bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None)).map(|t| t.0)
     })?
     .unwrap_or(fallback);
     ctx.tune_cache().put(&key, &best);

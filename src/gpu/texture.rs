@@ -4,8 +4,8 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 
-/// A 2-D `rgba32float` texture of `width × height` texels, writable as a storage texture and
-/// readable with `textureLoad`; returns it with its default view.
+/// A 2-D `rgba32float` texture of `width × height` texels, writable as a storage texture or
+/// by a copy, and readable with `textureLoad`; returns it with its default view.
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when a side exceeds `max_texture_dimension_2d`.
@@ -37,7 +37,9 @@ pub fn rgba32f(
         sample_count: 1,
         dimension: wgpu::TextureDimension::D2,
         format: wgpu::TextureFormat::Rgba32Float,
-        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::TEXTURE_BINDING,
+        usage: wgpu::TextureUsages::STORAGE_BINDING
+            | wgpu::TextureUsages::TEXTURE_BINDING
+            | wgpu::TextureUsages::COPY_DST,
         view_formats: &[],
     });
     let view = texture.create_view(&Default::default());

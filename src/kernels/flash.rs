@@ -124,7 +124,10 @@ impl Flash {
         Ok((p, (groups * blocks) as u64))
     }
 
-    /// Records the fused pass: `out ← softmax(scale·Q·Kᵀ)·V`, with `variant`.
+    /// Records the fused pass: `out ← softmax(scale·Q·Kᵀ)·V`, with `variant`. When K and V
+    /// are the same rows of the same buffer (no projections) and `host` holds that buffer's
+    /// contents, the subgroup variant packs them on the CPU and uploads the texture, instead
+    /// of a pack pass on the GPU.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the subgroup variant is asked for on a device without
@@ -139,6 +142,7 @@ impl Flash {
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
         out: &wgpu::Buffer,
+        host: Option<&[f32]>,
     ) -> Result<()> {
         let dk4 = u32_of("d_k per head", self.dk_h.div_ceil(4))?;
         let dv4 = u32_of("d_v per head", self.dv_h.div_ceil(4))?;
@@ -176,24 +180,24 @@ impl Flash {
                          size, which this adapter does not report; use the tiled kernels",
                     )
                 })?;
-                let mut pack = |what: &str, buf: &wgpu::Buffer, src: Strides, width: usize| {
-                    Pack {
-                        batch: self.batch,
-                        heads: self.heads,
-                        rows: self.n_kv,
-                        width,
-                        src,
-                    }
-                    .record(ctx, encoder, what, buf)
+                let pack = |src: Strides, width: usize| Pack {
+                    batch: self.batch,
+                    heads: self.heads,
+                    rows: self.n_kv,
+                    width,
+                    src,
                 };
-                let k_tex = pack("K", k, self.k, self.dk_h)?;
                 // Q = K = V = X (no projections): one texture serves both.
                 let same = k == v && self.k == self.v && self.dk_h == self.dv_h;
+                let k_tex = match host {
+                    Some(data) if same => pack(self.k, self.dk_h).upload(ctx, "K", data)?,
+                    _ => pack(self.k, self.dk_h).record(ctx, encoder, "K", k)?,
+                };
                 let v_packed;
                 let v_tex = if same {
                     &k_tex
                 } else {
-                    v_packed = pack("V", v, self.v, self.dv_h)?;
+                    v_packed = pack(self.v, self.dv_h).record(ctx, encoder, "V", v)?;
                     &v_packed
                 };
                 let (mut params, wgs) = self.params((sg * rows_per_lane) as usize)?;

@@ -122,6 +122,66 @@ impl Pack {
                 .all(|v| v.is_multiple_of(4))
     }
 
+    /// Packs `src` (the host copy of the buffer the strides index) on the CPU and uploads it
+    /// into a new texture named `what`: the same texels [`Pack::record`] writes, without a
+    /// pass over slow storage loads.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when the texture cannot hold it; [`Error::ShapeMismatch`]
+    /// when the strides reach past `src`.
+    pub fn upload(&self, ctx: &Context, what: &str, src: &[f32]) -> Result<Packed> {
+        let groups = self.batch * self.heads;
+        let layout = PackLayout::new(
+            what,
+            groups,
+            self.rows,
+            self.width.div_ceil(4),
+            ctx.limits().max_texture_dimension_2d,
+        )?;
+        let (texture, view) = texture::rgba32f(ctx, what, layout.width, layout.height)?;
+        let (w, d4, shift) = (layout.width as usize, layout.d4 as usize, layout.shift);
+        let mut texels = vec![0f32; w * layout.height as usize * 4];
+        let s = self.src;
+        let [off, batch, head, row, col] =
+            [s.off, s.batch, s.head, s.row, s.col].map(|v| v as usize);
+        for g in 0..groups {
+            let base = off + (g / self.heads) * batch + (g % self.heads) * head;
+            for j in 0..self.rows {
+                let x = (j & ((1 << shift) - 1)) * d4;
+                let y = g * layout.rows as usize + (j >> shift);
+                let dst = &mut texels[(y * w + x) * 4..][..self.width];
+                for (c, v) in dst.iter_mut().enumerate() {
+                    *v = *src.get(base + j * row + c * col).ok_or_else(|| {
+                        Error::shape(format!(
+                            "{what}: strides reach past its {} values",
+                            src.len()
+                        ))
+                    })?;
+                }
+            }
+        }
+        ctx.queue.write_texture(
+            wgpu::TexelCopyTextureInfo {
+                texture: &texture,
+                mip_level: 0,
+                origin: wgpu::Origin3d::ZERO,
+                aspect: wgpu::TextureAspect::All,
+            },
+            bytemuck::cast_slice(&texels),
+            wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(layout.width * 16),
+                rows_per_image: Some(layout.height),
+            },
+            wgpu::Extent3d {
+                width: layout.width,
+                height: layout.height,
+                depth_or_array_layers: 1,
+            },
+        );
+        Ok(Packed { view, layout })
+    }
+
     /// Records the pack of `src` into a new texture named `what`.
     ///
     /// # Errors
