@@ -13,6 +13,11 @@ use wgpu_attention::{reference, Attention};
 fn check(cases: &[Case], seed: u64) {
     let cases = verify::on_every_path(common::ctx(), cases);
     assert!(cases.iter().any(|c| c.fused));
+    check_each(&cases, seed);
+}
+
+/// Runs every case as configured.
+fn check_each(cases: &[Case], seed: u64) {
     let mut failures = Vec::new();
     for (i, case) in cases.iter().enumerate() {
         let r = verify::run_case(common::ctx(), case, seed + i as u64).unwrap();
@@ -213,4 +218,22 @@ fn fused_path_handles_32768_keys_with_memory_linear_in_n() {
             }
         }
     }
+}
+
+#[test]
+fn fused_path_matches_reference_at_a_few_thousand_rows_on_every_family() {
+    let ctx = common::ctx();
+    let case = Case {
+        causal: true,
+        heads: 2,
+        bias: true,
+        ..Case::new(3000, 16, 32, 32)
+    };
+    let cases: Vec<Case> = verify::paths(ctx)
+        .into_iter()
+        .filter(|&(_, fused)| fused)
+        .map(|(kernels, _)| case.on(kernels, true))
+        .collect();
+    assert!(!cases.is_empty());
+    check_each(&cases, 9);
 }
