@@ -164,8 +164,8 @@ pub struct Attention {
 /// subgroup size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Kernels {
-    /// Pick for the adapter: subgroup kernels on CPU adapters (lavapipe) that have them,
-    /// storage-buffer kernels elsewhere.
+    /// Pick for the adapter by measuring ([`crate::tune`]); a problem too large for the
+    /// subgroup family's textures runs on the storage kernels.
     #[default]
     Auto,
     /// Storage buffers and workgroup-memory tiles (any adapter).
@@ -450,7 +450,18 @@ impl Attention {
         check_inputs_finite(&x, proj)?;
         ctx.check_alive()?;
         let plan = self.plan(ctx, &dims)?;
-        let (context, weights) = ctx.scoped(|| self.record_and_run(ctx, &plan, &dims, &x, proj))?;
+        let run = |plan: &Plan| ctx.scoped(|| self.record_and_run(ctx, plan, &dims, &x, proj));
+        let (context, weights) = match run(&plan) {
+            // Texture sides bound the subgroup family only: when the family was not forced,
+            // the storage kernels take what does not fit in a texture.
+            Err(Error::LimitExceeded {
+                limit_name: "max_texture_dimension_2d",
+                ..
+            }) if self.kernels == Kernels::Auto && plan.family == Kernels::Subgroup => {
+                run(&self.kernels(Kernels::Storage).plan(ctx, &dims)?)?
+            }
+            result => result?,
+        };
         let context = ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
             .map_err(|e| Error::shape(e.to_string()))?;
         let weights = weights
