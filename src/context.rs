@@ -462,6 +462,8 @@ impl Context {
 
     /// `Err(DeviceLost)` once the device has been lost; a lost context stays unusable.
     pub fn check_alive(&self) -> Result<()> {
+        // Let a pending device-lost callback run (it fires from poll), without waiting.
+        let _ = self.device.poll(wgpu::PollType::Poll);
         match self.lost.lock().ok().and_then(|l| l.clone()) {
             Some(msg) => Err(Error::DeviceLost(msg)),
             None => Ok(()),

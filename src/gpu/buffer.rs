@@ -1,8 +1,6 @@
 //! Storage buffers: uploads of host arrays and allocations for results, each checked against
 //! the device's limits first so an oversize problem is an `Err`, not a wgpu panic.
 
-use wgpu::util::DeviceExt;
-
 use crate::context::Context;
 use crate::error::{Error, Result};
 
@@ -52,13 +50,38 @@ pub fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> 
     check_len(ctx, label, data.len())?;
     // wgpu rejects zero-sized bindings; a one-element dummy stands in for "no data".
     let contents: &[f32] = if data.is_empty() { &[0.0] } else { data };
-    Ok(ctx
-        .device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::cast_slice(contents),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-        }))
+    init(
+        ctx,
+        label,
+        bytemuck::cast_slice(contents),
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    )
+}
+
+/// A buffer holding `bytes` (a multiple of 4 long), written while mapped at creation. Unlike
+/// wgpu's `create_buffer_init`, a device that is gone is an `Err` here, not a panic.
+fn init(
+    ctx: &Context,
+    label: &str,
+    bytes: &[u8],
+    usage: wgpu::BufferUsages,
+) -> Result<wgpu::Buffer> {
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes.len() as u64,
+        usage,
+        mapped_at_creation: true,
+    });
+    {
+        let mut view = buffer.slice(..).get_mapped_range_mut().map_err(|e| {
+            ctx.check_alive()
+                .err()
+                .unwrap_or_else(|| Error::Validation(format!("{label}: {e}")))
+        })?;
+        view.copy_from_slice(bytes);
+    }
+    buffer.unmap();
+    Ok(buffer)
 }
 
 /// Allocates a storage buffer of `len` f32s that kernels write and readback copies from.
@@ -73,10 +96,11 @@ pub fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<
     });
     if nan_fill {
         {
-            let mut view = buffer
-                .slice(..)
-                .get_mapped_range_mut()
-                .map_err(|e| Error::Validation(e.to_string()))?;
+            let mut view = buffer.slice(..).get_mapped_range_mut().map_err(|e| {
+                ctx.check_alive()
+                    .err()
+                    .unwrap_or_else(|| Error::Validation(format!("{label}: {e}")))
+            })?;
             // Mapped memory is write-only: write whole bytes, never read.
             let nans = vec![f32::NAN; len.max(1)];
             view.copy_from_slice(bytemuck::cast_slice(&nans));
@@ -87,11 +111,14 @@ pub fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<
 }
 
 /// A uniform buffer holding one typed parameter block.
-pub fn uniform<P: bytemuck::Pod>(ctx: &Context, label: &str, params: &P) -> wgpu::Buffer {
-    ctx.device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents: bytemuck::bytes_of(params),
-            usage: wgpu::BufferUsages::UNIFORM,
-        })
+///
+/// # Errors
+/// As [`upload`].
+pub fn uniform<P: bytemuck::Pod>(ctx: &Context, label: &str, params: &P) -> Result<wgpu::Buffer> {
+    init(
+        ctx,
+        label,
+        bytemuck::bytes_of(params),
+        wgpu::BufferUsages::UNIFORM,
+    )
 }

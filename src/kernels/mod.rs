@@ -79,7 +79,7 @@ pub fn record<P: bytemuck::Pod>(
         return Ok(());
     }
     let pipeline = ctx.pipelines.get(ctx, key)?;
-    let uniform = buffer::uniform(ctx, label, params);
+    let uniform = buffer::uniform(ctx, label, params)?;
     let mut entries = vec![wgpu::BindGroupEntry {
         binding: 0,
         resource: uniform.as_entire_binding(),
