@@ -228,7 +228,7 @@ impl std::fmt::Display for Plan {
             (false, true) => {
                 write!(
                     f,
-                    "{} + {} + weights via {}",
+                    "{} + {}; weights: {} with stats, lse_reduce, again with softmax",
                     self.matmul, self.flash, self.matmul
                 )
             }
@@ -450,6 +450,16 @@ impl Attention {
         check_inputs_finite(&x, proj)?;
         ctx.check_alive()?;
         let plan = self.plan(ctx, &dims)?;
+        log::info!(
+            "attention batch={} n={} d={} d_k={} d_v={} heads={} causal={}: {plan}",
+            dims.batch,
+            dims.n,
+            dims.d,
+            dims.d_k,
+            dims.d_v,
+            dims.heads,
+            dims.causal
+        );
         let run = |plan: &Plan| ctx.scoped(|| self.record_and_run(ctx, plan, &dims, &x, proj));
         let (context, weights) = match run(&plan) {
             // Texture sides bound the subgroup family only: when the family was not forced,
@@ -458,6 +468,7 @@ impl Attention {
                 limit_name: "max_texture_dimension_2d",
                 ..
             }) if self.kernels == Kernels::Auto && plan.family == Kernels::Subgroup => {
+                log::info!("over the texture limit: the storage kernels take it");
                 run(&self.kernels(Kernels::Storage).plan(ctx, &dims)?)?
             }
             result => result?,

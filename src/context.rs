@@ -319,6 +319,16 @@ impl Context {
         let subgroup_size = (device.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size == info.subgroup_max_size)
             .then_some(info.subgroup_min_size);
+        log::info!(
+            "adapter: {} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
+            info.name,
+            info.backend,
+            info.device_type,
+            info.driver,
+            info.driver_info,
+            subgroup_size.map_or("not fixed/none".to_string(), |s| s.to_string()),
+            device.features()
+        );
         Self {
             adapter,
             device,

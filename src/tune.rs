@@ -186,15 +186,20 @@ pub fn matmul_candidates(ctx: &Context, families: &[Kernels]) -> Vec<MatmulVaria
 /// The fastest of `candidates` by `time` (the best of three runs after a warm-up, which
 /// pays the compile: on a shared machine the minimum is the least disturbed figure). A
 /// candidate whose first timed run is 5× slower than the best so far is dropped there.
-fn fastest<T: Copy>(candidates: &[T], mut time: impl FnMut(T) -> Result<f64>) -> Result<Option<T>> {
+fn fastest<T: Copy + std::fmt::Debug>(
+    candidates: &[T],
+    mut time: impl FnMut(T) -> Result<f64>,
+) -> Result<Option<T>> {
     let mut best: Option<(T, f64)> = None;
     for &c in candidates {
         time(c)?; // the warm-up: compiles, so it says nothing about speed
         let first = time(c)?;
         if best.is_some_and(|(_, b)| first > 5.0 * b) {
+            log::debug!("tune: {c:?} {first:.2} ms, dropped");
             continue;
         }
         let t = first.min(time(c)?).min(time(c)?);
+        log::debug!("tune: {c:?} {t:.2} ms");
         if best.is_none_or(|(_, b)| t < b) {
             best = Some((c, t));
         }
@@ -260,6 +265,7 @@ pub fn flash(
         bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None)).map(|t| t.0)
     })?
     .unwrap_or(fallback);
+    log::info!("tuned [{key}]: {best:?}");
     ctx.tune_cache().put(&key, &best);
     Ok(best)
 }
@@ -288,6 +294,7 @@ pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<Matmul
         bench::matmul(ctx, c, (m, m, m), 0, 1).map(|(s, _)| s.median_ms)
     })?
     .unwrap_or(fallback);
+    log::info!("tuned [{key}]: {best:?}");
     ctx.tune_cache().put(&key, &best);
     Ok(best)
 }

@@ -153,3 +153,30 @@ fn devices_lists_at_least_one_adapter() {
     assert!(stdout.contains("[0] "), "{stdout}");
     assert!(stdout.contains("max storage binding"), "{stdout}");
 }
+
+#[test]
+fn verbose_flag_logs_adapter_and_plan_to_stderr_and_quiet_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    ndarray_npy::write_npy(&x, &Array2::<f32>::ones((5, 4))).unwrap();
+    let out_dir = dir.path().join("o");
+    let args = [
+        "run",
+        "--x",
+        x.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let quiet = cli(&args);
+    ok(&quiet);
+    let stderr = String::from_utf8_lossy(&quiet.stderr);
+    assert!(!stderr.contains("INFO"), "{stderr}");
+    let mut verbose_args = vec!["-vv"];
+    verbose_args.extend(args);
+    let loud = cli(&verbose_args);
+    ok(&loud);
+    let stderr = String::from_utf8_lossy(&loud.stderr);
+    for want in ["adapter:", "attention batch=1 n=5", "workgroups as"] {
+        assert!(stderr.contains(want), "no {want:?} in:\n{stderr}");
+    }
+}

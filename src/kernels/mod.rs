@@ -78,6 +78,10 @@ pub fn record<P: bytemuck::Pod>(
     if x == 0 {
         return Ok(());
     }
+    log::debug!(
+        "{label} {:?}: {workgroups} workgroups as {x}x{y}",
+        &key.consts[..key.kernel.constants().len()]
+    );
     let pipeline = ctx.pipelines.get(ctx, key)?;
     let uniform = buffer::uniform(ctx, label, params)?;
     let mut entries = vec![wgpu::BindGroupEntry {

@@ -17,6 +17,10 @@ use wgpu_attention::{
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
+    /// Log to stderr: -v adapter, plan and tuning; -vv every dispatch; -vvv everything,
+    /// wgpu's own logs too (RUST_LOG overrides).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -223,20 +227,25 @@ fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
     cases.extend(verify::random_cases(trials, seed));
     let cases = verify::on_every_path(&ctx, &cases);
     let mut failed = 0;
+    // Drawn on a terminal only (indicatif hides it otherwise); lines print above it.
+    let progress = indicatif::ProgressBar::new(cases.len() as u64);
     for (i, case) in cases.iter().enumerate() {
-        match verify::run_case(&ctx, case, seed.wrapping_add(i as u64)) {
+        let line = match verify::run_case(&ctx, case, seed.wrapping_add(i as u64)) {
             Ok(r) => {
                 if !r.passed() {
                     failed += 1;
                 }
-                println!("{r}");
+                r.to_string()
             }
             Err(e) => {
                 failed += 1;
-                println!("{:<58} error: {e}", case.to_string());
+                format!("{:<58} error: {e}", case.to_string())
             }
-        }
+        };
+        progress.suspend(|| println!("{line}"));
+        progress.inc(1);
     }
+    progress.finish_and_clear();
     println!("\n{} passed, {} failed", cases.len() - failed, failed);
     Ok(failed == 0)
 }
@@ -297,6 +306,16 @@ fn demo_cmd(sentence: Option<&str>, seed: u64, adapter: &AdapterArgs) -> Result<
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // wgpu's own messages (e.g. EGL probing that fails on a machine without GL) only at -vvv.
+    let level = match cli.verbose {
+        0 => "wgpu_attention=warn",
+        1 => "wgpu_attention=info",
+        2 => "wgpu_attention=debug",
+        _ => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_timestamp(None)
+        .init();
     let result = match &cli.command {
         Command::Devices { adapter } => {
             let adapters = list_adapters(&adapter.options());
