@@ -1,7 +1,7 @@
 //! The attention op: configuration, shape checking, and the GPU forward pass
 //! (upload → projections → scores → softmax → weighted sum → readback, one encoder, one submit).
 
-use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayViewD, IxDyn};
+use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayViewD, Axis, IxDyn};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -449,6 +449,122 @@ impl Attention {
         let dims = self.dims(x.shape(), proj)?;
         check_inputs_finite(&x, proj)?;
         ctx.check_alive()?;
+        self.forward_in_parts(ctx, &dims, x, proj)
+    }
+
+    /// Every buffer `dims` needs on `ctx` fits its limits, or the first that does not.
+    fn fits(&self, ctx: &Context, dims: &Dims) -> Result<()> {
+        let rows = dims.batch * dims.n;
+        buffer::check_len(ctx, "X (batch·n·d)", rows * dims.d)?;
+        buffer::check_len(ctx, "Q, K (batch·n·d_k)", rows * dims.d_k)?;
+        buffer::check_len(ctx, "V, context (batch·n·d_v)", rows * dims.d_v)?;
+        if self.return_weights {
+            let len = dims.batch * dims.heads * dims.n * dims.n;
+            buffer::check_len(ctx, "attention weights (batch·heads·n·n)", len)?;
+        }
+        Ok(())
+    }
+
+    /// Runs a checked problem whole when its buffers fit the device, else in parts: halves of
+    /// the batch, then halves of the heads (each part's context and weights put back in
+    /// place). A single head of a single sequence that does not fit is the limit's error.
+    fn forward_in_parts(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<Output> {
+        let Err(too_big) = self.fits(ctx, dims) else {
+            return self.forward_whole(ctx, dims, x, proj);
+        };
+        let concat = |axis: usize, parts: &[ArrayViewD<'_, f32>]| {
+            ndarray::concatenate(Axis(axis), parts).map_err(|e| Error::shape(e.to_string()))
+        };
+        if dims.batched && dims.batch > 1 {
+            log::info!("{too_big}: splitting the batch of {}", dims.batch);
+            let half = dims.batch / 2;
+            let parts = [
+                x.slice_axis(Axis(0), (..half).into()),
+                x.slice_axis(Axis(0), (half..).into()),
+            ];
+            let mut outs = Vec::new();
+            for part in parts {
+                let d = self.dims(part.shape(), proj)?;
+                outs.push(self.forward_in_parts(ctx, &d, part, proj)?);
+            }
+            let context = concat(0, &[outs[0].context.view(), outs[1].context.view()])?;
+            let weights = match (&outs[0].weights, &outs[1].weights) {
+                (Some(a), Some(b)) => Some(concat(0, &[a.view(), b.view()])?),
+                _ => None,
+            };
+            return Ok(Output { context, weights });
+        }
+        if dims.heads > 1 {
+            log::info!("{too_big}: splitting the {} heads", dims.heads);
+            let (dk_h, dv_h) = (dims.d_k / dims.heads, dims.d_v / dims.heads);
+            let last = x.ndim() - 1;
+            let mut contexts = Vec::new();
+            let mut weights = Vec::new();
+            for (h0, h1) in [(0, dims.heads / 2), (dims.heads / 2, dims.heads)] {
+                let op = self.heads(h1 - h0).scale(dims.scale);
+                let (kc, vc) = (h0 * dk_h..h1 * dk_h, h0 * dv_h..h1 * dv_h);
+                let out = match proj {
+                    Some(p) => {
+                        let sub = Projections {
+                            w_q: p.w_q.slice(ndarray::s![.., kc.clone()]),
+                            w_k: p.w_k.slice(ndarray::s![.., kc.clone()]),
+                            w_v: p.w_v.slice(ndarray::s![.., vc.clone()]),
+                            b_q: p.b_q.map(|b| b.slice_move(ndarray::s![kc.clone()])),
+                            b_k: p.b_k.map(|b| b.slice_move(ndarray::s![kc.clone()])),
+                            b_v: p.b_v.map(|b| b.slice_move(ndarray::s![vc.clone()])),
+                        };
+                        let d = op.dims(x.shape(), Some(&sub))?;
+                        op.forward_in_parts(ctx, &d, x.view(), Some(&sub))?
+                    }
+                    // Q = K = V = X: a head's columns of X are its q, k and v.
+                    None => {
+                        let part = x.slice_axis(Axis(last), kc.into());
+                        let d = op.dims(part.shape(), None)?;
+                        op.forward_in_parts(ctx, &d, part, None)?
+                    }
+                };
+                contexts.push(out.context);
+                if let Some(w) = out.weights {
+                    // Give every part a heads axis, (batch, heads, n, n), to join along.
+                    let shape = [dims.batch, h1 - h0, dims.n, dims.n];
+                    weights.push(
+                        w.into_shape_with_order(IxDyn(&shape))
+                            .map_err(|e| Error::shape(e.to_string()))?,
+                    );
+                }
+            }
+            let views: Vec<_> = contexts.iter().map(|c| c.view()).collect();
+            let context = concat(last, &views)?;
+            let weights = if weights.len() == 2 {
+                let joined = concat(1, &[weights[0].view(), weights[1].view()])?;
+                Some(
+                    joined
+                        .into_shape_with_order(IxDyn(&dims.weights_shape()))
+                        .map_err(|e| Error::shape(e.to_string()))?,
+                )
+            } else {
+                None
+            };
+            return Ok(Output { context, weights });
+        }
+        Err(too_big)
+    }
+
+    /// Runs a problem whose buffers fit: plan, one encoder, one submit, readback.
+    fn forward_whole(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<Output> {
+        let dims = *dims;
         let plan = self.plan(ctx, &dims)?;
         log::info!(
             "attention batch={} n={} d={} d_k={} d_v={} heads={} causal={}: {plan}",

@@ -1,18 +1,20 @@
-//! Problems over a device's texture limit: the subgroup family (operands in textures) says
-//! so clearly when forced, and `Kernels::Auto` hands the problem to the storage kernels,
-//! which still match the reference. The limit is lowered artificially so this runs anywhere.
+//! Problems over a device's limits, lowered artificially so this runs anywhere:
+//! - over the texture limit, the subgroup family (operands in textures) says so clearly when
+//!   forced, and `Kernels::Auto` hands the problem to the storage kernels;
+//! - over the storage-binding limit, the problem is split by batch, then by heads, and still
+//!   matches the reference; what cannot be split small enough is a clear error.
 
-use ndarray::Array2;
+use ndarray::{Array2, Array3};
 use wgpu_attention::wgpu;
-use wgpu_attention::{reference, Attention, Context, Error, Kernels};
+use wgpu_attention::{reference, Attention, Context, Error, Kernels, Projections};
 
-/// A context on the default adapter whose device allows textures of at most `side` texels.
-fn context_with_texture_side(side: u32) -> Context {
+/// A context on the default adapter whose device has `lower` applied to its limits.
+fn context_with(lower: impl FnOnce(&mut wgpu::Limits)) -> Context {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
     let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
         .expect("tests need an adapter");
     let mut limits = adapter.limits();
-    limits.max_texture_dimension_2d = side;
+    lower(&mut limits);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         required_features: adapter.features() & wgpu::Features::SUBGROUP,
         required_limits: limits,
@@ -24,7 +26,7 @@ fn context_with_texture_side(side: u32) -> Context {
 
 #[test]
 fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
-    let ctx = context_with_texture_side(64);
+    let ctx = context_with(|l| l.max_texture_dimension_2d = 64);
     let n = 3000;
     let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.37).sin());
     let auto = Attention::new()
@@ -45,4 +47,73 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
             other => panic!("expected a texture-limit error, got {other:?}"),
         }
     }
+}
+
+#[test]
+fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
+    // 16 Ki floats per binding: 64 KiB.
+    let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
+    let check = |op: Attention, x: ndarray::ArrayViewD<'_, f32>, proj: Option<&Projections<'_>>| {
+        let gpu = op.forward(&ctx, x.view(), proj).unwrap();
+        let cpu = reference::attention(&op, x, proj).unwrap();
+        let (rel, _) = reference::compare(&gpu.context, &cpu.context);
+        assert!(rel < 1e-5, "context rel {rel}");
+        let (wrel, _) =
+            reference::compare(gpu.weights.as_ref().unwrap(), cpu.weights.as_ref().unwrap());
+        assert!(wrel < 1e-5, "weights rel {wrel}");
+    };
+    // Weights 3·2·64·64 = 24,576 floats: split by batch.
+    let x = Array3::from_shape_fn((3, 64, 8), |(b, i, j)| {
+        ((b * 7 + i * 3 + j) as f32 * 0.3).sin()
+    });
+    check(
+        Attention::new().heads(2).causal(true),
+        x.view().into_dyn(),
+        None,
+    );
+    // One sequence, weights 4·100·100 = 40,000 floats: split by heads twice, with projections.
+    let x = Array2::from_shape_fn((100, 6), |(i, j)| ((i * 6 + j) as f32 * 0.11).cos());
+    let wq = Array2::from_shape_fn((6, 8), |(i, j)| ((i + j) as f32 * 0.5).sin());
+    let wk = Array2::from_shape_fn((6, 8), |(i, j)| ((i * j) as f32 * 0.2).cos());
+    let wv = Array2::from_shape_fn((6, 12), |(i, j)| ((i + 2 * j) as f32 * 0.3).sin());
+    let (bq, bk, bv) = (
+        ndarray::Array1::from_elem(8, 0.1f32),
+        ndarray::Array1::from_elem(8, -0.2f32),
+        ndarray::Array1::from_elem(12, 0.3f32),
+    );
+    let proj = Projections::new(wq.view(), wk.view(), wv.view()).with_bias(
+        bq.view(),
+        bk.view(),
+        bv.view(),
+    );
+    check(Attention::new().heads(4), x.view().into_dyn(), Some(&proj));
+    // Without projections the heads are column blocks of X.
+    let x = Array2::from_shape_fn((100, 8), |(i, j)| ((i * 8 + j) as f32 * 0.07).sin());
+    check(
+        Attention::new().heads(4).causal(true),
+        x.view().into_dyn(),
+        None,
+    );
+
+    // One head of one sequence whose weights alone exceed the limit: a clear error.
+    let x = Array2::from_shape_fn((200, 4), |(i, j)| (i + j) as f32 * 0.01);
+    let err = Attention::new()
+        .forward(&ctx, x.view().into_dyn(), None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LimitExceeded {
+                limit_name: "max_storage_buffer_binding_size",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The fused path has no n × n buffer, so the same problem runs without the weights.
+    let out = Attention::new()
+        .return_weights(false)
+        .forward(&ctx, x.view().into_dyn(), None)
+        .unwrap();
+    assert_eq!(out.context.shape(), &[200, 4]);
 }
