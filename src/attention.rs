@@ -478,8 +478,11 @@ impl Attention {
         let Err(too_big) = self.fits(ctx, dims) else {
             return self.forward_whole(ctx, dims, x, proj);
         };
+        // Joined in row-major order, like every other output.
         let concat = |axis: usize, parts: &[ArrayViewD<'_, f32>]| {
-            ndarray::concatenate(Axis(axis), parts).map_err(|e| Error::shape(e.to_string()))
+            ndarray::concatenate(Axis(axis), parts)
+                .map(|a| a.as_standard_layout().into_owned())
+                .map_err(|e| Error::shape(e.to_string()))
         };
         if dims.batched && dims.batch > 1 {
             log::info!("{too_big}: splitting the batch of {}", dims.batch);

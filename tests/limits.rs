@@ -55,6 +55,10 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
     let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
     let check = |op: Attention, x: ndarray::ArrayViewD<'_, f32>, proj: Option<&Projections<'_>>| {
         let gpu = op.forward(&ctx, x.view(), proj).unwrap();
+        assert!(
+            gpu.context.is_standard_layout(),
+            "joined parts come back row-major"
+        );
         let cpu = reference::attention(&op, x, proj).unwrap();
         let (rel, _) = reference::compare(&gpu.context, &cpu.context);
         assert!(rel < 1e-5, "context rel {rel}");
