@@ -677,99 +677,21 @@ impl Attention {
             }
         };
 
-        let dk_h = d_k / heads;
-        let dv_h = d_v / heads;
-        let qk =
-            matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n * d_k)?);
-        let vo =
-            matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n * d_v)?);
-        let context = buffer::output(ctx, "context", batch * n * d_v, self.nan_fill)?;
-        // Scores S = Q_h·K_hᵀ, one group per (batch, head).
-        let scores_mm = matmul::Matmul {
-            m: n,
-            n,
-            k: dk_h,
+        // Without projections K = V = X is on the host already.
+        let host = match proj {
+            None => Some(x_host.as_ref()),
+            Some(_) => None,
+        };
+        let shape = Shape {
             batch,
             heads,
-            a: qk,
-            b: qk.transposed(),
-            c: matmul::Strides {
-                off: 0,
-                batch: u("heads·n·n", heads * n * n)?,
-                head: u("n·n", n * n)?,
-                row: u("n", n)?,
-                col: 1,
-            },
-            flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
+            n_q: n,
+            n_kv: n,
+            d_k,
+            d_v,
         };
-        let weights = if plan.fused || plan.weights_from_lse() {
-            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. The weights, when
-            // asked for, come from the products again: statistics, log-sum-exp, exp(s − lse).
-            let op = flash::Flash {
-                batch,
-                heads,
-                n_q: n,
-                n_kv: n,
-                dk_h,
-                dv_h,
-                q: qk,
-                k: qk,
-                v: vo,
-                o: vo,
-                causal: self.causal,
-                scale: dims.scale,
-            };
-            // Without projections K = V = X is on the host already.
-            let host = match proj {
-                None => Some(x_host.as_ref()),
-                Some(_) => None,
-            };
-            op.record(ctx, &mut encoder, plan.flash, q, k, v, &context, host)?;
-            match (plan.fused, plan.matmul) {
-                (false, MatmulVariant::Subgroup { rows_per_lane }) => {
-                    let weights =
-                        buffer::output(ctx, "attention weights", groups * n * n, self.nan_fill)?;
-                    matmul_subgroup::record_weights(
-                        ctx,
-                        &mut encoder,
-                        &scores_mm,
-                        rows_per_lane,
-                        q,
-                        k,
-                        dims.scale,
-                        &weights,
-                    )?;
-                    Some(weights)
-                }
-                _ => None,
-            }
-        } else {
-            let scores = buffer::output(ctx, "attention weights", groups * n * n, self.nan_fill)?;
-            scores_mm.record(ctx, &mut encoder, plan.matmul, q, k, &no_bias, &scores)?;
-
-            // A = softmax(scale · S), in place.
-            let (params, wgs) = softmax::params(groups, n, n, dims.scale, self.causal)?;
-            kernels::record(
-                ctx,
-                &mut encoder,
-                KernelId::Softmax,
-                &params,
-                &[(&scores).into()],
-                wgs,
-            )?;
-
-            // context = A·V per head, heads side by side.
-            let (params, wgs) = weighted_sum::params(batch, heads, n, n, d_v, self.causal)?;
-            kernels::record(
-                ctx,
-                &mut encoder,
-                KernelId::WeightedSum,
-                &params,
-                &[(&scores).into(), v.into(), (&context).into()],
-                wgs,
-            )?;
-            Some(scores)
-        };
+        let (context, weights) =
+            self.record_attention(ctx, &mut encoder, plan, shape, dims.scale, (q, k, v), host)?;
 
         // Readback.
         let mut pending = vec![readback::copy_out(
@@ -794,6 +716,137 @@ impl Attention {
         let context = results.next().unwrap_or_default();
         Ok((context, results.next()))
     }
+    /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ)·V_h` per (batch, head), on Q, K,
+    /// V laid out `(batch, rows, heads·width)` (head `h` in columns `h·width..`), into a new
+    /// context buffer of the same layout; the weights `(batch, heads, n_q, n_kv)` too unless
+    /// the plan is fused. `host`: the contents of K = V when they are one host array.
+    #[allow(clippy::too_many_arguments)]
+    fn record_attention(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        shape: Shape,
+        scale: f32,
+        (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        host: Option<&[f32]>,
+    ) -> Result<(wgpu::Buffer, Option<wgpu::Buffer>)> {
+        let Shape {
+            batch,
+            heads,
+            n_q,
+            n_kv,
+            d_k,
+            d_v,
+        } = shape;
+        let u = |what: &str, v: usize| kernels::u32_of(what, v);
+        let groups = batch * heads;
+        let (dk_h, dv_h) = (d_k / heads, d_v / heads);
+        let q_s =
+            matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_q * d_k)?);
+        let k_s =
+            matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_kv * d_k)?);
+        let v_s =
+            matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_kv * d_v)?);
+        let o_s =
+            matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?);
+        let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;
+        let no_bias = buffer::upload(ctx, "no bias", &[])?;
+        let weights_len = groups * n_q * n_kv;
+        // Scores S = Q_h·K_hᵀ, one group per (batch, head).
+        let scores_mm = matmul::Matmul {
+            m: n_q,
+            n: n_kv,
+            k: dk_h,
+            batch,
+            heads,
+            a: q_s,
+            b: k_s.transposed(),
+            c: matmul::Strides {
+                off: 0,
+                batch: u("heads·n_q·n_kv", heads * n_q * n_kv)?,
+                head: u("n_q·n_kv", n_q * n_kv)?,
+                row: u("n_kv", n_kv)?,
+                col: 1,
+            },
+            flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
+        };
+        if plan.fused || plan.weights_from_lse() {
+            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. The weights, when
+            // asked for, come from the products again: statistics, log-sum-exp, exp(s − lse).
+            let op = flash::Flash {
+                batch,
+                heads,
+                n_q,
+                n_kv,
+                dk_h,
+                dv_h,
+                q: q_s,
+                k: k_s,
+                v: v_s,
+                o: o_s,
+                causal: self.causal,
+                scale,
+            };
+            op.record(ctx, encoder, plan.flash, q, k, v, &context, host)?;
+            let weights = match (plan.fused, plan.matmul) {
+                (false, MatmulVariant::Subgroup { rows_per_lane }) => {
+                    let weights =
+                        buffer::output(ctx, "attention weights", weights_len, self.nan_fill)?;
+                    matmul_subgroup::record_weights(
+                        ctx,
+                        encoder,
+                        &scores_mm,
+                        rows_per_lane,
+                        q,
+                        k,
+                        scale,
+                        &weights,
+                    )?;
+                    Some(weights)
+                }
+                _ => None,
+            };
+            return Ok((context, weights));
+        }
+        let scores = buffer::output(ctx, "attention weights", weights_len, self.nan_fill)?;
+        scores_mm.record(ctx, encoder, plan.matmul, q, k, &no_bias, &scores)?;
+
+        // A = softmax(scale · S), in place.
+        let (params, wgs) = softmax::params(groups, n_q, n_kv, scale, self.causal)?;
+        kernels::record(
+            ctx,
+            encoder,
+            KernelId::Softmax,
+            &params,
+            &[(&scores).into()],
+            wgs,
+        )?;
+
+        // context = A·V per head, heads side by side.
+        let (params, wgs) = weighted_sum::params(batch, heads, n_q, n_kv, d_v, self.causal)?;
+        kernels::record(
+            ctx,
+            encoder,
+            KernelId::WeightedSum,
+            &params,
+            &[(&scores).into(), v.into(), (&context).into()],
+            wgs,
+        )?;
+        Ok((context, Some(scores)))
+    }
+}
+
+/// The sizes of the attention proper: Q `(batch, n_q, d_k)`, K `(batch, n_kv, d_k)`, V
+/// `(batch, n_kv, d_v)`, all widths over every head.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    batch: usize,
+    heads: usize,
+    n_q: usize,
+    n_kv: usize,
+    d_k: usize,
+    d_v: usize,
 }
 
 /// The elements of an array in row-major order, copied only when it is not already.
