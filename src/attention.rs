@@ -1,7 +1,7 @@
 //! The attention op: configuration, shape checking, and the GPU forward pass
 //! (upload → projections → scores → softmax → weighted sum → readback, one encoder, one submit).
 
-use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayViewD, Axis, IxDyn};
+use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -452,6 +452,163 @@ impl Attention {
         self.forward_in_parts(ctx, &dims, x, proj)
     }
 
+    /// PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`
+    /// for callers who already have Q, K and V, in PyTorch's layout: `q` is
+    /// `(batch, heads, L, E)`, `k` is `(batch, heads, S, E)`, `v` is `(batch, heads, S, E_v)`.
+    /// `L ≠ S` is allowed. Causal is top-left aligned as PyTorch aligns it: query `i` sees
+    /// keys `j ≤ i`, so queries past `S` see every key. The default scale is `1/sqrt(E)`. The
+    /// heads come from the arrays; [`Attention::heads`] is not used.
+    ///
+    /// Returns the context `(batch, heads, L, E_v)` and, unless
+    /// [`Attention::return_weights`] is off, the weights `(batch, heads, L, S)`.
+    ///
+    /// # Errors
+    /// Shapes that do not pair up, empty axes, NaN/Inf, sizes over the device's limits (no
+    /// splitting here yet), and GPU errors, as [`Error`] variants.
+    pub fn sdpa(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+    ) -> Result<Output> {
+        let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+        check_finite("Q", &q)?;
+        check_finite("K", &k)?;
+        check_finite("V", &v)?;
+        ctx.check_alive()?;
+        let (batch, heads, l, e) = q.dim();
+        let (s_len, e_v) = (k.dim().2, v.dim().3);
+        // Ours is (batch, rows, heads·width): move the heads next to the width.
+        let to_rows = |a: &ArrayView4<'_, f32>| -> Vec<f32> {
+            a.view()
+                .permuted_axes([0, 2, 1, 3])
+                .as_standard_layout()
+                .iter()
+                .copied()
+                .collect()
+        };
+        let (qh, kh, vh) = (to_rows(&q), to_rows(&k), to_rows(&v));
+        buffer::check_len(ctx, "V (batch·heads·S·E_v)", vh.len())?;
+        buffer::check_len(ctx, "context (batch·heads·L·E_v)", batch * heads * l * e_v)?;
+        if self.return_weights {
+            buffer::check_len(
+                ctx,
+                "attention weights (batch·heads·L·S)",
+                batch * heads * l * s_len,
+            )?;
+        }
+        let op = self.heads(heads);
+        let plan = op.plan(ctx, &dims)?;
+        log::info!("sdpa batch={batch} heads={heads} L={l} S={s_len} E={e} E_v={e_v}: {plan}");
+        let shape = Shape {
+            batch,
+            heads,
+            n_q: l,
+            n_kv: s_len,
+            d_k: heads * e,
+            d_v: heads * e_v,
+        };
+        let (context, weights) = ctx.scoped(|| {
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("sdpa"),
+                });
+            ctx.begin_timing();
+            let q_buf = buffer::upload(ctx, "Q", &qh)?;
+            let k_buf = buffer::upload(ctx, "K", &kh)?;
+            let v_buf = buffer::upload(ctx, "V", &vh)?;
+            let bufs = (&q_buf, &k_buf, &v_buf);
+            let (context, weights) =
+                op.record_attention(ctx, &mut encoder, &plan, shape, dims.scale, bufs, None)?;
+            self.read_back(
+                ctx,
+                encoder,
+                &context,
+                batch * l * heads * e_v,
+                weights.as_ref(),
+            )
+        })?;
+        let context = ArrayD::from_shape_vec(IxDyn(&[batch, l, heads, e_v]), context)
+            .map_err(|e| Error::shape(e.to_string()))?
+            .permuted_axes(IxDyn(&[0, 2, 1, 3]))
+            .as_standard_layout()
+            .into_owned();
+        let weights = weights
+            .map(|w| ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, s_len]), w))
+            .transpose()
+            .map_err(|e| Error::shape(e.to_string()))?;
+        Ok(Output { context, weights })
+    }
+
+    /// Checks the shapes of an [`Attention::sdpa`] call; the returned [`Dims`] describe it
+    /// with `n = L` and widths over all heads.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] or [`Error::InvalidArgument`] naming what is wrong.
+    pub fn sdpa_dims(&self, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
+        let [b, h, l, e] = *q else {
+            return Err(Error::shape(format!(
+                "Q must be (batch, heads, L, E), got {q:?}"
+            )));
+        };
+        let ([kb, kh, s_len, ke], [vb, vh, vs, ev]) = match (k, v) {
+            (&[a, b2, c, d], &[w, x, y, z]) => ([a, b2, c, d], [w, x, y, z]),
+            _ => {
+                return Err(Error::shape(format!(
+                    "K and V must be (batch, heads, S, E) and (batch, heads, S, E_v), got {k:?} and {v:?}"
+                )))
+            }
+        };
+        if (kb, kh) != (b, h) || (vb, vh) != (b, h) {
+            return Err(Error::shape(format!(
+                "Q {q:?}, K {k:?} and V {v:?} must share batch and heads (grouped-query \
+                 attention with fewer K/V heads is not supported yet)"
+            )));
+        }
+        if ke != e {
+            return Err(Error::shape(format!(
+                "Q {q:?} and K {k:?} must have the same width E"
+            )));
+        }
+        if vs != s_len {
+            return Err(Error::shape(format!(
+                "K {k:?} and V {v:?} must have the same length S"
+            )));
+        }
+        for (name, len) in [
+            ("batch", b),
+            ("heads", h),
+            ("L", l),
+            ("S", s_len),
+            ("E", e),
+            ("E_v", ev),
+        ] {
+            if len == 0 {
+                return Err(Error::invalid("Q, K, V", format!("{name} is 0")));
+            }
+        }
+        let scale = match self.scale {
+            Some(s) if !s.is_finite() => {
+                return Err(Error::invalid("scale", format!("must be finite, got {s}")))
+            }
+            Some(s) => s,
+            None => 1.0 / (e as f32).sqrt(),
+        };
+        Ok(Dims {
+            batched: true,
+            batch: b,
+            n: l,
+            d: h * e,
+            d_k: h * e,
+            d_v: h * ev,
+            heads: h,
+            scale,
+            causal: self.causal,
+        })
+    }
+
     /// Every buffer `dims` needs on `ctx` fits its limits, or the first that does not.
     fn fits(&self, ctx: &Context, dims: &Dims) -> Result<()> {
         let rows = dims.batch * dims.n;
@@ -693,15 +850,23 @@ impl Attention {
         let (context, weights) =
             self.record_attention(ctx, &mut encoder, plan, shape, dims.scale, (q, k, v), host)?;
 
-        // Readback.
-        let mut pending = vec![readback::copy_out(
-            ctx,
-            &mut encoder,
-            &context,
-            batch * n * d_v,
-        )];
-        if let (true, Some(w)) = (self.return_weights, &weights) {
-            pending.push(readback::copy_out(ctx, &mut encoder, w, groups * n * n));
+        self.read_back(ctx, encoder, &context, batch * n * d_v, weights.as_ref())
+    }
+
+    /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
+    /// and, when asked for, all of `weights`; submits, waits, and returns them.
+    fn read_back(
+        &self,
+        ctx: &Context,
+        mut encoder: wgpu::CommandEncoder,
+        context: &wgpu::Buffer,
+        context_len: usize,
+        weights: Option<&wgpu::Buffer>,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let mut pending = vec![readback::copy_out(ctx, &mut encoder, context, context_len)];
+        if let (true, Some(w)) = (self.return_weights, weights) {
+            let len = (w.size() / 4) as usize;
+            pending.push(readback::copy_out(ctx, &mut encoder, w, len));
         }
         let timing = ctx.end_timing(&mut encoder).map(|(p, labels)| {
             pending.push(p);

@@ -1,7 +1,7 @@
 //! The CPU oracle: the same definition as the GPU path, written plainly with `ndarray` and
 //! accumulated in f64. Slow on purpose; obviously right is the point.
 
-use ndarray::{s, Array1, Array2, ArrayD, ArrayView2, ArrayViewD, Axis, IxDyn};
+use ndarray::{s, Array1, Array2, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
 use crate::attention::{check_inputs_finite, Attention, Dims, Output, Projections};
 use crate::error::{Error, Result};
@@ -36,6 +36,53 @@ pub fn softmax_row(logits: &[f64], visible: usize) -> Vec<f64> {
         *o = v / sum;
     }
     out
+}
+
+/// [`Attention::sdpa`] on the CPU in f64 (weights always returned): per (batch, head),
+/// `softmax(scale·Q·Kᵀ)·V` with PyTorch's top-left causal mask.
+///
+/// # Errors
+/// The same shape, option and finiteness errors as the GPU path.
+pub fn sdpa(
+    op: &Attention,
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+) -> Result<Output<f64>> {
+    let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+    crate::attention::check_finite("Q", &q)?;
+    crate::attention::check_finite("K", &k)?;
+    crate::attention::check_finite("V", &v)?;
+    let (b, h, l, _) = q.dim();
+    let (s_len, e_v) = (k.dim().2, v.dim().3);
+    let scale = f64::from(dims.scale);
+    let mut context = ndarray::Array4::<f64>::zeros((b, h, l, e_v));
+    let mut weights = ndarray::Array4::<f64>::zeros((b, h, l, s_len));
+    for bi in 0..b {
+        for hi in 0..h {
+            let qm = q.slice(s![bi, hi, .., ..]).mapv(f64::from);
+            let km = k.slice(s![bi, hi, .., ..]).mapv(f64::from);
+            let vm = v.slice(s![bi, hi, .., ..]).mapv(f64::from);
+            let scores = qm.dot(&km.t()) * scale;
+            for i in 0..l {
+                let visible = if dims.causal {
+                    (i + 1).min(s_len)
+                } else {
+                    s_len
+                };
+                let row = softmax_row(scores.row(i).as_slice().expect("contiguous"), visible);
+                weights
+                    .slice_mut(s![bi, hi, i, ..])
+                    .assign(&Array1::from(row));
+            }
+            let w = weights.slice(s![bi, hi, .., ..]);
+            context.slice_mut(s![bi, hi, .., ..]).assign(&w.dot(&vm));
+        }
+    }
+    Ok(Output {
+        context: context.into_dyn(),
+        weights: Some(weights.into_dyn()),
+    })
 }
 
 /// Attention on the CPU in f64, with exactly the semantics of [`Attention::forward`]

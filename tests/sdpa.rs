@@ -1,0 +1,118 @@
+//! `Attention::sdpa`: PyTorch's `scaled_dot_product_attention` for callers with Q, K, V in
+//! `(batch, heads, L, E)` layout, L ≠ S included, on every kernel family, with and without
+//! the weights, against the f64 reference; and its bad shapes.
+
+mod common;
+
+use ndarray::Array4;
+use wgpu_attention::{reference, verify, Attention, Error, Kernels};
+
+fn arrays(b: usize, h: usize, l: usize, s: usize, e: usize, ev: usize) -> [Array4<f32>; 3] {
+    let f = |salt: usize| {
+        move |(i, j, k, m): (usize, usize, usize, usize)| {
+            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
+        }
+    };
+    [
+        Array4::from_shape_fn((b, h, l, e), f(1)),
+        Array4::from_shape_fn((b, h, s, e), f(2)),
+        Array4::from_shape_fn((b, h, s, ev), f(3)),
+    ]
+}
+
+#[test]
+fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
+    let ctx = common::ctx();
+    let mut failures = Vec::new();
+    for &(b, h, l, s, e, ev) in &[
+        (2, 3, 37, 53, 8, 12),
+        (1, 2, 70, 20, 16, 16),
+        (1, 1, 1, 9, 4, 3),
+    ] {
+        let [q, k, v] = arrays(b, h, l, s, e, ev);
+        for causal in [false, true] {
+            for scale in [None, Some(0.3f32)] {
+                let mut base = Attention::new().causal(causal).nan_fill(true);
+                if let Some(sc) = scale {
+                    base = base.scale(sc);
+                }
+                let want = reference::sdpa(&base, q.view(), k.view(), v.view()).unwrap();
+                for (kernels, fused) in verify::paths(ctx) {
+                    let op = base.kernels(kernels).return_weights(!fused);
+                    let got = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
+                    assert_eq!(got.context.shape(), &[b, h, l, ev]);
+                    let (rel, _) = reference::compare(&got.context, &want.context);
+                    let wrel = match &got.weights {
+                        Some(w) => {
+                            assert_eq!(w.shape(), &[b, h, l, s]);
+                            reference::compare(w, want.weights.as_ref().unwrap()).0
+                        }
+                        None => 0.0,
+                    };
+                    if rel > 1e-5 || wrel > 1e-5 || got.weights.is_some() == fused {
+                        failures.push(format!(
+                            "b{b} h{h} L{l} S{s} causal={causal} scale={scale:?} {kernels} fused={fused}: {rel:e} {wrel:e}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn sdpa_causal_rows_past_s_see_every_key() {
+    // L = 6 > S = 3: query i sees keys j ≤ i, so rows 2.. see all three (top-left aligned).
+    let [q, k, v] = arrays(1, 1, 6, 3, 4, 2);
+    let out = Attention::new()
+        .causal(true)
+        .sdpa(common::ctx(), q.view(), k.view(), v.view())
+        .unwrap();
+    let w = out.weights.unwrap();
+    assert_eq!(w[[0, 0, 0, 1]], 0.0);
+    assert_eq!(w[[0, 0, 1, 2]], 0.0);
+    for i in 2..6 {
+        assert!(w[[0, 0, i, 2]] > 0.0, "row {i} must see key 2");
+    }
+}
+
+#[test]
+fn sdpa_bad_shapes_and_values_are_clear_errors() {
+    let ctx = common::ctx();
+    let [q, k, v] = arrays(2, 2, 5, 7, 4, 3);
+    let err = |q: &Array4<f32>, k: &Array4<f32>, v: &Array4<f32>, op: Attention| {
+        op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap_err()
+    };
+    let [_, k_wide, _] = arrays(2, 2, 5, 7, 6, 3);
+    assert!(err(&q, &k_wide, &v, Attention::new())
+        .to_string()
+        .contains("same width E"));
+    let [_, _, v_long] = arrays(2, 2, 5, 8, 4, 3);
+    assert!(err(&q, &k, &v_long, Attention::new())
+        .to_string()
+        .contains("same length S"));
+    let [_, k_heads, v_heads] = arrays(2, 1, 5, 7, 4, 3);
+    let e = err(&q, &k_heads, &v_heads, Attention::new());
+    assert!(
+        matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("heads"),
+        "{e}"
+    );
+    let [q0, k0, v0] = arrays(2, 2, 0, 7, 4, 3);
+    assert!(err(&q0, &k0, &v0, Attention::new())
+        .to_string()
+        .contains("L is 0"));
+    let mut k_nan = k.clone();
+    k_nan[[1, 0, 3, 2]] = f32::NAN;
+    let e = err(&q, &k_nan, &v, Attention::new());
+    assert!(
+        e.to_string().contains('K') && e.to_string().contains("[1, 0, 3, 2]"),
+        "{e}"
+    );
+    let e = err(&q, &k, &v, Attention::new().scale(f32::INFINITY));
+    assert!(e.to_string().contains("scale"), "{e}");
+    if ctx.subgroup_size().is_none() {
+        let e = err(&q, &k, &v, Attention::new().kernels(Kernels::Subgroup));
+        assert!(e.to_string().contains("subgroup"), "{e}");
+    }
+}
