@@ -180,3 +180,66 @@ fn verbose_flag_logs_adapter_and_plan_to_stderr_and_quiet_by_default() {
         assert!(stderr.contains(want), "no {want:?} in:\n{stderr}");
     }
 }
+
+#[test]
+fn sdpa_writes_pytorch_layout_outputs_that_match_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let f = |salt: f32| {
+        move |(a, b, c, d): (usize, usize, usize, usize)| {
+            ((a * 50 + b * 20 + c * 5 + d) as f32 * salt).sin()
+        }
+    };
+    let q = ndarray::Array4::from_shape_fn((2, 2, 9, 4), f(0.11));
+    let k = ndarray::Array4::from_shape_fn((2, 2, 13, 4), f(0.07));
+    // V as float64: converted on read.
+    let v = ndarray::Array4::from_shape_fn((2, 2, 13, 5), |(a, b, c, d)| {
+        ((a + b + c * d) as f64 * 0.3).cos()
+    });
+    ndarray_npy::write_npy(p("q.npy"), &q).unwrap();
+    ndarray_npy::write_npy(p("k.npy"), &k).unwrap();
+    ndarray_npy::write_npy(p("v.npy"), &v).unwrap();
+    ok(&cli(&[
+        "sdpa",
+        "--q",
+        &p("q.npy"),
+        "--k",
+        &p("k.npy"),
+        "--v",
+        &p("v.npy"),
+        "--causal",
+        "--out",
+        &p("o"),
+    ]));
+    let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
+    let weights: ArrayD<f32> = ndarray_npy::read_npy(p("o/weights.npy")).unwrap();
+    let v32 = v.mapv(|x| x as f32);
+    let want = reference::sdpa(
+        &Attention::new().causal(true),
+        q.view(),
+        k.view(),
+        v32.view(),
+    )
+    .unwrap();
+    assert_eq!(context.shape(), &[2, 2, 9, 5]);
+    assert_eq!(weights.shape(), &[2, 2, 9, 13]);
+    assert!(reference::compare(&context, &want.context).0 < 1e-5);
+    assert!(reference::compare(&weights, want.weights.as_ref().unwrap()).0 < 1e-5);
+
+    // A 3-D K is named as such, in one line.
+    ndarray_npy::write_npy(p("k3.npy"), &Array3::<f32>::zeros((2, 13, 4))).unwrap();
+    let out = cli(&[
+        "sdpa",
+        "--q",
+        &p("q.npy"),
+        "--k",
+        &p("k3.npy"),
+        "--v",
+        &p("v.npy"),
+        "--out",
+        &p("o2"),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("expected a 4-D array"), "{stderr}");
+}

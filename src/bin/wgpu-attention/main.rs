@@ -1,4 +1,4 @@
-//! The `wgpu-attention` command line: `devices`, `run`, `verify`, `bench`, `demo`.
+//! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `demo`.
 
 mod bench_cmd;
 
@@ -57,6 +57,9 @@ enum Command {
     },
     /// Compute attention over .npy inputs and write context.npy and weights.npy.
     Run(RunArgs),
+    /// PyTorch's scaled_dot_product_attention over Q, K, V .npy files in (batch, heads, L, E)
+    /// layout; writes context.npy (batch, heads, L, E_v) and weights.npy (batch, heads, L, S).
+    Sdpa(SdpaArgs),
     /// Check the GPU kernels against the f64 CPU reference over many shapes and options.
     Verify {
         /// Random cases in addition to the fixed sweep.
@@ -80,6 +83,78 @@ enum Command {
         #[command(flatten)]
         adapter: AdapterArgs,
     },
+}
+
+#[derive(Args)]
+struct SdpaArgs {
+    /// Q, (batch, heads, L, E), float32 or float64 .npy.
+    #[arg(long)]
+    q: PathBuf,
+    /// K, (batch, heads, S, E).
+    #[arg(long)]
+    k: PathBuf,
+    /// V, (batch, heads, S, E_v).
+    #[arg(long)]
+    v: PathBuf,
+    /// Causal mask, top-left aligned as PyTorch's is_causal: query i attends to keys j ≤ i.
+    #[arg(long)]
+    causal: bool,
+    /// Scale of Q·Kᵀ (default 1/sqrt(E)).
+    #[arg(long, allow_negative_numbers = true)]
+    scale: Option<f32>,
+    /// Do not compute-and-return the attention weights (no weights.npy).
+    #[arg(long)]
+    no_weights: bool,
+    /// Kernel family: auto, storage or subgroup.
+    #[arg(long, default_value = "auto")]
+    kernels: Kernels,
+    /// Output directory (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    adapter: AdapterArgs,
+}
+
+fn read_4d(path: &Path) -> Result<ndarray::Array4<f32>> {
+    let a = npy::read(path)?;
+    let shape = a.shape().to_vec();
+    a.into_dimensionality().map_err(|_| {
+        Error::shape(format!(
+            "{}: expected a 4-D array (batch, heads, rows, width), got shape {shape:?}",
+            path.display()
+        ))
+    })
+}
+
+fn sdpa(args: &SdpaArgs) -> Result<()> {
+    let (q, k, v) = (read_4d(&args.q)?, read_4d(&args.k)?, read_4d(&args.v)?);
+    let mut op = Attention::new()
+        .causal(args.causal)
+        .return_weights(!args.no_weights)
+        .kernels(args.kernels);
+    if let Some(s) = args.scale {
+        op = op.scale(s);
+    }
+    // Check the problem before opening a device, so bad input fails fast.
+    let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+    let ctx = args.adapter.open()?;
+    let out = op.sdpa(&ctx, q.view(), k.view(), v.view())?;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| Error::io(&args.out, format!("cannot create directory: {e}")))?;
+    npy::write(&args.out.join("context.npy"), &out.context)?;
+    if let Some(w) = &out.weights {
+        npy::write(&args.out.join("weights.npy"), w)?;
+    }
+    println!(
+        "sdpa      Q {:?}, K {:?}, V {:?}, scale {}, causal {} -> {}",
+        q.shape(),
+        k.shape(),
+        v.shape(),
+        dims.scale,
+        dims.causal,
+        args.out.display()
+    );
+    Ok(())
 }
 
 #[derive(Args)]
@@ -332,6 +407,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Run(args) => run(args).map(|()| true),
+        Command::Sdpa(args) => sdpa(args).map(|()| true),
         Command::Verify {
             trials,
             seed,
