@@ -96,23 +96,8 @@ struct SdpaArgs {
     /// V, (batch, heads, S, E_v).
     #[arg(long)]
     v: PathBuf,
-    /// Causal mask, top-left aligned as PyTorch's is_causal: query i attends to keys j ≤ i.
-    #[arg(long)]
-    causal: bool,
-    /// Scale of Q·Kᵀ (default 1/sqrt(E)).
-    #[arg(long, allow_negative_numbers = true)]
-    scale: Option<f32>,
-    /// Do not compute-and-return the attention weights (no weights.npy).
-    #[arg(long)]
-    no_weights: bool,
-    /// Kernel family: auto, storage or subgroup.
-    #[arg(long, default_value = "auto")]
-    kernels: Kernels,
-    /// Output directory (created if missing).
-    #[arg(long)]
-    out: PathBuf,
     #[command(flatten)]
-    adapter: AdapterArgs,
+    op: OpArgs,
 }
 
 fn read_4d(path: &Path) -> Result<ndarray::Array4<f32>> {
@@ -128,23 +113,12 @@ fn read_4d(path: &Path) -> Result<ndarray::Array4<f32>> {
 
 fn sdpa(args: &SdpaArgs) -> Result<()> {
     let (q, k, v) = (read_4d(&args.q)?, read_4d(&args.k)?, read_4d(&args.v)?);
-    let mut op = Attention::new()
-        .causal(args.causal)
-        .return_weights(!args.no_weights)
-        .kernels(args.kernels);
-    if let Some(s) = args.scale {
-        op = op.scale(s);
-    }
+    let op = args.op.op();
     // Check the problem before opening a device, so bad input fails fast.
     let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-    let ctx = args.adapter.open()?;
+    let ctx = args.op.adapter.open()?;
     let out = op.sdpa(&ctx, q.view(), k.view(), v.view())?;
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| Error::io(&args.out, format!("cannot create directory: {e}")))?;
-    npy::write(&args.out.join("context.npy"), &out.context)?;
-    if let Some(w) = &out.weights {
-        npy::write(&args.out.join("weights.npy"), w)?;
-    }
+    args.op.write(&out)?;
     println!(
         "sdpa      Q {:?}, K {:?}, V {:?}, scale {}, causal {} -> {}",
         q.shape(),
@@ -152,7 +126,7 @@ fn sdpa(args: &SdpaArgs) -> Result<()> {
         v.shape(),
         dims.scale,
         dims.causal,
-        args.out.display()
+        args.op.out.display()
     );
     Ok(())
 }
@@ -183,10 +157,17 @@ struct RunArgs {
     /// Number of heads (d_k and d_v must divide by it).
     #[arg(long, default_value_t = 1)]
     heads: usize,
-    /// Causal mask: position i attends to j ≤ i.
+    #[command(flatten)]
+    op: OpArgs,
+}
+
+/// The options `run` and `sdpa` share.
+#[derive(Args)]
+struct OpArgs {
+    /// Causal mask, top-left aligned as PyTorch's is_causal: query i attends to keys j ≤ i.
     #[arg(long)]
     causal: bool,
-    /// Scale of Q·Kᵀ (default 1/sqrt(d_k/heads)).
+    /// Scale of Q·Kᵀ (default 1/sqrt of the per-head query width).
     #[arg(long, allow_negative_numbers = true)]
     scale: Option<f32>,
     /// Do not compute-and-return the attention weights (no weights.npy).
@@ -201,6 +182,31 @@ struct RunArgs {
     out: PathBuf,
     #[command(flatten)]
     adapter: AdapterArgs,
+}
+
+impl OpArgs {
+    /// The op these options configure.
+    fn op(&self) -> Attention {
+        let op = Attention::new()
+            .causal(self.causal)
+            .return_weights(!self.no_weights)
+            .kernels(self.kernels);
+        match self.scale {
+            Some(s) => op.scale(s),
+            None => op,
+        }
+    }
+
+    /// Writes context.npy and, when there are weights, weights.npy into `out`.
+    fn write(&self, out: &wgpu_attention::Output) -> Result<()> {
+        std::fs::create_dir_all(&self.out)
+            .map_err(|e| Error::io(&self.out, format!("cannot create directory: {e}")))?;
+        npy::write(&self.out.join("context.npy"), &out.context)?;
+        if let Some(w) = &out.weights {
+            npy::write(&self.out.join("weights.npy"), w)?;
+        }
+        Ok(())
+    }
 }
 
 fn read_2d(path: &Path) -> Result<ndarray::Array2<f32>> {
@@ -234,26 +240,14 @@ fn run(args: &RunArgs) -> Result<()> {
             None => p,
         }
     });
-    let mut op = Attention::new()
-        .heads(args.heads)
-        .causal(args.causal)
-        .return_weights(!args.no_weights)
-        .kernels(args.kernels);
-    if let Some(s) = args.scale {
-        op = op.scale(s);
-    }
+    let op = args.op.op().heads(args.heads);
     // Check the problem before opening a device, so bad input fails fast.
     let dims = op.dims(x.shape(), proj.as_ref())?;
-    let ctx = args.adapter.open()?;
+    let ctx = args.op.adapter.open()?;
     let start = Instant::now();
     let out = op.forward(&ctx, x.view(), proj.as_ref())?;
     let elapsed = start.elapsed();
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| Error::io(&args.out, format!("cannot create directory: {e}")))?;
-    npy::write(&args.out.join("context.npy"), &out.context)?;
-    if let Some(w) = &out.weights {
-        npy::write(&args.out.join("weights.npy"), w)?;
-    }
+    args.op.write(&out)?;
     let info = ctx.adapter_info();
     println!(
         "adapter   {} ({:?}, {:?})",
@@ -271,13 +265,13 @@ fn run(args: &RunArgs) -> Result<()> {
     println!(
         "context   {:?} -> {}",
         out.context.shape(),
-        args.out.join("context.npy").display()
+        args.op.out.join("context.npy").display()
     );
     if let Some(w) = &out.weights {
         println!(
             "weights   {:?} -> {}",
             w.shape(),
-            args.out.join("weights.npy").display()
+            args.op.out.join("weights.npy").display()
         );
     }
     println!(
