@@ -32,6 +32,11 @@ pub struct Projections<'a> {
     pub b_k: Option<ArrayView1<'a, f32>>,
     /// `b_V`, `(d_v,)`.
     pub b_v: Option<ArrayView1<'a, f32>>,
+    /// The output projection `W_O`, `(d_v, d_out)`: the output is `context·W_O + b_O`, as
+    /// `nn.MultiheadAttention`'s `out_proj` (pass `out_proj.weight.T`).
+    pub w_o: Option<ArrayView2<'a, f32>>,
+    /// `b_O`, `(d_out,)`.
+    pub b_o: Option<ArrayView1<'a, f32>>,
 }
 
 impl<'a> Projections<'a> {
@@ -48,6 +53,28 @@ impl<'a> Projections<'a> {
             b_q: None,
             b_k: None,
             b_v: None,
+            w_o: None,
+            b_o: None,
+        }
+    }
+
+    /// Adds the output projection `W_O (d_v, d_out)` and its optional bias `(d_out,)`.
+    pub fn with_output(
+        mut self,
+        w_o: ArrayView2<'a, f32>,
+        b_o: Option<ArrayView1<'a, f32>>,
+    ) -> Self {
+        self.w_o = Some(w_o);
+        self.b_o = b_o;
+        self
+    }
+
+    /// The same projections without the output projection.
+    fn without_output(self) -> Self {
+        Projections {
+            w_o: None,
+            b_o: None,
+            ..self
         }
     }
 
@@ -91,6 +118,8 @@ pub struct Dims {
     pub d_k: usize,
     /// Value width (all heads).
     pub d_v: usize,
+    /// Output width: `W_O`'s columns, else `d_v`.
+    pub d_out: usize,
     /// Heads.
     pub heads: usize,
     /// Scale applied to `Q·Kᵀ`.
@@ -102,7 +131,7 @@ pub struct Dims {
 impl Dims {
     /// Shape of the context output.
     pub fn context_shape(&self) -> Vec<usize> {
-        let mut s = vec![self.n, self.d_v];
+        let mut s = vec![self.n, self.d_out];
         if self.batched {
             s.insert(0, self.batch);
         }
@@ -394,8 +423,8 @@ impl Attention {
         if batch == 0 {
             return Err(Error::invalid("X", "empty batch (batch = 0)"));
         }
-        let (d_k, d_v) = match proj {
-            None => (d, d),
+        let (d_k, d_v, d_out) = match proj {
+            None => (d, d, d),
             Some(p) => check_projections(d, p)?,
         };
         if self.heads == 0 {
@@ -427,6 +456,7 @@ impl Attention {
             d,
             d_k,
             d_v,
+            d_out,
             heads: self.heads,
             scale,
             causal: self.causal,
@@ -603,6 +633,7 @@ impl Attention {
             d: h * e,
             d_k: h * e,
             d_v: h * ev,
+            d_out: h * ev,
             heads: h,
             scale,
             causal: self.causal,
@@ -615,6 +646,7 @@ impl Attention {
         buffer::check_len(ctx, "X (batch·n·d)", rows * dims.d)?;
         buffer::check_len(ctx, "Q, K (batch·n·d_k)", rows * dims.d_k)?;
         buffer::check_len(ctx, "V, context (batch·n·d_v)", rows * dims.d_v)?;
+        buffer::check_len(ctx, "output (batch·n·d_out)", rows * dims.d_out)?;
         if self.return_weights {
             let len = dims.batch * dims.heads * dims.n * dims.n;
             buffer::check_len(ctx, "attention weights (batch·heads·n·n)", len)?;
@@ -635,6 +667,30 @@ impl Attention {
         let Err(too_big) = self.fits(ctx, dims) else {
             return self.forward_whole(ctx, dims, x, proj);
         };
+        if let Some(p) = proj.filter(|p| p.w_o.is_some()) {
+            // The output projection mixes the heads: run the parts without it, then apply it
+            // to the joined context here.
+            let inner = p.without_output();
+            let d = self.dims(x.shape(), Some(&inner))?;
+            let out = self.forward_in_parts(ctx, &d, x, Some(&inner))?;
+            let w_o = p.w_o.expect("filtered");
+            let rows = out.context.len() / d.d_v;
+            let flat = out
+                .context
+                .into_shape_with_order((rows, d.d_v))
+                .map_err(|e| Error::shape(e.to_string()))?;
+            let mut projected = flat.dot(&w_o);
+            if let Some(b) = p.b_o {
+                projected += &b;
+            }
+            let context = projected
+                .into_shape_with_order(IxDyn(&dims.context_shape()))
+                .map_err(|e| Error::shape(e.to_string()))?;
+            return Ok(Output {
+                context,
+                weights: out.weights,
+            });
+        }
         // Joined in row-major order, like every other output.
         let concat = |axis: usize, parts: &[ArrayViewD<'_, f32>]| {
             ndarray::concatenate(Axis(axis), parts)
@@ -678,6 +734,8 @@ impl Attention {
                             b_q: p.b_q.map(|b| b.slice_move(ndarray::s![kc.clone()])),
                             b_k: p.b_k.map(|b| b.slice_move(ndarray::s![kc.clone()])),
                             b_v: p.b_v.map(|b| b.slice_move(ndarray::s![vc.clone()])),
+                            w_o: None,
+                            b_o: None,
                         };
                         let d = op.dims(x.shape(), Some(&sub))?;
                         op.forward_in_parts(ctx, &d, x.view(), Some(&sub))?
@@ -850,7 +908,34 @@ impl Attention {
         let (context, weights) =
             self.record_attention(ctx, &mut encoder, plan, shape, dims.scale, (q, k, v), host)?;
 
-        self.read_back(ctx, encoder, &context, batch * n * d_v, weights.as_ref())
+        let (output, width) = match proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) {
+            None => (context, d_v),
+            Some((w_o, b_o)) => {
+                // out = context·W_O + b_O, every row of every batch index at once.
+                let d_out = w_o.ncols();
+                let w_buf = buffer::upload(ctx, "W_O", contiguous(&w_o).as_ref())?;
+                let b_buf = match b_o {
+                    Some(b) => Some(buffer::upload(ctx, "b_O", contiguous(&b).as_ref())?),
+                    None => None,
+                };
+                let out = buffer::output(ctx, "output", batch * n * d_out, self.nan_fill)?;
+                let mm = matmul::Matmul {
+                    m: batch * n,
+                    n: d_out,
+                    k: d_v,
+                    batch: 1,
+                    heads: 1,
+                    a: matmul::Strides::row_major(u("d_v", d_v)?, 0, 0),
+                    b: matmul::Strides::row_major(u("d_out", d_out)?, 0, 0),
+                    c: matmul::Strides::row_major(u("d_out", d_out)?, 0, 0),
+                    flags: if b_o.is_some() { matmul::HAS_BIAS } else { 0 },
+                };
+                let bias = b_buf.as_ref().unwrap_or(&no_bias);
+                mm.record(ctx, &mut encoder, plan.matmul, &context, &w_buf, bias, &out)?;
+                (out, d_out)
+            }
+        };
+        self.read_back(ctx, encoder, &output, batch * n * width, weights.as_ref())
     }
 
     /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
@@ -1024,7 +1109,7 @@ fn contiguous<'a, D: ndarray::Dimension>(
     }
 }
 
-fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize)> {
+fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize, usize)> {
     let (wq, wk, wv) = (p.w_q.shape(), p.w_k.shape(), p.w_v.shape());
     for (name, w) in [("W_Q", wq), ("W_K", wk), ("W_V", wv)] {
         if w[0] != d {
@@ -1043,10 +1128,33 @@ fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize)> {
         )));
     }
     let (d_k, d_v) = (wq[1], wv[1]);
+    let d_out = match p.w_o {
+        None => d_v,
+        Some(w_o) => {
+            if w_o.nrows() != d_v {
+                return Err(Error::shape(format!(
+                    "W_O is {:?} but the context has d_v = {d_v} columns, so W_O must have {d_v} rows \
+                     (out_proj.weight of nn.MultiheadAttention is the transpose)",
+                    w_o.shape()
+                )));
+            }
+            if w_o.ncols() == 0 {
+                return Err(Error::invalid("W_O", "has zero columns"));
+            }
+            w_o.ncols()
+        }
+    };
+    if let (Some(b), true) = (p.b_o, p.w_o.is_none()) {
+        return Err(Error::invalid(
+            "b_O",
+            format!("given ({} values) without W_O", b.len()),
+        ));
+    }
     for (name, b, want) in [
         ("b_Q", p.b_q, d_k),
         ("b_K", p.b_k, d_k),
         ("b_V", p.b_v, d_v),
+        ("b_O", p.b_o, d_out),
     ] {
         if let Some(b) = b {
             if b.len() != want {
@@ -1057,7 +1165,7 @@ fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize)> {
             }
         }
     }
-    Ok((d_k, d_v))
+    Ok((d_k, d_v, d_out))
 }
 
 /// `Err(NonFinite)` naming the array and the first NaN or infinity in it.
@@ -1095,7 +1203,15 @@ pub(crate) fn check_inputs_finite(
         check_finite("W_Q", &p.w_q)?;
         check_finite("W_K", &p.w_k)?;
         check_finite("W_V", &p.w_v)?;
-        for (name, b) in [("b_Q", p.b_q), ("b_K", p.b_k), ("b_V", p.b_v)] {
+        if let Some(w_o) = &p.w_o {
+            check_finite("W_O", w_o)?;
+        }
+        for (name, b) in [
+            ("b_Q", p.b_q),
+            ("b_K", p.b_k),
+            ("b_V", p.b_v),
+            ("b_O", p.b_o),
+        ] {
             if let Some(b) = b {
                 check_finite(name, &b)?;
             }

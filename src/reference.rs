@@ -144,6 +144,16 @@ pub fn attention(
             weights.slice_mut(s![b, h, .., ..]).assign(&a);
         }
     }
+    // The output projection, when there is one: context·W_O + b_O.
+    let context = match proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) {
+        None => context.into_dyn(),
+        Some((w_o, b_o)) => {
+            let flat = context
+                .into_shape_with_order((batch * n, d_v))
+                .map_err(|e| Error::shape(e.to_string()))?;
+            project(&flat, &w_o, b_o.as_ref()).into_dyn()
+        }
+    };
     let context = context
         .into_shape_with_order(IxDyn(&dims.context_shape()))
         .map_err(|e| Error::shape(e.to_string()))?;

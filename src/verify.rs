@@ -41,6 +41,8 @@ pub struct Case {
     pub scale: Option<f32>,
     /// X is multiplied by this, to make large logits.
     pub magnitude: f32,
+    /// Output projection to this width (with projections only).
+    pub out_proj: Option<usize>,
     /// The kernel family.
     pub kernels: Kernels,
     /// The fused path without weights (else the weights are returned and checked too).
@@ -62,6 +64,7 @@ impl Case {
             bias: false,
             scale: None,
             magnitude: 1.0,
+            out_proj: None,
             kernels: Kernels::Auto,
             fused: false,
         }
@@ -120,7 +123,19 @@ impl Case {
                 one(normal(&[self.d_v], 0.5)),
             )
         });
-        CaseData { x, weights, biases }
+        let output = match (self.weights, self.out_proj) {
+            (true, Some(d_out)) => Some((
+                two(normal(&[self.d_v, d_out], 1.0 / (self.d_v as f32).sqrt())),
+                self.bias.then(|| one(normal(&[d_out], 0.5))),
+            )),
+            _ => None,
+        };
+        CaseData {
+            x,
+            weights,
+            biases,
+            output,
+        }
     }
 }
 
@@ -145,6 +160,9 @@ impl fmt::Display for Case {
         }
         if self.bias {
             opts.push("bias".into());
+        }
+        if let (true, Some(d_out)) = (self.weights, self.out_proj) {
+            opts.push(format!("W_O->{d_out}"));
         }
         if let Some(s) = self.scale {
             opts.push(format!("scale={s:.3}"));
@@ -171,6 +189,8 @@ pub struct CaseData {
     pub weights: Option<(Array2<f32>, Array2<f32>, Array2<f32>)>,
     /// `b_Q, b_K, b_V`.
     pub biases: Option<(Array1<f32>, Array1<f32>, Array1<f32>)>,
+    /// `W_O` and `b_O`.
+    pub output: Option<(Array2<f32>, Option<Array1<f32>>)>,
 }
 
 impl CaseData {
@@ -178,8 +198,12 @@ impl CaseData {
     pub fn projections(&self) -> Option<Projections<'_>> {
         self.weights.as_ref().map(|(q, k, v)| {
             let p = Projections::new(q.view(), k.view(), v.view());
-            match &self.biases {
+            let p = match &self.biases {
                 Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
+                None => p,
+            };
+            match &self.output {
+                Some((w_o, b_o)) => p.with_output(w_o.view(), b_o.as_ref().map(|b| b.view())),
                 None => p,
             }
         })
@@ -318,6 +342,19 @@ pub fn standard_cases() -> Vec<Case> {
             heads: 2,
             ..Case::new(1000, 16, 16, 32)
         },
+        // nn.MultiheadAttention's shape: projections, heads, output projection with bias.
+        Case {
+            heads: 4,
+            bias: true,
+            batch: Some(2),
+            out_proj: Some(32),
+            ..Case::new(45, 32, 32, 32)
+        },
+        Case {
+            causal: true,
+            out_proj: Some(7),
+            ..Case::new(37, 13, 10, 6)
+        },
     ]);
     cases
 }
@@ -352,6 +389,7 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                 bias: weights && rng.random_bool(0.5),
                 scale: rng.random_bool(0.2).then(|| rng.random_range(-1.0..2.0)),
                 magnitude: if rng.random_bool(0.15) { 10.0 } else { 1.0 },
+                out_proj: (weights && rng.random_bool(0.25)).then(|| rng.random_range(1..=20)),
                 kernels: Kernels::Auto,
                 fused: false,
             }

@@ -295,3 +295,30 @@ fn cli_bad_kernel_family_and_bench_sizes_are_clear_errors() {
     let out = cli(&["bench", "--kernels", "fastest", "--matmul", "0"]);
     assert_one_line_error(&out, "auto, storage or subgroup");
 }
+
+#[test]
+fn output_projection_with_the_wrong_shape_is_named() {
+    let w = |r: usize, c: usize| Array2::<f32>::ones((r, c));
+    let (wq, wk, wv) = (w(4, 6), w(4, 6), w(4, 6));
+    let wo_bad = w(5, 3);
+    let p = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo_bad.view(), None);
+    let e = forward_err(&x(5, 4), Some(&p), Attention::new());
+    assert!(
+        e.to_string().contains("W_O") && e.to_string().contains("6 rows"),
+        "{e}"
+    );
+    let wo = w(6, 3);
+    let bo = ndarray::Array1::<f32>::ones(4);
+    let p =
+        Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), Some(bo.view()));
+    let e = forward_err(&x(5, 4), Some(&p), Attention::new());
+    assert!(e.to_string().contains("b_O"), "{e}");
+    let mut wo_nan = wo.clone();
+    wo_nan[[2, 1]] = f32::NAN;
+    let p = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo_nan.view(), None);
+    let e = forward_err(&x(5, 4), Some(&p), Attention::new());
+    assert!(
+        e.to_string().contains("W_O") && e.to_string().contains("[2, 1]"),
+        "{e}"
+    );
+}

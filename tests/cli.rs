@@ -243,3 +243,48 @@ fn sdpa_writes_pytorch_layout_outputs_that_match_the_reference() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("expected a 4-D array"), "{stderr}");
 }
+
+#[test]
+fn run_with_an_output_projection_matches_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let x = Array3::from_shape_fn((2, 9, 6), |(b, i, j)| {
+        ((b * 3 + i * 6 + j) as f32 * 0.3).sin()
+    });
+    let w = |r: usize, c: usize, s: f32| {
+        Array2::from_shape_fn((r, c), move |(i, j)| ((i * c + j) as f32 * s).cos() * 0.4)
+    };
+    let (wq, wk, wv, wo) = (w(6, 8, 0.2), w(6, 8, 0.13), w(6, 8, 0.31), w(8, 5, 0.17));
+    let bo = Array1::from_shape_fn(5, |i| i as f32 * 0.25);
+    for (name, a) in [("wq", &wq), ("wk", &wk), ("wv", &wv), ("wo", &wo)] {
+        ndarray_npy::write_npy(p(&format!("{name}.npy")), a).unwrap();
+    }
+    ndarray_npy::write_npy(p("x.npy"), &x).unwrap();
+    ndarray_npy::write_npy(p("bo.npy"), &bo).unwrap();
+    ok(&cli(&[
+        "run",
+        "--x",
+        &p("x.npy"),
+        "--wq",
+        &p("wq.npy"),
+        "--wk",
+        &p("wk.npy"),
+        "--wv",
+        &p("wv.npy"),
+        "--wo",
+        &p("wo.npy"),
+        "--bo",
+        &p("bo.npy"),
+        "--heads",
+        "2",
+        "--out",
+        &p("o"),
+    ]));
+    let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
+    assert_eq!(context.shape(), &[2, 9, 5]);
+    let proj =
+        Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), Some(bo.view()));
+    let want =
+        reference::attention(&Attention::new().heads(2), x.view().into_dyn(), Some(&proj)).unwrap();
+    assert!(reference::compare(&context, &want.context).0 < 1e-5);
+}

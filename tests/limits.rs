@@ -91,6 +91,15 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         bv.view(),
     );
     check(Attention::new().heads(4), x.view().into_dyn(), Some(&proj));
+    // With an output projection, which mixes the heads: applied after the parts are joined.
+    let wo = Array2::from_shape_fn((12, 5), |(i, j)| ((i * 5 + j) as f32 * 0.19).sin());
+    let bo = ndarray::Array1::from_elem(5, 0.05f32);
+    let with_out = proj.with_output(wo.view(), Some(bo.view()));
+    check(
+        Attention::new().heads(4),
+        x.view().into_dyn(),
+        Some(&with_out),
+    );
     // Without projections the heads are column blocks of X.
     let x = Array2::from_shape_fn((100, 8), |(i, j)| ((i * 8 + j) as f32 * 0.07).sin());
     check(

@@ -154,6 +154,13 @@ struct RunArgs {
     /// b_V, (d_v,).
     #[arg(long, requires_all = ["bq", "bk", "wq"])]
     bv: Option<PathBuf>,
+    /// W_O, (d_v, d_out): output projection, context·W_O (+ b_O), as nn.MultiheadAttention's
+    /// out_proj (its weight transposed).
+    #[arg(long, requires = "wq")]
+    wo: Option<PathBuf>,
+    /// b_O, (d_out,).
+    #[arg(long, requires = "wo")]
+    bo: Option<PathBuf>,
     /// Number of heads (d_k and d_v must divide by it).
     #[arg(long, default_value_t = 1)]
     heads: usize,
@@ -233,10 +240,16 @@ fn run(args: &RunArgs) -> Result<()> {
         (Some(q), Some(k), Some(v)) => Some((read_1d(q)?, read_1d(k)?, read_1d(v)?)),
         _ => None,
     };
+    let w_o = args.wo.as_deref().map(read_2d).transpose()?;
+    let b_o = args.bo.as_deref().map(read_1d).transpose()?;
     let proj = weights.as_ref().map(|(q, k, v)| {
         let p = Projections::new(q.view(), k.view(), v.view());
-        match &biases {
+        let p = match &biases {
             Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
+            None => p,
+        };
+        match &w_o {
+            Some(w) => p.with_output(w.view(), b_o.as_ref().map(|b| b.view())),
             None => p,
         }
     });
