@@ -493,8 +493,9 @@ impl Attention {
     /// [`Attention::return_weights`] is off, the weights `(batch, heads, L, S)`.
     ///
     /// # Errors
-    /// Shapes that do not pair up, empty axes, NaN/Inf, sizes over the device's limits (no
-    /// splitting here yet), and GPU errors, as [`Error`] variants.
+    /// Shapes that do not pair up, empty axes, NaN/Inf, a single head too large for the
+    /// device's limits (larger calls are split by batch, then heads), and GPU errors, as
+    /// [`Error`] variants.
     pub fn sdpa(
         &self,
         ctx: &Context,
@@ -502,11 +503,82 @@ impl Attention {
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
     ) -> Result<Output> {
-        let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+        self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         check_finite("Q", &q)?;
         check_finite("K", &k)?;
         check_finite("V", &v)?;
         ctx.check_alive()?;
+        self.sdpa_in_parts(ctx, q, k, v)
+    }
+
+    /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
+    /// batch, then of the heads, joined back in place; one head of one sequence that does
+    /// not fit is the limit's error.
+    fn sdpa_in_parts(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+    ) -> Result<Output> {
+        let (batch, heads, l, e) = q.dim();
+        let (s_len, e_v) = (k.dim().2, v.dim().3);
+        let fits = || -> Result<()> {
+            let bh = batch * heads;
+            buffer::check_len(ctx, "Q (batch·heads·L·E)", bh * l * e)?;
+            buffer::check_len(ctx, "K (batch·heads·S·E)", bh * s_len * e)?;
+            buffer::check_len(ctx, "V (batch·heads·S·E_v)", bh * s_len * e_v)?;
+            buffer::check_len(ctx, "context (batch·heads·L·E_v)", bh * l * e_v)?;
+            if self.return_weights {
+                buffer::check_len(ctx, "attention weights (batch·heads·L·S)", bh * l * s_len)?;
+            }
+            Ok(())
+        };
+        let Err(too_big) = fits() else {
+            return self.sdpa_whole(ctx, q, k, v);
+        };
+        let axis = match (batch, heads) {
+            (b, _) if b > 1 => Axis(0),
+            (_, h) if h > 1 => Axis(1),
+            _ => return Err(too_big),
+        };
+        log::info!(
+            "{too_big}: splitting axis {} of the sdpa call",
+            axis.index()
+        );
+        let half = q.len_of(axis) / 2;
+        let mut outs = Vec::new();
+        for range in [(..half).into(), (half..).into()] {
+            let range: ndarray::Slice = range;
+            outs.push(self.sdpa_in_parts(
+                ctx,
+                q.slice_axis(axis, range),
+                k.slice_axis(axis, range),
+                v.slice_axis(axis, range),
+            )?);
+        }
+        let join = |a: &ArrayD<f32>, b: &ArrayD<f32>| {
+            ndarray::concatenate(axis, &[a.view(), b.view()])
+                .map(|j| j.as_standard_layout().into_owned())
+                .map_err(|e| Error::shape(e.to_string()))
+        };
+        let context = join(&outs[0].context, &outs[1].context)?;
+        let weights = match (&outs[0].weights, &outs[1].weights) {
+            (Some(a), Some(b)) => Some(join(a, b)?),
+            _ => None,
+        };
+        Ok(Output { context, weights })
+    }
+
+    /// An SDPA call whose buffers fit: one encoder, one submit, readback.
+    fn sdpa_whole(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+    ) -> Result<Output> {
+        let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         let (batch, heads, l, e) = q.dim();
         let (s_len, e_v) = (k.dim().2, v.dim().3);
         // Ours is (batch, rows, heads·width): move the heads next to the width.
@@ -519,15 +591,6 @@ impl Attention {
                 .collect()
         };
         let (qh, kh, vh) = (to_rows(&q), to_rows(&k), to_rows(&v));
-        buffer::check_len(ctx, "V (batch·heads·S·E_v)", vh.len())?;
-        buffer::check_len(ctx, "context (batch·heads·L·E_v)", batch * heads * l * e_v)?;
-        if self.return_weights {
-            buffer::check_len(
-                ctx,
-                "attention weights (batch·heads·L·S)",
-                batch * heads * l * s_len,
-            )?;
-        }
         let op = self.heads(heads);
         let plan = op.plan(ctx, &dims)?;
         log::info!("sdpa batch={batch} heads={heads} L={l} S={s_len} E={e} E_v={e_v}: {plan}");

@@ -130,3 +130,35 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         .unwrap();
     assert_eq!(out.context.shape(), &[200, 4]);
 }
+
+#[test]
+fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
+    let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
+    let f = |salt: f32| {
+        move |(a, b, c, d): (usize, usize, usize, usize)| {
+            ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
+        }
+    };
+    // Weights 2·3·50·70 = 21,000 floats: split by batch, then by heads.
+    let q = ndarray::Array4::from_shape_fn((2, 3, 50, 8), f(0.013));
+    let k = ndarray::Array4::from_shape_fn((2, 3, 70, 8), f(0.021));
+    let v = ndarray::Array4::from_shape_fn((2, 3, 70, 6), f(0.017));
+    for causal in [false, true] {
+        let op = Attention::new().causal(causal);
+        let got = op.sdpa(&ctx, q.view(), k.view(), v.view()).unwrap();
+        let want = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
+        assert!(got.context.is_standard_layout());
+        assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
+        let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
+        assert!(reference::compare(&w, &ww).0 < 1e-5);
+    }
+    // One head of one sequence with 200 × 200 weights: a clear error.
+    let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), f(0.1));
+    let err = Attention::new()
+        .sdpa(&ctx, q1.view(), q1.view(), q1.view())
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("max_storage_buffer_binding_size"),
+        "{err}"
+    );
+}
