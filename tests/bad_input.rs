@@ -322,3 +322,25 @@ fn output_projection_with_the_wrong_shape_is_named() {
         "{e}"
     );
 }
+
+#[test]
+fn cli_bad_values_for_demo_verify_and_bench_outputs_are_clear_errors() {
+    assert_one_line_error(&cli(&["demo", " ,;. "]), "no words");
+    let out = cli(&["verify", "--trials", "many"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--trials"));
+    let out = cli(&[
+        "bench",
+        "--n",
+        "8",
+        "--matmul",
+        "0",
+        "--repeats",
+        "1",
+        "--no-cpu",
+        "--fused-only",
+        "--json",
+        "/nonexistent-dir/bench.json",
+    ]);
+    assert_one_line_error(&out, "/nonexistent-dir/bench.json");
+}
