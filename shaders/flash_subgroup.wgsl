@@ -52,7 +52,7 @@ struct Params {
     v_shift: u32,
     v_rows: u32,
     scale_log2: f32,
-    _pad0: u32,
+    kv_ratio: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -80,6 +80,8 @@ fn main(
     let row0 = (id % p.blocks) * SG * R;
     let b = g / p.heads;
     let h = g % p.heads;
+    // Grouped-query attention: kv_ratio query heads share one K/V head (its texture rows).
+    let g_kv = b * (p.heads / p.kv_ratio) + h / p.kv_ratio;
 
     var q: array<array<vec4<f32>, DK4>, R>;
     var o: array<array<vec4<f32>, DV4>, R>;
@@ -124,12 +126,12 @@ fn main(
         var vr: array<vec4<f32>, DV4>;
         if j < p.n_kv {
             let kx = (j & k_mask) * DK4;
-            let ky = g * p.k_rows + (j >> p.k_shift);
+            let ky = g_kv * p.k_rows + (j >> p.k_shift);
             for (var c = 0u; c < DK4; c++) { // unroll
                 kr[c] = textureLoad(k_tex, vec2<u32>(kx + c, ky), 0);
             }
             let vx = (j & v_mask) * DV4;
-            let vy = g * p.v_rows + (j >> p.v_shift);
+            let vy = g_kv * p.v_rows + (j >> p.v_shift);
             for (var c = 0u; c < DV4; c++) { // unroll
                 vr[c] = textureLoad(v_tex, vec2<u32>(vx + c, vy), 0);
             }

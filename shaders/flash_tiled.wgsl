@@ -46,7 +46,7 @@ struct Params {
     v_shift: u32,
     v_rows: u32,
     scale_log2: f32,
-    _pad0: u32,
+    kv_ratio: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -120,8 +120,10 @@ fn main(
     if p.causal != 0u {
         kv_end = min(kv_end, min(row0 + WG, p.n_q));
     }
-    let k_base = p.k_off + b * p.k_batch + h * p.k_head;
-    let v_base = p.v_off + b * p.v_batch + h * p.v_head;
+    // Grouped-query attention: kv_ratio query heads share one K/V head.
+    let hk = h / p.kv_ratio;
+    let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
+    let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
 
     for (var j0 = 0u; j0 < kv_end; j0 += BK) {
         for (var t = li; t < BK * DK4; t += WG) {

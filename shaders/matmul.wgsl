@@ -37,7 +37,7 @@ struct Params {
     c_batch: u32,
     c_head: u32,
     c_row: u32,
-    _pad0: u32,
+    b_ratio: u32,
     _pad1: u32,
 }
 
@@ -81,7 +81,8 @@ fn main(
     let bi = g / p.heads;
     let hi = g % p.heads;
     let a_base = p.a_off + bi * p.a_batch + hi * p.a_head;
-    let b_base = p.b_off + bi * p.b_batch + hi * p.b_head;
+    // Grouped-query attention: b_ratio heads of A share one head of B.
+    let b_base = p.b_off + bi * p.b_batch + (hi / p.b_ratio) * p.b_head;
 
     var acc: array<array<f32, 4>, 4>;
     for (var i = 0u; i < 4u; i++) {

@@ -36,7 +36,7 @@ struct Params {
     b_shift: u32,
     b_rows: u32,
     b_d4: u32,
-    _pad0: u32,
+    b_ratio: u32,
     _pad1: u32,
     c_off: u32,
     c_batch: u32,
@@ -86,6 +86,8 @@ fn main(
     let t = id % per_group;
     let row0 = (t / p.tiles_n) * SG * T;
     let col4 = (t % p.tiles_n) * SG + lane;
+    // Grouped-query attention: b_ratio heads of A share one head of B (its texture rows).
+    let g_b = (g / p.heads) * (p.heads / p.b_ratio) + (g % p.heads) / p.b_ratio;
     let softmax = (p.flags & SOFTMAX) != 0u;
     let stats = (p.flags & STATS) != 0u;
     let causal = (p.flags & CAUSAL) != 0u;
@@ -106,7 +108,7 @@ fn main(
         for (var e = 0u; e < 4u; e++) { // unroll
             let kk = k4 * 4u + e;
             if kk < p.k && col4 < p.b_d4 {
-                b[e] = textureLoad(b_tex, texel_b(g, kk, col4), 0);
+                b[e] = textureLoad(b_tex, texel_b(g_b, kk, col4), 0);
             }
         }
         for (var r = 0u; r < T; r++) { // unroll

@@ -25,7 +25,7 @@ struct Params {
     c_batch: u32,
     c_head: u32,
     c_row: u32,
-    _pad0: u32,
+    v_ratio: u32,
     _pad1: u32,
 }
 
@@ -67,7 +67,8 @@ fn main(
         let row = min(m0 + lid.y + 8u * i, p.n_q - 1u);
         w_rows[i] = (g * p.n_q + row) * p.n_kv;
         let col = min(n0 + lid.x + 8u * i, p.dv_h - 1u);
-        v_cols[i] = bi * p.v_batch + hi * p.v_head + col;
+        // Grouped-query attention: v_ratio query heads share one value head.
+        v_cols[i] = bi * p.v_batch + (hi / p.v_ratio) * p.v_head + col;
     }
 
     var acc: array<array<f32, 4>, 4>;

@@ -487,7 +487,9 @@ impl Attention {
     /// `(batch, heads, L, E)`, `k` is `(batch, heads, S, E)`, `v` is `(batch, heads, S, E_v)`.
     /// `L ≠ S` is allowed. Causal is top-left aligned as PyTorch aligns it: query `i` sees
     /// keys `j ≤ i`, so queries past `S` see every key. The default scale is `1/sqrt(E)`. The
-    /// heads come from the arrays; [`Attention::heads`] is not used.
+    /// heads come from the arrays; [`Attention::heads`] is not used. K and V may have fewer
+    /// heads than Q (grouped-query / multi-query attention, PyTorch's `enable_gqa=True`): Q
+    /// head `h` uses K/V head `h / (H_q / H_kv)`, read in place, never copied per Q head.
     ///
     /// Returns the context `(batch, heads, L, E_v)` and, unless
     /// [`Attention::return_weights`] is off, the weights `(batch, heads, L, S)`.
@@ -524,10 +526,10 @@ impl Attention {
         let (batch, heads, l, e) = q.dim();
         let (s_len, e_v) = (k.dim().2, v.dim().3);
         let fits = || -> Result<()> {
-            let bh = batch * heads;
+            let (bh, bkv) = (batch * heads, batch * k.dim().1);
             buffer::check_len(ctx, "Q (batch·heads·L·E)", bh * l * e)?;
-            buffer::check_len(ctx, "K (batch·heads·S·E)", bh * s_len * e)?;
-            buffer::check_len(ctx, "V (batch·heads·S·E_v)", bh * s_len * e_v)?;
+            buffer::check_len(ctx, "K (batch·kv_heads·S·E)", bkv * s_len * e)?;
+            buffer::check_len(ctx, "V (batch·kv_heads·S·E_v)", bkv * s_len * e_v)?;
             buffer::check_len(ctx, "context (batch·heads·L·E_v)", bh * l * e_v)?;
             if self.return_weights {
                 buffer::check_len(ctx, "attention weights (batch·heads·L·S)", bh * l * s_len)?;
@@ -537,24 +539,30 @@ impl Attention {
         let Err(too_big) = fits() else {
             return self.sdpa_whole(ctx, q, k, v);
         };
-        let axis = match (batch, heads) {
+        let kv_heads = k.dim().1;
+        let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
             (_, h) if h > 1 => Axis(1),
             _ => return Err(too_big),
         };
+        // Along the heads, split the K/V heads; each keeps its group of Q heads.
+        let q_per_kv = if axis == Axis(1) { heads / kv_heads } else { 1 };
         log::info!(
             "{too_big}: splitting axis {} of the sdpa call",
             axis.index()
         );
-        let half = q.len_of(axis) / 2;
+        let half = k.len_of(axis) / 2;
         let mut outs = Vec::new();
-        for range in [(..half).into(), (half..).into()] {
-            let range: ndarray::Slice = range;
+        for (kv, qs) in [
+            ((..half).into(), (..half * q_per_kv).into()),
+            ((half..).into(), (half * q_per_kv..).into()),
+        ] {
+            let (kv, qs): (ndarray::Slice, ndarray::Slice) = (kv, qs);
             outs.push(self.sdpa_in_parts(
                 ctx,
-                q.slice_axis(axis, range),
-                k.slice_axis(axis, range),
-                v.slice_axis(axis, range),
+                q.slice_axis(axis, qs),
+                k.slice_axis(axis, kv),
+                v.slice_axis(axis, kv),
             )?);
         }
         let join = |a: &ArrayD<f32>, b: &ArrayD<f32>| {
@@ -580,6 +588,7 @@ impl Attention {
     ) -> Result<Output> {
         let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         let (batch, heads, l, e) = q.dim();
+        let kv_heads = k.dim().1;
         let (s_len, e_v) = (k.dim().2, v.dim().3);
         // Ours is (batch, rows, heads·width): move the heads next to the width.
         let to_rows = |a: &ArrayView4<'_, f32>| -> Vec<f32> {
@@ -597,6 +606,7 @@ impl Attention {
         let shape = Shape {
             batch,
             heads,
+            kv_heads,
             n_q: l,
             n_kv: s_len,
             d_k: heads * e,
@@ -654,10 +664,15 @@ impl Attention {
                 )))
             }
         };
-        if (kb, kh) != (b, h) || (vb, vh) != (b, h) {
+        if kb != b || vb != b || (vh, vb) != (kh, kb) {
             return Err(Error::shape(format!(
-                "Q {q:?}, K {k:?} and V {v:?} must share batch and heads (grouped-query \
-                 attention with fewer K/V heads is not supported yet)"
+                "Q {q:?}, K {k:?} and V {v:?} must share the batch, and K and V the heads"
+            )));
+        }
+        if kh == 0 || h % kh != 0 {
+            return Err(Error::shape(format!(
+                "Q has {h} heads and K, V {kh}: for grouped-query attention the Q heads must \
+                 be a multiple of the K/V heads"
             )));
         }
         if ke != e {
@@ -941,6 +956,7 @@ impl Attention {
                         b: matmul::Strides::row_major(u("width", width)?, 0, 0),
                         c: matmul::Strides::row_major(u("width", width)?, 0, 0),
                         flags: if b.is_some() { matmul::HAS_BIAS } else { 0 },
+                        b_ratio: 1,
                     };
                     let bias = b_buf.as_ref().unwrap_or(&no_bias);
                     mm.record(ctx, &mut encoder, plan.matmul, &x_buf, &w_buf, bias, &out)?;
@@ -963,6 +979,7 @@ impl Attention {
         let shape = Shape {
             batch,
             heads,
+            kv_heads: heads,
             n_q: n,
             n_kv: n,
             d_k,
@@ -992,6 +1009,7 @@ impl Attention {
                     b: matmul::Strides::row_major(u("d_out", d_out)?, 0, 0),
                     c: matmul::Strides::row_major(u("d_out", d_out)?, 0, 0),
                     flags: if b_o.is_some() { matmul::HAS_BIAS } else { 0 },
+                    b_ratio: 1,
                 };
                 let bias = b_buf.as_ref().unwrap_or(&no_bias);
                 mm.record(ctx, &mut encoder, plan.matmul, &context, &w_buf, bias, &out)?;
@@ -1047,6 +1065,7 @@ impl Attention {
         let Shape {
             batch,
             heads,
+            kv_heads,
             n_q,
             n_kv,
             d_k,
@@ -1057,10 +1076,18 @@ impl Attention {
         let (dk_h, dv_h) = (d_k / heads, d_v / heads);
         let q_s =
             matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_q * d_k)?);
-        let k_s =
-            matmul::Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_kv * d_k)?);
-        let v_s =
-            matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_kv * d_v)?);
+        let ratio = heads / kv_heads;
+        let (dk_kv, dv_kv) = (kv_heads * dk_h, kv_heads * dv_h);
+        let k_s = matmul::Strides::row_major(
+            u("K width", dk_kv)?,
+            u("d_k/H", dk_h)?,
+            u("n·K width", n_kv * dk_kv)?,
+        );
+        let v_s = matmul::Strides::row_major(
+            u("V width", dv_kv)?,
+            u("d_v/H", dv_h)?,
+            u("n·V width", n_kv * dv_kv)?,
+        );
         let o_s =
             matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?);
         let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;
@@ -1083,6 +1110,7 @@ impl Attention {
                 col: 1,
             },
             flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
+            b_ratio: ratio,
         };
         if plan.fused || plan.weights_from_lse() {
             // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. The weights, when
@@ -1100,6 +1128,7 @@ impl Attention {
                 o: o_s,
                 causal: self.causal,
                 scale,
+                kv_ratio: ratio,
             };
             op.record(ctx, encoder, plan.flash, q, k, v, &context, host)?;
             let weights = match (plan.fused, plan.matmul) {
@@ -1137,7 +1166,8 @@ impl Attention {
         )?;
 
         // context = A·V per head, heads side by side.
-        let (params, wgs) = weighted_sum::params(batch, heads, n_q, n_kv, d_v, self.causal)?;
+        let (params, wgs) =
+            weighted_sum::params(batch, heads, kv_heads, n_q, n_kv, d_v, self.causal)?;
         kernels::record(
             ctx,
             encoder,
@@ -1150,12 +1180,14 @@ impl Attention {
     }
 }
 
-/// The sizes of the attention proper: Q `(batch, n_q, d_k)`, K `(batch, n_kv, d_k)`, V
-/// `(batch, n_kv, d_v)`, all widths over every head.
+/// The sizes of the attention proper: Q `(batch, n_q, d_k)`, K `(batch, n_kv, d_k·kv/H)`,
+/// V `(batch, n_kv, d_v·kv/H)`, the context `(batch, n_q, d_v)`; widths over every head.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
     batch: usize,
     heads: usize,
+    /// K/V heads: `heads` divides by it (grouped-query attention when fewer).
+    kv_heads: usize,
     n_q: usize,
     n_kv: usize,
     d_k: usize,

@@ -255,6 +255,7 @@ pub fn matmul(
         b: Strides::row_major(u32_of("n", n)?, 0, 0),
         c: Strides::row_major(u32_of("n", n)?, 0, 0),
         flags: 0,
+        b_ratio: 1,
     };
     let run = || {
         timed_submit(ctx, |enc| {

@@ -61,8 +61,10 @@ pub fn sdpa(
     for bi in 0..b {
         for hi in 0..h {
             let qm = q.slice(s![bi, hi, .., ..]).mapv(f64::from);
-            let km = k.slice(s![bi, hi, .., ..]).mapv(f64::from);
-            let vm = v.slice(s![bi, hi, .., ..]).mapv(f64::from);
+            // Grouped-query attention: h / (H / H_kv) is the K/V head of Q head h.
+            let hk = hi / (h / k.dim().1);
+            let km = k.slice(s![bi, hk, .., ..]).mapv(f64::from);
+            let vm = v.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let scores = qm.dot(&km.t()) * scale;
             for i in 0..l {
                 let visible = if dims.causal {

@@ -260,6 +260,7 @@ pub fn flash(
         o: vs,
         causal: false,
         scale: 0.125,
+        kv_ratio: 1,
     };
     let best = fastest(&candidates, |c| {
         bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None)).map(|t| t.0)

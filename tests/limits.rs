@@ -152,6 +152,22 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
         let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
         assert!(reference::compare(&w, &ww).0 < 1e-5);
     }
+    // Grouped-query (4 Q heads, 2 K/V heads), weights 4·60·80 = 19,200 floats: the split
+    // halves the K/V heads and keeps each one's Q heads with it.
+    let q = ndarray::Array4::from_shape_fn((1, 4, 60, 8), f(0.019));
+    let k = ndarray::Array4::from_shape_fn((1, 2, 80, 8), f(0.023));
+    let v = ndarray::Array4::from_shape_fn((1, 2, 80, 6), f(0.029));
+    let op = Attention::new().causal(true);
+    let got = op.sdpa(&ctx, q.view(), k.view(), v.view()).unwrap();
+    let want = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
+    assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
+    assert!(
+        reference::compare(
+            got.weights.as_ref().unwrap(),
+            want.weights.as_ref().unwrap()
+        )
+        .0 < 1e-5
+    );
     // One head of one sequence with 200 × 200 weights: a clear error.
     let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), f(0.1));
     let err = Attention::new()

@@ -92,10 +92,11 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
     assert!(err(&q, &k, &v_long, Attention::new())
         .to_string()
         .contains("same length S"));
-    let [_, k_heads, v_heads] = arrays(2, 1, 5, 7, 4, 3);
+    // 2 Q heads cannot share 3 K/V heads.
+    let [_, k_heads, v_heads] = arrays(2, 3, 5, 7, 4, 3);
     let e = err(&q, &k_heads, &v_heads, Attention::new());
     assert!(
-        matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("heads"),
+        matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("multiple"),
         "{e}"
     );
     let [q0, k0, v0] = arrays(2, 2, 0, 7, 4, 3);
@@ -115,4 +116,48 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
         let e = err(&q, &k, &v, Attention::new().kernels(Kernels::Subgroup));
         assert!(e.to_string().contains("subgroup"), "{e}");
     }
+}
+
+#[test]
+fn grouped_query_attention_ratios_1_2_4_8_match_the_reference_on_every_path() {
+    let ctx = common::ctx();
+    let mut failures = Vec::new();
+    for kv_heads in [8usize, 4, 2, 1] {
+        let [q, _, _] = arrays(2, 8, 19, 23, 8, 6);
+        let [_, k, v] = arrays(2, kv_heads, 19, 23, 8, 6);
+        for causal in [false, true] {
+            let base = Attention::new().causal(causal).nan_fill(true);
+            let want = reference::sdpa(&base, q.view(), k.view(), v.view()).unwrap();
+            for (kernels, fused) in verify::paths(ctx) {
+                let op = base.kernels(kernels).return_weights(!fused);
+                let got = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
+                let (rel, _) = reference::compare(&got.context, &want.context);
+                let wrel = got.weights.as_ref().map_or(0.0, |w| {
+                    reference::compare(w, want.weights.as_ref().unwrap()).0
+                });
+                if rel > 1e-5 || wrel > 1e-5 {
+                    failures.push(format!(
+                        "kv_heads={kv_heads} causal={causal} {kernels} fused={fused}: {rel:e} {wrel:e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn reference_gqa_equals_k_and_v_repeated_per_q_head() {
+    // The definition, checked against the obvious one: repeat each K/V head for its Q heads.
+    let [q, _, _] = arrays(1, 4, 5, 6, 3, 2);
+    let [_, k, v] = arrays(1, 2, 5, 6, 3, 2);
+    let repeat = |a: &Array4<f32>| {
+        Array4::from_shape_fn((1, 4, a.dim().2, a.dim().3), |(b, h, i, j)| {
+            a[[b, h / 2, i, j]]
+        })
+    };
+    let op = Attention::new();
+    let grouped = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
+    let repeated = reference::sdpa(&op, q.view(), repeat(&k).view(), repeat(&v).view()).unwrap();
+    assert_eq!(grouped.context, repeated.context);
 }

@@ -65,7 +65,8 @@ pub struct FlashParams {
     v_shift: u32,
     v_rows: u32,
     scale_log2: f32,
-    _pad: [u32; 3],
+    kv_ratio: u32,
+    _pad: [u32; 2],
 }
 
 /// One fused attention problem: `groups = batch · heads` independent heads.
@@ -95,6 +96,8 @@ pub struct Flash {
     pub causal: bool,
     /// Factor on `Q·Kᵀ`.
     pub scale: f32,
+    /// Query heads that share one K/V head (grouped-query attention; 1 otherwise).
+    pub kv_ratio: usize,
 }
 
 fn strides4(s: Strides) -> [u32; 4] {
@@ -119,6 +122,7 @@ impl Flash {
             k: strides4(self.k),
             v: strides4(self.v),
             scale_log2: self.scale * std::f32::consts::LOG2_E,
+            kv_ratio: u32_of("heads per K/V head", self.kv_ratio.max(1))?,
             ..Default::default()
         };
         Ok((p, (groups * blocks) as u64))
@@ -182,7 +186,7 @@ impl Flash {
                 })?;
                 let pack = |src: Strides, width: usize| Pack {
                     batch: self.batch,
-                    heads: self.heads,
+                    heads: self.heads / self.kv_ratio.max(1),
                     rows: self.n_kv,
                     width,
                     src,

@@ -81,7 +81,8 @@ pub struct MatmulParams {
     c_batch: u32,
     c_head: u32,
     c_row: u32,
-    _pad: [u32; 2],
+    b_ratio: u32,
+    _pad: u32,
 }
 
 /// One matmul problem.
@@ -105,6 +106,9 @@ pub struct Matmul {
     pub c: Strides,
     /// [`HAS_BIAS`] | [`SKIP_UPPER`].
     pub flags: u32,
+    /// Heads of A that share one head of B (grouped-query attention; 1 otherwise): head
+    /// `h` of A pairs with head `h / b_ratio` of B.
+    pub b_ratio: usize,
 }
 
 impl Matmul {
@@ -136,7 +140,8 @@ impl Matmul {
             c_batch: self.c.batch,
             c_head: self.c.head,
             c_row: self.c.row,
-            _pad: [0; 2],
+            b_ratio: u32_of("heads per B head", self.b_ratio.max(1))?,
+            _pad: 0,
         };
         Ok((p, (tiles_m * tiles_n * groups) as u64))
     }
@@ -224,6 +229,7 @@ mod tests {
             b: Strides::default(),
             c: Strides::default(),
             flags: 0,
+            b_ratio: 1,
         };
         let (p, wg) = mm.params().unwrap();
         assert_eq!((p.tiles_m, p.tiles_n, wg), (2, 1, 12));

@@ -36,7 +36,8 @@ struct Params {
     b_shift: u32,
     b_rows: u32,
     b_d4: u32,
-    _pad0: [u32; 2],
+    b_ratio: u32,
+    _pad0: u32,
     c_off: u32,
     c_batch: u32,
     c_head: u32,
@@ -89,20 +90,21 @@ fn pack(
     b: &wgpu::Buffer,
 ) -> Result<Operands> {
     let sg = subgroup_size(ctx)?;
-    let mut pack = |what: &str, buf: &wgpu::Buffer, src, rows, width| {
+    let mut pack = |what: &str, buf: &wgpu::Buffer, src, heads, rows, width| {
         Pack {
             batch: mm.batch,
-            heads: mm.heads,
+            heads,
             rows,
             width,
             src,
         }
         .record(ctx, encoder, what, buf)
     };
+    let b_heads = mm.heads / mm.b_ratio.max(1);
     Ok(Operands {
         sg,
-        a: pack("matmul A", a, mm.a, mm.m, mm.k)?,
-        b: pack("matmul B", b, mm.b, mm.k, mm.n)?,
+        a: pack("matmul A", a, mm.a, mm.heads, mm.m, mm.k)?,
+        b: pack("matmul B", b, mm.b, b_heads, mm.k, mm.n)?,
     })
 }
 
@@ -146,6 +148,7 @@ fn dispatch(
         b_shift: ops.b.layout.shift,
         b_rows: ops.b.layout.rows,
         b_d4: ops.b.layout.d4,
+        b_ratio: u32_of("heads per B head", mm.b_ratio.max(1))?,
         c_off: mm.c.off,
         c_batch: mm.c.batch,
         c_head: mm.c.head,

@@ -27,14 +27,18 @@ pub struct WeightedSumParams {
     c_batch: u32,
     c_head: u32,
     c_row: u32,
-    _pad: [u32; 2],
+    v_ratio: u32,
+    _pad: u32,
 }
 
 /// The uniform block and workgroup count. `V` and the context are row-major
-/// `(batch, n, d_v)` with the heads side by side along the last axis.
+/// `(batch, n, heads·dv_h)` with the heads side by side along the last axis; `V` has
+/// `kv_heads` heads, each shared by `heads / kv_heads` query heads (grouped-query attention).
+#[allow(clippy::too_many_arguments)]
 pub fn params(
     batch: usize,
     heads: usize,
+    kv_heads: usize,
     n_q: usize,
     n_kv: usize,
     d_v: usize,
@@ -53,13 +57,14 @@ pub fn params(
         tiles_m: u32_of("row tiles", tiles_m)?,
         tiles_n: u32_of("column tiles", tiles_n)?,
         causal: u32::from(causal),
-        v_batch: u32_of("value batch stride", n_kv * d_v)?,
+        v_batch: u32_of("value batch stride", n_kv * kv_heads * dv_h)?,
         v_head: u32_of("value head stride", dv_h)?,
-        v_row: u32_of("value row stride", d_v)?,
+        v_row: u32_of("value row stride", kv_heads * dv_h)?,
         c_batch: u32_of("context batch stride", n_q * d_v)?,
         c_head: u32_of("context head stride", dv_h)?,
         c_row: u32_of("context row stride", d_v)?,
-        _pad: [0; 2],
+        v_ratio: u32_of("heads per value head", heads / kv_heads.max(1))?,
+        _pad: 0,
     };
     Ok((p, (tiles_m * tiles_n * groups) as u64))
 }
