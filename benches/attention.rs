@@ -13,14 +13,6 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use ndarray::Array3;
 use wgpu_attention::{bench, reference, tune, Attention, Context, Kernels};
 
-fn families(ctx: &Context) -> Vec<Kernels> {
-    let mut f = vec![Kernels::Storage];
-    if ctx.subgroup_size().is_some() {
-        f.push(Kernels::Subgroup);
-    }
-    f
-}
-
 fn open() -> Context {
     let ctx = Context::new().expect("benches need an adapter");
     let info = ctx.adapter_info();
@@ -40,7 +32,7 @@ fn matmul(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul_512");
     group.sample_size(10);
     group.throughput(Throughput::Elements(2 * (m * m * m) as u64));
-    for variant in tune::matmul_candidates(&ctx, &families(&ctx)) {
+    for variant in tune::matmul_candidates(&ctx, &Kernels::available(&ctx)) {
         group.bench_function(BenchmarkId::from_parameter(variant), |b| {
             b.iter(|| bench::matmul(&ctx, variant, (m, m, m), 0, 1).unwrap())
         });
@@ -59,7 +51,7 @@ fn attention(c: &mut Criterion) {
         let dims = op.dims(x.shape(), None).unwrap();
         group.throughput(Throughput::Elements(dims.attention_flops() as u64));
         let fused = op.return_weights(false);
-        for variant in tune::flash_candidates(&ctx, &families(&ctx), 16, 16) {
+        for variant in tune::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16) {
             let op = fused.flash_variant(variant);
             // The storage kernels are ~40x slower on lavapipe: keep them to the small size.
             if n > 256

@@ -203,6 +203,18 @@ pub enum Kernels {
     Subgroup,
 }
 
+impl Kernels {
+    /// The families `ctx` can run: storage always, subgroup where the adapter has a fixed
+    /// subgroup size.
+    pub fn available(ctx: &Context) -> Vec<Kernels> {
+        let mut families = vec![Kernels::Storage];
+        if ctx.subgroup_size().is_some() {
+            families.push(Kernels::Subgroup);
+        }
+        families
+    }
+}
+
 impl std::str::FromStr for Kernels {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -231,8 +243,6 @@ impl std::fmt::Display for Kernels {
 /// What a forward pass runs, from [`Attention::plan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {
-    /// The kernel family ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
-    pub family: Kernels,
     /// One fused pass without weights, instead of materializing them.
     pub fused: bool,
     /// The matmul of the projections (and, storage family, of the scores).
@@ -242,11 +252,24 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The kernel family, the fused kernel's ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
+    pub fn family(&self) -> Kernels {
+        family_of(self.flash)
+    }
+
     /// Whether the context comes from the fused kernel and the weights from the subgroup
     /// matmul's statistics and softmax epilogues, rather than scores → softmax → weighted sum.
     pub fn weights_from_lse(&self) -> bool {
         matches!(self.flash, FlashVariant::Subgroup { .. })
             && matches!(self.matmul, MatmulVariant::Subgroup { .. })
+    }
+}
+
+/// The family a fused kernel belongs to.
+fn family_of(flash: FlashVariant) -> Kernels {
+    match flash {
+        FlashVariant::Subgroup { .. } => Kernels::Subgroup,
+        FlashVariant::Tiled { .. } => Kernels::Storage,
     }
 }
 
@@ -315,49 +338,32 @@ impl Attention {
     /// [`Error::InvalidArgument`] when [`Kernels::Subgroup`] is forced on an adapter
     /// without a fixed subgroup size; GPU errors while measuring.
     pub fn plan(&self, ctx: &Context, dims: &Dims) -> Result<Plan> {
-        let subgroup = ctx.subgroup_size().is_some();
         let families = match self.kernels {
-            Kernels::Storage => vec![Kernels::Storage],
-            Kernels::Subgroup if !subgroup => {
-                return Err(Error::invalid(
-                    "kernels",
-                    "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, \
-                     which this adapter does not report; use storage or auto",
-                ))
+            Kernels::Auto => {
+                // First is the default when tuning is off: subgroup kernels where storage
+                // memory is slow (CPU adapters), storage kernels on GPUs.
+                let mut families = Kernels::available(ctx);
+                if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+                    families.reverse();
+                }
+                families
             }
-            Kernels::Subgroup => vec![Kernels::Subgroup],
-            Kernels::Auto if !subgroup => vec![Kernels::Storage],
-            // First is the default when tuning is off: subgroup kernels where storage
-            // memory is slow (CPU adapters), storage kernels on GPUs.
-            Kernels::Auto if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu => {
-                vec![Kernels::Subgroup, Kernels::Storage]
-            }
-            Kernels::Auto => vec![Kernels::Storage, Kernels::Subgroup],
+            forced => vec![forced],
         };
         let head = (dims.d_k / dims.heads, dims.d_v / dims.heads);
         let flash = match self.flash {
             Some(v) => v,
             None => tune::flash(ctx, &families, head, dims.n)?,
         };
-        let family = match flash {
-            FlashVariant::Subgroup { .. } => Kernels::Subgroup,
-            FlashVariant::Tiled { .. } => Kernels::Storage,
-        };
+        let family = family_of(flash);
         let matmul = match self.matmul {
             Some(v) => v,
             None => tune::matmul(ctx, &[family], dims.batch * dims.n)?,
         };
-        let needs_subgroups =
-            family == Kernels::Subgroup || matches!(matmul, MatmulVariant::Subgroup { .. });
-        if needs_subgroups && !subgroup {
-            return Err(Error::invalid(
-                "kernels",
-                "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, \
-                 which this adapter does not report",
-            ));
+        if family == Kernels::Subgroup || matches!(matmul, MatmulVariant::Subgroup { .. }) {
+            ctx.require_subgroups()?;
         }
         Ok(Plan {
-            family,
             fused: !self.return_weights,
             matmul,
             flash,
@@ -565,17 +571,7 @@ impl Attention {
                 v.slice_axis(axis, kv),
             )?);
         }
-        let join = |a: &ArrayD<f32>, b: &ArrayD<f32>| {
-            ndarray::concatenate(axis, &[a.view(), b.view()])
-                .map(|j| j.as_standard_layout().into_owned())
-                .map_err(|e| Error::shape(e.to_string()))
-        };
-        let context = join(&outs[0].context, &outs[1].context)?;
-        let weights = match (&outs[0].weights, &outs[1].weights) {
-            (Some(a), Some(b)) => Some(join(a, b)?),
-            _ => None,
-        };
-        Ok(Output { context, weights })
+        join_outputs(axis, &outs[0], &outs[1])
     }
 
     /// An SDPA call whose buffers fit: one encoder, one submit, readback.
@@ -769,12 +765,6 @@ impl Attention {
                 weights: out.weights,
             });
         }
-        // Joined in row-major order, like every other output.
-        let concat = |axis: usize, parts: &[ArrayViewD<'_, f32>]| {
-            ndarray::concatenate(Axis(axis), parts)
-                .map(|a| a.as_standard_layout().into_owned())
-                .map_err(|e| Error::shape(e.to_string()))
-        };
         if dims.batched && dims.batch > 1 {
             log::info!("{too_big}: splitting the batch of {}", dims.batch);
             let half = dims.batch / 2;
@@ -787,12 +777,7 @@ impl Attention {
                 let d = self.dims(part.shape(), proj)?;
                 outs.push(self.forward_in_parts(ctx, &d, part, proj)?);
             }
-            let context = concat(0, &[outs[0].context.view(), outs[1].context.view()])?;
-            let weights = match (&outs[0].weights, &outs[1].weights) {
-                (Some(a), Some(b)) => Some(concat(0, &[a.view(), b.view()])?),
-                _ => None,
-            };
-            return Ok(Output { context, weights });
+            return join_outputs(Axis(0), &outs[0], &outs[1]);
         }
         if dims.heads > 1 {
             log::info!("{too_big}: splitting the {} heads", dims.heads);
@@ -836,9 +821,9 @@ impl Attention {
                 }
             }
             let views: Vec<_> = contexts.iter().map(|c| c.view()).collect();
-            let context = concat(last, &views)?;
+            let context = join(Axis(last), &views)?;
             let weights = if weights.len() == 2 {
-                let joined = concat(1, &[weights[0].view(), weights[1].view()])?;
+                let joined = join(Axis(1), &[weights[0].view(), weights[1].view()])?;
                 Some(
                     joined
                         .into_shape_with_order(IxDyn(&dims.weights_shape()))
@@ -879,7 +864,7 @@ impl Attention {
             Err(Error::LimitExceeded {
                 limit_name: "max_texture_dimension_2d",
                 ..
-            }) if self.kernels == Kernels::Auto && plan.family == Kernels::Subgroup => {
+            }) if self.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
                 log::info!("over the texture limit: the storage kernels take it");
                 run(&self.kernels(Kernels::Storage).plan(ctx, &dims)?)?
             }
@@ -911,13 +896,7 @@ impl Attention {
             heads,
             ..
         } = *dims;
-        let groups = batch * heads;
-        // Check every size before allocating anything.
-        if !plan.fused {
-            buffer::check_len(ctx, "attention weights (batch·heads·n·n)", groups * n * n)?;
-        }
-        buffer::check_len(ctx, "context (batch·n·d_v)", batch * n * d_v)?;
-
+        // Every size was checked by `fits` before this call.
         let mut encoder = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -925,10 +904,10 @@ impl Attention {
             });
         ctx.begin_timing();
 
-        // Upload. One empty stand-in serves every matmul without a bias.
+        // Upload. The context's stand-in serves every matmul without a bias.
         let x_host = contiguous(x);
         let x_buf = buffer::upload(ctx, "X", x_host.as_ref())?;
-        let no_bias = buffer::upload(ctx, "no bias", &[])?;
+        let no_bias = ctx.stand_in();
         let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let projected;
         let (q, k, v) = match proj {
@@ -958,7 +937,7 @@ impl Attention {
                         flags: if b.is_some() { matmul::HAS_BIAS } else { 0 },
                         b_ratio: 1,
                     };
-                    let bias = b_buf.as_ref().unwrap_or(&no_bias);
+                    let bias = b_buf.as_ref().unwrap_or(no_bias);
                     mm.record(ctx, &mut encoder, plan.matmul, &x_buf, &w_buf, bias, &out)?;
                     Ok(out)
                 };
@@ -1011,7 +990,7 @@ impl Attention {
                     flags: if b_o.is_some() { matmul::HAS_BIAS } else { 0 },
                     b_ratio: 1,
                 };
-                let bias = b_buf.as_ref().unwrap_or(&no_bias);
+                let bias = b_buf.as_ref().unwrap_or(no_bias);
                 mm.record(ctx, &mut encoder, plan.matmul, &context, &w_buf, bias, &out)?;
                 (out, d_out)
             }
@@ -1091,7 +1070,7 @@ impl Attention {
         let o_s =
             matmul::Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?);
         let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;
-        let no_bias = buffer::upload(ctx, "no bias", &[])?;
+        let no_bias = ctx.stand_in();
         let weights_len = groups * n_q * n_kv;
         // Scores S = Q_h·K_hᵀ, one group per (batch, head).
         let scores_mm = matmul::Matmul {
@@ -1152,7 +1131,7 @@ impl Attention {
             return Ok((context, weights));
         }
         let scores = buffer::output(ctx, "attention weights", weights_len, self.nan_fill)?;
-        scores_mm.record(ctx, encoder, plan.matmul, q, k, &no_bias, &scores)?;
+        scores_mm.record(ctx, encoder, plan.matmul, q, k, no_bias, &scores)?;
 
         // A = softmax(scale · S), in place.
         let (params, wgs) = softmax::params(groups, n_q, n_kv, scale, self.causal)?;
@@ -1192,6 +1171,23 @@ struct Shape {
     n_kv: usize,
     d_k: usize,
     d_v: usize,
+}
+
+/// `parts` joined along `axis`, in row-major order like every other output.
+fn join(axis: Axis, parts: &[ArrayViewD<'_, f32>]) -> Result<ArrayD<f32>> {
+    ndarray::concatenate(axis, parts)
+        .map(|a| a.as_standard_layout().into_owned())
+        .map_err(|e| Error::shape(e.to_string()))
+}
+
+/// Two parts' outputs, contexts and weights, joined along `axis`.
+fn join_outputs(axis: Axis, a: &Output, b: &Output) -> Result<Output> {
+    let context = join(axis, &[a.context.view(), b.context.view()])?;
+    let weights = match (&a.weights, &b.weights) {
+        (Some(wa), Some(wb)) => Some(join(axis, &[wa.view(), wb.view()])?),
+        _ => None,
+    };
+    Ok(Output { context, weights })
 }
 
 /// The elements of an array in row-major order, copied only when it is not already.

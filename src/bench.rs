@@ -313,14 +313,8 @@ fn profiled(
 /// As [`Attention::plan`].
 pub fn families(ctx: &Context, choice: Option<Kernels>, dims: &Dims) -> Result<Vec<Kernels>> {
     match choice {
-        Some(k) => Ok(vec![Attention::new().kernels(k).plan(ctx, dims)?.family]),
-        None => {
-            let mut v = vec![Kernels::Storage];
-            if ctx.subgroup_size().is_some() {
-                v.push(Kernels::Subgroup);
-            }
-            Ok(v)
-        }
+        Some(k) => Ok(vec![Attention::new().kernels(k).plan(ctx, dims)?.family()]),
+        None => Ok(Kernels::available(ctx)),
     }
 }
 

@@ -235,6 +235,7 @@ pub struct Context {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
+    stand_in: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
     profiling: AtomicU8,
@@ -335,6 +336,7 @@ impl Context {
             queue,
             limits,
             pipelines: PipelineCache::default(),
+            stand_in: std::sync::OnceLock::new(),
             subgroup_size,
             lost,
             profiling: AtomicU8::new(Profiling::Off as u8),
@@ -387,6 +389,34 @@ impl Context {
     pub fn with_tune_cache(mut self, cache: TuneCache) -> Self {
         self.tune = cache;
         self
+    }
+
+    /// A small zeroed storage buffer (one vec4) bound wherever a kernel's binding has nothing
+    /// to read: a matmul without a bias, a row statistic that is not used. Made once per
+    /// context; kernels only read it.
+    pub(crate) fn stand_in(&self) -> &wgpu::Buffer {
+        self.stand_in.get_or_init(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("stand-in"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// The subgroup size, or the error every subgroup kernel gives where it cannot run.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] without `Features::SUBGROUP` and a fixed subgroup size.
+    pub(crate) fn require_subgroups(&self) -> Result<u32> {
+        self.subgroup_size.ok_or_else(|| {
+            Error::invalid(
+                "kernels",
+                "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, which \
+                 this adapter does not report; use storage or auto",
+            )
+        })
     }
 
     /// Turns the autotuner's measuring on or off for this context (default: on unless

@@ -108,15 +108,19 @@ pub fn enabled() -> bool {
 }
 
 /// FNV-1a of every kernel's source: a tuned choice is only reused for the same kernels.
+/// Computed once per process (every call's plan looks a choice up).
 fn kernels_hash() -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for id in KernelId::ALL {
-        for b in id.source().bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+    static HASH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *HASH.get_or_init(|| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for id in KernelId::ALL {
+            for b in id.source().bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
         }
-    }
-    h
+        h
+    })
 }
 
 fn key(ctx: &Context, what: &str) -> String {
@@ -207,6 +211,43 @@ fn fastest<T: Copy + std::fmt::Debug>(
     Ok(best.map(|(c, _)| c))
 }
 
+/// The remembered choice among `candidates` for `kind` (`detail` names the anchored shape),
+/// or the one `measure` finds now when the caller's problem has at least [`MIN_TUNED_N`]
+/// `rows` and tuning is on; else `fallback`, unremembered.
+#[allow(clippy::too_many_arguments)]
+fn choose<T>(
+    ctx: &Context,
+    families: &[Kernels],
+    kind: &str,
+    detail: &str,
+    candidates: &[T],
+    fallback: T,
+    rows: usize,
+    measure: impl FnOnce(&[T]) -> Result<Option<T>>,
+) -> Result<T>
+where
+    T: Copy + std::fmt::Debug + Serialize + DeserializeOwned,
+{
+    if candidates.len() < 2 {
+        return Ok(candidates.first().copied().unwrap_or(fallback));
+    }
+    let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
+    let key = key(
+        ctx,
+        format!("{kind} {} {detail}", names.join("+")).trim_end(),
+    );
+    if let Some(v) = ctx.tune_cache().get(&key) {
+        return Ok(v);
+    }
+    if rows < MIN_TUNED_N || !ctx.tuning() {
+        return Ok(fallback);
+    }
+    let best = measure(candidates)?.unwrap_or(fallback);
+    log::info!("tuned [{key}]: {best:?}");
+    ctx.tune_cache().put(&key, &best);
+    Ok(best)
+}
+
 /// The fused kernel for per-head widths `dk_h`, `dv_h` and `n` rows among `families`:
 /// remembered, or measured now on the anchored problem (`n` rounded up to a power of two,
 /// at most [`FLASH_MAX_ANCHOR_N`]) when `n` is at least [`MIN_TUNED_N`] (else the default,
@@ -222,53 +263,48 @@ pub fn flash(
 ) -> Result<FlashVariant> {
     let (dk4, dv4) = (dk_h.div_ceil(4) as u32, dv_h.div_ceil(4) as u32);
     let candidates = flash_candidates(ctx, families, dk4, dv4);
-    let fallback = default_flash(families[0]);
-    if candidates.len() < 2 {
-        return Ok(candidates.first().copied().unwrap_or(fallback));
-    }
-    let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
     let anchor = n.next_power_of_two().clamp(MIN_TUNED_N, FLASH_MAX_ANCHOR_N);
-    let key = key(
+    let detail = format!("dk4={dk4} dv4={dv4} n~{anchor}");
+    let fallback = default_flash(families[0]);
+    choose(
         ctx,
-        &format!("flash {} dk4={dk4} dv4={dv4} n~{anchor}", names.join("+")),
-    );
-    if let Some(v) = ctx.tune_cache().get(&key) {
-        return Ok(v);
-    }
-    if n < MIN_TUNED_N || !ctx.tuning() {
-        return Ok(fallback);
-    }
-    let n = anchor;
-    let (dk, dv) = (4 * dk4 as usize, 4 * dv4 as usize);
-    let data =
-        |len: usize| -> Vec<f32> { (0..len).map(|i| ((i % 23) as f32 - 11.0) / 11.0).collect() };
-    let q = buffer::upload(ctx, "tune Q", &data(n * dk))?;
-    let v = buffer::upload(ctx, "tune V", &data(n * dv))?;
-    let out = buffer::output(ctx, "tune O", n * dv, false)?;
-    let qs = Strides::row_major(dk as u32, 0, 0);
-    let vs = Strides::row_major(dv as u32, 0, 0);
-    let op = Flash {
-        batch: 1,
-        heads: 1,
-        n_q: n,
-        n_kv: n,
-        dk_h: dk,
-        dv_h: dv,
-        q: qs,
-        k: qs,
-        v: vs,
-        o: vs,
-        causal: false,
-        scale: 0.125,
-        kv_ratio: 1,
-    };
-    let best = fastest(&candidates, |c| {
-        bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None)).map(|t| t.0)
-    })?
-    .unwrap_or(fallback);
-    log::info!("tuned [{key}]: {best:?}");
-    ctx.tune_cache().put(&key, &best);
-    Ok(best)
+        families,
+        "flash",
+        &detail,
+        &candidates,
+        fallback,
+        n,
+        |candidates| {
+            let (dk, dv) = (4 * dk4 as usize, 4 * dv4 as usize);
+            let data = |len: usize| -> Vec<f32> {
+                (0..len).map(|i| ((i % 23) as f32 - 11.0) / 11.0).collect()
+            };
+            let q = buffer::upload(ctx, "tune Q", &data(anchor * dk))?;
+            let v = buffer::upload(ctx, "tune V", &data(anchor * dv))?;
+            let out = buffer::output(ctx, "tune O", anchor * dv, false)?;
+            let qs = Strides::row_major(dk as u32, 0, 0);
+            let vs = Strides::row_major(dv as u32, 0, 0);
+            let op = Flash {
+                batch: 1,
+                heads: 1,
+                n_q: anchor,
+                n_kv: anchor,
+                dk_h: dk,
+                dv_h: dv,
+                q: qs,
+                k: qs,
+                v: vs,
+                o: vs,
+                causal: false,
+                scale: 0.125,
+                kv_ratio: 1,
+            };
+            fastest(candidates, |c| {
+                bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None))
+                    .map(|t| t.0)
+            })
+        },
+    )
 }
 
 /// The matmul among `families`: remembered, or measured now on the anchored square when the
@@ -279,25 +315,21 @@ pub fn flash(
 pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<MatmulVariant> {
     let candidates = matmul_candidates(ctx, families);
     let fallback = default_matmul(families[0]);
-    if candidates.len() < 2 {
-        return Ok(candidates.first().copied().unwrap_or(fallback));
-    }
-    let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
-    let key = key(ctx, &format!("matmul {}", names.join("+")));
-    if let Some(v) = ctx.tune_cache().get(&key) {
-        return Ok(v);
-    }
-    if rows < MIN_TUNED_N || !ctx.tuning() {
-        return Ok(fallback);
-    }
-    let m = MATMUL_ANCHOR;
-    let best = fastest(&candidates, |c| {
-        bench::matmul(ctx, c, (m, m, m), 0, 1).map(|(s, _)| s.median_ms)
-    })?
-    .unwrap_or(fallback);
-    log::info!("tuned [{key}]: {best:?}");
-    ctx.tune_cache().put(&key, &best);
-    Ok(best)
+    choose(
+        ctx,
+        families,
+        "matmul",
+        "",
+        &candidates,
+        fallback,
+        rows,
+        |candidates| {
+            let m = MATMUL_ANCHOR;
+            fastest(candidates, |c| {
+                bench::matmul(ctx, c, (m, m, m), 0, 1).map(|(s, _)| s.median_ms)
+            })
+        },
+    )
 }
 
 #[cfg(test)]

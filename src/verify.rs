@@ -400,11 +400,7 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
 /// The paths every case runs on with `ctx`: each kernel family the adapter has, with the
 /// weights and fused.
 pub fn paths(ctx: &Context) -> Vec<(Kernels, bool)> {
-    let mut families = vec![Kernels::Storage];
-    if ctx.subgroup_size().is_some() {
-        families.push(Kernels::Subgroup);
-    }
-    families
+    Kernels::available(ctx)
         .into_iter()
         .flat_map(|k| [(k, false), (k, true)])
         .collect()

@@ -20,41 +20,54 @@ fn arrays(b: usize, h: usize, l: usize, s: usize, e: usize, ev: usize) -> [Array
     ]
 }
 
+/// Runs `base` on every path (each family, with weights and fused) and compares it with
+/// the reference; returns one line per path that disagrees, prefixed with `label`.
+fn failures_on_every_path(
+    base: Attention,
+    [q, k, v]: &[Array4<f32>; 3],
+    label: &str,
+) -> Vec<String> {
+    let ctx = common::ctx();
+    let (b, h, l, _) = q.dim();
+    let (s, ev) = (k.dim().2, v.dim().3);
+    let want = reference::sdpa(&base, q.view(), k.view(), v.view()).unwrap();
+    let mut failures = Vec::new();
+    for (kernels, fused) in verify::paths(ctx) {
+        let op = base.kernels(kernels).return_weights(!fused);
+        let got = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
+        assert_eq!(got.context.shape(), &[b, h, l, ev]);
+        let (rel, _) = reference::compare(&got.context, &want.context);
+        let wrel = match &got.weights {
+            Some(w) => {
+                assert_eq!(w.shape(), &[b, h, l, s]);
+                reference::compare(w, want.weights.as_ref().unwrap()).0
+            }
+            None => 0.0,
+        };
+        if rel > 1e-5 || wrel > 1e-5 || got.weights.is_some() == fused {
+            failures.push(format!("{label} {kernels} fused={fused}: {rel:e} {wrel:e}"));
+        }
+    }
+    failures
+}
+
 #[test]
 fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
-    let ctx = common::ctx();
     let mut failures = Vec::new();
     for &(b, h, l, s, e, ev) in &[
         (2, 3, 37, 53, 8, 12),
         (1, 2, 70, 20, 16, 16),
         (1, 1, 1, 9, 4, 3),
     ] {
-        let [q, k, v] = arrays(b, h, l, s, e, ev);
+        let qkv = arrays(b, h, l, s, e, ev);
         for causal in [false, true] {
             for scale in [None, Some(0.3f32)] {
                 let mut base = Attention::new().causal(causal).nan_fill(true);
                 if let Some(sc) = scale {
                     base = base.scale(sc);
                 }
-                let want = reference::sdpa(&base, q.view(), k.view(), v.view()).unwrap();
-                for (kernels, fused) in verify::paths(ctx) {
-                    let op = base.kernels(kernels).return_weights(!fused);
-                    let got = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
-                    assert_eq!(got.context.shape(), &[b, h, l, ev]);
-                    let (rel, _) = reference::compare(&got.context, &want.context);
-                    let wrel = match &got.weights {
-                        Some(w) => {
-                            assert_eq!(w.shape(), &[b, h, l, s]);
-                            reference::compare(w, want.weights.as_ref().unwrap()).0
-                        }
-                        None => 0.0,
-                    };
-                    if rel > 1e-5 || wrel > 1e-5 || got.weights.is_some() == fused {
-                        failures.push(format!(
-                            "b{b} h{h} L{l} S{s} causal={causal} scale={scale:?} {kernels} fused={fused}: {rel:e} {wrel:e}"
-                        ));
-                    }
-                }
+                let label = format!("b{b} h{h} L{l} S{s} causal={causal} scale={scale:?}");
+                failures.extend(failures_on_every_path(base, &qkv, &label));
             }
         }
     }
@@ -120,27 +133,15 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
 
 #[test]
 fn grouped_query_attention_ratios_1_2_4_8_match_the_reference_on_every_path() {
-    let ctx = common::ctx();
     let mut failures = Vec::new();
     for kv_heads in [8usize, 4, 2, 1] {
         let [q, _, _] = arrays(2, 8, 19, 23, 8, 6);
         let [_, k, v] = arrays(2, kv_heads, 19, 23, 8, 6);
+        let qkv = [q, k, v];
         for causal in [false, true] {
             let base = Attention::new().causal(causal).nan_fill(true);
-            let want = reference::sdpa(&base, q.view(), k.view(), v.view()).unwrap();
-            for (kernels, fused) in verify::paths(ctx) {
-                let op = base.kernels(kernels).return_weights(!fused);
-                let got = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
-                let (rel, _) = reference::compare(&got.context, &want.context);
-                let wrel = got.weights.as_ref().map_or(0.0, |w| {
-                    reference::compare(w, want.weights.as_ref().unwrap()).0
-                });
-                if rel > 1e-5 || wrel > 1e-5 {
-                    failures.push(format!(
-                        "kv_heads={kv_heads} causal={causal} {kernels} fused={fused}: {rel:e} {wrel:e}"
-                    ));
-                }
-            }
+            let label = format!("kv_heads={kv_heads} causal={causal}");
+            failures.extend(failures_on_every_path(base, &qkv, &label));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

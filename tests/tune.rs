@@ -9,14 +9,6 @@ use wgpu_attention::tune::{self, TuneCache, MIN_TUNED_N};
 use wgpu_attention::verify::{self, Case};
 use wgpu_attention::{reference, Attention, Context, Kernels};
 
-fn families(ctx: &Context) -> Vec<Kernels> {
-    let mut f = vec![Kernels::Storage];
-    if ctx.subgroup_size().is_some() {
-        f.insert(0, Kernels::Subgroup);
-    }
-    f
-}
-
 #[test]
 fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
     let dir = tempfile::tempdir().unwrap();
@@ -25,7 +17,7 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
         .unwrap()
         .with_tuning(true)
         .with_tune_cache(TuneCache::at(Some(path.clone())));
-    let fam = families(&ctx);
+    let fam = Kernels::available(&ctx);
 
     // Too small to measure: the default, and nothing written.
     let small = tune::flash(&ctx, &fam, (16, 16), MIN_TUNED_N - 1).unwrap();
@@ -79,7 +71,7 @@ fn every_candidate_variant_matches_the_reference() {
     // Every variant autotuning may pick, not only the one it picks here: each fused variant
     // with and without the weights, each matmul variant in the projections.
     let ctx = common::ctx();
-    let fam = families(ctx);
+    let fam = Kernels::available(ctx);
     let cases = [
         Case {
             heads: 2,

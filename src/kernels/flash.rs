@@ -177,13 +177,7 @@ impl Flash {
                 )
             }
             FlashVariant::Subgroup { rows_per_lane } => {
-                let sg = ctx.subgroup_size().ok_or_else(|| {
-                    Error::invalid(
-                        "kernel",
-                        "the subgroup kernels need Features::SUBGROUP and a fixed subgroup \
-                         size, which this adapter does not report; use the tiled kernels",
-                    )
-                })?;
+                let sg = ctx.require_subgroups()?;
                 let pack = |src: Strides, width: usize| Pack {
                     batch: self.batch,
                     heads: self.heads / self.kv_ratio.max(1),

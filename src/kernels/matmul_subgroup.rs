@@ -5,7 +5,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::kernels::matmul::{Matmul, HAS_BIAS, SKIP_UPPER};
@@ -73,15 +73,6 @@ struct Operands {
     b: Packed,
 }
 
-fn subgroup_size(ctx: &Context) -> Result<u32> {
-    ctx.subgroup_size().ok_or_else(|| {
-        Error::invalid(
-            "kernel",
-            "matmul_subgroup needs Features::SUBGROUP and a fixed subgroup size",
-        )
-    })
-}
-
 fn pack(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -89,7 +80,7 @@ fn pack(
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
 ) -> Result<Operands> {
-    let sg = subgroup_size(ctx)?;
+    let sg = ctx.require_subgroups()?;
     let mut pack = |what: &str, buf: &wgpu::Buffer, src, heads, rows, width| {
         Pack {
             batch: mm.batch,
@@ -181,8 +172,8 @@ fn dispatch(
 /// in otherwise).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] without a fixed subgroup size; texture limits as
-/// [`Error::LimitExceeded`].
+/// [`crate::Error::InvalidArgument`] without a fixed subgroup size; texture limits as
+/// [`crate::Error::LimitExceeded`].
 #[allow(clippy::too_many_arguments)]
 pub fn record_matmul(
     ctx: &Context,

@@ -219,13 +219,11 @@ impl Pack {
             aligned: u32::from(self.aligned()),
             _pad: [0; 3],
         };
-        // The vec4 view needs at least one vec4; a stand-in serves tiny unaligned sources.
-        let stand_in;
+        // The vec4 view needs at least one vec4; the stand-in serves tiny unaligned sources.
         let src4 = if src.size() >= 16 {
             src
         } else {
-            stand_in = crate::gpu::buffer::upload(ctx, "pack stand-in", &[0.0; 4])?;
-            &stand_in
+            ctx.stand_in()
         };
         let texels = (groups * self.rows) as u64 * u64::from(layout.d4);
         record(
