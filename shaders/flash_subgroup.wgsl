@@ -19,8 +19,13 @@
 // Causal (top-left, PyTorch's is_causal): row i sees keys j ≤ i; tiles past the block's
 // last row are skipped.
 //
+// Mask (when MASK ≠ 0): a bias added to the scaled scores, read through its strides (0 along
+// broadcast axes); f32::MIN marks a key masked out. The running max starts at FLOOR, above
+// the masked marker, so masked keys weigh exactly 0 and a row with nothing visible ends
+// with l = 0 and is written as zeros.
+//
 // The host prepends: const SG (subgroup size), R (rows per lane), DK4 / DV4 (per-head
-// widths of q·k and v in vec4s, rounded up).
+// widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask).
 
 struct Params {
     n_q: u32,
@@ -53,18 +58,33 @@ struct Params {
     v_rows: u32,
     scale_log2: f32,
     kv_ratio: u32,
+    // Element strides of the mask over (batch, head, query, key); 0 along broadcast axes.
+    m_batch: u32,
+    m_head: u32,
+    m_row: u32,
+    m_col: u32,
     _pad1: u32,
     _pad2: u32,
 }
 
-// Stands in for −∞: exp2(NEG − m) is exactly 0 for any finite m and never makes NaN.
+// Stands in for −∞ (a score masked out), and where the running max starts: exp2(NEG − m) is
+// exactly 0 for every m ≥ FLOOR and never makes NaN.
 const NEG: f32 = -3.0e38;
+const FLOOR: f32 = -1.0e38;
+const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(2) var k_tex: texture_2d<f32>;
 @group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> mask: array<f32>;
+
+// Score x (log2 domain) of query i and key j in group (b, h), with the mask's bias added.
+fn add_mask(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let bias = mask[b * p.m_batch + h * p.m_head + i * p.m_row + j * p.m_col];
+    return select(x + bias * LOG2E, NEG, bias < -1.0e38);
+}
 
 @compute @workgroup_size(SG)
 fn main(
@@ -92,7 +112,7 @@ fn main(
     for (var r = 0u; r < R; r++) { // unroll
         let row = row0 + r * SG + lane;
         rows[r] = row;
-        m[r] = NEG;
+        m[r] = FLOOR;
         l[r] = 0.0;
         for (var c = 0u; c < DK4; c++) { // unroll
             var v = vec4<f32>(0.0);
@@ -156,6 +176,8 @@ fn main(
                 var x = acc[r];
                 if jj >= count || (p.causal != 0u && j0 + jj > rows[r]) {
                     x = NEG;
+                } else if MASK != 0u && rows[r] < p.n_q {
+                    x = add_mask(x, b, h, rows[r], j0 + jj);
                 }
                 s[r][jj] = x;
                 tile_max[r] = max(tile_max[r], x);
@@ -199,7 +221,8 @@ fn main(
     for (var r = 0u; r < R; r++) { // unroll
         let row = rows[r];
         if row < p.n_q {
-            let inv = 1.0 / l[r];
+            // Nothing visible (every key masked out): zeros, not 0/0.
+            let inv = select(0.0, 1.0 / l[r], l[r] > 0.0);
             for (var c = 0u; c < DV4; c++) { // unroll
                 for (var e = 0u; e < 4u; e++) { // unroll
                     let col = c * 4u + e;

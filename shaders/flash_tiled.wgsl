@@ -12,8 +12,13 @@
 // workgroup, not per row). Causal (top-left, PyTorch's is_causal): row i sees keys j ≤ i;
 // tiles past the workgroup's last row are skipped.
 //
+// Mask (when MASK ≠ 0): a bias added to the scaled scores, read through its strides (0 along
+// broadcast axes); f32::MIN marks a key masked out. The running max starts at FLOOR, above
+// the masked marker, so masked keys weigh exactly 0 and a row with nothing visible ends
+// with l = 0 and is written as zeros.
+//
 // The host prepends: const BK (keys per tile), DK4 / DV4 (per-head widths of q·k and v in
-// vec4s, rounded up). Uses the same Params block as flash_subgroup.wgsl (its texture fields
+// vec4s, rounded up), MASK (1 when there is a mask). Uses the same Params block as flash_subgroup.wgsl (its texture fields
 // unused here); K and V are read through their strides.
 
 struct Params {
@@ -47,18 +52,27 @@ struct Params {
     v_rows: u32,
     scale_log2: f32,
     kv_ratio: u32,
+    // Element strides of the mask over (batch, head, query, key); 0 along broadcast axes.
+    m_batch: u32,
+    m_head: u32,
+    m_row: u32,
+    m_col: u32,
     _pad1: u32,
     _pad2: u32,
 }
 
 const WG: u32 = 64u;
+// A score masked out, and where the running max starts: exp2(NEG − m) = 0 for every m ≥ FLOOR.
 const NEG: f32 = -3.0e38;
+const FLOOR: f32 = -1.0e38;
+const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<f32>;
 @group(0) @binding(2) var<storage, read> k_buf: array<f32>;
 @group(0) @binding(3) var<storage, read> v_buf: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> mask: array<f32>;
 
 var<workgroup> k_tile: array<vec4<f32>, BK * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
@@ -79,6 +93,12 @@ fn load4(buf_is_k: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
     return v;
 }
 
+// Score x (log2 domain) of query i and key j in group (b, h), with the mask's bias added.
+fn add_mask(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let bias = mask[b * p.m_batch + h * p.m_head + i * p.m_row + j * p.m_col];
+    return select(x + bias * LOG2E, NEG, bias < -1.0e38);
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -97,7 +117,7 @@ fn main(
 
     var q: array<vec4<f32>, DK4>;
     var o: array<vec4<f32>, DV4>;
-    var m = NEG;
+    var m = FLOOR;
     var l = 0.0;
     let q_base = p.q_off + b * p.q_batch + h * p.q_head + row * p.q_row;
     for (var c = 0u; c < DK4; c++) {
@@ -154,6 +174,8 @@ fn main(
             }
             if jj >= count || (p.causal != 0u && j0 + jj > row) {
                 acc = NEG;
+            } else if MASK != 0u && row < p.n_q {
+                acc = add_mask(acc, b, h, row, j0 + jj);
             }
             s[jj] = acc;
             tile_max = max(tile_max, acc);
@@ -177,7 +199,8 @@ fn main(
 
     if row < p.n_q {
         let o_base = p.o_off + b * p.o_batch + h * p.o_head + row * p.o_row;
-        let inv = 1.0 / l;
+        // Nothing visible (every key masked out): zeros, not 0/0.
+        let inv = select(0.0, 1.0 / l, l > 0.0);
         for (var c = 0u; c < DV4; c++) {
             for (var e = 0u; e < 4u; e++) {
                 let col = c * 4u + e;

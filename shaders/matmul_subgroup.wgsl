@@ -19,7 +19,12 @@
 // loads one texel of A for T rows and four texels of B, and subgroupShuffle shares the
 // A values; loops marked `// unroll` are unrolled by the host, so the lanes are constants.
 //
-// The host prepends: const SG (subgroup size), T (tile rows per lane).
+// Mask (STATS and SOFTMAX, when MASK ≠ 0): a bias added to the scaled scores, read through its
+// strides over (batch, head, row, column), 0 along broadcast axes; f32::MIN marks a column
+// masked out, which weighs exactly 0 (a row with nothing visible is all 0).
+//
+// The host prepends: const SG (subgroup size), T (tile rows per lane), MASK (1 when there is
+// a mask).
 
 struct Params {
     m: u32,
@@ -43,6 +48,10 @@ struct Params {
     c_head: u32,
     c_row: u32,
     scale_log2: f32,
+    m_batch: u32,
+    m_head: u32,
+    m_row: u32,
+    m_col: u32,
     _pad2: u32,
     _pad3: u32,
     _pad4: u32,
@@ -53,6 +62,7 @@ const CAUSAL: u32 = 2u;
 const SOFTMAX: u32 = 4u;
 const STATS: u32 = 8u;
 const NEG: f32 = -3.0e38;
+const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var a_tex: texture_2d<f32>;
@@ -60,6 +70,13 @@ const NEG: f32 = -3.0e38;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> lse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> c: array<f32>;
+@group(0) @binding(6) var<storage, read> mask: array<f32>;
+
+// Score x (log2 domain) of row i and column j in group (b, h), with the mask's bias added.
+fn add_mask(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
+    let bias = mask[b * p.m_batch + h * p.m_head + i * p.m_row + j * p.m_col];
+    return select(x + bias * LOG2E, NEG, bias < -1.0e38);
+}
 
 fn texel_a(g: u32, r: u32, c4: u32) -> vec2<u32> {
     let mask = (1u << p.a_shift) - 1u;
@@ -91,6 +108,8 @@ fn main(
     let softmax = (p.flags & SOFTMAX) != 0u;
     let stats = (p.flags & STATS) != 0u;
     let causal = (p.flags & CAUSAL) != 0u;
+    let b_idx = g / p.heads;
+    let h = g % p.heads;
 
     var acc: array<vec4<f32>, SG * T>;
     // A causal tile wholly above the diagonal is all masked: skip the products.
@@ -133,6 +152,8 @@ fn main(
                     var x = acc[i][e] * p.scale_log2;
                     if col >= p.n || (causal && col > row) {
                         x = NEG;
+                    } else if MASK != 0u && row < p.m {
+                        x = add_mask(x, b_idx, h, row, col);
                     }
                     v[e] = x;
                     local_max = max(local_max, x);
@@ -154,8 +175,6 @@ fn main(
         return;
     }
 
-    let b_idx = g / p.heads;
-    let h = g % p.heads;
     let base = p.c_off + b_idx * p.c_batch + h * p.c_head;
     for (var r = 0u; r < T; r++) { // unroll
         for (var l = 0u; l < SG; l++) { // unroll
@@ -174,10 +193,11 @@ fn main(
                             v += bias[col];
                         }
                         if softmax {
-                            v = exp2(v * p.scale_log2 - shift);
-                            if causal && col > row {
-                                v = 0.0;
+                            var x = v * p.scale_log2;
+                            if MASK != 0u {
+                                x = add_mask(x, b_idx, h, row, col);
                             }
+                            v = select(exp2(x - shift), 0.0, (causal && col > row) || x <= NEG);
                         }
                         c[base + row * p.c_row + col] = v;
                     }

@@ -9,6 +9,10 @@
 // One workgroup of 64 threads per row: each thread strides over the row, then the
 // workgroup reduces the max and the sum through workgroup memory. Subtracting the row max
 // keeps exp() in range for logits in the thousands. Linear grid as in matmul.wgsl.
+//
+// Mask (when MASK ≠ 0): a bias added to the scaled scores, read through its strides over
+// (batch, head, query, key), 0 along broadcast axes; f32::MIN marks a key masked out, which
+// weighs exactly 0. A row with nothing visible is all 0. The host prepends MASK.
 
 struct Params {
     rows: u32,
@@ -16,15 +20,23 @@ struct Params {
     n_q: u32,
     causal: u32,
     scale: f32,
+    heads: u32,
+    m_batch: u32,
+    m_head: u32,
+    m_row: u32,
+    m_col: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 const WG: u32 = 64u;
+// A score masked out, and where the row max starts: exp(NEG − m) = 0 for every m ≥ FLOOR.
+const NEG: f32 = -3.0e38;
+const FLOOR: f32 = -1.0e38;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> s: array<f32>;
+@group(0) @binding(2) var<storage, read> mask: array<f32>;
 
 var<workgroup> red: array<f32, 64>;
 
@@ -67,29 +79,45 @@ fn main(
         return;
     }
     let base = row * p.cols;
+    let i = row % p.n_q;
     var visible = p.cols;
     if p.causal != 0u {
-        visible = min(row % p.n_q + 1u, p.cols);
+        visible = min(i + 1u, p.cols);
     }
+    let g = row / p.n_q;
+    let m_base = (g / p.heads) * p.m_batch + (g % p.heads) * p.m_head + i * p.m_row;
 
-    var m = -3.4028235e38;
+    var m = FLOOR;
     for (var j = li; j < visible; j += WG) {
-        m = max(m, p.scale * s[base + j]);
+        m = max(m, score(base, m_base, j));
     }
     m = reduce_max(m, li);
 
     var sum = 0.0;
     for (var j = li; j < visible; j += WG) {
-        sum += exp(p.scale * s[base + j] - m);
+        sum += exp(score(base, m_base, j) - m);
     }
     sum = reduce_sum(sum, li);
 
-    let inv = 1.0 / sum;
+    // Nothing visible (every key masked out): zeros, not 0/0.
+    let inv = select(0.0, 1.0 / sum, sum > 0.0);
     for (var j = li; j < p.cols; j += WG) {
         var w = 0.0;
         if j < visible {
-            w = exp(p.scale * s[base + j] - m) * inv;
+            let x = score(base, m_base, j);
+            w = select(exp(x - m) * inv, 0.0, x <= NEG);
         }
         s[base + j] = w;
     }
+}
+
+// The scaled score of column j of the row at `base`, with the mask's bias (the row's mask
+// elements start at `m_base`).
+fn score(base: u32, m_base: u32, j: u32) -> f32 {
+    let x = p.scale * s[base + j];
+    if MASK == 0u {
+        return x;
+    }
+    let bias = mask[m_base + j * p.m_col];
+    return select(x + bias, NEG, bias < -1.0e38);
 }

@@ -5,11 +5,13 @@ use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDy
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::{buffer, pipeline::KernelId, readback};
+use crate::gpu::pipeline::{KernelId, PipelineKey};
+use crate::gpu::{buffer, readback};
 use crate::kernels::flash::{self, FlashVariant};
 use crate::kernels::matmul::MatmulVariant;
 use crate::kernels::matmul_subgroup;
-use crate::kernels::{self, matmul, softmax, weighted_sum};
+use crate::kernels::{self, matmul, softmax, weighted_sum, MaskArg};
+use crate::mask::Mask;
 use crate::tune;
 
 /// The projection weights of one attention layer, in the `X·W` orientation:
@@ -482,10 +484,29 @@ impl Attention {
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
     ) -> Result<Output> {
+        self.forward_masked(ctx, x, proj, &Mask::none())
+    }
+
+    /// [`Attention::forward`] with a mask: `softmax(scale·Q·Kᵀ + mask)` per head, the mask
+    /// broadcast to `(batch, heads, n, n)` and combined with causal (see [`crate::mask`] for
+    /// the semantics; a row with nothing to attend to gives zeros).
+    ///
+    /// # Errors
+    /// As [`Attention::forward`], and a mask that does not broadcast, holds NaN or `+inf`,
+    /// or key lengths that do not fit.
+    pub fn forward_masked(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
         let dims = self.dims(x.shape(), proj)?;
         check_inputs_finite(&x, proj)?;
+        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         ctx.check_alive()?;
-        self.forward_in_parts(ctx, &dims, x, proj)
+        let bias = bias.as_ref().map(|b| b.view());
+        self.forward_in_parts(ctx, &dims, x, proj, bias)
     }
 
     /// PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`
@@ -511,12 +532,34 @@ impl Attention {
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
     ) -> Result<Output> {
+        self.sdpa_masked(ctx, q, k, v, &Mask::none())
+    }
+
+    /// [`Attention::sdpa`] with PyTorch's `attn_mask`: boolean (`true` = attend) or float
+    /// (added to the scaled scores), broadcast to `(batch, heads, L, S)`, and key lengths;
+    /// combined with causal. See [`crate::mask`] for the semantics; a row with nothing to
+    /// attend to gives zeros.
+    ///
+    /// # Errors
+    /// As [`Attention::sdpa`], and a mask that does not broadcast, holds NaN or `+inf`, or key
+    /// lengths that do not fit.
+    pub fn sdpa_masked(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
         self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         check_finite("Q", &q)?;
         check_finite("K", &k)?;
         check_finite("V", &v)?;
+        let (b, h, l, _) = q.dim();
+        let bias = mask.bias([b, h, l, k.dim().2])?;
         ctx.check_alive()?;
-        self.sdpa_in_parts(ctx, q, k, v)
+        let bias = bias.as_ref().map(|b| b.view());
+        self.sdpa_in_parts(ctx, q, k, v, bias)
     }
 
     /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
@@ -528,10 +571,14 @@ impl Attention {
         q: ArrayView4<'_, f32>,
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
+        bias: Option<ArrayView4<'_, f32>>,
     ) -> Result<Output> {
         let (batch, heads, l, e) = q.dim();
         let (s_len, e_v) = (k.dim().2, v.dim().3);
         let fits = || -> Result<()> {
+            if let Some(b) = &bias {
+                buffer::check_len(ctx, "mask", b.len())?;
+            }
             let (bh, bkv) = (batch * heads, batch * k.dim().1);
             buffer::check_len(ctx, "Q (batch·heads·L·E)", bh * l * e)?;
             buffer::check_len(ctx, "K (batch·kv_heads·S·E)", bkv * s_len * e)?;
@@ -543,7 +590,7 @@ impl Attention {
             Ok(())
         };
         let Err(too_big) = fits() else {
-            return self.sdpa_whole(ctx, q, k, v);
+            return self.sdpa_whole(ctx, q, k, v, bias);
         };
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {
@@ -569,6 +616,7 @@ impl Attention {
                 q.slice_axis(axis, qs),
                 k.slice_axis(axis, kv),
                 v.slice_axis(axis, kv),
+                slice_bias(&bias, axis, qs),
             )?);
         }
         join_outputs(axis, &outs[0], &outs[1])
@@ -581,6 +629,7 @@ impl Attention {
         q: ArrayView4<'_, f32>,
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
+        bias: Option<ArrayView4<'_, f32>>,
     ) -> Result<Output> {
         let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         let (batch, heads, l, e) = q.dim();
@@ -619,8 +668,17 @@ impl Attention {
             let k_buf = buffer::upload(ctx, "K", &kh)?;
             let v_buf = buffer::upload(ctx, "V", &vh)?;
             let bufs = (&q_buf, &k_buf, &v_buf);
-            let (context, weights) =
-                op.record_attention(ctx, &mut encoder, &plan, shape, dims.scale, bufs, None)?;
+            let mask = MaskBuffer::upload(ctx, bias.as_ref())?;
+            let (context, weights) = op.record_attention(
+                ctx,
+                &mut encoder,
+                &plan,
+                shape,
+                dims.scale,
+                bufs,
+                mask.as_ref().map(MaskBuffer::arg),
+                None,
+            )?;
             self.read_back(
                 ctx,
                 encoder,
@@ -715,7 +773,10 @@ impl Attention {
     }
 
     /// Every buffer `dims` needs on `ctx` fits its limits, or the first that does not.
-    fn fits(&self, ctx: &Context, dims: &Dims) -> Result<()> {
+    fn fits(&self, ctx: &Context, dims: &Dims, bias: Option<&ArrayView4<'_, f32>>) -> Result<()> {
+        if let Some(b) = bias {
+            buffer::check_len(ctx, "mask", b.len())?;
+        }
         let rows = dims.batch * dims.n;
         buffer::check_len(ctx, "X (batch·n·d)", rows * dims.d)?;
         buffer::check_len(ctx, "Q, K (batch·n·d_k)", rows * dims.d_k)?;
@@ -737,16 +798,17 @@ impl Attention {
         dims: &Dims,
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
+        bias: Option<ArrayView4<'_, f32>>,
     ) -> Result<Output> {
-        let Err(too_big) = self.fits(ctx, dims) else {
-            return self.forward_whole(ctx, dims, x, proj);
+        let Err(too_big) = self.fits(ctx, dims, bias.as_ref()) else {
+            return self.forward_whole(ctx, dims, x, proj, bias);
         };
         if let Some(p) = proj.filter(|p| p.w_o.is_some()) {
             // The output projection mixes the heads: run the parts without it, then apply it
             // to the joined context here.
             let inner = p.without_output();
             let d = self.dims(x.shape(), Some(&inner))?;
-            let out = self.forward_in_parts(ctx, &d, x, Some(&inner))?;
+            let out = self.forward_in_parts(ctx, &d, x, Some(&inner), bias)?;
             let w_o = p.w_o.expect("filtered");
             let rows = out.context.len() / d.d_v;
             let flat = out
@@ -773,9 +835,10 @@ impl Attention {
                 x.slice_axis(Axis(0), (half..).into()),
             ];
             let mut outs = Vec::new();
-            for part in parts {
+            for (part, range) in parts.into_iter().zip([(..half).into(), (half..).into()]) {
                 let d = self.dims(part.shape(), proj)?;
-                outs.push(self.forward_in_parts(ctx, &d, part, proj)?);
+                let b = slice_bias(&bias, Axis(0), range);
+                outs.push(self.forward_in_parts(ctx, &d, part, proj, b)?);
             }
             return join_outputs(Axis(0), &outs[0], &outs[1]);
         }
@@ -788,6 +851,7 @@ impl Attention {
             for (h0, h1) in [(0, dims.heads / 2), (dims.heads / 2, dims.heads)] {
                 let op = self.heads(h1 - h0).scale(dims.scale);
                 let (kc, vc) = (h0 * dk_h..h1 * dk_h, h0 * dv_h..h1 * dv_h);
+                let b = slice_bias(&bias, Axis(1), (h0..h1).into());
                 let out = match proj {
                     Some(p) => {
                         let sub = Projections {
@@ -801,13 +865,13 @@ impl Attention {
                             b_o: None,
                         };
                         let d = op.dims(x.shape(), Some(&sub))?;
-                        op.forward_in_parts(ctx, &d, x.view(), Some(&sub))?
+                        op.forward_in_parts(ctx, &d, x.view(), Some(&sub), b)?
                     }
                     // Q = K = V = X: a head's columns of X are its q, k and v.
                     None => {
                         let part = x.slice_axis(Axis(last), kc.into());
                         let d = op.dims(part.shape(), None)?;
-                        op.forward_in_parts(ctx, &d, part, None)?
+                        op.forward_in_parts(ctx, &d, part, None, b)?
                     }
                 };
                 contexts.push(out.context);
@@ -844,6 +908,7 @@ impl Attention {
         dims: &Dims,
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
+        bias: Option<ArrayView4<'_, f32>>,
     ) -> Result<Output> {
         let dims = *dims;
         let plan = self.plan(ctx, &dims)?;
@@ -857,7 +922,9 @@ impl Attention {
             dims.heads,
             dims.causal
         );
-        let run = |plan: &Plan| ctx.scoped(|| self.record_and_run(ctx, plan, &dims, &x, proj));
+        let run = |plan: &Plan| {
+            ctx.scoped(|| self.record_and_run(ctx, plan, &dims, &x, proj, bias.as_ref()))
+        };
         let (context, weights) = match run(&plan) {
             // Texture sides bound the subgroup family only: when the family was not forced,
             // the storage kernels take what does not fit in a texture.
@@ -886,6 +953,7 @@ impl Attention {
         dims: &Dims,
         x: &ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
+        bias: Option<&ArrayView4<'_, f32>>,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let Dims {
             batch,
@@ -964,8 +1032,17 @@ impl Attention {
             d_k,
             d_v,
         };
-        let (context, weights) =
-            self.record_attention(ctx, &mut encoder, plan, shape, dims.scale, (q, k, v), host)?;
+        let mask = MaskBuffer::upload(ctx, bias)?;
+        let (context, weights) = self.record_attention(
+            ctx,
+            &mut encoder,
+            plan,
+            shape,
+            dims.scale,
+            (q, k, v),
+            mask.as_ref().map(MaskBuffer::arg),
+            host,
+        )?;
 
         let (output, width) = match proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) {
             None => (context, d_v),
@@ -1026,10 +1103,11 @@ impl Attention {
         let context = results.next().unwrap_or_default();
         Ok((context, results.next()))
     }
-    /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ)·V_h` per (batch, head), on Q, K,
-    /// V laid out `(batch, rows, heads·width)` (head `h` in columns `h·width..`), into a new
-    /// context buffer of the same layout; the weights `(batch, heads, n_q, n_kv)` too unless
-    /// the plan is fused. `host`: the contents of K = V when they are one host array.
+    /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ + mask)·V_h` per (batch, head),
+    /// on Q, K, V laid out `(batch, rows, heads·width)` (head `h` in columns `h·width..`),
+    /// into a new context buffer of the same layout; the weights `(batch, heads, n_q, n_kv)`
+    /// too unless the plan is fused. `host`: the contents of K = V when they are one host
+    /// array.
     #[allow(clippy::too_many_arguments)]
     fn record_attention(
         &self,
@@ -1039,6 +1117,7 @@ impl Attention {
         shape: Shape,
         scale: f32,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        mask: Option<MaskArg<'_>>,
         host: Option<&[f32]>,
     ) -> Result<(wgpu::Buffer, Option<wgpu::Buffer>)> {
         let Shape {
@@ -1109,7 +1188,7 @@ impl Attention {
                 scale,
                 kv_ratio: ratio,
             };
-            op.record(ctx, encoder, plan.flash, q, k, v, &context, host)?;
+            op.record(ctx, encoder, plan.flash, q, k, v, &context, mask, host)?;
             let weights = match (plan.fused, plan.matmul) {
                 (false, MatmulVariant::Subgroup { rows_per_lane }) => {
                     let weights =
@@ -1122,6 +1201,7 @@ impl Attention {
                         q,
                         k,
                         scale,
+                        mask,
                         &weights,
                     )?;
                     Some(weights)
@@ -1134,13 +1214,19 @@ impl Attention {
         scores_mm.record(ctx, encoder, plan.matmul, q, k, no_bias, &scores)?;
 
         // A = softmax(scale · S), in place.
-        let (params, wgs) = softmax::params(groups, n_q, n_kv, scale, self.causal)?;
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (params, wgs) =
+            softmax::params((batch, heads), n_q, n_kv, scale, self.causal, mask_strides)?;
+        let key = PipelineKey {
+            kernel: KernelId::Softmax,
+            consts: [has_mask, 0, 0, 0, 0],
+        };
         kernels::record(
             ctx,
             encoder,
-            KernelId::Softmax,
+            key,
             &params,
-            &[(&scores).into()],
+            &[(&scores).into(), mask.into()],
             wgs,
         )?;
 
@@ -1171,6 +1257,51 @@ struct Shape {
     n_kv: usize,
     d_k: usize,
     d_v: usize,
+}
+
+/// A mask uploaded for the kernels.
+struct MaskBuffer {
+    buffer: wgpu::Buffer,
+    strides: [u32; 4],
+}
+
+impl MaskBuffer {
+    /// The resolved bias on the device, or `None` without one.
+    fn upload(ctx: &Context, bias: Option<&ArrayView4<'_, f32>>) -> Result<Option<Self>> {
+        let Some(bias) = bias else {
+            return Ok(None);
+        };
+        let (data, strides) = crate::mask::gpu_layout(bias);
+        let buffer = buffer::upload(ctx, "mask", &data)?;
+        let mut s = [0u32; 4];
+        for (out, stride) in s.iter_mut().zip(strides) {
+            *out = kernels::u32_of("mask stride", stride)?;
+        }
+        Ok(Some(MaskBuffer { buffer, strides: s }))
+    }
+
+    fn arg(&self) -> MaskArg<'_> {
+        MaskArg {
+            buffer: &self.buffer,
+            strides: self.strides,
+        }
+    }
+}
+
+/// The part of a mask that goes with `range` along `axis` of the problem: the same mask when
+/// it is broadcast along that axis.
+fn slice_bias<'a>(
+    bias: &Option<ArrayView4<'a, f32>>,
+    axis: Axis,
+    range: ndarray::Slice,
+) -> Option<ArrayView4<'a, f32>> {
+    bias.map(|b| {
+        if b.len_of(axis) == 1 {
+            b
+        } else {
+            b.slice_axis_move(axis, range)
+        }
+    })
 }
 
 /// `parts` joined along `axis`, in row-major order like every other output.

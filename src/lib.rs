@@ -8,6 +8,7 @@ pub mod demo;
 pub mod error;
 pub mod gpu;
 pub mod kernels;
+pub mod mask;
 pub mod npy;
 pub mod reference;
 pub mod tune;
@@ -16,5 +17,6 @@ pub mod verify;
 pub use attention::{Attention, Dims, Kernels, Output, Plan, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
+pub use mask::Mask;
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;

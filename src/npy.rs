@@ -1,5 +1,5 @@
-//! `.npy` files in and out: float32 read as is, float64 converted; anything else is an error
-//! that names the file and what it holds. Written files are float32, readable by NumPy
+//! `.npy` files in and out: float32 read as is, float64 converted; masks also as bool, lengths
+//! as any integer dtype; anything else is an error that names the file and what it holds. Written files are float32, readable by NumPy
 //! (`np.load`) and PyTorch (`torch.from_numpy(np.load(...))`).
 
 use std::path::Path;
@@ -29,6 +29,105 @@ pub fn read(path: &Path) -> Result<ArrayD<f32>> {
         }
         Err(e) => Err(describe(path, e)),
     }
+}
+
+/// A mask as read from a `.npy` file: boolean (`true` = attend) or float (added to the
+/// scores).
+#[derive(Debug, Clone)]
+pub enum MaskArray {
+    /// A bool `.npy`.
+    Bool(ArrayD<bool>),
+    /// A float32 or float64 `.npy`.
+    Float(ArrayD<f32>),
+}
+
+impl MaskArray {
+    /// The mask over this array (see [`crate::mask`]).
+    pub fn mask(&self) -> crate::mask::Mask<'_> {
+        match self {
+            MaskArray::Bool(m) => crate::mask::Mask::boolean(m.view()),
+            MaskArray::Float(m) => crate::mask::Mask::additive(m.view()),
+        }
+    }
+}
+
+/// Reads a mask: a bool, float32 or float64 `.npy` file.
+///
+/// # Errors
+/// [`Error::Io`] naming the path when the file is unreadable or of another dtype.
+pub fn read_mask(path: &Path) -> Result<MaskArray> {
+    match ndarray_npy::read_npy::<_, ArrayD<bool>>(path) {
+        Ok(a) => Ok(MaskArray::Bool(a)),
+        Err(ReadNpyError::WrongDescriptor(_)) => match read(path) {
+            Ok(f) => Ok(MaskArray::Float(f)),
+            Err(Error::Io { message, .. }) if message.starts_with("unsupported dtype") => {
+                Err(Error::io(
+                    path,
+                    message.replace("a float32 or float64", "a bool, float32 or float64"),
+                ))
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(describe(path, e)),
+    }
+}
+
+/// Reads per-sequence lengths: a 1-D `.npy` of any integer dtype, no value negative.
+///
+/// # Errors
+/// [`Error::Io`] naming the path when the file is unreadable, not integer, not 1-D, or holds a
+/// negative length.
+pub fn read_lengths(path: &Path) -> Result<Vec<usize>> {
+    /// The array's number of axes and its values.
+    type Read = std::result::Result<(usize, Vec<i128>), ReadNpyError>;
+    fn try_read<T>(path: &Path) -> Read
+    where
+        T: ndarray_npy::ReadableElement + Copy + Into<i128>,
+    {
+        ndarray_npy::read_npy::<_, ArrayD<T>>(path)
+            .map(|a| (a.ndim(), a.iter().map(|&v| v.into()).collect()))
+    }
+    let readers: [fn(&Path) -> Read; 8] = [
+        try_read::<i64>,
+        try_read::<i32>,
+        try_read::<u64>,
+        try_read::<u32>,
+        try_read::<i16>,
+        try_read::<u16>,
+        try_read::<i8>,
+        try_read::<u8>,
+    ];
+    let mut last = None;
+    for reader in readers {
+        match reader(path) {
+            Ok((ndim, v)) => {
+                if ndim != 1 {
+                    return Err(Error::io(
+                        path,
+                        format!("expected a 1-D array of lengths, found {ndim} axes"),
+                    ));
+                }
+                return v
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &len)| {
+                        usize::try_from(len).map_err(|_| {
+                            Error::io(path, format!("length [{i}] = {len} is not a valid length"))
+                        })
+                    })
+                    .collect();
+            }
+            Err(ReadNpyError::WrongDescriptor(d)) => last = Some(d),
+            Err(e) => return Err(describe(path, e)),
+        }
+    }
+    Err(Error::io(
+        path,
+        format!(
+            "unsupported dtype {}: expected an integer .npy",
+            last.map(|d| d.to_string()).unwrap_or_default()
+        ),
+    ))
 }
 
 fn describe(path: &Path, e: ReadNpyError) -> Error {

@@ -1,10 +1,11 @@
 //! The CPU oracle: the same definition as the GPU path, written plainly with `ndarray` and
 //! accumulated in f64. Slow on purpose; obviously right is the point.
 
-use ndarray::{s, Array1, Array2, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
+use ndarray::{s, Array1, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
 use crate::attention::{check_inputs_finite, Attention, Dims, Output, Projections};
 use crate::error::{Error, Result};
+use crate::mask::Mask;
 
 fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)
@@ -25,17 +26,58 @@ fn project(
 
 /// Softmax of one row of logits over its first `visible` entries; the rest are 0.
 pub fn softmax_row(logits: &[f64], visible: usize) -> Vec<f64> {
-    let m = logits[..visible]
+    let masked: Vec<f64> = logits
         .iter()
-        .copied()
-        .fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = logits[..visible].iter().map(|&t| (t - m).exp()).collect();
-    let sum: f64 = e.iter().sum();
-    let mut out = vec![0.0; logits.len()];
-    for (o, v) in out.iter_mut().zip(e) {
-        *o = v / sum;
+        .enumerate()
+        .map(|(j, &t)| if j < visible { t } else { f64::NEG_INFINITY })
+        .collect();
+    softmax_masked(&masked)
+}
+
+/// Softmax of one row of logits where `-inf` is masked out (weight exactly 0); a row with
+/// nothing but `-inf` is all 0.
+pub fn softmax_masked(logits: &[f64]) -> Vec<f64> {
+    let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if m == f64::NEG_INFINITY {
+        return vec![0.0; logits.len()];
     }
-    out
+    let e: Vec<f64> = logits.iter().map(|&t| (t - m).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / sum).collect()
+}
+
+/// One head of attention: `A = softmax(scale·q·kᵀ + bias)` row by row, top-left causal when
+/// asked, and `(A, A·v)`. `bias` is the resolved mask with the batch and head to read it at.
+fn head(
+    q: ArrayView2<'_, f64>,
+    k: ArrayView2<'_, f64>,
+    v: ArrayView2<'_, f64>,
+    scale: f64,
+    causal: bool,
+    bias: Option<(&Array4<f32>, usize, usize)>,
+) -> (Array2<f64>, Array2<f64>) {
+    let (n_q, n_kv) = (q.nrows(), k.nrows());
+    let logits = q.dot(&k.t()) * scale;
+    let mut a = Array2::<f64>::zeros((n_q, n_kv));
+    for i in 0..n_q {
+        let row: Vec<f64> = (0..n_kv)
+            .map(|j| {
+                let mut t = logits[[i, j]];
+                if causal && j > i {
+                    t = f64::NEG_INFINITY;
+                }
+                if let Some((bias, b, h)) = bias {
+                    let pick =
+                        |axis: usize, idx: usize| if bias.shape()[axis] == 1 { 0 } else { idx };
+                    t += f64::from(bias[[pick(0, b), pick(1, h), pick(2, i), pick(3, j)]]);
+                }
+                t
+            })
+            .collect();
+        a.row_mut(i).assign(&Array1::from(softmax_masked(&row)));
+    }
+    let context = a.dot(&v);
+    (a, context)
 }
 
 /// [`Attention::sdpa`] on the CPU in f64 (weights always returned): per (batch, head),
@@ -49,12 +91,28 @@ pub fn sdpa(
     k: ArrayView4<'_, f32>,
     v: ArrayView4<'_, f32>,
 ) -> Result<Output<f64>> {
+    sdpa_masked(op, q, k, v, &Mask::none())
+}
+
+/// [`Attention::sdpa_masked`] on the CPU in f64: [`sdpa`] with `mask` added to the scaled
+/// scores (see [`crate::mask`]).
+///
+/// # Errors
+/// As [`sdpa`], and the mask's errors.
+pub fn sdpa_masked(
+    op: &Attention,
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    mask: &Mask<'_>,
+) -> Result<Output<f64>> {
     let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
     crate::attention::check_finite("Q", &q)?;
     crate::attention::check_finite("K", &k)?;
     crate::attention::check_finite("V", &v)?;
     let (b, h, l, _) = q.dim();
     let (s_len, e_v) = (k.dim().2, v.dim().3);
+    let bias = mask.bias([b, h, l, s_len])?;
     let scale = f64::from(dims.scale);
     let mut context = ndarray::Array4::<f64>::zeros((b, h, l, e_v));
     let mut weights = ndarray::Array4::<f64>::zeros((b, h, l, s_len));
@@ -65,20 +123,10 @@ pub fn sdpa(
             let hk = hi / (h / k.dim().1);
             let km = k.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let vm = v.slice(s![bi, hk, .., ..]).mapv(f64::from);
-            let scores = qm.dot(&km.t()) * scale;
-            for i in 0..l {
-                let visible = if dims.causal {
-                    (i + 1).min(s_len)
-                } else {
-                    s_len
-                };
-                let row = softmax_row(scores.row(i).as_slice().expect("contiguous"), visible);
-                weights
-                    .slice_mut(s![bi, hi, i, ..])
-                    .assign(&Array1::from(row));
-            }
-            let w = weights.slice(s![bi, hi, .., ..]);
-            context.slice_mut(s![bi, hi, .., ..]).assign(&w.dot(&vm));
+            let at = bias.as_ref().map(|m| (m, bi, hi));
+            let (a, c) = head(qm.view(), km.view(), vm.view(), scale, dims.causal, at);
+            weights.slice_mut(s![bi, hi, .., ..]).assign(&a);
+            context.slice_mut(s![bi, hi, .., ..]).assign(&c);
         }
     }
     Ok(Output {
@@ -97,6 +145,19 @@ pub fn attention(
     x: ArrayViewD<'_, f32>,
     proj: Option<&Projections<'_>>,
 ) -> Result<Output<f64>> {
+    attention_masked(op, x, proj, &Mask::none())
+}
+
+/// [`attention`] with `mask` added to the scaled scores, as [`Attention::forward_masked`].
+///
+/// # Errors
+/// As [`attention`], and the mask's errors.
+pub fn attention_masked(
+    op: &Attention,
+    x: ArrayViewD<'_, f32>,
+    proj: Option<&Projections<'_>>,
+    mask: &Mask<'_>,
+) -> Result<Output<f64>> {
     let dims = op.dims(x.shape(), proj)?;
     check_inputs_finite(&x, proj)?;
     let Dims {
@@ -110,6 +171,7 @@ pub fn attention(
         causal,
         ..
     } = dims;
+    let bias = mask.bias([batch, heads, n, n])?;
     let x3 = x
         .to_shape((batch, n, d))
         .map_err(|e| Error::shape(e.to_string()))?
@@ -132,17 +194,11 @@ pub fn attention(
             let qh = q.slice(s![.., h * dk_h..(h + 1) * dk_h]);
             let kh = k.slice(s![.., h * dk_h..(h + 1) * dk_h]);
             let vh = v.slice(s![.., h * dv_h..(h + 1) * dv_h]);
-            let logits = qh.dot(&kh.t()) * scale;
-            let mut a = Array2::<f64>::zeros((n, n));
-            for i in 0..n {
-                let visible = if causal { i + 1 } else { n };
-                let row: Vec<f64> = logits.row(i).to_vec();
-                a.row_mut(i)
-                    .assign(&Array1::from(softmax_row(&row, visible)));
-            }
+            let at = bias.as_ref().map(|m| (m, b, h));
+            let (a, c) = head(qh, kh, vh, scale, causal, at);
             context
                 .slice_mut(s![b, .., h * dv_h..(h + 1) * dv_h])
-                .assign(&a.dot(&vh));
+                .assign(&c);
             weights.slice_mut(s![b, h, .., ..]).assign(&a);
         }
     }

@@ -300,8 +300,10 @@ pub fn flash(
                 kv_ratio: 1,
             };
             fastest(candidates, |c| {
-                bench::timed_submit(ctx, |enc| op.record(ctx, enc, c, &q, &q, &v, &out, None))
-                    .map(|t| t.0)
+                bench::timed_submit(ctx, |enc| {
+                    op.record(ctx, enc, c, &q, &q, &v, &out, None, None)
+                })
+                .map(|t| t.0)
             })
         },
     )

@@ -11,6 +11,7 @@ use rand_distr::StandardNormal;
 use crate::attention::{Attention, Kernels, Projections};
 use crate::context::Context;
 use crate::error::Result;
+use crate::mask::Mask;
 use crate::reference;
 
 /// f32 machine epsilon, as f64.
@@ -47,6 +48,22 @@ pub struct Case {
     pub kernels: Kernels,
     /// The fused path without weights (else the weights are returned and checked too).
     pub fused: bool,
+    /// A mask, drawn from the seed.
+    pub mask: MaskCase,
+}
+
+/// Which mask a [`Case`] has (see [`crate::mask`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MaskCase {
+    /// None.
+    #[default]
+    None,
+    /// Key lengths, one per sequence, from 0 (a sequence that sees nothing) to n.
+    Lengths,
+    /// A boolean `(batch, heads, n, n)` mask, about 70% true.
+    Bool,
+    /// A float `(n, n)` mask: biases in [-3, 3], about 10% `-inf`.
+    Float,
 }
 
 impl Case {
@@ -67,6 +84,7 @@ impl Case {
             out_proj: None,
             kernels: Kernels::Auto,
             fused: false,
+            mask: MaskCase::None,
         }
     }
 
@@ -130,11 +148,33 @@ impl Case {
             )),
             _ => None,
         };
+        let batch = self.batch.unwrap_or(1);
+        let n = self.n;
+        let mask = match self.mask {
+            MaskCase::None => MaskData::None,
+            MaskCase::Lengths => {
+                MaskData::Lengths((0..batch).map(|_| rng.random_range(0..=n)).collect())
+            }
+            MaskCase::Bool => {
+                let shape = [batch, self.heads, n, n];
+                MaskData::Bool(ArrayD::from_shape_fn(IxDyn(&shape), |_| {
+                    rng.random_bool(0.7)
+                }))
+            }
+            MaskCase::Float => MaskData::Float(ArrayD::from_shape_fn(IxDyn(&[n, n]), |_| {
+                if rng.random_bool(0.1) {
+                    f32::NEG_INFINITY
+                } else {
+                    rng.random_range(-3.0..3.0)
+                }
+            })),
+        };
         CaseData {
             x,
             weights,
             biases,
             output,
+            mask,
         }
     }
 }
@@ -173,6 +213,12 @@ impl fmt::Display for Case {
         if self.kernels != Kernels::Auto {
             opts.push(format!("[{}]", self.kernels));
         }
+        match self.mask {
+            MaskCase::None => {}
+            MaskCase::Lengths => opts.push("kv-lengths".into()),
+            MaskCase::Bool => opts.push("mask=bool".into()),
+            MaskCase::Float => opts.push("mask=float".into()),
+        }
         if self.fused {
             opts.push("fused".into());
         }
@@ -191,9 +237,34 @@ pub struct CaseData {
     pub biases: Option<(Array1<f32>, Array1<f32>, Array1<f32>)>,
     /// `W_O` and `b_O`.
     pub output: Option<(Array2<f32>, Option<Array1<f32>>)>,
+    /// The mask's arrays.
+    pub mask: MaskData,
+}
+
+/// A case's mask arrays.
+#[derive(Debug, Clone)]
+pub enum MaskData {
+    /// No mask.
+    None,
+    /// Key lengths.
+    Lengths(Vec<usize>),
+    /// A boolean mask.
+    Bool(ArrayD<bool>),
+    /// A float mask.
+    Float(ArrayD<f32>),
 }
 
 impl CaseData {
+    /// The mask over these arrays.
+    pub fn mask(&self) -> Mask<'_> {
+        match &self.mask {
+            MaskData::None => Mask::none(),
+            MaskData::Lengths(l) => Mask::none().with_kv_lengths(l),
+            MaskData::Bool(m) => Mask::boolean(m.view()),
+            MaskData::Float(m) => Mask::additive(m.view()),
+        }
+    }
+
     /// The projections as views.
     pub fn projections(&self) -> Option<Projections<'_>> {
         self.weights.as_ref().map(|(q, k, v)| {
@@ -249,8 +320,9 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
     let data = case.data(seed);
     let proj = data.projections();
     let op = case.op();
-    let gpu = op.forward(ctx, data.x.view(), proj.as_ref())?;
-    let cpu = reference::attention(&op, data.x.view(), proj.as_ref())?;
+    let mask = data.mask();
+    let gpu = op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)?;
+    let cpu = reference::attention_masked(&op, data.x.view(), proj.as_ref(), &mask)?;
     let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
     let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
         (Some(g), Some(c), false) => reference::compare(g, c),
@@ -355,6 +427,31 @@ pub fn standard_cases() -> Vec<Case> {
             out_proj: Some(7),
             ..Case::new(37, 13, 10, 6)
         },
+        // Masks: key lengths, boolean per (batch, head), float with -inf; with causal too.
+        Case {
+            mask: MaskCase::Lengths,
+            batch: Some(4),
+            heads: 2,
+            ..Case::new(37, 16, 16, 8)
+        },
+        Case {
+            mask: MaskCase::Bool,
+            batch: Some(2),
+            heads: 2,
+            causal: true,
+            ..Case::new(53, 16, 16, 8)
+        },
+        Case {
+            mask: MaskCase::Float,
+            bias: true,
+            ..Case::new(129, 16, 24, 28)
+        },
+        Case {
+            mask: MaskCase::Float,
+            weights: false,
+            causal: true,
+            ..Case::new(40, 8, 8, 8)
+        },
     ]);
     cases
 }
@@ -392,6 +489,13 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                 out_proj: (weights && rng.random_bool(0.25)).then(|| rng.random_range(1..=20)),
                 kernels: Kernels::Auto,
                 fused: false,
+                mask: [
+                    MaskCase::None,
+                    MaskCase::None,
+                    MaskCase::Lengths,
+                    MaskCase::Bool,
+                    MaskCase::Float,
+                ][rng.random_range(0..5)],
             }
         })
         .collect()

@@ -181,17 +181,24 @@ fn verbose_flag_logs_adapter_and_plan_to_stderr_and_quiet_by_default() {
     }
 }
 
-#[test]
-fn sdpa_writes_pytorch_layout_outputs_that_match_the_reference() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+/// Q (2, 2, 9, 4) and K (2, 2, 13, 4) for the `sdpa` tests.
+fn sdpa_q_k() -> [ndarray::Array4<f32>; 2] {
     let f = |salt: f32| {
         move |(a, b, c, d): (usize, usize, usize, usize)| {
             ((a * 50 + b * 20 + c * 5 + d) as f32 * salt).sin()
         }
     };
-    let q = ndarray::Array4::from_shape_fn((2, 2, 9, 4), f(0.11));
-    let k = ndarray::Array4::from_shape_fn((2, 2, 13, 4), f(0.07));
+    [
+        ndarray::Array4::from_shape_fn((2, 2, 9, 4), f(0.11)),
+        ndarray::Array4::from_shape_fn((2, 2, 13, 4), f(0.07)),
+    ]
+}
+
+#[test]
+fn sdpa_writes_pytorch_layout_outputs_that_match_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let [q, k] = sdpa_q_k();
     // V as float64: converted on read.
     let v = ndarray::Array4::from_shape_fn((2, 2, 13, 5), |(a, b, c, d)| {
         ((a + b + c * d) as f64 * 0.3).cos()
@@ -287,4 +294,104 @@ fn run_with_an_output_projection_matches_the_reference() {
     let want =
         reference::attention(&Attention::new().heads(2), x.view().into_dyn(), Some(&proj)).unwrap();
     assert!(reference::compare(&context, &want.context).0 < 1e-5);
+}
+
+#[test]
+fn sdpa_and_run_take_a_mask_and_key_lengths_from_npy_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let [q, k] = sdpa_q_k();
+    let v = k
+        .mapv(|x| (x * 3.0).cos())
+        .slice_move(ndarray::s![.., .., .., ..3]);
+    ndarray_npy::write_npy(p("q.npy"), &q).unwrap();
+    ndarray_npy::write_npy(p("k.npy"), &k).unwrap();
+    ndarray_npy::write_npy(p("v.npy"), &v).unwrap();
+    // A boolean (L, S) mask and int64 key lengths, as NumPy writes them.
+    let mask = Array2::from_shape_fn((9, 13), |(i, j)| (i + 2 * j) % 5 != 0).into_dyn();
+    ndarray_npy::write_npy(p("mask.npy"), &mask).unwrap();
+    ndarray_npy::write_npy(p("len.npy"), &Array1::from(vec![13i64, 6])).unwrap();
+    let args = |extra: &[&str]| {
+        let mut a: Vec<String> = ["sdpa", "--q", &p("q.npy"), "--k", &p("k.npy")]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(["--v".into(), p("v.npy"), "--out".into(), p("o")]);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |extra: &[&str]| {
+        let a = args(extra);
+        cli(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    ok(&run(&[
+        "--mask",
+        &p("mask.npy"),
+        "--kv-lengths",
+        &p("len.npy"),
+    ]));
+    let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
+    let weights: ArrayD<f32> = ndarray_npy::read_npy(p("o/weights.npy")).unwrap();
+    let m = wgpu_attention::Mask::boolean(mask.view()).with_kv_lengths(&[13, 6]);
+    let want = reference::sdpa_masked(&Attention::new(), q.view(), k.view(), v.view(), &m).unwrap();
+    assert!(reference::compare(&context, &want.context).0 < 1e-5);
+    assert!(reference::compare(&weights, want.weights.as_ref().unwrap()).0 < 1e-5);
+    assert!(weights
+        .slice(ndarray::s![1, .., .., 6..])
+        .iter()
+        .all(|&w| w == 0.0));
+
+    // A float mask on `run`, broadcast over the batch and heads.
+    let x = Array3::from_shape_fn((2, 6, 4), |(a, b, c)| {
+        ((a * 9 + b * 4 + c) as f32 * 0.2).cos()
+    });
+    ndarray_npy::write_npy(p("x.npy"), &x).unwrap();
+    let fm = Array2::from_shape_fn((6, 6), |(i, j)| {
+        if j > i + 1 {
+            f32::NEG_INFINITY
+        } else {
+            0.3 * j as f32
+        }
+    })
+    .into_dyn();
+    ndarray_npy::write_npy(p("fm.npy"), &fm).unwrap();
+    ok(&cli(&[
+        "run",
+        "--x",
+        &p("x.npy"),
+        "--mask",
+        &p("fm.npy"),
+        "--out",
+        &p("r"),
+    ]));
+    let context: ArrayD<f32> = ndarray_npy::read_npy(p("r/context.npy")).unwrap();
+    let want = reference::attention_masked(
+        &Attention::new(),
+        x.view().into_dyn(),
+        None,
+        &wgpu_attention::Mask::additive(fm.view()),
+    )
+    .unwrap();
+    assert!(reference::compare(&context, &want.context).0 < 1e-5);
+
+    // Bad values: an int mask, a mask that does not broadcast, float or negative lengths,
+    // lengths past S, a missing file. Each is one clear line and a failure exit.
+    ndarray_npy::write_npy(p("imask.npy"), &Array2::<i32>::zeros((9, 13))).unwrap();
+    ndarray_npy::write_npy(p("wide.npy"), &Array2::<bool>::from_elem((9, 14), true)).unwrap();
+    ndarray_npy::write_npy(p("flen.npy"), &Array1::from(vec![1.0f32, 2.0])).unwrap();
+    ndarray_npy::write_npy(p("neg.npy"), &Array1::from(vec![3i32, -1])).unwrap();
+    ndarray_npy::write_npy(p("long.npy"), &Array1::from(vec![3u8, 14])).unwrap();
+    for (flag, file, says) in [
+        ("--mask", "imask.npy", "bool, float32 or float64"),
+        ("--mask", "wide.npy", "does not broadcast"),
+        ("--mask", "absent.npy", "absent.npy"),
+        ("--kv-lengths", "flen.npy", "integer"),
+        ("--kv-lengths", "neg.npy", "-1"),
+        ("--kv-lengths", "long.npy", "kv_lengths[1] = 14"),
+    ] {
+        let out = run(&[flag, &p(file)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {file} was accepted");
+        assert!(err.contains(says), "{flag} {file}: {err}");
+    }
 }

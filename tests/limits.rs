@@ -6,7 +6,7 @@
 
 use ndarray::{Array2, Array3};
 use wgpu_attention::wgpu;
-use wgpu_attention::{reference, Attention, Context, Error, Kernels, Projections};
+use wgpu_attention::{reference, Attention, Context, Error, Kernels, Mask, Projections};
 
 /// A context on the default adapter whose device has `lower` applied to its limits.
 fn context_with(lower: impl FnOnce(&mut wgpu::Limits)) -> Context {
@@ -177,4 +177,56 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
         err.to_string().contains("max_storage_buffer_binding_size"),
         "{err}"
     );
+}
+
+#[test]
+fn masked_calls_over_the_storage_binding_limit_are_split_with_their_masks() {
+    let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
+    let f = |salt: f32| {
+        move |(a, b, c, d): (usize, usize, usize, usize)| {
+            ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
+        }
+    };
+    // Weights (and a full mask) of 2·4·50·70 = 28,000 floats: split by batch, then by heads;
+    // the mask's parts go with them, and a broadcast mask stays whole.
+    let q = ndarray::Array4::from_shape_fn((2, 4, 50, 8), f(0.013));
+    let k = ndarray::Array4::from_shape_fn((2, 2, 70, 8), f(0.021));
+    let v = ndarray::Array4::from_shape_fn((2, 2, 70, 6), f(0.017));
+    let full = ndarray::Array4::from_shape_fn((2, 4, 50, 70), |(a, b, c, d)| {
+        (a * 7 + b * 5 + c * 3 + d) % 4 != 0
+    })
+    .into_dyn();
+    let per_head =
+        ndarray::Array3::from_shape_fn((4, 1, 70), |(h, _, j)| (h + j) as f32 * -0.1).into_dyn();
+    for mask in [
+        Mask::boolean(full.view()),
+        Mask::additive(per_head.view()).with_kv_lengths(&[70, 9]),
+    ] {
+        for fused in [false, true] {
+            let op = Attention::new().causal(true).return_weights(!fused);
+            let got = op
+                .sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)
+                .unwrap();
+            let want = reference::sdpa_masked(&op, q.view(), k.view(), v.view(), &mask).unwrap();
+            assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
+            if let Some(w) = &got.weights {
+                assert!(reference::compare(w, want.weights.as_ref().unwrap()).0 < 1e-5);
+            }
+        }
+    }
+    // forward_masked splits the same way.
+    let x = ndarray::Array3::from_shape_fn((2, 60, 8), |(a, b, c)| {
+        ((a * 31 + b * 5 + c) as f32 * 0.07).sin()
+    })
+    .into_dyn();
+    let m = ndarray::Array4::from_shape_fn((2, 2, 60, 60), |(a, b, c, d)| (a + b + c * d) % 3 != 1)
+        .into_dyn();
+    let op = Attention::new().heads(2);
+    let got = op
+        .forward_masked(&ctx, x.view(), None, &Mask::boolean(m.view()))
+        .unwrap();
+    let want = reference::attention_masked(&op, x.view(), None, &Mask::boolean(m.view())).unwrap();
+    assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
+    let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
+    assert!(reference::compare(&w, &ww).0 < 1e-5);
 }

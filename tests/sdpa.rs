@@ -5,51 +5,7 @@
 mod common;
 
 use ndarray::Array4;
-use wgpu_attention::{reference, verify, Attention, Error, Kernels};
-
-fn arrays(b: usize, h: usize, l: usize, s: usize, e: usize, ev: usize) -> [Array4<f32>; 3] {
-    let f = |salt: usize| {
-        move |(i, j, k, m): (usize, usize, usize, usize)| {
-            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
-        }
-    };
-    [
-        Array4::from_shape_fn((b, h, l, e), f(1)),
-        Array4::from_shape_fn((b, h, s, e), f(2)),
-        Array4::from_shape_fn((b, h, s, ev), f(3)),
-    ]
-}
-
-/// Runs `base` on every path (each family, with weights and fused) and compares it with
-/// the reference; returns one line per path that disagrees, prefixed with `label`.
-fn failures_on_every_path(
-    base: Attention,
-    [q, k, v]: &[Array4<f32>; 3],
-    label: &str,
-) -> Vec<String> {
-    let ctx = common::ctx();
-    let (b, h, l, _) = q.dim();
-    let (s, ev) = (k.dim().2, v.dim().3);
-    let want = reference::sdpa(&base, q.view(), k.view(), v.view()).unwrap();
-    let mut failures = Vec::new();
-    for (kernels, fused) in verify::paths(ctx) {
-        let op = base.kernels(kernels).return_weights(!fused);
-        let got = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
-        assert_eq!(got.context.shape(), &[b, h, l, ev]);
-        let (rel, _) = reference::compare(&got.context, &want.context);
-        let wrel = match &got.weights {
-            Some(w) => {
-                assert_eq!(w.shape(), &[b, h, l, s]);
-                reference::compare(w, want.weights.as_ref().unwrap()).0
-            }
-            None => 0.0,
-        };
-        if rel > 1e-5 || wrel > 1e-5 || got.weights.is_some() == fused {
-            failures.push(format!("{label} {kernels} fused={fused}: {rel:e} {wrel:e}"));
-        }
-    }
-    failures
-}
+use wgpu_attention::{reference, Attention, Error, Kernels, Mask};
 
 #[test]
 fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
@@ -59,7 +15,7 @@ fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
         (1, 2, 70, 20, 16, 16),
         (1, 1, 1, 9, 4, 3),
     ] {
-        let qkv = arrays(b, h, l, s, e, ev);
+        let qkv = common::sdpa_arrays(b, h, l, s, e, ev);
         for causal in [false, true] {
             for scale in [None, Some(0.3f32)] {
                 let mut base = Attention::new().causal(causal).nan_fill(true);
@@ -67,7 +23,7 @@ fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
                     base = base.scale(sc);
                 }
                 let label = format!("b{b} h{h} L{l} S{s} causal={causal} scale={scale:?}");
-                failures.extend(failures_on_every_path(base, &qkv, &label));
+                failures.extend(common::sdpa_failures(base, &qkv, &Mask::none(), &label));
             }
         }
     }
@@ -77,7 +33,7 @@ fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
 #[test]
 fn sdpa_causal_rows_past_s_see_every_key() {
     // L = 6 > S = 3: query i sees keys j ≤ i, so rows 2.. see all three (top-left aligned).
-    let [q, k, v] = arrays(1, 1, 6, 3, 4, 2);
+    let [q, k, v] = common::sdpa_arrays(1, 1, 6, 3, 4, 2);
     let out = Attention::new()
         .causal(true)
         .sdpa(common::ctx(), q.view(), k.view(), v.view())
@@ -93,26 +49,26 @@ fn sdpa_causal_rows_past_s_see_every_key() {
 #[test]
 fn sdpa_bad_shapes_and_values_are_clear_errors() {
     let ctx = common::ctx();
-    let [q, k, v] = arrays(2, 2, 5, 7, 4, 3);
+    let [q, k, v] = common::sdpa_arrays(2, 2, 5, 7, 4, 3);
     let err = |q: &Array4<f32>, k: &Array4<f32>, v: &Array4<f32>, op: Attention| {
         op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap_err()
     };
-    let [_, k_wide, _] = arrays(2, 2, 5, 7, 6, 3);
+    let [_, k_wide, _] = common::sdpa_arrays(2, 2, 5, 7, 6, 3);
     assert!(err(&q, &k_wide, &v, Attention::new())
         .to_string()
         .contains("same width E"));
-    let [_, _, v_long] = arrays(2, 2, 5, 8, 4, 3);
+    let [_, _, v_long] = common::sdpa_arrays(2, 2, 5, 8, 4, 3);
     assert!(err(&q, &k, &v_long, Attention::new())
         .to_string()
         .contains("same length S"));
     // 2 Q heads cannot share 3 K/V heads.
-    let [_, k_heads, v_heads] = arrays(2, 3, 5, 7, 4, 3);
+    let [_, k_heads, v_heads] = common::sdpa_arrays(2, 3, 5, 7, 4, 3);
     let e = err(&q, &k_heads, &v_heads, Attention::new());
     assert!(
         matches!(e, Error::ShapeMismatch { .. }) && e.to_string().contains("multiple"),
         "{e}"
     );
-    let [q0, k0, v0] = arrays(2, 2, 0, 7, 4, 3);
+    let [q0, k0, v0] = common::sdpa_arrays(2, 2, 0, 7, 4, 3);
     assert!(err(&q0, &k0, &v0, Attention::new())
         .to_string()
         .contains("L is 0"));
@@ -135,13 +91,13 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
 fn grouped_query_attention_ratios_1_2_4_8_match_the_reference_on_every_path() {
     let mut failures = Vec::new();
     for kv_heads in [8usize, 4, 2, 1] {
-        let [q, _, _] = arrays(2, 8, 19, 23, 8, 6);
-        let [_, k, v] = arrays(2, kv_heads, 19, 23, 8, 6);
+        let [q, _, _] = common::sdpa_arrays(2, 8, 19, 23, 8, 6);
+        let [_, k, v] = common::sdpa_arrays(2, kv_heads, 19, 23, 8, 6);
         let qkv = [q, k, v];
         for causal in [false, true] {
             let base = Attention::new().causal(causal).nan_fill(true);
             let label = format!("kv_heads={kv_heads} causal={causal}");
-            failures.extend(failures_on_every_path(base, &qkv, &label));
+            failures.extend(common::sdpa_failures(base, &qkv, &Mask::none(), &label));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -150,8 +106,8 @@ fn grouped_query_attention_ratios_1_2_4_8_match_the_reference_on_every_path() {
 #[test]
 fn reference_gqa_equals_k_and_v_repeated_per_q_head() {
     // The definition, checked against the obvious one: repeat each K/V head for its Q heads.
-    let [q, _, _] = arrays(1, 4, 5, 6, 3, 2);
-    let [_, k, v] = arrays(1, 2, 5, 6, 3, 2);
+    let [q, _, _] = common::sdpa_arrays(1, 4, 5, 6, 3, 2);
+    let [_, k, v] = common::sdpa_arrays(1, 2, 5, 6, 3, 2);
     let repeat = |a: &Array4<f32>| {
         Array4::from_shape_fn((1, 4, a.dim().2, a.dim().3), |(b, h, i, j)| {
             a[[b, h / 2, i, j]]

@@ -79,9 +79,10 @@ impl KernelId {
     /// order. They size private arrays and unroll loops, which WGSL `override`s cannot.
     pub fn constants(self) -> &'static [&'static str] {
         match self {
-            KernelId::FlashTiled => &["BK", "DK4", "DV4"],
-            KernelId::FlashSubgroup => &["SG", "R", "DK4", "DV4"],
-            KernelId::MatmulSubgroup => &["SG", "T"],
+            KernelId::Softmax => &["MASK"],
+            KernelId::FlashTiled => &["BK", "DK4", "DV4", "MASK"],
+            KernelId::FlashSubgroup => &["SG", "R", "DK4", "DV4", "MASK"],
+            KernelId::MatmulSubgroup => &["SG", "T", "MASK"],
             _ => &[],
         }
     }
@@ -194,14 +195,14 @@ pub struct PipelineKey {
     /// The kernel.
     pub kernel: KernelId,
     /// Its constants, in [`KernelId::constants`] order (unused slots 0).
-    pub consts: [u32; 4],
+    pub consts: [u32; 5],
 }
 
 impl From<KernelId> for PipelineKey {
     fn from(kernel: KernelId) -> Self {
         PipelineKey {
             kernel,
-            consts: [0; 4],
+            consts: [0; 5],
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::kernels::matmul::Strides;
 use crate::kernels::pack::Pack;
-use crate::kernels::{record, u32_of, Binding};
+use crate::kernels::{record, u32_of, Binding, MaskArg};
 
 /// Query rows per workgroup in `flash_tiled.wgsl` (its `WG`).
 pub const TILED_ROWS: usize = 64;
@@ -66,6 +66,7 @@ pub struct FlashParams {
     v_rows: u32,
     scale_log2: f32,
     kv_ratio: u32,
+    mask: [u32; 4],
     _pad: [u32; 2],
 }
 
@@ -128,7 +129,7 @@ impl Flash {
         Ok((p, (groups * blocks) as u64))
     }
 
-    /// Records the fused pass: `out ← softmax(scale·Q·Kᵀ)·V`, with `variant`. When K and V
+    /// Records the fused pass: `out ← softmax(scale·Q·Kᵀ + mask)·V`, with `variant`. When K and V
     /// are the same rows of the same buffer (no projections) and `host` holds that buffer's
     /// contents, the subgroup variant packs them on the CPU and uploads the texture, instead
     /// of a pack pass on the GPU.
@@ -146,8 +147,10 @@ impl Flash {
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
         out: &wgpu::Buffer,
+        mask: Option<MaskArg<'_>>,
         host: Option<&[f32]>,
     ) -> Result<()> {
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
         let dk4 = u32_of("d_k per head", self.dk_h.div_ceil(4))?;
         let dv4 = u32_of("d_v per head", self.dv_h.div_ceil(4))?;
         match variant {
@@ -162,17 +165,18 @@ impl Flash {
                         limit_name: "max_compute_workgroup_storage_size",
                     });
                 }
-                let (params, wgs) = self.params(TILED_ROWS)?;
+                let (mut params, wgs) = self.params(TILED_ROWS)?;
+                params.mask = mask_strides;
                 let key = PipelineKey {
                     kernel: KernelId::FlashTiled,
-                    consts: [keys, dk4, dv4, 0],
+                    consts: [keys, dk4, dv4, has_mask, 0],
                 };
                 record(
                     ctx,
                     encoder,
                     key,
                     &params,
-                    &[q.into(), k.into(), v.into(), out.into()],
+                    &[q.into(), k.into(), v.into(), out.into(), mask.into()],
                     wgs,
                 )
             }
@@ -203,9 +207,10 @@ impl Flash {
                 params.k_rows = k_tex.layout.rows;
                 params.v_shift = v_tex.layout.shift;
                 params.v_rows = v_tex.layout.rows;
+                params.mask = mask_strides;
                 let key = PipelineKey {
                     kernel: KernelId::FlashSubgroup,
-                    consts: [sg, rows_per_lane, dk4, dv4],
+                    consts: [sg, rows_per_lane, dk4, dv4, has_mask],
                 };
                 record(
                     ctx,
@@ -217,6 +222,7 @@ impl Flash {
                         Binding::Texture(&k_tex.view),
                         Binding::Texture(&v_tex.view),
                         out.into(),
+                        mask.into(),
                     ],
                     wgs,
                 )
@@ -231,6 +237,6 @@ mod tests {
 
     #[test]
     fn params_size_matches_wgsl_structs() {
-        assert_eq!(std::mem::size_of::<FlashParams>(), 32 * 4);
+        assert_eq!(std::mem::size_of::<FlashParams>(), 36 * 4);
     }
 }

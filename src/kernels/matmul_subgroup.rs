@@ -10,7 +10,7 @@ use crate::gpu::buffer;
 use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::kernels::matmul::{Matmul, HAS_BIAS, SKIP_UPPER};
 use crate::kernels::pack::{Pack, Packed};
-use crate::kernels::{record, u32_of, Binding};
+use crate::kernels::{record, u32_of, Binding, MaskArg};
 
 /// Epilogue flag: `C = exp2(scale_log2·(A·B) − lse[row])`, zero above the diagonal with
 /// [`SKIP_UPPER`].
@@ -43,6 +43,7 @@ struct Params {
     c_head: u32,
     c_row: u32,
     scale_log2: f32,
+    mask: [u32; 4],
     _pad1: [u32; 3],
 }
 
@@ -113,8 +114,10 @@ fn dispatch(
     ops: &Operands,
     bias: &wgpu::Buffer,
     epilogue: Epilogue<'_>,
+    mask: Option<MaskArg<'_>>,
     c: &wgpu::Buffer,
 ) -> Result<()> {
+    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
     let sg = ops.sg;
     let tiles_m = mm.m.div_ceil((sg * rows_per_lane) as usize);
     let tiles_n = tiles_n(mm, sg);
@@ -145,11 +148,12 @@ fn dispatch(
         c_head: mm.c.head,
         c_row: mm.c.row,
         scale_log2: scale * std::f32::consts::LOG2_E,
+        mask: mask_strides,
         ..Default::default()
     };
     let key = PipelineKey {
         kernel: KernelId::MatmulSubgroup,
-        consts: [sg, rows_per_lane, 0, 0],
+        consts: [sg, rows_per_lane, has_mask, 0, 0],
     };
     record(
         ctx,
@@ -162,6 +166,7 @@ fn dispatch(
             bias.into(),
             lse.into(),
             c.into(),
+            mask.into(),
         ],
         (tiles_m * tiles_n * groups) as u64,
     )
@@ -194,12 +199,13 @@ pub fn record_matmul(
         &ops,
         bias,
         Epilogue::Plain,
+        None,
         c,
     )
 }
 
-/// Records the attention weights `softmax(scale · Q·Kᵀ)` of the score problem `mm` (A = Q,
-/// B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`, in three passes that never hold
+/// Records the attention weights `softmax(scale · Q·Kᵀ + mask)` of the score problem `mm`
+/// (A = Q, B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`, in three passes that never hold
 /// unnormalized scores: the products' per-tile softmax statistics, their reduction to each
 /// row's log-sum-exp (`shaders/lse_reduce.wgsl`), then the products again with
 /// `exp(s − lse)` as the epilogue.
@@ -215,6 +221,7 @@ pub fn record_weights(
     q: &wgpu::Buffer,
     k: &wgpu::Buffer,
     scale: f32,
+    mask: Option<MaskArg<'_>>,
     weights: &wgpu::Buffer,
 ) -> Result<()> {
     let ops = pack(ctx, encoder, mm, q, k)?;
@@ -223,7 +230,17 @@ pub fn record_weights(
     let partial = buffer::output(ctx, "softmax statistics", rows * tiles * 2, false)?;
     let lse = buffer::output(ctx, "row log-sum-exp", rows, false)?;
     let stats = Epilogue::Stats { scale };
-    dispatch(ctx, encoder, mm, rows_per_lane, &ops, &lse, stats, &partial)?;
+    dispatch(
+        ctx,
+        encoder,
+        mm,
+        rows_per_lane,
+        &ops,
+        &lse,
+        stats,
+        mask,
+        &partial,
+    )?;
     let params = ReduceParams {
         rows: u32_of("rows", rows)?,
         tiles: u32_of("column tiles", tiles)?,
@@ -246,6 +263,7 @@ pub fn record_weights(
         &ops,
         &partial,
         softmax,
+        mask,
         weights,
     )
 }
@@ -256,7 +274,7 @@ mod tests {
 
     #[test]
     fn params_sizes_match_wgsl_structs() {
-        assert_eq!(std::mem::size_of::<Params>(), 24 * 4);
+        assert_eq!(std::mem::size_of::<Params>(), 28 * 4);
         assert_eq!(std::mem::size_of::<ReduceParams>(), 4 * 4);
     }
 }

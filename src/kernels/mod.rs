@@ -59,6 +59,27 @@ impl<'a> From<&'a wgpu::TextureView> for Binding<'a> {
     }
 }
 
+/// A mask as the kernels read it: the bias buffer (see [`crate::mask::gpu_layout`]) and its
+/// element strides over `(batch, head, query, key)`, 0 along broadcast axes.
+#[derive(Debug, Clone, Copy)]
+pub struct MaskArg<'a> {
+    /// The bias, `f32::MIN` where masked out.
+    pub buffer: &'a wgpu::Buffer,
+    /// Element strides over `(batch, head, query, key)`.
+    pub strides: [u32; 4],
+}
+
+impl<'a> MaskArg<'a> {
+    /// What a kernel binds and is built with for `mask`: the buffer (the context's stand-in
+    /// when there is none), the strides, and the `MASK` constant.
+    pub fn parts(ctx: &'a Context, mask: Option<MaskArg<'a>>) -> (&'a wgpu::Buffer, [u32; 4], u32) {
+        match mask {
+            Some(m) => (m.buffer, m.strides, 1),
+            None => (ctx.stand_in(), [0; 4], 0),
+        }
+    }
+}
+
 /// Records one dispatch of `kernel` into `encoder`: `params` at binding 0, then `resources`
 /// at bindings 1, 2, …, over `workgroups` workgroups.
 pub fn record<P: bytemuck::Pod>(

@@ -1,5 +1,5 @@
 //! Launcher of `shaders/softmax.wgsl`: in-place row-wise softmax of `scale · scores`, one
-//! workgroup per row, with the causal mask.
+//! workgroup per row, with the causal mask and an optional additive mask.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -15,25 +15,31 @@ pub struct SoftmaxParams {
     n_q: u32,
     causal: u32,
     scale: f32,
-    _pad: [u32; 3],
+    heads: u32,
+    mask: [u32; 4],
+    _pad: [u32; 2],
 }
 
-/// The uniform block and workgroup count for `groups` score matrices of `n_q × n_kv`.
+/// The uniform block and workgroup count for `batch · heads` score matrices of `n_q × n_kv`,
+/// with the mask's element strides over `(batch, head, query, key)` (zeros without one).
 pub fn params(
-    groups: usize,
+    (batch, heads): (usize, usize),
     n_q: usize,
     n_kv: usize,
     scale: f32,
     causal: bool,
+    mask: [u32; 4],
 ) -> Result<(SoftmaxParams, u64)> {
-    let rows = groups * n_q;
+    let rows = batch * heads * n_q;
     let p = SoftmaxParams {
         rows: u32_of("softmax rows", rows)?,
         cols: u32_of("softmax columns", n_kv)?,
         n_q: u32_of("queries", n_q)?,
         causal: u32::from(causal),
         scale,
-        _pad: [0; 3],
+        heads: u32_of("heads", heads)?,
+        mask,
+        _pad: [0; 2],
     };
     Ok((p, rows as u64))
 }
@@ -44,6 +50,6 @@ mod tests {
 
     #[test]
     fn params_size_matches_wgsl_struct() {
-        assert_eq!(std::mem::size_of::<SoftmaxParams>(), 32);
+        assert_eq!(std::mem::size_of::<SoftmaxParams>(), 48);
     }
 }

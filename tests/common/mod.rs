@@ -7,7 +7,8 @@
 
 use std::sync::OnceLock;
 
-use wgpu_attention::Context;
+use ndarray::Array4;
+use wgpu_attention::{reference, verify, Attention, Context, Mask};
 
 pub fn ctx() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
@@ -17,4 +18,60 @@ pub fn ctx() -> &'static Context {
         Ok(c) => c.with_tuning(false),
         Err(e) => panic!("GPU tests need an adapter and none could be opened: {e}"),
     })
+}
+
+/// Q, K, V of `(b, h, L, E)`, `(b, h, S, E)`, `(b, h, S, E_v)` with smooth deterministic
+/// values in [-1.5, 1.5].
+pub fn sdpa_arrays(
+    b: usize,
+    h: usize,
+    l: usize,
+    s: usize,
+    e: usize,
+    ev: usize,
+) -> [Array4<f32>; 3] {
+    let f = |salt: usize| {
+        move |(i, j, k, m): (usize, usize, usize, usize)| {
+            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
+        }
+    };
+    [
+        Array4::from_shape_fn((b, h, l, e), f(1)),
+        Array4::from_shape_fn((b, h, s, e), f(2)),
+        Array4::from_shape_fn((b, h, s, ev), f(3)),
+    ]
+}
+
+/// Runs `base` with `mask` on every path (each family, with weights and fused) and compares
+/// it with the reference; returns one line per path that disagrees, prefixed with `label`.
+pub fn sdpa_failures(
+    base: Attention,
+    [q, k, v]: &[Array4<f32>; 3],
+    mask: &Mask<'_>,
+    label: &str,
+) -> Vec<String> {
+    let ctx = ctx();
+    let (b, h, l, _) = q.dim();
+    let (s, ev) = (k.dim().2, v.dim().3);
+    let want = reference::sdpa_masked(&base, q.view(), k.view(), v.view(), mask).unwrap();
+    let mut failures = Vec::new();
+    for (kernels, fused) in verify::paths(ctx) {
+        let op = base.kernels(kernels).return_weights(!fused);
+        let got = op
+            .sdpa_masked(ctx, q.view(), k.view(), v.view(), mask)
+            .unwrap();
+        assert_eq!(got.context.shape(), &[b, h, l, ev]);
+        let (rel, _) = reference::compare(&got.context, &want.context);
+        let wrel = match &got.weights {
+            Some(w) => {
+                assert_eq!(w.shape(), &[b, h, l, s]);
+                reference::compare(w, want.weights.as_ref().unwrap()).0
+            }
+            None => 0.0,
+        };
+        if rel > 1e-5 || wrel > 1e-5 || got.weights.is_some() == fused {
+            failures.push(format!("{label} {kernels} fused={fused}: {rel:e} {wrel:e}"));
+        }
+    }
+    failures
 }

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use ndarray::{ArrayD, Ix1, Ix2};
 use wgpu_attention::{
     demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Error, Kernels,
-    Projections, Result,
+    Mask, Projections, Result,
 };
 
 /// Scaled dot-product self-attention in WGSL compute shaders on wgpu.
@@ -116,8 +116,12 @@ fn sdpa(args: &SdpaArgs) -> Result<()> {
     let op = args.op.op();
     // Check the problem before opening a device, so bad input fails fast.
     let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+    let (mask_array, lengths) = args.op.read_mask()?;
+    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
+    let (b, h, l, _) = q.dim();
+    mask.check([b, h, l, k.dim().2])?;
     let ctx = args.op.adapter.open()?;
-    let out = op.sdpa(&ctx, q.view(), k.view(), v.view())?;
+    let out = op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?;
     args.op.write(&out)?;
     println!(
         "sdpa      Q {:?}, K {:?}, V {:?}, scale {}, causal {} -> {}",
@@ -177,6 +181,14 @@ struct OpArgs {
     /// Scale of Q·Kᵀ (default 1/sqrt of the per-head query width).
     #[arg(long, allow_negative_numbers = true)]
     scale: Option<f32>,
+    /// Attention mask .npy, broadcastable to (batch, heads, n_q, n_kv): bool (true = attend)
+    /// or float (added to the scaled scores, -inf masks out). Combines with --causal; a row
+    /// with nothing to attend to gives zeros.
+    #[arg(long)]
+    mask: Option<PathBuf>,
+    /// Key lengths .npy, one integer per sequence: sequence b attends to its first L[b] keys.
+    #[arg(long)]
+    kv_lengths: Option<PathBuf>,
     /// Do not compute-and-return the attention weights (no weights.npy).
     #[arg(long)]
     no_weights: bool,
@@ -202,6 +214,17 @@ impl OpArgs {
             Some(s) => op.scale(s),
             None => op,
         }
+    }
+
+    /// Reads --mask and --kv-lengths (a mask array the returned [`Mask`] borrows from).
+    fn read_mask(&self) -> Result<(Option<npy::MaskArray>, Option<Vec<usize>>)> {
+        let mask = self.mask.as_deref().map(npy::read_mask).transpose()?;
+        let lengths = self
+            .kv_lengths
+            .as_deref()
+            .map(npy::read_lengths)
+            .transpose()?;
+        Ok((mask, lengths))
     }
 
     /// Writes context.npy and, when there are weights, weights.npy into `out`.
@@ -230,6 +253,15 @@ fn read_1d(path: &Path) -> Result<ndarray::Array1<f32>> {
         .map_err(|_| Error::io(path, format!("expected a 1-D array, found shape {shape:?}")))
 }
 
+/// The mask of a read mask array and key lengths (either may be absent).
+fn with_lengths<'a>(mask: Option<&'a npy::MaskArray>, lengths: Option<&[usize]>) -> Mask<'a> {
+    let mask = mask.map(npy::MaskArray::mask).unwrap_or_default();
+    match lengths {
+        Some(l) => mask.with_kv_lengths(l),
+        None => mask,
+    }
+}
+
 fn run(args: &RunArgs) -> Result<()> {
     let x: ArrayD<f32> = npy::read(&args.x)?;
     let weights = match (&args.wq, &args.wk, &args.wv) {
@@ -256,9 +288,12 @@ fn run(args: &RunArgs) -> Result<()> {
     let op = args.op.op().heads(args.heads);
     // Check the problem before opening a device, so bad input fails fast.
     let dims = op.dims(x.shape(), proj.as_ref())?;
+    let (mask_array, lengths) = args.op.read_mask()?;
+    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
+    mask.check([dims.batch, dims.heads, dims.n, dims.n])?;
     let ctx = args.op.adapter.open()?;
     let start = Instant::now();
-    let out = op.forward(&ctx, x.view(), proj.as_ref())?;
+    let out = op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?;
     let elapsed = start.elapsed();
     args.op.write(&out)?;
     let info = ctx.adapter_info();
