@@ -25,7 +25,8 @@
 // with l = 0 and is written as zeros.
 //
 // The host prepends: const SG (subgroup size), R (rows per lane), DK4 / DV4 (per-head
-// widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask).
+// widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask), and the element
+// type `alias Q_T` (f32 or f16; K and V come from textures, read as f32).
 
 struct Params {
     n_q: u32,
@@ -74,7 +75,7 @@ const FLOOR: f32 = -1.0e38;
 const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q_buf: array<f32>;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
 @group(0) @binding(2) var k_tex: texture_2d<f32>;
 @group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
@@ -120,7 +121,7 @@ fn main(
                 for (var e = 0u; e < 4u; e++) { // unroll
                     let col = c * 4u + e;
                     if col < p.dk_h {
-                        v[e] = q_buf[q_base + row * p.q_row + col];
+                        v[e] = f32(q_buf[q_base + row * p.q_row + col]);
                     }
                 }
             }

@@ -18,7 +18,8 @@
 // with l = 0 and is written as zeros.
 //
 // The host prepends: const BK (keys per tile), DK4 / DV4 (per-head widths of q·k and v in
-// vec4s, rounded up), MASK (1 when there is a mask). Uses the same Params block as flash_subgroup.wgsl (its texture fields
+// vec4s, rounded up), MASK (1 when there is a mask), and the element types `alias Q_T` and
+// `KV_T` (f32 or f16; scores and sums are f32 either way). Uses the same Params block as flash_subgroup.wgsl (its texture fields
 // unused here); K and V are read through their strides.
 
 struct Params {
@@ -68,9 +69,9 @@ const FLOOR: f32 = -1.0e38;
 const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q_buf: array<f32>;
-@group(0) @binding(2) var<storage, read> k_buf: array<f32>;
-@group(0) @binding(3) var<storage, read> v_buf: array<f32>;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
+@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>;
+@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
 
@@ -84,9 +85,9 @@ fn load4(buf_is_k: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
         let col = c * 4u + e;
         if col < width {
             if buf_is_k {
-                v[e] = k_buf[base + col];
+                v[e] = f32(k_buf[base + col]);
             } else {
-                v[e] = v_buf[base + col];
+                v[e] = f32(v_buf[base + col]);
             }
         }
     }
@@ -126,7 +127,7 @@ fn main(
             for (var e = 0u; e < 4u; e++) {
                 let col = c * 4u + e;
                 if col < p.dk_h {
-                    v[e] = q_buf[q_base + col];
+                    v[e] = f32(q_buf[q_base + col]);
                 }
             }
         }

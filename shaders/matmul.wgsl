@@ -13,6 +13,9 @@
 //
 // The grid is linear: workgroup id = x + y · num_workgroups.x, so any number of tiles fits
 // under the 65,535-per-dimension limit; ids past the last tile return at once.
+//
+// Element types: the host prepends `alias A_T`, `B_T` (B and the bias) and `C_T`, each f32 or
+// f16 (with `enable f16;`). Products accumulate in f32 whatever they are.
 
 struct Params {
     m: u32,
@@ -51,10 +54,10 @@ const TILE: u32 = 64u;
 const TK: u32 = 16u;
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> c: array<f32>;
+@group(0) @binding(1) var<storage, read> a: array<A_T>;
+@group(0) @binding(2) var<storage, read> b: array<B_T>;
+@group(0) @binding(3) var<storage, read> bias: array<B_T>;
+@group(0) @binding(4) var<storage, read_write> c: array<C_T>;
 
 var<workgroup> a_tile: array<f32, 1024>; // [TK][TILE], k-major
 var<workgroup> b_tile: array<f32, 1024>; // [TK][TILE]
@@ -99,7 +102,7 @@ fn main(
             let ak = idx % TK;
             var av = 0.0;
             if m0 + ar < p.m && k0 + ak < p.k {
-                av = a[a_base + (m0 + ar) * p.a_row + (k0 + ak) * p.a_col];
+                av = f32(a[a_base + (m0 + ar) * p.a_row + (k0 + ak) * p.a_col]);
             }
             a_tile[ak * TILE + ar] = av;
             // B tile: idx = kk · TILE + col
@@ -107,7 +110,7 @@ fn main(
             let bc = idx % TILE;
             var bv = 0.0;
             if k0 + bk < p.k && n0 + bc < p.n {
-                bv = b[b_base + (k0 + bk) * p.b_row + (n0 + bc) * p.b_col];
+                bv = f32(b[b_base + (k0 + bk) * p.b_row + (n0 + bc) * p.b_col]);
             }
             b_tile[bk * TILE + bc] = bv;
         }
@@ -141,9 +144,9 @@ fn main(
             }
             var v = acc[i][j];
             if (p.flags & HAS_BIAS) != 0u {
-                v += bias[col];
+                v += f32(bias[col]);
             }
-            c[c_base + row * p.c_row + col] = v;
+            c[c_base + row * p.c_row + col] = C_T(v);
         }
     }
 }

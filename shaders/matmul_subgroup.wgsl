@@ -24,7 +24,8 @@
 // masked out, which weighs exactly 0 (a row with nothing visible is all 0).
 //
 // The host prepends: const SG (subgroup size), T (tile rows per lane), MASK (1 when there is
-// a mask).
+// a mask), and the element types `alias B_T` (the bias) and `C_T` (f32 or f16; STATS needs
+// f32).
 
 struct Params {
     m: u32,
@@ -67,9 +68,9 @@ const LOG2E: f32 = 1.4426950408889634;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var a_tex: texture_2d<f32>;
 @group(0) @binding(2) var b_tex: texture_2d<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<B_T>;
 @group(0) @binding(4) var<storage, read> lse: array<f32>;
-@group(0) @binding(5) var<storage, read_write> c: array<f32>;
+@group(0) @binding(5) var<storage, read_write> c: array<C_T>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
 
 // Score x (log2 domain) of row i and column j in group (b, h), with the mask's bias added.
@@ -167,8 +168,8 @@ fn main(
                 let tile_sum = select(subgroupAdd(local_sum), 0.0, tile_max == NEG);
                 if lane == 0u && row < p.m {
                     let at = ((g * p.m + row) * p.tiles_n + t % p.tiles_n) * 2u;
-                    c[at] = tile_max;
-                    c[at + 1u] = tile_sum;
+                    c[at] = C_T(tile_max);
+                    c[at + 1u] = C_T(tile_sum);
                 }
             }
         }
@@ -190,7 +191,7 @@ fn main(
                     if col < p.n {
                         var v = acc[i][e];
                         if (p.flags & HAS_BIAS) != 0u {
-                            v += bias[col];
+                            v += f32(bias[col]);
                         }
                         if softmax {
                             var x = v * p.scale_log2;
@@ -199,7 +200,7 @@ fn main(
                             }
                             v = select(exp2(x - shift), 0.0, (causal && col > row) || x <= NEG);
                         }
-                        c[base + row * p.c_row + col] = v;
+                        c[base + row * p.c_row + col] = C_T(v);
                     }
                 }
             }

@@ -6,7 +6,9 @@
 //
 // (2^shift rows side by side per texture row, so long sequences fit the texture limits).
 // Element (j, col) of group g = (batch index b, head h) is src[off + b·batch + h·head +
-// j·row + col·col_stride], so a transposed operand packs as well. One invocation per texel, linear 2-D grid of 64-wide workgroups.
+// j·row + col·col_stride], so a transposed operand packs as well. One invocation per texel,
+// linear 2-D grid of 64-wide workgroups. The host prepends `alias SRC_T` (f32 or f16): an
+// f16 operand is widened to f32 as it is packed.
 
 struct Params {
     n: u32,
@@ -28,11 +30,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read> src: array<SRC_T>;
 @group(0) @binding(2) var dst: texture_storage_2d<rgba32float, write>;
 // The same buffer seen as vec4s: with `aligned` (unit column stride, every offset and stride
 // and the width multiples of 4) a texel is one load instead of four.
-@group(0) @binding(3) var<storage, read> src4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> src4: array<vec4<SRC_T>>;
 
 @compute @workgroup_size(64)
 fn main(
@@ -51,12 +53,12 @@ fn main(
     let base = p.off + (g / p.heads) * p.batch + (g % p.heads) * p.head + j * p.row;
     var v = vec4<f32>(0.0);
     if p.aligned != 0u {
-        v = src4[base / 4u + c];
+        v = vec4<f32>(src4[base / 4u + c]);
     } else {
         for (var e = 0u; e < 4u; e++) {
             let col = c * 4u + e;
             if col < p.width {
-                v[e] = src[base + col * p.col];
+                v[e] = f32(src[base + col * p.col]);
             }
         }
     }

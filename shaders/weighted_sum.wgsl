@@ -33,7 +33,7 @@ const TILE: u32 = 32u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(2) var<storage, read> v: array<V_T>;
 @group(0) @binding(3) var<storage, read_write> ctx: array<f32>;
 
 @compute @workgroup_size(8, 8, 1)
@@ -82,7 +82,7 @@ fn main(
         var vr: array<f32, 4>;
         for (var i = 0u; i < 4u; i++) {
             wr[i] = w[w_rows[i] + k];
-            vr[i] = v[v_cols[i] + k * p.v_row];
+            vr[i] = f32(v[v_cols[i] + k * p.v_row]);
         }
         for (var i = 0u; i < 4u; i++) {
             for (var j = 0u; j < 4u; j++) {

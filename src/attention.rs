@@ -1,7 +1,7 @@
 //! The attention op: configuration, shape checking, and the GPU forward pass
 //! (upload → projections → scores → softmax → weighted sum → readback, one encoder, one submit).
 
-use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
+use ndarray::{ArrayD, ArrayView1, ArrayView2, ArrayView4, ArrayViewD, Axis, Dimension, IxDyn};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -185,6 +185,46 @@ pub struct Attention {
     kernels: Kernels,
     flash: Option<FlashVariant>,
     matmul: Option<MatmulVariant>,
+    dtype: Dtype,
+}
+
+/// The element type the operands are stored in on the device.
+///
+/// With [`Dtype::F16`] (needs `Features::SHADER_F16`), X, the projection weights and biases
+/// (or Q, K, V for [`Attention::sdpa`]) are rounded to f16 and uploaded as f16, and the
+/// projected Q, K, V are stored as f16: half the memory and bandwidth. Every product, softmax
+/// and sum is computed and accumulated in f32, and the context and weights come back as f32.
+/// Inputs beyond f16's range (±65,504) are an error, as is a result that overflowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dtype {
+    /// float32 everywhere.
+    #[default]
+    F32,
+    /// float16 operands, float32 arithmetic.
+    F16,
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Dtype::F32),
+            "f16" | "float16" | "half" => Ok(Dtype::F16),
+            other => Err(Error::invalid(
+                "dtype",
+                format!("unknown dtype {other:?}: expected f32 or f16"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+        })
+    }
 }
 
 /// Which kernel family computes the attention.
@@ -309,6 +349,7 @@ impl Attention {
             kernels: Kernels::Auto,
             flash: None,
             matmul: None,
+            dtype: Dtype::F32,
         }
     }
 
@@ -401,6 +442,37 @@ impl Attention {
     pub fn nan_fill(mut self, yes: bool) -> Self {
         self.nan_fill = yes;
         self
+    }
+
+    /// The element type of the operands on the device (default f32; see [`Dtype`]).
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// Whether the operands are stored as f16.
+    fn f16(&self) -> bool {
+        self.dtype == Dtype::F16
+    }
+
+    /// With f16 operands: the device can run them, and every input is within f16's range.
+    fn check_dtype(&self, ctx: &Context, inputs: &[(&str, ArrayViewD<'_, f32>)]) -> Result<()> {
+        if !self.f16() {
+            return Ok(());
+        }
+        ctx.require_f16()?;
+        for (name, a) in inputs {
+            if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| v.abs() > F16_MAX) {
+                return Err(Error::invalid(
+                    "input",
+                    format!(
+                        "{name}{:?} = {v:e} is beyond f16's range (±{F16_MAX}); use f32",
+                        idx.slice()
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether the weights are returned.
@@ -504,6 +576,24 @@ impl Attention {
         let dims = self.dims(x.shape(), proj)?;
         check_inputs_finite(&x, proj)?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
+        let mut inputs = vec![("X", x.view())];
+        if let Some(p) = proj {
+            inputs.extend([
+                ("W_Q", p.w_q.into_dyn()),
+                ("W_K", p.w_k.into_dyn()),
+                ("W_V", p.w_v.into_dyn()),
+            ]);
+            for (name, b) in [
+                ("b_Q", p.b_q),
+                ("b_K", p.b_k),
+                ("b_V", p.b_v),
+                ("b_O", p.b_o),
+            ] {
+                inputs.extend(b.map(|b| (name, b.into_dyn())));
+            }
+            inputs.extend(p.w_o.map(|w| ("W_O", w.into_dyn())));
+        }
+        self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
         self.forward_in_parts(ctx, &dims, x, proj, bias)
@@ -557,6 +647,12 @@ impl Attention {
         check_finite("V", &v)?;
         let (b, h, l, _) = q.dim();
         let bias = mask.bias([b, h, l, k.dim().2])?;
+        let inputs = [
+            ("Q", q.into_dyn()),
+            ("K", k.into_dyn()),
+            ("V", v.into_dyn()),
+        ];
+        self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
         self.sdpa_in_parts(ctx, q, k, v, bias)
@@ -664,9 +760,9 @@ impl Attention {
                     label: Some("sdpa"),
                 });
             ctx.begin_timing();
-            let q_buf = buffer::upload(ctx, "Q", &qh)?;
-            let k_buf = buffer::upload(ctx, "K", &kh)?;
-            let v_buf = buffer::upload(ctx, "V", &vh)?;
+            let q_buf = buffer::upload_as(ctx, "Q", &qh, self.f16())?;
+            let k_buf = buffer::upload_as(ctx, "K", &kh, self.f16())?;
+            let v_buf = buffer::upload_as(ctx, "V", &vh, self.f16())?;
             let bufs = (&q_buf, &k_buf, &v_buf);
             let mask = MaskBuffer::upload(ctx, bias.as_ref())?;
             let (context, weights) = op.record_attention(
@@ -973,8 +1069,16 @@ impl Attention {
         ctx.begin_timing();
 
         // Upload. The context's stand-in serves every matmul without a bias.
-        let x_host = contiguous(x);
-        let x_buf = buffer::upload(ctx, "X", x_host.as_ref())?;
+        let f16 = self.f16();
+        let mut x_host = contiguous(x);
+        if f16 {
+            // What the device holds, for packing K = V = X on the host too.
+            x_host = x_host
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect();
+        }
+        let x_buf = buffer::upload_as(ctx, "X", x_host.as_ref(), f16)?;
         let no_bias = ctx.stand_in();
         let u = |what: &str, v: usize| kernels::u32_of(what, v);
         let projected;
@@ -987,12 +1091,16 @@ impl Attention {
                                    b: Option<&ArrayView1<'_, f32>>|
                  -> Result<wgpu::Buffer> {
                     let width = w.ncols();
-                    let w_buf = buffer::upload(ctx, name, contiguous(w).as_ref())?;
+                    let w_buf = buffer::upload_as(ctx, name, contiguous(w).as_ref(), f16)?;
                     let b_buf = match b {
-                        Some(b) => Some(buffer::upload(ctx, name, contiguous(b).as_ref())?),
+                        Some(b) => Some(buffer::upload_as(ctx, name, contiguous(b).as_ref(), f16)?),
                         None => None,
                     };
-                    let out = buffer::output(ctx, name, rows * width, false)?;
+                    let out = if f16 {
+                        buffer::output_f16(ctx, name, rows * width)?
+                    } else {
+                        buffer::output(ctx, name, rows * width, false)?
+                    };
                     let mm = matmul::Matmul {
                         m: rows,
                         n: width,
@@ -1004,6 +1112,11 @@ impl Attention {
                         c: matmul::Strides::row_major(u("width", width)?, 0, 0),
                         flags: if b.is_some() { matmul::HAS_BIAS } else { 0 },
                         b_ratio: 1,
+                        f16: if f16 {
+                            matmul::F16_A | matmul::F16_B | matmul::F16_C
+                        } else {
+                            0
+                        },
                     };
                     let bias = b_buf.as_ref().unwrap_or(no_bias);
                     mm.record(ctx, &mut encoder, plan.matmul, &x_buf, &w_buf, bias, &out)?;
@@ -1049,9 +1162,9 @@ impl Attention {
             Some((w_o, b_o)) => {
                 // out = context·W_O + b_O, every row of every batch index at once.
                 let d_out = w_o.ncols();
-                let w_buf = buffer::upload(ctx, "W_O", contiguous(&w_o).as_ref())?;
+                let w_buf = buffer::upload_as(ctx, "W_O", contiguous(&w_o).as_ref(), f16)?;
                 let b_buf = match b_o {
-                    Some(b) => Some(buffer::upload(ctx, "b_O", contiguous(&b).as_ref())?),
+                    Some(b) => Some(buffer::upload_as(ctx, "b_O", contiguous(&b).as_ref(), f16)?),
                     None => None,
                 };
                 let out = buffer::output(ctx, "output", batch * n * d_out, self.nan_fill)?;
@@ -1066,6 +1179,7 @@ impl Attention {
                     c: matmul::Strides::row_major(u("d_out", d_out)?, 0, 0),
                     flags: if b_o.is_some() { matmul::HAS_BIAS } else { 0 },
                     b_ratio: 1,
+                    f16: if f16 { matmul::F16_B } else { 0 },
                 };
                 let bias = b_buf.as_ref().unwrap_or(no_bias);
                 mm.record(ctx, &mut encoder, plan.matmul, &context, &w_buf, bias, &out)?;
@@ -1101,7 +1215,23 @@ impl Attention {
         }
         let mut results = results.into_iter();
         let context = results.next().unwrap_or_default();
-        Ok((context, results.next()))
+        let weights = results.next();
+        // Finite inputs give finite results unless the arithmetic overflowed (products past
+        // f32's range, or f16 operands past f16's): say so rather than return inf or NaN.
+        for (name, values) in [("context", Some(&context)), ("weights", weights.as_ref())] {
+            if let Some(i) = values.and_then(|v| v.iter().position(|x| !x.is_finite())) {
+                return Err(Error::invalid(
+                    "result",
+                    format!(
+                        "the {name} overflowed to a non-finite value at flat index {i}: the \
+                         inputs are too large for {} arithmetic; scale them down{}",
+                        self.dtype,
+                        if self.f16() { " or use f32" } else { "" }
+                    ),
+                ));
+            }
+        }
+        Ok((context, weights))
     }
     /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ + mask)·V_h` per (batch, head),
     /// on Q, K, V laid out `(batch, rows, heads·width)` (head `h` in columns `h·width..`),
@@ -1130,6 +1260,8 @@ impl Attention {
             d_v,
         } = shape;
         let u = |what: &str, v: usize| kernels::u32_of(what, v);
+        // Q, K and V are f16 on the device under Dtype::F16, from the host or a projection.
+        let f16 = self.f16();
         let groups = batch * heads;
         let (dk_h, dv_h) = (d_k / heads, d_v / heads);
         let q_s =
@@ -1169,6 +1301,11 @@ impl Attention {
             },
             flags: if self.causal { matmul::SKIP_UPPER } else { 0 },
             b_ratio: ratio,
+            f16: if f16 {
+                matmul::F16_A | matmul::F16_B
+            } else {
+                0
+            },
         };
         if plan.fused || plan.weights_from_lse() {
             // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. The weights, when
@@ -1187,6 +1324,7 @@ impl Attention {
                 causal: self.causal,
                 scale,
                 kv_ratio: ratio,
+                f16,
             };
             op.record(ctx, encoder, plan.flash, q, k, v, &context, mask, host)?;
             let weights = match (plan.fused, plan.matmul) {
@@ -1220,6 +1358,7 @@ impl Attention {
         let key = PipelineKey {
             kernel: KernelId::Softmax,
             consts: [has_mask, 0, 0, 0, 0],
+            f16: 0,
         };
         kernels::record(
             ctx,
@@ -1233,10 +1372,14 @@ impl Attention {
         // context = A·V per head, heads side by side.
         let (params, wgs) =
             weighted_sum::params(batch, heads, kv_heads, n_q, n_kv, d_v, self.causal)?;
+        let key = PipelineKey {
+            f16: u8::from(f16),
+            ..KernelId::WeightedSum.into()
+        };
         kernels::record(
             ctx,
             encoder,
-            KernelId::WeightedSum,
+            key,
             &params,
             &[(&scores).into(), v.into(), (&context).into()],
             wgs,
@@ -1258,6 +1401,9 @@ struct Shape {
     d_k: usize,
     d_v: usize,
 }
+
+/// f16's largest finite value.
+const F16_MAX: f32 = 65504.0;
 
 /// A mask uploaded for the kernels.
 struct MaskBuffer {

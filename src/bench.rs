@@ -256,6 +256,7 @@ pub fn matmul(
         c: Strides::row_major(u32_of("n", n)?, 0, 0),
         flags: 0,
         b_ratio: 1,
+        f16: 0,
     };
     let run = || {
         timed_submit(ctx, |enc| {

@@ -286,7 +286,8 @@ impl Context {
     /// [`Error::RequestDevice`] when the adapter refuses.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
         let limits = adapter.limits();
-        let wanted = wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY;
+        let wanted =
+            wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
             required_features: adapter.features() & wanted,
@@ -405,7 +406,26 @@ impl Context {
         })
     }
 
-    /// The subgroup size, or the error every subgroup kernel gives where it cannot run.
+    /// Whether the device can run the f16 kernels (`Features::SHADER_F16`), or the error
+    /// saying it cannot.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the adapter and the missing feature.
+    pub fn require_f16(&self) -> Result<()> {
+        if self.device.features().contains(wgpu::Features::SHADER_F16) {
+            return Ok(());
+        }
+        Err(Error::invalid(
+            "dtype",
+            format!(
+                "f16 needs the adapter's SHADER_F16 feature, which {} does not have (or this \
+                 device was created without it); use f32",
+                self.adapter.get_info().name
+            ),
+        ))
+    }
+
+    /// The subgroup size, or the error saying the subgroup kernels cannot run here.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] without `Features::SUBGROUP` and a fixed subgroup size.

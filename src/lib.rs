@@ -14,7 +14,7 @@ pub mod reference;
 pub mod tune;
 pub mod verify;
 
-pub use attention::{Attention, Dims, Kernels, Output, Plan, Projections};
+pub use attention::{Attention, Dims, Dtype, Kernels, Output, Plan, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
 pub use mask::Mask;

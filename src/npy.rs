@@ -9,7 +9,7 @@ use ndarray_npy::{ReadNpyError, WriteNpyExt};
 
 use crate::error::{Error, Result};
 
-/// Reads a float32 or float64 `.npy` file as f32.
+/// Reads a float16, float32 or float64 `.npy` file as f32.
 ///
 /// # Errors
 /// [`Error::Io`] naming the path when the file is missing, unreadable, not an `.npy`, of
@@ -20,9 +20,14 @@ pub fn read(path: &Path) -> Result<ArrayD<f32>> {
         Err(ReadNpyError::WrongDescriptor(_)) => {
             match ndarray_npy::read_npy::<_, ArrayD<f64>>(path) {
                 Ok(a) => Ok(a.mapv(|v| v as f32)),
+                Err(ReadNpyError::WrongDescriptor(descr)) if descr.to_string().contains("f2") => {
+                    read_f16(path)
+                }
                 Err(ReadNpyError::WrongDescriptor(descr)) => Err(Error::io(
                     path,
-                    format!("unsupported dtype {descr}: expected a float32 or float64 .npy"),
+                    format!(
+                        "unsupported dtype {descr}: expected a float16, float32 or float64 .npy"
+                    ),
                 )),
                 Err(e) => Err(describe(path, e)),
             }
@@ -63,7 +68,10 @@ pub fn read_mask(path: &Path) -> Result<MaskArray> {
             Err(Error::Io { message, .. }) if message.starts_with("unsupported dtype") => {
                 Err(Error::io(
                     path,
-                    message.replace("a float32 or float64", "a bool, float32 or float64"),
+                    message.replace(
+                        "a float16, float32 or float64",
+                        "a bool, float16, float32 or float64",
+                    ),
                 ))
             }
             Err(e) => Err(e),
@@ -136,6 +144,50 @@ fn describe(path: &Path, e: ReadNpyError) -> Error {
         ReadNpyError::ParseHeader(h) => Error::io(path, format!("not a valid .npy file: {h}")),
         other => Error::io(path, format!("invalid .npy data: {other}")),
     }
+}
+
+/// A float16 `.npy` (NumPy's `<f2`), widened to f32.
+fn read_f16(path: &Path) -> Result<ArrayD<f32>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, format!("cannot read: {e}")))?;
+    let npy = npyz::NpyFile::new(&bytes[..])
+        .map_err(|e| Error::io(path, format!("not a valid .npy file: {e}")))?;
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let fortran = npy.order() == npyz::Order::Fortran;
+    let values: Vec<f32> = npy
+        .into_vec::<half::f16>()
+        .map_err(|e| Error::io(path, format!("invalid float16 data: {e}")))?
+        .into_iter()
+        .map(half::f16::to_f32)
+        .collect();
+    let a = if fortran {
+        let reversed: Vec<usize> = shape.iter().rev().copied().collect();
+        ArrayD::from_shape_vec(reversed, values).map(|a| a.reversed_axes())
+    } else {
+        ArrayD::from_shape_vec(shape, values)
+    };
+    a.map_err(|e| Error::io(path, format!("invalid float16 data: {e}")))
+}
+
+/// Writes an f32 array as a float16 `.npy` file (each value rounded to the nearest f16).
+///
+/// # Errors
+/// [`Error::Io`] naming the path.
+pub fn write_f16(path: &Path, a: &ArrayD<f32>) -> Result<()> {
+    use npyz::WriterBuilder;
+    let fail = |e: std::io::Error| Error::io(path, format!("cannot write: {e}"));
+    let file =
+        std::fs::File::create(path).map_err(|e| Error::io(path, format!("cannot create: {e}")))?;
+    let shape: Vec<u64> = a.shape().iter().map(|&d| d as u64).collect();
+    let mut writer = npyz::WriteOptions::<half::f16>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(std::io::BufWriter::new(file))
+        .begin_nd()
+        .map_err(fail)?;
+    writer
+        .extend(a.iter().map(|&v| half::f16::from_f32(v)))
+        .map_err(fail)?;
+    writer.finish().map_err(fail)
 }
 
 /// Writes an f32 array as a float32 `.npy` file.

@@ -298,6 +298,7 @@ pub fn flash(
                 causal: false,
                 scale: 0.125,
                 kv_ratio: 1,
+                f16: false,
             };
             fastest(candidates, |c| {
                 bench::timed_submit(ctx, |enc| {

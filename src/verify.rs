@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use crate::attention::{Attention, Kernels, Projections};
+use crate::attention::{Attention, Dtype, Kernels, Projections};
 use crate::context::Context;
 use crate::error::Result;
 use crate::mask::Mask;
@@ -16,6 +16,8 @@ use crate::reference;
 
 /// f32 machine epsilon, as f64.
 const EPS32: f64 = f32::EPSILON as f64;
+/// f16 machine epsilon (2^-10), as f64.
+const EPS16: f64 = 1.0 / 1024.0;
 
 /// One problem: sizes and options; its numbers come from a seed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,6 +52,8 @@ pub struct Case {
     pub fused: bool,
     /// A mask, drawn from the seed.
     pub mask: MaskCase,
+    /// The operands' element type on the device.
+    pub dtype: Dtype,
 }
 
 /// Which mask a [`Case`] has (see [`crate::mask`]).
@@ -85,6 +89,7 @@ impl Case {
             kernels: Kernels::Auto,
             fused: false,
             mask: MaskCase::None,
+            dtype: Dtype::F32,
         }
     }
 
@@ -106,7 +111,9 @@ impl Case {
         if let Some(s) = self.scale {
             op = op.scale(s);
         }
-        op.return_weights(!self.fused).kernels(self.kernels)
+        op.return_weights(!self.fused)
+            .kernels(self.kernels)
+            .dtype(self.dtype)
     }
 
     /// Draws the case's arrays from `seed`.
@@ -219,6 +226,9 @@ impl fmt::Display for Case {
             MaskCase::Bool => opts.push("mask=bool".into()),
             MaskCase::Float => opts.push("mask=float".into()),
         }
+        if self.dtype != Dtype::F32 {
+            opts.push(self.dtype.to_string());
+        }
         if self.fused {
             opts.push("fused".into());
         }
@@ -312,6 +322,12 @@ pub fn tolerance(logit_bound: f64) -> f64 {
     5e-6 + 4.0 * EPS32 * logit_bound
 }
 
+/// The bound for f16 operands: each operand carries a relative rounding of up to ε16/2, so
+/// the context starts at a few ε16 and the logits' rounding grows with L as in [`tolerance`].
+pub fn tolerance_f16(logit_bound: f64) -> f64 {
+    4.0 * EPS16 + 2.0 * EPS16 * logit_bound
+}
+
 /// Runs `case` with data from `seed` on the GPU and the reference and compares them.
 ///
 /// # Errors
@@ -337,7 +353,10 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
         context_max,
         weights_rel,
         weights_max,
-        tolerance: tolerance(bound),
+        tolerance: match case.dtype {
+            Dtype::F32 => tolerance(bound),
+            Dtype::F16 => tolerance_f16(bound),
+        },
     })
 }
 
@@ -496,6 +515,7 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                     MaskCase::Bool,
                     MaskCase::Float,
                 ][rng.random_range(0..5)],
+                dtype: Dtype::F32,
             }
         })
         .collect()

@@ -382,7 +382,7 @@ fn sdpa_and_run_take_a_mask_and_key_lengths_from_npy_files() {
     ndarray_npy::write_npy(p("neg.npy"), &Array1::from(vec![3i32, -1])).unwrap();
     ndarray_npy::write_npy(p("long.npy"), &Array1::from(vec![3u8, 14])).unwrap();
     for (flag, file, says) in [
-        ("--mask", "imask.npy", "bool, float32 or float64"),
+        ("--mask", "imask.npy", "bool, float16, float32 or float64"),
         ("--mask", "wide.npy", "does not broadcast"),
         ("--mask", "absent.npy", "absent.npy"),
         ("--kv-lengths", "flen.npy", "integer"),
@@ -394,4 +394,46 @@ fn sdpa_and_run_take_a_mask_and_key_lengths_from_npy_files() {
         assert!(!out.status.success(), "{flag} {file} was accepted");
         assert!(err.contains(says), "{flag} {file}: {err}");
     }
+}
+
+#[test]
+fn dtype_f16_reads_and_writes_float16_npy_and_verify_reports_its_accuracy() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let [q, k] = sdpa_q_k();
+    // Q as float16, written the way NumPy does (`np.save` of a float16 array).
+    wgpu_attention::npy::write_f16(std::path::Path::new(&p("q16.npy")), &q.clone().into_dyn())
+        .unwrap();
+    ndarray_npy::write_npy(p("k.npy"), &k).unwrap();
+    let args = [
+        "sdpa",
+        "--q",
+        &p("q16.npy"),
+        "--k",
+        &p("k.npy"),
+        "--v",
+        &p("k.npy"),
+        "--dtype",
+        "f16",
+        "--out",
+        &p("o"),
+    ];
+    ok(&cli(&args));
+    for name in ["o/context.npy", "o/weights.npy"] {
+        let bytes = std::fs::read(p(name)).unwrap();
+        let header = String::from_utf8_lossy(&bytes[..64.min(bytes.len())]).into_owned();
+        assert!(header.contains("'descr': '<f2'"), "{name}: {header}");
+    }
+    let context = wgpu_attention::npy::read(std::path::Path::new(&p("o/context.npy"))).unwrap();
+    let q16 = wgpu_attention::npy::read(std::path::Path::new(&p("q16.npy"))).unwrap();
+    let q16 = q16.into_dimensionality::<ndarray::Ix4>().unwrap();
+    let want = reference::sdpa(&Attention::new(), q16.view(), k.view(), k.view()).unwrap();
+    let (rel, _) = reference::compare(&context, &want.context);
+    assert!(rel < 1e-2, "{rel:e}");
+
+    let out = ok(&cli(&["verify", "--dtype", "f16", "--trials", "0"]));
+    assert!(out.contains(" f16 ") && out.contains(" 0 failed"), "{out}");
+    let bad = cli(&["verify", "--dtype", "bf16", "--trials", "0"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("f32 or f16"));
 }

@@ -58,6 +58,35 @@ pub fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> 
     )
 }
 
+/// Uploads `data` as the element type the kernels read it in: f32, or with `f16` each value
+/// rounded to f16 (half the bytes), padded to a multiple of four values (one `vec4<f16>`).
+pub fn upload_as(ctx: &Context, label: &str, data: &[f32], f16: bool) -> Result<wgpu::Buffer> {
+    if !f16 {
+        return upload(ctx, label, data);
+    }
+    check_len(ctx, label, data.len())?;
+    let mut halves: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
+    halves.resize(data.len().max(1).next_multiple_of(4), half::f16::ZERO);
+    init(
+        ctx,
+        label,
+        bytemuck::cast_slice(&halves),
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+    )
+}
+
+/// A storage buffer of `len` f16 values (padded to a multiple of four) that a kernel writes
+/// and another reads: the projected Q, K, V under `--dtype f16`.
+pub fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<wgpu::Buffer> {
+    check_len(ctx, label, len)?;
+    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: (len.max(1).next_multiple_of(4) * 2) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    }))
+}
+
 /// A buffer holding `bytes` (a multiple of 4 long), written while mapped at creation. Unlike
 /// wgpu's `create_buffer_init`, a device that is gone is an `Err` here, not a panic.
 fn init(

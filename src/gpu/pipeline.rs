@@ -87,14 +87,30 @@ impl KernelId {
         }
     }
 
+    /// Names of the element-type aliases the host prepends (`alias A_T = f32;` or `f16`), in
+    /// [`PipelineKey::f16`] bit order: which storage buffers may hold f16.
+    pub fn element_types(self) -> &'static [&'static str] {
+        match self {
+            KernelId::Matmul => &["A_T", "B_T", "C_T"],
+            KernelId::MatmulSubgroup => &["B_T", "C_T"],
+            KernelId::Pack => &["SRC_T"],
+            KernelId::FlashTiled => &["Q_T", "KV_T"],
+            KernelId::FlashSubgroup => &["Q_T"],
+            KernelId::WeightedSum => &["V_T"],
+            _ => &[],
+        }
+    }
+
     /// Whether the kernel uses subgroup operations (needs `Features::SUBGROUP`).
     pub fn needs_subgroups(self) -> bool {
         matches!(self, KernelId::FlashSubgroup | KernelId::MatmulSubgroup)
     }
 
-    /// The full WGSL text for `consts` (one value per name in [`KernelId::constants`]):
-    /// the constants prepended, and every loop marked `// unroll` unrolled (see [`unroll`]).
-    pub fn source_with(self, consts: &[u32]) -> String {
+    /// The full WGSL text for `consts` (one value per name in [`KernelId::constants`]) and
+    /// `f16` (bit `i` set: [`KernelId::element_types`]`[i]` is f16, else f32): the constants
+    /// and type aliases prepended (with `enable f16;` when any is f16), and every loop marked
+    /// `// unroll` unrolled (see [`unroll`]).
+    pub fn source_with(self, consts: &[u32], f16: u8) -> String {
         let named: Vec<(&str, u32)> = self
             .constants()
             .iter()
@@ -102,6 +118,13 @@ impl KernelId {
             .zip(consts.iter().copied())
             .collect();
         let mut text = String::new();
+        if f16 != 0 {
+            text.push_str("enable f16;\n");
+        }
+        for (i, name) in self.element_types().iter().enumerate() {
+            let ty = if f16 & (1 << i) != 0 { "f16" } else { "f32" };
+            text.push_str(&format!("alias {name} = {ty};\n"));
+        }
         for (name, value) in &named {
             text.push_str(&format!("const {name}: u32 = {value}u;\n"));
         }
@@ -196,6 +219,8 @@ pub struct PipelineKey {
     pub kernel: KernelId,
     /// Its constants, in [`KernelId::constants`] order (unused slots 0).
     pub consts: [u32; 5],
+    /// Which of its [`KernelId::element_types`] are f16 (bit `i` for type `i`).
+    pub f16: u8,
 }
 
 impl From<KernelId> for PipelineKey {
@@ -203,6 +228,7 @@ impl From<KernelId> for PipelineKey {
         PipelineKey {
             kernel,
             consts: [0; 5],
+            f16: 0,
         }
     }
 }
@@ -224,7 +250,7 @@ impl PipelineCache {
             return Ok(Arc::clone(p));
         }
         let id = key.kernel;
-        let source = id.source_with(&key.consts[..id.constants().len()]);
+        let source = id.source_with(&key.consts[..id.constants().len()], key.f16);
         let module = ctx
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {

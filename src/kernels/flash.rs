@@ -99,6 +99,8 @@ pub struct Flash {
     pub scale: f32,
     /// Query heads that share one K/V head (grouped-query attention; 1 otherwise).
     pub kv_ratio: usize,
+    /// Q, K and V are f16 (scores, sums and the output are f32 either way).
+    pub f16: bool,
 }
 
 fn strides4(s: Strides) -> [u32; 4] {
@@ -170,6 +172,7 @@ impl Flash {
                 let key = PipelineKey {
                     kernel: KernelId::FlashTiled,
                     consts: [keys, dk4, dv4, has_mask, 0],
+                    f16: if self.f16 { 0b11 } else { 0 },
                 };
                 record(
                     ctx,
@@ -188,6 +191,7 @@ impl Flash {
                     rows: self.n_kv,
                     width,
                     src,
+                    f16: self.f16,
                 };
                 // Q = K = V = X (no projections): one texture serves both.
                 let same = k == v && self.k == self.v && self.dk_h == self.dv_h;
@@ -211,6 +215,7 @@ impl Flash {
                 let key = PipelineKey {
                     kernel: KernelId::FlashSubgroup,
                     consts: [sg, rows_per_lane, dk4, dv4, has_mask],
+                    f16: u8::from(self.f16),
                 };
                 record(
                     ctx,

@@ -5,7 +5,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
 use crate::error::Result;
-use crate::gpu::pipeline::KernelId;
+use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::kernels::{matmul_subgroup, record, u32_of};
 
 /// Side of the square output tile one workgroup computes.
@@ -15,6 +15,13 @@ pub const TILE: u32 = 64;
 pub const HAS_BIAS: u32 = 1;
 /// Flag: skip tiles wholly above the diagonal (causal scores; the softmax never reads them).
 pub const SKIP_UPPER: u32 = 2;
+
+/// [`Matmul::f16`] bit: A is f16.
+pub const F16_A: u8 = 1;
+/// [`Matmul::f16`] bit: B and the bias are f16.
+pub const F16_B: u8 = 2;
+/// [`Matmul::f16`] bit: C is written as f16.
+pub const F16_C: u8 = 4;
 
 /// Where an operand's element `(g, row, col)` lives:
 /// `off + batch·(g / heads) + head·(g % heads) + row·row_stride + col·col_stride`.
@@ -109,6 +116,9 @@ pub struct Matmul {
     /// Heads of A that share one head of B (grouped-query attention; 1 otherwise): head
     /// `h` of A pairs with head `h / b_ratio` of B.
     pub b_ratio: usize,
+    /// Which operands are f16 ([`F16_A`], [`F16_B`], [`F16_C`]); the rest are f32. Products
+    /// accumulate in f32 either way.
+    pub f16: u8,
 }
 
 impl Matmul {
@@ -191,10 +201,14 @@ impl Matmul {
         match variant {
             MatmulVariant::Tiled => {
                 let (params, wgs) = self.params()?;
+                let key = PipelineKey {
+                    f16: self.f16,
+                    ..KernelId::Matmul.into()
+                };
                 record(
                     ctx,
                     encoder,
-                    KernelId::Matmul,
+                    key,
                     &params,
                     &[a.into(), b.into(), bias.into(), c.into()],
                     wgs,
@@ -230,6 +244,7 @@ mod tests {
             c: Strides::default(),
             flags: 0,
             b_ratio: 1,
+            f16: 0,
         };
         let (p, wg) = mm.params().unwrap();
         assert_eq!((p.tiles_m, p.tiles_n, wg), (2, 1, 12));

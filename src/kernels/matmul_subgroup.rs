@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::pipeline::{KernelId, PipelineKey};
-use crate::kernels::matmul::{Matmul, HAS_BIAS, SKIP_UPPER};
+use crate::kernels::matmul::{Matmul, F16_A, F16_B, F16_C, HAS_BIAS, SKIP_UPPER};
 use crate::kernels::pack::{Pack, Packed};
 use crate::kernels::{record, u32_of, Binding, MaskArg};
 
@@ -82,21 +82,23 @@ fn pack(
     b: &wgpu::Buffer,
 ) -> Result<Operands> {
     let sg = ctx.require_subgroups()?;
-    let mut pack = |what: &str, buf: &wgpu::Buffer, src, heads, rows, width| {
+    let mut pack = |what: &str, buf: &wgpu::Buffer, src, heads, rows, width, f16| {
         Pack {
             batch: mm.batch,
             heads,
             rows,
             width,
             src,
+            f16,
         }
         .record(ctx, encoder, what, buf)
     };
     let b_heads = mm.heads / mm.b_ratio.max(1);
+    let (a_f16, b_f16) = (mm.f16 & F16_A != 0, mm.f16 & F16_B != 0);
     Ok(Operands {
         sg,
-        a: pack("matmul A", a, mm.a, mm.heads, mm.m, mm.k)?,
-        b: pack("matmul B", b, mm.b, b_heads, mm.k, mm.n)?,
+        a: pack("matmul A", a, mm.a, mm.heads, mm.m, mm.k, a_f16)?,
+        b: pack("matmul B", b, mm.b, b_heads, mm.k, mm.n, b_f16)?,
     })
 }
 
@@ -151,9 +153,12 @@ fn dispatch(
         mask: mask_strides,
         ..Default::default()
     };
+    // The kernel's element types: B_T (the bias, with B) and C_T; statistics stay f32.
+    let c_f16 = mm.f16 & F16_C != 0 && matches!(epilogue, Epilogue::Plain);
     let key = PipelineKey {
         kernel: KernelId::MatmulSubgroup,
         consts: [sg, rows_per_lane, has_mask, 0, 0],
+        f16: u8::from(mm.f16 & F16_B != 0) | (u8::from(c_f16) << 1),
     };
     record(
         ctx,

@@ -5,7 +5,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::pipeline::KernelId;
+use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::gpu::texture;
 use crate::kernels::matmul::Strides;
 use crate::kernels::{record, u32_of, Binding};
@@ -109,6 +109,8 @@ pub struct Pack {
     pub width: usize,
     /// Where the source elements are.
     pub src: Strides,
+    /// The source is f16 (widened to f32 as it is packed).
+    pub f16: bool,
 }
 
 impl Pack {
@@ -226,10 +228,14 @@ impl Pack {
             ctx.stand_in()
         };
         let texels = (groups * self.rows) as u64 * u64::from(layout.d4);
+        let key = PipelineKey {
+            f16: u8::from(self.f16),
+            ..KernelId::Pack.into()
+        };
         record(
             ctx,
             encoder,
-            KernelId::Pack,
+            key,
             &params,
             &[src.into(), Binding::Texture(&view), src4.into()],
             texels.div_ceil(64),

@@ -9,8 +9,8 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use ndarray::{ArrayD, Ix1, Ix2};
 use wgpu_attention::{
-    demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Error, Kernels,
-    Mask, Projections, Result,
+    demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Dtype, Error,
+    Kernels, Mask, Projections, Result,
 };
 
 /// Scaled dot-product self-attention in WGSL compute shaders on wgpu.
@@ -68,6 +68,9 @@ enum Command {
         /// Seed of the random cases and their data.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Operand type: f32, or f16 (bounds fitting f16's precision).
+        #[arg(long, default_value = "f32")]
+        dtype: Dtype,
         #[command(flatten)]
         adapter: AdapterArgs,
     },
@@ -196,6 +199,10 @@ struct OpArgs {
     /// (textures + subgroup operations, fast on lavapipe).
     #[arg(long, default_value = "auto")]
     kernels: Kernels,
+    /// Operand type on the device: f32, or f16 (needs SHADER_F16; operands stored as f16,
+    /// arithmetic in f32; the outputs are written as float16 .npy).
+    #[arg(long, default_value = "f32")]
+    dtype: Dtype,
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
@@ -209,7 +216,8 @@ impl OpArgs {
         let op = Attention::new()
             .causal(self.causal)
             .return_weights(!self.no_weights)
-            .kernels(self.kernels);
+            .kernels(self.kernels)
+            .dtype(self.dtype);
         match self.scale {
             Some(s) => op.scale(s),
             None => op,
@@ -231,9 +239,13 @@ impl OpArgs {
     fn write(&self, out: &wgpu_attention::Output) -> Result<()> {
         std::fs::create_dir_all(&self.out)
             .map_err(|e| Error::io(&self.out, format!("cannot create directory: {e}")))?;
-        npy::write(&self.out.join("context.npy"), &out.context)?;
+        let write = match self.dtype {
+            Dtype::F32 => npy::write,
+            Dtype::F16 => npy::write_f16,
+        };
+        write(&self.out.join("context.npy"), &out.context)?;
         if let Some(w) = &out.weights {
-            npy::write(&self.out.join("weights.npy"), w)?;
+            write(&self.out.join("weights.npy"), w)?;
         }
         Ok(())
     }
@@ -329,8 +341,11 @@ fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
-fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
+fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> Result<bool> {
     let ctx = adapter.open()?;
+    if dtype == Dtype::F16 {
+        ctx.require_f16()?;
+    }
     let info = ctx.adapter_info();
     println!(
         "adapter: {} ({:?}, {:?}, driver {})",
@@ -342,7 +357,10 @@ fn verify_cmd(trials: usize, seed: u64, adapter: &AdapterArgs) -> Result<bool> {
     println!("{}", verify::HEADER);
     let mut cases = verify::standard_cases();
     cases.extend(verify::random_cases(trials, seed));
-    let cases = verify::on_every_path(&ctx, &cases);
+    let cases: Vec<_> = verify::on_every_path(&ctx, &cases)
+        .into_iter()
+        .map(|c| verify::Case { dtype, ..c })
+        .collect();
     let mut failed = 0;
     // Drawn on a terminal only (indicatif hides it otherwise); lines print above it.
     let progress = indicatif::ProgressBar::new(cases.len() as u64);
@@ -453,8 +471,9 @@ fn main() -> ExitCode {
         Command::Verify {
             trials,
             seed,
+            dtype,
             adapter,
-        } => verify_cmd(*trials, *seed, adapter),
+        } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
         Command::Demo {
             sentence,
