@@ -25,7 +25,8 @@
 // with l = 0 and is written as zeros.
 //
 // The host prepends: const SG (subgroup size), R (rows per lane), DK4 / DV4 (per-head
-// widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask), and the element
+// widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask), SKIP_ZERO (1: keys
+// of weight exactly 0 are left out of o, so a NaN/Inf value there cannot reach it), and the element
 // type `alias Q_T` (f32 or f16; K and V come from textures, read as f32).
 
 struct Params {
@@ -209,7 +210,10 @@ fn main(
             for (var jj = 0u; jj < SG; jj++) { // unroll
                 let vc = subgroupShuffle(vr[c], jj);
                 for (var r = 0u; r < R; r++) { // unroll
-                    oc[r] = fma(vec4<f32>(s[r][jj]), vc, oc[r]);
+                    let pr = s[r][jj];
+                    if SKIP_ZERO == 0u || !(pr == 0.0) {
+                        oc[r] = fma(vec4<f32>(pr), vc, oc[r]);
+                    }
                 }
             }
             for (var r = 0u; r < R; r++) { // unroll
@@ -223,7 +227,7 @@ fn main(
         let row = rows[r];
         if row < p.n_q {
             // Nothing visible (every key masked out): zeros, not 0/0.
-            let inv = select(0.0, 1.0 / l[r], l[r] > 0.0);
+            let inv = select(1.0 / l[r], 0.0, l[r] == 0.0);
             for (var c = 0u; c < DV4; c++) { // unroll
                 for (var e = 0u; e < 4u; e++) { // unroll
                     let col = c * 4u + e;

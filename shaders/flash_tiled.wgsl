@@ -190,9 +190,14 @@ fn main(
         }
         for (var jj = 0u; jj < count; jj++) {
             let pr = exp2(s[jj] - m);
-            l += pr;
-            for (var c = 0u; c < DV4; c++) {
-                o[c] += pr * v_tile[jj * DV4 + c];
+            // A key of weight 0 (masked, hidden, underflowed) adds nothing: skipping it keeps a
+            // NaN/Inf value there out of the row when such inputs are passed through. Written
+            // !(w == 0.0) because `!=` compiles to an ordered compare, false for a NaN weight.
+            if !(pr == 0.0) {
+                l += pr;
+                for (var c = 0u; c < DV4; c++) {
+                    o[c] += pr * v_tile[jj * DV4 + c];
+                }
             }
         }
         workgroupBarrier();
@@ -201,7 +206,7 @@ fn main(
     if row < p.n_q {
         let o_base = p.o_off + b * p.o_batch + h * p.o_head + row * p.o_row;
         // Nothing visible (every key masked out): zeros, not 0/0.
-        let inv = select(0.0, 1.0 / l, l > 0.0);
+        let inv = select(1.0 / l, 0.0, l == 0.0);
         for (var c = 0u; c < DV4; c++) {
             for (var e = 0u; e < 4u; e++) {
                 let col = c * 4u + e;

@@ -100,7 +100,7 @@ fn main(
     sum = reduce_sum(sum, li);
 
     // Nothing visible (every key masked out): zeros, not 0/0.
-    let inv = select(0.0, 1.0 / sum, sum > 0.0);
+    let inv = select(1.0 / sum, 0.0, sum == 0.0);
     for (var j = li; j < p.cols; j += WG) {
         var w = 0.0;
         if j < visible {

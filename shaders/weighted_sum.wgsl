@@ -85,8 +85,13 @@ fn main(
             vr[i] = f32(v[v_cols[i] + k * p.v_row]);
         }
         for (var i = 0u; i < 4u; i++) {
-            for (var j = 0u; j < 4u; j++) {
-                acc[i][j] = fma(wr[i], vr[j], acc[i][j]);
+            // A key of weight 0 (masked, hidden, underflowed) adds nothing: skipping it keeps a
+            // NaN/Inf value there out of the row when such inputs are passed through. Written
+            // !(w == 0.0) because `!=` compiles to an ordered compare, false for a NaN weight.
+            if !(wr[i] == 0.0) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i][j] = fma(wr[i], vr[j], acc[i][j]);
+                }
             }
         }
     }

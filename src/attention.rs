@@ -186,6 +186,7 @@ pub struct Attention {
     flash: Option<FlashVariant>,
     matmul: Option<MatmulVariant>,
     dtype: Dtype,
+    propagate: bool,
 }
 
 /// The element type the operands are stored in on the device.
@@ -350,6 +351,7 @@ impl Attention {
             flash: None,
             matmul: None,
             dtype: Dtype::F32,
+            propagate: false,
         }
     }
 
@@ -450,6 +452,24 @@ impl Attention {
         self
     }
 
+    /// Let NaN and ±Inf in the inputs through instead of rejecting them (default false: an
+    /// `Error::NonFinite` naming the array and index). They then propagate as IEEE arithmetic
+    /// and PyTorch do: a non-finite query, or a non-finite key or value at a key of non-zero
+    /// weight, makes the row's context (and a non-finite score its weights) NaN or Inf. A
+    /// key of weight exactly 0 — masked, hidden by causal, or underflowed — never contributes,
+    /// so its values cannot reach the row, and masked weights stay exactly 0 (PyTorch's fused
+    /// kernels behave so; its math backend lets `0·NaN` through). Results are then not checked
+    /// for overflow either. Masks and the scale are still checked.
+    pub fn propagate_non_finite(mut self, yes: bool) -> Self {
+        self.propagate = yes;
+        self
+    }
+
+    /// Whether NaN/Inf inputs are passed through ([`Attention::propagate_non_finite`]).
+    pub fn propagates_non_finite(&self) -> bool {
+        self.propagate
+    }
+
     /// Whether the operands are stored as f16.
     fn f16(&self) -> bool {
         self.dtype == Dtype::F16
@@ -462,7 +482,8 @@ impl Attention {
         }
         ctx.require_f16()?;
         for (name, a) in inputs {
-            if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| v.abs() > F16_MAX) {
+            let out_of_range = |v: &f32| v.is_finite() && v.abs() > F16_MAX;
+            if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| out_of_range(v)) {
                 return Err(Error::invalid(
                     "input",
                     format!(
@@ -574,7 +595,9 @@ impl Attention {
         mask: &Mask<'_>,
     ) -> Result<Output> {
         let dims = self.dims(x.shape(), proj)?;
-        check_inputs_finite(&x, proj)?;
+        if !self.propagate {
+            check_inputs_finite(&x, proj)?;
+        }
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let mut inputs = vec![("X", x.view())];
         if let Some(p) = proj {
@@ -642,9 +665,11 @@ impl Attention {
         mask: &Mask<'_>,
     ) -> Result<Output> {
         self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        check_finite("Q", &q)?;
-        check_finite("K", &k)?;
-        check_finite("V", &v)?;
+        if !self.propagate {
+            check_finite("Q", &q)?;
+            check_finite("K", &k)?;
+            check_finite("V", &v)?;
+        }
         let (b, h, l, _) = q.dim();
         let bias = mask.bias([b, h, l, k.dim().2])?;
         let inputs = [
@@ -1218,7 +1243,12 @@ impl Attention {
         let weights = results.next();
         // Finite inputs give finite results unless the arithmetic overflowed (products past
         // f32's range, or f16 operands past f16's): say so rather than return inf or NaN.
-        for (name, values) in [("context", Some(&context)), ("weights", weights.as_ref())] {
+        let checked = if self.propagate {
+            vec![]
+        } else {
+            vec![("context", Some(&context)), ("weights", weights.as_ref())]
+        };
+        for (name, values) in checked {
             if let Some(i) = values.and_then(|v| v.iter().position(|x| !x.is_finite())) {
                 return Err(Error::invalid(
                     "result",
@@ -1325,6 +1355,7 @@ impl Attention {
                 scale,
                 kv_ratio: ratio,
                 f16,
+                skip_zero: self.propagate,
             };
             op.record(ctx, encoder, plan.flash, q, k, v, &context, mask, host)?;
             let weights = match (plan.fused, plan.matmul) {
@@ -1357,7 +1388,7 @@ impl Attention {
             softmax::params((batch, heads), n_q, n_kv, scale, self.causal, mask_strides)?;
         let key = PipelineKey {
             kernel: KernelId::Softmax,
-            consts: [has_mask, 0, 0, 0, 0],
+            consts: [has_mask, 0, 0, 0, 0, 0],
             f16: 0,
         };
         kernels::record(

@@ -34,16 +34,21 @@ pub fn softmax_row(logits: &[f64], visible: usize) -> Vec<f64> {
     softmax_masked(&masked)
 }
 
-/// Softmax of one row of logits where `-inf` is masked out (weight exactly 0); a row with
-/// nothing but `-inf` is all 0.
+/// Softmax of one row of logits where `-inf` is masked out (weight exactly 0, whatever the
+/// rest of the row holds); a row with nothing but `-inf` is all 0. A NaN logit makes every
+/// other weight of its row NaN.
 pub fn softmax_masked(logits: &[f64]) -> Vec<f64> {
     let m = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if m == f64::NEG_INFINITY {
+    if m == f64::NEG_INFINITY && !logits.iter().any(|t| t.is_nan()) {
         return vec![0.0; logits.len()];
     }
     let e: Vec<f64> = logits.iter().map(|&t| (t - m).exp()).collect();
     let sum: f64 = e.iter().sum();
-    e.into_iter().map(|v| v / sum).collect()
+    logits
+        .iter()
+        .zip(e)
+        .map(|(&t, v)| if t == f64::NEG_INFINITY { 0.0 } else { v / sum })
+        .collect()
 }
 
 /// One head of attention: `A = softmax(scale·q·kᵀ + bias)` row by row, top-left causal when
@@ -69,14 +74,30 @@ fn head(
                 if let Some((bias, b, h)) = bias {
                     let pick =
                         |axis: usize, idx: usize| if bias.shape()[axis] == 1 { 0 } else { idx };
-                    t += f64::from(bias[[pick(0, b), pick(1, h), pick(2, i), pick(3, j)]]);
+                    let add = f64::from(bias[[pick(0, b), pick(1, h), pick(2, i), pick(3, j)]]);
+                    // Masked out means -inf whatever the logit was (NaN included).
+                    t = if add == f64::NEG_INFINITY {
+                        add
+                    } else {
+                        t + add
+                    };
                 }
                 t
             })
             .collect();
         a.row_mut(i).assign(&Array1::from(softmax_masked(&row)));
     }
-    let context = a.dot(&v);
+    // context = A·V over the keys of non-zero weight: a key of weight 0 contributes nothing,
+    // even where its value is NaN or Inf.
+    let mut context = Array2::<f64>::zeros((n_q, v.ncols()));
+    for i in 0..n_q {
+        for j in 0..n_kv {
+            let w = a[[i, j]];
+            if w != 0.0 {
+                context.row_mut(i).scaled_add(w, &v.row(j));
+            }
+        }
+    }
     (a, context)
 }
 
@@ -107,9 +128,11 @@ pub fn sdpa_masked(
     mask: &Mask<'_>,
 ) -> Result<Output<f64>> {
     let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-    crate::attention::check_finite("Q", &q)?;
-    crate::attention::check_finite("K", &k)?;
-    crate::attention::check_finite("V", &v)?;
+    if !op.propagates_non_finite() {
+        crate::attention::check_finite("Q", &q)?;
+        crate::attention::check_finite("K", &k)?;
+        crate::attention::check_finite("V", &v)?;
+    }
     let (b, h, l, _) = q.dim();
     let (s_len, e_v) = (k.dim().2, v.dim().3);
     let bias = mask.bias([b, h, l, s_len])?;
@@ -159,7 +182,9 @@ pub fn attention_masked(
     mask: &Mask<'_>,
 ) -> Result<Output<f64>> {
     let dims = op.dims(x.shape(), proj)?;
-    check_inputs_finite(&x, proj)?;
+    if !op.propagates_non_finite() {
+        check_inputs_finite(&x, proj)?;
+    }
     let Dims {
         batch,
         n,

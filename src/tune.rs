@@ -299,6 +299,7 @@ pub fn flash(
                 scale: 0.125,
                 kv_ratio: 1,
                 f16: false,
+                skip_zero: false,
             };
             fastest(candidates, |c| {
                 bench::timed_submit(ctx, |enc| {

@@ -437,3 +437,38 @@ fn dtype_f16_reads_and_writes_float16_npy_and_verify_reports_its_accuracy() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("f32 or f16"));
 }
+
+#[test]
+fn propagate_nan_lets_non_finite_inputs_through_and_the_default_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let mut x = Array2::from_shape_fn((6, 4), |(i, j)| ((i * 4 + j) as f32 * 0.3).sin());
+    x[[2, 1]] = f32::NAN;
+    ndarray_npy::write_npy(p("x.npy"), &x).unwrap();
+    let out = cli(&["run", "--x", &p("x.npy"), "--out", &p("o")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("X holds a non-finite value") && err.contains("[2, 1]"),
+        "{err}"
+    );
+    ok(&cli(&[
+        "run",
+        "--x",
+        &p("x.npy"),
+        "--causal",
+        "--propagate-nan",
+        "--out",
+        &p("o"),
+    ]));
+    let context: Array2<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
+    // Causal: rows 0 and 1 never see key 2; rows 2.. do, and so does every query through q_2.
+    assert!(context
+        .slice(ndarray::s![..2, ..])
+        .iter()
+        .all(|v| v.is_finite()));
+    assert!(context
+        .slice(ndarray::s![2.., ..])
+        .iter()
+        .all(|v| v.is_nan()));
+}

@@ -81,7 +81,7 @@ impl KernelId {
         match self {
             KernelId::Softmax => &["MASK"],
             KernelId::FlashTiled => &["BK", "DK4", "DV4", "MASK"],
-            KernelId::FlashSubgroup => &["SG", "R", "DK4", "DV4", "MASK"],
+            KernelId::FlashSubgroup => &["SG", "R", "DK4", "DV4", "MASK", "SKIP_ZERO"],
             KernelId::MatmulSubgroup => &["SG", "T", "MASK"],
             _ => &[],
         }
@@ -218,7 +218,7 @@ pub struct PipelineKey {
     /// The kernel.
     pub kernel: KernelId,
     /// Its constants, in [`KernelId::constants`] order (unused slots 0).
-    pub consts: [u32; 5],
+    pub consts: [u32; 6],
     /// Which of its [`KernelId::element_types`] are f16 (bit `i` for type `i`).
     pub f16: u8,
 }
@@ -227,7 +227,7 @@ impl From<KernelId> for PipelineKey {
     fn from(kernel: KernelId) -> Self {
         PipelineKey {
             kernel,
-            consts: [0; 5],
+            consts: [0; 6],
             f16: 0,
         }
     }

@@ -101,6 +101,10 @@ pub struct Flash {
     pub kv_ratio: usize,
     /// Q, K and V are f16 (scores, sums and the output are f32 either way).
     pub f16: bool,
+    /// Keys whose weight is exactly 0 (masked, hidden by causal, underflowed) are left out
+    /// of the sum, so a non-finite value there cannot reach the row (for inputs passed through
+    /// with NaN/Inf; finite inputs give the same either way). `flash_tiled` always does this.
+    pub skip_zero: bool,
 }
 
 fn strides4(s: Strides) -> [u32; 4] {
@@ -171,7 +175,7 @@ impl Flash {
                 params.mask = mask_strides;
                 let key = PipelineKey {
                     kernel: KernelId::FlashTiled,
-                    consts: [keys, dk4, dv4, has_mask, 0],
+                    consts: [keys, dk4, dv4, has_mask, 0, 0],
                     f16: if self.f16 { 0b11 } else { 0 },
                 };
                 record(
@@ -214,7 +218,14 @@ impl Flash {
                 params.mask = mask_strides;
                 let key = PipelineKey {
                     kernel: KernelId::FlashSubgroup,
-                    consts: [sg, rows_per_lane, dk4, dv4, has_mask],
+                    consts: [
+                        sg,
+                        rows_per_lane,
+                        dk4,
+                        dv4,
+                        has_mask,
+                        u32::from(self.skip_zero),
+                    ],
                     f16: u8::from(self.f16),
                 };
                 record(

@@ -157,7 +157,7 @@ fn dispatch(
     let c_f16 = mm.f16 & F16_C != 0 && matches!(epilogue, Epilogue::Plain);
     let key = PipelineKey {
         kernel: KernelId::MatmulSubgroup,
-        consts: [sg, rows_per_lane, has_mask, 0, 0],
+        consts: [sg, rows_per_lane, has_mask, 0, 0, 0],
         f16: u8::from(mm.f16 & F16_B != 0) | (u8::from(c_f16) << 1),
     };
     record(

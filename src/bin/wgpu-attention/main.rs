@@ -203,6 +203,10 @@ struct OpArgs {
     /// arithmetic in f32; the outputs are written as float16 .npy).
     #[arg(long, default_value = "f32")]
     dtype: Dtype,
+    /// Pass NaN/Inf in the inputs through (they propagate to the outputs that depend on them)
+    /// instead of rejecting them.
+    #[arg(long)]
+    propagate_nan: bool,
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
@@ -217,7 +221,8 @@ impl OpArgs {
             .causal(self.causal)
             .return_weights(!self.no_weights)
             .kernels(self.kernels)
-            .dtype(self.dtype);
+            .dtype(self.dtype)
+            .propagate_non_finite(self.propagate_nan);
         match self.scale {
             Some(s) => op.scale(s),
             None => op,
