@@ -717,6 +717,7 @@ impl Attention {
         let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
             (_, h) if h > 1 => Axis(1),
+            _ if l > 1 => return self.sdpa_row_blocks(ctx, q, k, v, bias, &too_big),
             _ => return Err(too_big),
         };
         // Along the heads, split the K/V heads; each keeps its group of Q heads.
@@ -741,6 +742,59 @@ impl Attention {
             )?);
         }
         join_outputs(axis, &outs[0], &outs[1])
+    }
+
+    /// One head of one sequence too large for the device: the query rows in two halves, each
+    /// against every key (rows are independent). Causal becomes part of each half's mask,
+    /// offset to where its rows start, so the kernels need no row offset.
+    fn sdpa_row_blocks(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        bias: Option<ArrayView4<'_, f32>>,
+        too_big: &Error,
+    ) -> Result<Output> {
+        let (l, s_len) = (q.dim().2, k.dim().2);
+        // Every block needs all of K and V: no split helps when they do not fit.
+        buffer::check_len(ctx, "K (S·E)", k.len())?;
+        buffer::check_len(ctx, "V (S·E_v)", v.len())?;
+        log::info!("{too_big}: splitting the {l} query rows");
+        let half = l / 2;
+        let mut outs = Vec::new();
+        for (start, end) in [(0, half), (half, l)] {
+            let rows: ndarray::Slice = (start..end).into();
+            let part = slice_bias(&bias, Axis(2), rows);
+            let (op, part) = if self.causal {
+                let [b, h, r, _] = match &part {
+                    Some(p) => [p.dim().0, p.dim().1, p.dim().2, p.dim().3],
+                    None => [1, 1, 1, 1],
+                };
+                let r_out = end - start;
+                let causal =
+                    ndarray::Array4::from_shape_fn((b, h, r_out, s_len), |(bb, hh, i, j)| {
+                        if j > start + i {
+                            crate::mask::MASKED
+                        } else {
+                            part.as_ref().map_or(0.0, |p| {
+                                p[[bb, hh, if r == 1 { 0 } else { i }, j.min(p.dim().3 - 1)]]
+                            })
+                        }
+                    });
+                (self.causal(false), Some(causal))
+            } else {
+                (*self, part.map(|p| p.to_owned()))
+            };
+            outs.push(op.sdpa_in_parts(
+                ctx,
+                q.slice_axis(Axis(2), rows),
+                k,
+                v,
+                part.as_ref().map(|p| p.view()),
+            )?);
+        }
+        join_outputs(Axis(2), &outs[0], &outs[1])
     }
 
     /// An SDPA call whose buffers fit: one encoder, one submit, readback.
@@ -1019,7 +1073,59 @@ impl Attention {
             };
             return Ok(Output { context, weights });
         }
+        if dims.n > 1 {
+            return self.forward_row_blocks(ctx, dims, x, proj, bias, &too_big);
+        }
         Err(too_big)
+    }
+
+    /// One head of one sequence too large for the device: Q, K, V projected on the CPU
+    /// (f32, matrixmultiply), then attended in blocks of query rows as [`Attention::sdpa`]
+    /// splits them.
+    fn forward_row_blocks(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        bias: Option<ArrayView4<'_, f32>>,
+        too_big: &Error,
+    ) -> Result<Output> {
+        log::info!("{too_big}: projecting on the CPU, then splitting the query rows");
+        let shape = |e: ndarray::ShapeError| Error::shape(e.to_string());
+        let x2 = x.to_shape((dims.n, dims.d)).map_err(shape)?;
+        let project = |w: &ArrayView2<'_, f32>, b: Option<&ArrayView1<'_, f32>>| {
+            let mut out = x2.dot(w);
+            if let Some(b) = b {
+                out += b;
+            }
+            out
+        };
+        let (q, k, v) = match proj {
+            Some(p) => (
+                project(&p.w_q, p.b_q.as_ref()),
+                project(&p.w_k, p.b_k.as_ref()),
+                project(&p.w_v, p.b_v.as_ref()),
+            ),
+            None => (x2.to_owned(), x2.to_owned(), x2.to_owned()),
+        };
+        let four = |a: ndarray::Array2<f32>| {
+            let (r, c) = a.dim();
+            a.into_shape_with_order((1, 1, r, c)).map_err(shape)
+        };
+        let op = self.scale(dims.scale);
+        let out = op.sdpa_in_parts(ctx, four(q)?.view(), four(k)?.view(), four(v)?.view(), bias)?;
+        Ok(Output {
+            context: out
+                .context
+                .into_shape_with_order(IxDyn(&dims.context_shape()))
+                .map_err(shape)?,
+            weights: out
+                .weights
+                .map(|w| w.into_shape_with_order(IxDyn(&dims.weights_shape())))
+                .transpose()
+                .map_err(shape)?,
+        })
     }
 
     /// Runs a problem whose buffers fit: plan, one encoder, one submit, readback.

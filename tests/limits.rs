@@ -108,8 +108,25 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         None,
     );
 
-    // One head of one sequence whose weights alone exceed the limit: a clear error.
-    let x = Array2::from_shape_fn((200, 4), |(i, j)| (i + j) as f32 * 0.01);
+    // One head of one sequence whose 300 × 300 weights alone exceed the limit: split into
+    // blocks of query rows (causal offset per block), with projections and W_O too.
+    let x = Array2::from_shape_fn((300, 8), |(i, j)| ((i * 8 + j) as f32 * 0.13).sin());
+    check(Attention::new(), x.view().into_dyn(), None);
+    check(Attention::new().causal(true), x.view().into_dyn(), None);
+    let x6 = Array2::from_shape_fn((300, 6), |(i, j)| ((i * 6 + j) as f32 * 0.17).cos());
+    check(
+        Attention::new().causal(true),
+        x6.view().into_dyn(),
+        Some(&with_out),
+    );
+    // The fused path has no n × n buffer, so the same problem runs whole without the weights.
+    let out = Attention::new()
+        .return_weights(false)
+        .forward(&ctx, x.view().into_dyn(), None)
+        .unwrap();
+    assert_eq!(out.context.shape(), &[300, 8]);
+    // What no split can help: X itself over the limit (17,000 floats), named.
+    let x = Array2::from_shape_fn((4250, 4), |(i, j)| (i + j) as f32 * 0.01);
     let err = Attention::new()
         .forward(&ctx, x.view().into_dyn(), None)
         .unwrap_err();
@@ -123,12 +140,6 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         ),
         "{err:?}"
     );
-    // The fused path has no n × n buffer, so the same problem runs without the weights.
-    let out = Attention::new()
-        .return_weights(false)
-        .forward(&ctx, x.view().into_dyn(), None)
-        .unwrap();
-    assert_eq!(out.context.shape(), &[200, 4]);
 }
 
 #[test]
@@ -168,10 +179,28 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
         )
         .0 < 1e-5
     );
-    // One head of one sequence with 200 × 200 weights: a clear error.
+    // One head of one sequence with 200 × 230 weights: blocks of query rows, causal offset
+    // per block, a mask sliced with them.
     let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), f(0.1));
+    let k1 = ndarray::Array4::from_shape_fn((1, 1, 230, 4), f(0.3));
+    let keep = ndarray::Array2::from_shape_fn((200, 230), |(i, j)| (i * 7 + j) % 9 != 0).into_dyn();
+    for causal in [false, true] {
+        for mask in [Mask::none(), Mask::boolean(keep.view())] {
+            let op = Attention::new().causal(causal);
+            let got = op
+                .sdpa_masked(&ctx, q1.view(), k1.view(), k1.view(), &mask)
+                .unwrap();
+            let want = reference::sdpa_masked(&op, q1.view(), k1.view(), k1.view(), &mask).unwrap();
+            assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
+            let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
+            assert!(reference::compare(&w, &ww).0 < 1e-5, "causal={causal}");
+        }
+    }
+    // One query row whose weights row alone is over the limit (20,000 keys): the error.
+    let q2 = ndarray::Array4::from_shape_fn((1, 1, 1, 1), f(0.1));
+    let k2 = ndarray::Array4::from_shape_fn((1, 1, 20_000, 1), f(0.1));
     let err = Attention::new()
-        .sdpa(&ctx, q1.view(), q1.view(), q1.view())
+        .sdpa(&ctx, q2.view(), k2.view(), k2.view())
         .unwrap_err();
     assert!(
         err.to_string().contains("max_storage_buffer_binding_size"),
