@@ -684,8 +684,8 @@ impl Attention {
     }
 
     /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
-    /// batch, then of the heads, joined back in place; one head of one sequence that does
-    /// not fit is the limit's error.
+    /// batch, then of the heads, then of the query rows, joined back in place; what cannot
+    /// be split small enough is the limit's error.
     fn sdpa_in_parts(
         &self,
         ctx: &Context,
@@ -965,8 +965,8 @@ impl Attention {
     }
 
     /// Runs a checked problem whole when its buffers fit the device, else in parts: halves of
-    /// the batch, then halves of the heads (each part's context and weights put back in
-    /// place). A single head of a single sequence that does not fit is the limit's error.
+    /// the batch, then halves of the heads, then blocks of query rows (each part's context
+    /// and weights put back in place). What cannot be split small enough is the limit's error.
     fn forward_in_parts(
         &self,
         ctx: &Context,
