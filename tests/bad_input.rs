@@ -344,3 +344,80 @@ fn cli_bad_values_for_demo_verify_and_bench_outputs_are_clear_errors() {
     ]);
     assert_one_line_error(&out, "/nonexistent-dir/bench.json");
 }
+
+#[test]
+fn every_remaining_flag_with_a_bad_value_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    ndarray_npy::write_npy(p("x.npy"), &Array2::<f32>::ones((3, 4))).unwrap();
+    ndarray_npy::write_npy(p("w.npy"), &Array2::<f32>::ones((4, 2))).unwrap();
+    ndarray_npy::write_npy(p("b3.npy"), &Array1::<f32>::ones(3)).unwrap();
+    ndarray_npy::write_npy(p("q.npy"), &ndarray::Array4::<f32>::ones((1, 1, 3, 2))).unwrap();
+    std::fs::write(p("file"), b"a file, not a directory").unwrap();
+    let (x, w, b3, q) = (p("x.npy"), p("w.npy"), p("b3.npy"), p("q.npy"));
+    let out = p("o");
+    let under_file = p("file/o");
+    let run = |extra: &[&str]| {
+        let mut a = vec!["run", "--x", &x];
+        a.extend_from_slice(extra);
+        if !extra.contains(&"--out") {
+            a.extend(["--out", &out]);
+        }
+        cli(&a)
+    };
+    let weights = ["--wq", &w, "--wk", &w, "--wv", &w];
+    let cases: Vec<(std::process::Output, &str)> = vec![
+        (run(&["--scale", "abc"]), "--scale"),
+        (run(&["--scale", "nan"]), "scale"),
+        (run(&["--scale", "inf"]), "scale"),
+        (run(&["--heads", "0"]), "heads"),
+        (run(&["--heads", "-2"]), "'-2'"),
+        (run(&["--dtype", "bf16"]), "f32 or f16"),
+        (run(&["--causal=maybe"]), "--causal"),
+        (run(&["--no-weights=1"]), "--no-weights"),
+        (run(&["--propagate-nan=x"]), "--propagate-nan"),
+        (run(&["--out", &under_file]), "file/o"),
+        (run(&["--bo", &b3]), "--wo"),
+        (run(&["--wq", &w]), "--wk"),
+        (
+            run(&[weights.as_slice(), &["--bq", &b3, "--bk", &b3, "--bv", &b3]].concat()),
+            "b_Q",
+        ),
+        (
+            cli(&[
+                "sdpa", "--q", &q, "--k", &q, "--v", &q, "--dtype", "f8", "--out", &out,
+            ]),
+            "f32 or f16",
+        ),
+        (
+            cli(&[
+                "sdpa", "--q", &q, "--k", &q, "--v", &q, "--heads", "2", "--out", &out,
+            ]),
+            "--heads",
+        ),
+        (cli(&["verify", "--seed", "-1"]), "'-1'"),
+        (cli(&["bench", "--warmup", "x"]), "--warmup"),
+        (cli(&["bench", "--batch", "0", "--matmul", "0"]), "batch"),
+        (cli(&["bench", "--heads", "0", "--matmul", "0"]), "heads"),
+        (
+            cli(&["bench", "--repeats", "0", "--matmul", "0"]),
+            "repeats",
+        ),
+        (cli(&["bench", "--matmul", "x"]), "--matmul"),
+        (cli(&["demo", "--seed", "abc"]), "--seed"),
+        (cli(&["devices", "--backend", "glide"]), "--backend"),
+    ];
+    for (i, (out, needle)) in cases.iter().enumerate() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} ({needle}) was accepted");
+        assert!(!stderr.contains("panicked"), "case {i}: {stderr}");
+        let line = stderr
+            .lines()
+            .rfind(|l| l.starts_with("error: "))
+            .unwrap_or_else(|| panic!("case {i}: no error line in {stderr}"));
+        assert!(
+            stderr.contains(needle),
+            "case {i}: {line:?} does not mention {needle:?}"
+        );
+    }
+}

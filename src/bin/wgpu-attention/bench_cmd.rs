@@ -29,8 +29,8 @@ pub struct BenchArgs {
     /// Causal mask (FLOP counts stay those of the full problem).
     #[arg(long)]
     causal: bool,
-    /// Timed runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    /// Timed runs per measurement (the median is reported); at least 1.
+    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
     repeats: usize,
     /// Untimed runs first (lavapipe compiles each kernel at its first dispatch).
     #[arg(long, default_value_t = 1)]
@@ -337,4 +337,13 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         println!("wrote {}", path.display());
     }
     Ok(true)
+}
+
+/// A count of at least 1 (clap value parser).
+fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
