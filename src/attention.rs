@@ -1091,6 +1091,10 @@ impl Attention {
         bias: Option<ArrayView4<'_, f32>>,
         too_big: &Error,
     ) -> Result<Output> {
+        // Every block needs all of K and V: no split helps when they do not fit.
+        buffer::check_len(ctx, "X (n·d)", dims.n * dims.d)?;
+        buffer::check_len(ctx, "K (n·d_k)", dims.n * dims.d_k)?;
+        buffer::check_len(ctx, "V (n·d_v)", dims.n * dims.d_v)?;
         log::info!("{too_big}: projecting on the CPU, then splitting the query rows");
         let shape = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let x2 = x.to_shape((dims.n, dims.d)).map_err(shape)?;
