@@ -5,9 +5,9 @@
 //     STATS:     per row i and column tile t, with s_ij = scale_log2 · (A·B)[i, j] over the
 //                tile's visible columns: C[((g·m + i)·tiles_n + t)·2 + {0, 1}] =
 //                (max_j s_ij, Σ_j exp2(s_ij − max))                         (the partial softmax)
-//     SOFTMAX:   C[g, i, j] = exp2(s_ij − lse[g·m + i])   (0 where causal hides j > i)
+//     SOFTMAX:   C[g, i, j] = exp2(s_ij − M) / L, (M, L) = row_stats[g·m + i]   (0 where masked)
 //
-// STATS, then lse_reduce.wgsl (lse = log2 Σ over the tiles), then SOFTMAX turn Q·Kᵀ into the
+// STATS, then row_stats.wgsl (each row's max M and sum L over the tiles), then SOFTMAX turn Q·Kᵀ into the
 // attention weights without an n × n round trip through a softmax kernel. Both passes compute
 // every logit with the same instructions, so the weights are normalized by exactly the logits
 // they are made of (a row with one dominant key gets weight 1 to the last bit or two).
@@ -69,7 +69,7 @@ const LOG2E: f32 = 1.4426950408889634;
 @group(0) @binding(1) var a_tex: texture_2d<f32>;
 @group(0) @binding(2) var b_tex: texture_2d<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<B_T>;
-@group(0) @binding(4) var<storage, read> lse: array<f32>;
+@group(0) @binding(4) var<storage, read> row_stats: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read_write> c: array<C_T>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
 
@@ -182,9 +182,13 @@ fn main(
             let i = r * SG + l;
             let row = row0 + i;
             if row < p.m {
+                // The row's max and 1 / sum (a row with nothing visible: all masked, never read).
                 var shift = 0.0;
+                var inv = 1.0;
                 if softmax {
-                    shift = lse[g * p.m + row];
+                    let st = row_stats[g * p.m + row];
+                    shift = st.x;
+                    inv = 1.0 / st.y;
                 }
                 for (var e = 0u; e < 4u; e++) { // unroll
                     let col = col4 * 4u + e;
@@ -198,7 +202,7 @@ fn main(
                             if MASK != 0u {
                                 x = add_mask(x, b_idx, h, row, col);
                             }
-                            v = select(exp2(x - shift), 0.0, (causal && col > row) || x <= NEG);
+                            v = select(exp2(x - shift) * inv, 0.0, (causal && col > row) || x <= NEG);
                         }
                         c[base + row * p.c_row + col] = C_T(v);
                     }

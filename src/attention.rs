@@ -41,7 +41,40 @@ pub struct Projections<'a> {
     pub b_o: Option<ArrayView1<'a, f32>>,
 }
 
+/// Owned projection weights, as a checkpoint or a test case holds them: `(W_Q, W_K, W_V)`,
+/// their biases, and the output projection.
+pub type OwnedWeights = (
+    ndarray::Array2<f32>,
+    ndarray::Array2<f32>,
+    ndarray::Array2<f32>,
+);
+/// Owned `(b_Q, b_K, b_V)`.
+pub type OwnedBiases = (
+    ndarray::Array1<f32>,
+    ndarray::Array1<f32>,
+    ndarray::Array1<f32>,
+);
+/// Owned `W_O` and optional `b_O`.
+pub type OwnedOutput = (ndarray::Array2<f32>, Option<ndarray::Array1<f32>>);
+
 impl<'a> Projections<'a> {
+    /// Views of owned weights, biases (all three or none) and output projection.
+    pub fn of(
+        (w_q, w_k, w_v): &'a OwnedWeights,
+        biases: Option<&'a OwnedBiases>,
+        output: Option<&'a OwnedOutput>,
+    ) -> Self {
+        let p = Projections::new(w_q.view(), w_k.view(), w_v.view());
+        let p = match biases {
+            Some((q, k, v)) => p.with_bias(q.view(), k.view(), v.view()),
+            None => p,
+        };
+        match output {
+            Some((w, b)) => p.with_output(w.view(), b.as_ref().map(|b| b.view())),
+            None => p,
+        }
+    }
+
     /// Weights without biases.
     pub fn new(
         w_q: ArrayView2<'a, f32>,
@@ -302,7 +335,7 @@ impl Plan {
 
     /// Whether the context comes from the fused kernel and the weights from the subgroup
     /// matmul's statistics and softmax epilogues, rather than scores → softmax → weighted sum.
-    pub fn weights_from_lse(&self) -> bool {
+    pub fn weights_from_stats(&self) -> bool {
         matches!(self.flash, FlashVariant::Subgroup { .. })
             && matches!(self.matmul, MatmulVariant::Subgroup { .. })
     }
@@ -318,12 +351,12 @@ fn family_of(flash: FlashVariant) -> Kernels {
 
 impl std::fmt::Display for Plan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.fused, self.weights_from_lse()) {
+        match (self.fused, self.weights_from_stats()) {
             (true, _) => write!(f, "{} + {}", self.matmul, self.flash),
             (false, true) => {
                 write!(
                     f,
-                    "{} + {}; weights: {} with stats, lse_reduce, again with softmax",
+                    "{} + {}; weights: {} with stats, row_stats, again with softmax",
                     self.matmul, self.flash, self.matmul
                 )
             }
@@ -1447,9 +1480,9 @@ impl Attention {
                 0
             },
         };
-        if plan.fused || plan.weights_from_lse() {
+        if plan.fused || plan.weights_from_stats() {
             // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V. The weights, when
-            // asked for, come from the products again: statistics, log-sum-exp, exp(s − lse).
+            // asked for, come from the products again: statistics, row max and sum, exp(s − M) / L.
             let op = flash::Flash {
                 batch,
                 heads,

@@ -3,9 +3,12 @@
 
 pub mod attention;
 pub mod bench;
+pub mod checkpoint;
 pub mod context;
 pub mod demo;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod gpu;
 pub mod kernels;
 pub mod mask;

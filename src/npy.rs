@@ -1,13 +1,25 @@
-//! `.npy` files in and out: float32 read as is, float64 converted; masks also as bool, lengths
-//! as any integer dtype; anything else is an error that names the file and what it holds. Written files are float32, readable by NumPy
-//! (`np.load`) and PyTorch (`torch.from_numpy(np.load(...))`).
+//! `.npy` files in and out. Arrays are read as float16, float32 or float64 (converted to
+//! f32); masks also as bool; lengths as any integer dtype. Anything else is an error that
+//! names the file and what it holds. Written files are float32 (or float16), readable by
+//! NumPy (`np.load`) and PyTorch (`torch.from_numpy(np.load(...))`).
+//!
+//! Each reader is a parser over the file's bytes (`parse`, `parse_mask`, `parse_lengths`)
+//! behind a function that reads the file, so the fuzz targets (`tests/fuzz`) exercise exactly
+//! what the CLI runs.
 
 use std::path::Path;
 
 use ndarray::ArrayD;
-use ndarray_npy::{ReadNpyError, WriteNpyExt};
+use ndarray_npy::{ReadNpyError, ReadNpyExt, ReadableElement, WriteNpyExt};
 
 use crate::error::{Error, Result};
+
+/// What a parser found wrong, without the file name.
+type Parsed<T> = std::result::Result<T, String>;
+
+fn load(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::io(path, format!("cannot read: {e}")))
+}
 
 /// Reads a float16, float32 or float64 `.npy` file as f32.
 ///
@@ -15,25 +27,32 @@ use crate::error::{Error, Result};
 /// [`Error::Io`] naming the path when the file is missing, unreadable, not an `.npy`, of
 /// another dtype, or truncated.
 pub fn read(path: &Path) -> Result<ArrayD<f32>> {
-    match ndarray_npy::read_npy::<_, ArrayD<f32>>(path) {
+    parse(&load(path)?).map_err(|m| Error::io(path, m))
+}
+
+/// Parses the bytes of a float16, float32 or float64 `.npy` file as f32.
+///
+/// # Errors
+/// What is wrong, in words.
+pub fn parse(bytes: &[u8]) -> Parsed<ArrayD<f32>> {
+    match typed::<f32>(bytes) {
         Ok(a) => Ok(a),
-        Err(ReadNpyError::WrongDescriptor(_)) => {
-            match ndarray_npy::read_npy::<_, ArrayD<f64>>(path) {
-                Ok(a) => Ok(a.mapv(|v| v as f32)),
-                Err(ReadNpyError::WrongDescriptor(descr)) if descr.to_string().contains("f2") => {
-                    read_f16(path)
-                }
-                Err(ReadNpyError::WrongDescriptor(descr)) => Err(Error::io(
-                    path,
-                    format!(
-                        "unsupported dtype {descr}: expected a float16, float32 or float64 .npy"
-                    ),
-                )),
-                Err(e) => Err(describe(path, e)),
+        Err(ReadNpyError::WrongDescriptor(_)) => match typed::<f64>(bytes) {
+            Ok(a) => Ok(a.mapv(|v| v as f32)),
+            Err(ReadNpyError::WrongDescriptor(descr)) if descr.to_string().contains("f2") => {
+                parse_f16(bytes)
             }
-        }
-        Err(e) => Err(describe(path, e)),
+            Err(ReadNpyError::WrongDescriptor(descr)) => Err(format!(
+                "unsupported dtype {descr}: expected a float16, float32 or float64 .npy"
+            )),
+            Err(e) => Err(describe(e)),
+        },
+        Err(e) => Err(describe(e)),
     }
+}
+
+fn typed<T: ReadableElement>(bytes: &[u8]) -> std::result::Result<ArrayD<T>, ReadNpyError> {
+    ArrayD::<T>::read_npy(bytes)
 }
 
 /// A mask as read from a `.npy` file: boolean (`true` = attend) or float (added to the
@@ -42,7 +61,7 @@ pub fn read(path: &Path) -> Result<ArrayD<f32>> {
 pub enum MaskArray {
     /// A bool `.npy`.
     Bool(ArrayD<bool>),
-    /// A float32 or float64 `.npy`.
+    /// A float16, float32 or float64 `.npy`.
     Float(ArrayD<f32>),
 }
 
@@ -56,27 +75,25 @@ impl MaskArray {
     }
 }
 
-/// Reads a mask: a bool, float32 or float64 `.npy` file.
+/// Reads a mask: a bool, float16, float32 or float64 `.npy` file.
 ///
 /// # Errors
 /// [`Error::Io`] naming the path when the file is unreadable or of another dtype.
 pub fn read_mask(path: &Path) -> Result<MaskArray> {
-    match ndarray_npy::read_npy::<_, ArrayD<bool>>(path) {
+    parse_mask(&load(path)?).map_err(|m| Error::io(path, m))
+}
+
+/// Parses the bytes of a mask `.npy` (bool, float16, float32 or float64).
+///
+/// # Errors
+/// What is wrong, in words.
+pub fn parse_mask(bytes: &[u8]) -> Parsed<MaskArray> {
+    match typed::<bool>(bytes) {
         Ok(a) => Ok(MaskArray::Bool(a)),
-        Err(ReadNpyError::WrongDescriptor(_)) => match read(path) {
-            Ok(f) => Ok(MaskArray::Float(f)),
-            Err(Error::Io { message, .. }) if message.starts_with("unsupported dtype") => {
-                Err(Error::io(
-                    path,
-                    message.replace(
-                        "a float16, float32 or float64",
-                        "a bool, float16, float32 or float64",
-                    ),
-                ))
-            }
-            Err(e) => Err(e),
-        },
-        Err(e) => Err(describe(path, e)),
+        Err(ReadNpyError::WrongDescriptor(_)) => parse(bytes)
+            .map(MaskArray::Float)
+            .map_err(|m| m.replace("a float16,", "a bool, float16,")),
+        Err(e) => Err(describe(e)),
     }
 }
 
@@ -86,16 +103,23 @@ pub fn read_mask(path: &Path) -> Result<MaskArray> {
 /// [`Error::Io`] naming the path when the file is unreadable, not integer, not 1-D, or holds a
 /// negative length.
 pub fn read_lengths(path: &Path) -> Result<Vec<usize>> {
+    parse_lengths(&load(path)?).map_err(|m| Error::io(path, m))
+}
+
+/// Parses the bytes of a lengths `.npy` (1-D, any integer dtype, none negative).
+///
+/// # Errors
+/// What is wrong, in words.
+pub fn parse_lengths(bytes: &[u8]) -> Parsed<Vec<usize>> {
     /// The array's number of axes and its values.
     type Read = std::result::Result<(usize, Vec<i128>), ReadNpyError>;
-    fn try_read<T>(path: &Path) -> Read
+    fn try_read<T>(bytes: &[u8]) -> Read
     where
-        T: ndarray_npy::ReadableElement + Copy + Into<i128>,
+        T: ReadableElement + Copy + Into<i128>,
     {
-        ndarray_npy::read_npy::<_, ArrayD<T>>(path)
-            .map(|a| (a.ndim(), a.iter().map(|&v| v.into()).collect()))
+        typed::<T>(bytes).map(|a| (a.ndim(), a.iter().map(|&v| v.into()).collect()))
     }
-    let readers: [fn(&Path) -> Read; 8] = [
+    let readers: [fn(&[u8]) -> Read; 8] = [
         try_read::<i64>,
         try_read::<i32>,
         try_read::<u64>,
@@ -107,65 +131,70 @@ pub fn read_lengths(path: &Path) -> Result<Vec<usize>> {
     ];
     let mut last = None;
     for reader in readers {
-        match reader(path) {
+        match reader(bytes) {
             Ok((ndim, v)) => {
                 if ndim != 1 {
-                    return Err(Error::io(
-                        path,
-                        format!("expected a 1-D array of lengths, found {ndim} axes"),
+                    return Err(format!(
+                        "expected a 1-D array of lengths, found {ndim} axes"
                     ));
                 }
                 return v
                     .iter()
                     .enumerate()
                     .map(|(i, &len)| {
-                        usize::try_from(len).map_err(|_| {
-                            Error::io(path, format!("length [{i}] = {len} is not a valid length"))
-                        })
+                        usize::try_from(len)
+                            .map_err(|_| format!("length [{i}] = {len} is not a valid length"))
                     })
                     .collect();
             }
             Err(ReadNpyError::WrongDescriptor(d)) => last = Some(d),
-            Err(e) => return Err(describe(path, e)),
+            Err(e) => return Err(describe(e)),
         }
     }
-    Err(Error::io(
-        path,
-        format!(
-            "unsupported dtype {}: expected an integer .npy",
-            last.map(|d| d.to_string()).unwrap_or_default()
-        ),
+    Err(format!(
+        "unsupported dtype {}: expected an integer .npy",
+        last.map(|d| d.to_string()).unwrap_or_default()
     ))
 }
 
-fn describe(path: &Path, e: ReadNpyError) -> Error {
+fn describe(e: ReadNpyError) -> String {
     match e {
-        ReadNpyError::Io(io) => Error::io(path, format!("cannot read: {io}")),
-        ReadNpyError::ParseHeader(h) => Error::io(path, format!("not a valid .npy file: {h}")),
-        other => Error::io(path, format!("invalid .npy data: {other}")),
+        ReadNpyError::Io(io) => format!("cannot read: {io}"),
+        ReadNpyError::ParseHeader(h) => format!("not a valid .npy file: {h}"),
+        other => format!("invalid .npy data: {other}"),
     }
 }
 
 /// A float16 `.npy` (NumPy's `<f2`), widened to f32.
-fn read_f16(path: &Path) -> Result<ArrayD<f32>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, format!("cannot read: {e}")))?;
-    let npy = npyz::NpyFile::new(&bytes[..])
-        .map_err(|e| Error::io(path, format!("not a valid .npy file: {e}")))?;
+fn parse_f16(bytes: &[u8]) -> Parsed<ArrayD<f32>> {
+    let npy = npyz::NpyFile::new(bytes).map_err(|e| format!("not a valid .npy file: {e}"))?;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let fortran = npy.order() == npyz::Order::Fortran;
+    // A header may claim more elements than the file holds: check before allocating.
+    let count = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= bytes.len() / 2)
+        .ok_or_else(|| format!("invalid float16 data: shape {shape:?} does not fit the file"))?;
     let values: Vec<f32> = npy
         .into_vec::<half::f16>()
-        .map_err(|e| Error::io(path, format!("invalid float16 data: {e}")))?
+        .map_err(|e| format!("invalid float16 data: {e}"))?
         .into_iter()
         .map(half::f16::to_f32)
         .collect();
+    if values.len() != count {
+        return Err(format!(
+            "invalid float16 data: {} values for shape {shape:?}",
+            values.len()
+        ));
+    }
     let a = if fortran {
         let reversed: Vec<usize> = shape.iter().rev().copied().collect();
         ArrayD::from_shape_vec(reversed, values).map(|a| a.reversed_axes())
     } else {
         ArrayD::from_shape_vec(shape, values)
     };
-    a.map_err(|e| Error::io(path, format!("invalid float16 data: {e}")))
+    a.map_err(|e| format!("invalid float16 data: {e}"))
 }
 
 /// Writes an f32 array as a float16 `.npy` file (each value rounded to the nearest f16).

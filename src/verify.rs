@@ -277,17 +277,9 @@ impl CaseData {
 
     /// The projections as views.
     pub fn projections(&self) -> Option<Projections<'_>> {
-        self.weights.as_ref().map(|(q, k, v)| {
-            let p = Projections::new(q.view(), k.view(), v.view());
-            let p = match &self.biases {
-                Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
-                None => p,
-            };
-            match &self.output {
-                Some((w_o, b_o)) => p.with_output(w_o.view(), b_o.as_ref().map(|b| b.view())),
-                None => p,
-            }
-        })
+        self.weights
+            .as_ref()
+            .map(|w| Projections::of(w, self.biases.as_ref(), self.output.as_ref()))
     }
 }
 

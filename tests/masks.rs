@@ -64,6 +64,10 @@ fn float_masks_add_to_the_scaled_scores_with_minus_infinity_masking_out() {
         }
     });
     m.slice_mut(ndarray::s![1, 4, ..]).fill(f32::NEG_INFINITY);
+    // A row of nothing but f32's most negative value: uniform weights (the scores cannot be
+    // told apart, in f64 either), not unnormalized ones. Found by the NumPy cross-check: the
+    // subgroup weights once divided by exp2(M + log2 L), which rounds back to exp2(M) here.
+    m.slice_mut(ndarray::s![1, 9, ..]).fill(f32::MIN);
     for causal in [false, true] {
         for scale in [None, Some(2.5f32)] {
             let mut base = Attention::new().causal(causal).nan_fill(true);

@@ -23,8 +23,8 @@ pub enum KernelId {
     /// `shaders/matmul_subgroup.wgsl`: batched matmul from textures, subgroup shuffles,
     /// with bias or softmax epilogue.
     MatmulSubgroup,
-    /// `shaders/lse_reduce.wgsl`: per-tile softmax statistics into each row's log-sum-exp.
-    LseReduce,
+    /// `shaders/row_stats.wgsl`: per-tile softmax statistics into each row's max and sum.
+    RowStats,
     /// `shaders/fma_peak.wgsl`: the arithmetic ceiling, for `bench`.
     FmaPeak,
     /// `shaders/pack.wgsl`: per-head rows of a storage buffer into an `rgba32float` texture.
@@ -40,7 +40,7 @@ impl KernelId {
         KernelId::FlashTiled,
         KernelId::FlashSubgroup,
         KernelId::MatmulSubgroup,
-        KernelId::LseReduce,
+        KernelId::RowStats,
         KernelId::FmaPeak,
         KernelId::Pack,
     ];
@@ -54,7 +54,7 @@ impl KernelId {
             KernelId::FlashTiled => "flash_tiled.wgsl",
             KernelId::FlashSubgroup => "flash_subgroup.wgsl",
             KernelId::MatmulSubgroup => "matmul_subgroup.wgsl",
-            KernelId::LseReduce => "lse_reduce.wgsl",
+            KernelId::RowStats => "row_stats.wgsl",
             KernelId::FmaPeak => "fma_peak.wgsl",
             KernelId::Pack => "pack.wgsl",
         }
@@ -69,7 +69,7 @@ impl KernelId {
             KernelId::FlashTiled => include_str!("../../shaders/flash_tiled.wgsl"),
             KernelId::FlashSubgroup => include_str!("../../shaders/flash_subgroup.wgsl"),
             KernelId::MatmulSubgroup => include_str!("../../shaders/matmul_subgroup.wgsl"),
-            KernelId::LseReduce => include_str!("../../shaders/lse_reduce.wgsl"),
+            KernelId::RowStats => include_str!("../../shaders/row_stats.wgsl"),
             KernelId::FmaPeak => include_str!("../../shaders/fma_peak.wgsl"),
             KernelId::Pack => include_str!("../../shaders/pack.wgsl"),
         }

@@ -12,7 +12,7 @@ use crate::kernels::matmul::{Matmul, F16_A, F16_B, F16_C, HAS_BIAS, SKIP_UPPER};
 use crate::kernels::pack::{Pack, Packed};
 use crate::kernels::{record, u32_of, Binding, MaskArg};
 
-/// Epilogue flag: `C = exp2(scale_log2·(A·B) − lse[row])`, zero above the diagonal with
+/// Epilogue flag: `C = exp2(scale_log2·(A·B) − M[row]) / L[row]`, zero above the diagonal with
 /// [`SKIP_UPPER`].
 const SOFTMAX: u32 = 4;
 /// Epilogue flag: per row and column tile, the max and sum of exp2 of `scale_log2·(A·B)`.
@@ -47,7 +47,7 @@ struct Params {
     _pad1: [u32; 3],
 }
 
-/// Mirrors `Params` in `shaders/lse_reduce.wgsl`.
+/// Mirrors `Params` in `shaders/row_stats.wgsl`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 struct ReduceParams {
@@ -63,8 +63,8 @@ enum Epilogue<'a> {
     Plain,
     /// Partial softmax statistics of `scale·A·B` per row and column tile.
     Stats { scale: f32 },
-    /// `C = exp(scale·A·B − lse)`: the attention weights.
-    Softmax { scale: f32, lse: &'a wgpu::Buffer },
+    /// `C = exp(scale·A·B − M) / L` with each row's (M, L) in `stats`: the attention weights.
+    Softmax { scale: f32, stats: &'a wgpu::Buffer },
 }
 
 /// A and B packed into textures, ready for one or more dispatches.
@@ -127,7 +127,7 @@ fn dispatch(
     let (flags, scale, lse) = match epilogue {
         Epilogue::Plain => (mm.flags & (HAS_BIAS | SKIP_UPPER), 0.0, bias),
         Epilogue::Stats { scale } => ((mm.flags & SKIP_UPPER) | STATS, scale, bias),
-        Epilogue::Softmax { scale, lse } => ((mm.flags & SKIP_UPPER) | SOFTMAX, scale, lse),
+        Epilogue::Softmax { scale, stats } => ((mm.flags & SKIP_UPPER) | SOFTMAX, scale, stats),
     };
     let params = Params {
         m: u32_of("matmul rows", mm.m)?,
@@ -212,8 +212,8 @@ pub fn record_matmul(
 /// Records the attention weights `softmax(scale · Q·Kᵀ + mask)` of the score problem `mm`
 /// (A = Q, B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`, in three passes that never hold
 /// unnormalized scores: the products' per-tile softmax statistics, their reduction to each
-/// row's log-sum-exp (`shaders/lse_reduce.wgsl`), then the products again with
-/// `exp(s − lse)` as the epilogue.
+/// row's max and sum (`shaders/row_stats.wgsl`), then the products again with
+/// `exp(s − M) / L` as the epilogue.
 ///
 /// # Errors
 /// As [`record_matmul`], and the statistics buffer's size limit.
@@ -233,7 +233,7 @@ pub fn record_weights(
     let rows = mm.batch * mm.heads * mm.m;
     let tiles = tiles_n(mm, ops.sg);
     let partial = buffer::output(ctx, "softmax statistics", rows * tiles * 2, false)?;
-    let lse = buffer::output(ctx, "row log-sum-exp", rows, false)?;
+    let row_stats = buffer::output(ctx, "row max and sum", rows * 2, false)?;
     let stats = Epilogue::Stats { scale };
     dispatch(
         ctx,
@@ -241,7 +241,7 @@ pub fn record_weights(
         mm,
         rows_per_lane,
         &ops,
-        &lse,
+        &row_stats,
         stats,
         mask,
         &partial,
@@ -254,12 +254,15 @@ pub fn record_weights(
     record(
         ctx,
         encoder,
-        KernelId::LseReduce,
+        KernelId::RowStats,
         &params,
-        &[(&partial).into(), (&lse).into()],
+        &[(&partial).into(), (&row_stats).into()],
         (rows as u64).div_ceil(64),
     )?;
-    let softmax = Epilogue::Softmax { scale, lse: &lse };
+    let softmax = Epilogue::Softmax {
+        scale,
+        stats: &row_stats,
+    };
     dispatch(
         ctx,
         encoder,

@@ -168,6 +168,15 @@ struct RunArgs {
     /// b_O, (d_out,).
     #[arg(long, requires = "wo")]
     bo: Option<PathBuf>,
+    /// Q/K/V (and output) projections of one layer from a .safetensors checkpoint, as PyTorch
+    /// stores nn.Linear weights (transposed here): BERT's PREFIX.query/key/value, or
+    /// PREFIX.q_proj/k_proj/v_proj, or nn.MultiheadAttention's PREFIX.in_proj_weight; the
+    /// output from PREFIX.out_proj / o_proj / output.dense when present. Give --heads too.
+    #[arg(long, requires = "prefix", conflicts_with_all = ["wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo"])]
+    weights: Option<PathBuf>,
+    /// The layer's name prefix in the checkpoint, e.g. encoder.layer.0.attention.self.
+    #[arg(long, requires = "weights")]
+    prefix: Option<String>,
     /// Number of heads (d_k and d_v must divide by it).
     #[arg(long, default_value_t = 1)]
     heads: usize,
@@ -291,7 +300,11 @@ fn run(args: &RunArgs) -> Result<()> {
     };
     let w_o = args.wo.as_deref().map(read_2d).transpose()?;
     let b_o = args.bo.as_deref().map(read_1d).transpose()?;
-    let proj = weights.as_ref().map(|(q, k, v)| {
+    let layer = match (&args.weights, &args.prefix) {
+        (Some(file), Some(prefix)) => Some(wgpu_attention::checkpoint::load(file, prefix)?),
+        _ => None,
+    };
+    let from_file = weights.as_ref().map(|(q, k, v)| {
         let p = Projections::new(q.view(), k.view(), v.view());
         let p = match &biases {
             Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
@@ -302,6 +315,10 @@ fn run(args: &RunArgs) -> Result<()> {
             None => p,
         }
     });
+    let proj = match &layer {
+        Some(l) => Some(l.projections()),
+        None => from_file,
+    };
     let op = args.op.op().heads(args.heads);
     // Check the problem before opening a device, so bad input fails fast.
     let dims = op.dims(x.shape(), proj.as_ref())?;
