@@ -35,6 +35,7 @@ pub fn read(path: &Path) -> Result<ArrayD<f32>> {
 /// # Errors
 /// What is wrong, in words.
 pub fn parse(bytes: &[u8]) -> Parsed<ArrayD<f32>> {
+    check_header(bytes)?;
     match typed::<f32>(bytes) {
         Ok(a) => Ok(a),
         Err(ReadNpyError::WrongDescriptor(_)) => match typed::<f64>(bytes) {
@@ -53,6 +54,31 @@ pub fn parse(bytes: &[u8]) -> Parsed<ArrayD<f32>> {
 
 fn typed<T: ReadableElement>(bytes: &[u8]) -> std::result::Result<ArrayD<T>, ReadNpyError> {
     ArrayD::<T>::read_npy(bytes)
+}
+
+/// The header length an `.npy` declares fits in the bytes there are. (ndarray-npy allocates
+/// the declared length before reading it: a 100-byte file claiming a 3.5 GB header made the
+/// fuzzer run out of memory.)
+fn check_header(bytes: &[u8]) -> Parsed<()> {
+    const MAGIC: &[u8] = b"\x93NUMPY";
+    if bytes.len() < 10 || !bytes.starts_with(MAGIC) {
+        return Err("not a valid .npy file: no NumPy header".into());
+    }
+    let (len, start) = match bytes[6] {
+        1 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10),
+        2 | 3 if bytes.len() >= 12 => {
+            let l = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+            (usize::try_from(l).unwrap_or(usize::MAX), 12)
+        }
+        v => return Err(format!("not a valid .npy file: unknown format version {v}")),
+    };
+    if len > bytes.len() - start {
+        return Err(format!(
+            "not a valid .npy file: its header claims {len} bytes, the file has {}",
+            bytes.len()
+        ));
+    }
+    Ok(())
 }
 
 /// A mask as read from a `.npy` file: boolean (`true` = attend) or float (added to the
@@ -88,6 +114,7 @@ pub fn read_mask(path: &Path) -> Result<MaskArray> {
 /// # Errors
 /// What is wrong, in words.
 pub fn parse_mask(bytes: &[u8]) -> Parsed<MaskArray> {
+    check_header(bytes)?;
     match typed::<bool>(bytes) {
         Ok(a) => Ok(MaskArray::Bool(a)),
         Err(ReadNpyError::WrongDescriptor(_)) => parse(bytes)
@@ -119,6 +146,7 @@ pub fn parse_lengths(bytes: &[u8]) -> Parsed<Vec<usize>> {
     {
         typed::<T>(bytes).map(|a| (a.ndim(), a.iter().map(|&v| v.into()).collect()))
     }
+    check_header(bytes)?;
     let readers: [fn(&[u8]) -> Read; 8] = [
         try_read::<i64>,
         try_read::<i32>,
@@ -229,4 +257,24 @@ pub fn write(path: &Path, a: &ArrayD<f32>) -> Result<()> {
     let a = a.as_standard_layout();
     a.write_npy(std::io::BufWriter::new(file))
         .map_err(|e| Error::io(path, format!("cannot write: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_longer_than_the_file_is_an_error_not_an_allocation() {
+        // The fuzzer's find (tests/fuzz/regressions/npy/oom-header-length): version 3, a
+        // header length of 0xd47b0076 bytes in a 76-byte file.
+        let bytes = include_bytes!("../tests/fuzz/regressions/npy/oom-header-length");
+        for e in [
+            parse(bytes).unwrap_err(),
+            parse_mask(bytes).map(|_| ()).unwrap_err(),
+            parse_lengths(bytes).map(|_| ()).unwrap_err(),
+        ] {
+            assert!(e.contains("header claims"), "{e}");
+        }
+        assert!(parse(b"short").unwrap_err().contains("no NumPy header"));
+    }
 }
