@@ -54,6 +54,9 @@ pub struct Case {
     pub mask: MaskCase,
     /// The operands' element type on the device.
     pub dtype: Dtype,
+    /// Run as [`Attention::sdpa`] instead: Q `(batch, heads, n, d_k/heads)` against `n_kv`
+    /// keys in `kv_heads` K/V heads (`(n_kv, kv_heads)`; grouped-query when fewer heads).
+    pub sdpa: Option<(usize, usize)>,
 }
 
 /// Which mask a [`Case`] has (see [`crate::mask`]).
@@ -90,6 +93,7 @@ impl Case {
             fused: false,
             mask: MaskCase::None,
             dtype: Dtype::F32,
+            sdpa: None,
         }
     }
 
@@ -157,18 +161,30 @@ impl Case {
         };
         let batch = self.batch.unwrap_or(1);
         let n = self.n;
+        let (n_kv, qkv) = match self.sdpa {
+            None => (n, None),
+            Some((s, kv_heads)) => {
+                let h = self.heads;
+                let four = |a: ArrayD<f32>| a.into_dimensionality::<ndarray::Ix4>().expect("4-D");
+                let m = self.magnitude;
+                let q = four(normal(&[batch, h, n, self.d_k / h], m));
+                let k = four(normal(&[batch, kv_heads, s, self.d_k / h], m));
+                let v = four(normal(&[batch, kv_heads, s, self.d_v / h], 1.0));
+                (s, Some([q, k, v]))
+            }
+        };
         let mask = match self.mask {
             MaskCase::None => MaskData::None,
             MaskCase::Lengths => {
-                MaskData::Lengths((0..batch).map(|_| rng.random_range(0..=n)).collect())
+                MaskData::Lengths((0..batch).map(|_| rng.random_range(0..=n_kv)).collect())
             }
             MaskCase::Bool => {
-                let shape = [batch, self.heads, n, n];
+                let shape = [batch, self.heads, n, n_kv];
                 MaskData::Bool(ArrayD::from_shape_fn(IxDyn(&shape), |_| {
                     rng.random_bool(0.7)
                 }))
             }
-            MaskCase::Float => MaskData::Float(ArrayD::from_shape_fn(IxDyn(&[n, n]), |_| {
+            MaskCase::Float => MaskData::Float(ArrayD::from_shape_fn(IxDyn(&[n, n_kv]), |_| {
                 if rng.random_bool(0.1) {
                     f32::NEG_INFINITY
                 } else {
@@ -182,19 +198,23 @@ impl Case {
             biases,
             output,
             mask,
+            qkv,
         }
     }
 }
 
 impl fmt::Display for Case {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shape = match self.batch {
-            Some(b) => format!("{b}x{}x{}", self.n, self.d),
-            None => format!("{}x{}", self.n, self.d),
+        let shape = match (self.sdpa, self.batch) {
+            (Some((s, _)), b) => format!("{}x{}x{s}", b.unwrap_or(1), self.n),
+            (None, Some(b)) => format!("{b}x{}x{}", self.n, self.d),
+            (None, None) => format!("{}x{}", self.n, self.d),
         };
         write!(f, "{shape:<12}")?;
         let mut opts = Vec::new();
-        if self.weights {
+        // An sdpa case has Q, K, V of its own: no projections.
+        let projected = self.weights && self.sdpa.is_none();
+        if self.weights || self.sdpa.is_some() {
             opts.push(format!("dk={} dv={}", self.d_k, self.d_v));
         } else {
             opts.push("QKV=X".to_string());
@@ -205,10 +225,10 @@ impl fmt::Display for Case {
         if self.causal {
             opts.push("causal".into());
         }
-        if self.bias {
+        if self.bias && projected {
             opts.push("bias".into());
         }
-        if let (true, Some(d_out)) = (self.weights, self.out_proj) {
+        if let (true, Some(d_out)) = (projected, self.out_proj) {
             opts.push(format!("W_O->{d_out}"));
         }
         if let Some(s) = self.scale {
@@ -225,6 +245,9 @@ impl fmt::Display for Case {
             MaskCase::Lengths => opts.push("kv-lengths".into()),
             MaskCase::Bool => opts.push("mask=bool".into()),
             MaskCase::Float => opts.push("mask=float".into()),
+        }
+        if let Some((_, kv_heads)) = self.sdpa {
+            opts.push(format!("sdpa Hkv={kv_heads}"));
         }
         if self.dtype != Dtype::F32 {
             opts.push(self.dtype.to_string());
@@ -249,6 +272,8 @@ pub struct CaseData {
     pub output: Option<(Array2<f32>, Option<Array1<f32>>)>,
     /// The mask's arrays.
     pub mask: MaskData,
+    /// Q, K, V of an [`Attention::sdpa`] case.
+    pub qkv: Option<[ndarray::Array4<f32>; 3]>,
 }
 
 /// A case's mask arrays.
@@ -329,8 +354,25 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
     let proj = data.projections();
     let op = case.op();
     let mask = data.mask();
-    let gpu = op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)?;
-    let cpu = reference::attention_masked(&op, data.x.view(), proj.as_ref(), &mask)?;
+    let (gpu, cpu, bound) = match &data.qkv {
+        None => (
+            op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)?,
+            reference::attention_masked(&op, data.x.view(), proj.as_ref(), &mask)?,
+            reference::logit_bound(&op, data.x.view(), proj.as_ref())?,
+        ),
+        Some([q, k, v]) => {
+            let (q, k, v) = (q.view(), k.view(), v.view());
+            let scale = op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale;
+            // |scale · q·k| ≤ |scale| · E · max|q| · max|k|.
+            let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
+            let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
+            (
+                op.sdpa_masked(ctx, q, k, v, &mask)?,
+                reference::sdpa_masked(&op, q, k, v, &mask)?,
+                bound,
+            )
+        }
+    };
     let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
     let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
         (Some(g), Some(c), false) => reference::compare(g, c),
@@ -338,7 +380,6 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
         (None, _, true) => (0.0, 0.0),
         _ => (f64::INFINITY, f64::INFINITY),
     };
-    let bound = reference::logit_bound(&op, data.x.view(), proj.as_ref())?;
     Ok(CaseResult {
         case: *case,
         context_rel,
@@ -463,6 +504,28 @@ pub fn standard_cases() -> Vec<Case> {
             causal: true,
             ..Case::new(40, 8, 8, 8)
         },
+        // sdpa: L ≠ S both ways, grouped-query heads, with causal and masks.
+        Case {
+            sdpa: Some((53, 2)),
+            heads: 4,
+            batch: Some(2),
+            causal: true,
+            ..Case::new(37, 16, 32, 16)
+        },
+        Case {
+            sdpa: Some((20, 1)),
+            heads: 2,
+            mask: MaskCase::Bool,
+            causal: true,
+            ..Case::new(70, 16, 16, 24)
+        },
+        Case {
+            sdpa: Some((9, 4)),
+            heads: 4,
+            mask: MaskCase::Lengths,
+            batch: Some(3),
+            ..Case::new(1, 8, 8, 8)
+        },
     ]);
     cases
 }
@@ -508,6 +571,12 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                     MaskCase::Float,
                 ][rng.random_range(0..5)],
                 dtype: Dtype::F32,
+                sdpa: rng.random_bool(0.2).then(|| {
+                    (
+                        rng.random_range(1..=300),
+                        [1, heads][rng.random_range(0..2)],
+                    )
+                }),
             }
         })
         .collect()
