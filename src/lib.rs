@@ -9,6 +9,7 @@ pub mod error;
 pub mod gpu;
 pub mod kernels;
 pub mod npy;
+pub mod plot;
 pub mod reference;
 pub mod tune;
 pub mod verify;
