@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod mask;
 pub mod npy;
+pub mod plot;
 pub mod reference;
 pub mod tune;
 pub mod verify;

@@ -8,6 +8,7 @@ use ndarray::Array3;
 use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::context::Profiling;
+use wgpu_attention::plot;
 use wgpu_attention::{reference, tune, Attention, Error, Kernels, Result};
 
 use crate::AdapterArgs;
@@ -50,6 +51,9 @@ pub struct BenchArgs {
     /// Also write every measurement as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Also draw GFLOP/s against n, one line per path (GPU and CPU), into this .svg or .png.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     #[command(flatten)]
     adapter: AdapterArgs,
 }
@@ -133,10 +137,30 @@ fn line(r: &Record) -> String {
     )
 }
 
+/// The attention records as one series per path (GPU families and CPU baselines), in the
+/// order the paths first appear.
+fn throughput_series(records: &[Record]) -> Vec<plot::Series> {
+    let mut series: Vec<plot::Series> = Vec::new();
+    for r in records.iter().filter(|r| r.kind == "attention") {
+        let point = (r.n, r.gflops);
+        match series.iter_mut().find(|s| s.name == r.path) {
+            Some(s) => s.points.push(point),
+            None => series.push(plot::Series {
+                name: r.path.clone(),
+                points: vec![point],
+            }),
+        }
+    }
+    series
+}
+
 pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     bench::check_sizes("--n", &args.n)?;
     bench::check_sizes("--d", &[args.d])?;
     bench::check_sizes("--batch", &[args.batch])?;
+    if let Some(path) = &args.plot {
+        plot::Format::from_path(path)?;
+    }
     // Heads that do not divide d are caught by Attention::dims, like everywhere else.
     let head_dims = Attention::new()
         .heads(args.heads)
@@ -334,6 +358,18 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::invalid("--json", e.to_string()))?;
         std::fs::write(path, text).map_err(|e| Error::io(path, e))?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "attention on {}: d = {}, heads = {}, batch = {}{}",
+            info.name,
+            args.d,
+            args.heads,
+            args.batch,
+            if args.causal { ", causal" } else { "" }
+        );
+        plot::throughput(path, &title, &throughput_series(&records))?;
         println!("wrote {}", path.display());
     }
     Ok(true)

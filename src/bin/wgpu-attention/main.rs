@@ -56,7 +56,7 @@ enum Command {
         adapter: AdapterArgs,
     },
     /// Compute attention over .npy inputs and write context.npy and weights.npy.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// PyTorch's scaled_dot_product_attention over Q, K, V .npy files in (batch, heads, L, E)
     /// layout; writes context.npy (batch, heads, L, E_v) and weights.npy (batch, heads, L, S).
     Sdpa(SdpaArgs),
@@ -83,6 +83,9 @@ enum Command {
         /// Seed of the embedding and weights.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Also draw the weights as a heatmap, words on both axes, into this .png or .svg.
+        #[arg(long)]
+        plot: Option<PathBuf>,
         #[command(flatten)]
         adapter: AdapterArgs,
     },
@@ -182,6 +185,10 @@ struct RunArgs {
     heads: usize,
     #[command(flatten)]
     op: OpArgs,
+    /// Also draw the weights as a heatmap into this .png or .svg (one panel per head; of a
+    /// batch, the first sequence).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// The options `run` and `sdpa` share.
@@ -289,6 +296,15 @@ fn with_lengths<'a>(mask: Option<&'a npy::MaskArray>, lengths: Option<&[usize]>)
 }
 
 fn run(args: &RunArgs) -> Result<()> {
+    if let Some(path) = &args.plot {
+        if args.op.no_weights {
+            return Err(Error::invalid(
+                "--plot",
+                "draws the attention weights, which --no-weights turns off",
+            ));
+        }
+        wgpu_attention::plot::Format::from_path(path)?;
+    }
     let x: ArrayD<f32> = npy::read(&args.x)?;
     let weights = match (&args.wq, &args.wk, &args.wv) {
         (Some(q), Some(k), Some(v)) => Some((read_2d(q)?, read_2d(k)?, read_2d(v)?)),
@@ -355,6 +371,15 @@ fn run(args: &RunArgs) -> Result<()> {
             w.shape(),
             args.op.out.join("weights.npy").display()
         );
+        if let Some(path) = &args.plot {
+            let title = format!(
+                "attention weights, X {:?}{}",
+                x.shape(),
+                if dims.causal { ", causal" } else { "" }
+            );
+            wgpu_attention::plot::heatmap(path, w.view(), dims.heads, None, &title)?;
+            println!("heatmap   -> {}", path.display());
+        }
     }
     println!(
         "time      {:.2} ms (upload, kernels, readback; includes first-use shader compilation)",
@@ -407,9 +432,17 @@ fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> 
     Ok(failed == 0)
 }
 
-fn demo_cmd(sentence: Option<&str>, seed: u64, adapter: &AdapterArgs) -> Result<()> {
+fn demo_cmd(
+    sentence: Option<&str>,
+    seed: u64,
+    plot_path: Option<&Path>,
+    adapter: &AdapterArgs,
+) -> Result<()> {
     let sentence = sentence.unwrap_or(demo::DEFAULT_SENTENCE);
     let inputs = demo::inputs(sentence, seed)?;
+    if let Some(path) = plot_path {
+        wgpu_attention::plot::Format::from_path(path)?;
+    }
     let ctx = adapter.open()?;
     let info = ctx.adapter_info();
     println!(
@@ -440,6 +473,11 @@ fn demo_cmd(sentence: Option<&str>, seed: u64, adapter: &AdapterArgs) -> Result<
         demo::D_K
     );
     print!("{}", demo::table(&inputs.words, weights)?);
+    if let Some(path) = plot_path {
+        let title = format!("attention weights: \"{sentence}\"");
+        wgpu_attention::plot::heatmap(path, weights.view(), 1, Some(&inputs.words), &title)?;
+        println!("\nheatmap -> {}", path.display());
+    }
     let reference =
         wgpu_attention::reference::attention(&op, inputs.x.view().into_dyn(), Some(&proj))?;
     let (rel_c, max_c) = wgpu_attention::reference::compare(&out.context, &reference.context);
@@ -500,8 +538,9 @@ fn main() -> ExitCode {
         Command::Demo {
             sentence,
             seed,
+            plot,
             adapter,
-        } => demo_cmd(sentence.as_deref(), *seed, adapter).map(|()| true),
+        } => demo_cmd(sentence.as_deref(), *seed, plot.as_deref(), adapter).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
