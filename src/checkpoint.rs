@@ -8,7 +8,8 @@
 //! | separate projections (BART, Llama, …) | `P.q_proj`, `P.k_proj`, `P.v_proj` | `P.out_proj` or `P.o_proj` |
 //! | `nn.MultiheadAttention` | `P.in_proj_weight` `(3E, E)` and `P.in_proj_bias` `(3E,)`, split in thirds | `P.out_proj` |
 //!
-//! Biases are optional (all of Q, K, V or none). Tensors may be F32, F16, BF16 or F64;
+//! The file is memory-mapped: only its header and the layer's tensors are read. Biases are
+//! optional (all of Q, K, V or none). Tensors may be F32, F16, BF16 or F64;
 //! they are converted to f32. The number of heads is not stored in these checkpoints: give
 //! it with [`crate::Attention::heads`] (`--heads`).
 
@@ -59,8 +60,19 @@ impl LayerWeights {
 /// unsupported dtype; each message lists the tensors the file has under the prefix (or, when
 /// there are none, the first names in the file).
 pub fn load(path: &Path, prefix: &str) -> Result<LayerWeights> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, format!("cannot read: {e}")))?;
-    parse(&bytes, prefix).map_err(|m| Error::io(path, m))
+    let file =
+        std::fs::File::open(path).map_err(|e| Error::io(path, format!("cannot read: {e}")))?;
+    if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(Error::io(path, "cannot read: is a directory"));
+    }
+    // Mapped, not read: only the header and the layer's own tensors are paged in, so a
+    // multi-gigabyte checkpoint need not fit in memory.
+    // SAFETY: the map is read-only and lives only for this call; as with every reader of
+    // mapped checkpoints (safetensors' own examples), the file must not be truncated while
+    // it is being read.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .map_err(|e| Error::io(path, format!("cannot read: {e}")))?;
+    parse(&map, prefix).map_err(|m| Error::io(path, m))
 }
 
 /// [`load`] over the file's bytes.

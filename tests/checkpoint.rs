@@ -220,6 +220,11 @@ fn bad_checkpoints_are_errors_that_list_what_the_file_has() {
         e.contains("absent.safetensors") && e.contains("cannot read"),
         "{e}"
     );
+    std::fs::write(dir.path().join("empty"), b"").unwrap();
+    let e = err(&dir.path().join("empty"), "l");
+    assert!(e.contains("not a valid safetensors file"), "{e}");
+    let e = err(dir.path(), "l");
+    assert!(e.contains("is a directory"), "{e}");
     std::fs::write(dir.path().join("junk"), b"not a checkpoint at all").unwrap();
     let e = err(&dir.path().join("junk"), "l");
     assert!(e.contains("not a valid safetensors file"), "{e}");
