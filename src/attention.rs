@@ -632,24 +632,7 @@ impl Attention {
             check_inputs_finite(&x, proj)?;
         }
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        let mut inputs = vec![("X", x.view())];
-        if let Some(p) = proj {
-            inputs.extend([
-                ("W_Q", p.w_q.into_dyn()),
-                ("W_K", p.w_k.into_dyn()),
-                ("W_V", p.w_v.into_dyn()),
-            ]);
-            for (name, b) in [
-                ("b_Q", p.b_q),
-                ("b_K", p.b_k),
-                ("b_V", p.b_v),
-                ("b_O", p.b_o),
-            ] {
-                inputs.extend(b.map(|b| (name, b.into_dyn())));
-            }
-            inputs.extend(p.w_o.map(|w| ("W_O", w.into_dyn())));
-        }
-        self.check_dtype(ctx, &inputs)?;
+        self.check_dtype(ctx, &named_inputs(&x, proj))?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
         self.forward_in_parts(ctx, &dims, x, proj, bias)
@@ -799,32 +782,29 @@ impl Attention {
         for (start, end) in [(0, half), (half, l)] {
             let rows: ndarray::Slice = (start..end).into();
             let part = slice_bias(&bias, Axis(2), rows);
-            let (op, part) = if self.causal {
-                let [b, h, r, _] = match &part {
-                    Some(p) => [p.dim().0, p.dim().1, p.dim().2, p.dim().3],
-                    None => [1, 1, 1, 1],
-                };
-                let r_out = end - start;
-                let causal =
-                    ndarray::Array4::from_shape_fn((b, h, r_out, s_len), |(bb, hh, i, j)| {
+            // Causal, offset to the block's first row, added to the block's mask (-inf where
+            // either hides a key); ndarray broadcasts the two together.
+            let causal = self.causal.then(|| {
+                let hidden =
+                    ndarray::Array4::from_shape_fn((1, 1, end - start, s_len), |(_, _, i, j)| {
                         if j > start + i {
                             crate::mask::MASKED
                         } else {
-                            part.as_ref().map_or(0.0, |p| {
-                                p[[bb, hh, if r == 1 { 0 } else { i }, j.min(p.dim().3 - 1)]]
-                            })
+                            0.0
                         }
                     });
-                (self.causal(false), Some(causal))
-            } else {
-                (*self, part.map(|p| p.to_owned()))
-            };
-            outs.push(op.sdpa_in_parts(
+                match &part {
+                    Some(p) => &hidden + p,
+                    None => hidden,
+                }
+            });
+            let part = causal.as_ref().map(|c| c.view()).or(part);
+            outs.push(self.causal(false).sdpa_in_parts(
                 ctx,
                 q.slice_axis(Axis(2), rows),
                 k,
                 v,
-                part.as_ref().map(|p| p.view()),
+                part,
             )?);
         }
         join_outputs(Axis(2), &outs[0], &outs[1])
@@ -1736,28 +1716,45 @@ pub fn check_finite<D: ndarray::Dimension>(
     }
 }
 
+/// Every input array of a forward call, named: X, then the weights, then the biases.
+fn named_inputs<'v>(
+    x: &'v ArrayViewD<'_, f32>,
+    proj: Option<&'v Projections<'_>>,
+) -> Vec<(&'static str, ArrayViewD<'v, f32>)> {
+    let mut inputs = vec![("X", x.view())];
+    if let Some(p) = proj {
+        let weights = [
+            ("W_Q", Some(&p.w_q)),
+            ("W_K", Some(&p.w_k)),
+            ("W_V", Some(&p.w_v)),
+            ("W_O", p.w_o.as_ref()),
+        ];
+        inputs.extend(
+            weights
+                .into_iter()
+                .filter_map(|(n, w)| Some((n, w?.view().into_dyn()))),
+        );
+        let biases = [
+            ("b_Q", p.b_q.as_ref()),
+            ("b_K", p.b_k.as_ref()),
+            ("b_V", p.b_v.as_ref()),
+            ("b_O", p.b_o.as_ref()),
+        ];
+        inputs.extend(
+            biases
+                .into_iter()
+                .filter_map(|(n, b)| Some((n, b?.view().into_dyn()))),
+        );
+    }
+    inputs
+}
+
 pub(crate) fn check_inputs_finite(
     x: &ArrayViewD<'_, f32>,
     proj: Option<&Projections<'_>>,
 ) -> Result<()> {
-    check_finite("X", x)?;
-    if let Some(p) = proj {
-        check_finite("W_Q", &p.w_q)?;
-        check_finite("W_K", &p.w_k)?;
-        check_finite("W_V", &p.w_v)?;
-        if let Some(w_o) = &p.w_o {
-            check_finite("W_O", w_o)?;
-        }
-        for (name, b) in [
-            ("b_Q", p.b_q),
-            ("b_K", p.b_k),
-            ("b_V", p.b_v),
-            ("b_O", p.b_o),
-        ] {
-            if let Some(b) = b {
-                check_finite(name, &b)?;
-            }
-        }
+    for (name, a) in named_inputs(x, proj) {
+        check_finite(name, &a)?;
     }
     Ok(())
 }
