@@ -11,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ndarray::Array3;
-use wgpu_attention::{bench, reference, tune, Attention, Context, Kernels};
+use wgpu_attention::{bench, reference, Attention, Context, Kernels};
 
 fn open() -> Context {
     let ctx = Context::new().expect("benches need an adapter");
@@ -32,7 +32,7 @@ fn matmul(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul_512");
     group.sample_size(10);
     group.throughput(Throughput::Elements(2 * (m * m * m) as u64));
-    for variant in tune::matmul_candidates(&ctx, &Kernels::available(&ctx)) {
+    for variant in bench::matmul_candidates(&ctx, &Kernels::available(&ctx)) {
         group.bench_function(BenchmarkId::from_parameter(variant), |b| {
             b.iter(|| bench::matmul(&ctx, variant, (m, m, m), 0, 1).unwrap())
         });
@@ -51,14 +51,11 @@ fn attention(c: &mut Criterion) {
         let dims = op.dims(x.shape(), None).unwrap();
         group.throughput(Throughput::Elements(dims.attention_flops() as u64));
         let fused = op.return_weights(false);
-        for variant in tune::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16) {
+        for variant in bench::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16) {
             let op = fused.flash_variant(variant);
             // The storage kernels are ~40x slower on lavapipe: keep them to the small size.
             if n > 256
-                && matches!(
-                    variant,
-                    wgpu_attention::kernels::flash::FlashVariant::Tiled { .. }
-                )
+                && matches!(variant, wgpu_attention::FlashVariant::Tiled { .. })
                 && ctx.adapter_info().device_type == wgpu::DeviceType::Cpu
             {
                 continue;

@@ -28,52 +28,10 @@
 // widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask), SKIP_ZERO (1: keys
 // of weight exactly 0 are left out of o, so a NaN/Inf value there cannot reach it), and the element
 // type `alias Q_T` (f32 or f16; K and V come from textures, read as f32).
-
-struct Params {
-    n_q: u32,
-    n_kv: u32,
-    heads: u32,
-    groups: u32,
-    blocks: u32,
-    causal: u32,
-    dk_h: u32,
-    dv_h: u32,
-    q_off: u32,
-    q_batch: u32,
-    q_head: u32,
-    q_row: u32,
-    o_off: u32,
-    o_batch: u32,
-    o_head: u32,
-    o_row: u32,
-    k_off: u32,
-    k_batch: u32,
-    k_head: u32,
-    k_row: u32,
-    v_off: u32,
-    v_batch: u32,
-    v_head: u32,
-    v_row: u32,
-    k_shift: u32,
-    k_rows: u32,
-    v_shift: u32,
-    v_rows: u32,
-    scale_log2: f32,
-    kv_ratio: u32,
-    // Element strides of the mask over (batch, head, query, key); 0 along broadcast axes.
-    m_batch: u32,
-    m_head: u32,
-    m_row: u32,
-    m_col: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-// Stands in for −∞ (a score masked out), and where the running max starts: exp2(NEG − m) is
-// exactly 0 for every m ≥ FLOOR and never makes NaN.
-const NEG: f32 = -3.0e38;
-const FLOOR: f32 = -1.0e38;
-const LOG2E: f32 = 1.4426950408889634;
+//
+// The host prepends, from src/kernels/flash_subgroup.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
@@ -81,12 +39,6 @@ const LOG2E: f32 = 1.4426950408889634;
 @group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
-
-// Score x (log2 domain) of query i and key j in group (b, h), with the mask's bias added.
-fn add_mask(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    let bias = mask[b * p.m_batch + h * p.m_head + i * p.m_row + j * p.m_col];
-    return select(x + bias * LOG2E, NEG, bias < -1.0e38);
-}
 
 @compute @workgroup_size(SG)
 fn main(
@@ -179,7 +131,7 @@ fn main(
                 if jj >= count || (p.causal != 0u && j0 + jj > rows[r]) {
                     x = NEG;
                 } else if MASK != 0u && rows[r] < p.n_q {
-                    x = add_mask(x, b, h, rows[r], j0 + jj);
+                    x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], j0 + jj)], LOG2E);
                 }
                 s[r][jj] = x;
                 tile_max[r] = max(tile_max[r], x);

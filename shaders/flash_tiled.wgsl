@@ -19,54 +19,14 @@
 //
 // The host prepends: const BK (keys per tile), DK4 / DV4 (per-head widths of q·k and v in
 // vec4s, rounded up), MASK (1 when there is a mask), and the element types `alias Q_T` and
-// `KV_T` (f32 or f16; scores and sums are f32 either way). Uses the same Params block as flash_subgroup.wgsl (its texture fields
-// unused here); K and V are read through their strides.
-
-struct Params {
-    n_q: u32,
-    n_kv: u32,
-    heads: u32,
-    groups: u32,
-    blocks: u32,
-    causal: u32,
-    dk_h: u32,
-    dv_h: u32,
-    q_off: u32,
-    q_batch: u32,
-    q_head: u32,
-    q_row: u32,
-    o_off: u32,
-    o_batch: u32,
-    o_head: u32,
-    o_row: u32,
-    k_off: u32,
-    k_batch: u32,
-    k_head: u32,
-    k_row: u32,
-    v_off: u32,
-    v_batch: u32,
-    v_head: u32,
-    v_row: u32,
-    k_shift: u32,
-    k_rows: u32,
-    v_shift: u32,
-    v_rows: u32,
-    scale_log2: f32,
-    kv_ratio: u32,
-    // Element strides of the mask over (batch, head, query, key); 0 along broadcast axes.
-    m_batch: u32,
-    m_head: u32,
-    m_row: u32,
-    m_col: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// `KV_T` (f32 or f16; scores and sums are f32 either way). The Params block is shared with
+// flash_subgroup.wgsl (its texture fields unused here); K and V are read through their strides.
+//
+// The host prepends, from src/kernels/flash_tiled.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 const WG: u32 = 64u;
-// A score masked out, and where the running max starts: exp2(NEG − m) = 0 for every m ≥ FLOOR.
-const NEG: f32 = -3.0e38;
-const FLOOR: f32 = -1.0e38;
-const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
@@ -92,12 +52,6 @@ fn load4(buf_is_k: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
         }
     }
     return v;
-}
-
-// Score x (log2 domain) of query i and key j in group (b, h), with the mask's bias added.
-fn add_mask(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    let bias = mask[b * p.m_batch + h * p.m_head + i * p.m_row + j * p.m_col];
-    return select(x + bias * LOG2E, NEG, bias < -1.0e38);
 }
 
 @compute @workgroup_size(WG)
@@ -176,7 +130,7 @@ fn main(
             if jj >= count || (p.causal != 0u && j0 + jj > row) {
                 acc = NEG;
             } else if MASK != 0u && row < p.n_q {
-                acc = add_mask(acc, b, h, row, j0 + jj);
+                acc = add_bias(acc, mask[mask_offset(p.mask, b, h, row, j0 + jj)], LOG2E);
             }
             s[jj] = acc;
             tile_max = max(tile_max, acc);

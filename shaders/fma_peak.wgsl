@@ -1,13 +1,10 @@
 // The adapter's f32 arithmetic ceiling, for `bench`: every invocation runs `iters` rounds of
 // eight independent vec4 multiply-adds (64 FLOP per round) with no memory traffic, then
 // writes one value so the work cannot be optimized away. FLOP = invocations · iters · 64.
-
-struct Params {
-    iters: u32,
-    invocations: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+//
+// The host prepends, from src/kernels/fma_peak.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

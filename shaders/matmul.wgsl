@@ -16,33 +16,10 @@
 //
 // Element types: the host prepends `alias A_T`, `B_T` (B and the bias) and `C_T`, each f32 or
 // f16 (with `enable f16;`). Products accumulate in f32 whatever they are.
-
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    heads: u32,
-    groups: u32,
-    tiles_m: u32,
-    tiles_n: u32,
-    flags: u32,
-    a_off: u32,
-    a_batch: u32,
-    a_head: u32,
-    a_row: u32,
-    a_col: u32,
-    b_off: u32,
-    b_batch: u32,
-    b_head: u32,
-    b_row: u32,
-    b_col: u32,
-    c_off: u32,
-    c_batch: u32,
-    c_head: u32,
-    c_row: u32,
-    b_ratio: u32,
-    _pad1: u32,
-}
+//
+// The host prepends, from src/kernels/matmul.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 // flags
 const HAS_BIAS: u32 = 1u;

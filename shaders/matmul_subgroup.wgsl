@@ -26,44 +26,15 @@
 // The host prepends: const SG (subgroup size), T (tile rows per lane), MASK (1 when there is
 // a mask), and the element types `alias B_T` (the bias) and `C_T` (f32 or f16; STATS needs
 // f32).
-
-struct Params {
-    m: u32,
-    n: u32,
-    k: u32,
-    heads: u32,
-    groups: u32,
-    tiles_m: u32,
-    tiles_n: u32,
-    flags: u32,
-    a_shift: u32,
-    a_rows: u32,
-    a_d4: u32,
-    b_shift: u32,
-    b_rows: u32,
-    b_d4: u32,
-    b_ratio: u32,
-    _pad1: u32,
-    c_off: u32,
-    c_batch: u32,
-    c_head: u32,
-    c_row: u32,
-    scale_log2: f32,
-    m_batch: u32,
-    m_head: u32,
-    m_row: u32,
-    m_col: u32,
-    _pad2: u32,
-    _pad3: u32,
-    _pad4: u32,
-}
+//
+// The host prepends, from src/kernels/matmul_subgroup.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 const HAS_BIAS: u32 = 1u;
 const CAUSAL: u32 = 2u;
 const SOFTMAX: u32 = 4u;
 const STATS: u32 = 8u;
-const NEG: f32 = -3.0e38;
-const LOG2E: f32 = 1.4426950408889634;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var a_tex: texture_2d<f32>;
@@ -72,12 +43,6 @@ const LOG2E: f32 = 1.4426950408889634;
 @group(0) @binding(4) var<storage, read> row_stats: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read_write> c: array<C_T>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
-
-// Score x (log2 domain) of row i and column j in group (b, h), with the mask's bias added.
-fn add_mask(x: f32, b: u32, h: u32, i: u32, j: u32) -> f32 {
-    let bias = mask[b * p.m_batch + h * p.m_head + i * p.m_row + j * p.m_col];
-    return select(x + bias * LOG2E, NEG, bias < -1.0e38);
-}
 
 fn texel_a(g: u32, r: u32, c4: u32) -> vec2<u32> {
     let mask = (1u << p.a_shift) - 1u;
@@ -154,7 +119,7 @@ fn main(
                     if col >= p.n || (causal && col > row) {
                         x = NEG;
                     } else if MASK != 0u && row < p.m {
-                        x = add_mask(x, b_idx, h, row, col);
+                        x = add_bias(x, mask[mask_offset(p.mask, b_idx, h, row, col)], LOG2E);
                     }
                     v[e] = x;
                     local_max = max(local_max, x);
@@ -200,7 +165,7 @@ fn main(
                         if softmax {
                             var x = v * p.scale_log2;
                             if MASK != 0u {
-                                x = add_mask(x, b_idx, h, row, col);
+                                x = add_bias(x, mask[mask_offset(p.mask, b_idx, h, row, col)], LOG2E);
                             }
                             v = select(exp2(x - shift) * inv, 0.0, (causal && col > row) || x <= NEG);
                         }

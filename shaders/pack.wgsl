@@ -9,25 +9,10 @@
 // j·row + col·col_stride], so a transposed operand packs as well. One invocation per texel,
 // linear 2-D grid of 64-wide workgroups. The host prepends `alias SRC_T` (f32 or f16): an
 // f16 operand is widened to f32 as it is packed.
-
-struct Params {
-    n: u32,
-    heads: u32,
-    groups: u32,
-    width: u32,
-    d4: u32,
-    shift: u32,
-    rows: u32,
-    off: u32,
-    batch: u32,
-    head: u32,
-    row: u32,
-    col: u32,
-    aligned: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+//
+// The host prepends, from src/kernels/pack.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<SRC_T>;

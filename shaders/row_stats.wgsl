@@ -9,13 +9,10 @@
 // weights would come out unnormalized. A tile with nothing visible has (−3e38, 0) and adds
 // nothing; a row with nothing visible gets L = 0. One invocation per row, linear 2-D grid of
 // 64-wide workgroups.
-
-struct Params {
-    rows: u32,
-    tiles: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+//
+// The host prepends, from src/kernels/row_stats.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> partial: array<vec2<f32>>;

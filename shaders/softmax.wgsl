@@ -13,26 +13,12 @@
 // Mask (when MASK ≠ 0): a bias added to the scaled scores, read through its strides over
 // (batch, head, query, key), 0 along broadcast axes; f32::MIN marks a key masked out, which
 // weighs exactly 0. A row with nothing visible is all 0. The host prepends MASK.
-
-struct Params {
-    rows: u32,
-    cols: u32,
-    n_q: u32,
-    causal: u32,
-    scale: f32,
-    heads: u32,
-    m_batch: u32,
-    m_head: u32,
-    m_row: u32,
-    m_col: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+//
+// The host prepends, from src/kernels/softmax.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 const WG: u32 = 64u;
-// A score masked out, and where the row max starts: exp(NEG − m) = 0 for every m ≥ FLOOR.
-const NEG: f32 = -3.0e38;
-const FLOOR: f32 = -1.0e38;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> s: array<f32>;
@@ -85,7 +71,7 @@ fn main(
         visible = min(i + 1u, p.cols);
     }
     let g = row / p.n_q;
-    let m_base = (g / p.heads) * p.m_batch + (g % p.heads) * p.m_head + i * p.m_row;
+    let m_base = mask_offset(p.mask, g / p.heads, g % p.heads, i, 0u);
 
     var m = FLOOR;
     for (var j = li; j < visible; j += WG) {
@@ -118,6 +104,5 @@ fn score(base: u32, m_base: u32, j: u32) -> f32 {
     if MASK == 0u {
         return x;
     }
-    let bias = mask[m_base + j * p.m_col];
-    return select(x + bias, NEG, bias < -1.0e38);
+    return add_bias(x, mask[m_base + j * p.mask.w], 1.0);
 }

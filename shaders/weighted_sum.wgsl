@@ -9,25 +9,10 @@
 // A workgroup of 8×8 threads computes a 32×32 block of one group's context, each thread a
 // 4×4 block read straight from the operands (no workgroup memory: the inner loop is bounded
 // per row block, which a shared tile would not save). Linear grid as in matmul.wgsl.
-
-struct Params {
-    n_q: u32,
-    n_kv: u32,
-    dv_h: u32,
-    heads: u32,
-    groups: u32,
-    tiles_m: u32,
-    tiles_n: u32,
-    causal: u32,
-    v_batch: u32,
-    v_head: u32,
-    v_row: u32,
-    c_batch: u32,
-    c_head: u32,
-    c_row: u32,
-    v_ratio: u32,
-    _pad1: u32,
-}
+//
+// The host prepends, from src/kernels/weighted_sum.rs: the constants and element-type aliases
+// named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
+// `struct Params`, generated from the Rust uniform of the same fields.
 
 const TILE: u32 = 32u;
 

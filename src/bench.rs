@@ -1,102 +1,22 @@
-//! Measurement, shared by `wgpu-attention bench` and the criterion benches: the GPU forward
-//! pass on each kernel family, a CPU f32 ndarray attention to compare with in the same run,
-//! standalone matmuls, and the adapter's arithmetic ceiling. Times are medians over repeated
-//! runs after warm-up (the first dispatch of a kernel compiles it on lavapipe); per-kernel
-//! times come from timestamp queries where the adapter has them.
-
-use std::time::Instant;
+//! Benchmarks, shared by `wgpu-attention bench` and the criterion benches (not part of the
+//! library's API): the GPU forward pass on each kernel family, a CPU f32 ndarray attention to
+//! compare with in the same run, standalone matmuls, and the adapter's arithmetic ceiling.
+//! Times are medians over repeated runs after warm-up (the first dispatch of a kernel
+//! compiles it on lavapipe); the clocks themselves are in the crate's timing module.
 
 use ndarray::{s, Array2, Array3, ArrayView3, Axis};
-use serde::Serialize;
 
-use crate::attention::{Attention, Dims, Kernels};
-use crate::context::{Context, Profiling};
+use crate::attention::{Attention, Dims};
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::pipeline::KernelId;
-use crate::gpu::timing::KernelTime;
-use crate::gpu::{buffer, readback};
-use crate::kernels::matmul::{Matmul, MatmulVariant, Strides};
-use crate::kernels::{record, u32_of};
+use crate::gpu::buffer;
+use crate::kernels::fma_peak;
+use crate::timing::{self, KernelTime, Profiling};
+use crate::tune::MatmulProblem;
+use crate::variant::{Kernels, MatmulVariant};
 
-/// Median and spread of repeated timings, in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Stats {
-    /// The median.
-    pub median_ms: f64,
-    /// The fastest run.
-    pub min_ms: f64,
-    /// The slowest run.
-    pub max_ms: f64,
-    /// How many runs.
-    pub runs: usize,
-}
-
-impl Stats {
-    /// The statistics of `samples` (milliseconds); `None` when empty.
-    pub fn of(samples: &[f64]) -> Option<Self> {
-        if samples.is_empty() {
-            return None;
-        }
-        let mut v = samples.to_vec();
-        v.sort_by(f64::total_cmp);
-        let mid = v.len() / 2;
-        let median = if v.len() % 2 == 1 {
-            v[mid]
-        } else {
-            0.5 * (v[mid - 1] + v[mid])
-        };
-        Some(Stats {
-            median_ms: median,
-            min_ms: v[0],
-            max_ms: v[v.len() - 1],
-            runs: v.len(),
-        })
-    }
-}
-
-/// Runs `f` `warmup` times untimed, then `repeats` times timed; returns the wall-clock
-/// statistics and, per run, whatever `f` returned.
-///
-/// # Errors
-/// The first error of `f`.
-pub fn measure<T>(
-    warmup: usize,
-    repeats: usize,
-    mut f: impl FnMut() -> Result<T>,
-) -> Result<(Stats, Vec<T>)> {
-    for _ in 0..warmup {
-        f()?;
-    }
-    let mut times = Vec::with_capacity(repeats);
-    let mut outs = Vec::with_capacity(repeats);
-    for _ in 0..repeats.max(1) {
-        let t = Instant::now();
-        outs.push(f()?);
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    Ok((Stats::of(&times).expect("at least one run"), outs))
-}
-
-/// The median GPU time per kernel over several runs' [`KernelTime`]s, passes of the same
-/// kernel within one run added up; in first-seen order.
-pub fn kernel_medians(runs: &[Vec<KernelTime>]) -> Vec<(String, f64)> {
-    let mut names: Vec<&'static str> = Vec::new();
-    for t in runs.iter().flatten() {
-        if !names.contains(&t.kernel) {
-            names.push(t.kernel);
-        }
-    }
-    names
-        .into_iter()
-        .filter_map(|name| {
-            let per_run: Vec<f64> = runs
-                .iter()
-                .map(|r| r.iter().filter(|t| t.kernel == name).map(|t| t.ms).sum())
-                .collect();
-            Stats::of(&per_run).map(|s| (name.trim_end_matches(".wgsl").to_string(), s.median_ms))
-        })
-        .collect()
-}
+pub use crate::timing::{kernel_medians, measure, Stats};
+pub use crate::tune::{flash_candidates, matmul as tuned_matmul, matmul_candidates};
 
 /// Self-attention with `Q = K = V = x` on the CPU in f32 with ndarray (matrixmultiply's
 /// GEMM, one thread): the honest CPU baseline for `bench`. Rows are processed in blocks, so
@@ -150,39 +70,6 @@ fn softmax_f32(row: &mut [f32], visible: usize, scale: f32) {
     row[visible..].fill(0.0);
 }
 
-/// Submits what `f` records, waits, and returns the wall time in milliseconds and the
-/// kernels' GPU times (empty without profiling).
-///
-/// # Errors
-/// Whatever `f` or the GPU returns.
-pub fn timed_submit(
-    ctx: &Context,
-    f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
-) -> Result<(f64, Vec<KernelTime>)> {
-    ctx.scoped(|| {
-        let t = Instant::now();
-        let mut encoder = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("bench"),
-            });
-        ctx.begin_timing();
-        f(&mut encoder)?;
-        let timing = ctx.end_timing(&mut encoder);
-        let (pending, labels) = match timing {
-            Some((p, labels)) => (vec![p], Some(labels)),
-            None => (Vec::new(), None),
-        };
-        let submission = ctx.queue.submit([encoder.finish()]);
-        let words = readback::finish(ctx, submission, pending)?;
-        let wall = t.elapsed().as_secs_f64() * 1e3;
-        if let (Some(labels), Some(w)) = (labels, words.first()) {
-            ctx.store_times(w, &labels);
-        }
-        Ok((wall, ctx.kernel_times()))
-    })
-}
-
 /// The adapter's f32 arithmetic ceiling in GFLOP/s: `fma_peak.wgsl` on enough invocations
 /// to fill the device, best of a few runs (GPU time where timestamps exist, else wall time).
 ///
@@ -196,31 +83,12 @@ pub fn fma_peak(ctx: &Context) -> Result<f64> {
     } else {
         (1 << 22, 4_096)
     };
-    #[repr(C)]
-    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-    struct Params {
-        iters: u32,
-        invocations: u32,
-        _pad: [u32; 2],
-    }
-    let params = Params {
-        iters,
-        invocations,
-        _pad: [0; 2],
-    };
     let out = buffer::output(ctx, "fma peak", invocations as usize, false)?;
-    let flops = f64::from(invocations) * f64::from(iters) * 64.0;
+    let flops = f64::from(invocations) * f64::from(iters) * fma_peak::FLOPS_PER_ITER;
     let mut best = 0.0f64;
     for _ in 0..4 {
-        let (wall, times) = timed_submit(ctx, |enc| {
-            record(
-                ctx,
-                enc,
-                KernelId::FmaPeak,
-                &params,
-                &[(&out).into()],
-                u64::from(invocations.div_ceil(64)),
-            )
+        let (wall, times) = timing::timed_submit(ctx, |enc| {
+            fma_peak::dispatch(ctx, enc, invocations, iters, &out)
         })?;
         let ms = times.first().map_or(wall, |t| t.ms);
         best = best.max(flops / (ms * 1e6));
@@ -240,31 +108,8 @@ pub fn matmul(
     warmup: usize,
     repeats: usize,
 ) -> Result<(Stats, Vec<(String, f64)>)> {
-    let a: Vec<f32> = (0..m * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-    let b: Vec<f32> = (0..k * n).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
-    let a_buf = buffer::upload(ctx, "A", &a)?;
-    let b_buf = buffer::upload(ctx, "B", &b)?;
-    let c_buf = buffer::output(ctx, "C", m * n, false)?;
-    let mm = Matmul {
-        m,
-        n,
-        k,
-        batch: 1,
-        heads: 1,
-        a: Strides::row_major(u32_of("k", k)?, 0, 0),
-        b: Strides::row_major(u32_of("n", n)?, 0, 0),
-        c: Strides::row_major(u32_of("n", n)?, 0, 0),
-        flags: 0,
-        b_ratio: 1,
-        f16: 0,
-    };
-    let run = || {
-        timed_submit(ctx, |enc| {
-            mm.record(ctx, enc, variant, &a_buf, &b_buf, &a_buf, &c_buf)
-        })
-        .map(|(_, t)| t)
-    };
-    profiled(ctx, warmup, repeats, run)
+    let problem = MatmulProblem::new(ctx, (m, n, k))?;
+    profiled(ctx, warmup, repeats, || problem.run(ctx, variant))
 }
 
 /// One GPU forward pass of self-attention (`Q = K = V = x`) with `op`, returning the
@@ -351,16 +196,6 @@ pub fn check_sizes(what: &str, sizes: &[usize]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stats_take_the_median_and_spread() {
-        let s = Stats::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
-        assert_eq!(
-            (s.median_ms, s.min_ms, s.max_ms, s.runs),
-            (2.5, 1.0, 10.0, 4)
-        );
-        assert!(Stats::of(&[]).is_none());
-    }
 
     #[test]
     fn cpu_f32_attention_matches_the_f64_reference() {

@@ -2,13 +2,11 @@
 //! needs from wgpu, created once and shared.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::gpu::pipeline::PipelineCache;
-use crate::gpu::readback::Pending;
-use crate::gpu::timing::{self, KernelTime, Profiler};
+use crate::timing::{KernelTime, Profiling, Timing};
 use crate::tune::TuneCache;
 
 /// A graphics API wgpu can run on.
@@ -214,17 +212,6 @@ fn select(options: &ContextOptions) -> Vec<wgpu::Adapter> {
     adapters
 }
 
-/// How per-kernel times are taken while profiling ([`Context::set_profiling`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Profiling {
-    /// Not profiling.
-    Off = 0,
-    /// Timestamp queries around each compute pass.
-    Timestamps = 1,
-    /// Each kernel submitted alone and timed with the wall clock.
-    WallClock = 2,
-}
-
 /// An open device: the adapter, its device and queue, and the compiled kernels.
 ///
 /// Create one and reuse it; every [`crate::Attention::forward`] call on it shares the
@@ -238,9 +225,7 @@ pub struct Context {
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
-    profiling: AtomicU8,
-    pub(crate) profiler: Mutex<Option<Profiler>>,
-    kernel_times: Mutex<Vec<KernelTime>>,
+    pub(crate) timing: Timing,
     tune: TuneCache,
     tuning: bool,
 }
@@ -340,9 +325,7 @@ impl Context {
             stand_in: std::sync::OnceLock::new(),
             subgroup_size,
             lost,
-            profiling: AtomicU8::new(Profiling::Off as u8),
-            profiler: Mutex::new(None),
-            kernel_times: Mutex::new(Vec::new()),
+            timing: Timing::default(),
             tune: TuneCache::from_env(),
             tuning: crate::tune::enabled(),
         }
@@ -377,13 +360,7 @@ impl Context {
             .features()
             .contains(wgpu::Features::TIMESTAMP_QUERY)
             && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
-        let mode = match (on, timestamps) {
-            (false, _) => Profiling::Off,
-            (true, true) => Profiling::Timestamps,
-            (true, false) => Profiling::WallClock,
-        };
-        self.profiling.store(mode as u8, Ordering::Relaxed);
-        mode
+        self.timing.set(on, timestamps)
     }
 
     /// Replaces the autotuner's cache (by default the one [`TuneCache::from_env`] names).
@@ -452,62 +429,19 @@ impl Context {
         self.tuning
     }
 
-    /// The autotuner's remembered choices ([`crate::tune`]).
+    /// The autotuner's remembered choices (see [`TuneCache`]).
     pub fn tune_cache(&self) -> &TuneCache {
         &self.tune
     }
 
     /// The current timing mode.
     pub fn profiling(&self) -> Profiling {
-        match self.profiling.load(Ordering::Relaxed) {
-            1 => Profiling::Timestamps,
-            2 => Profiling::WallClock,
-            _ => Profiling::Off,
-        }
-    }
-
-    /// Adds one kernel's time (wall-clock mode).
-    pub(crate) fn push_time(&self, time: KernelTime) {
-        if let Ok(mut t) = self.kernel_times.lock() {
-            t.push(time);
-        }
+        self.timing.mode()
     }
 
     /// The GPU time of each compute pass of the last forward pass while profiling, in order.
     pub fn kernel_times(&self) -> Vec<KernelTime> {
-        self.kernel_times
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default()
-    }
-
-    /// Starts timing the passes recorded from now on, when profiling is on.
-    pub(crate) fn begin_timing(&self) {
-        if let Ok(mut t) = self.kernel_times.lock() {
-            t.clear();
-        }
-        if self.profiling() == Profiling::Timestamps {
-            if let Ok(mut p) = self.profiler.lock() {
-                *p = Some(Profiler::new(self));
-            }
-        }
-    }
-
-    /// Records the resolve of the timestamps taken since [`Context::begin_timing`].
-    pub(crate) fn end_timing(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-    ) -> Option<(Pending, Vec<&'static str>)> {
-        let profiler = self.profiler.lock().ok()?.take()?;
-        profiler.resolve(self, encoder)
-    }
-
-    /// Stores the times read back for `labels`.
-    pub(crate) fn store_times(&self, words: &[f32], labels: &[&'static str]) {
-        let times = timing::times(words, labels, self.queue.get_timestamp_period());
-        if let Ok(mut t) = self.kernel_times.lock() {
-            *t = times;
-        }
+        self.timing.times()
     }
 
     /// The wgpu device, for callers who record their own work beside ours.
@@ -521,6 +455,9 @@ impl Context {
     }
 
     /// `Err(DeviceLost)` once the device has been lost; a lost context stays unusable.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] with the driver's reason.
     pub fn check_alive(&self) -> Result<()> {
         // Let a pending device-lost callback run (it fires from poll), without waiting.
         let _ = self.device.poll(wgpu::PollType::Poll);
@@ -545,4 +482,15 @@ impl Context {
         self.check_alive()?;
         out
     }
+}
+
+/// One context on the default adapter for the crate's unit tests that need a GPU, with the
+/// tuner's measuring off (tests force the variants they check).
+#[cfg(test)]
+pub(crate) fn test_context() -> &'static Context {
+    static CTX: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
+    CTX.get_or_init(|| match Context::new() {
+        Ok(c) => c.with_tuning(false),
+        Err(e) => panic!("GPU tests need an adapter and none could be opened: {e}"),
+    })
 }

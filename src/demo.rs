@@ -78,6 +78,9 @@ pub fn inputs(sentence: &str, seed: u64) -> Result<DemoInputs> {
 }
 
 /// Formats a square weights matrix as a table labelled by `labels` on both axes.
+///
+/// # Errors
+/// [`Error::ShapeMismatch`] when `weights` is not `(n, n)` for `n` labels.
 pub fn table(labels: &[String], weights: &ndarray::ArrayD<f32>) -> Result<String> {
     let w = weights
         .view()

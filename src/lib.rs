@@ -1,26 +1,40 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+// The public surface: the context, the op and its inputs and outputs, masks, errors,
+// checkpoints, `.npy` I/O, the CPU reference and verify.
 pub mod attention;
-pub mod bench;
 pub mod checkpoint;
 pub mod context;
 pub mod demo;
 pub mod error;
-#[doc(hidden)]
-pub mod fuzz;
-pub mod gpu;
-pub mod kernels;
 pub mod mask;
 pub mod npy;
 pub mod plot;
 pub mod reference;
-pub mod tune;
 pub mod verify;
 
-pub use attention::{Attention, Dims, Dtype, Kernels, Output, Plan, Projections};
+// The machinery behind it, free to change: GPU plumbing, kernels, the tuner, timing.
+mod gpu;
+mod kernels;
+mod timing;
+mod tune;
+mod variant;
+
+// For the binary and the benches only: not part of the API, and may change at any time.
+#[doc(hidden)]
+pub mod bench;
+#[doc(hidden)]
+pub mod fuzz;
+
+pub use attention::{Attention, Dims, Dtype, Output, Plan, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
 pub use mask::Mask;
+/// The ndarray this crate's API takes and returns, so callers need not match its version.
+pub use ndarray;
+pub use timing::{KernelTime, Profiling};
+pub use tune::TuneCache;
+pub use variant::{FlashVariant, Kernels, MatmulVariant};
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;

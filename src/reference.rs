@@ -251,6 +251,9 @@ pub fn attention_masked(
 
 /// The largest `|scale · Σ_k |q_ik|·|k_jk||` over the problem: how big the logits can get,
 /// which sets how much f32 rounding the softmax can amplify.
+///
+/// # Errors
+/// The shape errors of [`attention`] for `x` and `proj`.
 pub fn logit_bound(
     op: &Attention,
     x: ArrayViewD<'_, f32>,

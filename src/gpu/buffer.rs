@@ -14,7 +14,7 @@ fn mib(bytes: u64) -> String {
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] naming the buffer, its size and the limit.
-pub fn check_len(ctx: &Context, what: &str, len: usize) -> Result<u64> {
+pub(crate) fn check_len(ctx: &Context, what: &str, len: usize) -> Result<u64> {
     let bytes = (len as u64).max(1) * F32;
     let limits = ctx.limits();
     if bytes > limits.max_storage_buffer_binding_size {
@@ -46,7 +46,10 @@ pub fn check_len(ctx: &Context, what: &str, len: usize) -> Result<u64> {
 }
 
 /// Uploads `data` into a new read-only storage buffer.
-pub fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when it is larger than the device allows.
+pub(crate) fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
     check_len(ctx, label, data.len())?;
     // wgpu rejects zero-sized bindings; a one-element dummy stands in for "no data".
     let contents: &[f32] = if data.is_empty() { &[0.0] } else { data };
@@ -60,7 +63,15 @@ pub fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> 
 
 /// Uploads `data` as the element type the kernels read it in: f32, or with `f16` each value
 /// rounded to f16 (half the bytes), padded to a multiple of four values (one `vec4<f16>`).
-pub fn upload_as(ctx: &Context, label: &str, data: &[f32], f16: bool) -> Result<wgpu::Buffer> {
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when it is larger than the device allows.
+pub(crate) fn upload_as(
+    ctx: &Context,
+    label: &str,
+    data: &[f32],
+    f16: bool,
+) -> Result<wgpu::Buffer> {
     if !f16 {
         return upload(ctx, label, data);
     }
@@ -77,7 +88,10 @@ pub fn upload_as(ctx: &Context, label: &str, data: &[f32], f16: bool) -> Result<
 
 /// A storage buffer of `len` f16 values (padded to a multiple of four) that a kernel writes
 /// and another reads: the projected Q, K, V under `--dtype f16`.
-pub fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<wgpu::Buffer> {
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when it is larger than the device allows.
+pub(crate) fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<wgpu::Buffer> {
     check_len(ctx, label, len)?;
     Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
@@ -115,7 +129,15 @@ fn init(
 
 /// Allocates a storage buffer of `len` f32s that kernels write and readback copies from.
 /// With `nan_fill` every element starts as NaN, so an element no kernel wrote shows up.
-pub fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<wgpu::Buffer> {
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when it is larger than the device allows.
+pub(crate) fn output(
+    ctx: &Context,
+    label: &str,
+    len: usize,
+    nan_fill: bool,
+) -> Result<wgpu::Buffer> {
     let bytes = check_len(ctx, label, len)?;
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
@@ -143,7 +165,11 @@ pub fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<
 ///
 /// # Errors
 /// As [`upload`].
-pub fn uniform<P: bytemuck::Pod>(ctx: &Context, label: &str, params: &P) -> Result<wgpu::Buffer> {
+pub(crate) fn uniform<P: bytemuck::Pod>(
+    ctx: &Context,
+    label: &str,
+    params: &P,
+) -> Result<wgpu::Buffer> {
     init(
         ctx,
         label,

@@ -91,3 +91,28 @@ pub fn finish(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn nan_fill_really_poisons_outputs_no_kernel_writes() {
+        // The guarantee the sweep relies on: a NaN-filled output buffer reads back as NaN until a
+        // kernel writes it, and the comparison fails on it.
+        let ctx = crate::context::test_context();
+        let buf = crate::gpu::buffer::output(ctx, "poisoned", 37, true).unwrap();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let pending = super::copy_out(ctx, &mut encoder, &buf, 37);
+        let submission = ctx.queue().submit([encoder.finish()]);
+        let data = super::finish(ctx, submission, vec![pending]).unwrap();
+        assert!(data[0].iter().all(|v| v.is_nan()));
+        let out = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[37]), data[0].clone()).unwrap();
+        let (rel, _) =
+            crate::reference::compare(&out, &ndarray::ArrayD::zeros(ndarray::IxDyn(&[37])));
+        assert!(
+            rel.is_infinite(),
+            "NaN output must fail any tolerance, got {rel}"
+        );
+    }
+}

@@ -1,100 +1,79 @@
-//! Launcher of `shaders/matmul.wgsl`: `C[g] = A[g]·B[g] (+ bias)` for groups
-//! `g = batch_index·heads + head`, every operand addressed through element strides.
+//! `shaders/matmul.wgsl`: `C[g] = A[g]·B[g] (+ bias)` for groups
+//! `g = batch_index·heads + head`, every operand addressed through element strides; 64 × 64
+//! output tiles in workgroup memory. The [`Matmul`] problem is shared with
+//! `matmul_subgroup.rs`, so either kernel computes the same thing.
 
-use bytemuck::{Pod, Zeroable};
-
+use super::wgsl::{uniform, NoConstants};
+use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
 use crate::context::Context;
 use crate::error::Result;
-use crate::gpu::pipeline::{KernelId, PipelineKey};
-use crate::kernels::{matmul_subgroup, record, u32_of};
+
+/// The kernel.
+pub(crate) struct Shader;
 
 /// Side of the square output tile one workgroup computes.
-pub const TILE: u32 = 64;
+pub(crate) const TILE: u32 = 64;
 
 /// Flag: add `bias[col]` to every row.
-pub const HAS_BIAS: u32 = 1;
+pub(crate) const HAS_BIAS: u32 = 1;
 /// Flag: skip tiles wholly above the diagonal (causal scores; the softmax never reads them).
-pub const SKIP_UPPER: u32 = 2;
+pub(crate) const SKIP_UPPER: u32 = 2;
 
 /// [`Matmul::f16`] bit: A is f16.
-pub const F16_A: u8 = 1;
+pub(crate) const F16_A: u8 = 1;
 /// [`Matmul::f16`] bit: B and the bias are f16.
-pub const F16_B: u8 = 2;
+pub(crate) const F16_B: u8 = 2;
 /// [`Matmul::f16`] bit: C is written as f16.
-pub const F16_C: u8 = 4;
+pub(crate) const F16_C: u8 = 4;
 
-/// Where an operand's element `(g, row, col)` lives:
-/// `off + batch·(g / heads) + head·(g % heads) + row·row_stride + col·col_stride`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Strides {
-    /// First element.
-    pub off: u32,
-    /// Per batch index.
-    pub batch: u32,
-    /// Per head.
-    pub head: u32,
-    /// Per row.
-    pub row: u32,
-    /// Per column.
-    pub col: u32,
-}
-
-impl Strides {
-    /// A row-major `rows × cols` matrix inside rows of `width` elements, starting at column
-    /// `head·cols` for head `head` and at `batch` elements per batch index.
-    pub fn row_major(width: u32, head_cols: u32, batch: u32) -> Self {
-        Strides {
-            off: 0,
-            batch,
-            head: head_cols,
-            row: width,
-            col: 1,
-        }
-    }
-
-    /// The same matrix read transposed.
-    pub fn transposed(self) -> Self {
-        Strides {
-            row: self.col,
-            col: self.row,
-            ..self
-        }
+uniform! {
+    /// The uniform block of `matmul.wgsl`.
+    pub(crate) struct MatmulParams {
+        m: u32,
+        n: u32,
+        k: u32,
+        heads: u32,
+        groups: u32,
+        tiles_m: u32,
+        tiles_n: u32,
+        flags: u32,
+        a_off: u32,
+        a_batch: u32,
+        a_head: u32,
+        a_row: u32,
+        a_col: u32,
+        b_off: u32,
+        b_batch: u32,
+        b_head: u32,
+        b_row: u32,
+        b_col: u32,
+        c_off: u32,
+        c_batch: u32,
+        c_head: u32,
+        c_row: u32,
+        b_ratio: u32,
+        _pad: u32,
     }
 }
 
-/// Mirrors `Params` in `shaders/matmul.wgsl`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-pub struct MatmulParams {
-    m: u32,
-    n: u32,
-    k: u32,
-    heads: u32,
-    groups: u32,
-    tiles_m: u32,
-    tiles_n: u32,
-    flags: u32,
-    a_off: u32,
-    a_batch: u32,
-    a_head: u32,
-    a_row: u32,
-    a_col: u32,
-    b_off: u32,
-    b_batch: u32,
-    b_head: u32,
-    b_row: u32,
-    b_col: u32,
-    c_off: u32,
-    c_batch: u32,
-    c_head: u32,
-    c_row: u32,
-    b_ratio: u32,
-    _pad: u32,
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::Matmul;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(16), Dim::Fixed(16), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("a"),
+        Slot::Read("b"),
+        Slot::Read("bias"),
+        Slot::ReadWrite("c"),
+    ];
+    /// Bits as [`F16_A`], [`F16_B`], [`F16_C`].
+    const DTYPES: &'static [&'static str] = &["A_T", "B_T", "C_T"];
+    type Consts = NoConstants;
+    type Params = MatmulParams;
 }
 
 /// One matmul problem.
 #[derive(Debug, Clone, Copy)]
-pub struct Matmul {
+pub(crate) struct Matmul {
     /// Rows of A and C.
     pub m: usize,
     /// Columns of B and C.
@@ -122,11 +101,29 @@ pub struct Matmul {
 }
 
 impl Matmul {
+    /// A plain row-major `(m, k)·(k, n) (+ bias)`, one group.
+    pub fn plain(m: usize, n: usize, k: usize, bias: bool, f16: u8) -> Result<Self> {
+        Ok(Matmul {
+            m,
+            n,
+            k,
+            batch: 1,
+            heads: 1,
+            a: Strides::row_major(u32_of("k", k)?, 0, 0),
+            b: Strides::row_major(u32_of("n", n)?, 0, 0),
+            c: Strides::row_major(u32_of("n", n)?, 0, 0),
+            flags: if bias { HAS_BIAS } else { 0 },
+            b_ratio: 1,
+            f16,
+        })
+    }
+
     /// The uniform block and the number of workgroups to dispatch.
-    pub fn params(&self) -> Result<(MatmulParams, u64)> {
+    fn params(&self) -> Result<(MatmulParams, u64)> {
         let tiles_m = self.m.div_ceil(TILE as usize);
         let tiles_n = self.n.div_ceil(TILE as usize);
         let groups = self.batch * self.heads;
+        let (a, b, c) = (self.a, self.b, self.c);
         let p = MatmulParams {
             m: u32_of("matmul rows", self.m)?,
             n: u32_of("matmul columns", self.n)?,
@@ -136,100 +133,53 @@ impl Matmul {
             tiles_m: u32_of("matmul row tiles", tiles_m)?,
             tiles_n: u32_of("matmul column tiles", tiles_n)?,
             flags: self.flags,
-            a_off: self.a.off,
-            a_batch: self.a.batch,
-            a_head: self.a.head,
-            a_row: self.a.row,
-            a_col: self.a.col,
-            b_off: self.b.off,
-            b_batch: self.b.batch,
-            b_head: self.b.head,
-            b_row: self.b.row,
-            b_col: self.b.col,
-            c_off: self.c.off,
-            c_batch: self.c.batch,
-            c_head: self.c.head,
-            c_row: self.c.row,
+            a_off: a.off,
+            a_batch: a.batch,
+            a_head: a.head,
+            a_row: a.row,
+            a_col: a.col,
+            b_off: b.off,
+            b_batch: b.batch,
+            b_head: b.head,
+            b_row: b.row,
+            b_col: b.col,
+            c_off: c.off,
+            c_batch: c.batch,
+            c_head: c.head,
+            c_row: c.row,
             b_ratio: u32_of("heads per B head", self.b_ratio.max(1))?,
             _pad: 0,
         };
         Ok((p, (tiles_m * tiles_n * groups) as u64))
     }
-}
 
-/// Which kernel computes a [`Matmul`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum MatmulVariant {
-    /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
-    Tiled,
-    /// `matmul_subgroup.wgsl`: textures and subgroup shuffles, `(subgroup size ·
-    /// rows_per_lane) × (4 · subgroup size)` tiles.
-    Subgroup {
-        /// Tile rows per lane.
-        rows_per_lane: u32,
-    },
-}
-
-impl std::fmt::Display for MatmulVariant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MatmulVariant::Tiled => write!(f, "matmul-tiled(64x64)"),
-            MatmulVariant::Subgroup { rows_per_lane } => {
-                write!(f, "matmul-subgroup(t={rows_per_lane})")
-            }
-        }
-    }
-}
-
-impl Matmul {
-    /// Records `c ← a·b (+ bias)` with `variant`; `bias` is read only with [`HAS_BIAS`]
-    /// (any buffer may stand in otherwise).
-    ///
-    /// # Errors
-    /// Size limits, and the subgroup variant on an adapter without a fixed subgroup size.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record(
+    /// Records `c ← a·b (+ bias)`; `bias` is read only with [`HAS_BIAS`] (any buffer may
+    /// stand in otherwise).
+    pub fn dispatch(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
-        variant: MatmulVariant,
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
         bias: &wgpu::Buffer,
         c: &wgpu::Buffer,
     ) -> Result<()> {
-        match variant {
-            MatmulVariant::Tiled => {
-                let (params, wgs) = self.params()?;
-                let key = PipelineKey {
-                    f16: self.f16,
-                    ..KernelId::Matmul.into()
-                };
-                record(
-                    ctx,
-                    encoder,
-                    key,
-                    &params,
-                    &[a.into(), b.into(), bias.into(), c.into()],
-                    wgs,
-                )
-            }
-            MatmulVariant::Subgroup { rows_per_lane } => {
-                matmul_subgroup::record_matmul(ctx, encoder, self, rows_per_lane, a, b, bias, c)
-            }
-        }
+        let (params, workgroups) = self.params()?;
+        record::<Shader>(
+            ctx,
+            encoder,
+            &NoConstants,
+            self.f16,
+            &params,
+            &[a.into(), b.into(), bias.into(), c.into()],
+            workgroups,
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn params_size_matches_wgsl_struct() {
-        // 24 u32 fields in shaders/matmul.wgsl.
-        assert_eq!(std::mem::size_of::<MatmulParams>(), 24 * 4);
-    }
 
     #[test]
     fn workgroups_cover_uneven_sizes() {

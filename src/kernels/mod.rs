@@ -1,26 +1,211 @@
-//! One launcher per WGSL kernel: its typed uniform (mirroring the WGSL `Params` struct) and
-//! the arithmetic of its grid. Recording a dispatch is the same for all of them:
-//! [`record`] builds the uniform, the bind group and the pass.
+//! The kernels: one WGSL file under `shaders/` and one Rust file here per kernel, with the
+//! same name, registered once in [`registry!`] below.
+//!
+//! A kernel's Rust file implements [`Kernel`]: the entry point, the workgroup size, the
+//! resources bound after its uniform block, its named specialisation constants (a
+//! [`constants!`](wgsl::constants) struct), its uniform (a [`uniform!`](wgsl::uniform) struct
+//! whose WGSL `struct Params` is generated), and which storage element types may be f16. It
+//! also says how to dispatch it: a function that fills the uniform and calls [`record`].
+//! The pipeline cache key ([`PipelineKey`]) is derived from that description, and a unit test
+//! checks every description against what naga reads in the WGSL.
 
-pub mod flash;
-pub mod matmul;
-pub mod matmul_subgroup;
-pub mod pack;
-pub mod softmax;
-pub mod weighted_sum;
+pub(crate) mod wgsl;
 
-use crate::context::{Context, Profiling};
+pub(crate) mod flash_subgroup;
+pub(crate) mod flash_tiled;
+pub(crate) mod fma_peak;
+pub(crate) mod matmul;
+pub(crate) mod matmul_subgroup;
+pub(crate) mod pack;
+pub(crate) mod row_stats;
+pub(crate) mod softmax;
+pub(crate) mod weighted_sum;
+
+#[cfg(test)]
+mod tests;
+
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::pipeline::PipelineKey;
-use crate::gpu::timing::KernelTime;
-use crate::gpu::{buffer, readback};
+use crate::timing;
+use wgsl::{Constants, Uniform};
+
+/// What a kernel's Rust file states about its WGSL file.
+pub(crate) trait Kernel {
+    /// Its name in the registry.
+    const ID: KernelId;
+    /// The entry point.
+    const ENTRY: &'static str = "main";
+    /// `@workgroup_size`, each dimension a number or the name of one of the constants.
+    const WORKGROUP: [Dim; 3];
+    /// The resources at bindings 1, 2, … (binding 0 is the uniform `p: Params`).
+    const BINDINGS: &'static [Slot];
+    /// The element-type aliases (`alias Q_T = f32;` or `f16`) the host prepends: bit `i` of a
+    /// dispatch's `f16` mask makes `DTYPES[i]` f16.
+    const DTYPES: &'static [&'static str] = &[];
+    /// Whether it uses subgroup operations (needs `Features::SUBGROUP`).
+    const SUBGROUPS: bool = false;
+    /// Its specialisation constants.
+    type Consts: Constants;
+    /// Its uniform block.
+    type Params: Uniform;
+}
+
+/// One dimension of a workgroup size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dim {
+    /// A literal.
+    Fixed(u32),
+    /// One of the kernel's constants.
+    Const(&'static str),
+}
+
+/// A resource a kernel binds, named as its WGSL variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// `var<storage, read>`.
+    Read(&'static str),
+    /// `var<storage, read_write>`.
+    ReadWrite(&'static str),
+    /// `texture_2d<f32>`, read with `textureLoad`.
+    Texture(&'static str),
+    /// `texture_storage_2d<rgba32float, write>`.
+    StorageTexture(&'static str),
+}
+
+/// Everything the pipeline cache and the tests need about one kernel, read from its
+/// [`Kernel`] implementation and its file (the tests check the layout fields against naga).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) struct KernelInfo {
+    /// The WGSL file's name (also the label of its pipelines and passes).
+    pub file: &'static str,
+    /// The WGSL file as stored (without what the host prepends).
+    pub source: &'static str,
+    pub entry: &'static str,
+    pub workgroup: [Dim; 3],
+    pub bindings: &'static [Slot],
+    pub dtypes: &'static [&'static str],
+    pub constants: &'static [&'static str],
+    pub subgroups: bool,
+    /// The generated `struct Params`.
+    pub params: fn() -> String,
+    /// `(name, WGSL type, offset)` of the uniform's fields.
+    pub fields: &'static [(&'static str, &'static str, usize)],
+    pub params_size: usize,
+}
+
+impl KernelInfo {
+    fn of<K: Kernel>(file: &'static str, source: &'static str) -> Self {
+        KernelInfo {
+            file,
+            source,
+            entry: K::ENTRY,
+            workgroup: K::WORKGROUP,
+            bindings: K::BINDINGS,
+            dtypes: K::DTYPES,
+            constants: K::Consts::NAMES,
+            subgroups: K::SUBGROUPS,
+            params: K::Params::wgsl,
+            fields: K::Params::FIELDS,
+            params_size: std::mem::size_of::<K::Params>(),
+        }
+    }
+
+    /// The full WGSL text for constant `values` (in [`KernelInfo::constants`] order) and
+    /// element types `f16`.
+    pub fn source_with(&self, values: &[u32], f16: u8) -> String {
+        let named: Vec<(&str, u32)> = self
+            .constants
+            .iter()
+            .copied()
+            .zip(values.iter().copied())
+            .collect();
+        wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)())
+    }
+}
+
+/// The registry: every kernel, its module (`src/kernels/<name>.rs`) and its WGSL file
+/// (`shaders/<name>.wgsl`), which share the name.
+macro_rules! registry {
+    ($($id:ident => $module:ident),* $(,)?) => {
+        /// Every kernel the crate has.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub(crate) enum KernelId {
+            $(
+                #[doc = concat!("`shaders/", stringify!($module), ".wgsl`")]
+                $id
+            ),*
+        }
+
+        impl KernelId {
+            /// All kernels.
+            #[cfg_attr(not(test), allow(dead_code))]
+            pub(crate) const ALL: &'static [KernelId] = &[$(KernelId::$id),*];
+
+            /// What its Rust file states, and its WGSL source.
+            pub(crate) fn info(self) -> KernelInfo {
+                match self {
+                    $(KernelId::$id => KernelInfo::of::<$module::Shader>(
+                        concat!(stringify!($module), ".wgsl"),
+                        include_str!(concat!("../../shaders/", stringify!($module), ".wgsl")),
+                    )),*
+                }
+            }
+        }
+    };
+}
+
+registry! {
+    Matmul => matmul,
+    MatmulSubgroup => matmul_subgroup,
+    Pack => pack,
+    RowStats => row_stats,
+    Softmax => softmax,
+    WeightedSum => weighted_sum,
+    FlashTiled => flash_tiled,
+    FlashSubgroup => flash_subgroup,
+    FmaPeak => fma_peak,
+}
+
+/// The most constants one kernel has.
+const MAX_CONSTS: usize = 8;
+
+/// What a cached pipeline is built from, derived from a kernel's description: the kernel,
+/// its constants' values (in its [`Constants::NAMES`] order), and which element types are f16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct PipelineKey {
+    pub kernel: KernelId,
+    pub consts: [u32; MAX_CONSTS],
+    pub f16: u8,
+}
+
+impl PipelineKey {
+    /// The key of kernel `K` built with `consts` and element types `f16`.
+    pub fn of<K: Kernel>(consts: &K::Consts, f16: u8) -> Self {
+        let mut values = [0; MAX_CONSTS];
+        for (slot, v) in values.iter_mut().zip(consts.values()) {
+            *slot = v;
+        }
+        PipelineKey {
+            kernel: K::ID,
+            consts: values,
+            f16,
+        }
+    }
+
+    /// The full WGSL text this key builds.
+    pub fn source(&self) -> String {
+        let info = self.kernel.info();
+        info.source_with(&self.consts[..info.constants.len()], self.f16)
+    }
+}
 
 /// Splits `count` workgroups into an `(x, y)` grid under the per-dimension limit; kernels
 /// recover the linear id as `x + y · num_workgroups.x` and drop ids past `count`.
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when even a square grid cannot hold `count`.
-pub fn grid(count: u64, max_per_dim: u32) -> Result<(u32, u32)> {
+pub(crate) fn grid(count: u64, max_per_dim: u32) -> Result<(u32, u32)> {
     let max = u64::from(max_per_dim.max(1));
     if count == 0 {
         return Ok((0, 0));
@@ -40,7 +225,7 @@ pub fn grid(count: u64, max_per_dim: u32) -> Result<(u32, u32)> {
 
 /// A resource bound to a kernel after its uniform block.
 #[derive(Debug, Clone, Copy)]
-pub enum Binding<'a> {
+pub(crate) enum Binding<'a> {
     /// A storage buffer.
     Buffer(&'a wgpu::Buffer),
     /// A sampled or storage texture.
@@ -62,7 +247,7 @@ impl<'a> From<&'a wgpu::TextureView> for Binding<'a> {
 /// A mask as the kernels read it: the bias buffer (see [`crate::mask::gpu_layout`]) and its
 /// element strides over `(batch, head, query, key)`, 0 along broadcast axes.
 #[derive(Debug, Clone, Copy)]
-pub struct MaskArg<'a> {
+pub(crate) struct MaskArg<'a> {
     /// The bias, `f32::MIN` where masked out.
     pub buffer: &'a wgpu::Buffer,
     /// Element strides over `(batch, head, query, key)`.
@@ -80,18 +265,37 @@ impl<'a> MaskArg<'a> {
     }
 }
 
-/// Records one dispatch of `kernel` into `encoder`: `params` at binding 0, then `resources`
-/// at bindings 1, 2, …, over `workgroups` workgroups.
-pub fn record<P: bytemuck::Pod>(
+/// Records one dispatch of kernel `K` into `encoder`: built with `consts` and element types
+/// `f16`, `params` at binding 0, `resources` at bindings 1, 2, … (as [`Kernel::BINDINGS`]
+/// lists them), over `workgroups` workgroups.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when the grid cannot hold `workgroups`; an internal
+/// [`Error::InvalidArgument`] when `resources` do not match the kernel's bindings.
+pub(crate) fn record<K: Kernel>(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    kernel: impl Into<PipelineKey>,
-    params: &P,
+    consts: &K::Consts,
+    f16: u8,
+    params: &K::Params,
     resources: &[Binding<'_>],
     workgroups: u64,
 ) -> Result<()> {
-    let key = kernel.into();
-    let label = key.kernel.file_name();
+    let key = PipelineKey::of::<K>(consts, f16);
+    let label = K::ID.info().file;
+    if resources.len() != K::BINDINGS.len() {
+        return Err(Error::invalid(
+            label,
+            format!(
+                "internal: {} resources bound, the kernel declares {}",
+                resources.len(),
+                K::BINDINGS.len()
+            ),
+        ));
+    }
+    if K::SUBGROUPS {
+        ctx.require_subgroups()?;
+    }
     let (x, y) = grid(
         workgroups,
         ctx.limits().max_compute_workgroups_per_dimension,
@@ -99,12 +303,9 @@ pub fn record<P: bytemuck::Pod>(
     if x == 0 {
         return Ok(());
     }
-    log::debug!(
-        "{label} {:?}: {workgroups} workgroups as {x}x{y}",
-        &key.consts[..key.kernel.constants().len()]
-    );
+    log::debug!("{label} {consts:?}: {workgroups} workgroups as {x}x{y}");
     let pipeline = ctx.pipelines.get(ctx, key)?;
-    let uniform = buffer::uniform(ctx, label, params)?;
+    let uniform = crate::gpu::buffer::uniform(ctx, label, params)?;
     let mut entries = vec![wgpu::BindGroupEntry {
         binding: 0,
         resource: uniform.as_entire_binding(),
@@ -126,48 +327,11 @@ pub fn record<P: bytemuck::Pod>(
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,
     });
-    let wall_clock = ctx.profiling() == Profiling::WallClock;
-    let started = if wall_clock {
-        // Finish what came before, so the clock sees this kernel alone.
-        submit_and_wait(ctx, encoder)?;
-        Some(std::time::Instant::now())
-    } else {
-        None
-    };
-    {
-        let mut profiler = ctx
-            .profiler
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(label),
-            timestamp_writes: profiler.as_mut().and_then(|p| p.next(label)),
-        });
+    timing::pass(ctx, encoder, label, |pass| {
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(x, y, 1);
-    }
-    if let Some(t) = started {
-        submit_and_wait(ctx, encoder)?;
-        ctx.push_time(KernelTime {
-            kernel: label,
-            ms: t.elapsed().as_secs_f64() * 1e3,
-        });
-    }
-    Ok(())
-}
-
-/// Submits what `encoder` holds so far, waits for it, and leaves a fresh encoder in its place
-/// (wall-clock profiling).
-fn submit_and_wait(ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
-    let fresh = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("profiled"),
-        });
-    let done = std::mem::replace(encoder, fresh);
-    let submission = ctx.queue.submit([done.finish()]);
-    readback::wait(ctx, submission)
+    })
 }
 
 /// Converts a size to the u32 the kernels index with.
@@ -180,29 +344,41 @@ pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Where an operand's element `(g, row, col)` lives:
+/// `off + batch·(g / heads) + head·(g % heads) + row·row_stride + col·col_stride`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Strides {
+    /// First element.
+    pub off: u32,
+    /// Per batch index.
+    pub batch: u32,
+    /// Per head.
+    pub head: u32,
+    /// Per row.
+    pub row: u32,
+    /// Per column.
+    pub col: u32,
+}
 
-    #[test]
-    fn grid_covers_count_exactly_or_more() {
-        for &(count, max) in &[
-            (1u64, 65535u32),
-            (65535, 65535),
-            (65536, 65535),
-            (10_000_000, 65535),
-            (3, 2),
-        ] {
-            let (x, y) = grid(count, max).unwrap();
-            assert!(x <= max && y <= max);
-            assert!(u64::from(x) * u64::from(y) >= count);
-            assert!(u64::from(x) * u64::from(y - 1) < count, "one row too many");
+impl Strides {
+    /// A row-major `rows × cols` matrix inside rows of `width` elements, starting at column
+    /// `head·cols` for head `head` and at `batch` elements per batch index.
+    pub fn row_major(width: u32, head_cols: u32, batch: u32) -> Self {
+        Strides {
+            off: 0,
+            batch,
+            head: head_cols,
+            row: width,
+            col: 1,
         }
     }
 
-    #[test]
-    fn grid_rejects_what_cannot_fit() {
-        assert!(matches!(grid(5, 2), Err(Error::LimitExceeded { .. })));
-        assert_eq!(grid(0, 65535).unwrap(), (0, 0));
+    /// The same matrix read transposed.
+    pub fn transposed(self) -> Self {
+        Strides {
+            row: self.col,
+            col: self.row,
+            ..self
+        }
     }
 }

@@ -1,39 +1,55 @@
-//! Launcher of `shaders/pack.wgsl`: per-group matrices from a storage buffer into an
-//! `rgba32float` texture, the operand format of the subgroup kernels.
+//! `shaders/pack.wgsl`: per-group matrices from a storage buffer into an `rgba32float`
+//! texture, the operand format of the subgroup kernels (also packed on the CPU when the
+//! source is a host array: [`Pack::upload`]).
 
-use bytemuck::{Pod, Zeroable};
-
+use super::wgsl::{uniform, NoConstants};
+use super::{record, u32_of, Binding, Dim, Kernel, KernelId, Slot, Strides};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::pipeline::{KernelId, PipelineKey};
 use crate::gpu::texture;
-use crate::kernels::matmul::Strides;
-use crate::kernels::{record, u32_of, Binding};
 
-/// Mirrors `Params` in `shaders/pack.wgsl`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-struct PackParams {
-    n: u32,
-    heads: u32,
-    groups: u32,
-    width: u32,
-    d4: u32,
-    shift: u32,
-    rows: u32,
-    off: u32,
-    batch: u32,
-    head: u32,
-    row: u32,
-    col: u32,
-    aligned: u32,
-    _pad: [u32; 3],
+/// The kernel.
+pub(crate) struct Shader;
+
+uniform! {
+    /// The uniform block of `pack.wgsl`.
+    pub(crate) struct PackParams {
+        n: u32,
+        heads: u32,
+        groups: u32,
+        width: u32,
+        d4: u32,
+        shift: u32,
+        rows: u32,
+        off: u32,
+        batch: u32,
+        head: u32,
+        row: u32,
+        col: u32,
+        aligned: u32,
+        _pad0: u32,
+        _pad: [u32; 2],
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::Pack;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(64), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("src"),
+        Slot::StorageTexture("dst"),
+        Slot::Read("src4"),
+    ];
+    /// The source is f16 (widened to f32 as it is packed).
+    const DTYPES: &'static [&'static str] = &["SRC_T"];
+    type Consts = NoConstants;
+    type Params = PackParams;
 }
 
 /// Where `n` rows of `d4` texels per group go in a packed texture: `2^shift` rows side by side
 /// per texture row, `rows` texture rows per group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PackLayout {
+pub(crate) struct PackLayout {
     /// log2 of the rows per texture row.
     pub shift: u32,
     /// Texture rows per group.
@@ -88,7 +104,7 @@ impl PackLayout {
 }
 
 /// A packed operand: the texture's view and where its rows are.
-pub struct Packed {
+pub(crate) struct Packed {
     /// For `textureLoad`.
     pub view: wgpu::TextureView,
     /// Its layout.
@@ -98,7 +114,7 @@ pub struct Packed {
 /// One matrix per group to pack: `rows × width` values, element `(g, r, c)` at
 /// `off + batch·(g / heads) + head·(g % heads) + row·r + col·c` of the source.
 #[derive(Debug, Clone, Copy)]
-pub struct Pack {
+pub(crate) struct Pack {
     /// Batch indices.
     pub batch: usize,
     /// Heads per batch index.
@@ -125,7 +141,7 @@ impl Pack {
     }
 
     /// Packs `src` (the host copy of the buffer the strides index) on the CPU and uploads it
-    /// into a new texture named `what`: the same texels [`Pack::record`] writes, without a
+    /// into a new texture named `what`: the same texels [`Pack::dispatch`] writes, without a
     /// pass over slow storage loads.
     ///
     /// # Errors
@@ -188,7 +204,7 @@ impl Pack {
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] when the texture cannot hold it.
-    pub fn record(
+    pub fn dispatch(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
@@ -219,7 +235,8 @@ impl Pack {
             row: self.src.row,
             col: self.src.col,
             aligned: u32::from(self.aligned()),
-            _pad: [0; 3],
+            _pad0: 0,
+            _pad: [0; 2],
         };
         // The vec4 view needs at least one vec4; the stand-in serves tiny unaligned sources.
         let src4 = if src.size() >= 16 {
@@ -228,14 +245,11 @@ impl Pack {
             ctx.stand_in()
         };
         let texels = (groups * self.rows) as u64 * u64::from(layout.d4);
-        let key = PipelineKey {
-            f16: u8::from(self.f16),
-            ..KernelId::Pack.into()
-        };
-        record(
+        record::<Shader>(
             ctx,
             encoder,
-            key,
+            &NoConstants,
+            u8::from(self.f16),
             &params,
             &[src.into(), Binding::Texture(&view), src4.into()],
             texels.div_ceil(64),
@@ -247,11 +261,6 @@ impl Pack {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn params_size_matches_wgsl_struct() {
-        assert_eq!(std::mem::size_of::<PackParams>(), 16 * 4);
-    }
 
     #[test]
     fn layout_folds_long_sequences_under_the_limit() {

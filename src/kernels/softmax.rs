@@ -1,55 +1,78 @@
-//! Launcher of `shaders/softmax.wgsl`: in-place row-wise softmax of `scale · scores`, one
-//! workgroup per row, with the causal mask and an optional additive mask.
+//! `shaders/softmax.wgsl`: in-place row-wise softmax of `scale · scores`, one workgroup per
+//! row, with the causal mask and an optional additive mask.
 
-use bytemuck::{Pod, Zeroable};
-
+use super::wgsl::{constants, uniform};
+use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
+use crate::context::Context;
 use crate::error::Result;
-use crate::kernels::u32_of;
 
-/// Mirrors `Params` in `shaders/softmax.wgsl`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-pub struct SoftmaxParams {
-    rows: u32,
-    cols: u32,
-    n_q: u32,
-    causal: u32,
-    scale: f32,
-    heads: u32,
-    mask: [u32; 4],
-    _pad: [u32; 2],
+/// The kernel.
+pub(crate) struct Shader;
+
+uniform! {
+    /// The uniform block of `softmax.wgsl`.
+    pub(crate) struct SoftmaxParams {
+        rows: u32,
+        cols: u32,
+        n_q: u32,
+        causal: u32,
+        scale: f32,
+        heads: u32,
+        _pad: [u32; 2],
+        /// The mask's element strides over (batch, head, query, key).
+        mask: [u32; 4],
+    }
 }
 
-/// The uniform block and workgroup count for `batch · heads` score matrices of `n_q × n_kv`,
-/// with the mask's element strides over `(batch, head, query, key)` (zeros without one).
-pub fn params(
+constants! {
+    /// Specialisation of `softmax.wgsl`.
+    pub(crate) struct SoftmaxConsts {
+        /// 1 when a mask is bound.
+        mask => "MASK",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::Softmax;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(64), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[Slot::ReadWrite("s"), Slot::Read("mask")];
+    type Consts = SoftmaxConsts;
+    type Params = SoftmaxParams;
+}
+
+/// Records `scores ← softmax(scale · scores + mask)` row by row, in place, for
+/// `batch · heads` score matrices of `n_q × n_kv`; causal hides keys past each query.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dispatch(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
     (batch, heads): (usize, usize),
-    n_q: usize,
-    n_kv: usize,
+    (n_q, n_kv): (usize, usize),
     scale: f32,
     causal: bool,
-    mask: [u32; 4],
-) -> Result<(SoftmaxParams, u64)> {
+    scores: &wgpu::Buffer,
+    mask: Option<MaskArg<'_>>,
+) -> Result<()> {
+    let (mask, strides, has_mask) = MaskArg::parts(ctx, mask);
     let rows = batch * heads * n_q;
-    let p = SoftmaxParams {
+    let params = SoftmaxParams {
         rows: u32_of("softmax rows", rows)?,
         cols: u32_of("softmax columns", n_kv)?,
         n_q: u32_of("queries", n_q)?,
         causal: u32::from(causal),
         scale,
         heads: u32_of("heads", heads)?,
-        mask,
-        _pad: [0; 2],
+        mask: strides,
+        ..Default::default()
     };
-    Ok((p, rows as u64))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn params_size_matches_wgsl_struct() {
-        assert_eq!(std::mem::size_of::<SoftmaxParams>(), 48);
-    }
+    let consts = SoftmaxConsts { mask: has_mask };
+    record::<Shader>(
+        ctx,
+        encoder,
+        &consts,
+        0,
+        &params,
+        &[scores.into(), mask.into()],
+        rows as u64,
+    )
 }

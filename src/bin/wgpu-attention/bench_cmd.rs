@@ -7,9 +7,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::Array3;
 use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
-use wgpu_attention::context::Profiling;
 use wgpu_attention::plot;
-use wgpu_attention::{reference, tune, Attention, Error, Kernels, Result};
+use wgpu_attention::Profiling;
+use wgpu_attention::{reference, Attention, Error, Kernels, Result};
 
 use crate::AdapterArgs;
 
@@ -213,7 +213,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         ));
         say(HEADER.to_string());
         for &family in &families {
-            let variant = tune::matmul(&ctx, &[family], m)?;
+            let variant = bench::tuned_matmul(&ctx, &[family], m)?;
             progress.set_message(format!("{variant}"));
             let flop = 2.0 * (m * m * m) as f64;
             let (stats, kernels_ms) =

@@ -1,5 +1,5 @@
-//! Kernel verification: problems over many shapes and options, each run on the GPU and on
-//! the f64 CPU reference and compared. Drives `wgpu-attention verify` and the test suite.
+//! The problems `verify` runs: [`Case`] (sizes and options, its numbers from a seed), the
+//! fixed sweep and random cases.
 
 use std::fmt;
 
@@ -8,16 +8,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
-use crate::attention::{Attention, Dtype, Kernels, Projections};
-use crate::context::Context;
-use crate::error::Result;
+use crate::attention::{Attention, Dtype, Projections};
 use crate::mask::Mask;
-use crate::reference;
-
-/// f32 machine epsilon, as f64.
-const EPS32: f64 = f32::EPSILON as f64;
-/// f16 machine epsilon (2^-10), as f64.
-const EPS16: f64 = 1.0 / 1024.0;
+use crate::variant::Kernels;
 
 /// One problem: sizes and options; its numbers come from a seed.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -308,91 +301,6 @@ impl CaseData {
     }
 }
 
-/// How one case came out.
-#[derive(Debug, Clone)]
-pub struct CaseResult {
-    /// The case.
-    pub case: Case,
-    /// ‖context − ref‖ / ‖ref‖.
-    pub context_rel: f64,
-    /// max |context − ref|.
-    pub context_max: f64,
-    /// ‖weights − ref‖ / ‖ref‖.
-    pub weights_rel: f64,
-    /// max |weights − ref|.
-    pub weights_max: f64,
-    /// The relative-error bound both must meet.
-    pub tolerance: f64,
-}
-
-impl CaseResult {
-    /// Both relative errors within the tolerance (NaN anywhere fails).
-    pub fn passed(&self) -> bool {
-        self.context_rel <= self.tolerance && self.weights_rel <= self.tolerance
-    }
-}
-
-/// The relative-error bound for a problem whose logits reach `logit_bound`: f32 rounding
-/// of a logit of size L is about ε·L, and the softmax turns that absolute error into a
-/// relative error of the weights, so the bound grows with L.
-pub fn tolerance(logit_bound: f64) -> f64 {
-    5e-6 + 4.0 * EPS32 * logit_bound
-}
-
-/// The bound for f16 operands: each operand carries a relative rounding of up to ε16/2, so
-/// the context starts at a few ε16 and the logits' rounding grows with L as in [`tolerance`].
-pub fn tolerance_f16(logit_bound: f64) -> f64 {
-    4.0 * EPS16 + 2.0 * EPS16 * logit_bound
-}
-
-/// Runs `case` with data from `seed` on the GPU and the reference and compares them.
-///
-/// # Errors
-/// Whatever the GPU or reference path returns.
-pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
-    let data = case.data(seed);
-    let proj = data.projections();
-    let op = case.op();
-    let mask = data.mask();
-    let (gpu, cpu, bound) = match &data.qkv {
-        None => (
-            op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)?,
-            reference::attention_masked(&op, data.x.view(), proj.as_ref(), &mask)?,
-            reference::logit_bound(&op, data.x.view(), proj.as_ref())?,
-        ),
-        Some([q, k, v]) => {
-            let (q, k, v) = (q.view(), k.view(), v.view());
-            let scale = op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale;
-            // |scale · q·k| ≤ |scale| · E · max|q| · max|k|.
-            let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
-            let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
-            (
-                op.sdpa_masked(ctx, q, k, v, &mask)?,
-                reference::sdpa_masked(&op, q, k, v, &mask)?,
-                bound,
-            )
-        }
-    };
-    let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
-    let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
-        (Some(g), Some(c), false) => reference::compare(g, c),
-        // The fused path returns no weights by design; only the context is checked.
-        (None, _, true) => (0.0, 0.0),
-        _ => (f64::INFINITY, f64::INFINITY),
-    };
-    Ok(CaseResult {
-        case: *case,
-        context_rel,
-        context_max,
-        weights_rel,
-        weights_max,
-        tolerance: match case.dtype {
-            Dtype::F32 => tolerance(bound),
-            Dtype::F16 => tolerance_f16(bound),
-        },
-    })
-}
-
 /// The fixed sweep: every size the issue names, odd widths, d_k ≠ d_v, batch, heads,
 /// causal, bias, custom scale and large logits.
 pub fn standard_cases() -> Vec<Case> {
@@ -580,64 +488,4 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
             }
         })
         .collect()
-}
-
-/// The paths every case runs on with `ctx`: each kernel family the adapter has, with the
-/// weights and fused.
-pub fn paths(ctx: &Context) -> Vec<(Kernels, bool)> {
-    Kernels::available(ctx)
-        .into_iter()
-        .flat_map(|k| [(k, false), (k, true)])
-        .collect()
-}
-
-/// Every case on every path of [`paths`].
-pub fn on_every_path(ctx: &Context, cases: &[Case]) -> Vec<Case> {
-    let paths = paths(ctx);
-    cases
-        .iter()
-        .flat_map(|c| paths.iter().map(move |&(k, f)| c.on(k, f)))
-        .collect()
-}
-
-/// The table header `verify` prints.
-pub const HEADER: &str =
-    "case                                                       ctx max abs   ctx rel    wts max abs   wts rel    bound      result";
-
-impl fmt::Display for CaseResult {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (wmax, wrel) = if self.case.fused {
-            ("-".to_string(), "-".to_string())
-        } else {
-            (
-                format!("{:.2e}", self.weights_max),
-                format!("{:.2e}", self.weights_rel),
-            )
-        };
-        write!(
-            f,
-            "{:<58} {:>10.2e}  {:>9.2e}  {:>10}  {:>9}  {:>9.2e}  {}",
-            self.case.to_string(),
-            self.context_max,
-            self.context_rel,
-            wmax,
-            wrel,
-            self.tolerance,
-            if self.passed() { "pass" } else { "FAIL" }
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn random_cases_are_valid_configurations() {
-        for c in random_cases(200, 7) {
-            let data = c.data(1);
-            let proj = data.projections();
-            c.op().dims(data.x.shape(), proj.as_ref()).unwrap();
-        }
-    }
 }

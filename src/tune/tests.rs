@@ -2,12 +2,13 @@
 //! its file, does not measure problems too small to matter, and the op it tunes still
 //! matches the reference.
 
-mod common;
+use std::collections::HashMap;
 
 use ndarray::Array3;
-use wgpu_attention::tune::{self, TuneCache, MIN_TUNED_N};
-use wgpu_attention::verify::{self, Case};
-use wgpu_attention::{reference, Attention, Context, Kernels};
+
+use crate::tune::{self, fastest, TuneCache, MIN_TUNED_N};
+use crate::verify::{self, Case};
+use crate::{reference, Attention, Context, Kernels};
 
 #[test]
 fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
@@ -70,7 +71,7 @@ fn auto_kernels_after_tuning_match_the_reference() {
 fn every_candidate_variant_matches_the_reference() {
     // Every variant autotuning may pick, not only the one it picks here: each fused variant
     // with and without the weights, each matmul variant in the projections.
-    let ctx = common::ctx();
+    let ctx = crate::context::test_context();
     let fam = Kernels::available(ctx);
     let cases = [
         Case {
@@ -118,4 +119,18 @@ fn every_candidate_variant_matches_the_reference() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn fastest_picks_the_lowest_time_and_drops_slow_candidates_early() {
+    let times = std::cell::RefCell::new(HashMap::from([(1, 10.0), (2, 3.0), (3, 100.0)]));
+    let mut calls = HashMap::new();
+    let best = fastest(&[1, 2, 3], |c| {
+        *calls.entry(c).or_insert(0) += 1;
+        Ok(times.borrow()[&c])
+    })
+    .unwrap();
+    assert_eq!(best, Some(2));
+    assert_eq!(calls[&3], 2, "warm-up, then a 5x slower first run ends it");
+    times.borrow_mut().clear();
 }

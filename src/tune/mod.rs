@@ -9,20 +9,20 @@
 //! `WGPU_ATTENTION_TUNE=off` (or [`Context::with_tuning`]) skips measuring: remembered
 //! choices are still used, anything else takes its family's default variant.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
+mod cache;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::attention::Kernels;
-use crate::bench;
+pub use cache::TuneCache;
+
 use crate::context::Context;
 use crate::error::Result;
 use crate::gpu::buffer;
-use crate::gpu::pipeline::KernelId;
-use crate::kernels::flash::{Flash, FlashVariant};
-use crate::kernels::matmul::{MatmulVariant, Strides};
+use crate::kernels::flash_tiled::Flash;
+use crate::kernels::matmul::Matmul;
+use crate::kernels::{KernelId, Strides};
+use crate::timing;
+use crate::variant::{self, FlashVariant, Kernels, MatmulVariant};
 
 /// Problems with fewer rows are not worth measuring for: they take the remembered choice if
 /// there is one, else the family's default.
@@ -32,74 +32,6 @@ pub const MIN_TUNED_N: usize = 256;
 pub const FLASH_MAX_ANCHOR_N: usize = 1024;
 /// Side of the anchored square matmul.
 pub const MATMUL_ANCHOR: usize = 512;
-
-/// Remembered choices: in memory, and in a JSON file when there is one.
-pub struct TuneCache {
-    path: Option<PathBuf>,
-    choices: Mutex<HashMap<String, serde_json::Value>>,
-}
-
-impl TuneCache {
-    /// The cache at the default place (see the module docs), loaded if it exists.
-    pub fn from_env() -> Self {
-        let path = match std::env::var("WGPU_ATTENTION_TUNE_CACHE") {
-            Ok(v) if v.eq_ignore_ascii_case("off") => None,
-            Ok(v) if !v.is_empty() => Some(PathBuf::from(v)),
-            _ => std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-                .map(|d| d.join("wgpu-attention").join("tune.json")),
-        };
-        Self::at(path)
-    }
-
-    /// A cache stored at `path` (`None`: memory only).
-    pub fn at(path: Option<PathBuf>) -> Self {
-        let choices = path
-            .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default();
-        TuneCache {
-            path,
-            choices: Mutex::new(choices),
-        }
-    }
-
-    fn get<T: DeserializeOwned>(&self, key: &str) -> Option<T> {
-        let map = self.choices.lock().ok()?;
-        serde_json::from_value(map.get(key)?.clone()).ok()
-    }
-
-    /// Remembers `value`; writing the file is best effort (a read-only home only costs a
-    /// re-measure next time).
-    fn put<T: Serialize>(&self, key: &str, value: &T) {
-        let Ok(v) = serde_json::to_value(value) else {
-            return;
-        };
-        let Ok(mut map) = self.choices.lock() else {
-            return;
-        };
-        map.insert(key.to_string(), v);
-        if let Some(path) = &self.path {
-            // Merge with what other processes wrote meanwhile.
-            let mut on_disk: HashMap<String, serde_json::Value> = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|s| serde_json::from_str(&s).ok())
-                .unwrap_or_default();
-            on_disk.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            if let Ok(text) = serde_json::to_string_pretty(&on_disk) {
-                let tmp = path.with_extension("json.tmp");
-                if std::fs::write(&tmp, text).is_ok() {
-                    let _ = std::fs::rename(&tmp, path);
-                }
-            }
-        }
-    }
-}
 
 /// Whether measuring is on by default (`WGPU_ATTENTION_TUNE` is not `off`); see
 /// [`Context::with_tuning`].
@@ -113,8 +45,9 @@ fn kernels_hash() -> u64 {
     static HASH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *HASH.get_or_init(|| {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for id in KernelId::ALL {
-            for b in id.source().bytes() {
+        let sources = KernelId::ALL.iter().map(|id| id.info().source);
+        for source in sources.chain([crate::kernels::wgsl::PRELUDE]) {
+            for b in source.bytes() {
                 h ^= u64::from(b);
                 h = h.wrapping_mul(0x0100_0000_01b3);
             }
@@ -302,8 +235,8 @@ pub fn flash(
                 skip_zero: false,
             };
             fastest(candidates, |c| {
-                bench::timed_submit(ctx, |enc| {
-                    op.record(ctx, enc, c, &q, &q, &v, &out, None, None)
+                timing::timed_submit(ctx, |enc| {
+                    variant::record_flash(ctx, enc, &op, c, (&q, &q, &v), &out, None, None)
                 })
                 .map(|t| t.0)
             })
@@ -312,7 +245,7 @@ pub fn flash(
 }
 
 /// The matmul among `families`: remembered, or measured now on the anchored square when the
-/// caller's has at least [`MIN_TUNED_N`] `rows` (else the default, unremembered).
+/// caller's has at least 256 `rows` (else the default, unremembered).
 ///
 /// # Errors
 /// GPU errors while measuring.
@@ -329,42 +262,50 @@ pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<Matmul
         rows,
         |candidates| {
             let m = MATMUL_ANCHOR;
+            let problem = MatmulProblem::new(ctx, (m, m, m))?;
             fastest(candidates, |c| {
-                bench::matmul(ctx, c, (m, m, m), 0, 1).map(|(s, _)| s.median_ms)
+                timing::measure(0, 1, || problem.run(ctx, c)).map(|(s, _)| s.median_ms)
             })
         },
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A square-ish matmul on the device, for measuring the matmul variants (the tuner's anchor
+/// and `bench`'s matmul rows).
+pub(crate) struct MatmulProblem {
+    mm: Matmul,
+    a: wgpu::Buffer,
+    b: wgpu::Buffer,
+    c: wgpu::Buffer,
+}
 
-    #[test]
-    fn cache_round_trips_through_its_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub").join("tune.json");
-        let cache = TuneCache::at(Some(path.clone()));
-        cache.put("k", &FlashVariant::Subgroup { rows_per_lane: 4 });
-        let again = TuneCache::at(Some(path));
-        assert_eq!(
-            again.get::<FlashVariant>("k"),
-            Some(FlashVariant::Subgroup { rows_per_lane: 4 })
-        );
-        assert_eq!(again.get::<FlashVariant>("missing"), None);
+impl MatmulProblem {
+    /// `(m, k)·(k, n)` with fixed operands uploaded.
+    pub(crate) fn new(ctx: &Context, (m, n, k): (usize, usize, usize)) -> Result<Self> {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+        Ok(MatmulProblem {
+            mm: Matmul::plain(m, n, k, false, 0)?,
+            a: buffer::upload(ctx, "A", &a)?,
+            b: buffer::upload(ctx, "B", &b)?,
+            c: buffer::output(ctx, "C", m * n, false)?,
+        })
     }
 
-    #[test]
-    fn fastest_picks_the_lowest_time_and_drops_slow_candidates_early() {
-        let times = std::cell::RefCell::new(HashMap::from([(1, 10.0), (2, 3.0), (3, 100.0)]));
-        let mut calls = HashMap::new();
-        let best = fastest(&[1, 2, 3], |c| {
-            *calls.entry(c).or_insert(0) += 1;
-            Ok(times.borrow()[&c])
+    /// One dispatch with `variant`, submitted and waited for: its wall time in milliseconds
+    /// and the kernels' times (empty without profiling).
+    pub(crate) fn run(
+        &self,
+        ctx: &Context,
+        variant: MatmulVariant,
+    ) -> Result<Vec<timing::KernelTime>> {
+        let p = self;
+        timing::timed_submit(ctx, |enc| {
+            variant::record_matmul(ctx, enc, &p.mm, variant, &p.a, &p.b, &p.a, &p.c)
         })
-        .unwrap();
-        assert_eq!(best, Some(2));
-        assert_eq!(calls[&3], 2, "warm-up, then a 5x slower first run ends it");
-        times.borrow_mut().clear();
+        .map(|(_, t)| t)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,312 @@
+//! The dispatch sequence of one call, recorded into one encoder: the projections' matmuls,
+//! then the attention proper (fused, or scores → softmax → weighted sum, or the fused context
+//! with the weights from the subgroup matmul's statistics and softmax epilogues), then the
+//! output projection.
+
+use super::plan::Plan;
+use super::projections::Projections;
+use super::upload::{upload_as, Device, MaskBuffer};
+use super::Attention;
+use crate::context::Context;
+use crate::error::Result;
+use crate::gpu::buffer;
+use crate::kernels::flash_tiled::Flash;
+use crate::kernels::matmul::{Matmul, F16_A, F16_B, F16_C, SKIP_UPPER};
+use crate::kernels::matmul_subgroup::{self, Epilogue, Operands};
+use crate::kernels::weighted_sum::WeightedSum;
+use crate::kernels::{row_stats, softmax, u32_of, MaskArg, Strides};
+use crate::variant::{self, MatmulVariant};
+
+/// The sizes of the attention proper: Q `(batch, n_q, d_k)`, K `(batch, n_kv, d_k·kv/H)`,
+/// V `(batch, n_kv, d_v·kv/H)`, the context `(batch, n_q, d_v)`; widths over every head.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    pub batch: usize,
+    pub heads: usize,
+    /// K/V heads: `heads` divides by it (grouped-query attention when fewer).
+    pub kv_heads: usize,
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub d_k: usize,
+    pub d_v: usize,
+}
+
+impl Attention {
+    /// Records `X·W (+ b)` for each projection of `p`, reading X from `x`, into new buffers
+    /// `(batch·n, width)`, f16 under [`crate::Dtype::F16`].
+    pub(super) fn record_projections(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        (rows, d): (usize, usize),
+        x: &wgpu::Buffer,
+        p: &Projections<'_>,
+    ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer)> {
+        let f16 = self.f16();
+        let types = if f16 { F16_A | F16_B | F16_C } else { 0 };
+        let mut project = |name: &str,
+                           w: &ndarray::ArrayView2<'_, f32>,
+                           b: Option<&ndarray::ArrayView1<'_, f32>>|
+         -> Result<wgpu::Buffer> {
+            let width = w.ncols();
+            let out = if f16 {
+                buffer::output_f16(ctx, name, rows * width)?
+            } else {
+                buffer::output(ctx, name, rows * width, false)?
+            };
+            let mm = Matmul::plain(rows, width, d, b.is_some(), types)?;
+            self.record_linear(ctx, encoder, plan, &mm, x, w, b, &out)?;
+            Ok(out)
+        };
+        Ok((
+            project("Q", &p.w_q, p.b_q.as_ref())?,
+            project("K", &p.w_k, p.b_k.as_ref())?,
+            project("V", &p.w_v, p.b_v.as_ref())?,
+        ))
+    }
+
+    /// Records `out ← a·W (+ b)` for a host weight `w` and bias `b`, uploaded now.
+    #[allow(clippy::too_many_arguments)]
+    fn record_linear(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        mm: &Matmul,
+        a: &wgpu::Buffer,
+        w: &ndarray::ArrayView2<'_, f32>,
+        b: Option<&ndarray::ArrayView1<'_, f32>>,
+        out: &wgpu::Buffer,
+    ) -> Result<()> {
+        let f16 = self.f16();
+        let w_buf = upload_as(ctx, "weight", w.view(), f16)?;
+        let b_buf = b
+            .map(|b| upload_as(ctx, "bias", b.view(), f16))
+            .transpose()?;
+        // The context's stand-in serves every matmul without a bias.
+        let bias = b_buf.as_ref().unwrap_or(ctx.stand_in());
+        variant::record_matmul(ctx, encoder, mm, plan.matmul, a, &w_buf, bias, out)
+    }
+
+    /// Records `out = context·W_O + b_O` over every row of every batch index into a new buffer,
+    /// or returns the context as it is without an output projection; with its width.
+    pub(super) fn record_output(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        (rows, d_v): (usize, usize),
+        context: wgpu::Buffer,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<(wgpu::Buffer, usize)> {
+        let Some((w_o, b_o)) = proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) else {
+            return Ok((context, d_v));
+        };
+        let d_out = w_o.ncols();
+        let out = buffer::output(ctx, "output", rows * d_out, self.nan_fill)?;
+        let types = if self.f16() { F16_B } else { 0 };
+        let mm = Matmul::plain(rows, d_out, d_v, b_o.is_some(), types)?;
+        self.record_linear(ctx, encoder, plan, &mm, &context, &w_o, b_o.as_ref(), &out)?;
+        Ok((out, d_out))
+    }
+
+    /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ + mask)·V_h` per (batch, head),
+    /// on Q, K, V laid out `(batch, rows, heads·width)` (head `h` in columns `h·width..`),
+    /// into a new context buffer of the same layout; the weights `(batch, heads, n_q, n_kv)`
+    /// too unless the plan is fused.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_attention(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        shape: Shape,
+        scale: f32,
+        operands: &Device,
+        mask: Option<&MaskBuffer>,
+    ) -> Result<(wgpu::Buffer, Option<wgpu::Buffer>)> {
+        let Shape {
+            batch,
+            heads,
+            kv_heads,
+            n_q,
+            n_kv,
+            d_k,
+            d_v,
+        } = shape;
+        let (q, k, v) = operands.qkv();
+        let mask = mask.map(MaskBuffer::arg);
+        let u = |what: &str, v: usize| u32_of(what, v);
+        // Q, K and V are f16 on the device under Dtype::F16, from the host or a projection.
+        let f16 = self.f16();
+        let (dk_h, dv_h) = (d_k / heads, d_v / heads);
+        let ratio = heads / kv_heads;
+        let (dk_kv, dv_kv) = (kv_heads * dk_h, kv_heads * dv_h);
+        let q_s = Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_q * d_k)?);
+        let k_s = Strides::row_major(
+            u("K width", dk_kv)?,
+            u("d_k/H", dk_h)?,
+            u("n·K width", n_kv * dk_kv)?,
+        );
+        let v_s = Strides::row_major(
+            u("V width", dv_kv)?,
+            u("d_v/H", dv_h)?,
+            u("n·V width", n_kv * dv_kv)?,
+        );
+        let o_s = Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?);
+        let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;
+        let weights_len = batch * heads * n_q * n_kv;
+        // Scores S = Q_h·K_hᵀ, one group per (batch, head).
+        let scores_mm = Matmul {
+            m: n_q,
+            n: n_kv,
+            k: dk_h,
+            batch,
+            heads,
+            a: q_s,
+            b: k_s.transposed(),
+            c: Strides {
+                off: 0,
+                batch: u("heads·n_q·n_kv", heads * n_q * n_kv)?,
+                head: u("n_q·n_kv", n_q * n_kv)?,
+                row: u("n_kv", n_kv)?,
+                col: 1,
+            },
+            flags: if self.causal { SKIP_UPPER } else { 0 },
+            b_ratio: ratio,
+            f16: if f16 { F16_A | F16_B } else { 0 },
+        };
+        if plan.fused || plan.weights_from_stats() {
+            // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V.
+            let op = Flash {
+                batch,
+                heads,
+                n_q,
+                n_kv,
+                dk_h,
+                dv_h,
+                q: q_s,
+                k: k_s,
+                v: v_s,
+                o: o_s,
+                causal: self.causal,
+                scale,
+                kv_ratio: ratio,
+                f16,
+                skip_zero: self.propagate,
+            };
+            let host = operands.host_kv();
+            variant::record_flash(
+                ctx,
+                encoder,
+                &op,
+                plan.flash,
+                (q, k, v),
+                &context,
+                mask,
+                host,
+            )?;
+            let weights = match (plan.fused, plan.matmul) {
+                (false, MatmulVariant::Subgroup { rows_per_lane }) => {
+                    let weights =
+                        buffer::output(ctx, "attention weights", weights_len, self.nan_fill)?;
+                    let mm = &scores_mm;
+                    weights_from_stats(
+                        ctx,
+                        encoder,
+                        mm,
+                        rows_per_lane,
+                        (q, k),
+                        scale,
+                        mask,
+                        &weights,
+                    )?;
+                    Some(weights)
+                }
+                _ => None,
+            };
+            return Ok((context, weights));
+        }
+        let scores = buffer::output(ctx, "attention weights", weights_len, self.nan_fill)?;
+        let no_bias = ctx.stand_in();
+        variant::record_matmul(
+            ctx,
+            encoder,
+            &scores_mm,
+            plan.matmul,
+            q,
+            k,
+            no_bias,
+            &scores,
+        )?;
+        // A = softmax(scale · S), in place.
+        let rows = (batch, heads);
+        softmax::dispatch(
+            ctx,
+            encoder,
+            rows,
+            (n_q, n_kv),
+            scale,
+            self.causal,
+            &scores,
+            mask,
+        )?;
+        // context = A·V per head, heads side by side.
+        let ws = WeightedSum {
+            batch,
+            heads,
+            kv_heads,
+            n_q,
+            n_kv,
+            d_v,
+            causal: self.causal,
+            f16,
+        };
+        ws.dispatch(ctx, encoder, &scores, v, &context)?;
+        Ok((context, Some(scores)))
+    }
+}
+
+/// Records the attention weights `softmax(scale · Q·Kᵀ + mask)` of the score problem `mm`
+/// (A = Q, B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`, in three passes that never
+/// hold unnormalized scores: the products' per-tile softmax statistics, their reduction to
+/// each row's max and sum (`row_stats.wgsl`), then the products again with `exp(s − M) / L`
+/// as the epilogue. Both product passes compute each logit with the same instructions.
+#[allow(clippy::too_many_arguments)]
+fn weights_from_stats(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    mm: &Matmul,
+    rows_per_lane: u32,
+    (q, k): (&wgpu::Buffer, &wgpu::Buffer),
+    scale: f32,
+    mask: Option<MaskArg<'_>>,
+    weights: &wgpu::Buffer,
+) -> Result<()> {
+    let ops = Operands::pack(ctx, encoder, mm, q, k)?;
+    let rows = mm.batch * mm.heads * mm.m;
+    let tiles = ops.tiles_n(mm);
+    let partial = buffer::output(ctx, "softmax statistics", rows * tiles * 2, false)?;
+    let row_stats = buffer::output(ctx, "row max and sum", rows * 2, false)?;
+    let pass = |encoder: &mut wgpu::CommandEncoder, epilogue, bias: &wgpu::Buffer, out| {
+        matmul_subgroup::dispatch(
+            ctx,
+            encoder,
+            mm,
+            rows_per_lane,
+            &ops,
+            bias,
+            epilogue,
+            mask,
+            out,
+        )
+    };
+    pass(encoder, Epilogue::Stats { scale }, &row_stats, &partial)?;
+    row_stats::dispatch(ctx, encoder, rows, tiles, &partial, &row_stats)?;
+    let softmax = Epilogue::Softmax {
+        scale,
+        stats: &row_stats,
+    };
+    pass(encoder, softmax, &partial, weights)
+}

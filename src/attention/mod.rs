@@ -1,0 +1,342 @@
+//! The attention op. This file holds the public face: the [`Attention`] builder, its
+//! options and outputs, and the entry points `forward` and `sdpa`, which check their inputs
+//! and hand over to the steps, one file each, in the order a call runs:
+//!
+//! - `shape.rs`: the sizes of the call ([`Dims`]) and its inputs checked;
+//! - `split.rs`: whole when it fits the device, else split (a `forward` call is projected on
+//!   the CPU first, then split as `sdpa` is);
+//! - `whole.rs`: a call that fits, start to end: `plan.rs` (which kernels and variants), then
+//!   one encoder with `upload.rs` (Q, K, V, or X and the projections' matmuls), `dispatch.rs`
+//!   (the attention kernels and the output projection), and `readback.rs`.
+
+mod dispatch;
+mod plan;
+mod projections;
+mod readback;
+mod shape;
+mod split;
+mod upload;
+mod whole;
+
+use ndarray::{ArrayD, ArrayView4, ArrayViewD};
+
+pub use plan::Plan;
+pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
+pub(crate) use shape::check_inputs_finite;
+pub use shape::{check_finite, Dims};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::mask::Mask;
+use crate::variant::{FlashVariant, Kernels, MatmulVariant};
+use shape::named_inputs;
+
+/// What a forward pass returns.
+#[derive(Debug, Clone)]
+pub struct Output<T = f32> {
+    /// The context vectors, `(n, d_v)` or `(batch, n, d_v)`, heads concatenated along the
+    /// last axis.
+    pub context: ArrayD<T>,
+    /// The attention weights, `(n, n)`, `(batch, n, n)`, `(H, n, n)` or `(batch, H, n, n)`
+    /// (a heads axis only when `H > 1`); `None` when the caller opted out.
+    pub weights: Option<ArrayD<T>>,
+}
+
+/// Scaled dot-product self-attention, configured with a builder:
+///
+/// ```text
+/// Q = X·W_Q (+b_Q),  K = X·W_K (+b_K),  V = X·W_V (+b_V)      (Q = K = V = X without weights)
+/// A_h = softmax(Q_h·K_hᵀ · scale)   row by row, scale = 1/sqrt(d_k/H) by default
+/// context = [A_1·V_1, …, A_H·V_H]   (heads concatenated along the last axis)
+/// ```
+///
+/// Head `h` uses columns `[h·d_k/H, (h+1)·d_k/H)` of Q and K and the matching slice of V, as
+/// PyTorch's multi-head attention splits them. With `causal`, query `i` attends to keys
+/// `j ≤ i` (top-left aligned, PyTorch's `is_causal`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attention {
+    heads: usize,
+    causal: bool,
+    scale: Option<f32>,
+    return_weights: bool,
+    nan_fill: bool,
+    kernels: Kernels,
+    flash: Option<FlashVariant>,
+    matmul: Option<MatmulVariant>,
+    dtype: Dtype,
+    propagate: bool,
+}
+
+/// The element type the operands are stored in on the device.
+///
+/// With [`Dtype::F16`] (needs `Features::SHADER_F16`), X, the projection weights and biases
+/// (or Q, K, V for [`Attention::sdpa`]) are rounded to f16 and uploaded as f16, and the
+/// projected Q, K, V are stored as f16: half the memory and bandwidth. Every product, softmax
+/// and sum is computed and accumulated in f32, and the context and weights come back as f32.
+/// Inputs beyond f16's range (±65,504) are an error, as is a result that overflowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dtype {
+    /// float32 everywhere.
+    #[default]
+    F32,
+    /// float16 operands, float32 arithmetic.
+    F16,
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Dtype::F32),
+            "f16" | "float16" | "half" => Ok(Dtype::F16),
+            other => Err(Error::invalid(
+                "dtype",
+                format!("unknown dtype {other:?}: expected f32 or f16"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+        })
+    }
+}
+
+impl Default for Attention {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Attention {
+    /// One head, no mask, default scale, weights returned.
+    pub fn new() -> Self {
+        Attention {
+            heads: 1,
+            causal: false,
+            scale: None,
+            return_weights: true,
+            nan_fill: false,
+            kernels: Kernels::Auto,
+            flash: None,
+            matmul: None,
+            dtype: Dtype::F32,
+            propagate: false,
+        }
+    }
+
+    /// Which kernel family to use (default [`Kernels::Auto`]).
+    pub fn kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
+    /// Forces the fused kernel's variant instead of the tuned one (its family then overrides
+    /// [`Attention::kernels`]); for testing and benchmarking every variant.
+    pub fn flash_variant(mut self, variant: FlashVariant) -> Self {
+        self.flash = Some(variant);
+        self
+    }
+
+    /// Forces the matmul's variant instead of the tuned one.
+    pub fn matmul_variant(mut self, variant: MatmulVariant) -> Self {
+        self.matmul = Some(variant);
+        self
+    }
+
+    /// Number of heads (`d_k` and `d_v` must divide by it).
+    pub fn heads(mut self, heads: usize) -> Self {
+        self.heads = heads;
+        self
+    }
+
+    /// Causal mask: query `i` attends to keys `j ≤ i`.
+    pub fn causal(mut self, causal: bool) -> Self {
+        self.causal = causal;
+        self
+    }
+
+    /// The factor applied to `Q·Kᵀ` before the softmax (default `1/sqrt(d_k/H)`).
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Whether to read back the attention weights (default true).
+    pub fn return_weights(mut self, yes: bool) -> Self {
+        self.return_weights = yes;
+        self
+    }
+
+    /// Pre-fill the GPU outputs with NaN, so any element a kernel failed to write shows up
+    /// (for testing kernels; default false).
+    pub fn nan_fill(mut self, yes: bool) -> Self {
+        self.nan_fill = yes;
+        self
+    }
+
+    /// The element type of the operands on the device (default f32; see [`Dtype`]).
+    pub fn dtype(mut self, dtype: Dtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// Let NaN and ±Inf in the inputs through instead of rejecting them (default false: an
+    /// `Error::NonFinite` naming the array and index). They then propagate as IEEE arithmetic
+    /// and PyTorch do: a non-finite query, or a non-finite key or value at a key of non-zero
+    /// weight, makes the row's context (and a non-finite score its weights) NaN or Inf. A
+    /// key of weight exactly 0 — masked, hidden by causal, or underflowed — never contributes,
+    /// so its values cannot reach the row, and masked weights stay exactly 0 (PyTorch's fused
+    /// kernels behave so; its math backend lets `0·NaN` through). Results are then not checked
+    /// for overflow either. Masks and the scale are still checked.
+    pub fn propagate_non_finite(mut self, yes: bool) -> Self {
+        self.propagate = yes;
+        self
+    }
+
+    /// Whether NaN/Inf inputs are passed through ([`Attention::propagate_non_finite`]).
+    pub fn propagates_non_finite(&self) -> bool {
+        self.propagate
+    }
+
+    /// Whether the weights are returned.
+    pub fn returns_weights(&self) -> bool {
+        self.return_weights
+    }
+
+    /// Computes attention on the GPU.
+    ///
+    /// `x` is `(n, d)` or `(batch, n, d)`; without `proj`, `Q = K = V = X`.
+    ///
+    /// # Errors
+    /// Bad shapes or options, non-finite inputs, sizes over the device's limits, and any
+    /// wgpu validation, out-of-memory or device-lost error, as [`Error`] variants.
+    pub fn forward(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<Output> {
+        self.forward_masked(ctx, x, proj, &Mask::none())
+    }
+
+    /// [`Attention::forward`] with a mask: `softmax(scale·Q·Kᵀ + mask)` per head, the mask
+    /// broadcast to `(batch, heads, n, n)` and combined with causal (see [`crate::mask`] for
+    /// the semantics; a row with nothing to attend to gives zeros).
+    ///
+    /// # Errors
+    /// As [`Attention::forward`], and a mask that does not broadcast, holds NaN or `+inf`,
+    /// or key lengths that do not fit.
+    pub fn forward_masked(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        let dims = self.dims(x.shape(), proj)?;
+        if !self.propagate {
+            check_inputs_finite(&x, proj)?;
+        }
+        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
+        self.check_dtype(ctx, &named_inputs(&x, proj))?;
+        ctx.check_alive()?;
+        let bias = bias.as_ref().map(|b| b.view());
+        self.forward_checked(ctx, &dims, x, proj, bias)
+    }
+
+    /// PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`
+    /// for callers who already have Q, K and V, in PyTorch's layout: `q` is
+    /// `(batch, heads, L, E)`, `k` is `(batch, heads, S, E)`, `v` is `(batch, heads, S, E_v)`.
+    /// `L ≠ S` is allowed. Causal is top-left aligned as PyTorch aligns it: query `i` sees
+    /// keys `j ≤ i`, so queries past `S` see every key. The default scale is `1/sqrt(E)`. The
+    /// heads come from the arrays; [`Attention::heads`] is not used. K and V may have fewer
+    /// heads than Q (grouped-query / multi-query attention, PyTorch's `enable_gqa=True`): Q
+    /// head `h` uses K/V head `h / (H_q / H_kv)`, read in place, never copied per Q head.
+    ///
+    /// Returns the context `(batch, heads, L, E_v)` and, unless
+    /// [`Attention::return_weights`] is off, the weights `(batch, heads, L, S)`.
+    ///
+    /// # Errors
+    /// Shapes that do not pair up, empty axes, NaN/Inf, a single head too large for the
+    /// device's limits (larger calls are split by batch, then heads), and GPU errors, as
+    /// [`Error`] variants.
+    pub fn sdpa(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+    ) -> Result<Output> {
+        self.sdpa_masked(ctx, q, k, v, &Mask::none())
+    }
+
+    /// [`Attention::sdpa`] with PyTorch's `attn_mask`: boolean (`true` = attend) or float
+    /// (added to the scaled scores), broadcast to `(batch, heads, L, S)`, and key lengths;
+    /// combined with causal. See [`crate::mask`] for the semantics; a row with nothing to
+    /// attend to gives zeros.
+    ///
+    /// # Errors
+    /// As [`Attention::sdpa`], and a mask that does not broadcast, holds NaN or `+inf`, or key
+    /// lengths that do not fit.
+    pub fn sdpa_masked(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+        if !self.propagate {
+            check_finite("Q", &q)?;
+            check_finite("K", &k)?;
+            check_finite("V", &v)?;
+        }
+        let (b, h, l, _) = q.dim();
+        let bias = mask.bias([b, h, l, k.dim().2])?;
+        let inputs = [
+            ("Q", q.into_dyn()),
+            ("K", k.into_dyn()),
+            ("V", v.into_dyn()),
+        ];
+        self.check_dtype(ctx, &inputs)?;
+        ctx.check_alive()?;
+        let bias = bias.as_ref().map(|b| b.view());
+        self.sdpa_in_parts(ctx, q, k, v, bias)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array2;
+
+    #[test]
+    fn dims_default_scale_uses_per_head_width() {
+        let d = Attention::new().heads(4).dims(&[2, 5, 32], None).unwrap();
+        assert_eq!(d.scale, 1.0 / 8f32.sqrt());
+        assert_eq!(d.weights_shape(), vec![2, 4, 5, 5]);
+        assert_eq!(d.context_shape(), vec![2, 5, 32]);
+    }
+
+    #[test]
+    fn dims_rejects_heads_that_do_not_divide() {
+        let err = Attention::new().heads(3).dims(&[5, 8], None).unwrap_err();
+        assert!(err.to_string().contains("does not divide"), "{err}");
+    }
+
+    #[test]
+    fn dims_rejects_mismatched_weights() {
+        let wq = Array2::<f32>::zeros((4, 3));
+        let wk = Array2::<f32>::zeros((4, 2));
+        let wv = Array2::<f32>::zeros((4, 5));
+        let p = Projections::new(wq.view(), wk.view(), wv.view());
+        let err = Attention::new().dims(&[7, 4], Some(&p)).unwrap_err();
+        assert!(err.to_string().contains("W_K"), "{err}");
+    }
+}

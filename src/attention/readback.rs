@@ -1,0 +1,60 @@
+//! Readback: the context and, when asked for, the weights copied out in the same encoder,
+//! one submit, one wait; then the results checked for overflow.
+
+use super::Attention;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::readback;
+use crate::timing;
+
+impl Attention {
+    /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
+    /// and, when asked for, all of `weights`; submits, waits, and returns them.
+    pub(super) fn read_back(
+        &self,
+        ctx: &Context,
+        mut encoder: wgpu::CommandEncoder,
+        context: &wgpu::Buffer,
+        context_len: usize,
+        weights: Option<&wgpu::Buffer>,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        let mut pending = vec![readback::copy_out(ctx, &mut encoder, context, context_len)];
+        if let (true, Some(w)) = (self.return_weights, weights) {
+            let len = (w.size() / 4) as usize;
+            pending.push(readback::copy_out(ctx, &mut encoder, w, len));
+        }
+        let timing = timing::end(ctx, &mut encoder).map(|(p, labels)| {
+            pending.push(p);
+            labels
+        });
+        let submission = ctx.queue.submit([encoder.finish()]);
+        let mut results = readback::finish(ctx, submission, pending)?;
+        if let Some(labels) = timing {
+            timing::store(ctx, &results.pop().unwrap_or_default(), &labels);
+        }
+        let mut results = results.into_iter();
+        let context = results.next().unwrap_or_default();
+        let weights = results.next();
+        // Finite inputs give finite results unless the arithmetic overflowed (products past
+        // f32's range, or f16 operands past f16's): say so rather than return inf or NaN.
+        let checked = if self.propagate {
+            vec![]
+        } else {
+            vec![("context", Some(&context)), ("weights", weights.as_ref())]
+        };
+        for (name, values) in checked {
+            if let Some(i) = values.and_then(|v| v.iter().position(|x| !x.is_finite())) {
+                return Err(Error::invalid(
+                    "result",
+                    format!(
+                        "the {name} overflowed to a non-finite value at flat index {i}: the \
+                         inputs are too large for {} arithmetic; scale them down{}",
+                        self.dtype,
+                        if self.f16() { " or use f32" } else { "" }
+                    ),
+                ));
+            }
+        }
+        Ok((context, weights))
+    }
+}

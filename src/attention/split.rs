@@ -1,0 +1,251 @@
+//! Splitting past the device's limits. A call whose buffers fit runs whole; an `sdpa` call
+//! that does not is split into halves of the batch, then of the K/V heads (each with its
+//! group of query heads), then of the query rows, and the parts' outputs joined back in place.
+//! A `forward` call that does not fit is projected on the CPU and split the same way: one
+//! path, `sdpa`'s, for both. What cannot be split small enough is the limit's error.
+
+use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD, Axis, IxDyn};
+
+use super::projections::Projections;
+use super::shape::Dims;
+use super::{Attention, Output};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::buffer;
+
+impl Attention {
+    /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
+    /// batch, then of the heads, then of the query rows, joined back in place; what cannot
+    /// be split small enough is the limit's error.
+    pub(super) fn sdpa_in_parts(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        bias: Option<ArrayView4<'_, f32>>,
+    ) -> Result<Output> {
+        let (batch, heads, l, e) = q.dim();
+        let (s_len, e_v) = (k.dim().2, v.dim().3);
+        let (bh, bkv) = (batch * heads, batch * k.dim().1);
+        let named = [
+            ("Q (batch·heads·L·E)", bh * l * e),
+            ("K (batch·kv_heads·S·E)", bkv * s_len * e),
+            ("V (batch·kv_heads·S·E_v)", bkv * s_len * e_v),
+            ("context (batch·heads·L·E_v)", bh * l * e_v),
+        ];
+        let weights = self.return_weights.then_some(bh * l * s_len);
+        let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) else {
+            return self.sdpa_whole(ctx, q, k, v, bias);
+        };
+        let kv_heads = k.dim().1;
+        let axis = match (batch, kv_heads) {
+            (b, _) if b > 1 => Axis(0),
+            (_, h) if h > 1 => Axis(1),
+            _ if l > 1 => return self.sdpa_row_blocks(ctx, q, k, v, bias, &too_big),
+            _ => return Err(too_big),
+        };
+        // Along the heads, split the K/V heads; each keeps its group of Q heads.
+        let q_per_kv = if axis == Axis(1) { heads / kv_heads } else { 1 };
+        log::info!(
+            "{too_big}: splitting axis {} of the sdpa call",
+            axis.index()
+        );
+        let half = k.len_of(axis) / 2;
+        let mut outs = Vec::new();
+        for (kv, qs) in [
+            ((..half).into(), (..half * q_per_kv).into()),
+            ((half..).into(), (half * q_per_kv..).into()),
+        ] {
+            let (kv, qs): (ndarray::Slice, ndarray::Slice) = (kv, qs);
+            outs.push(self.sdpa_in_parts(
+                ctx,
+                q.slice_axis(axis, qs),
+                k.slice_axis(axis, kv),
+                v.slice_axis(axis, kv),
+                slice_bias(&bias, axis, qs),
+            )?);
+        }
+        join_outputs(axis, &outs[0], &outs[1])
+    }
+
+    /// One head of one sequence too large for the device: the query rows in two halves, each
+    /// against every key (rows are independent). Causal becomes part of each half's mask,
+    /// offset to where its rows start, so the kernels need no row offset.
+    fn sdpa_row_blocks(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        bias: Option<ArrayView4<'_, f32>>,
+        too_big: &Error,
+    ) -> Result<Output> {
+        let (l, s_len) = (q.dim().2, k.dim().2);
+        // Every block needs all of K and V: no split helps when they do not fit.
+        buffer::check_len(ctx, "K (S·E)", k.len())?;
+        buffer::check_len(ctx, "V (S·E_v)", v.len())?;
+        log::info!("{too_big}: splitting the {l} query rows");
+        let half = l / 2;
+        let mut outs = Vec::new();
+        for (start, end) in [(0, half), (half, l)] {
+            let rows: ndarray::Slice = (start..end).into();
+            let part = slice_bias(&bias, Axis(2), rows);
+            // Causal, offset to the block's first row, added to the block's mask (-inf where
+            // either hides a key); ndarray broadcasts the two together.
+            let causal = self.causal.then(|| {
+                let hidden =
+                    ndarray::Array4::from_shape_fn((1, 1, end - start, s_len), |(_, _, i, j)| {
+                        if j > start + i {
+                            crate::mask::MASKED
+                        } else {
+                            0.0
+                        }
+                    });
+                match &part {
+                    Some(p) => &hidden + p,
+                    None => hidden,
+                }
+            });
+            let part = causal.as_ref().map(|c| c.view()).or(part);
+            outs.push(self.causal(false).sdpa_in_parts(
+                ctx,
+                q.slice_axis(Axis(2), rows),
+                k,
+                v,
+                part,
+            )?);
+        }
+        join_outputs(Axis(2), &outs[0], &outs[1])
+    }
+
+    /// A checked `forward` call too large for the device: Q, K and V projected on the CPU (f32,
+    /// matrixmultiply) into `sdpa`'s layout, attended by [`Attention::sdpa_in_parts`], the
+    /// output projection applied to the joined context.
+    pub(super) fn forward_in_parts(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        bias: Option<ArrayView4<'_, f32>>,
+        too_big: &Error,
+    ) -> Result<Output> {
+        log::info!("{too_big}: projecting on the CPU, then splitting as sdpa does");
+        let shape = |e: ndarray::ShapeError| Error::shape(e.to_string());
+        let (batch, n, heads) = (dims.batch, dims.n, dims.heads);
+        let x2 = x.to_shape((batch * n, dims.d)).map_err(shape)?;
+        // (batch·n, heads·width) → (batch, heads, n, width).
+        let to_heads = |a: ndarray::Array2<f32>| -> Result<Array4<f32>> {
+            let width = a.ncols() / heads;
+            let a = a
+                .into_shape_with_order((batch, n, heads, width))
+                .map_err(shape)?;
+            Ok(a.permuted_axes([0, 2, 1, 3])
+                .as_standard_layout()
+                .into_owned())
+        };
+        let project = |w: &ndarray::ArrayView2<'_, f32>,
+                       b: Option<&ndarray::ArrayView1<'_, f32>>| {
+            let mut out = x2.dot(w);
+            if let Some(b) = b {
+                out += b;
+            }
+            to_heads(out)
+        };
+        let (q, k, v) = match proj {
+            Some(p) => (
+                project(&p.w_q, p.b_q.as_ref())?,
+                project(&p.w_k, p.b_k.as_ref())?,
+                project(&p.w_v, p.b_v.as_ref())?,
+            ),
+            None => {
+                let qkv = to_heads(x2.to_owned())?;
+                (qkv.clone(), qkv.clone(), qkv)
+            }
+        };
+        let op = self.scale(dims.scale);
+        let out = op.sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias)?;
+        // (batch, heads, n, width) → (batch·n, d_v), then the output projection.
+        let context = out
+            .context
+            .permuted_axes(IxDyn(&[0, 2, 1, 3]))
+            .as_standard_layout()
+            .into_owned()
+            .into_shape_with_order((batch * n, dims.d_v))
+            .map_err(shape)?;
+        let context = match proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) {
+            None => context,
+            Some((w_o, b_o)) => {
+                let mut out = context.dot(&w_o);
+                if let Some(b) = b_o {
+                    out += &b;
+                }
+                out
+            }
+        };
+        Ok(Output {
+            context: context
+                .into_shape_with_order(IxDyn(&dims.context_shape()))
+                .map_err(shape)?,
+            weights: out
+                .weights
+                .map(|w| w.into_shape_with_order(IxDyn(&dims.weights_shape())))
+                .transpose()
+                .map_err(shape)?,
+        })
+    }
+}
+
+/// Every buffer of a call fits the device's limits, or the first that does not: `named`
+/// lengths in f32s, and the attention weights `(batch·heads·n_q·n_kv)` when returned.
+pub(super) fn fits(
+    ctx: &Context,
+    named: &[(&str, usize)],
+    weights: Option<usize>,
+    bias: Option<&ArrayView4<'_, f32>>,
+) -> Result<()> {
+    if let Some(b) = bias {
+        buffer::check_len(ctx, "mask", b.len())?;
+    }
+    for (name, len) in named {
+        buffer::check_len(ctx, name, *len)?;
+    }
+    if let Some(len) = weights {
+        buffer::check_len(ctx, "attention weights (batch·heads·n_q·n_kv)", len)?;
+    }
+    Ok(())
+}
+
+/// The part of a mask that goes with `range` along `axis` of the problem: the same mask when
+/// it is broadcast along that axis.
+fn slice_bias<'a>(
+    bias: &Option<ArrayView4<'a, f32>>,
+    axis: Axis,
+    range: ndarray::Slice,
+) -> Option<ArrayView4<'a, f32>> {
+    bias.map(|b| {
+        if b.len_of(axis) == 1 {
+            b
+        } else {
+            b.slice_axis_move(axis, range)
+        }
+    })
+}
+
+/// `parts` joined along `axis`, in row-major order like every other output.
+fn join(axis: Axis, parts: &[ArrayViewD<'_, f32>]) -> Result<ArrayD<f32>> {
+    ndarray::concatenate(axis, parts)
+        .map(|a| a.as_standard_layout().into_owned())
+        .map_err(|e| Error::shape(e.to_string()))
+}
+
+/// Two parts' outputs, contexts and weights, joined along `axis`.
+fn join_outputs(axis: Axis, a: &Output, b: &Output) -> Result<Output> {
+    let context = join(axis, &[a.context.view(), b.context.view()])?;
+    let weights = match (&a.weights, &b.weights) {
+        (Some(wa), Some(wb)) => Some(join(axis, &[wa.view(), wb.view()])?),
+        _ => None,
+    };
+    Ok(Output { context, weights })
+}

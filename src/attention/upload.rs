@@ -1,0 +1,160 @@
+//! Upload: the call's operands onto the device. Q, K and V come from the host (`sdpa`), or
+//! from X and the projections, projected on the device in the same encoder (`forward`); with
+//! neither, Q = K = V = X is uploaded once. Masks go up in the kernels' layout.
+
+use std::borrow::Cow;
+
+use ndarray::{ArrayView, ArrayView4, ArrayViewD, Dimension};
+
+use super::plan::Plan;
+use super::projections::Projections;
+use super::Attention;
+use crate::context::Context;
+use crate::error::Result;
+use crate::gpu::buffer;
+use crate::kernels::{u32_of, MaskArg};
+
+/// Where a call's Q, K and V come from.
+pub(super) enum Source<'a, 'p> {
+    /// From the host, each `(batch, rows, heads·width)` row-major.
+    Qkv([Vec<f32>; 3]),
+    /// X `(…, n, d)` and its projections; without them Q = K = V = X.
+    Projected {
+        x: &'a ArrayViewD<'a, f32>,
+        proj: Option<&'a Projections<'p>>,
+    },
+}
+
+impl<'a, 'p> Source<'a, 'p> {
+    /// The projections, when the call has them (their output projection included).
+    pub(super) fn projections(&self) -> Option<&'a Projections<'p>> {
+        match self {
+            Source::Projected { proj, .. } => *proj,
+            Source::Qkv(_) => None,
+        }
+    }
+}
+
+/// Q, K and V on the device, and the host copy of K = V when they are one host array.
+pub(super) struct Device {
+    q: wgpu::Buffer,
+    /// K and V, when they are not Q's buffer.
+    kv: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    host: Option<Vec<f32>>,
+}
+
+impl Device {
+    /// The Q, K and V buffers.
+    pub(super) fn qkv(&self) -> (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer) {
+        match &self.kv {
+            Some((k, v)) => (&self.q, k, v),
+            None => (&self.q, &self.q, &self.q),
+        }
+    }
+
+    /// The contents of K = V when they are one host array (the subgroup kernel then packs
+    /// them on the CPU).
+    pub(super) fn host_kv(&self) -> Option<&[f32]> {
+        self.host.as_deref()
+    }
+}
+
+impl Attention {
+    /// Uploads `source` (recording the projections into `encoder` when it has them) as
+    /// `rows · d` values of X or the Q, K and V of `sdpa`.
+    pub(super) fn upload(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        (rows, d): (usize, usize),
+        source: &Source<'_, '_>,
+    ) -> Result<Device> {
+        let f16 = self.f16();
+        match source {
+            Source::Qkv([q, k, v]) => Ok(Device {
+                q: buffer::upload_as(ctx, "Q", q, f16)?,
+                kv: Some((
+                    buffer::upload_as(ctx, "K", k, f16)?,
+                    buffer::upload_as(ctx, "V", v, f16)?,
+                )),
+                host: None,
+            }),
+            Source::Projected { x, proj: Some(p) } => {
+                let x_buf = upload_as(ctx, "X", x.view(), f16)?;
+                let (q, k, v) =
+                    self.record_projections(ctx, encoder, plan, (rows, d), &x_buf, p)?;
+                Ok(Device {
+                    q,
+                    kv: Some((k, v)),
+                    host: None,
+                })
+            }
+            Source::Projected { x, proj: None } => {
+                let mut x_host = contiguous(x).into_owned();
+                if f16 {
+                    // What the device holds, for packing K = V = X on the host too.
+                    for v in &mut x_host {
+                        *v = half::f16::from_f32(*v).to_f32();
+                    }
+                }
+                Ok(Device {
+                    q: buffer::upload_as(ctx, "X", &x_host, f16)?,
+                    kv: None,
+                    host: Some(x_host),
+                })
+            }
+        }
+    }
+}
+
+/// Uploads an array (row-major, copied only when it is not already) as f32 or f16.
+pub(super) fn upload_as<D: Dimension>(
+    ctx: &Context,
+    label: &str,
+    a: ArrayView<'_, f32, D>,
+    f16: bool,
+) -> Result<wgpu::Buffer> {
+    buffer::upload_as(ctx, label, contiguous(&a).as_ref(), f16)
+}
+
+/// The elements of an array in row-major order, copied only when it is not already.
+fn contiguous<'a, D: Dimension>(a: &'a ArrayView<'_, f32, D>) -> Cow<'a, [f32]> {
+    match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().copied().collect()),
+    }
+}
+
+/// A mask uploaded for the kernels.
+pub(super) struct MaskBuffer {
+    buffer: wgpu::Buffer,
+    strides: [u32; 4],
+}
+
+impl MaskBuffer {
+    /// The resolved bias on the device, or `None` without one.
+    pub(super) fn upload(
+        ctx: &Context,
+        bias: Option<&ArrayView4<'_, f32>>,
+    ) -> Result<Option<Self>> {
+        let Some(bias) = bias else {
+            return Ok(None);
+        };
+        let (data, strides) = crate::mask::gpu_layout(bias);
+        let buffer = buffer::upload(ctx, "mask", &data)?;
+        let mut s = [0u32; 4];
+        for (out, stride) in s.iter_mut().zip(strides) {
+            *out = u32_of("mask stride", stride)?;
+        }
+        Ok(Some(MaskBuffer { buffer, strides: s }))
+    }
+
+    /// As the kernels take it.
+    pub(super) fn arg(&self) -> MaskArg<'_> {
+        MaskArg {
+            buffer: &self.buffer,
+            strides: self.strides,
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! A call whose buffers fit the device, start to end: the plan, then one encoder with the
+//! upload, the dispatch sequence and the copies out, one submit, the readback, and the
+//! outputs shaped as the caller's API returns them. `forward` and `sdpa` differ only in
+//! where Q, K and V come from ([`Source`]) and in the layout they return.
+
+use ndarray::{ArrayD, ArrayView4, ArrayViewD, IxDyn};
+
+use super::dispatch::Shape;
+use super::plan::Plan;
+use super::projections::Projections;
+use super::shape::Dims;
+use super::split::fits;
+use super::upload::{MaskBuffer, Source};
+use super::{Attention, Output};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::timing;
+use crate::variant::Kernels;
+
+/// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.
+type Flat = (Vec<f32>, Option<Vec<f32>>);
+
+impl Attention {
+    /// A checked `forward` call: whole when it fits, else projected on the CPU and split.
+    pub(super) fn forward_checked(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        bias: Option<ArrayView4<'_, f32>>,
+    ) -> Result<Output> {
+        let rows = dims.batch * dims.n;
+        let named = [
+            ("X (batch·n·d)", rows * dims.d),
+            ("Q, K (batch·n·d_k)", rows * dims.d_k),
+            ("V, context (batch·n·d_v)", rows * dims.d_v),
+            ("output (batch·n·d_out)", rows * dims.d_out),
+        ];
+        let weights = self
+            .return_weights
+            .then_some(dims.batch * dims.heads * dims.n * dims.n);
+        if let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) {
+            return self.forward_in_parts(ctx, dims, x, proj, bias, &too_big);
+        }
+        let shape = Shape {
+            batch: dims.batch,
+            heads: dims.heads,
+            kv_heads: dims.heads,
+            n_q: dims.n,
+            n_kv: dims.n,
+            d_k: dims.d_k,
+            d_v: dims.d_v,
+        };
+        let source = Source::Projected { x: &x, proj };
+        let (context, weights) = self.run_whole(ctx, dims, shape, &source, bias)?;
+        let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
+        Ok(Output {
+            context: ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
+                .map_err(shape_err)?,
+            weights: weights
+                .map(|w| ArrayD::from_shape_vec(IxDyn(&dims.weights_shape()), w))
+                .transpose()
+                .map_err(shape_err)?,
+        })
+    }
+
+    /// An `sdpa` call whose buffers fit.
+    pub(super) fn sdpa_whole(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        bias: Option<ArrayView4<'_, f32>>,
+    ) -> Result<Output> {
+        let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+        let (batch, heads, l, _) = q.dim();
+        let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
+        // Ours is (batch, rows, heads·width): move the heads next to the width.
+        let to_rows = |a: &ArrayView4<'_, f32>| -> Vec<f32> {
+            let rows = a.view().permuted_axes([0, 2, 1, 3]);
+            rows.as_standard_layout().iter().copied().collect()
+        };
+        let source = Source::Qkv([to_rows(&q), to_rows(&k), to_rows(&v)]);
+        let shape = Shape {
+            batch,
+            heads,
+            kv_heads,
+            n_q: l,
+            n_kv: s_len,
+            d_k: dims.d_k,
+            d_v: dims.d_v,
+        };
+        let (context, weights) = self.run_whole(ctx, &dims, shape, &source, bias)?;
+        let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
+        let context = ArrayD::from_shape_vec(IxDyn(&[batch, l, heads, e_v]), context)
+            .map_err(shape_err)?
+            .permuted_axes(IxDyn(&[0, 2, 1, 3]))
+            .as_standard_layout()
+            .into_owned();
+        let weights = weights
+            .map(|w| ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, s_len]), w))
+            .transpose()
+            .map_err(shape_err)?;
+        Ok(Output { context, weights })
+    }
+
+    /// Plans the call and runs it inside error scopes; under [`Kernels::Auto`], a problem past
+    /// the subgroup family's texture limit runs again on the storage kernels.
+    fn run_whole(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        shape: Shape,
+        source: &Source<'_, '_>,
+        bias: Option<ArrayView4<'_, f32>>,
+    ) -> Result<Flat> {
+        let plan = self.plan(ctx, dims)?;
+        log::info!(
+            "attention batch={} n={} n_kv={} d_k={} d_v={} heads={} kv_heads={} causal={}: {plan}",
+            shape.batch,
+            shape.n_q,
+            shape.n_kv,
+            shape.d_k,
+            shape.d_v,
+            shape.heads,
+            shape.kv_heads,
+            dims.causal
+        );
+        let run = |plan: &Plan| {
+            ctx.scoped(|| self.record_and_read(ctx, plan, dims, shape, source, bias.as_ref()))
+        };
+        match run(&plan) {
+            // Texture sides bound the subgroup family only: when the family was not forced,
+            // the storage kernels take what does not fit in a texture.
+            Err(Error::LimitExceeded {
+                limit_name: "max_texture_dimension_2d",
+                ..
+            }) if self.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
+                log::info!("over the texture limit: the storage kernels take it");
+                run(&self.kernels(Kernels::Storage).plan(ctx, dims)?)
+            }
+            result => result,
+        }
+    }
+
+    /// One encoder: upload → projections → attention → output projection → copies out; one
+    /// submit; the readback.
+    fn record_and_read(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        dims: &Dims,
+        shape: Shape,
+        source: &Source<'_, '_>,
+        bias: Option<&ArrayView4<'_, f32>>,
+    ) -> Result<Flat> {
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("attention"),
+            });
+        timing::begin(ctx);
+        let rows = shape.batch * shape.n_q;
+        let operands = self.upload(ctx, &mut encoder, plan, (rows, dims.d), source)?;
+        let mask = MaskBuffer::upload(ctx, bias)?;
+        let (context, weights) = self.record_attention(
+            ctx,
+            &mut encoder,
+            plan,
+            shape,
+            dims.scale,
+            &operands,
+            mask.as_ref(),
+        )?;
+        let proj = source.projections();
+        let out = self.record_output(ctx, &mut encoder, plan, (rows, shape.d_v), context, proj)?;
+        let (output, width) = out;
+        self.read_back(ctx, encoder, &output, rows * width, weights.as_ref())
+    }
+}

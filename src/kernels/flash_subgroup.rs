@@ -1,0 +1,126 @@
+//! `shaders/flash_subgroup.wgsl`: fused attention with K and V packed into textures (by
+//! `pack.wgsl`, or on the CPU when they are a host array) and shared through subgroup
+//! shuffles; one subgroup per workgroup, `R` query rows per lane. Fast on lavapipe, where
+//! storage and workgroup memory are slow. Same [`Flash`] problem as `flash_tiled.rs`.
+
+use super::flash_tiled::{Flash, FlashParams};
+use super::pack::Pack;
+use super::wgsl::constants;
+use super::{record, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
+use crate::context::Context;
+use crate::error::Result;
+
+/// The kernel.
+pub(crate) struct Shader;
+
+constants! {
+    /// Specialisation of `flash_subgroup.wgsl`.
+    pub(crate) struct FlashSubgroupConsts {
+        /// The subgroup size.
+        sg => "SG",
+        /// Query rows per lane.
+        rows_per_lane => "R",
+        /// Query/key width of one head in vec4s, rounded up.
+        dk4 => "DK4",
+        /// Value width of one head in vec4s, rounded up.
+        dv4 => "DV4",
+        /// 1 when a mask is bound.
+        mask => "MASK",
+        /// 1 to leave keys of weight exactly 0 out of the sum (NaN/Inf pass-through).
+        skip_zero => "SKIP_ZERO",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::FlashSubgroup;
+    const WORKGROUP: [Dim; 3] = [Dim::Const("SG"), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Texture("k_tex"),
+        Slot::Texture("v_tex"),
+        Slot::ReadWrite("out"),
+        Slot::Read("mask"),
+    ];
+    /// Q is f16 (K and V are widened as they are packed).
+    const DTYPES: &'static [&'static str] = &["Q_T"];
+    const SUBGROUPS: bool = true;
+    type Consts = FlashSubgroupConsts;
+    type Params = FlashParams;
+}
+
+impl Flash {
+    /// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` with `flash_subgroup.wgsl`,
+    /// `rows_per_lane` query rows per lane, packing K and V first. When K and V are the same
+    /// rows of the same buffer (no projections) and `host` holds that buffer's contents, they
+    /// are packed on the CPU into one texture instead of a pass over slow storage loads.
+    ///
+    /// # Errors
+    /// No fixed subgroup size; texture and grid limits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch_subgroup(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        rows_per_lane: u32,
+        (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        out: &wgpu::Buffer,
+        mask: Option<MaskArg<'_>>,
+        host: Option<&[f32]>,
+    ) -> Result<()> {
+        let sg = ctx.require_subgroups()?;
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let pack = |src: Strides, width: usize| Pack {
+            batch: self.batch,
+            heads: self.heads / self.kv_ratio.max(1),
+            rows: self.n_kv,
+            width,
+            src,
+            f16: self.f16,
+        };
+        // Q = K = V = X (no projections): one texture serves both.
+        let same = k == v && self.k == self.v && self.dk_h == self.dv_h;
+        let k_tex = match host {
+            Some(data) if same => pack(self.k, self.dk_h).upload(ctx, "K", data)?,
+            _ => pack(self.k, self.dk_h).dispatch(ctx, encoder, "K", k)?,
+        };
+        let v_packed;
+        let v_tex = if same {
+            &k_tex
+        } else {
+            v_packed = pack(self.v, self.dv_h).dispatch(ctx, encoder, "V", v)?;
+            &v_packed
+        };
+        let (params, workgroups) = self.params((sg * rows_per_lane) as usize, mask_strides)?;
+        let params = FlashParams {
+            k_shift: k_tex.layout.shift,
+            k_rows: k_tex.layout.rows,
+            v_shift: v_tex.layout.shift,
+            v_rows: v_tex.layout.rows,
+            ..params
+        };
+        let (dk4, dv4) = self.widths4()?;
+        let consts = FlashSubgroupConsts {
+            sg,
+            rows_per_lane,
+            dk4,
+            dv4,
+            mask: has_mask,
+            skip_zero: u32::from(self.skip_zero),
+        };
+        record::<Shader>(
+            ctx,
+            encoder,
+            &consts,
+            u8::from(self.f16),
+            &params,
+            &[
+                q.into(),
+                Binding::Texture(&k_tex.view),
+                Binding::Texture(&v_tex.view),
+                out.into(),
+                mask.into(),
+            ],
+            workgroups,
+        )
+    }
+}

@@ -1,0 +1,221 @@
+//! `shaders/flash_tiled.wgsl`: fused attention from storage buffers, for any adapter. A
+//! workgroup owns 64 query rows of one (batch, head), one row per thread; K and V stream
+//! through workgroup memory in tiles of `BK` keys; online softmax, so memory stays O(n·d).
+//!
+//! The [`Flash`] problem and its uniform are shared with `flash_subgroup.rs`: both kernels
+//! compute `softmax(scale·Q·Kᵀ + mask)·V` per (batch, head) in one pass.
+
+use super::wgsl::{constants, uniform};
+use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// The kernel.
+pub(crate) struct Shader;
+
+/// Query rows per workgroup (the shader's `WG`).
+pub(crate) const ROWS: usize = 64;
+
+uniform! {
+    /// The uniform block of `flash_tiled.wgsl` and `flash_subgroup.wgsl`.
+    pub(crate) struct FlashParams {
+        n_q: u32,
+        n_kv: u32,
+        heads: u32,
+        groups: u32,
+        blocks: u32,
+        causal: u32,
+        dk_h: u32,
+        dv_h: u32,
+        q_off: u32,
+        q_batch: u32,
+        q_head: u32,
+        q_row: u32,
+        o_off: u32,
+        o_batch: u32,
+        o_head: u32,
+        o_row: u32,
+        k_off: u32,
+        k_batch: u32,
+        k_head: u32,
+        k_row: u32,
+        v_off: u32,
+        v_batch: u32,
+        v_head: u32,
+        v_row: u32,
+        /// Packed K and V textures' layouts (`flash_subgroup.wgsl` only).
+        k_shift: u32,
+        k_rows: u32,
+        v_shift: u32,
+        v_rows: u32,
+        scale_log2: f32,
+        kv_ratio: u32,
+        _pad: [u32; 2],
+        /// The mask's element strides over (batch, head, query, key).
+        mask: [u32; 4],
+    }
+}
+
+constants! {
+    /// Specialisation of `flash_tiled.wgsl`.
+    pub(crate) struct FlashTiledConsts {
+        /// Keys per tile.
+        keys => "BK",
+        /// Query/key width of one head in vec4s, rounded up.
+        dk4 => "DK4",
+        /// Value width of one head in vec4s, rounded up.
+        dv4 => "DV4",
+        /// 1 when a mask is bound.
+        mask => "MASK",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::FlashTiled;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(ROWS as u32), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Read("k_buf"),
+        Slot::Read("v_buf"),
+        Slot::ReadWrite("out"),
+        Slot::Read("mask"),
+    ];
+    /// Bit 0: Q is f16; bit 1: K and V are f16.
+    const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
+    type Consts = FlashTiledConsts;
+    type Params = FlashParams;
+}
+
+/// One fused attention problem: `groups = batch · heads` independent heads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Flash {
+    /// Batch indices.
+    pub batch: usize,
+    /// Heads per batch index.
+    pub heads: usize,
+    /// Query rows.
+    pub n_q: usize,
+    /// Key/value rows.
+    pub n_kv: usize,
+    /// Query/key width of one head.
+    pub dk_h: usize,
+    /// Value width of one head.
+    pub dv_h: usize,
+    /// Q's layout (column stride 1).
+    pub q: Strides,
+    /// K's layout (column stride 1).
+    pub k: Strides,
+    /// V's layout (column stride 1).
+    pub v: Strides,
+    /// The output's layout (column stride 1).
+    pub o: Strides,
+    /// Causal mask (top-left aligned).
+    pub causal: bool,
+    /// Factor on `Q·Kᵀ`.
+    pub scale: f32,
+    /// Query heads that share one K/V head (grouped-query attention; 1 otherwise).
+    pub kv_ratio: usize,
+    /// Q, K and V are f16 (scores, sums and the output are f32 either way).
+    pub f16: bool,
+    /// Keys whose weight is exactly 0 (masked, hidden by causal, underflowed) are left out
+    /// of the sum, so a non-finite value there cannot reach the row (for inputs passed through
+    /// with NaN/Inf; finite inputs give the same either way). `flash_tiled` always does this.
+    pub skip_zero: bool,
+}
+
+impl Flash {
+    /// The uniform block (texture layouts zero) and the workgroup count for blocks of
+    /// `rows_per_block` query rows.
+    pub fn params(&self, rows_per_block: usize, mask: [u32; 4]) -> Result<(FlashParams, u64)> {
+        let groups = self.batch * self.heads;
+        let blocks = self.n_q.div_ceil(rows_per_block);
+        let (q, k, v, o) = (self.q, self.k, self.v, self.o);
+        let p = FlashParams {
+            n_q: u32_of("queries", self.n_q)?,
+            n_kv: u32_of("keys", self.n_kv)?,
+            heads: u32_of("heads", self.heads)?,
+            groups: u32_of("batch·heads", groups)?,
+            blocks: u32_of("query blocks", blocks)?,
+            causal: u32::from(self.causal),
+            dk_h: u32_of("d_k per head", self.dk_h)?,
+            dv_h: u32_of("d_v per head", self.dv_h)?,
+            q_off: q.off,
+            q_batch: q.batch,
+            q_head: q.head,
+            q_row: q.row,
+            o_off: o.off,
+            o_batch: o.batch,
+            o_head: o.head,
+            o_row: o.row,
+            k_off: k.off,
+            k_batch: k.batch,
+            k_head: k.head,
+            k_row: k.row,
+            v_off: v.off,
+            v_batch: v.batch,
+            v_head: v.head,
+            v_row: v.row,
+            scale_log2: self.scale * std::f32::consts::LOG2_E,
+            kv_ratio: u32_of("heads per K/V head", self.kv_ratio.max(1))?,
+            mask,
+            ..Default::default()
+        };
+        Ok((p, (groups * blocks) as u64))
+    }
+
+    /// Per-head widths in vec4s, rounded up: `(DK4, DV4)`.
+    pub fn widths4(&self) -> Result<(u32, u32)> {
+        Ok((
+            u32_of("d_k per head", self.dk_h.div_ceil(4))?,
+            u32_of("d_v per head", self.dv_h.div_ceil(4))?,
+        ))
+    }
+
+    /// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` with `flash_tiled.wgsl`, K/V tiles of
+    /// `keys` rows.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when the tiles do not fit in workgroup memory, or a size does
+    /// not fit the grid.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch_tiled(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        keys: u32,
+        q: &wgpu::Buffer,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        mask: Option<MaskArg<'_>>,
+    ) -> Result<()> {
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (dk4, dv4) = self.widths4()?;
+        let needed = u64::from(keys) * u64::from(dk4 + dv4) * 16;
+        let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
+        if needed > limit {
+            return Err(Error::LimitExceeded {
+                what: format!("flash-tiled(bk={keys}) K/V tiles"),
+                needed: format!("{needed} bytes"),
+                limit: format!("{limit} bytes"),
+                limit_name: "max_compute_workgroup_storage_size",
+            });
+        }
+        let (params, workgroups) = self.params(ROWS, mask_strides)?;
+        let consts = FlashTiledConsts {
+            keys,
+            dk4,
+            dv4,
+            mask: has_mask,
+        };
+        record::<Shader>(
+            ctx,
+            encoder,
+            &consts,
+            if self.f16 { 0b11 } else { 0 },
+            &params,
+            &[q.into(), k.into(), v.into(), out.into(), mask.into()],
+            workgroups,
+        )
+    }
+}

@@ -1,0 +1,269 @@
+//! Writing a kernel's WGSL once: the uniform struct and the specialisation constants are
+//! declared in Rust ([`uniform!`], [`constants!`]) and their WGSL text is generated from that
+//! declaration; [`compose`] prepends it, with the shared prelude (`shaders/prelude.wgsl`) and
+//! the element-type aliases, to the kernel's file, and unrolls the loops marked `// unroll`.
+
+/// The shared WGSL helpers every kernel is built with: masking, `-inf` stand-ins, `LOG2E`.
+pub(crate) const PRELUDE: &str = include_str!("../../shaders/prelude.wgsl");
+
+/// A Rust type with a WGSL counterpart of the same size in a uniform block.
+pub(crate) trait WgslType {
+    /// Its WGSL spelling.
+    const WGSL: &'static str;
+}
+
+impl WgslType for u32 {
+    const WGSL: &'static str = "u32";
+}
+impl WgslType for f32 {
+    const WGSL: &'static str = "f32";
+}
+impl WgslType for [u32; 2] {
+    const WGSL: &'static str = "vec2<u32>";
+}
+impl WgslType for [u32; 4] {
+    const WGSL: &'static str = "vec4<u32>";
+}
+
+/// A kernel's uniform block (binding 0): a `#[repr(C)]` struct whose WGSL `struct Params` is
+/// generated from the same declaration by [`uniform!`].
+pub(crate) trait Uniform: bytemuck::Pod {
+    /// `(name, WGSL type, byte offset)` of every field, in order.
+    const FIELDS: &'static [(&'static str, &'static str, usize)];
+
+    /// The WGSL declaration the host prepends: `struct Params { … }`.
+    fn wgsl() -> String {
+        let mut text = String::from("struct Params {\n");
+        for (name, ty, _) in Self::FIELDS {
+            text.push_str(&format!("    {name}: {ty},\n"));
+        }
+        text.push_str("}\n");
+        text
+    }
+}
+
+/// Declares a uniform struct once for Rust and WGSL: the `#[repr(C)]`, `Pod` struct and its
+/// [`Uniform`] description (field names, WGSL types, offsets). Fields are `u32`, `f32`,
+/// `[u32; 2]` or `[u32; 4]` (a WGSL `vec`, which must sit at a multiple of its
+/// alignment: add `_pad` fields; a unit test checks every offset against naga's layout).
+macro_rules! uniform {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident {
+        $($(#[$fmeta:meta])* $field:ident: $ty:ty),* $(,)?
+    }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+        $vis struct $name {
+            $($(#[$fmeta])* pub(crate) $field: $ty),*
+        }
+
+        impl $crate::kernels::wgsl::Uniform for $name {
+            const FIELDS: &'static [(&'static str, &'static str, usize)] = &[
+                $((
+                    stringify!($field),
+                    <$ty as $crate::kernels::wgsl::WgslType>::WGSL,
+                    std::mem::offset_of!($name, $field),
+                )),*
+            ];
+        }
+    };
+}
+pub(crate) use uniform;
+
+/// A kernel's specialisation constants: named `u32`s the host prepends as `const NAME: u32`.
+/// They size private arrays and unroll loops, which WGSL `override`s cannot.
+pub(crate) trait Constants: Copy + std::fmt::Debug {
+    /// The WGSL names, in [`Constants::values`] order.
+    const NAMES: &'static [&'static str];
+    /// The values, one per name.
+    fn values(&self) -> Vec<u32>;
+}
+
+/// Declares a kernel's constants as a struct of named `u32` fields, each with its WGSL name:
+/// `constants! { pub(crate) struct FooConsts { rows => "R", mask => "MASK" } }`.
+macro_rules! constants {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident {
+        $($(#[$fmeta:meta])* $field:ident => $wgsl:literal),* $(,)?
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+        $vis struct $name {
+            $($(#[$fmeta])* pub(crate) $field: u32),*
+        }
+
+        impl $crate::kernels::wgsl::Constants for $name {
+            const NAMES: &'static [&'static str] = &[$($wgsl),*];
+            fn values(&self) -> Vec<u32> {
+                vec![$(self.$field),*]
+            }
+        }
+    };
+}
+pub(crate) use constants;
+
+/// The constants of a kernel that has none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) struct NoConstants;
+
+impl Constants for NoConstants {
+    const NAMES: &'static [&'static str] = &[];
+    fn values(&self) -> Vec<u32> {
+        Vec::new()
+    }
+}
+
+/// The full WGSL text of a kernel: `enable f16;` when any element type is f16, the aliases
+/// (`alias Q_T = f16;`, bit `i` of `f16` for `dtypes[i]`), the constants, the prelude, the
+/// generated `struct Params`, then `source` with its `// unroll` loops unrolled.
+pub(crate) fn compose(
+    source: &str,
+    dtypes: &[&str],
+    f16: u8,
+    consts: &[(&str, u32)],
+    params: &str,
+) -> String {
+    let mut text = String::new();
+    if f16 != 0 {
+        text.push_str("enable f16;\n");
+    }
+    for (i, name) in dtypes.iter().enumerate() {
+        let ty = if f16 & (1 << i) != 0 { "f16" } else { "f32" };
+        text.push_str(&format!("alias {name} = {ty};\n"));
+    }
+    for (name, value) in consts {
+        text.push_str(&format!("const {name}: u32 = {value}u;\n"));
+    }
+    text.push_str(PRELUDE);
+    text.push_str(params);
+    text.push_str(&unroll(source, consts));
+    text
+}
+
+/// The marker that asks for a loop to be unrolled, at the end of its `for` line.
+const UNROLL: &str = "// unroll";
+
+/// Unrolls every loop written `for (var i = 0u; i < N; i++) { // unroll` whose bound `N`
+/// is a literal (`4u`) or one of `consts`, into `N` copies of its body, each in a block that
+/// starts with `const i = <k>u;`.
+///
+/// Shader compilers that keep private arrays in registers only when every index is constant
+/// (llvmpipe's, for one) need this; others see the same program. The source stays valid WGSL
+/// with the markers ignored, so tools that never unroll still read it. Markers whose loop does
+/// not have that exact form are left alone.
+pub(crate) fn unroll(source: &str, consts: &[(&str, u32)]) -> String {
+    let mut text = source.to_string();
+    // The last marker never encloses another one, so expanding from the end handles nesting.
+    let mut search_end = text.len();
+    while let Some(mark) = text[..search_end].rfind(UNROLL) {
+        search_end = mark;
+        let line_start = text[..mark].rfind('\n').map_or(0, |i| i + 1);
+        let Some((var, count)) = parse_for(&text[line_start..mark], consts) else {
+            continue;
+        };
+        let body_start = mark + UNROLL.len();
+        let Some(body_end) = matching_brace(&text[body_start..]).map(|i| body_start + i) else {
+            continue;
+        };
+        let body = &text[body_start..body_end];
+        let indent: String = text[line_start..]
+            .chars()
+            .take_while(|c| *c == ' ')
+            .collect();
+        let mut out = String::new();
+        for k in 0..count {
+            out.push_str(&format!(
+                "{{\n{indent}    const {var} = {k}u;{body}}}\n{indent}"
+            ));
+        }
+        let out = out.trim_end().to_string();
+        text.replace_range(line_start + indent.len()..body_end + 1, &out);
+    }
+    text
+}
+
+/// `(var, count)` from `for (var i = 0u; i < N; i++) {`.
+fn parse_for(line: &str, consts: &[(&str, u32)]) -> Option<(String, u32)> {
+    let rest = line.trim().strip_prefix("for (var ")?;
+    let (var, rest) = rest.split_once(" = 0u; ")?;
+    let rest = rest.strip_prefix(var)?.strip_prefix(" < ")?;
+    let (bound, rest) = rest.split_once("; ")?;
+    if rest.trim() != format!("{var}++) {{") {
+        return None;
+    }
+    let count = match bound.strip_suffix('u').and_then(|b| b.parse().ok()) {
+        Some(n) => n,
+        None => consts.iter().find(|(name, _)| *name == bound)?.1,
+    };
+    Some((var.to_string(), count))
+}
+
+/// Byte offset of the `}` closing a block whose `{` was just before `text`.
+fn matching_brace(text: &str) -> Option<usize> {
+    let mut depth = 1usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unroll_expands_marked_loops_with_nesting() {
+        let src = "fn f() {\n    for (var r = 0u; r < R; r++) { // unroll\n        for (var e = 0u; e < 2u; e++) { // unroll\n            x[r][e] = 1.0;\n        }\n    }\n    for (var j = 0u; j < n; j++) { // unroll\n    }\n}\n";
+        let out = unroll(src, &[("R", 2)]);
+        assert!(
+            !out.contains("for (var r") && !out.contains("for (var e"),
+            "{out}"
+        );
+        assert_eq!(out.matches("x[r][e] = 1.0;").count(), 4, "{out}");
+        assert_eq!(out.matches("const r = 1u;").count(), 1, "{out}");
+        assert_eq!(out.matches("const e = 1u;").count(), 2, "{out}");
+        // A bound that is neither a literal nor a known constant stays a loop.
+        assert!(out.contains("for (var j = 0u; j < n; j++)"), "{out}");
+    }
+
+    uniform! {
+        struct Example {
+            n: u32,
+            scale: f32,
+            _pad: [u32; 2],
+            strides: [u32; 4],
+        }
+    }
+
+    #[test]
+    fn a_uniform_declares_its_wgsl_struct_with_rust_offsets() {
+        assert_eq!(
+            Example::wgsl(),
+            "struct Params {\n    n: u32,\n    scale: f32,\n    _pad: vec2<u32>,\n    strides: vec4<u32>,\n}\n"
+        );
+        let offsets: Vec<usize> = Example::FIELDS.iter().map(|f| f.2).collect();
+        assert_eq!(offsets, [0, 4, 8, 16]);
+    }
+
+    constants! {
+        struct ExampleConsts {
+            rows => "R",
+            mask => "MASK",
+        }
+    }
+
+    #[test]
+    fn constants_are_named_in_declaration_order() {
+        let c = ExampleConsts { rows: 3, mask: 1 };
+        assert_eq!(ExampleConsts::NAMES, ["R", "MASK"]);
+        assert_eq!(c.values(), [3, 1]);
+    }
+}

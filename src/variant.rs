@@ -1,0 +1,187 @@
+//! Which kernels compute a call: the two kernel families ([`Kernels`]), the variants of the
+//! fused kernel ([`FlashVariant`]) and of the matmul ([`MatmulVariant`]), and recording a
+//! chosen variant. The tuner picks among these; the attention plan names them.
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::flash_tiled::Flash;
+use crate::kernels::matmul::Matmul;
+use crate::kernels::matmul_subgroup::{self, Epilogue, Operands};
+use crate::kernels::MaskArg;
+
+/// Which kernel family computes the attention.
+///
+/// The storage-buffer kernels run on every adapter; the subgroup kernels read K and V from
+/// textures and share them through subgroup shuffles, which is what is fast on lavapipe (where
+/// storage and workgroup memory are slow), and need `Features::SUBGROUP` with a fixed
+/// subgroup size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernels {
+    /// Pick for the adapter by measuring (the autotuner); a problem too large for the
+    /// subgroup family's textures runs on the storage kernels.
+    #[default]
+    Auto,
+    /// Storage buffers and workgroup-memory tiles (any adapter).
+    Storage,
+    /// Textures and subgroup shuffles (adapters with a fixed subgroup size).
+    Subgroup,
+}
+
+impl Kernels {
+    /// The families `ctx` can run: storage always, subgroup where the adapter has a fixed
+    /// subgroup size.
+    pub fn available(ctx: &Context) -> Vec<Kernels> {
+        let mut families = vec![Kernels::Storage];
+        if ctx.subgroup_size().is_some() {
+            families.push(Kernels::Subgroup);
+        }
+        families
+    }
+}
+
+impl std::str::FromStr for Kernels {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Kernels::Auto),
+            "storage" => Ok(Kernels::Storage),
+            "subgroup" => Ok(Kernels::Subgroup),
+            _ => Err(Error::invalid(
+                "kernels",
+                format!("unknown kernel family {s:?}; expected auto, storage or subgroup"),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kernels::Auto => "auto",
+            Kernels::Storage => "storage",
+            Kernels::Subgroup => "subgroup",
+        })
+    }
+}
+
+/// How the fused pass is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum FlashVariant {
+    /// `flash_tiled.wgsl`: one query row per thread, K/V tiles of `keys` rows in workgroup
+    /// memory.
+    Tiled {
+        /// Keys per tile.
+        keys: u32,
+    },
+    /// `flash_subgroup.wgsl`: one subgroup per workgroup, `rows_per_lane` query rows per
+    /// lane, K/V from textures.
+    Subgroup {
+        /// Query rows each lane owns.
+        rows_per_lane: u32,
+    },
+}
+
+impl FlashVariant {
+    /// The family the variant belongs to ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
+    pub fn family(self) -> Kernels {
+        match self {
+            FlashVariant::Subgroup { .. } => Kernels::Subgroup,
+            FlashVariant::Tiled { .. } => Kernels::Storage,
+        }
+    }
+}
+
+impl std::fmt::Display for FlashVariant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FlashVariant::Tiled { keys } => write!(f, "flash-tiled(bk={keys})"),
+            FlashVariant::Subgroup { rows_per_lane } => {
+                write!(f, "flash-subgroup(r={rows_per_lane})")
+            }
+        }
+    }
+}
+
+/// Which kernel computes a matmul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum MatmulVariant {
+    /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
+    Tiled,
+    /// `matmul_subgroup.wgsl`: textures and subgroup shuffles, `(subgroup size ·
+    /// rows_per_lane) × (4 · subgroup size)` tiles.
+    Subgroup {
+        /// Tile rows per lane.
+        rows_per_lane: u32,
+    },
+}
+
+impl std::fmt::Display for MatmulVariant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MatmulVariant::Tiled => write!(f, "matmul-tiled(64x64)"),
+            MatmulVariant::Subgroup { rows_per_lane } => {
+                write!(f, "matmul-subgroup(t={rows_per_lane})")
+            }
+        }
+    }
+}
+
+/// Records `c ← a·b (+ bias)` with `variant`; `bias` is read only when `mm` has a bias (any
+/// buffer may stand in otherwise).
+///
+/// # Errors
+/// Size limits, and the subgroup variant on an adapter without a fixed subgroup size.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_matmul(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    mm: &Matmul,
+    variant: MatmulVariant,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+    c: &wgpu::Buffer,
+) -> Result<()> {
+    match variant {
+        MatmulVariant::Tiled => mm.dispatch(ctx, encoder, a, b, bias, c),
+        MatmulVariant::Subgroup { rows_per_lane } => {
+            let ops = Operands::pack(ctx, encoder, mm, a, b)?;
+            matmul_subgroup::dispatch(
+                ctx,
+                encoder,
+                mm,
+                rows_per_lane,
+                &ops,
+                bias,
+                Epilogue::Plain,
+                None,
+                c,
+            )
+        }
+    }
+}
+
+/// Records the fused pass `out ← softmax(scale·Q·Kᵀ + mask)·V` with `variant`; `host`, the
+/// contents of K = V when they are one host array, lets the subgroup variant pack them on the
+/// CPU.
+///
+/// # Errors
+/// As the variant's kernel: size limits, no fixed subgroup size for the subgroup variant.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_flash(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    op: &Flash,
+    variant: FlashVariant,
+    (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+    out: &wgpu::Buffer,
+    mask: Option<MaskArg<'_>>,
+    host: Option<&[f32]>,
+) -> Result<()> {
+    match variant {
+        FlashVariant::Tiled { keys } => op.dispatch_tiled(ctx, encoder, keys, q, k, v, out, mask),
+        FlashVariant::Subgroup { rows_per_lane } => {
+            op.dispatch_subgroup(ctx, encoder, rows_per_lane, (q, k, v), out, mask, host)
+        }
+    }
+}
