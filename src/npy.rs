@@ -33,7 +33,8 @@ pub fn read(path: &Path) -> Result<ArrayD<f32>> {
 /// Parses the bytes of a float16, float32 or float64 `.npy` file as f32.
 ///
 /// # Errors
-/// What is wrong, in words.
+/// The message [`read`] would put in its [`Error::Io`] (without the path): no NumPy header,
+/// a header longer than the bytes, another dtype, or truncated data.
 pub fn parse(bytes: &[u8]) -> Parsed<ArrayD<f32>> {
     check_header(bytes)?;
     match typed::<f32>(bytes) {
@@ -104,7 +105,8 @@ impl MaskArray {
 /// Reads a mask: a bool, float16, float32 or float64 `.npy` file.
 ///
 /// # Errors
-/// [`Error::Io`] naming the path when the file is unreadable or of another dtype.
+/// [`Error::Io`] naming the path when the file is missing, unreadable, not an `.npy`, of
+/// another dtype, or truncated.
 pub fn read_mask(path: &Path) -> Result<MaskArray> {
     parse_mask(&load(path)?).map_err(|m| Error::io(path, m))
 }
@@ -112,7 +114,8 @@ pub fn read_mask(path: &Path) -> Result<MaskArray> {
 /// Parses the bytes of a mask `.npy` (bool, float16, float32 or float64).
 ///
 /// # Errors
-/// What is wrong, in words.
+/// The message [`read_mask`] would put in its [`Error::Io`] (without the path): as
+/// [`parse`], with bool also accepted.
 pub fn parse_mask(bytes: &[u8]) -> Parsed<MaskArray> {
     check_header(bytes)?;
     match typed::<bool>(bytes) {
@@ -136,7 +139,9 @@ pub fn read_lengths(path: &Path) -> Result<Vec<usize>> {
 /// Parses the bytes of a lengths `.npy` (1-D, any integer dtype, none negative).
 ///
 /// # Errors
-/// What is wrong, in words.
+/// The message [`read_lengths`] would put in its [`Error::Io`] (without the path): no NumPy
+/// header, a header longer than the bytes, a non-integer dtype, not 1-D, a negative length,
+/// or truncated data.
 pub fn parse_lengths(bytes: &[u8]) -> Parsed<Vec<usize>> {
     /// The array's number of axes and its values.
     type Read = std::result::Result<(usize, Vec<i128>), ReadNpyError>;
@@ -228,7 +233,7 @@ fn parse_f16(bytes: &[u8]) -> Parsed<ArrayD<f32>> {
 /// Writes an f32 array as a float16 `.npy` file (each value rounded to the nearest f16).
 ///
 /// # Errors
-/// [`Error::Io`] naming the path.
+/// [`Error::Io`] naming the path when the file cannot be created or written.
 pub fn write_f16(path: &Path, a: &ArrayD<f32>) -> Result<()> {
     use npyz::WriterBuilder;
     let fail = |e: std::io::Error| Error::io(path, format!("cannot write: {e}"));
@@ -250,7 +255,7 @@ pub fn write_f16(path: &Path, a: &ArrayD<f32>) -> Result<()> {
 /// Writes an f32 array as a float32 `.npy` file.
 ///
 /// # Errors
-/// [`Error::Io`] naming the path.
+/// [`Error::Io`] naming the path when the file cannot be created or written.
 pub fn write(path: &Path, a: &ArrayD<f32>) -> Result<()> {
     let file =
         std::fs::File::create(path).map_err(|e| Error::io(path, format!("cannot create: {e}")))?;

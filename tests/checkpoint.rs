@@ -1,8 +1,10 @@
 //! Weights from `.safetensors` checkpoints, built here with the safetensors crate the way
-//! PyTorch stores `nn.Linear` (`(out, in)`, transposed on load): BERT's query/key/value with
-//! the output under the parent `output.dense`, separate q/k/v/o projections in f16 and bf16,
-//! `nn.MultiheadAttention`'s stacked `in_proj_weight`; the forward pass with them against the
-//! reference; and every way a file can be wrong, each error listing what the file has.
+//! PyTorch stores `nn.Linear` (`(out, in)`, transposed on load): BERT's `attention.self`
+//! (Q/K/V only) and its parent `attention` (with `output.dense`), separate q/k/v/o
+//! projections in f16 and bf16, `nn.MultiheadAttention`'s stacked `in_proj_weight`, biases on
+//! some projections only, grouped-query K/V heads, head counts from `config.json`; the
+//! forward pass with them against the reference; and every way a file can be wrong, each
+//! error listing what the file has.
 
 mod common;
 
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use ndarray::{Array1, Array2, ArrayD, IxDyn};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use wgpu_attention::checkpoint::{self, Layout};
+use wgpu_attention::checkpoint::{self, Biases, HeadCounts, Layout};
 use wgpu_attention::{reference, Attention};
 
 /// A tensor to store: dtype, shape, f32 values (converted to the dtype's bytes).
@@ -97,7 +99,7 @@ fn forward_matches(layer: &checkpoint::LayerWeights, heads: usize, d: usize) {
 }
 
 #[test]
-fn bert_layout_with_biases_and_the_parent_output_dense_loads_transposed() {
+fn bert_self_prefix_is_qkv_only_and_the_parent_prefix_adds_its_output_dense() {
     let dir = tempfile::tempdir().unwrap();
     let (d, dk) = (8, 8);
     let (q, k, v, o) = (
@@ -128,17 +130,27 @@ fn bert_layout_with_biases_and_the_parent_output_dense_loads_transposed() {
             (format!("{p}.output.LayerNorm.weight"), t1(Dtype::F32, &bo)),
         ],
     );
-    let layer = checkpoint::load(&path, &format!("{p}.self")).unwrap();
-    assert_eq!(layer.layout, Layout::Bert);
-    assert_eq!(layer.weights.0, q.t());
-    assert_eq!(layer.weights.1, k.t());
-    assert_eq!(layer.weights.2, v.t());
-    let (lq, _, lv) = layer.biases.as_ref().unwrap();
-    assert_eq!((lq, lv), (&bq, &bv));
-    let (w_o, b_o) = layer.output.as_ref().unwrap();
+    // `….attention.self` is BertSelfAttention: its output is the context, whatever the
+    // parent holds beside it.
+    let own = checkpoint::load(&path, &format!("{p}.self")).unwrap();
+    // `….attention` is BertAttention: the same Q/K/V (under `self`) and its `output.dense`.
+    let parent = checkpoint::load(&path, p).unwrap();
+    for layer in [&own, &parent] {
+        assert_eq!(layer.layout, Layout::Bert);
+        assert_eq!(layer.weights.0, q.t());
+        assert_eq!(layer.weights.1, k.t());
+        assert_eq!(layer.weights.2, v.t());
+        let b = &layer.biases;
+        assert_eq!(
+            (&b.q, &b.k, &b.v),
+            (&Some(bq.clone()), &Some(bk.clone()), &Some(bv.clone()))
+        );
+        forward_matches(layer, 2, d);
+    }
+    assert!(own.output.is_none());
+    let (w_o, b_o) = parent.output.as_ref().unwrap();
     assert_eq!(w_o, &o.t());
     assert_eq!(b_o.as_ref().unwrap(), &bo);
-    forward_matches(&layer, 2, d);
 }
 
 #[test]
@@ -163,7 +175,7 @@ fn separate_projections_in_f16_and_bf16_without_biases() {
         );
         let layer = checkpoint::load(&path, "model.layers.3.self_attn").unwrap();
         assert_eq!(layer.layout, Layout::Separate);
-        assert!(layer.biases.is_none());
+        assert_eq!(layer.biases, Biases::default());
         // Converted from the stored type: within that type's rounding.
         let tol = if dtype == Dtype::F64 { 0.0 } else { 4e-3 };
         let max = (&layer.weights.0 - &q.t())
@@ -196,7 +208,7 @@ fn multihead_attention_in_proj_is_split_in_thirds() {
     assert_eq!(layer.layout, Layout::InProj);
     assert_eq!(layer.weights.1, in_w.slice(ndarray::s![e..2 * e, ..]).t());
     assert_eq!(
-        layer.biases.as_ref().unwrap().2,
+        layer.biases.v.as_ref().unwrap(),
         in_b.slice(ndarray::s![2 * e..])
     );
     assert_eq!(layer.output.as_ref().unwrap().0, out_w.t());
@@ -261,9 +273,6 @@ fn bad_checkpoints_are_errors_that_list_what_the_file_has() {
     let ints = Some(t2(Dtype::I32, &q));
     assert!(err(&layer("int", ints, good_k(), vec![]), "l")
         .contains("I32: expected F32, F16, BF16 or F64"));
-    let one_bias = vec![("l.query.bias", t1(Dtype::F32, &vector(4, 1.0)))];
-    assert!(err(&layer("bias", good_q(), good_k(), one_bias), "l")
-        .contains("some of Q, K, V have a bias"));
     let wrong_bias = vec![
         ("l.query.bias", t1(Dtype::F32, &vector(3, 1.0))),
         ("l.key.bias", t1(Dtype::F32, &vector(4, 1.0))),
@@ -356,4 +365,209 @@ fn cli_run_takes_weights_and_prefix() {
         "cannot be used with",
     );
     failure(&[], "--prefix");
+}
+
+#[test]
+fn query_and_value_biases_without_a_key_bias() {
+    // Whisper's attention: `k_proj` has no bias (a key bias adds the same amount to every
+    // score of a query row, which the softmax cancels).
+    let dir = tempfile::tempdir().unwrap();
+    let d = 8;
+    let path = save(
+        dir.path(),
+        "whisper.safetensors",
+        vec![
+            ("attn.q_proj.weight", t2(Dtype::F32, &linear(d, d, 0.1))),
+            ("attn.q_proj.bias", t1(Dtype::F32, &vector(d, 1.0))),
+            ("attn.k_proj.weight", t2(Dtype::F32, &linear(d, d, 0.2))),
+            ("attn.v_proj.weight", t2(Dtype::F32, &linear(d, d, 0.3))),
+            ("attn.v_proj.bias", t1(Dtype::F32, &vector(d, 3.0))),
+            ("attn.out_proj.weight", t2(Dtype::F32, &linear(d, d, 0.4))),
+        ],
+    );
+    let layer = checkpoint::load(&path, "attn").unwrap();
+    let b = &layer.biases;
+    assert_eq!(b.q.as_ref().unwrap(), &vector(d, 1.0));
+    assert!(b.k.is_none());
+    assert_eq!(b.v.as_ref().unwrap(), &vector(d, 3.0));
+    let p = layer.projections();
+    assert!(p.b_q.is_some() && p.b_k.is_none() && p.b_v.is_some());
+    // The GPU path takes b_Q and b_V without b_K, as the reference does...
+    forward_matches(&layer, 2, d);
+    // ...which reads the absent b_K as zero, and applies b_Q and b_V.
+    let op = Attention::new().heads(2);
+    let xs = x(7, d);
+    let run = |p: &wgpu_attention::Projections<'_>| {
+        reference::attention(&op, xs.view(), Some(p))
+            .unwrap()
+            .context
+    };
+    let zero = Array1::zeros(d);
+    let with_zero_k = run(&wgpu_attention::Projections {
+        b_k: Some(zero.view()),
+        ..p
+    });
+    assert!(reference::compare(&run(&p).mapv(|v| v as f32), &with_zero_k).0 < 1e-6);
+    for dropped in [
+        wgpu_attention::Projections { b_q: None, ..p },
+        wgpu_attention::Projections { b_v: None, ..p },
+    ] {
+        assert!(reference::compare(&run(&dropped).mapv(|v| v as f32), &with_zero_k).0 > 1e-3);
+    }
+}
+
+#[test]
+fn grouped_query_layers_repeat_each_kv_head_for_the_query_heads_that_share_it() {
+    // Llama-style, no biases: 4 query heads of width 3 sharing 2 K/V heads.
+    let dir = tempfile::tempdir().unwrap();
+    let d = 10;
+    let (q, k, v, o) = (
+        linear(12, d, 0.1),
+        linear(6, d, 0.2),
+        linear(6, d, 0.3),
+        linear(d, 12, 0.4),
+    );
+    let p = "model.layers.0.self_attn";
+    let path = save(
+        dir.path(),
+        "llama.safetensors",
+        vec![
+            (format!("{p}.q_proj.weight"), t2(Dtype::F32, &q)),
+            (format!("{p}.k_proj.weight"), t2(Dtype::F32, &k)),
+            (format!("{p}.v_proj.weight"), t2(Dtype::F32, &v)),
+            (format!("{p}.o_proj.weight"), t2(Dtype::F32, &o)),
+        ],
+    );
+    let layer = checkpoint::load(&path, p).unwrap();
+    assert_eq!(layer.kv_heads(4).unwrap(), 2);
+    // As loaded, Q and K differ in width: the op refuses them.
+    let op = Attention::new().heads(4);
+    assert!(op.dims(&[5, d], Some(&layer.projections())).is_err());
+    let r = layer.clone().repeat_kv_heads(4, Some(2)).unwrap();
+    // Query heads 0 and 1 share K/V head 0; 2 and 3 share head 1.
+    for (h, c) in (0..4).flat_map(|h| (0..3).map(move |c| (h, c))) {
+        assert_eq!(r.weights.1.column(h * 3 + c), k.t().column((h / 2) * 3 + c));
+        assert_eq!(r.weights.2.column(h * 3 + c), v.t().column((h / 2) * 3 + c));
+    }
+    forward_matches(&r, 4, d);
+    // (tests/torch_cases.rs checks the result against PyTorch's `enable_gqa`.)
+    // A count the widths do not allow, or that config.json contradicts, is an error.
+    let e = |r: wgpu_attention::Result<checkpoint::LayerWeights>| r.unwrap_err().to_string();
+    assert!(e(layer.clone().repeat_kv_heads(4, Some(4))).contains("hold 2"));
+    assert!(e(layer.clone().repeat_kv_heads(5, None)).contains("does not divide"));
+    assert!(e(layer.clone().repeat_kv_heads(3, None)).contains("K/V heads"));
+    assert!(layer.kv_heads(0).is_err());
+    // A multi-head layer comes back unchanged.
+    let mha = r.clone().repeat_kv_heads(4, Some(4)).unwrap();
+    assert_eq!(mha.weights, r.weights);
+}
+
+#[test]
+fn head_counts_come_from_the_config_json_beside_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("model.safetensors");
+    let heads = || checkpoint::heads_from_config(&ckpt);
+    assert_eq!(heads().unwrap(), None);
+    let config = |text: &str| std::fs::write(dir.path().join("config.json"), text).unwrap();
+    config(r#"{"model_type": "bert", "hidden_size": 384, "num_attention_heads": 12}"#);
+    let want = |heads, kv_heads| Some(HeadCounts { heads, kv_heads });
+    assert_eq!(heads().unwrap(), want(12, None));
+    config(r#"{"num_attention_heads": 32, "num_key_value_heads": 8}"#);
+    assert_eq!(heads().unwrap(), want(32, Some(8)));
+    for (text, says) in [
+        ("{not json", "not valid JSON"),
+        (r#"{"hidden_size": 8}"#, "has no num_attention_heads"),
+        (
+            r#"{"num_attention_heads": 0}"#,
+            "expected a positive integer",
+        ),
+        (
+            r#"{"num_attention_heads": 4, "num_key_value_heads": "2"}"#,
+            "num_key_value_heads",
+        ),
+    ] {
+        config(text);
+        let e = heads().unwrap_err().to_string();
+        assert!(e.contains("config.json") && e.contains(says), "{text}: {e}");
+    }
+}
+
+#[test]
+fn cli_run_takes_heads_from_config_json_and_applies_only_the_named_modules_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    let d = 8;
+    let a = "enc.layer.0.attention";
+    let path = save(
+        dir.path(),
+        "model.safetensors",
+        vec![
+            (
+                format!("{a}.self.query.weight"),
+                t2(Dtype::F32, &linear(d, d, 0.1)),
+            ),
+            (
+                format!("{a}.self.key.weight"),
+                t2(Dtype::F32, &linear(d, d, 0.2)),
+            ),
+            (
+                format!("{a}.self.value.weight"),
+                t2(Dtype::F32, &linear(d, d, 0.3)),
+            ),
+            (
+                format!("{a}.output.dense.weight"),
+                t2(Dtype::F32, &linear(d, d, 0.4)),
+            ),
+        ],
+    );
+    let xs = x(9, d);
+    ndarray_npy::write_npy(p("x.npy"), &xs).unwrap();
+    let (x_npy, out_dir) = (p("x.npy"), p("o"));
+    let run = |prefix: &str, extra: &[&str]| {
+        let mut args = vec!["run", "--x", &x_npy, "--weights", path.to_str().unwrap()];
+        args.extend_from_slice(&["--prefix", prefix, "--out", &out_dir]);
+        args.extend_from_slice(extra);
+        std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let self_prefix = format!("{a}.self");
+    // Neither --heads nor a config.json: one clear line.
+    let out = run(&self_prefix, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--heads") && stderr.contains("config.json"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    std::fs::write(p("config.json"), r#"{"num_attention_heads": 2}"#).unwrap();
+    // (prefix, --heads flags, heads expected)
+    for (prefix, extra, heads) in [
+        (self_prefix.as_str(), &[][..], 2),
+        (a, &[][..], 2),
+        (self_prefix.as_str(), &["--heads", "4"][..], 4),
+    ] {
+        let out = run(prefix, extra);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let layer = checkpoint::load(&path, prefix).unwrap();
+        let applied = if prefix == a { "applied" } else { "none" };
+        assert!(
+            stdout.contains(&format!("output projection {applied}")),
+            "{stdout}"
+        );
+        let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
+        let op = Attention::new().heads(heads);
+        let want = reference::attention(&op, xs.view(), Some(&layer.projections())).unwrap();
+        assert!(
+            reference::compare(&context, &want.context).0 < 1e-5,
+            "{prefix} {extra:?}"
+        );
+    }
 }

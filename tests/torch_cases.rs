@@ -1,9 +1,12 @@
 //! Independent cases produced by PyTorch itself (tests/python/make_torch_cases.py, run where
 //! torch is installed; its outputs are committed under tests/data/torch): its
 //! `scaled_dot_product_attention` with L ≠ S, causal, grouped-query heads, a scale, boolean
-//! and float masks; `nn.MultiheadAttention` with key padding and a mask, and a BERT-named
-//! self-attention block with its output dense, both loaded from the `.safetensors` PyTorch
-//! wrote. Each must agree with PyTorch to float32 accuracy, on every kernel path.
+//! and float masks; layers loaded from the `.safetensors` PyTorch wrote: `nn.MultiheadAttention`
+//! with key padding and a mask, a BERT block under its `attention.self` prefix (the context)
+//! and its parent `attention` prefix (with `output.dense`), a Llama-style grouped-query layer
+//! without biases whose head counts come from its `config.json`, a layer with query and value
+//! biases but no key bias, and all-MiniLM-L6-v2's first layer against transformers'
+//! `BertSelfAttention`. Each must agree with PyTorch to float32 accuracy, on every kernel path.
 
 mod common;
 
@@ -33,7 +36,7 @@ fn four(a: ArrayD<f32>) -> Array4<f32> {
 }
 
 /// Relative error against PyTorch's float32 output (not an f64 truth: both sides round).
-fn agrees(what: &str, got: &ArrayD<f32>, torch: &ArrayD<f32>) -> Result<(), String> {
+fn agrees(what: &str, got: &ArrayD<f32>, torch: &ArrayD<f32>, tol: f64) -> Result<(), String> {
     if got.shape() != torch.shape() {
         return Err(format!(
             "{what}: shape {:?} vs {:?}",
@@ -42,7 +45,7 @@ fn agrees(what: &str, got: &ArrayD<f32>, torch: &ArrayD<f32>) -> Result<(), Stri
         ));
     }
     let (rel, max) = reference::compare(got, &torch.mapv(f64::from));
-    if rel > 2e-5 {
+    if rel > tol {
         return Err(format!("{what}: rel {rel:e}, max abs {max:e}"));
     }
     Ok(())
@@ -53,7 +56,7 @@ fn every_pytorch_case_agrees_on_every_path() {
     let ctx = common::ctx();
     let cases = cases();
     assert!(
-        cases.len() >= 9,
+        cases.len() >= 13,
         "expected the committed cases, found {}",
         cases.len()
     );
@@ -64,6 +67,7 @@ fn every_pytorch_case_agrees_on_every_path() {
             serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
         let want_context = load(dir, "context").unwrap();
         let want_weights = load(dir, "weights").unwrap();
+        let tol = meta["tolerance"].as_f64().unwrap_or(2e-5);
         let mask_array = dir
             .join("mask.npy")
             .exists()
@@ -90,10 +94,22 @@ fn every_pytorch_case_agrees_on_every_path() {
                 }
                 _ => {
                     let prefix = meta["prefix"].as_str().unwrap();
-                    let layer = checkpoint::load(&dir.join("layer.safetensors"), prefix).unwrap();
-                    let heads = meta["heads"].as_u64().unwrap() as usize;
+                    let file = dir.join("layer.safetensors");
+                    // The head counts from meta.json, or else from the case's config.json.
+                    let (heads, kv_heads) = match meta["heads"].as_u64() {
+                        Some(h) => (h as usize, None),
+                        None => {
+                            let c = checkpoint::heads_from_config(&file).unwrap().unwrap();
+                            (c.heads, c.kv_heads)
+                        }
+                    };
+                    let layer = checkpoint::load(&file, prefix)
+                        .unwrap()
+                        .repeat_kv_heads(heads, kv_heads)
+                        .unwrap();
                     let x = load(dir, "x").unwrap();
-                    base.heads(heads).forward_masked(
+                    let causal = meta["causal"].as_bool().unwrap_or(false);
+                    base.heads(heads).causal(causal).forward_masked(
                         ctx,
                         x.view(),
                         Some(&layer.projections()),
@@ -108,15 +124,47 @@ fn every_pytorch_case_agrees_on_every_path() {
                     continue;
                 }
             };
-            if let Err(e) = agrees("context", &got.context, &want_context) {
+            if let Err(e) = agrees("context", &got.context, &want_context, tol) {
                 failures.push(format!("{label} {e}"));
             }
             if let Some(w) = &got.weights {
-                if let Err(e) = agrees("weights", w, &want_weights) {
+                if let Err(e) = agrees("weights", w, &want_weights, tol) {
                     failures.push(format!("{label} {e}"));
                 }
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn cli_runs_minilm_self_attention_with_heads_from_its_config_json() {
+    // `run --weights … --prefix encoder.layer.0.attention.self` with no --heads: the 12
+    // heads come from the model's config.json, and the output is BertSelfAttention's.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch/minilm_l6_layer0");
+    let out_dir = tempfile::tempdir().unwrap();
+    let arg = |p: PathBuf| p.to_str().unwrap().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+        .args([
+            "run",
+            "--prefix",
+            "encoder.layer.0.attention.self",
+            "--no-weights",
+        ])
+        .args(["--weights", &arg(dir.join("layer.safetensors"))])
+        .args(["--x", &arg(dir.join("x.npy"))])
+        .args(["--kv-lengths", &arg(dir.join("kv_lengths.npy"))])
+        .args(["--out", &arg(out_dir.path().to_path_buf())])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("heads 12"), "{stdout}");
+    assert!(stdout.contains("output projection none"), "{stdout}");
+    let got = npy::read(&out_dir.path().join("context.npy")).unwrap();
+    agrees("context", &got, &load(&dir, "context").unwrap(), 1e-5).unwrap();
 }

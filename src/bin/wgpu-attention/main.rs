@@ -1,6 +1,7 @@
 //! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `demo`.
 
 mod bench_cmd;
+mod checkpoint_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -172,17 +173,21 @@ struct RunArgs {
     #[arg(long, requires = "wo")]
     bo: Option<PathBuf>,
     /// Q/K/V (and output) projections of one layer from a .safetensors checkpoint, as PyTorch
-    /// stores nn.Linear weights (transposed here): BERT's PREFIX.query/key/value, or
-    /// PREFIX.q_proj/k_proj/v_proj, or nn.MultiheadAttention's PREFIX.in_proj_weight; the
-    /// output from PREFIX.out_proj / o_proj / output.dense when present. Give --heads too.
+    /// stores nn.Linear weights (transposed here): BERT's PREFIX.query/key/value (or
+    /// PREFIX.self.query/… for the parent BertAttention), PREFIX.q_proj/k_proj/v_proj, or
+    /// nn.MultiheadAttention's PREFIX.in_proj_weight. The output projection is applied only
+    /// when it is directly under PREFIX (PREFIX.out_proj / o_proj / output.dense): a
+    /// ….attention.self prefix gives BertSelfAttention's output, the context. Heads: --heads,
+    /// else the config.json beside the file (num_attention_heads, num_key_value_heads).
     #[arg(long, requires = "prefix", conflicts_with_all = ["wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo"])]
     weights: Option<PathBuf>,
     /// The layer's name prefix in the checkpoint, e.g. encoder.layer.0.attention.self.
     #[arg(long, requires = "weights")]
     prefix: Option<String>,
-    /// Number of heads (d_k and d_v must divide by it).
-    #[arg(long, default_value_t = 1)]
-    heads: usize,
+    /// Number of heads (d_k and d_v must divide by it). Default: 1, or with --weights the
+    /// config.json beside the checkpoint.
+    #[arg(long)]
+    heads: Option<usize>,
     #[command(flatten)]
     op: OpArgs,
     /// Also draw the weights as a heatmap into this .png or .svg (one panel per head; of a
@@ -316,9 +321,12 @@ fn run(args: &RunArgs) -> Result<()> {
     };
     let w_o = args.wo.as_deref().map(read_2d).transpose()?;
     let b_o = args.bo.as_deref().map(read_1d).transpose()?;
-    let layer = match (&args.weights, &args.prefix) {
-        (Some(file), Some(prefix)) => Some(wgpu_attention::checkpoint::load(file, prefix)?),
-        _ => None,
+    let (layer, heads) = match (&args.weights, &args.prefix) {
+        (Some(file), Some(prefix)) => {
+            let (layer, heads) = checkpoint_cmd::layer(file, prefix, args.heads)?;
+            (Some(layer), heads)
+        }
+        _ => (None, args.heads.unwrap_or(1)),
     };
     let from_file = weights.as_ref().map(|(q, k, v)| {
         let p = Projections::new(q.view(), k.view(), v.view());
@@ -335,7 +343,7 @@ fn run(args: &RunArgs) -> Result<()> {
         Some(l) => Some(l.projections()),
         None => from_file,
     };
-    let op = args.op.op().heads(args.heads);
+    let op = args.op.op().heads(heads);
     // Check the problem before opening a device, so bad input fails fast.
     let dims = op.dims(x.shape(), proj.as_ref())?;
     let (mask_array, lengths) = args.op.read_mask()?;
