@@ -20,7 +20,9 @@
 //! The number of heads is not stored in the weights: give it with [`crate::Attention::heads`]
 //! (`--heads`), or read it from the `config.json` beside the checkpoint with
 //! [`heads_from_config`]. Grouped-query checkpoints (K and V narrower than Q) run through
-//! [`crate::Attention::forward`] after [`LayerWeights::repeat_kv_heads`].
+//! [`crate::Attention::forward`] as they are, each K/V head shared by its group of query
+//! heads ([`LayerWeights::check_kv_heads`] checks the count against the config);
+//! [`LayerWeights::repeat_kv_heads`] makes the equivalent multi-head layer.
 
 use std::path::Path;
 
@@ -56,7 +58,7 @@ pub struct Biases {
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     /// `W_Q (d, d_k)`, `W_K (d, d_k)`, `W_V (d, d_v)` (for a grouped-query layer, K and V
-    /// are narrower until [`LayerWeights::repeat_kv_heads`]).
+    /// are narrower: grouped-query attention).
     pub weights: OwnedWeights,
     /// `b_Q, b_K, b_V`, those the checkpoint has.
     pub biases: Biases,
@@ -115,7 +117,8 @@ impl LayerWeights {
         Ok(kv)
     }
 
-    /// These weights for `heads` query heads, ready for [`crate::Attention::forward`]: a
+    /// The equivalent multi-head layer for `heads` query heads (`forward` runs the grouped
+    /// one as it is; this is for tools that want every head's K and V): a
     /// grouped-query layer (fewer K/V heads than query heads, see
     /// [`LayerWeights::kv_heads`]) has each K/V head's columns of `W_K`, `W_V`, `b_K`, `b_V`
     /// repeated for the `heads / kv_heads` query heads that share it (query head `h` uses
@@ -128,20 +131,7 @@ impl LayerWeights {
     /// As [`LayerWeights::kv_heads`], and [`Error::InvalidArgument`] when `kv_heads` is given
     /// and differs from the widths' count.
     pub fn repeat_kv_heads(mut self, heads: usize, kv_heads: Option<usize>) -> Result<Self> {
-        let kv = self.kv_heads(heads)?;
-        if let Some(want) = kv_heads {
-            if want != kv {
-                return Err(Error::invalid(
-                    "kv heads",
-                    format!(
-                        "{want} K/V heads were asked for, but with {heads} query heads the \
-                         weights hold {kv} (K is {} wide, Q {})",
-                        self.weights.1.ncols(),
-                        self.weights.0.ncols()
-                    ),
-                ));
-            }
-        }
+        let kv = self.check_kv_heads(heads, kv_heads)?;
         if kv == heads {
             return Ok(self);
         }
@@ -160,6 +150,31 @@ impl LayerWeights {
         self.biases.k = self.biases.k.map(|b| b.select(Axis(0), &k_cols));
         self.biases.v = self.biases.v.map(|b| b.select(Axis(0), &v_cols));
         Ok(self)
+    }
+
+    /// The K/V heads these weights hold for `heads` query heads ([`LayerWeights::kv_heads`]),
+    /// checked against `kv_heads` when it is given (`config.json`'s `num_key_value_heads`).
+    /// [`crate::Attention::forward`] runs a grouped-query layer as it is, K/V heads shared.
+    ///
+    /// # Errors
+    /// As [`LayerWeights::kv_heads`], and [`Error::InvalidArgument`] when `kv_heads` is given
+    /// and differs from the widths' count.
+    pub fn check_kv_heads(&self, heads: usize, kv_heads: Option<usize>) -> Result<usize> {
+        let kv = self.kv_heads(heads)?;
+        if let Some(want) = kv_heads {
+            if want != kv {
+                return Err(Error::invalid(
+                    "kv heads",
+                    format!(
+                        "{want} K/V heads were asked for, but with {heads} query heads the \
+                         weights hold {kv} (K is {} wide, Q {})",
+                        self.weights.1.ncols(),
+                        self.weights.0.ncols()
+                    ),
+                ));
+            }
+        }
+        Ok(kv)
     }
 }
 

@@ -192,6 +192,7 @@ pub fn attention_masked(
         d_k,
         d_v,
         heads,
+        kv_heads,
         scale,
         causal,
         ..
@@ -217,8 +218,10 @@ pub fn attention_masked(
         };
         for h in 0..heads {
             let qh = q.slice(s![.., h * dk_h..(h + 1) * dk_h]);
-            let kh = k.slice(s![.., h * dk_h..(h + 1) * dk_h]);
-            let vh = v.slice(s![.., h * dv_h..(h + 1) * dv_h]);
+            // Grouped-query attention: query head h reads K/V head h / (H / H_kv).
+            let g = h / (heads / kv_heads);
+            let kh = k.slice(s![.., g * dk_h..(g + 1) * dk_h]);
+            let vh = v.slice(s![.., g * dv_h..(g + 1) * dv_h]);
             let at = bias.as_ref().map(|m| (m, b, h));
             let (a, c) = head(qh, kh, vh, scale, causal, at);
             context
@@ -277,7 +280,8 @@ pub fn logit_bound(
         };
         for h in 0..dims.heads {
             let qa = q.slice(s![.., h * dk_h..(h + 1) * dk_h]).mapv(f64::abs);
-            let ka = k.slice(s![.., h * dk_h..(h + 1) * dk_h]).mapv(f64::abs);
+            let g = h / (dims.heads / dims.kv_heads);
+            let ka = k.slice(s![.., g * dk_h..(g + 1) * dk_h]).mapv(f64::abs);
             let m = qa.dot(&ka.t()).fold(0.0f64, |a, &v| a.max(v));
             bound = bound.max(m * f64::from(dims.scale).abs());
         }

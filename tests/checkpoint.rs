@@ -417,7 +417,7 @@ fn query_and_value_biases_without_a_key_bias() {
 }
 
 #[test]
-fn grouped_query_layers_repeat_each_kv_head_for_the_query_heads_that_share_it() {
+fn grouped_query_layers_run_as_such_and_repeat_to_the_same_multi_head_layer() {
     // Llama-style, no biases: 4 query heads of width 3 sharing 2 K/V heads.
     let dir = tempfile::tempdir().unwrap();
     let d = 10;
@@ -440,9 +440,21 @@ fn grouped_query_layers_repeat_each_kv_head_for_the_query_heads_that_share_it() 
     );
     let layer = checkpoint::load(&path, p).unwrap();
     assert_eq!(layer.kv_heads(4).unwrap(), 2);
-    // As loaded, Q and K differ in width: the op refuses them.
+    // As loaded, K is half Q's width: the op runs it as grouped-query attention, 2 K/V heads,
+    // and matches the reference; a head count the widths do not allow is refused.
     let op = Attention::new().heads(4);
-    assert!(op.dims(&[5, d], Some(&layer.projections())).is_err());
+    assert_eq!(
+        op.dims(&[5, d], Some(&layer.projections()))
+            .unwrap()
+            .kv_heads,
+        2
+    );
+    assert!(Attention::new()
+        .heads(3)
+        .dims(&[5, d], Some(&layer.projections()))
+        .is_err());
+    forward_matches(&layer, 4, d);
+    assert_eq!(layer.check_kv_heads(4, Some(2)).unwrap(), 2);
     let r = layer.clone().repeat_kv_heads(4, Some(2)).unwrap();
     // Query heads 0 and 1 share K/V head 0; 2 and 3 share head 1.
     for (h, c) in (0..4).flat_map(|h| (0..3).map(move |c| (h, c))) {

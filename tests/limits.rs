@@ -100,6 +100,12 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         x.view().into_dyn(),
         Some(&with_out),
     );
+    // Grouped-query projections (2 K/V heads for 4 query heads), projected on the CPU and
+    // split as sdpa splits them.
+    let wk2 = Array2::from_shape_fn((6, 4), |(i, j)| ((i * j) as f32 * 0.3).cos());
+    let wv2 = Array2::from_shape_fn((6, 6), |(i, j)| ((i + 3 * j) as f32 * 0.2).sin());
+    let gqa = Projections::new(wq.view(), wk2.view(), wv2.view()).with_output(wo.view(), None);
+    check(Attention::new().heads(4), x.view().into_dyn(), Some(&gqa));
     // Without projections the heads are column blocks of X.
     let x = Array2::from_shape_fn((100, 8), |(i, j)| ((i * 8 + j) as f32 * 0.07).sin());
     check(

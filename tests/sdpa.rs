@@ -5,7 +5,7 @@
 mod common;
 
 use ndarray::Array4;
-use wgpu_attention::{reference, Attention, Error, Kernels, Mask};
+use wgpu_attention::{reference, Attention, Error, Kernels, Mask, Projections};
 
 #[test]
 fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
@@ -117,4 +117,71 @@ fn reference_gqa_equals_k_and_v_repeated_per_q_head() {
     let grouped = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
     let repeated = reference::sdpa(&op, q.view(), repeat(&k).view(), repeat(&v).view()).unwrap();
     assert_eq!(grouped.context, repeated.context);
+}
+
+#[test]
+fn forward_runs_grouped_query_projections_as_such_on_every_path() {
+    // 4 query heads of width 3 sharing 2 K/V heads (W_K, W_V half as wide as W_Q); causal,
+    // a key-length mask and W_O. The same layer with each K/V head's columns repeated is
+    // ordinary multi-head attention, and must give the same output.
+    let ctx = common::ctx();
+    let (d, n, heads, kv) = (6, 37, 4, 2);
+    let w = |r: usize, c: usize, salt: usize| {
+        ndarray::Array2::from_shape_fn((r, c), |(i, j)| {
+            (((i * 7 + j * 3) * (salt + 1)) as f32 * 0.17).sin()
+        })
+    };
+    let (wq, wk, wv, wo) = (w(d, 12, 1), w(d, 6, 2), w(d, 4, 3), w(8, 5, 4));
+    let bk = ndarray::Array1::from_shape_fn(6, |i| i as f32 * 0.1);
+    let x = ndarray::Array3::from_shape_fn((2, n, d), |(b, i, j)| {
+        ((b * 5 + i * 3 + j) as f32 * 0.23).cos()
+    });
+    let mut p = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), None);
+    p.b_k = Some(bk.view());
+    let repeat = |a: &ndarray::Array2<f32>| {
+        let per = a.ncols() / kv;
+        let cols: Vec<usize> = (0..heads)
+            .flat_map(|h| (h / 2) * per..(h / 2 + 1) * per)
+            .collect();
+        a.select(ndarray::Axis(1), &cols)
+    };
+    let (wk_mha, wv_mha) = (repeat(&wk), repeat(&wv));
+    let bk_mha = repeat(&bk.clone().insert_axis(ndarray::Axis(0))).remove_axis(ndarray::Axis(0));
+    let mut mha =
+        Projections::new(wq.view(), wk_mha.view(), wv_mha.view()).with_output(wo.view(), None);
+    mha.b_k = Some(bk_mha.view());
+    let lengths = [30usize, 37];
+    let mask = Mask::none().with_kv_lengths(&lengths);
+    let base = Attention::new().heads(heads).causal(true).nan_fill(true);
+    let dims = base.dims(x.shape(), Some(&p)).unwrap();
+    assert_eq!((dims.kv_heads, dims.d_v), (kv, 8));
+    let want = reference::attention_masked(&base, x.view().into_dyn(), Some(&p), &mask).unwrap();
+    let same = reference::attention_masked(&base, x.view().into_dyn(), Some(&mha), &mask).unwrap();
+    let (rel, _) = reference::compare(&same.context.mapv(|v| v as f32), &want.context);
+    assert!(
+        rel < 1e-6,
+        "the grouped reference is the repeated one: {rel}"
+    );
+    let mut failures = Vec::new();
+    for family in Kernels::available(ctx) {
+        for weights in [false, true] {
+            let op = base.kernels(family).return_weights(weights);
+            let got = op
+                .forward_masked(ctx, x.view().into_dyn(), Some(&p), &mask)
+                .unwrap();
+            let (rel, _) = reference::compare(&got.context, &want.context);
+            let wrel = got.weights.map_or(0.0, |w| {
+                reference::compare(&w, want.weights.as_ref().unwrap()).0
+            });
+            if !(rel < 1e-5 && wrel < 1e-5) {
+                failures.push(format!("{family} weights={weights}: {rel:e} {wrel:e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // A K narrower than Q by a ratio that does not divide the heads is an error.
+    let wk3 = w(d, 4, 5);
+    let bad = Projections::new(wq.view(), wk3.view(), wv.view());
+    let err = base.dims(x.shape(), Some(&bad)).unwrap_err();
+    assert!(err.to_string().contains("W_K"), "{err}");
 }

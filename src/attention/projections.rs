@@ -108,8 +108,8 @@ impl<'a> Projections<'a> {
     }
 }
 
-/// Checks the projections against X's width `d`; returns `(d_k, d_v, d_out)`.
-pub(crate) fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize, usize, usize)> {
+/// Checks the projections against X's width `d` and `heads` (at least 1).
+pub(crate) fn check_projections(d: usize, heads: usize, p: &Projections<'_>) -> Result<Widths> {
     let (wq, wk, wv) = (p.w_q.shape(), p.w_k.shape(), p.w_v.shape());
     for (name, w) in [("W_Q", wq), ("W_K", wk), ("W_V", wv)] {
         if w[0] != d {
@@ -122,12 +122,26 @@ pub(crate) fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize,
             return Err(Error::invalid(name, "has zero columns"));
         }
     }
-    if wq[1] != wk[1] {
+    // Grouped-query attention: K and V have H_kv = H / r heads of the query heads' widths,
+    // so W_K is r times narrower than W_Q.
+    let ratio = match (wq[1] % wk[1], wq[1] / wk[1]) {
+        (0, r) if r >= 1 && heads % r == 0 => r,
+        _ => {
+            return Err(Error::shape(format!(
+                "W_Q is {wq:?} and W_K is {wk:?}: queries and keys must have the same width d_k, \
+                 or for grouped-query attention W_K must be r times narrower with r dividing \
+                 heads = {heads}"
+            )))
+        }
+    };
+    let kv_heads = heads / ratio;
+    if ratio > 1 && wv[1] % kv_heads != 0 {
         return Err(Error::shape(format!(
-            "W_Q is {wq:?} and W_K is {wk:?}: queries and keys must have the same width d_k"
+            "W_V is {wv:?}: its width must divide by the {kv_heads} K/V heads"
         )));
     }
-    let (d_k, d_v) = (wq[1], wv[1]);
+    // The context has every query head's value width: W_V's times the ratio.
+    let (d_k, d_v) = (wq[1], wv[1] * ratio);
     let d_out = match p.w_o {
         None => d_v,
         Some(w_o) => {
@@ -152,8 +166,8 @@ pub(crate) fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize,
     }
     for (name, b, want) in [
         ("b_Q", p.b_q, d_k),
-        ("b_K", p.b_k, d_k),
-        ("b_V", p.b_v, d_v),
+        ("b_K", p.b_k, wk[1]),
+        ("b_V", p.b_v, wv[1]),
         ("b_O", p.b_o, d_out),
     ] {
         if let Some(b) = b {
@@ -165,5 +179,22 @@ pub(crate) fn check_projections(d: usize, p: &Projections<'_>) -> Result<(usize,
             }
         }
     }
-    Ok((d_k, d_v, d_out))
+    Ok(Widths {
+        d_k,
+        d_v,
+        d_out,
+        kv_heads,
+    })
+}
+
+/// The widths a layer's projections give, checked: over all heads, and the K/V heads.
+pub(crate) struct Widths {
+    /// Query/key width over every query head (`W_Q`'s columns).
+    pub d_k: usize,
+    /// The context's width over every query head.
+    pub d_v: usize,
+    /// The output's width (`W_O`'s columns, else `d_v`).
+    pub d_out: usize,
+    /// K/V heads (fewer than the query heads for grouped-query attention).
+    pub kv_heads: usize,
 }

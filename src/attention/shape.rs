@@ -22,14 +22,17 @@ pub struct Dims {
     pub n: usize,
     /// Embedding width of X.
     pub d: usize,
-    /// Query/key width (all heads).
+    /// Query/key width (all query heads; K is `d_k · kv_heads / heads` wide).
     pub d_k: usize,
-    /// Value width (all heads).
+    /// Value width of the context (all query heads; V is `d_v · kv_heads / heads` wide).
     pub d_v: usize,
     /// Output width: `W_O`'s columns, else `d_v`.
     pub d_out: usize,
     /// Heads.
     pub heads: usize,
+    /// K/V heads: `heads` divides by it; fewer for grouped-query attention, where query head
+    /// `h` reads K/V head `h / (heads / kv_heads)`.
+    pub kv_heads: usize,
     /// Scale applied to `Q·Kᵀ`.
     pub scale: f32,
     /// Causal mask.
@@ -64,9 +67,11 @@ impl Dims {
         2.0 * (self.batch * self.n * self.n) as f64 * (self.d_k + self.d_v) as f64
     }
 
-    /// Floating-point operations of the three projections: `2·n·d·(2·d_k + d_v)` per batch index.
+    /// Floating-point operations of the three projections: `2·n·d·(d_k + (d_k + d_v)·kv/H)`
+    /// per batch index (`2·n·d·(2·d_k + d_v)` without grouped-query heads).
     pub fn projection_flops(&self) -> f64 {
-        2.0 * (self.batch * self.n * self.d) as f64 * (2 * self.d_k + self.d_v) as f64
+        let kv = (self.d_k + self.d_v) * self.kv_heads / self.heads;
+        2.0 * (self.batch * self.n * self.d) as f64 * (self.d_k + kv) as f64
     }
 }
 
@@ -94,13 +99,16 @@ impl Attention {
         if batch == 0 {
             return Err(Error::invalid("X", "empty batch (batch = 0)"));
         }
-        let (d_k, d_v, d_out) = match proj {
-            None => (d, d, d),
-            Some(p) => check_projections(d, p)?,
-        };
         if self.heads == 0 {
             return Err(Error::invalid("heads", "must be at least 1"));
         }
+        let (d_k, d_v, d_out, kv_heads) = match proj {
+            None => (d, d, d, self.heads),
+            Some(p) => {
+                let w = check_projections(d, self.heads, p)?;
+                (w.d_k, w.d_v, w.d_out, w.kv_heads)
+            }
+        };
         if d_k % self.heads != 0 {
             return Err(Error::invalid(
                 "heads",
@@ -129,6 +137,7 @@ impl Attention {
             d_v,
             d_out,
             heads: self.heads,
+            kv_heads,
             scale,
             causal: self.causal,
         })
@@ -202,6 +211,7 @@ impl Attention {
             d_v: h * ev,
             d_out: h * ev,
             heads: h,
+            kv_heads: kh,
             scale,
             causal: self.causal,
         })

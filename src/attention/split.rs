@@ -136,7 +136,7 @@ impl Attention {
         let (batch, n, heads) = (dims.batch, dims.n, dims.heads);
         let x2 = x.to_shape((batch * n, dims.d)).map_err(shape)?;
         // (batch·n, heads·width) → (batch, heads, n, width).
-        let to_heads = |a: ndarray::Array2<f32>| -> Result<Array4<f32>> {
+        let to_heads = |a: ndarray::Array2<f32>, heads: usize| -> Result<Array4<f32>> {
             let width = a.ncols() / heads;
             let a = a
                 .into_shape_with_order((batch, n, heads, width))
@@ -146,21 +146,23 @@ impl Attention {
                 .into_owned())
         };
         let project = |w: &ndarray::ArrayView2<'_, f32>,
-                       b: Option<&ndarray::ArrayView1<'_, f32>>| {
+                       b: Option<&ndarray::ArrayView1<'_, f32>>,
+                       heads: usize| {
             let mut out = x2.dot(w);
             if let Some(b) = b {
                 out += b;
             }
-            to_heads(out)
+            to_heads(out, heads)
         };
+        let kv_heads = dims.kv_heads;
         let (q, k, v) = match proj {
             Some(p) => (
-                project(&p.w_q, p.b_q.as_ref())?,
-                project(&p.w_k, p.b_k.as_ref())?,
-                project(&p.w_v, p.b_v.as_ref())?,
+                project(&p.w_q, p.b_q.as_ref(), heads)?,
+                project(&p.w_k, p.b_k.as_ref(), kv_heads)?,
+                project(&p.w_v, p.b_v.as_ref(), kv_heads)?,
             ),
             None => {
-                let qkv = to_heads(x2.to_owned())?;
+                let qkv = to_heads(x2.to_owned(), heads)?;
                 (qkv.clone(), qkv.clone(), qkv)
             }
         };

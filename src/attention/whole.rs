@@ -46,7 +46,7 @@ impl Attention {
         let shape = Shape {
             batch: dims.batch,
             heads: dims.heads,
-            kv_heads: dims.heads,
+            kv_heads: dims.kv_heads,
             n_q: dims.n,
             n_kv: dims.n,
             d_k: dims.d_k,

@@ -6,7 +6,7 @@ use wgpu_attention::checkpoint::{self, LayerWeights};
 use wgpu_attention::{Error, Result};
 
 /// The layer `prefix` names in `file`, ready for `heads` query heads (`--heads`, else the
-/// `config.json` beside the file); grouped-query layers get their K/V heads repeated.
+/// `config.json` beside the file); grouped-query layers run with their K/V heads shared.
 pub fn layer(file: &Path, prefix: &str, heads: Option<usize>) -> Result<(LayerWeights, usize)> {
     let layer = checkpoint::load(file, prefix)?;
     let (heads, kv_heads) = match heads {
@@ -25,7 +25,7 @@ pub fn layer(file: &Path, prefix: &str, heads: Option<usize>) -> Result<(LayerWe
             }
         },
     };
-    let layer = layer.repeat_kv_heads(heads, kv_heads)?;
+    layer.check_kv_heads(heads, kv_heads)?;
     println!(
         "layer     {prefix} ({:?} layout): Q/K/V{}, output projection {}",
         layer.layout,
