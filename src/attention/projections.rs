@@ -125,7 +125,7 @@ pub(crate) fn check_projections(d: usize, heads: usize, p: &Projections<'_>) -> 
     // Grouped-query attention: K and V have H_kv = H / r heads of the query heads' widths,
     // so W_K is r times narrower than W_Q.
     let ratio = match (wq[1] % wk[1], wq[1] / wk[1]) {
-        (0, r) if r >= 1 && heads % r == 0 => r,
+        (0, r) if r >= 1 && heads.is_multiple_of(r) => r,
         _ => {
             return Err(Error::shape(format!(
                 "W_Q is {wq:?} and W_K is {wk:?}: queries and keys must have the same width d_k, \
@@ -135,7 +135,7 @@ pub(crate) fn check_projections(d: usize, heads: usize, p: &Projections<'_>) -> 
         }
     };
     let kv_heads = heads / ratio;
-    if ratio > 1 && wv[1] % kv_heads != 0 {
+    if ratio > 1 && !wv[1].is_multiple_of(kv_heads) {
         return Err(Error::shape(format!(
             "W_V is {wv:?}: its width must divide by the {kv_heads} K/V heads"
         )));
