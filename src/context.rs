@@ -36,20 +36,49 @@ impl Backend {
     }
 }
 
+/// The backend names [`Backend`]'s `FromStr` and `WGPU_BACKEND` accept, for messages.
+const BACKEND_NAMES: &str = "vulkan (vk), metal (mtl), dx12 (d3d12), gl (gles, opengl)";
+
 impl std::str::FromStr for Backend {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
+        match s.trim().to_ascii_lowercase().as_str() {
             "vulkan" | "vk" => Ok(Backend::Vulkan),
             "metal" | "mtl" => Ok(Backend::Metal),
             "dx12" | "d3d12" => Ok(Backend::Dx12),
             "gl" | "gles" | "opengl" => Ok(Backend::Gl),
-            other => Err(Error::invalid(
+            _ => Err(Error::invalid(
                 "backend",
-                format!("{other:?} is not one of vulkan, metal, dx12, gl"),
+                format!("unknown backend {s:?}; expected one of {BACKEND_NAMES}"),
             )),
         }
     }
+}
+
+/// The backends a `WGPU_BACKEND` value names: a comma list of [`Backend`] names; a blank
+/// value means every backend.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the first unknown name and the valid ones.
+pub(crate) fn parse_backend_list(list: &str) -> Result<wgpu::Backends> {
+    if list.trim().is_empty() {
+        return Ok(wgpu::Backends::all());
+    }
+    let mut set = wgpu::Backends::empty();
+    for name in list.split(',').filter(|n| !n.trim().is_empty()) {
+        let backend = name.parse::<Backend>().map_err(|_| {
+            Error::invalid(
+                "WGPU_BACKEND",
+                format!(
+                    "unknown backend {:?} in WGPU_BACKEND={list:?}; expected one of \
+                     {BACKEND_NAMES}, or a comma list of them such as vulkan,gl (or unset it)",
+                    name.trim()
+                ),
+            )
+        })?;
+        set |= backend.backends();
+    }
+    Ok(set)
 }
 
 impl fmt::Display for Backend {
@@ -78,10 +107,11 @@ pub struct ContextOptions {
 }
 
 impl ContextOptions {
-    fn backends(&self) -> wgpu::Backends {
-        match self.backend {
-            Some(b) => b.backends(),
-            None => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+    fn backends(&self) -> Result<wgpu::Backends> {
+        match (self.backend, std::env::var("WGPU_BACKEND")) {
+            (Some(b), _) => Ok(b.backends()),
+            (None, Ok(list)) => parse_backend_list(&list),
+            (None, Err(_)) => Ok(wgpu::Backends::all()),
         }
     }
 
@@ -92,7 +122,9 @@ impl ContextOptions {
             .filter(|s| !s.is_empty())
     }
 
-    fn describe(&self) -> String {
+    /// The filters in effect, for messages: ` matching backend vulkan, name containing
+    /// "intel"` (options first, then `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`), or empty.
+    pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         match self.backend {
             Some(b) => parts.push(format!("backend {b}")),
@@ -192,26 +224,30 @@ install a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulk
 Run `wgpu-attention devices` to see what wgpu finds.";
 
 /// Every adapter wgpu finds for the given options, best first.
-pub fn list_adapters(options: &ContextOptions) -> Vec<AdapterSummary> {
-    select(options)
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
+pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
+    Ok(select(options)?
         .into_iter()
         .map(|a| AdapterSummary {
             info: a.get_info(),
             limits: a.limits(),
             features: a.features(),
         })
-        .collect()
+        .collect())
 }
 
-fn select(options: &ContextOptions) -> Vec<wgpu::Adapter> {
-    let instance = new_instance(options.backends());
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(options.backends()));
+fn select(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
+    let backends = options.backends()?;
+    let instance = new_instance(backends);
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
     if let Some(name) = options.name_filter() {
         let name = name.to_lowercase();
         adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
     }
     adapters.sort_by_key(|a| rank(&a.get_info()));
-    adapters
+    Ok(adapters)
 }
 
 /// How per-kernel times are taken while profiling ([`Context::set_profiling`]).
@@ -259,7 +295,8 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoAdapter`] when none is found, with a hint naming the fix;
-    /// [`Error::RequestDevice`] when the adapter refuses a device.
+    /// [`Error::RequestDevice`] when the adapter refuses a device;
+    /// [`Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
     pub fn new() -> Result<Self> {
         Self::with_options(&ContextOptions::default())
     }
@@ -269,7 +306,7 @@ impl Context {
     /// # Errors
     /// As [`Context::new`].
     pub fn with_options(options: &ContextOptions) -> Result<Self> {
-        let adapter = select(options)
+        let adapter = select(options)?
             .into_iter()
             .next()
             .ok_or_else(|| Error::NoAdapter {
@@ -410,32 +447,32 @@ impl Context {
     /// saying it cannot.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the adapter and the missing feature.
+    /// [`Error::Unsupported`] naming the adapter, the missing feature and the alternative.
     pub fn require_f16(&self) -> Result<()> {
         if self.device.features().contains(wgpu::Features::SHADER_F16) {
             return Ok(());
         }
-        Err(Error::invalid(
-            "dtype",
-            format!(
-                "f16 needs the adapter's SHADER_F16 feature, which {} does not have (or this \
-                 device was created without it); use f32",
-                self.adapter.get_info().name
-            ),
-        ))
+        Err(Error::Unsupported {
+            feature: "f16 operands (wgpu::Features::SHADER_F16)".into(),
+            adapter: self.adapter.get_info().name,
+            hint: "use Dtype::F32 (CLI --dtype f32), or an adapter that has shader-f16 \
+                   (`wgpu-attention devices` lists features); a device made by the caller \
+                   must request SHADER_F16"
+                .into(),
+        })
     }
 
     /// The subgroup size, or the error saying the subgroup kernels cannot run here.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] without `Features::SUBGROUP` and a fixed subgroup size.
+    /// [`Error::Unsupported`] without `Features::SUBGROUP` and a fixed subgroup size.
     pub(crate) fn require_subgroups(&self) -> Result<u32> {
-        self.subgroup_size.ok_or_else(|| {
-            Error::invalid(
-                "kernels",
-                "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, which \
-                 this adapter does not report; use storage or auto",
-            )
+        self.subgroup_size.ok_or_else(|| Error::Unsupported {
+            feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
+                      size)"
+                .into(),
+            adapter: self.adapter.get_info().name,
+            hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
         })
     }
 
@@ -544,5 +581,35 @@ impl Context {
         }
         self.check_alive()?;
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse_and_an_unknown_one_is_named() {
+        assert_eq!("Vulkan".parse::<Backend>().unwrap(), Backend::Vulkan);
+        assert_eq!(" d3d12 ".parse::<Backend>().unwrap(), Backend::Dx12);
+        let e = "bogus".parse::<Backend>().unwrap_err().to_string();
+        assert!(e.contains("unknown backend \"bogus\""), "{e}");
+        assert!(e.contains("vulkan") && e.contains("gl"), "{e}");
+    }
+
+    #[test]
+    fn wgpu_backend_lists_parse_and_a_typo_is_named_as_such() {
+        assert_eq!(
+            parse_backend_list("vulkan, gl").unwrap(),
+            wgpu::Backends::VULKAN | wgpu::Backends::GL
+        );
+        assert_eq!(parse_backend_list(" ").unwrap(), wgpu::Backends::all());
+        assert_eq!(parse_backend_list("vk,").unwrap(), wgpu::Backends::VULKAN);
+        let e = parse_backend_list("vulkan,bogus").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown backend \"bogus\" in WGPU_BACKEND"),
+            "{e}"
+        );
+        assert!(e.contains("expected one of vulkan"), "{e}");
     }
 }
