@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use ndarray::{Array1, Array2, Array3, ArrayD, IxDyn};
 use wgpu_attention::{Attention, Error, Projections};
 
@@ -151,10 +149,7 @@ fn problems_over_the_device_limits_are_errors_not_panics() {
 // ---- the CLI ----
 
 fn cli(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-        .args(args)
-        .output()
-        .expect("binary runs")
+    common::bin().args(args).output().expect("binary runs")
 }
 
 fn assert_one_line_error(out: &std::process::Output, needle: &str) {
