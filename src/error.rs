@@ -226,6 +226,17 @@ mod tests {
     }
 
     #[test]
+    fn debug_is_the_message_so_main_returning_result_prints_it() {
+        let e = Error::NoAdapter {
+            wanted: String::new(),
+            hint: "install a driver".into(),
+        };
+        // What `fn main() -> Result<(), Error>` prints after "Error: ".
+        assert_eq!(format!("{e:?}"), "no GPU adapter found. install a driver");
+        assert!(!format!("{e:?}").contains("NoAdapter {"));
+    }
+
+    #[test]
     fn no_adapter_names_the_request_and_the_fix() {
         says(
             Error::NoAdapter {

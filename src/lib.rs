@@ -22,5 +22,7 @@ pub use attention::{Attention, Dims, Dtype, Kernels, Output, Plan, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
 pub use mask::Mask;
+/// The ndarray (0.17) whose arrays and views the API takes and returns.
+pub use ndarray;
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;
