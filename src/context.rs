@@ -9,57 +9,9 @@ use crate::gpu::pipeline::PipelineCache;
 use crate::timing::{KernelTime, Profiling, Timing};
 use crate::tune::TuneCache;
 
-/// A graphics API wgpu can run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// Vulkan (Linux, Windows, Android; lavapipe is a software Vulkan driver).
-    Vulkan,
-    /// Metal (macOS, iOS).
-    Metal,
-    /// Direct3D 12 (Windows).
-    Dx12,
-    /// OpenGL / OpenGL ES.
-    Gl,
-}
-
-impl Backend {
-    /// The wgpu backend set for this backend.
-    pub fn backends(self) -> wgpu::Backends {
-        match self {
-            Backend::Vulkan => wgpu::Backends::VULKAN,
-            Backend::Metal => wgpu::Backends::METAL,
-            Backend::Dx12 => wgpu::Backends::DX12,
-            Backend::Gl => wgpu::Backends::GL,
-        }
-    }
-}
-
-impl std::str::FromStr for Backend {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "vulkan" | "vk" => Ok(Backend::Vulkan),
-            "metal" | "mtl" => Ok(Backend::Metal),
-            "dx12" | "d3d12" => Ok(Backend::Dx12),
-            "gl" | "gles" | "opengl" => Ok(Backend::Gl),
-            other => Err(Error::invalid(
-                "backend",
-                format!("{other:?} is not one of vulkan, metal, dx12, gl"),
-            )),
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Vulkan => "vulkan",
-            Backend::Metal => "metal",
-            Backend::Dx12 => "dx12",
-            Backend::Gl => "gl",
-        })
-    }
-}
+mod backend;
+use backend::parse_backend_list;
+pub use backend::Backend;
 
 /// Which adapter to open.
 ///
@@ -76,10 +28,11 @@ pub struct ContextOptions {
 }
 
 impl ContextOptions {
-    fn backends(&self) -> wgpu::Backends {
-        match self.backend {
-            Some(b) => b.backends(),
-            None => wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all()),
+    fn backends(&self) -> Result<wgpu::Backends> {
+        match (self.backend, std::env::var("WGPU_BACKEND")) {
+            (Some(b), _) => Ok(b.backends()),
+            (None, Ok(list)) => parse_backend_list(&list),
+            (None, Err(_)) => Ok(wgpu::Backends::all()),
         }
     }
 
@@ -90,7 +43,9 @@ impl ContextOptions {
             .filter(|s| !s.is_empty())
     }
 
-    fn describe(&self) -> String {
+    /// The filters in effect, for messages: ` matching backend vulkan, name containing
+    /// "intel"` (options first, then `WGPU_BACKEND` and `WGPU_ADAPTER_NAME`), or empty.
+    pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         match self.backend {
             Some(b) => parts.push(format!("backend {b}")),
@@ -190,26 +145,30 @@ install a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulk
 Run `wgpu-attention devices` to see what wgpu finds.";
 
 /// Every adapter wgpu finds for the given options, best first.
-pub fn list_adapters(options: &ContextOptions) -> Vec<AdapterSummary> {
-    select(options)
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
+pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
+    Ok(select(options)?
         .into_iter()
         .map(|a| AdapterSummary {
             info: a.get_info(),
             limits: a.limits(),
             features: a.features(),
         })
-        .collect()
+        .collect())
 }
 
-fn select(options: &ContextOptions) -> Vec<wgpu::Adapter> {
-    let instance = new_instance(options.backends());
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(options.backends()));
+fn select(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
+    let backends = options.backends()?;
+    let instance = new_instance(backends);
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
     if let Some(name) = options.name_filter() {
         let name = name.to_lowercase();
         adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
     }
     adapters.sort_by_key(|a| rank(&a.get_info()));
-    adapters
+    Ok(adapters)
 }
 
 /// An open device: the adapter, its device and queue, and the compiled kernels.
@@ -244,7 +203,8 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::NoAdapter`] when none is found, with a hint naming the fix;
-    /// [`Error::RequestDevice`] when the adapter refuses a device.
+    /// [`Error::RequestDevice`] when the adapter refuses a device;
+    /// [`Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
     pub fn new() -> Result<Self> {
         Self::with_options(&ContextOptions::default())
     }
@@ -254,7 +214,7 @@ impl Context {
     /// # Errors
     /// As [`Context::new`].
     pub fn with_options(options: &ContextOptions) -> Result<Self> {
-        let adapter = select(options)
+        let adapter = select(options)?
             .into_iter()
             .next()
             .ok_or_else(|| Error::NoAdapter {
@@ -387,32 +347,32 @@ impl Context {
     /// saying it cannot.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the adapter and the missing feature.
+    /// [`Error::Unsupported`] naming the adapter, the missing feature and the alternative.
     pub fn require_f16(&self) -> Result<()> {
         if self.device.features().contains(wgpu::Features::SHADER_F16) {
             return Ok(());
         }
-        Err(Error::invalid(
-            "dtype",
-            format!(
-                "f16 needs the adapter's SHADER_F16 feature, which {} does not have (or this \
-                 device was created without it); use f32",
-                self.adapter.get_info().name
-            ),
-        ))
+        Err(Error::Unsupported {
+            feature: "f16 operands (wgpu::Features::SHADER_F16)".into(),
+            adapter: self.adapter.get_info().name,
+            hint: "use Dtype::F32 (CLI --dtype f32), or an adapter that has shader-f16 \
+                   (`wgpu-attention devices` lists features); a device made by the caller \
+                   must request SHADER_F16"
+                .into(),
+        })
     }
 
     /// The subgroup size, or the error saying the subgroup kernels cannot run here.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] without `Features::SUBGROUP` and a fixed subgroup size.
+    /// [`Error::Unsupported`] without `Features::SUBGROUP` and a fixed subgroup size.
     pub(crate) fn require_subgroups(&self) -> Result<u32> {
-        self.subgroup_size.ok_or_else(|| {
-            Error::invalid(
-                "kernels",
-                "subgroup kernels need Features::SUBGROUP and a fixed subgroup size, which \
-                 this adapter does not report; use storage or auto",
-            )
+        self.subgroup_size.ok_or_else(|| Error::Unsupported {
+            feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
+                      size)"
+                .into(),
+            adapter: self.adapter.get_info().name,
+            hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
         })
     }
 

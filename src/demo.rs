@@ -1,4 +1,5 @@
-//! Seed 000's pipeline end to end: a sentence's words sorted into a vocabulary, the sentence
+//! The pipeline of the post "Building the Self-Attention Mechanism of Large Language Models
+//! from scratch", end to end: a sentence's words sorted into a vocabulary, the sentence
 //! as indices, a seeded random embedding (d = 16), seeded weights (d_k = 24, d_v = 28), and
 //! attention over it.
 
@@ -9,7 +10,7 @@ use rand_distr::StandardNormal;
 
 use crate::error::{Error, Result};
 
-/// The sentence seed 000 uses.
+/// The sentence that post uses.
 pub const DEFAULT_SENTENCE: &str = "Life is short, eat dessert first";
 /// Embedding width.
 pub const D: usize = 16;

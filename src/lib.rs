@@ -31,7 +31,7 @@ pub use attention::{Attention, Dims, Dtype, Output, Plan, Projections};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
 pub use mask::Mask;
-/// The ndarray this crate's API takes and returns, so callers need not match its version.
+/// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;
 pub use timing::{KernelTime, Profiling};
 pub use tune::TuneCache;

@@ -328,10 +328,7 @@ fn cli_run_takes_weights_and_prefix() {
             &out_dir,
         ];
         args.extend_from_slice(extra);
-        std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-            .args(&args)
-            .output()
-            .unwrap()
+        common::bin().args(&args).output().unwrap()
     };
     let out = run(&["--prefix", "attn", "--heads", "2"]);
     assert!(

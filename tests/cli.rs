@@ -1,16 +1,13 @@
 //! The command line end to end: `run` over .npy files (float32 and float64), `demo`,
 //! `verify` and `devices`.
 
-use std::process::Command;
+mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
 use wgpu_attention::{reference, Attention, Projections};
 
 fn cli(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-        .args(args)
-        .output()
-        .expect("binary runs")
+    common::bin().args(args).output().expect("binary runs")
 }
 
 fn ok(out: &std::process::Output) -> String {

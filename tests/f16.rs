@@ -111,6 +111,16 @@ fn f16_errors_are_clear() {
     let wide = Array2::from_elem((8, 8), 250.0f32);
     let proj = Projections::new(wide.view(), wide.view(), wide.view());
     let e = op.forward(ctx, huge.view(), Some(&proj)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Overflow {
+                dtype: Dtype::F16,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("overflowed"), "{e}");
     // The same problem in f32 is fine.
     assert!(Attention::new()
@@ -136,8 +146,9 @@ fn a_device_without_shader_f16_says_so() {
         .dtype(Dtype::F16)
         .forward(&ctx, x.view(), None)
         .unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     assert!(e.to_string().contains("SHADER_F16"), "{e}");
+    assert!(e.to_string().contains("--dtype f32"), "{e}");
     // f32 still runs there.
     assert!(Attention::new().forward(&ctx, x.view(), None).is_ok());
 }

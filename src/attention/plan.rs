@@ -56,7 +56,7 @@ impl Attention {
     /// weights are not returned).
     ///
     /// # Errors
-    /// [`crate::Error::InvalidArgument`] when [`Kernels::Subgroup`] is forced on an adapter
+    /// [`crate::Error::Unsupported`] when [`Kernels::Subgroup`] is forced on an adapter
     /// without a fixed subgroup size; GPU errors while measuring.
     pub fn plan(&self, ctx: &Context, dims: &Dims) -> Result<Plan> {
         let families = match self.kernels {

@@ -44,15 +44,11 @@ impl Attention {
         };
         for (name, values) in checked {
             if let Some(i) = values.and_then(|v| v.iter().position(|x| !x.is_finite())) {
-                return Err(Error::invalid(
-                    "result",
-                    format!(
-                        "the {name} overflowed to a non-finite value at flat index {i}: the \
-                         inputs are too large for {} arithmetic; scale them down{}",
-                        self.dtype,
-                        if self.f16() { " or use f32" } else { "" }
-                    ),
-                ));
+                return Err(Error::Overflow {
+                    what: name.into(),
+                    dtype: self.dtype,
+                    index: i,
+                });
             }
         }
         Ok((context, weights))

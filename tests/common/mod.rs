@@ -1,17 +1,42 @@
-//! Shared by the integration tests: one GPU context per test binary.
+//! Shared by the integration tests: one GPU context per test binary, and the CLI binary,
+//! both kept from writing outside temporary directories.
 //!
 //! There is no silent skip: with no adapter the tests fail, naming the fix (CI installs
 //! lavapipe, the software Vulkan driver).
 
 #![allow(dead_code)]
 
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Once, OnceLock};
 
 use ndarray::Array4;
 use wgpu_attention::{reference, verify, Attention, Context, Mask};
 
+/// Where the tests' autotuner cache lives: in Cargo's temporary directory for the tests
+/// (`target/tmp`), never the user's `~/.cache/wgpu-attention`.
+pub fn tune_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("wgpu-attention-tune.json")
+}
+
+/// Points the autotuner's cache at [`tune_cache`] for every context this process makes from
+/// now on (and the binaries it starts). [`ctx`] calls it; a test that makes its own tuning
+/// context calls it first.
+pub fn isolate() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| std::env::set_var("WGPU_ATTENTION_TUNE_CACHE", tune_cache()));
+}
+
+/// The `wgpu-attention` binary, its tuning cache at [`tune_cache`].
+pub fn bin() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_wgpu-attention"));
+    command.env("WGPU_ATTENTION_TUNE_CACHE", tune_cache());
+    command
+}
+
 pub fn ctx() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
+    isolate();
     // Measuring for the autotuner would only slow the suite: the tests force each variant
     // (tests/tune.rs measures on contexts of its own).
     CTX.get_or_init(|| match Context::new() {

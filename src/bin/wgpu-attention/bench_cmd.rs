@@ -16,28 +16,28 @@ use crate::AdapterArgs;
 #[derive(Args)]
 pub struct BenchArgs {
     /// Sequence lengths to sweep.
-    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 1024, 4096])]
+    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 1024, 4096], value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     n: Vec<usize>,
     /// Model width d (Q = K = V = X, so d_k = d_v = d; projections excluded).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     d: usize,
     /// Heads (d must divide by it).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     heads: usize,
     /// Batch size.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     batch: usize,
     /// Causal mask (FLOP counts stay those of the full problem).
     #[arg(long)]
     causal: bool,
     /// Timed runs per measurement (the median is reported); at least 1.
-    #[arg(long, default_value_t = 5, value_parser = at_least_one)]
+    #[arg(long, default_value_t = 5, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     repeats: usize,
     /// Untimed runs first (lavapipe compiles each kernel at its first dispatch).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::args::count, allow_negative_numbers = true)]
     warmup: usize,
     /// Kernel family: auto, storage, subgroup, or all (every family the adapter has).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", value_parser = crate::args::family_or_all)]
     kernels: String,
     /// Only the fused path (no attention weights), not the weights path too.
     #[arg(long)]
@@ -46,7 +46,7 @@ pub struct BenchArgs {
     #[arg(long)]
     no_cpu: bool,
     /// Size of the square matmul to time on each family (0 skips it).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = crate::args::count, allow_negative_numbers = true)]
     matmul: usize,
     /// Also write every measurement as JSON to this file.
     #[arg(long)]
@@ -373,13 +373,4 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         println!("wrote {}", path.display());
     }
     Ok(true)
-}
-
-/// A count of at least 1 (clap value parser).
-fn at_least_one(s: &str) -> std::result::Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }

@@ -1,7 +1,9 @@
 //! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `demo`.
 
+mod args;
 mod bench_cmd;
 mod checkpoint_cmd;
+mod errors;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -16,7 +18,7 @@ use wgpu_attention::{
 
 /// Scaled dot-product self-attention in WGSL compute shaders on wgpu.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, after_help = errors::EXIT_STATUS_HELP)]
 struct Cli {
     /// Log to stderr: -v adapter, plan and tuning; -vv every dispatch; -vvv everything,
     /// wgpu's own logs too (RUST_LOG overrides).
@@ -56,18 +58,20 @@ enum Command {
         #[command(flatten)]
         adapter: AdapterArgs,
     },
-    /// Compute attention over .npy inputs and write context.npy and weights.npy.
+    /// Compute attention over .npy inputs (float16, float32 or float64) and write context.npy
+    /// and weights.npy.
     Run(Box<RunArgs>),
-    /// PyTorch's scaled_dot_product_attention over Q, K, V .npy files in (batch, heads, L, E)
-    /// layout; writes context.npy (batch, heads, L, E_v) and weights.npy (batch, heads, L, S).
+    /// PyTorch's scaled_dot_product_attention over Q, K, V .npy files (float16, float32 or
+    /// float64) in (batch, heads, L, E) layout; writes context.npy (batch, heads, L, E_v) and
+    /// weights.npy (batch, heads, L, S).
     Sdpa(SdpaArgs),
     /// Check the GPU kernels against the f64 CPU reference over many shapes and options.
     Verify {
         /// Random cases in addition to the fixed sweep.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_parser = args::count, allow_negative_numbers = true)]
         trials: usize,
         /// Seed of the random cases and their data.
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = args::seed, allow_negative_numbers = true)]
         seed: u64,
         /// Operand type: f32, or f16 (bounds fitting f16's precision).
         #[arg(long, default_value = "f32")]
@@ -77,12 +81,18 @@ enum Command {
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
-    /// Seed 000's example: attention over the words of a sentence, printed as a table.
+    /// The example of the post "Building the Self-Attention Mechanism of Large Language Models
+    /// from scratch": attention over the words of a sentence, printed as a table.
+    ///
+    /// Prints the adapter, the sentence's vocabulary and word indices, the attention weights
+    /// (row = query word, column = key word; each row sums to 1), then the context's shape
+    /// (one d_v = 28 wide vector per word) and the largest absolute and relative differences
+    /// (‖gpu − ref‖ / ‖ref‖) of the weights and the context from the f64 CPU reference.
     Demo {
-        /// The sentence.
+        /// The sentence (default "Life is short, eat dessert first", the post's).
         sentence: Option<String>,
         /// Seed of the embedding and weights.
-        #[arg(long, default_value_t = 42)]
+        #[arg(long, default_value_t = 42, value_parser = args::seed, allow_negative_numbers = true)]
         seed: u64,
         /// Also draw the weights as a heatmap, words on both axes, into this .png or .svg.
         #[arg(long)]
@@ -94,13 +104,13 @@ enum Command {
 
 #[derive(Args)]
 struct SdpaArgs {
-    /// Q, (batch, heads, L, E), float32 or float64 .npy.
+    /// Q, (batch, heads, L, E), float16, float32 or float64 .npy.
     #[arg(long)]
     q: PathBuf,
-    /// K, (batch, heads, S, E).
+    /// K, (batch, heads, S, E), float16/32/64 .npy.
     #[arg(long)]
     k: PathBuf,
-    /// V, (batch, heads, S, E_v).
+    /// V, (batch, heads, S, E_v), float16/32/64 .npy.
     #[arg(long)]
     v: PathBuf,
     #[command(flatten)]
@@ -144,10 +154,11 @@ fn sdpa(args: &SdpaArgs) -> Result<()> {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Input X, (n, d) or (batch, n, d), float32 or float64 .npy.
+    /// Input X, (n, d) or (batch, n, d), float16, float32 or float64 .npy.
     #[arg(long)]
     x: PathBuf,
-    /// W_Q, (d, d_k), in X·W orientation (PyTorch's nn.Linear.weight transposed).
+    /// W_Q, (d, d_k), float16/32/64 .npy, in X·W orientation (PyTorch's nn.Linear.weight
+    /// transposed); every weight and bias file takes the same dtypes.
     #[arg(long, requires_all = ["wk", "wv"])]
     wq: Option<PathBuf>,
     /// W_K, (d, d_k).
@@ -206,11 +217,12 @@ struct OpArgs {
     #[arg(long, allow_negative_numbers = true)]
     scale: Option<f32>,
     /// Attention mask .npy, broadcastable to (batch, heads, n_q, n_kv): bool (true = attend)
-    /// or float (added to the scaled scores, -inf masks out). Combines with --causal; a row
+    /// or float16/32/64 (added to the scaled scores, -inf masks out). Combines with --causal; a row
     /// with nothing to attend to gives zeros.
     #[arg(long)]
     mask: Option<PathBuf>,
-    /// Key lengths .npy, one integer per sequence: sequence b attends to its first L[b] keys.
+    /// Key lengths .npy (any integer dtype), one per sequence: sequence b attends to its first
+    /// L[b] keys.
     #[arg(long)]
     kv_lengths: Option<PathBuf>,
     /// Do not compute-and-return the attention weights (no weights.npy).
@@ -497,18 +509,23 @@ fn demo_cmd(
             .ok_or_else(|| Error::invalid("reference", "no weights"))?,
     );
     println!(
-        "\ncontext vectors: {:?}; vs the f64 CPU reference: weights max abs {:.1e} (rel {:.1e}), context max abs {:.1e} (rel {:.1e})",
+        "\ncontext: shape {:?}, one d_v = {} wide vector per word (the weights above times V)",
         out.context.shape(),
-        max_w,
-        rel_w,
-        max_c,
-        rel_c
+        demo::D_V
+    );
+    println!(
+        "vs the f64 CPU reference: weights max abs {max_w:.1e} (rel {rel_w:.1e}), context max \
+         abs {max_c:.1e} (rel {rel_c:.1e}); rel = ‖gpu − ref‖ / ‖ref‖"
     );
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    errors::install_panic_hook();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return errors::parse_failure(&e),
+    };
     // wgpu's own messages (e.g. EGL probing that fails on a machine without GL) only at -vvv.
     let level = match cli.verbose {
         0 => "wgpu_attention=warn",
@@ -519,19 +536,31 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
         .format_timestamp(None)
         .init();
-    let result = match &cli.command {
+    // A panic (a bug) has printed its one line from the hook; it exits 1 like any failure.
+    match std::panic::catch_unwind(|| dispatch(&cli.command)) {
+        Ok(Ok(true)) => ExitCode::SUCCESS,
+        Ok(Ok(false)) | Err(_) => ExitCode::FAILURE,
+        Ok(Err(e)) => errors::fail(&e),
+    }
+}
+
+/// Runs a command: `Ok(false)` when it ran but failed (a `verify` case, say).
+fn dispatch(command: &Command) -> Result<bool> {
+    match command {
         Command::Devices { adapter } => {
-            let adapters = list_adapters(&adapter.options());
-            if adapters.is_empty() {
-                Err(Error::NoAdapter {
-                    wanted: String::new(),
+            let options = adapter.options();
+            match list_adapters(&options) {
+                Ok(adapters) if adapters.is_empty() => Err(Error::NoAdapter {
+                    wanted: options.describe(),
                     hint: wgpu_attention::context::NO_ADAPTER_HINT.into(),
-                })
-            } else {
-                for (i, a) in adapters.iter().enumerate() {
-                    println!("[{i}] {a}");
+                }),
+                Ok(adapters) => {
+                    for (i, a) in adapters.iter().enumerate() {
+                        println!("[{i}] {a}");
+                    }
+                    Ok(true)
                 }
-                Ok(true)
+                Err(e) => Err(e),
             }
         }
         Command::Run(args) => run(args).map(|()| true),
@@ -549,13 +578,5 @@ fn main() -> ExitCode {
             plot,
             adapter,
         } => demo_cmd(sentence.as_deref(), *seed, plot.as_deref(), adapter).map(|()| true),
-    };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
     }
 }
