@@ -586,3 +586,18 @@ fn bench_plot_draws_gflops_against_n_for_gpu_and_cpu() {
     assert!(text.contains(">\ngpu storage fused\n<"), "{text}");
     assert!(text.contains(">\ncpu f32 ndarray\n<"), "{text}");
 }
+
+#[test]
+fn stderr_stays_quiet_on_a_machine_without_a_display() {
+    // Mesa's device-select Vulkan layer connects to Wayland while adapters are enumerated and,
+    // with no XDG_RUNTIME_DIR, prints an "error:" line twice; the CLI turns that layer off.
+    let out = common::bin()
+        .args(["devices"])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.trim().is_empty(), "stderr: {stderr}");
+}

@@ -520,7 +520,20 @@ fn demo_cmd(
     Ok(())
 }
 
+/// Mesa's implicit Vulkan layer `VK_LAYER_MESA_device_select` connects to a Wayland display
+/// while the adapters are enumerated, to put the GPU that drives the screen first; on a
+/// machine with no display it prints "error: XDG_RUNTIME_DIR is invalid or not set in the
+/// environment." twice, which reads like a failure. This tool presents nothing and ranks the
+/// adapters itself, so the layer is switched off through its own variable, `NODEVICE_SELECT`
+/// (unless the user set it). Called first, while the process has one thread.
+fn quiet_vulkan_layers() {
+    if std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_vulkan_layers();
     errors::install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
