@@ -231,8 +231,10 @@ impl Context {
     /// [`Error::RequestDevice`] when the adapter refuses.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
         let limits = adapter.limits();
-        let wanted =
-            wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
+        let wanted = wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::PIPELINE_CACHE;
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
             required_features: adapter.features() & wanted,

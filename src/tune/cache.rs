@@ -40,6 +40,12 @@ impl TuneCache {
         }
     }
 
+    /// The directory the choices are kept in (`None`: memory only); the pipeline cache is
+    /// kept there too.
+    pub(crate) fn dir(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()?.parent()
+    }
+
     pub(crate) fn get<T: DeserializeOwned>(&self, key: &str) -> Option<T> {
         let map = self.choices.lock().ok()?;
         serde_json::from_value(map.get(key)?.clone()).ok()
