@@ -13,6 +13,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod mask;
 pub mod npy;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod reference;
 pub mod tune;
