@@ -10,6 +10,7 @@ pub mod demo;
 pub mod error;
 pub mod mask;
 pub mod npy;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod reference;
 pub mod verify;
