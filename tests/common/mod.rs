@@ -7,7 +7,6 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Once, OnceLock};
 
 use ndarray::Array4;
@@ -28,8 +27,9 @@ pub fn isolate() {
 }
 
 /// The `wgpu-attention` binary, its tuning cache at [`tune_cache`].
-pub fn bin() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_wgpu-attention"));
+#[cfg(feature = "cli")]
+pub fn bin() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"));
     command.env("WGPU_ATTENTION_TUNE_CACHE", tune_cache());
     command
 }
