@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod checkpoint_cmd;
+mod grad_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -127,9 +128,14 @@ fn sdpa(args: &SdpaArgs) -> Result<()> {
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
     let (b, h, l, _) = q.dim();
     mask.check([b, h, l, k.dim().2])?;
+    let grads = args
+        .op
+        .grad
+        .sdpa(&op, [q.view(), k.view(), v.view()], &mask)?;
     let ctx = args.op.adapter.open()?;
     let out = op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?;
     args.op.write(&out)?;
+    grad_cmd::write(grads, &args.op.out, args.op.dtype)?;
     println!(
         "sdpa      Q {:?}, K {:?}, V {:?}, scale {}, causal {} -> {}",
         q.shape(),
@@ -231,6 +237,8 @@ struct OpArgs {
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
+    #[command(flatten)]
+    grad: grad_cmd::GradArgs,
     #[command(flatten)]
     adapter: AdapterArgs,
 }
@@ -349,11 +357,16 @@ fn run(args: &RunArgs) -> Result<()> {
     let (mask_array, lengths) = args.op.read_mask()?;
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
     mask.check([dims.batch, dims.heads, dims.n, dims.n])?;
+    let grads = args
+        .op
+        .grad
+        .run(&op, x.view(), proj.as_ref(), &mask, layer.is_none())?;
     let ctx = args.op.adapter.open()?;
     let start = Instant::now();
     let out = op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?;
     let elapsed = start.elapsed();
     args.op.write(&out)?;
+    grad_cmd::write(grads, &args.op.out, args.op.dtype)?;
     let info = ctx.adapter_info();
     println!(
         "adapter   {} ({:?}, {:?})",
