@@ -10,6 +10,7 @@
 //!   (the attention kernels and the output projection), and `readback.rs`.
 
 mod dispatch;
+mod gradients;
 mod plan;
 mod projections;
 mod readback;
@@ -20,6 +21,7 @@ mod whole;
 
 use ndarray::{ArrayD, ArrayView4, ArrayViewD};
 
+pub use gradients::{Gradients, SdpaGradients};
 pub use plan::Plan;
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub(crate) use shape::check_inputs_finite;

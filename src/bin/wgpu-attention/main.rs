@@ -4,16 +4,16 @@ mod args;
 mod bench_cmd;
 mod checkpoint_cmd;
 mod errors;
+mod grad_cmd;
+mod run_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
-use ndarray::{ArrayD, Ix1, Ix2};
 use wgpu_attention::{
-    demo, list_adapters, npy, verify, Attention, Backend, Context, ContextOptions, Dtype, Error,
-    Kernels, Mask, Projections, Result,
+    demo, list_adapters, verify, Attention, Backend, Context, ContextOptions, Dtype, Error,
+    Projections, Result,
 };
 
 /// Scaled dot-product self-attention in WGSL compute shaders on wgpu.
@@ -60,11 +60,11 @@ enum Command {
     },
     /// Compute attention over .npy inputs (float16, float32 or float64) and write context.npy
     /// and weights.npy.
-    Run(Box<RunArgs>),
+    Run(Box<run_cmd::RunArgs>),
     /// PyTorch's scaled_dot_product_attention over Q, K, V .npy files (float16, float32 or
     /// float64) in (batch, heads, L, E) layout; writes context.npy (batch, heads, L, E_v) and
     /// weights.npy (batch, heads, L, S).
-    Sdpa(SdpaArgs),
+    Sdpa(run_cmd::SdpaArgs),
     /// Check the GPU kernels against the f64 CPU reference over many shapes and options.
     Verify {
         /// Random cases in addition to the fixed sweep.
@@ -100,312 +100,6 @@ enum Command {
         #[command(flatten)]
         adapter: AdapterArgs,
     },
-}
-
-#[derive(Args)]
-struct SdpaArgs {
-    /// Q, (batch, heads, L, E), float16, float32 or float64 .npy.
-    #[arg(long)]
-    q: PathBuf,
-    /// K, (batch, heads, S, E), float16/32/64 .npy.
-    #[arg(long)]
-    k: PathBuf,
-    /// V, (batch, heads, S, E_v), float16/32/64 .npy.
-    #[arg(long)]
-    v: PathBuf,
-    #[command(flatten)]
-    op: OpArgs,
-}
-
-fn read_4d(path: &Path) -> Result<ndarray::Array4<f32>> {
-    let a = npy::read(path)?;
-    let shape = a.shape().to_vec();
-    a.into_dimensionality().map_err(|_| {
-        Error::shape(format!(
-            "{}: expected a 4-D array (batch, heads, rows, width), got shape {shape:?}",
-            path.display()
-        ))
-    })
-}
-
-fn sdpa(args: &SdpaArgs) -> Result<()> {
-    let (q, k, v) = (read_4d(&args.q)?, read_4d(&args.k)?, read_4d(&args.v)?);
-    let op = args.op.op();
-    // Check the problem before opening a device, so bad input fails fast.
-    let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-    let (mask_array, lengths) = args.op.read_mask()?;
-    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
-    let (b, h, l, _) = q.dim();
-    mask.check([b, h, l, k.dim().2])?;
-    let ctx = args.op.adapter.open()?;
-    let out = op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?;
-    args.op.write(&out)?;
-    println!(
-        "sdpa      Q {:?}, K {:?}, V {:?}, scale {}, causal {} -> {}",
-        q.shape(),
-        k.shape(),
-        v.shape(),
-        dims.scale,
-        dims.causal,
-        args.op.out.display()
-    );
-    Ok(())
-}
-
-#[derive(Args)]
-struct RunArgs {
-    /// Input X, (n, d) or (batch, n, d), float16, float32 or float64 .npy.
-    #[arg(long)]
-    x: PathBuf,
-    /// W_Q, (d, d_k), float16/32/64 .npy, in X·W orientation (PyTorch's nn.Linear.weight
-    /// transposed); every weight and bias file takes the same dtypes.
-    #[arg(long, requires_all = ["wk", "wv"])]
-    wq: Option<PathBuf>,
-    /// W_K, (d, d_k).
-    #[arg(long, requires_all = ["wq", "wv"])]
-    wk: Option<PathBuf>,
-    /// W_V, (d, d_v).
-    #[arg(long, requires_all = ["wq", "wk"])]
-    wv: Option<PathBuf>,
-    /// b_Q, (d_k,).
-    #[arg(long, requires_all = ["bk", "bv", "wq"])]
-    bq: Option<PathBuf>,
-    /// b_K, (d_k,).
-    #[arg(long, requires_all = ["bq", "bv", "wq"])]
-    bk: Option<PathBuf>,
-    /// b_V, (d_v,).
-    #[arg(long, requires_all = ["bq", "bk", "wq"])]
-    bv: Option<PathBuf>,
-    /// W_O, (d_v, d_out): output projection, context·W_O (+ b_O), as nn.MultiheadAttention's
-    /// out_proj (its weight transposed).
-    #[arg(long, requires = "wq")]
-    wo: Option<PathBuf>,
-    /// b_O, (d_out,).
-    #[arg(long, requires = "wo")]
-    bo: Option<PathBuf>,
-    /// Q/K/V (and output) projections of one layer from a .safetensors checkpoint, as PyTorch
-    /// stores nn.Linear weights (transposed here): BERT's PREFIX.query/key/value (or
-    /// PREFIX.self.query/… for the parent BertAttention), PREFIX.q_proj/k_proj/v_proj, or
-    /// nn.MultiheadAttention's PREFIX.in_proj_weight. The output projection is applied only
-    /// when it is directly under PREFIX (PREFIX.out_proj / o_proj / output.dense): a
-    /// ….attention.self prefix gives BertSelfAttention's output, the context. Heads: --heads,
-    /// else the config.json beside the file (num_attention_heads, num_key_value_heads).
-    #[arg(long, requires = "prefix", conflicts_with_all = ["wq", "wk", "wv", "bq", "bk", "bv", "wo", "bo"])]
-    weights: Option<PathBuf>,
-    /// The layer's name prefix in the checkpoint, e.g. encoder.layer.0.attention.self.
-    #[arg(long, requires = "weights")]
-    prefix: Option<String>,
-    /// Number of heads (d_k and d_v must divide by it). Default: 1, or with --weights the
-    /// config.json beside the checkpoint.
-    #[arg(long)]
-    heads: Option<usize>,
-    #[command(flatten)]
-    op: OpArgs,
-    /// Also draw the weights as a heatmap into this .png or .svg (one panel per head; of a
-    /// batch, the first sequence).
-    #[arg(long)]
-    plot: Option<PathBuf>,
-}
-
-/// The options `run` and `sdpa` share.
-#[derive(Args)]
-struct OpArgs {
-    /// Causal mask, top-left aligned as PyTorch's is_causal: query i attends to keys j ≤ i.
-    #[arg(long)]
-    causal: bool,
-    /// Scale of Q·Kᵀ (default 1/sqrt of the per-head query width).
-    #[arg(long, allow_negative_numbers = true)]
-    scale: Option<f32>,
-    /// Attention mask .npy, broadcastable to (batch, heads, n_q, n_kv): bool (true = attend)
-    /// or float16/32/64 (added to the scaled scores, -inf masks out). Combines with --causal; a row
-    /// with nothing to attend to gives zeros.
-    #[arg(long)]
-    mask: Option<PathBuf>,
-    /// Key lengths .npy (any integer dtype), one per sequence: sequence b attends to its first
-    /// L[b] keys.
-    #[arg(long)]
-    kv_lengths: Option<PathBuf>,
-    /// Do not compute-and-return the attention weights (no weights.npy).
-    #[arg(long)]
-    no_weights: bool,
-    /// Kernel family: auto (measured on first use), storage (any adapter) or subgroup
-    /// (textures + subgroup operations, fast on lavapipe).
-    #[arg(long, default_value = "auto")]
-    kernels: Kernels,
-    /// Operand type on the device: f32, or f16 (needs SHADER_F16; operands stored as f16,
-    /// arithmetic in f32; the outputs are written as float16 .npy).
-    #[arg(long, default_value = "f32")]
-    dtype: Dtype,
-    /// Pass NaN/Inf in the inputs through (they propagate to the outputs that depend on them)
-    /// instead of rejecting them.
-    #[arg(long)]
-    propagate_nan: bool,
-    /// Output directory (created if missing).
-    #[arg(long)]
-    out: PathBuf,
-    #[command(flatten)]
-    adapter: AdapterArgs,
-}
-
-impl OpArgs {
-    /// The op these options configure.
-    fn op(&self) -> Attention {
-        let op = Attention::new()
-            .causal(self.causal)
-            .return_weights(!self.no_weights)
-            .kernels(self.kernels)
-            .dtype(self.dtype)
-            .propagate_non_finite(self.propagate_nan);
-        match self.scale {
-            Some(s) => op.scale(s),
-            None => op,
-        }
-    }
-
-    /// Reads --mask and --kv-lengths (a mask array the returned [`Mask`] borrows from).
-    fn read_mask(&self) -> Result<(Option<npy::MaskArray>, Option<Vec<usize>>)> {
-        let mask = self.mask.as_deref().map(npy::read_mask).transpose()?;
-        let lengths = self
-            .kv_lengths
-            .as_deref()
-            .map(npy::read_lengths)
-            .transpose()?;
-        Ok((mask, lengths))
-    }
-
-    /// Writes context.npy and, when there are weights, weights.npy into `out`.
-    fn write(&self, out: &wgpu_attention::Output) -> Result<()> {
-        std::fs::create_dir_all(&self.out)
-            .map_err(|e| Error::io(&self.out, format!("cannot create directory: {e}")))?;
-        let write = match self.dtype {
-            Dtype::F32 => npy::write,
-            Dtype::F16 => npy::write_f16,
-        };
-        write(&self.out.join("context.npy"), &out.context)?;
-        if let Some(w) = &out.weights {
-            write(&self.out.join("weights.npy"), w)?;
-        }
-        Ok(())
-    }
-}
-
-fn read_2d(path: &Path) -> Result<ndarray::Array2<f32>> {
-    let a = npy::read(path)?;
-    let shape = a.shape().to_vec();
-    a.into_dimensionality::<Ix2>()
-        .map_err(|_| Error::io(path, format!("expected a 2-D array, found shape {shape:?}")))
-}
-
-fn read_1d(path: &Path) -> Result<ndarray::Array1<f32>> {
-    let a = npy::read(path)?;
-    let shape = a.shape().to_vec();
-    a.into_dimensionality::<Ix1>()
-        .map_err(|_| Error::io(path, format!("expected a 1-D array, found shape {shape:?}")))
-}
-
-/// The mask of a read mask array and key lengths (either may be absent).
-fn with_lengths<'a>(mask: Option<&'a npy::MaskArray>, lengths: Option<&[usize]>) -> Mask<'a> {
-    let mask = mask.map(npy::MaskArray::mask).unwrap_or_default();
-    match lengths {
-        Some(l) => mask.with_kv_lengths(l),
-        None => mask,
-    }
-}
-
-fn run(args: &RunArgs) -> Result<()> {
-    if let Some(path) = &args.plot {
-        if args.op.no_weights {
-            return Err(Error::invalid(
-                "--plot",
-                "draws the attention weights, which --no-weights turns off",
-            ));
-        }
-        wgpu_attention::plot::Format::from_path(path)?;
-    }
-    let x: ArrayD<f32> = npy::read(&args.x)?;
-    let weights = match (&args.wq, &args.wk, &args.wv) {
-        (Some(q), Some(k), Some(v)) => Some((read_2d(q)?, read_2d(k)?, read_2d(v)?)),
-        _ => None,
-    };
-    let biases = match (&args.bq, &args.bk, &args.bv) {
-        (Some(q), Some(k), Some(v)) => Some((read_1d(q)?, read_1d(k)?, read_1d(v)?)),
-        _ => None,
-    };
-    let w_o = args.wo.as_deref().map(read_2d).transpose()?;
-    let b_o = args.bo.as_deref().map(read_1d).transpose()?;
-    let (layer, heads) = match (&args.weights, &args.prefix) {
-        (Some(file), Some(prefix)) => {
-            let (layer, heads) = checkpoint_cmd::layer(file, prefix, args.heads)?;
-            (Some(layer), heads)
-        }
-        _ => (None, args.heads.unwrap_or(1)),
-    };
-    let from_file = weights.as_ref().map(|(q, k, v)| {
-        let p = Projections::new(q.view(), k.view(), v.view());
-        let p = match &biases {
-            Some((bq, bk, bv)) => p.with_bias(bq.view(), bk.view(), bv.view()),
-            None => p,
-        };
-        match &w_o {
-            Some(w) => p.with_output(w.view(), b_o.as_ref().map(|b| b.view())),
-            None => p,
-        }
-    });
-    let proj = match &layer {
-        Some(l) => Some(l.projections()),
-        None => from_file,
-    };
-    let op = args.op.op().heads(heads);
-    // Check the problem before opening a device, so bad input fails fast.
-    let dims = op.dims(x.shape(), proj.as_ref())?;
-    let (mask_array, lengths) = args.op.read_mask()?;
-    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
-    mask.check([dims.batch, dims.heads, dims.n, dims.n])?;
-    let ctx = args.op.adapter.open()?;
-    let start = Instant::now();
-    let out = op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?;
-    let elapsed = start.elapsed();
-    args.op.write(&out)?;
-    let info = ctx.adapter_info();
-    println!(
-        "adapter   {} ({:?}, {:?})",
-        info.name, info.backend, info.device_type
-    );
-    println!(
-        "problem   X {:?}, d_k {}, d_v {}, heads {}, scale {}, causal {}",
-        x.shape(),
-        dims.d_k,
-        dims.d_v,
-        dims.heads,
-        dims.scale,
-        dims.causal
-    );
-    println!(
-        "context   {:?} -> {}",
-        out.context.shape(),
-        args.op.out.join("context.npy").display()
-    );
-    if let Some(w) = &out.weights {
-        println!(
-            "weights   {:?} -> {}",
-            w.shape(),
-            args.op.out.join("weights.npy").display()
-        );
-        if let Some(path) = &args.plot {
-            let title = format!(
-                "attention weights, X {:?}{}",
-                x.shape(),
-                if dims.causal { ", causal" } else { "" }
-            );
-            wgpu_attention::plot::heatmap(path, w.view(), dims.heads, None, &title)?;
-            println!("heatmap   -> {}", path.display());
-        }
-    }
-    println!(
-        "time      {:.2} ms (upload, kernels, readback; includes first-use shader compilation)",
-        elapsed.as_secs_f64() * 1e3
-    );
-    Ok(())
 }
 
 fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> Result<bool> {
@@ -576,8 +270,8 @@ fn dispatch(command: &Command) -> Result<bool> {
                 Err(e) => Err(e),
             }
         }
-        Command::Run(args) => run(args).map(|()| true),
-        Command::Sdpa(args) => sdpa(args).map(|()| true),
+        Command::Run(args) => run_cmd::run(args).map(|()| true),
+        Command::Sdpa(args) => run_cmd::sdpa(args).map(|()| true),
         Command::Verify {
             trials,
             seed,

@@ -1,11 +1,15 @@
 //! The CPU oracle: the same definition as the GPU path, written plainly with `ndarray` and
-//! accumulated in f64. Slow on purpose; obviously right is the point.
+//! accumulated in f64. Slow on purpose; obviously right is the point. The gradients of both
+//! ops are here too ([`sdpa_backward`], [`attention_backward`]).
 
 use ndarray::{s, Array1, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
 use crate::attention::{check_inputs_finite, Attention, Dims, Output, Projections};
 use crate::error::{Error, Result};
 use crate::mask::Mask;
+
+mod backward;
+pub use backward::{attention_backward, sdpa_backward};
 
 fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)
@@ -51,16 +55,18 @@ pub fn softmax_masked(logits: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// One head of attention: `A = softmax(scale·q·kᵀ + bias)` row by row, top-left causal when
-/// asked, and `(A, A·v)`. `bias` is the resolved mask with the batch and head to read it at.
-fn head(
+/// The resolved mask of a call with the batch index and head to read it at.
+type BiasAt<'m> = Option<(&'m Array4<f32>, usize, usize)>;
+
+/// One head's attention weights: `A = softmax(scale·q·kᵀ + bias)` row by row, top-left
+/// causal when asked, masked weights exactly 0, a row with nothing to attend to all 0.
+fn head_weights(
     q: ArrayView2<'_, f64>,
     k: ArrayView2<'_, f64>,
-    v: ArrayView2<'_, f64>,
     scale: f64,
     causal: bool,
-    bias: Option<(&Array4<f32>, usize, usize)>,
-) -> (Array2<f64>, Array2<f64>) {
+    bias: BiasAt<'_>,
+) -> Array2<f64> {
     let (n_q, n_kv) = (q.nrows(), k.nrows());
     let logits = q.dot(&k.t()) * scale;
     let mut a = Array2::<f64>::zeros((n_q, n_kv));
@@ -87,6 +93,20 @@ fn head(
             .collect();
         a.row_mut(i).assign(&Array1::from(softmax_masked(&row)));
     }
+    a
+}
+
+/// One head of attention: the weights `A` of [`head_weights`] and the context `A·v`.
+fn head(
+    q: ArrayView2<'_, f64>,
+    k: ArrayView2<'_, f64>,
+    v: ArrayView2<'_, f64>,
+    scale: f64,
+    causal: bool,
+    bias: BiasAt<'_>,
+) -> (Array2<f64>, Array2<f64>) {
+    let (n_q, n_kv) = (q.nrows(), k.nrows());
+    let a = head_weights(q, k, scale, causal, bias);
     // context = A·V over the keys of non-zero weight: a key of weight 0 contributes nothing,
     // even where its value is NaN or Inf.
     let mut context = Array2::<f64>::zeros((n_q, v.ncols()));

@@ -1,0 +1,260 @@
+//! The backward pass on the CPU in f64, written from the analytic formulas: the oracle for
+//! gradients, as the rest of [`crate::reference`] is for the forward.
+//!
+//! For one head, with `P = softmax(scale·Q·Kᵀ + bias)` (the forward's weights, masked
+//! entries exactly 0) and `dO = ∂ℓ/∂O`, `O = P·V`:
+//!
+//! ```text
+//! dV = Pᵀ·dO
+//! dP = dO·Vᵀ
+//! D_i = Σ_j P_ij·dP_ij              (= Σ_e dO_ie·O_ie)
+//! dS = P ∘ (dP − D)                  (each row i shifted by its own D_i)
+//! dQ = scale·dS·K
+//! dK = scale·dSᵀ·Q
+//! ```
+//!
+//! The bias (mask, causal, key lengths) does not depend on the inputs, so it only enters
+//! through `P`. A row with nothing to attend to has `P = 0`, hence `dS = 0`: its query gets a
+//! gradient of exactly 0 and it adds nothing to any key or value. Grouped-query K/V heads
+//! sum the gradients of the query heads that read them. The projected layer chains these
+//! through `Q = X·W_Q + b_Q` (and K, V) and the output projection.
+
+use ndarray::{s, Array1, Array2, Array3, Array4, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
+
+use super::{head, head_weights, project, BiasAt};
+use crate::attention::{check_finite, check_inputs_finite, Attention, Projections};
+use crate::attention::{Gradients, SdpaGradients};
+use crate::error::{Error, Result};
+use crate::mask::Mask;
+
+/// One head's gradients `(dQ, dK, dV)` from the formulas in the module docs.
+fn head_backward(
+    q: ArrayView2<'_, f64>,
+    k: ArrayView2<'_, f64>,
+    v: ArrayView2<'_, f64>,
+    d_o: ArrayView2<'_, f64>,
+    scale: f64,
+    causal: bool,
+    bias: BiasAt<'_>,
+) -> (Array2<f64>, Array2<f64>, Array2<f64>) {
+    let p = head_weights(q, k, scale, causal, bias);
+    let d_v = p.t().dot(&d_o);
+    let d_p = d_o.dot(&v.t());
+    let mut d_s = Array2::<f64>::zeros(p.raw_dim());
+    for i in 0..p.nrows() {
+        let d_i: f64 = (&p.row(i) * &d_p.row(i)).sum();
+        for j in 0..p.ncols() {
+            d_s[[i, j]] = p[[i, j]] * (d_p[[i, j]] - d_i);
+        }
+    }
+    let d_q = d_s.dot(&k) * scale;
+    let d_k = d_s.t().dot(&q) * scale;
+    (d_q, d_k, d_v)
+}
+
+/// `Err(ShapeMismatch)` unless the output gradient has the output's shape.
+fn check_grad_shape(d_o: &[usize], output: &[usize], what: &str) -> Result<()> {
+    if d_o == output {
+        return Ok(());
+    }
+    Err(Error::shape(format!(
+        "dO is {d_o:?} but {what} is {output:?}: the output's gradient has the output's shape"
+    )))
+}
+
+/// The gradients of [`Attention::sdpa_masked`] on the CPU in f64: given `dO = ∂ℓ/∂context`
+/// of shape `(batch, heads, L, E_v)`, returns `∂ℓ/∂Q`, `∂ℓ/∂K` and `∂ℓ/∂V` in the shapes of
+/// Q, K and V (see [`SdpaGradients`]). Every option of the forward applies: causal, the
+/// mask and key lengths, grouped-query heads, the scale. The weights are recomputed from
+/// Q and K, as a fused backward does.
+///
+/// # Errors
+/// The forward's shape, option and mask errors; [`Error::ShapeMismatch`] when `dO` does not
+/// have the context's shape; [`Error::NonFinite`] for NaN or ±Inf in Q, K, V or dO, always
+/// ([`Attention::propagate_non_finite`] applies to the forward only: a gradient through a
+/// non-finite value has no meaning).
+pub fn sdpa_backward(
+    op: &Attention,
+    q: ArrayView4<'_, f32>,
+    k: ArrayView4<'_, f32>,
+    v: ArrayView4<'_, f32>,
+    d_o: ArrayView4<'_, f32>,
+    mask: &Mask<'_>,
+) -> Result<SdpaGradients<f64>> {
+    let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+    let (b, h, l, _) = q.dim();
+    let (h_kv, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
+    check_grad_shape(
+        d_o.shape(),
+        &[b, h, l, e_v],
+        "the context (batch, heads, L, E_v)",
+    )?;
+    for (name, a) in [("Q", &q), ("K", &k), ("V", &v), ("dO", &d_o)] {
+        check_finite(name, a)?;
+    }
+    let bias = mask.bias([b, h, l, s_len])?;
+    let scale = f64::from(dims.scale);
+    let mut d_q = Array4::<f64>::zeros(q.raw_dim());
+    let mut d_k = Array4::<f64>::zeros(k.raw_dim());
+    let mut d_v = Array4::<f64>::zeros(v.raw_dim());
+    for bi in 0..b {
+        for hi in 0..h {
+            // Grouped-query attention: Q head hi reads K/V head hi / (H / H_kv).
+            let hk = hi / (h / h_kv);
+            let qm = q.slice(s![bi, hi, .., ..]).mapv(f64::from);
+            let km = k.slice(s![bi, hk, .., ..]).mapv(f64::from);
+            let vm = v.slice(s![bi, hk, .., ..]).mapv(f64::from);
+            let dom = d_o.slice(s![bi, hi, .., ..]).mapv(f64::from);
+            let at = bias.as_ref().map(|m| (m, bi, hi));
+            let (gq, gk, gv) = head_backward(
+                qm.view(),
+                km.view(),
+                vm.view(),
+                dom.view(),
+                scale,
+                dims.causal,
+                at,
+            );
+            d_q.slice_mut(s![bi, hi, .., ..]).assign(&gq);
+            // A shared K/V head sums the gradients of every Q head reading it.
+            d_k.slice_mut(s![bi, hk, .., ..]).scaled_add(1.0, &gk);
+            d_v.slice_mut(s![bi, hk, .., ..]).scaled_add(1.0, &gv);
+        }
+    }
+    Ok(SdpaGradients {
+        q: d_q,
+        k: d_k,
+        v: d_v,
+    })
+}
+
+/// The gradients of [`Attention::forward_masked`] (pass [`Mask::none`] for
+/// [`Attention::forward`]) on the CPU in f64: given `dO = ∂ℓ/∂output`, of the output's
+/// shape (`(n, d_out)` or `(batch, n, d_out)`), returns `∂ℓ/∂X` and, with projections, the
+/// gradient of every weight and bias given (see [`Gradients`]). Without projections
+/// (`Q = K = V = X`), `∂ℓ/∂X` is the sum of the gradients of X's three uses.
+///
+/// # Errors
+/// The forward's shape, option and mask errors; [`Error::ShapeMismatch`] when `dO` does not
+/// have the output's shape; [`Error::NonFinite`] for NaN or ±Inf in X, a weight, a bias or
+/// dO, always (as [`sdpa_backward`]).
+pub fn attention_backward(
+    op: &Attention,
+    x: ArrayViewD<'_, f32>,
+    proj: Option<&Projections<'_>>,
+    d_o: ArrayViewD<'_, f32>,
+    mask: &Mask<'_>,
+) -> Result<Gradients<f64>> {
+    let dims = op.dims(x.shape(), proj)?;
+    check_grad_shape(d_o.shape(), &dims.context_shape(), "the output")?;
+    check_inputs_finite(&x, proj)?;
+    check_finite("dO", &d_o)?;
+    let (batch, n, d, d_k, d_v, d_out, heads) = (
+        dims.batch, dims.n, dims.d, dims.d_k, dims.d_v, dims.d_out, dims.heads,
+    );
+    let bias = mask.bias([batch, heads, n, n])?;
+    let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
+    let x3 = x
+        .to_shape((batch, n, d))
+        .map_err(shape_err)?
+        .mapv(f64::from);
+    let d_o3 = d_o
+        .to_shape((batch, n, d_out))
+        .map_err(shape_err)?
+        .mapv(f64::from);
+    let (dk_h, dv_h) = (d_k / heads, d_v / heads);
+    let scale = f64::from(dims.scale);
+    let f64_2d = |w: &ArrayView2<'_, f32>| w.mapv(f64::from);
+    let w_o = proj.and_then(|p| p.w_o.as_ref().map(f64_2d));
+    let weights = proj.map(|p| (f64_2d(&p.w_q), f64_2d(&p.w_k), f64_2d(&p.w_v)));
+
+    let mut g = Gradients {
+        x: Array3::<f64>::zeros((batch, n, d)).into_dyn(),
+        w_q: weights.as_ref().map(|_| Array2::zeros((d, d_k))),
+        w_k: weights.as_ref().map(|_| Array2::zeros((d, d_k))),
+        w_v: weights.as_ref().map(|_| Array2::zeros((d, d_v))),
+        b_q: proj.and_then(|p| p.b_q).map(|_| Array1::zeros(d_k)),
+        b_k: proj.and_then(|p| p.b_k).map(|_| Array1::zeros(d_k)),
+        b_v: proj.and_then(|p| p.b_v).map(|_| Array1::zeros(d_v)),
+        w_o: w_o.as_ref().map(|_| Array2::zeros((d_v, d_out))),
+        b_o: proj.and_then(|p| p.b_o).map(|_| Array1::zeros(d_out)),
+    };
+    for b in 0..batch {
+        let xb = x3.index_axis(Axis(0), b).to_owned();
+        let d_ob = d_o3.index_axis(Axis(0), b);
+        let (q, k, v) = match proj {
+            None => (xb.clone(), xb.clone(), xb.clone()),
+            Some(p) => (
+                project(&xb, &p.w_q, p.b_q.as_ref()),
+                project(&xb, &p.w_k, p.b_k.as_ref()),
+                project(&xb, &p.w_v, p.b_v.as_ref()),
+            ),
+        };
+        let head_cols = |h: usize, w: usize| s![.., h * w..(h + 1) * w];
+        // Through the output projection: out = C·W_O + b_O, so dC = dO·W_Oᵀ, dW_O = Cᵀ·dO.
+        let d_context = match &w_o {
+            None => d_ob.to_owned(),
+            Some(w_o) => {
+                let mut context = Array2::<f64>::zeros((n, d_v));
+                for h in 0..heads {
+                    let at = bias.as_ref().map(|m| (m, b, h));
+                    let (qh, kh) = (q.slice(head_cols(h, dk_h)), k.slice(head_cols(h, dk_h)));
+                    let (_, c) = head(qh, kh, v.slice(head_cols(h, dv_h)), scale, dims.causal, at);
+                    context.slice_mut(head_cols(h, dv_h)).assign(&c);
+                }
+                if let Some(gw) = g.w_o.as_mut() {
+                    *gw += &context.t().dot(&d_ob);
+                }
+                d_ob.dot(&w_o.t())
+            }
+        };
+        if let Some(gb) = g.b_o.as_mut() {
+            *gb += &d_ob.sum_axis(Axis(0));
+        }
+        // Each head's Q, K, V gradients, in the heads-concatenated columns they came from.
+        let mut grad_q = Array2::<f64>::zeros((n, d_k));
+        let mut grad_k = Array2::<f64>::zeros((n, d_k));
+        let mut grad_v = Array2::<f64>::zeros((n, d_v));
+        for h in 0..heads {
+            let at = bias.as_ref().map(|m| (m, b, h));
+            let (gq, gk, gv) = head_backward(
+                q.slice(head_cols(h, dk_h)),
+                k.slice(head_cols(h, dk_h)),
+                v.slice(head_cols(h, dv_h)),
+                d_context.slice(head_cols(h, dv_h)),
+                scale,
+                dims.causal,
+                at,
+            );
+            grad_q.slice_mut(head_cols(h, dk_h)).assign(&gq);
+            grad_k.slice_mut(head_cols(h, dk_h)).assign(&gk);
+            grad_v.slice_mut(head_cols(h, dv_h)).assign(&gv);
+        }
+        // Through the projections: Q = X·W_Q + b_Q gives dW_Q = Xᵀ·dQ, db_Q = Σ_rows dQ,
+        // and X's share dQ·W_Qᵀ; likewise K and V. Without them Q = K = V = X.
+        let d_x = match &weights {
+            None => &grad_q + &grad_k + &grad_v,
+            Some((w_q, w_k, w_v)) => {
+                let pairs = [
+                    (g.w_q.as_mut(), g.b_q.as_mut(), &grad_q),
+                    (g.w_k.as_mut(), g.b_k.as_mut(), &grad_k),
+                    (g.w_v.as_mut(), g.b_v.as_mut(), &grad_v),
+                ];
+                for (gw, gb, dy) in pairs {
+                    if let Some(gw) = gw {
+                        *gw += &xb.t().dot(dy);
+                    }
+                    if let Some(gb) = gb {
+                        *gb += &dy.sum_axis(Axis(0));
+                    }
+                }
+                grad_q.dot(&w_q.t()) + grad_k.dot(&w_k.t()) + grad_v.dot(&w_v.t())
+            }
+        };
+        g.x.index_axis_mut(Axis(0), b).assign(&d_x);
+    }
+    g.x =
+        g.x.into_shape_with_order(IxDyn(x.shape()))
+            .map_err(shape_err)?;
+    Ok(g)
+}

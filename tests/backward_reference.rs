@@ -1,0 +1,487 @@
+//! The f64 backward reference (`reference::sdpa_backward`, `reference::attention_backward`)
+//! against central finite differences of the f64 forward reference, on every option the
+//! forward takes; and its errors. No GPU needed.
+//!
+//! The loss is `ℓ = Σ dO ∘ output` for a random `dO`, so `∂ℓ/∂input` is exactly what the
+//! backward returns for that `dO`. Each input element `x` is moved to the f32 values `x ± h`
+//! and the difference quotient divides by their exact distance, so f32 inputs lose nothing.
+
+use ndarray::{Array1, Array2, Array4, ArrayD, ArrayView2, ArrayViewD, Ix2, IxDyn};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use wgpu_attention::{reference, Attention, Error, Mask, Projections};
+
+/// The finite-difference step.
+const H: f32 = 1e-3;
+/// Relative error (`‖analytic − numeric‖ / ‖numeric‖`) allowed: central differences with
+/// `h = 1e-3` are good to ~1e-7 here; a wrong sign or factor is off by O(1).
+const TOL: f64 = 1e-5;
+
+fn random(shape: &[usize], seed: u64) -> ArrayD<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    ArrayD::from_shape_simple_fn(IxDyn(shape), || rng.random_range(-1.0f32..1.0))
+}
+
+/// `∂loss/∂params[p]` by central differences, for every element.
+fn numeric_grad(
+    params: &[ArrayD<f32>],
+    p: usize,
+    loss: &dyn Fn(&[ArrayD<f32>]) -> f64,
+) -> ArrayD<f64> {
+    let mut moved = params.to_vec();
+    let mut grad = ArrayD::<f64>::zeros(params[p].raw_dim());
+    let indices: Vec<IxDyn> = params[p].indexed_iter().map(|(i, _)| i).collect();
+    for idx in indices {
+        let x0 = params[p][&idx];
+        let (plus, minus) = (x0 + H, x0 - H);
+        moved[p][&idx] = plus;
+        let up = loss(&moved);
+        moved[p][&idx] = minus;
+        let down = loss(&moved);
+        moved[p][&idx] = x0;
+        grad[&idx] = (up - down) / (f64::from(plus) - f64::from(minus));
+    }
+    grad
+}
+
+fn norm(a: &ArrayD<f64>) -> f64 {
+    a.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// The analytic gradient agrees with the numeric one to [`TOL`], relative to the numeric
+/// one's norm (which must not be negligible, or the check proves nothing).
+fn assert_agrees(name: &str, analytic: &ArrayD<f64>, numeric: &ArrayD<f64>) {
+    assert_eq!(analytic.shape(), numeric.shape(), "{name}: shape");
+    assert!(analytic.iter().all(|v| v.is_finite()), "{name}: not finite");
+    if name == "db_K" {
+        // b_K adds q_i·b_K to every score of row i: softmax does not see it, so ∂ℓ/∂b_K is
+        // exactly 0 (each row of dS sums to 0).
+        assert!(norm(numeric) < 1e-9, "{name}: numeric {numeric}");
+        assert!(norm(analytic) < 1e-12, "{name}: analytic {analytic}");
+        return;
+    }
+    let scale = norm(numeric);
+    assert!(scale > 1e-3, "{name}: numeric gradient ~0 ({scale:e})");
+    let err = norm(&(analytic - numeric)) / scale;
+    assert!(
+        err < TOL,
+        "{name}: relative error {err:e}\nanalytic {analytic}\nnumeric {numeric}"
+    );
+}
+
+fn loss(output: &ArrayD<f64>, d_o: &ArrayD<f32>) -> f64 {
+    output
+        .iter()
+        .zip(d_o.iter())
+        .map(|(o, g)| o * f64::from(*g))
+        .sum()
+}
+
+fn view4(a: &ArrayD<f32>) -> ndarray::ArrayView4<'_, f32> {
+    a.view().into_dimensionality().unwrap()
+}
+
+/// `sdpa_backward` against finite differences of `sdpa_masked` for Q, K and V of the given
+/// shapes. Returns the analytic gradients for further checks.
+fn check_sdpa(
+    op: Attention,
+    [b, h, h_kv, l, s, e, ev]: [usize; 7],
+    mask: &Mask<'_>,
+) -> wgpu_attention::SdpaGradients<f64> {
+    let params = vec![
+        random(&[b, h, l, e], 1),
+        random(&[b, h_kv, s, e], 2),
+        random(&[b, h_kv, s, ev], 3),
+    ];
+    let d_o = random(&[b, h, l, ev], 4);
+    let f = |p: &[ArrayD<f32>]| {
+        let out = reference::sdpa_masked(&op, view4(&p[0]), view4(&p[1]), view4(&p[2]), mask);
+        loss(&out.unwrap().context, &d_o)
+    };
+    let g = reference::sdpa_backward(
+        &op,
+        view4(&params[0]),
+        view4(&params[1]),
+        view4(&params[2]),
+        view4(&d_o),
+        mask,
+    )
+    .unwrap();
+    for (i, (name, analytic)) in [("dQ", &g.q), ("dK", &g.k), ("dV", &g.v)]
+        .into_iter()
+        .enumerate()
+    {
+        let numeric = numeric_grad(&params, i, &f);
+        assert_agrees(name, &analytic.clone().into_dyn(), &numeric);
+    }
+    g
+}
+
+#[test]
+fn sdpa_gradients_match_finite_differences_on_odd_sizes_with_a_custom_scale() {
+    check_sdpa(Attention::new(), [2, 3, 3, 3, 5, 3, 4], &Mask::none());
+    check_sdpa(
+        Attention::new().scale(0.8),
+        [1, 1, 1, 7, 2, 5, 1],
+        &Mask::none(),
+    );
+}
+
+#[test]
+fn sdpa_gradients_match_finite_differences_causal_with_l_not_s() {
+    let causal = Attention::new().causal(true);
+    // Queries past S see every key; with L < S the last keys are seen by no one.
+    check_sdpa(causal, [1, 2, 2, 5, 3, 3, 2], &Mask::none());
+    check_sdpa(causal, [2, 1, 1, 2, 4, 3, 3], &Mask::none());
+}
+
+#[test]
+fn sdpa_gradients_match_finite_differences_with_masks_lengths_and_grouped_heads() {
+    // A boolean (L, S) mask with row 1 fully masked, key lengths, 4 Q heads on 2 K/V heads.
+    let keep = Array2::from_shape_fn((3, 5), |(i, j)| i != 1 && (i + j) % 3 != 0).into_dyn();
+    let mask = Mask::boolean(keep.view()).with_kv_lengths(&[5, 2]);
+    check_sdpa(Attention::new(), [2, 4, 2, 3, 5, 3, 2], &mask);
+    // A float (batch, 1, L, S) mask with biases and -inf, multi-query (one K/V head), causal.
+    let bias = Array4::from_shape_fn((2, 1, 4, 4), |(b, _, i, j)| match (b + i + 2 * j) % 4 {
+        0 => f32::NEG_INFINITY,
+        1 => 0.7,
+        2 => -1.3,
+        _ => 0.0,
+    })
+    .into_dyn();
+    let op = Attention::new().causal(true).scale(1.7);
+    check_sdpa(op, [2, 3, 1, 4, 4, 2, 3], &Mask::additive(bias.view()));
+}
+
+#[test]
+fn sdpa_rows_with_nothing_to_attend_to_have_zero_gradients() {
+    // Sequence 1 attends to no key at all; in sequence 0, query row 2 is masked out.
+    let keep = Array4::from_shape_fn((2, 1, 3, 4), |(_, _, i, _)| i != 2).into_dyn();
+    let mask = Mask::boolean(keep.view()).with_kv_lengths(&[4, 0]);
+    let g = check_sdpa(Attention::new(), [2, 2, 1, 3, 4, 3, 3], &mask);
+    assert!(g.q.iter().chain(&g.k).chain(&g.v).all(|v| v.is_finite()));
+    assert!(g
+        .q
+        .slice(ndarray::s![1, .., .., ..])
+        .iter()
+        .all(|&v| v == 0.0));
+    assert!(g
+        .k
+        .slice(ndarray::s![1, .., .., ..])
+        .iter()
+        .all(|&v| v == 0.0));
+    assert!(g
+        .v
+        .slice(ndarray::s![1, .., .., ..])
+        .iter()
+        .all(|&v| v == 0.0));
+    assert!(g
+        .q
+        .slice(ndarray::s![0, .., 2, ..])
+        .iter()
+        .all(|&v| v == 0.0));
+}
+
+/// Which inputs a layer has; the parameters are `[X, W_Q, W_K, W_V, b_Q, b_K, b_V, W_O, b_O]`
+/// with the absent ones left out.
+#[derive(Clone, Copy)]
+struct Layer {
+    x: [usize; 3],
+    batched: bool,
+    d_k: usize,
+    d_v: usize,
+    proj: bool,
+    bias: bool,
+    d_out: Option<usize>,
+    b_o: bool,
+}
+
+impl Layer {
+    fn params(&self) -> Vec<(&'static str, ArrayD<f32>)> {
+        let [batch, n, d] = self.x;
+        let x = if self.batched {
+            random(&[batch, n, d], 10)
+        } else {
+            random(&[n, d], 10)
+        };
+        let mut p = vec![("dX", x)];
+        if self.proj {
+            p.push(("dW_Q", random(&[d, self.d_k], 11)));
+            p.push(("dW_K", random(&[d, self.d_k], 12)));
+            p.push(("dW_V", random(&[d, self.d_v], 13)));
+            if self.bias {
+                p.push(("db_Q", random(&[self.d_k], 14)));
+                p.push(("db_K", random(&[self.d_k], 15)));
+                p.push(("db_V", random(&[self.d_v], 16)));
+            }
+            if let Some(d_out) = self.d_out {
+                p.push(("dW_O", random(&[self.d_v, d_out], 17)));
+                if self.b_o {
+                    p.push(("db_O", random(&[d_out], 18)));
+                }
+            }
+        }
+        p
+    }
+
+    /// Runs `f` on X and the projections held in `p` (laid out as [`Layer::params`]).
+    fn with<R>(
+        &self,
+        p: &[ArrayD<f32>],
+        f: impl FnOnce(ArrayViewD<'_, f32>, Option<&Projections<'_>>) -> R,
+    ) -> R {
+        if !self.proj {
+            return f(p[0].view(), None);
+        }
+        let w =
+            |i: usize| -> ArrayView2<'_, f32> { p[i].view().into_dimensionality::<Ix2>().unwrap() };
+        let v = |i: usize| p[i].view().into_dimensionality().unwrap();
+        let mut proj = Projections::new(w(1), w(2), w(3));
+        let mut next = 4;
+        if self.bias {
+            proj = proj.with_bias(v(4), v(5), v(6));
+            next = 7;
+        }
+        if self.d_out.is_some() {
+            let b_o = self.b_o.then(|| v(next + 1));
+            proj = proj.with_output(w(next), b_o);
+        }
+        f(p[0].view(), Some(&proj))
+    }
+}
+
+fn check_layer(op: Attention, layer: Layer, mask: &Mask<'_>) {
+    let named = layer.params();
+    let params: Vec<ArrayD<f32>> = named.iter().map(|(_, a)| a.clone()).collect();
+    let out_shape = layer.with(&params, |x, proj| {
+        reference::attention_masked(&op, x, proj, mask)
+            .unwrap()
+            .context
+            .shape()
+            .to_vec()
+    });
+    let d_o = random(&out_shape, 19);
+    let f = |p: &[ArrayD<f32>]| {
+        layer.with(p, |x, proj| {
+            loss(
+                &reference::attention_masked(&op, x, proj, mask)
+                    .unwrap()
+                    .context,
+                &d_o,
+            )
+        })
+    };
+    let g = layer
+        .with(&params, |x, proj| {
+            reference::attention_backward(&op, x, proj, d_o.view(), mask)
+        })
+        .unwrap();
+    let dyn2 = |a: &Option<Array2<f64>>| a.clone().map(|a| a.into_dyn());
+    let dyn1 = |a: &Option<Array1<f64>>| a.clone().map(|a| a.into_dyn());
+    let analytic: Vec<ArrayD<f64>> = [
+        Some(g.x.clone()),
+        dyn2(&g.w_q),
+        dyn2(&g.w_k),
+        dyn2(&g.w_v),
+        dyn1(&g.b_q),
+        dyn1(&g.b_k),
+        dyn1(&g.b_v),
+        dyn2(&g.w_o),
+        dyn1(&g.b_o),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    assert_eq!(analytic.len(), params.len(), "one gradient per input given");
+    for (i, ((name, _), a)) in named.iter().zip(&analytic).enumerate() {
+        assert_agrees(name, a, &numeric_grad(&params, i, &f));
+    }
+}
+
+const PLAIN: Layer = Layer {
+    x: [2, 3, 4],
+    batched: true,
+    d_k: 6,
+    d_v: 4,
+    proj: true,
+    bias: false,
+    d_out: None,
+    b_o: false,
+};
+
+#[test]
+fn layer_without_weights_sums_the_three_uses_of_x() {
+    let layer = Layer {
+        proj: false,
+        ..PLAIN
+    };
+    check_layer(Attention::new().heads(2).causal(true), layer, &Mask::none());
+    let one = Layer {
+        x: [1, 5, 3],
+        batched: false,
+        ..layer
+    };
+    check_layer(Attention::new().scale(0.6), one, &Mask::none());
+}
+
+#[test]
+fn layer_gradients_with_biases_heads_masks_and_lengths() {
+    let layer = Layer {
+        bias: true,
+        ..PLAIN
+    };
+    // Row 0 of every head and sequence is fully masked; sequence 1 sees its first 2 keys.
+    let keep = Array2::from_shape_fn((3, 3), |(i, j)| i != 0 && i + j != 3).into_dyn();
+    let mask = Mask::boolean(keep.view()).with_kv_lengths(&[3, 2]);
+    check_layer(Attention::new().heads(2), layer, &mask);
+    let bias = Array2::from_shape_fn((3, 3), |(i, j)| 0.5 * i as f32 - 0.7 * j as f32).into_dyn();
+    check_layer(
+        Attention::new().heads(2).causal(true),
+        layer,
+        &Mask::additive(bias.view()),
+    );
+}
+
+#[test]
+fn layer_gradients_through_the_output_projection() {
+    let with_bo = Layer {
+        x: [1, 5, 3],
+        batched: false,
+        bias: true,
+        d_out: Some(5),
+        b_o: true,
+        ..PLAIN
+    };
+    check_layer(
+        Attention::new().heads(2).causal(true).scale(0.9),
+        with_bo,
+        &Mask::none(),
+    );
+    // W_O without b_O, no projection biases, three heads of widths 2 and 1.
+    let no_bo = Layer {
+        d_k: 6,
+        d_v: 3,
+        d_out: Some(2),
+        ..PLAIN
+    };
+    check_layer(Attention::new().heads(3), no_bo, &Mask::none());
+}
+
+#[test]
+fn backward_errors_name_what_is_wrong() {
+    let [q, k, v] = [
+        random(&[1, 2, 3, 4], 1),
+        random(&[1, 2, 5, 4], 2),
+        random(&[1, 2, 5, 3], 3),
+    ];
+    let op = Attention::new();
+    let sdpa = |d_o: &ArrayD<f32>, q: &ArrayD<f32>, k: &ArrayD<f32>| {
+        reference::sdpa_backward(
+            &op,
+            view4(q),
+            view4(k),
+            view4(&v),
+            view4(d_o),
+            &Mask::none(),
+        )
+        .unwrap_err()
+    };
+    // dO of the wrong shape (E instead of E_v).
+    let e = sdpa(&random(&[1, 2, 3, 4], 4), &q, &k);
+    assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+    assert!(e.to_string().contains("dO is [1, 2, 3, 4]"), "{e}");
+    assert!(e.to_string().contains("[1, 2, 3, 3]"), "{e}");
+    // NaN in dO, and in Q even when the forward would propagate it.
+    let mut d_o = random(&[1, 2, 3, 3], 4);
+    d_o[[0, 1, 2, 0]] = f32::NAN;
+    let e = sdpa(&d_o, &q, &k);
+    assert!(
+        matches!(&e, Error::NonFinite { array, index, .. } if array == "dO" && index == &[0, 1, 2, 0]),
+        "{e}"
+    );
+    let mut bad_q = q.clone();
+    bad_q[[0, 0, 1, 1]] = f32::INFINITY;
+    let e = reference::sdpa_backward(
+        &op.propagate_non_finite(true),
+        view4(&bad_q),
+        view4(&k),
+        view4(&v),
+        view4(&random(&[1, 2, 3, 3], 4)),
+        &Mask::none(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::NonFinite { array, .. } if array == "Q"),
+        "{e}"
+    );
+    // The forward's own shape errors: K narrower than Q.
+    let e = sdpa(&random(&[1, 2, 3, 3], 4), &q, &random(&[1, 2, 5, 2], 2));
+    assert!(e.to_string().contains("same width E"), "{e}");
+    // A mask that does not broadcast.
+    let keep = ArrayD::from_elem(IxDyn(&[2, 5]), true);
+    let e = reference::sdpa_backward(
+        &op,
+        view4(&q),
+        view4(&k),
+        view4(&v),
+        view4(&random(&[1, 2, 3, 3], 4)),
+        &Mask::boolean(keep.view()),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
+
+    // The layer: dO must have the output's shape, (n, d_out) with W_O.
+    let x = random(&[3, 4], 5);
+    let (w, w_o) = (random(&[4, 4], 6), random(&[4, 2], 7));
+    let w2 = w.view().into_dimensionality::<Ix2>().unwrap();
+    let proj =
+        Projections::new(w2, w2, w2).with_output(w_o.view().into_dimensionality().unwrap(), None);
+    let e = reference::attention_backward(
+        &op,
+        x.view(),
+        Some(&proj),
+        random(&[3, 4], 8).view(),
+        &Mask::none(),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("dO is [3, 4] but the output is [3, 2]"),
+        "{e}"
+    );
+    let mut d_o = random(&[3, 2], 8);
+    d_o[[2, 1]] = f32::NEG_INFINITY;
+    let e = reference::attention_backward(&op, x.view(), Some(&proj), d_o.view(), &Mask::none())
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::NonFinite { array, .. } if array == "dO"),
+        "{e}"
+    );
+    let mut bad_w = w.clone();
+    bad_w[[0, 0]] = f32::NAN;
+    let bad = Projections::new(w2, bad_w.view().into_dimensionality().unwrap(), w2);
+    let e = reference::attention_backward(
+        &op,
+        x.view(),
+        Some(&bad),
+        random(&[3, 4], 8).view(),
+        &Mask::none(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, Error::NonFinite { array, .. } if array == "W_K"),
+        "{e}"
+    );
+    let e = reference::attention_backward(
+        &op.heads(3),
+        x.view(),
+        None,
+        random(&[3, 4], 8).view(),
+        &Mask::none(),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("does not divide by heads = 3"),
+        "{e}"
+    );
+}
