@@ -447,12 +447,13 @@ impl Context {
 }
 
 /// One context on the default adapter for the crate's unit tests that need a GPU, with the
-/// tuner's measuring off (tests force the variants they check).
+/// tuner's measuring off (tests force the variants they check) and its cache in memory only,
+/// so nothing is written outside the tests' temporary directories.
 #[cfg(test)]
 pub(crate) fn test_context() -> &'static Context {
     static CTX: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
     CTX.get_or_init(|| match Context::new() {
-        Ok(c) => c.with_tuning(false),
+        Ok(c) => c.with_tuning(false).with_tune_cache(TuneCache::at(None)),
         Err(e) => panic!("GPU tests need an adapter and none could be opened: {e}"),
     })
 }

@@ -74,12 +74,10 @@ fn tuning_from_the_tests_and_their_cli_runs_writes_nothing_into_home() {
     assert!(common::tune_cache().exists());
 
     // The check can fail: without the tests' setting, the CLI writes its cache into HOME.
+    // (Beside the tuning results, where the adapter keeps one: the compiled pipelines.)
     run(common::bin().env_remove("WGPU_ATTENTION_TUNE_CACHE"));
-    assert_eq!(
-        files(home.path()),
-        vec![format!(
-            ".cache{0}wgpu-attention{0}tune.json",
-            std::path::MAIN_SEPARATOR
-        )]
-    );
+    let dir = format!(".cache{0}wgpu-attention{0}", std::path::MAIN_SEPARATOR);
+    let written = files(home.path());
+    assert!(written.contains(&format!("{dir}tune.json")), "{written:?}");
+    assert!(written.iter().all(|f| f.starts_with(&dir)), "{written:?}");
 }
