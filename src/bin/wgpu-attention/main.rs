@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod checkpoint_cmd;
+mod shaders_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -77,6 +78,9 @@ enum Command {
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
+    /// Write the fully specialised WGSL of every fused-kernel variant the tuner may pick to
+    /// DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
+    Shaders(shaders_cmd::ShadersArgs),
     /// Seed 000's example: attention over the words of a sentence, printed as a table.
     Demo {
         /// The sentence.
@@ -543,6 +547,7 @@ fn main() -> ExitCode {
             adapter,
         } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
+        Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
         Command::Demo {
             sentence,
             seed,
