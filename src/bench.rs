@@ -16,6 +16,19 @@ use crate::tune::MatmulProblem;
 use crate::variant::{Kernels, MatmulVariant};
 
 pub use crate::timing::{kernel_medians, measure, Stats};
+/// Writes the fully specialised WGSL of every fused-kernel variant the tuner may pick to
+/// `dir/<family>/<variant>.wgsl` (`wgpu-attention shaders`); the subgroup family's with
+/// `subgroup_size`. Returns the files written.
+///
+/// # Errors
+/// [`Error::Io`] when a file cannot be written.
+pub fn write_shaders(
+    dir: &std::path::Path,
+    subgroup_size: Option<u32>,
+) -> Result<Vec<std::path::PathBuf>> {
+    crate::tune::sources::write(dir, subgroup_size)
+}
+
 pub use crate::tune::{flash_candidates, matmul as tuned_matmul, matmul_candidates};
 
 /// Self-attention with `Q = K = V = x` on the CPU in f32 with ndarray (matrixmultiply's

@@ -73,6 +73,15 @@ pub enum FlashVariant {
         /// Keys per tile.
         keys: u32,
     },
+    /// `flash_blocked.wgsl`, for GPUs: a workgroup owns `rows` query rows and walks the keys
+    /// in tiles of `keys`; each thread computes 4 × 4 scores and 4 rows of a slice of the
+    /// output in registers (FlashAttention-2's loop order). Both multiples of 4.
+    Blocked {
+        /// Query rows per workgroup.
+        rows: u32,
+        /// Keys per tile.
+        keys: u32,
+    },
     /// `flash_subgroup.wgsl`: one subgroup per workgroup, `rows_per_lane` query rows per
     /// lane, K/V from textures.
     Subgroup {
@@ -86,7 +95,7 @@ impl FlashVariant {
     pub fn family(self) -> Kernels {
         match self {
             FlashVariant::Subgroup { .. } => Kernels::Subgroup,
-            FlashVariant::Tiled { .. } => Kernels::Storage,
+            FlashVariant::Tiled { .. } | FlashVariant::Blocked { .. } => Kernels::Storage,
         }
     }
 }
@@ -95,6 +104,7 @@ impl std::fmt::Display for FlashVariant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             FlashVariant::Tiled { keys } => write!(f, "flash-tiled(bk={keys})"),
+            FlashVariant::Blocked { rows, keys } => write!(f, "flash-blocked({rows}x{keys})"),
             FlashVariant::Subgroup { rows_per_lane } => {
                 write!(f, "flash-subgroup(r={rows_per_lane})")
             }
@@ -180,6 +190,9 @@ pub(crate) fn record_flash(
 ) -> Result<()> {
     match variant {
         FlashVariant::Tiled { keys } => op.dispatch_tiled(ctx, encoder, keys, q, k, v, out, mask),
+        FlashVariant::Blocked { rows, keys } => {
+            op.dispatch_blocked(ctx, encoder, (rows, keys), (q, k, v), out, mask)
+        }
         FlashVariant::Subgroup { rows_per_lane } => {
             op.dispatch_subgroup(ctx, encoder, rows_per_lane, (q, k, v), out, mask, host)
         }

@@ -163,6 +163,15 @@ impl Flash {
         Ok((p, (groups * blocks) as u64))
     }
 
+    /// Which of the storage kernels' element types (`Q_T`, `KV_T`) are f16.
+    pub fn f16_bits(&self) -> u8 {
+        if self.f16 {
+            0b11
+        } else {
+            0
+        }
+    }
+
     /// Per-head widths in vec4s, rounded up: `(DK4, DV4)`.
     pub fn widths4(&self) -> Result<(u32, u32)> {
         Ok((
@@ -212,7 +221,7 @@ impl Flash {
             ctx,
             encoder,
             &consts,
-            if self.f16 { 0b11 } else { 0 },
+            self.f16_bits(),
             &params,
             &[q.into(), k.into(), v.into(), out.into(), mask.into()],
             workgroups,

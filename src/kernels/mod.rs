@@ -11,6 +11,7 @@
 
 pub(crate) mod wgsl;
 
+pub(crate) mod flash_blocked;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
 pub(crate) mod fma_peak;
@@ -163,12 +164,13 @@ registry! {
     Softmax => softmax,
     WeightedSum => weighted_sum,
     FlashTiled => flash_tiled,
+    FlashBlocked => flash_blocked,
     FlashSubgroup => flash_subgroup,
     FmaPeak => fma_peak,
 }
 
 /// The most constants one kernel has.
-const MAX_CONSTS: usize = 8;
+const MAX_CONSTS: usize = 12;
 
 /// What a cached pipeline is built from, derived from a kernel's description: the kernel,
 /// its constants' values (in its [`Constants::NAMES`] order), and which element types are f16.

@@ -10,6 +10,7 @@
 //! choices are still used, anything else takes its family's default variant.
 
 mod cache;
+pub(crate) mod sources;
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -18,6 +19,7 @@ pub use cache::TuneCache;
 use crate::context::Context;
 use crate::error::Result;
 use crate::gpu::buffer;
+use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_tiled::Flash;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::{KernelId, Strides};
@@ -83,6 +85,28 @@ pub fn default_matmul(family: Kernels) -> MatmulVariant {
     }
 }
 
+/// The block shapes (query rows × keys) of `flash_blocked.wgsl` the tuner tries on GPUs.
+pub const BLOCKED_SHAPES: [(u32, u32); 3] = [(64, 64), (64, 32), (32, 64)];
+
+/// `flash_tiled.wgsl`'s candidates whose tiles fit `limits`.
+pub(crate) fn tiled_candidates(limits: &wgpu::Limits, dk4: u32, dv4: u32) -> Vec<FlashVariant> {
+    let limit = u64::from(limits.max_compute_workgroup_storage_size);
+    [16u32, 32, 64]
+        .into_iter()
+        .filter(|&k| u64::from(k) * u64::from(dk4 + dv4) * 16 <= limit)
+        .map(|keys| FlashVariant::Tiled { keys })
+        .collect()
+}
+
+/// `flash_blocked.wgsl`'s candidates (of [`BLOCKED_SHAPES`]) that fit `limits`.
+pub(crate) fn blocked_candidates(limits: &wgpu::Limits, dk4: u32, dv4: u32) -> Vec<FlashVariant> {
+    BLOCKED_SHAPES
+        .into_iter()
+        .filter(|&s| FlashBlockedConsts::new(limits, s, (dk4, dv4)).is_ok())
+        .map(|(rows, keys)| FlashVariant::Blocked { rows, keys })
+        .collect()
+}
+
 /// The candidates of the fused kernel in `families`, for per-head widths in vec4s.
 pub fn flash_candidates(
     ctx: &Context,
@@ -97,13 +121,12 @@ pub fn flash_candidates(
         v.extend([1, 2, 3, 4].map(|r| FlashVariant::Subgroup { rows_per_lane: r }));
     }
     if families.contains(&Kernels::Storage) {
-        let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
-        v.extend(
-            [16u32, 32, 64]
-                .into_iter()
-                .filter(|&k| u64::from(k) * u64::from(dk4 + dv4) * 16 <= limit)
-                .map(|keys| FlashVariant::Tiled { keys }),
-        );
+        v.extend(tiled_candidates(ctx.limits(), dk4, dv4));
+        // The register-blocked kernel is for GPUs; on a CPU adapter (lavapipe) the kernels
+        // above stay the choice and the tuner does not spend time compiling it.
+        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
+            v.extend(blocked_candidates(ctx.limits(), dk4, dv4));
+        }
     }
     v
 }

@@ -134,3 +134,54 @@ fn fastest_picks_the_lowest_time_and_drops_slow_candidates_early() {
     assert_eq!(calls[&3], 2, "warm-up, then a 5x slower first run ends it");
     times.borrow_mut().clear();
 }
+
+#[test]
+fn the_blocked_kernel_is_offered_on_gpus_only() {
+    use crate::variant::FlashVariant;
+    let ctx = crate::context::test_context();
+    let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+    let offered = tune::flash_candidates(ctx, &[Kernels::Storage], 16, 16)
+        .iter()
+        .any(|v| matches!(v, FlashVariant::Blocked { .. }));
+    assert_eq!(offered, !cpu, "lavapipe keeps its own kernels");
+    // Under a GPU's limits every shape fits at d = 64; at d = 256, 32 keys per tile would
+    // leave each thread 8 output vec4s (spills), so that shape is not offered.
+    let gpu = tune::sources::gpu_limits();
+    assert_eq!(tune::blocked_candidates(&gpu, 16, 16).len(), 3);
+    assert!(!tune::blocked_candidates(&gpu, 64, 64)
+        .contains(&FlashVariant::Blocked { rows: 64, keys: 32 }));
+}
+
+#[test]
+fn every_written_shader_is_the_validated_source_of_a_variant() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tune::sources::write(dir.path(), Some(8)).unwrap();
+    for want in [
+        "storage/flash-blocked-64x64-d64-f32.wgsl",
+        "storage/flash-blocked-64x64-d128-f16.wgsl",
+        "storage/flash-blocked-32x64-d256-f32.wgsl",
+        "storage/flash-tiled-bk32-d64-f32.wgsl",
+        "subgroup/flash-subgroup-r2-d128-f16.wgsl",
+    ] {
+        assert!(files.contains(&dir.path().join(want)), "{want} missing");
+    }
+    assert!(!files.contains(&dir.path().join("storage/flash-blocked-64x32-d256-f32.wgsl")));
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let module = naga::front::wgsl::parse_str(&text)
+            .unwrap_or_else(|e| panic!("{}: {}", f.display(), e.emit_to_string(&text)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", f.display()));
+    }
+    // A file where a directory must go is an error, not a panic.
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, "").unwrap();
+    assert!(matches!(
+        tune::sources::write(&blocker, None),
+        Err(crate::Error::Io { .. })
+    ));
+}

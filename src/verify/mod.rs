@@ -8,7 +8,7 @@ use std::fmt;
 
 pub use cases::{random_cases, standard_cases, Case, CaseData, MaskCase, MaskData};
 
-use crate::attention::Dtype;
+use crate::attention::{Attention, Dtype};
 use crate::context::Context;
 use crate::error::Result;
 use crate::reference;
@@ -61,9 +61,17 @@ pub fn tolerance_f16(logit_bound: f64) -> f64 {
 /// # Errors
 /// Whatever the GPU or reference path returns.
 pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
+    run_case_with(ctx, case, case.op(), seed)
+}
+
+/// [`run_case`] with `op` instead of the case's own (the case's options with a kernel
+/// variant forced, say).
+///
+/// # Errors
+/// Whatever the GPU or reference path returns.
+pub fn run_case_with(ctx: &Context, case: &Case, op: Attention, seed: u64) -> Result<CaseResult> {
     let data = case.data(seed);
     let proj = data.projections();
-    let op = case.op();
     let mask = data.mask();
     let (gpu, cpu, bound) = match &data.qkv {
         None => (

@@ -6,6 +6,7 @@ mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;
 mod run_cmd;
+mod shaders_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -81,6 +82,9 @@ enum Command {
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
+    /// Write the fully specialised WGSL of every fused-kernel variant the tuner may pick to
+    /// DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
+    Shaders(shaders_cmd::ShadersArgs),
     /// The example of the post "Building the Self-Attention Mechanism of Large Language Models
     /// from scratch": attention over the words of a sentence, printed as a table.
     ///
@@ -279,6 +283,7 @@ fn dispatch(command: &Command) -> Result<bool> {
             adapter,
         } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
+        Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
         Command::Demo {
             sentence,
             seed,

@@ -1,0 +1,242 @@
+// Fused attention for GPUs (FlashAttention-2's loop order), from storage buffers:
+//
+//     o_i = Σ_j exp(s_ij − m_i) · v_j / Σ_j exp(s_ij − m_i),   s_ij = scale · q_i·k_j + bias_ij
+//
+// A workgroup of WG = (BR/4)·(BC/4) threads owns BR query rows of one (batch, head) and walks
+// the keys in tiles of BC. Thread (ty, tx) owns rows 4ty..4ty+3 and, of each key tile, keys
+// tx + TX·e (e < 4, TX = BC/4, strided so neighbouring threads read neighbouring K rows):
+//
+// 1. S = Q·Kᵀ for its 4×4 block, in registers: Q and K stream through workgroup memory in
+//    chunks of DC4 vec4 columns (Q is read again for every key tile, from the cache; this keeps
+//    workgroup memory independent of the head size). Per chunk column: 4 + 4 vec4 loads,
+//    64 multiply-adds.
+// 2. Scale (log2 e folded in: exp2 below), causal and mask bias; each thread's row maxima go
+//    through workgroup memory (`red`), every thread reads its rows' TX partial maxima and
+//    computes the same new running max m and correction exp2(m_old − m_new) itself.
+// 3. P = exp2(S − m) into workgroup memory (`p_sh`); each thread keeps partial row sums of its
+//    own keys, rescaled like the output and added up across threads once at the end.
+// 4. O += P·V: the thread's 4 rows × OC vec4 columns (tx + TX·k, so the head dimension is
+//    split across the TX threads of a row group and registers stay bounded for d = 256); V
+//    streams through workgroup memory in chunks of VC keys. Per 4 keys: 4 + 4·OC vec4 loads,
+//    64·OC multiply-adds.
+//
+// Causal (top-left, PyTorch's is_causal): key tiles past the block's last row are never
+// visited; keys past a row inside a tile weigh 0. Mask (MASK ≠ 0): a bias read through its
+// strides, f32::MIN marks a key masked out; the running max starts at FLOOR, so masked keys
+// weigh exactly 0 and a row with nothing visible is written as zeros. SKIP_ZERO ≠ 0: keys of
+// weight exactly 0 are left out of the sum (NaN/Inf values there never reach the row).
+//
+// The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
+// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO and the element-type
+// aliases Q_T and KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl, and the
+// `struct Params` shared with flash_tiled.wgsl.
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
+@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>;
+@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> mask: array<f32>;
+
+// Row stride of the Q and K chunks in vec4s, padded so neighbouring K rows hit other banks.
+const QS: u32 = DC4 + 1u;
+// Row stride of the P tile in vec4s.
+const PS: u32 = (BC + 3u) / 4u;
+// The Q and K chunks (BR + BC rows of QS) during step 1, the V chunk (VC rows of DV4) in step 4.
+var<workgroup> pool: array<vec4<f32>, max((BR + BC) * QS, VC * DV4)>;
+var<workgroup> p_sh: array<vec4<f32>, BR * PS>;
+// One vec4 (its 4 rows) per thread: partial row maxima, at the end partial row sums.
+var<workgroup> red: array<vec4<f32>, WG>;
+
+// Values col..col+3 of row `base` of Q (zero past d_k).
+fn load_q(base: u32, col: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) { // unroll
+        if col + e < p.dk_h {
+            v[e] = f32(q_buf[base + col + e]);
+        }
+    }
+    return v;
+}
+
+// Values col..col+3 of row `base` of K (`is_k`) or V, zero past `width`.
+fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) { // unroll
+        if col + e < width {
+            if is_k {
+                v[e] = f32(k_buf[base + col + e]);
+            } else {
+                v[e] = f32(v_buf[base + col + e]);
+            }
+        }
+    }
+    return v;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.groups * p.blocks {
+        return;
+    }
+    let tx_n = max(BC / 4u, 1u);
+    let ty = li / tx_n;
+    let tx = li % tx_n;
+    let g = id / p.blocks;
+    let row0 = (id % p.blocks) * BR;
+    let b = g / p.heads;
+    let h = g % p.heads;
+    // Grouped-query attention: kv_ratio query heads share one K/V head.
+    let hk = h / p.kv_ratio;
+    let q_base = p.q_off + b * p.q_batch + h * p.q_head;
+    let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
+    let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
+
+    var kv_end = p.n_kv;
+    if p.causal != 0u {
+        kv_end = min(kv_end, min(row0 + BR, p.n_q));
+    }
+
+    var o: array<vec4<f32>, 4u * OC>;
+    var m = vec4<f32>(FLOOR);
+    var l = vec4<f32>(0.0);
+
+    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
+        // 1. S = Q·Kᵀ, chunk by chunk of the head dimension.
+        var s: array<vec4<f32>, 4>;
+        for (var d0 = 0u; d0 < DK4; d0 += DC4) {
+            for (var t = li; t < (BR + BC) * DC4; t += WG) {
+                let r = t / DC4;
+                let col = (d0 + t % DC4) * 4u;
+                var v = vec4<f32>(0.0);
+                if r < BR {
+                    if row0 + r < p.n_q {
+                        v = load_q(q_base + (row0 + r) * p.q_row, col);
+                    }
+                } else if j0 + r - BR < p.n_kv {
+                    v = load_kv(true, k_base + (j0 + r - BR) * p.k_row, col, p.dk_h);
+                }
+                pool[r * QS + t % DC4] = v;
+            }
+            workgroupBarrier();
+            for (var c = 0u; c < DC4; c++) { // unroll
+                var qv: array<vec4<f32>, 4>;
+                for (var r = 0u; r < 4u; r++) { // unroll
+                    qv[r] = pool[(4u * ty + r) * QS + c];
+                }
+                for (var e = 0u; e < 4u; e++) { // unroll
+                    let kv = pool[(BR + tx + tx_n * e) * QS + c];
+                    for (var r = 0u; r < 4u; r++) { // unroll
+                        s[r][e] += dot(qv[r], kv);
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+
+        // 2. Scale, causal, mask; the tile's row maxima, reduced through `red`.
+        var mx = vec4<f32>(NEG);
+        for (var r = 0u; r < 4u; r++) { // unroll
+            let i = row0 + 4u * ty + r;
+            for (var e = 0u; e < 4u; e++) { // unroll
+                let j = j0 + tx + tx_n * e;
+                var x = s[r][e] * p.scale_log2;
+                if j >= kv_end || (p.causal != 0u && j > i) {
+                    x = NEG;
+                } else if MASK != 0u && i < p.n_q {
+                    x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+                }
+                s[r][e] = x;
+                mx[r] = max(mx[r], x);
+            }
+        }
+        red[li] = mx;
+        workgroupBarrier();
+        var m_new = m;
+        for (var t = 0u; t < tx_n; t++) {
+            m_new = max(m_new, red[ty * tx_n + t]);
+        }
+        let corr = exp2(m - m_new);
+        m = m_new;
+        l *= corr;
+
+        // 3. P = exp2(S − m) into workgroup memory; partial row sums in registers.
+        for (var r = 0u; r < 4u; r++) { // unroll
+            for (var e = 0u; e < 4u; e++) { // unroll
+                let pr = exp2(s[r][e] - m[r]);
+                l[r] += pr;
+                let j = tx + tx_n * e;
+                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = pr;
+            }
+            for (var k = 0u; k < OC; k++) { // unroll
+                o[r * OC + k] *= corr[r];
+            }
+        }
+
+        // 4. O += P·V, V chunk by chunk of VC keys (only up to the last key in use).
+        let count = min(BC, kv_end - j0);
+        for (var kc = 0u; kc < count; kc += VC) {
+            for (var t = li; t < VC * DV4; t += WG) {
+                let j = j0 + kc + t / DV4;
+                var v = vec4<f32>(0.0);
+                if j < p.n_kv {
+                    v = load_kv(false, v_base + j * p.v_row, (t % DV4) * 4u, p.dv_h);
+                }
+                pool[t] = v;
+            }
+            workgroupBarrier();
+            for (var kk = 0u; kk < VC; kk += 4u) {
+                var pr: array<vec4<f32>, 4>;
+                for (var r = 0u; r < 4u; r++) { // unroll
+                    pr[r] = p_sh[(4u * ty + r) * PS + (kc + kk) / 4u];
+                }
+                for (var e = 0u; e < 4u; e++) { // unroll
+                    for (var k = 0u; k < OC; k++) { // unroll
+                        let c = tx + tx_n * k;
+                        if c < DV4 {
+                            let v = pool[(kk + e) * DV4 + c];
+                            for (var r = 0u; r < 4u; r++) { // unroll
+                                let w = pr[r][e];
+                                if SKIP_ZERO != 0u {
+                                    o[r * OC + k] += select(w * v, vec4<f32>(0.0), w == 0.0);
+                                } else {
+                                    o[r * OC + k] += w * v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+
+    // The row sums: each thread's partial sums of its own keys, added up.
+    red[li] = l;
+    workgroupBarrier();
+    var total = vec4<f32>(0.0);
+    for (var t = 0u; t < tx_n; t++) {
+        total += red[ty * tx_n + t];
+    }
+    // Nothing visible (every key masked out): zeros, not 0/0.
+    let inv = select(1.0 / total, vec4<f32>(0.0), total == vec4<f32>(0.0));
+    let o_base = p.o_off + b * p.o_batch + h * p.o_head;
+    for (var r = 0u; r < 4u; r++) { // unroll
+        let i = row0 + 4u * ty + r;
+        if i < p.n_q {
+            for (var k = 0u; k < OC; k++) { // unroll
+                let c = tx + tx_n * k;
+                for (var e = 0u; e < 4u; e++) { // unroll
+                    if c * 4u + e < p.dv_h {
+                        out[o_base + i * p.o_row + c * 4u + e] = o[r * OC + k][e] * inv[r];
+                    }
+                }
+            }
+        }
+    }
+}

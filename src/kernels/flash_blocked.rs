@@ -1,0 +1,253 @@
+//! `shaders/flash_blocked.wgsl`: fused attention for GPUs, in FlashAttention-2's manner. A
+//! workgroup owns `rows` query rows of one (batch, head) and walks the keys in tiles of
+//! `keys`; each thread computes a 4 × 4 block of the scores and 4 rows × a slice of the head
+//! dimension of the output in registers, Q, K and V streaming through workgroup memory in
+//! chunks (so workgroup memory does not grow with the head size). Same [`Flash`] problem and
+//! uniform as `flash_tiled.rs`.
+
+use super::flash_tiled::Flash;
+use super::wgsl::constants;
+use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// The kernel.
+pub(crate) struct Shader;
+
+constants! {
+    /// Specialisation of `flash_blocked.wgsl`.
+    pub(crate) struct FlashBlockedConsts {
+        /// Query rows per workgroup.
+        rows => "BR",
+        /// Keys per tile.
+        keys => "BC",
+        /// Threads per workgroup: `(rows / 4) · (keys / 4)`.
+        threads => "WG",
+        /// Query/key width of one head in vec4s, rounded up.
+        dk4 => "DK4",
+        /// Value width of one head in vec4s, rounded up.
+        dv4 => "DV4",
+        /// Width of the Q and K chunks in vec4s (divides `dk4`).
+        chunk4 => "DC4",
+        /// Keys per V chunk (a multiple of 4 dividing `keys`).
+        v_keys => "VC",
+        /// Output vec4 columns per thread: `dv4 / (keys / 4)`, rounded up.
+        out4 => "OC",
+        /// 1 when a mask is bound.
+        mask => "MASK",
+        /// 1 to leave keys of weight exactly 0 out of the sum (NaN/Inf pass-through).
+        skip_zero => "SKIP_ZERO",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::FlashBlocked;
+    const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Read("k_buf"),
+        Slot::Read("v_buf"),
+        Slot::ReadWrite("out"),
+        Slot::Read("mask"),
+    ];
+    /// Bit 0: Q is f16; bit 1: K and V are f16.
+    const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
+    type Consts = FlashBlockedConsts;
+    type Params = super::flash_tiled::FlashParams;
+}
+
+/// The largest V chunk, in vec4s (8 KiB).
+const V_CHUNK4: u32 = 512;
+/// The widest Q/K chunk, in vec4s.
+const MAX_CHUNK4: u32 = 8;
+/// The most output vec4 columns a thread keeps (its 4 rows × 4 vec4s = 64 f32 registers):
+/// more spills on real GPUs (8 at 64 × 32 blocks, d = 256, spilled 326 registers on RDNA3).
+const MAX_OUT4: u32 = 4;
+
+impl FlashBlockedConsts {
+    /// The specialisation for blocks of `rows` × `keys` and per-head widths `dk4`, `dv4` (in
+    /// vec4s) whose workgroup memory fits `limits` (the chunks shrink until it does), or why
+    /// there is none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `rows` or `keys` is not a positive multiple of 4;
+    /// [`Error::LimitExceeded`] when the workgroup has too many threads or its memory does not
+    /// fit even with the smallest chunks.
+    pub fn new(
+        limits: &wgpu::Limits,
+        (rows, keys): (u32, u32),
+        (dk4, dv4): (u32, u32),
+    ) -> Result<Self> {
+        let what = format!("flash-blocked({rows}x{keys})");
+        if rows == 0 || keys == 0 || rows % 4 != 0 || keys % 4 != 0 || dk4 == 0 || dv4 == 0 {
+            return Err(Error::invalid(
+                what,
+                "rows and keys per block must be positive multiples of 4",
+            ));
+        }
+        let threads = (rows / 4) * (keys / 4);
+        let max_threads = limits
+            .max_compute_invocations_per_workgroup
+            .min(limits.max_compute_workgroup_size_x);
+        if threads > max_threads {
+            return Err(Error::LimitExceeded {
+                what,
+                needed: format!("{threads} threads"),
+                limit: format!("{max_threads} threads"),
+                limit_name: "max_compute_invocations_per_workgroup",
+            });
+        }
+        let out4 = dv4.div_ceil(keys / 4);
+        if out4 > MAX_OUT4 {
+            return Err(Error::LimitExceeded {
+                what: format!("{what} output registers"),
+                needed: format!("{out4} vec4 columns per thread"),
+                limit: format!("{MAX_OUT4} (keys per tile ≥ d_v / 4)"),
+                limit_name: "registers",
+            });
+        }
+        let limit = u64::from(limits.max_compute_workgroup_storage_size);
+        let mut best = None;
+        // Widest chunks first: fewer barriers.
+        for chunk4 in (1..=MAX_CHUNK4.min(dk4)).rev().filter(|c| dk4 % c == 0) {
+            let v_keys = (4..=keys)
+                .rev()
+                .step_by(4)
+                .find(|&c| keys % c == 0 && (c * dv4 <= V_CHUNK4 || c == 4))
+                .unwrap_or(4);
+            let c = FlashBlockedConsts {
+                rows,
+                keys,
+                threads,
+                dk4,
+                dv4,
+                chunk4,
+                v_keys,
+                out4,
+                mask: 0,
+                skip_zero: 0,
+            };
+            if c.workgroup_bytes() <= limit {
+                return Ok(c);
+            }
+            best = Some(c);
+        }
+        let needed = best.map_or(0, |c| c.workgroup_bytes());
+        Err(Error::LimitExceeded {
+            what: format!("{what} workgroup memory"),
+            needed: format!("{needed} bytes"),
+            limit: format!("{limit} bytes"),
+            limit_name: "max_compute_workgroup_storage_size",
+        })
+    }
+
+    /// Workgroup memory used, as the shader declares it.
+    pub fn workgroup_bytes(&self) -> u64 {
+        let pool = ((self.rows + self.keys) * (self.chunk4 + 1)).max(self.v_keys * self.dv4);
+        let p = self.rows * self.keys.div_ceil(4);
+        16 * u64::from(pool + p + self.threads)
+    }
+}
+
+impl Flash {
+    /// The constants [`Flash::dispatch_blocked`] builds the kernel with on a device with
+    /// `limits`, `has_mask` (0 or 1) saying whether a mask is bound.
+    ///
+    /// # Errors
+    /// As [`FlashBlockedConsts::new`].
+    pub fn blocked_consts(
+        &self,
+        limits: &wgpu::Limits,
+        shape: (u32, u32),
+        has_mask: u32,
+    ) -> Result<FlashBlockedConsts> {
+        Ok(FlashBlockedConsts {
+            mask: has_mask,
+            skip_zero: u32::from(self.skip_zero),
+            ..FlashBlockedConsts::new(limits, shape, self.widths4()?)?
+        })
+    }
+
+    /// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` with `flash_blocked.wgsl`, blocks of
+    /// `rows` query rows × `keys` keys.
+    ///
+    /// # Errors
+    /// As [`FlashBlockedConsts::new`]; a size that does not fit the grid.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch_blocked(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        (rows, keys): (u32, u32),
+        (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        out: &wgpu::Buffer,
+        mask: Option<MaskArg<'_>>,
+    ) -> Result<()> {
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let consts = self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?;
+        let (params, workgroups) = self.params(rows as usize, mask_strides)?;
+        record::<Shader>(
+            ctx,
+            encoder,
+            &consts,
+            self.f16_bits(),
+            &params,
+            &[q.into(), k.into(), v.into(), out.into(), mask.into()],
+            workgroups,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(bytes: u32) -> wgpu::Limits {
+        wgpu::Limits {
+            max_compute_workgroup_storage_size: bytes,
+            ..wgpu::Limits::default()
+        }
+    }
+
+    #[test]
+    fn chunks_fit_the_head_size_and_workgroup_memory() {
+        let l = limits(48 << 10);
+        let c = FlashBlockedConsts::new(&l, (64, 64), (16, 16)).unwrap();
+        assert_eq!((c.threads, c.chunk4, c.v_keys, c.out4), (256, 8, 32, 1));
+        // d = 80: a chunk that divides 20 vec4s; d = 256: V in chunks of 8 keys, 4 columns.
+        let c = FlashBlockedConsts::new(&l, (64, 64), (20, 64)).unwrap();
+        assert_eq!((c.chunk4, c.v_keys, c.out4), (5, 8, 4));
+        assert_eq!(c.workgroup_bytes(), 32 << 10);
+        // Less memory: narrower chunks.
+        let small = FlashBlockedConsts::new(&limits(32 << 10), (64, 64), (16, 16)).unwrap();
+        assert!(
+            small.chunk4 < 8 && small.workgroup_bytes() <= 32 << 10,
+            "{small:?}"
+        );
+    }
+
+    #[test]
+    fn bad_blocks_and_limits_are_errors() {
+        let l = limits(32 << 10);
+        for shape in [(0, 64), (64, 6), (30, 32)] {
+            assert!(matches!(
+                FlashBlockedConsts::new(&l, shape, (16, 16)),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        // 1,024 threads, over the default 256.
+        assert!(matches!(
+            FlashBlockedConsts::new(&l, (128, 128), (16, 16)),
+            Err(Error::LimitExceeded { .. })
+        ));
+        assert!(matches!(
+            FlashBlockedConsts::new(&limits(4 << 10), (64, 64), (16, 16)),
+            Err(Error::LimitExceeded { .. })
+        ));
+        // d = 256 over 32 keys: 8 output vec4s per thread would spill.
+        assert!(matches!(
+            FlashBlockedConsts::new(&l, (64, 32), (64, 64)),
+            Err(Error::LimitExceeded { .. })
+        ));
+    }
+}

@@ -1,0 +1,142 @@
+//! The fully specialised WGSL of every fused-kernel variant the tuner may pick, as the
+//! pipeline cache hands it to wgpu, written to `DIR/<family>/<variant>.wgsl` for offline
+//! compiler checks (`wgpu-attention shaders --out DIR`, then a real GPU compiler such as
+//! `gpu-shader-stats` on each file).
+
+use std::path::{Path, PathBuf};
+
+use super::{blocked_candidates, tiled_candidates};
+use crate::error::{Error, Result};
+use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
+use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
+use crate::kernels::{flash_blocked, PipelineKey, Strides};
+use crate::variant::FlashVariant;
+
+/// Per-head sizes written (d_k = d_v).
+pub(crate) const HEAD_SIZES: [usize; 6] = [32, 64, 80, 96, 128, 256];
+
+/// The limits the storage family's variants are chosen under when no GPU is at hand: 32 KiB
+/// of workgroup memory and 256 threads, what desktop GPUs offer at least (Apple's 32 KiB;
+/// AMD and Intel have 64 KiB, NVIDIA 48 KiB under Vulkan).
+pub(crate) fn gpu_limits() -> wgpu::Limits {
+    wgpu::Limits {
+        max_compute_workgroup_storage_size: 32 << 10,
+        max_compute_invocations_per_workgroup: 256,
+        max_compute_workgroup_size_x: 256,
+        ..wgpu::Limits::default()
+    }
+}
+
+/// A single-head problem of per-head size `d`, f16 or not, no mask.
+fn problem(d: usize, f16: bool) -> Flash {
+    let s = Strides::row_major(d as u32, 0, 0);
+    Flash {
+        batch: 1,
+        heads: 1,
+        n_q: 1,
+        n_kv: 1,
+        dk_h: d,
+        dv_h: d,
+        q: s,
+        k: s,
+        v: s,
+        o: s,
+        causal: false,
+        scale: 1.0,
+        kv_ratio: 1,
+        f16,
+        skip_zero: false,
+    }
+}
+
+/// The pipeline key `variant` records for `op` without a mask, on a device with `limits`
+/// and subgroup size `sg` (subgroup variants only).
+///
+/// # Errors
+/// The variant does not fit `limits`.
+pub(crate) fn flash_key(
+    op: &Flash,
+    variant: FlashVariant,
+    limits: &wgpu::Limits,
+    sg: u32,
+) -> Result<PipelineKey> {
+    let (dk4, dv4) = op.widths4()?;
+    Ok(match variant {
+        FlashVariant::Tiled { keys } => {
+            let c = FlashTiledConsts {
+                keys,
+                dk4,
+                dv4,
+                mask: 0,
+            };
+            PipelineKey::of::<flash_tiled::Shader>(&c, op.f16_bits())
+        }
+        FlashVariant::Blocked { rows, keys } => {
+            let c = op.blocked_consts(limits, (rows, keys), 0)?;
+            PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits())
+        }
+        FlashVariant::Subgroup { rows_per_lane } => {
+            let c = FlashSubgroupConsts {
+                sg,
+                rows_per_lane,
+                dk4,
+                dv4,
+                mask: 0,
+                skip_zero: u32::from(op.skip_zero),
+            };
+            PipelineKey::of::<flash_subgroup::Shader>(&c, u8::from(op.f16))
+        }
+    })
+}
+
+/// The file name of `variant` at per-head size `d`.
+fn file_name(variant: FlashVariant, d: usize, f16: bool) -> String {
+    let v = match variant {
+        FlashVariant::Tiled { keys } => format!("flash-tiled-bk{keys}"),
+        FlashVariant::Blocked { rows, keys } => format!("flash-blocked-{rows}x{keys}"),
+        FlashVariant::Subgroup { rows_per_lane } => format!("flash-subgroup-r{rows_per_lane}"),
+    };
+    format!("{v}-d{d}-{}.wgsl", if f16 { "f16" } else { "f32" })
+}
+
+/// Writes every fused variant the tuner may pick to `dir/<family>/<variant>.wgsl`: the
+/// storage family's (`flash_tiled`, and `flash_blocked` as on GPUs, under [`gpu_limits`])
+/// for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16; with a subgroup size, the
+/// subgroup family's for d = 64 and 128. Returns the files written.
+///
+/// # Errors
+/// [`Error::Io`] when the directory or a file cannot be written.
+pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBuf>> {
+    let limits = gpu_limits();
+    let mut jobs: Vec<(&str, FlashVariant, usize, bool)> = Vec::new();
+    for d in HEAD_SIZES {
+        let w4 = d.div_ceil(4) as u32;
+        let mut storage = tiled_candidates(&limits, w4, w4);
+        storage.extend(blocked_candidates(&limits, w4, w4));
+        for f16 in [false, true] {
+            jobs.extend(storage.iter().map(|&v| ("storage", v, d, f16)));
+            if subgroup_size.is_some() && (d == 64 || d == 128) {
+                for r in 1..=4 {
+                    let v = FlashVariant::Subgroup { rows_per_lane: r };
+                    jobs.push(("subgroup", v, d, f16));
+                }
+            }
+        }
+    }
+    let mut written = Vec::new();
+    for (family, variant, d, f16) in jobs {
+        let key = flash_key(
+            &problem(d, f16),
+            variant,
+            &limits,
+            subgroup_size.unwrap_or(0),
+        )?;
+        let folder = dir.join(family);
+        let path = folder.join(file_name(variant, d, f16));
+        std::fs::create_dir_all(&folder)
+            .and_then(|()| std::fs::write(&path, key.source()))
+            .map_err(|e| Error::io(&path, e))?;
+        written.push(path);
+    }
+    Ok(written)
+}

@@ -1,0 +1,178 @@
+//! `flash_blocked.wgsl`, the register-blocked fused kernel meant for GPUs, forced on the
+//! default adapter (lavapipe in CI, where the tuner never picks it) and checked against the
+//! f64 reference: odd sizes, causal, boolean and float masks, key lengths, grouped-query
+//! `sdpa` with L ≠ S, f16 operands, head sizes 32 to 256, d_k ≠ d_v, every block shape the
+//! tuner may try. Outputs are pre-filled with NaN, so a row no thread wrote fails.
+
+mod common;
+
+use wgpu_attention::verify::{self, Case, MaskCase};
+use wgpu_attention::{Dtype, FlashVariant, Kernels};
+
+const BLOCKS: [FlashVariant; 3] = [
+    FlashVariant::Blocked { rows: 64, keys: 64 },
+    FlashVariant::Blocked { rows: 64, keys: 32 },
+    FlashVariant::Blocked { rows: 32, keys: 64 },
+];
+
+/// Runs each case fused with each of `variants` (those that fit the adapter) and collects
+/// the failures.
+fn check(cases: &[Case], variants: &[FlashVariant]) {
+    let ctx = common::ctx();
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for (i, case) in cases.iter().enumerate() {
+        let case = case.on(Kernels::Storage, true);
+        for &v in variants {
+            let op = case.op().flash_variant(v);
+            match verify::run_case_with(ctx, &case, op, 100 + i as u64) {
+                Ok(r) if r.passed() => ran += 1,
+                Ok(r) => failures.push(format!("{v} {r}")),
+                // A block that does not fit this adapter (or a d_v too wide for its keys) is
+                // refused with a limit error before anything runs.
+                Err(wgpu_attention::Error::LimitExceeded { .. }) => {}
+                Err(e) => failures.push(format!("{v} {case}: {e}")),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        verify::HEADER,
+        failures.join("\n")
+    );
+    assert!(
+        ran >= cases.len(),
+        "only {ran} runs for {} cases",
+        cases.len()
+    );
+}
+
+/// Self-attention without projections (Q = K = V = X) of one head of width `d`.
+fn plain(n: usize, d: usize) -> Case {
+    Case {
+        weights: false,
+        ..Case::new(n, d, d, d)
+    }
+}
+
+#[test]
+fn odd_sizes_and_causal_match_the_reference() {
+    let mut cases = Vec::new();
+    for n in [1, 7, 37, 300] {
+        for causal in [false, true] {
+            cases.push(Case {
+                causal,
+                batch: Some(2),
+                ..plain(n, 64)
+            });
+        }
+    }
+    check(&cases, &BLOCKS);
+}
+
+#[test]
+fn head_sizes_and_unequal_widths_match_the_reference() {
+    let mut cases = Vec::new();
+    for hs in [32, 80, 128, 256] {
+        // Two heads of width hs each, projected, with biases; and causal without.
+        cases.push(Case {
+            heads: 2,
+            bias: true,
+            ..Case::new(37, 24, 2 * hs, 2 * hs)
+        });
+        cases.push(Case {
+            causal: true,
+            ..plain(300, hs)
+        });
+    }
+    // d_k ≠ d_v both ways, widths not multiples of 4, a custom scale.
+    cases.push(Case::new(37, 12, 40, 24));
+    cases.push(Case {
+        heads: 2,
+        scale: Some(-0.3),
+        ..Case::new(300, 16, 26, 70)
+    });
+    check(&cases, &BLOCKS);
+}
+
+#[test]
+fn masks_match_the_reference() {
+    let mut cases = Vec::new();
+    for mask in [MaskCase::Bool, MaskCase::Float, MaskCase::Lengths] {
+        for (n, causal) in [(37, true), (300, false), (7, false)] {
+            cases.push(Case {
+                mask,
+                causal,
+                heads: 2,
+                batch: Some(2),
+                ..Case::new(n, 16, 32, 32)
+            });
+        }
+    }
+    check(&cases, &BLOCKS[..1]);
+}
+
+#[test]
+fn grouped_query_sdpa_with_other_key_counts_matches_the_reference() {
+    let mut cases = Vec::new();
+    for (n, n_kv, kv_heads, causal) in [
+        (37, 300, 2, false),
+        (300, 37, 1, true),
+        (7, 130, 4, true),
+        (1, 65, 2, false),
+    ] {
+        for mask in [MaskCase::None, MaskCase::Bool] {
+            cases.push(Case {
+                heads: 4,
+                batch: Some(2),
+                causal,
+                mask,
+                sdpa: Some((n_kv, kv_heads)),
+                ..Case::new(n, 16, 4 * 24, 4 * 40)
+            });
+        }
+    }
+    check(&cases, &BLOCKS);
+}
+
+#[test]
+fn f16_operands_match_the_reference() {
+    let mut cases = Vec::new();
+    for (n, hs, causal, mask) in [
+        (300, 64, true, MaskCase::None),
+        (37, 128, false, MaskCase::Float),
+        (7, 80, true, MaskCase::Lengths),
+    ] {
+        cases.push(Case {
+            dtype: Dtype::F16,
+            causal,
+            mask,
+            heads: 2,
+            ..Case::new(n, 32, 2 * hs, 2 * hs)
+        });
+    }
+    cases.push(Case {
+        dtype: Dtype::F16,
+        heads: 2,
+        sdpa: Some((90, 1)),
+        ..Case::new(37, 16, 64, 64)
+    });
+    check(&cases, &BLOCKS[..2]);
+}
+
+#[test]
+fn bad_block_shapes_are_errors() {
+    let ctx = common::ctx();
+    let case = plain(7, 16).on(Kernels::Storage, true);
+    for v in [
+        FlashVariant::Blocked { rows: 30, keys: 32 },
+        FlashVariant::Blocked { rows: 0, keys: 32 },
+    ] {
+        let err = verify::run_case_with(ctx, &case, case.op().flash_variant(v), 1).unwrap_err();
+        assert!(
+            matches!(err, wgpu_attention::Error::InvalidArgument { .. }),
+            "{v}: {err}"
+        );
+    }
+}

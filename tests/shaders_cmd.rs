@@ -1,0 +1,54 @@
+//! `wgpu-attention shaders --out DIR`: every fused variant's specialised WGSL, written where
+//! asked, listed on stdout; an unwritable directory is a clear error.
+
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+}
+
+#[test]
+fn shaders_writes_every_variant_and_lists_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bin()
+        .args(["shaders", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8(out.stdout).unwrap();
+    for d in [64, 128] {
+        for t in ["f32", "f16"] {
+            let f = dir
+                .path()
+                .join(format!("storage/flash-blocked-64x64-d{d}-{t}.wgsl"));
+            assert!(f.exists(), "{}", f.display());
+            assert!(listed.contains(&f.display().to_string()));
+            let text = std::fs::read_to_string(&f).unwrap();
+            assert!(text.contains(&format!("const DK4: u32 = {}u;", d / 4)));
+            assert_eq!(text.contains("enable f16;"), t == "f16");
+        }
+    }
+}
+
+#[test]
+fn shaders_into_a_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, "").unwrap();
+    let out = bin()
+        .args(["shaders", "--out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("f/storage") || err.contains("f\\storage"),
+        "{err}"
+    );
+}
