@@ -36,14 +36,14 @@ impl<'a, 'p> Source<'a, 'p> {
 }
 
 /// Q, K and V on the device, and the host copy of K = V when they are one host array.
-pub(super) struct Device {
+pub(super) struct Device<'a> {
     q: wgpu::Buffer,
     /// K and V, when they are not Q's buffer.
     kv: Option<(wgpu::Buffer, wgpu::Buffer)>,
-    host: Option<Vec<f32>>,
+    host: Option<Cow<'a, [f32]>>,
 }
 
-impl Device {
+impl Device<'_> {
     /// The Q, K and V buffers.
     pub(super) fn qkv(&self) -> (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer) {
         match &self.kv {
@@ -62,14 +62,14 @@ impl Device {
 impl Attention {
     /// Uploads `source` (recording the projections into `encoder` when it has them) as
     /// `rows · d` values of X or the Q, K and V of `sdpa`.
-    pub(super) fn upload(
+    pub(super) fn upload<'a>(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         plan: &Plan,
         (rows, d): (usize, usize),
-        source: &Source<'_, '_>,
-    ) -> Result<Device> {
+        source: &'a Source<'_, '_>,
+    ) -> Result<Device<'a>> {
         let f16 = self.f16();
         match source {
             Source::Qkv([q, k, v]) => Ok(Device {
@@ -91,10 +91,10 @@ impl Attention {
                 })
             }
             Source::Projected { x, proj: None } => {
-                let mut x_host = contiguous(x).into_owned();
+                let mut x_host = contiguous(x);
                 if f16 {
                     // What the device holds, for packing K = V = X on the host too.
-                    for v in &mut x_host {
+                    for v in x_host.to_mut() {
                         *v = half::f16::from_f32(*v).to_f32();
                     }
                 }
