@@ -536,10 +536,7 @@ fn cli_run_takes_heads_from_config_json_and_applies_only_the_named_modules_outpu
         let mut args = vec!["run", "--x", &x_npy, "--weights", path.to_str().unwrap()];
         args.extend_from_slice(&["--prefix", prefix, "--out", &out_dir]);
         args.extend_from_slice(extra);
-        std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-            .args(&args)
-            .output()
-            .unwrap()
+        common::bin().args(&args).output().unwrap()
     };
     let self_prefix = format!("{a}.self");
     // Neither --heads nor a config.json: one clear line.

@@ -6,19 +6,7 @@ mod common;
 use ndarray::{Array1, Array2, Array3, ArrayD};
 use wgpu_attention::{reference, Attention, Projections};
 
-fn cli(args: &[&str]) -> std::process::Output {
-    common::bin().args(args).output().expect("binary runs")
-}
-
-fn ok(out: &std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use common::{cli, ok};
 
 #[test]
 fn run_writes_context_and_weights_that_match_the_reference() {

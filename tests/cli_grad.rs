@@ -2,29 +2,15 @@
 //! its input's shape, equal to the f64 reference's gradients; float16 with `--dtype f16`;
 //! a dO of the wrong shape or with NaN is a one-line error.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use ndarray::{Array1, Array2, Array3, ArrayD, Ix2};
 use wgpu_attention::{npy, reference, Attention, Mask, Projections};
 
-fn cli(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-fn ok(out: &std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
+use common::{cli, ok};
 
 /// The one-line error of a failed run.
 fn err(out: &std::process::Output) -> String {

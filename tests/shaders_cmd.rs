@@ -1,11 +1,9 @@
 //! `wgpu-attention shaders --out DIR`: every fused variant's specialised WGSL, written where
 //! asked, listed on stdout; an unwritable directory is a clear error.
 
-use std::process::Command;
+mod common;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
-}
+use common::bin;
 
 #[test]
 fn shaders_writes_every_variant_and_lists_it() {

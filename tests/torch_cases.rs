@@ -143,7 +143,7 @@ fn cli_runs_minilm_self_attention_with_heads_from_its_config_json() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch/minilm_l6_layer0");
     let out_dir = tempfile::tempdir().unwrap();
     let arg = |p: PathBuf| p.to_str().unwrap().to_string();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgpu-attention"))
+    let out = common::bin()
         .args([
             "run",
             "--prefix",

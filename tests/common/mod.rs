@@ -34,6 +34,23 @@ pub fn bin() -> std::process::Command {
     command
 }
 
+/// Runs the binary (as [`bin`]) with `args`.
+#[cfg(feature = "cli")]
+pub fn cli(args: &[&str]) -> std::process::Output {
+    bin().args(args).output().expect("binary runs")
+}
+
+/// The stdout of a run that must have succeeded (else its stdout and stderr in the panic).
+pub fn ok(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 pub fn ctx() -> &'static Context {
     static CTX: OnceLock<Context> = OnceLock::new();
     isolate();
