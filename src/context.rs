@@ -187,6 +187,8 @@ pub struct Context {
     pub(crate) timing: Timing,
     tune: TuneCache,
     tuning: bool,
+    /// Unique in the process: what a resource made on this context is checked against.
+    id: u64,
 }
 
 impl fmt::Debug for Context {
@@ -278,7 +280,9 @@ impl Context {
             subgroup_size.map_or("not fixed/none".to_string(), |s| s.to_string()),
             device.features()
         );
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             adapter,
             device,
             queue,
@@ -404,6 +408,11 @@ impl Context {
     /// The GPU time of each compute pass of the last forward pass while profiling, in order.
     pub fn kernel_times(&self) -> Vec<KernelTime> {
         self.timing.times()
+    }
+
+    /// This context's id, unique in the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// The wgpu device, for callers who record their own work beside ours.

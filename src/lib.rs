@@ -28,7 +28,9 @@ pub mod bench;
 #[doc(hidden)]
 pub mod fuzz;
 
-pub use attention::{Attention, Dims, Dtype, Gradients, Output, Plan, Projections, SdpaGradients};
+pub use attention::{
+    Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, SdpaGradients,
+};
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
 pub use mask::Mask;

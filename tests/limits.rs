@@ -106,6 +106,12 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
     let wv2 = Array2::from_shape_fn((6, 6), |(i, j)| ((i + 3 * j) as f32 * 0.2).sin());
     let gqa = Projections::new(wq.view(), wk2.view(), wv2.view()).with_output(wo.view(), None);
     check(Attention::new().heads(4), x.view().into_dyn(), Some(&gqa));
+    // A layer's resident weights take the same split (projected on the CPU from its copy).
+    let layer = wgpu_attention::Layer::new(&ctx, Attention::new().heads(4), &gqa).unwrap();
+    let got = layer.forward(&ctx, x.view().into_dyn()).unwrap();
+    let want =
+        reference::attention(&Attention::new().heads(4), x.view().into_dyn(), Some(&gqa)).unwrap();
+    assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
     // Without projections the heads are column blocks of X.
     let x = Array2::from_shape_fn((100, 8), |(i, j)| ((i * 8 + j) as f32 * 0.07).sin());
     check(

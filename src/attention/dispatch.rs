@@ -4,8 +4,8 @@
 //! output projection.
 
 use super::plan::Plan;
-use super::projections::Projections;
-use super::upload::{upload_as, Device, MaskBuffer};
+use super::upload::{Device, MaskBuffer};
+use super::weights::{DeviceWeights, Linear};
 use super::Attention;
 use crate::context::Context;
 use crate::error::Result;
@@ -32,7 +32,7 @@ pub(super) struct Shape {
 }
 
 impl Attention {
-    /// Records `X·W (+ b)` for each projection of `p`, reading X from `x`, into new buffers
+    /// Records `X·W (+ b)` for each projection of `w`, reading X from `x`, into new buffers
     /// `(batch·n, width)`, f16 under [`crate::Dtype::F16`].
     pub(super) fn record_projections(
         &self,
@@ -41,52 +41,26 @@ impl Attention {
         plan: &Plan,
         (rows, d): (usize, usize),
         x: &wgpu::Buffer,
-        p: &Projections<'_>,
+        w: &DeviceWeights,
     ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer)> {
         let f16 = self.f16();
         let types = if f16 { F16_A | F16_B | F16_C } else { 0 };
-        let mut project = |name: &str,
-                           w: &ndarray::ArrayView2<'_, f32>,
-                           b: Option<&ndarray::ArrayView1<'_, f32>>|
-         -> Result<wgpu::Buffer> {
-            let width = w.ncols();
+        let mut project = |name: &str, linear: &Linear| -> Result<wgpu::Buffer> {
+            let width = linear.cols;
             let out = if f16 {
                 buffer::output_f16(ctx, name, rows * width)?
             } else {
                 buffer::output(ctx, name, rows * width, false)?
             };
-            let mm = Matmul::plain(rows, width, d, b.is_some(), types)?;
-            self.record_linear(ctx, encoder, plan, &mm, x, w, b, &out)?;
+            let mm = Matmul::plain(rows, width, d, linear.b.is_some(), types)?;
+            linear.record(ctx, encoder, plan, &mm, x, &out)?;
             Ok(out)
         };
         Ok((
-            project("Q", &p.w_q, p.b_q.as_ref())?,
-            project("K", &p.w_k, p.b_k.as_ref())?,
-            project("V", &p.w_v, p.b_v.as_ref())?,
+            project("Q", &w.q)?,
+            project("K", &w.k)?,
+            project("V", &w.v)?,
         ))
-    }
-
-    /// Records `out ← a·W (+ b)` for a host weight `w` and bias `b`, uploaded now.
-    #[allow(clippy::too_many_arguments)]
-    fn record_linear(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        plan: &Plan,
-        mm: &Matmul,
-        a: &wgpu::Buffer,
-        w: &ndarray::ArrayView2<'_, f32>,
-        b: Option<&ndarray::ArrayView1<'_, f32>>,
-        out: &wgpu::Buffer,
-    ) -> Result<()> {
-        let f16 = self.f16();
-        let w_buf = upload_as(ctx, "weight", w.view(), f16)?;
-        let b_buf = b
-            .map(|b| upload_as(ctx, "bias", b.view(), f16))
-            .transpose()?;
-        // The context's stand-in serves every matmul without a bias.
-        let bias = b_buf.as_ref().unwrap_or(ctx.stand_in());
-        variant::record_matmul(ctx, encoder, mm, plan.matmul, a, &w_buf, bias, out)
     }
 
     /// Records `out = context·W_O + b_O` over every row of every batch index into a new buffer,
@@ -98,16 +72,16 @@ impl Attention {
         plan: &Plan,
         (rows, d_v): (usize, usize),
         context: wgpu::Buffer,
-        proj: Option<&Projections<'_>>,
+        weights: Option<&DeviceWeights>,
     ) -> Result<(wgpu::Buffer, usize)> {
-        let Some((w_o, b_o)) = proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) else {
+        let Some(o) = weights.and_then(|w| w.o.as_ref()) else {
             return Ok((context, d_v));
         };
-        let d_out = w_o.ncols();
+        let d_out = o.cols;
         let out = buffer::output(ctx, "output", rows * d_out, self.nan_fill)?;
         let types = if self.f16() { F16_B } else { 0 };
-        let mm = Matmul::plain(rows, d_out, d_v, b_o.is_some(), types)?;
-        self.record_linear(ctx, encoder, plan, &mm, &context, &w_o, b_o.as_ref(), &out)?;
+        let mm = Matmul::plain(rows, d_out, d_v, o.b.is_some(), types)?;
+        o.record(ctx, encoder, plan, &mm, &context, &out)?;
         Ok((out, d_out))
     }
 

@@ -17,6 +17,7 @@ mod readback;
 mod shape;
 mod split;
 mod upload;
+mod weights;
 mod whole;
 
 use ndarray::{ArrayD, ArrayView4, ArrayViewD};
@@ -26,6 +27,7 @@ pub use plan::Plan;
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub(crate) use shape::check_inputs_finite;
 pub use shape::{check_finite, Dims};
+pub use weights::Layer;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -240,15 +242,34 @@ impl Attention {
         proj: Option<&Projections<'_>>,
         mask: &Mask<'_>,
     ) -> Result<Output> {
+        self.forward_with(ctx, x, proj, mask, None)
+    }
+
+    /// [`Attention::forward_masked`], with the projections' weights already on the device
+    /// when `resident` has them (a [`Layer`]'s, checked when it was built).
+    fn forward_with(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
+        resident: Option<&weights::DeviceWeights>,
+    ) -> Result<Output> {
         let dims = self.dims(x.shape(), proj)?;
+        let inputs = match resident {
+            Some(_) => vec![("X", x.view())],
+            None => named_inputs(&x, proj),
+        };
         if !self.propagate {
-            check_inputs_finite(&x, proj)?;
+            for (name, a) in &inputs {
+                check_finite(name, a)?;
+            }
         }
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        self.check_dtype(ctx, &named_inputs(&x, proj))?;
+        self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
-        self.forward_checked(ctx, &dims, x, proj, bias)
+        self.forward_checked(ctx, &dims, x, proj, bias, resident)
     }
 
     /// PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`

@@ -8,9 +8,10 @@ use ndarray::{ArrayView, ArrayView4, ArrayViewD, Dimension};
 
 use super::plan::Plan;
 use super::projections::Projections;
+use super::weights::DeviceWeights;
 use super::Attention;
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::kernels::{u32_of, MaskArg};
 
@@ -22,17 +23,9 @@ pub(super) enum Source<'a, 'p> {
     Projected {
         x: &'a ArrayViewD<'a, f32>,
         proj: Option<&'a Projections<'p>>,
+        /// The projections' weights when they are on the device already (a layer's).
+        weights: Option<&'a DeviceWeights>,
     },
-}
-
-impl<'a, 'p> Source<'a, 'p> {
-    /// The projections, when the call has them (their output projection included).
-    pub(super) fn projections(&self) -> Option<&'a Projections<'p>> {
-        match self {
-            Source::Projected { proj, .. } => *proj,
-            Source::Qkv(_) => None,
-        }
-    }
 }
 
 /// Q, K and V on the device, and the host copy of K = V when they are one host array.
@@ -69,6 +62,7 @@ impl Attention {
         plan: &Plan,
         (rows, d): (usize, usize),
         source: &'a Source<'_, '_>,
+        weights: Option<&DeviceWeights>,
     ) -> Result<Device<'a>> {
         let f16 = self.f16();
         match source {
@@ -80,17 +74,18 @@ impl Attention {
                 )),
                 host: None,
             }),
-            Source::Projected { x, proj: Some(p) } => {
+            Source::Projected { x, .. } if weights.is_some() => {
                 let x_buf = upload_as(ctx, "X", x.view(), f16)?;
+                let w = weights.ok_or_else(|| Error::invalid("weights", "internal: none"))?;
                 let (q, k, v) =
-                    self.record_projections(ctx, encoder, plan, (rows, d), &x_buf, p)?;
+                    self.record_projections(ctx, encoder, plan, (rows, d), &x_buf, w)?;
                 Ok(Device {
                     q,
                     kv: Some((k, v)),
                     host: None,
                 })
             }
-            Source::Projected { x, proj: None } => {
+            Source::Projected { x, .. } => {
                 let mut x_host = contiguous(x);
                 if f16 {
                     // What the device holds, for packing K = V = X on the host too.

@@ -11,6 +11,7 @@ use super::projections::Projections;
 use super::shape::Dims;
 use super::split::fits;
 use super::upload::{MaskBuffer, Source};
+use super::weights::DeviceWeights;
 use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -29,6 +30,7 @@ impl Attention {
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
         bias: Option<ArrayView4<'_, f32>>,
+        resident: Option<&DeviceWeights>,
     ) -> Result<Output> {
         let rows = dims.batch * dims.n;
         let named = [
@@ -52,7 +54,11 @@ impl Attention {
             d_k: dims.d_k,
             d_v: dims.d_v,
         };
-        let source = Source::Projected { x: &x, proj };
+        let source = Source::Projected {
+            x: &x,
+            proj,
+            weights: resident,
+        };
         let (context, weights) = self.run_whole(ctx, dims, shape, &source, bias)?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         Ok(Output {
@@ -163,7 +169,19 @@ impl Attention {
             });
         timing::begin(ctx);
         let rows = shape.batch * shape.n_q;
-        let operands = self.upload(ctx, &mut encoder, plan, (rows, dims.d), source)?;
+        // The projections' weights: the layer's, on the device already, or uploaded now.
+        let uploaded;
+        let projection = match source {
+            Source::Projected {
+                weights: Some(w), ..
+            } => Some(*w),
+            Source::Projected { proj: Some(p), .. } => {
+                uploaded = DeviceWeights::upload(ctx, p, self.f16())?;
+                Some(&uploaded)
+            }
+            _ => None,
+        };
+        let operands = self.upload(ctx, &mut encoder, plan, (rows, dims.d), source, projection)?;
         let mask = MaskBuffer::upload(ctx, bias)?;
         let (context, weights) = self.record_attention(
             ctx,
@@ -174,8 +192,14 @@ impl Attention {
             &operands,
             mask.as_ref(),
         )?;
-        let proj = source.projections();
-        let out = self.record_output(ctx, &mut encoder, plan, (rows, shape.d_v), context, proj)?;
+        let out = self.record_output(
+            ctx,
+            &mut encoder,
+            plan,
+            (rows, shape.d_v),
+            context,
+            projection,
+        )?;
         let (output, width) = out;
         self.read_back(ctx, encoder, &output, rows * width, weights.as_ref())
     }

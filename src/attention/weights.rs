@@ -1,0 +1,193 @@
+//! Projection weights on the device: uploaded for one call, or once for a [`Layer`] that
+//! keeps them (then every call uploads only X).
+
+use ndarray::{Array1, Array2, ArrayViewD};
+
+use super::plan::Plan;
+use super::projections::Projections;
+use super::upload::upload_as;
+use super::{Attention, Output};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::kernels::matmul::Matmul;
+use crate::mask::Mask;
+use crate::variant;
+
+/// One projection on the device: its weight `(in, out)` in the `X·W` orientation and its
+/// optional bias.
+pub(super) struct Linear {
+    w: wgpu::Buffer,
+    pub b: Option<wgpu::Buffer>,
+    /// Output width: the weight's columns.
+    pub cols: usize,
+}
+
+impl Linear {
+    fn upload(
+        ctx: &Context,
+        name: &str,
+        w: &ndarray::ArrayView2<'_, f32>,
+        b: Option<&ndarray::ArrayView1<'_, f32>>,
+        f16: bool,
+    ) -> Result<Self> {
+        Ok(Linear {
+            w: upload_as(ctx, name, w.view(), f16)?,
+            b: b.map(|b| upload_as(ctx, name, b.view(), f16)).transpose()?,
+            cols: w.ncols(),
+        })
+    }
+
+    /// Records `out ← a·W (+ b)` for the problem `mm`.
+    pub(super) fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        mm: &Matmul,
+        a: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<()> {
+        // The context's stand-in serves every matmul without a bias.
+        let bias = self.b.as_ref().unwrap_or(ctx.stand_in());
+        variant::record_matmul(ctx, encoder, mm, plan.matmul, a, &self.w, bias, out)
+    }
+}
+
+/// `W_Q`, `W_K`, `W_V` with their biases, and `W_O` with `b_O`, on the device, stored as the
+/// op's dtype (f32, or f16 under [`crate::Dtype::F16`]).
+pub(super) struct DeviceWeights {
+    pub q: Linear,
+    pub k: Linear,
+    pub v: Linear,
+    pub o: Option<Linear>,
+}
+
+impl DeviceWeights {
+    /// Uploads `p` (already checked against X by [`Attention::dims`]).
+    pub(super) fn upload(ctx: &Context, p: &Projections<'_>, f16: bool) -> Result<Self> {
+        Ok(DeviceWeights {
+            q: Linear::upload(ctx, "W_Q", &p.w_q, p.b_q.as_ref(), f16)?,
+            k: Linear::upload(ctx, "W_K", &p.w_k, p.b_k.as_ref(), f16)?,
+            v: Linear::upload(ctx, "W_V", &p.w_v, p.b_v.as_ref(), f16)?,
+            o: p.w_o
+                .as_ref()
+                .map(|w| Linear::upload(ctx, "W_O", w, p.b_o.as_ref(), f16))
+                .transpose()?,
+        })
+    }
+}
+
+/// An attention layer whose projection weights live on the device: uploaded once, when the
+/// layer is built, so each [`Layer::forward`] uploads only X (the array API,
+/// [`Attention::forward`], uploads every weight on every call). The op's options (heads,
+/// causal, scale, dtype, kernels, …) are fixed with it. Results are those of
+/// [`Attention::forward`] with the same op and projections, bit for bit.
+///
+/// ```no_run
+/// # use wgpu_attention::{Attention, Context, Layer, Projections};
+/// # let ctx = Context::new()?;
+/// # let (w_q, w_k, w_v) = (ndarray::Array2::<f32>::eye(8), ndarray::Array2::<f32>::eye(8), ndarray::Array2::<f32>::eye(8));
+/// # let xs = vec![ndarray::Array2::<f32>::zeros((5, 8)); 3];
+/// let p = Projections::new(w_q.view(), w_k.view(), w_v.view());
+/// let layer = Layer::new(&ctx, Attention::new().heads(2).causal(true), &p)?;
+/// for x in &xs {
+///     let out = layer.forward(&ctx, x.view().into_dyn())?; // uploads X only
+/// }
+/// # Ok::<(), wgpu_attention::Error>(())
+/// ```
+pub struct Layer {
+    op: Attention,
+    host: (Array2<f32>, Array2<f32>, Array2<f32>),
+    biases: [Option<Array1<f32>>; 3],
+    output: Option<(Array2<f32>, Option<Array1<f32>>)>,
+    device: DeviceWeights,
+    context: u64,
+}
+
+impl std::fmt::Debug for Layer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layer")
+            .field("op", &self.op)
+            .field("w_q", &self.host.0.dim())
+            .field("w_k", &self.host.1.dim())
+            .field("w_v", &self.host.2.dim())
+            .field("w_o", &self.output.as_ref().map(|o| o.0.dim()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Layer {
+    /// Builds the layer on `ctx`: checks the projections (as [`Attention::dims`] does for an
+    /// X of their input width), keeps a host copy (for calls past the device's limits, which
+    /// are split and projected on the CPU) and uploads them.
+    ///
+    /// # Errors
+    /// Mismatched shapes, NaN/Inf in the weights (unless the op passes them through), values
+    /// past f16's range under f16, and GPU errors.
+    pub fn new(ctx: &Context, op: Attention, p: &Projections<'_>) -> Result<Self> {
+        let d = p.w_q.nrows();
+        op.dims(&[1, d], Some(p))?;
+        let x = ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[1, d]));
+        if !op.propagates_non_finite() {
+            super::check_inputs_finite(&x.view(), Some(p))?;
+        }
+        op.check_dtype(ctx, &super::shape::named_inputs(&x.view(), Some(p)))?;
+        let device = ctx.scoped(|| DeviceWeights::upload(ctx, p, op.f16()))?;
+        Ok(Layer {
+            op,
+            host: (p.w_q.to_owned(), p.w_k.to_owned(), p.w_v.to_owned()),
+            biases: [p.b_q, p.b_k, p.b_v].map(|b| b.map(|b| b.to_owned())),
+            output: p.w_o.map(|w| (w.to_owned(), p.b_o.map(|b| b.to_owned()))),
+            device,
+            context: ctx.id(),
+        })
+    }
+
+    /// The op this layer runs.
+    pub fn op(&self) -> &Attention {
+        &self.op
+    }
+
+    /// The projections, as views of the layer's host copy.
+    pub fn projections(&self) -> Projections<'_> {
+        let (q, k, v) = &self.host;
+        let mut p = Projections::new(q.view(), k.view(), v.view());
+        [p.b_q, p.b_k, p.b_v] = [0, 1, 2].map(|i| self.biases[i].as_ref().map(|b| b.view()));
+        match &self.output {
+            Some((w, b)) => p.with_output(w.view(), b.as_ref().map(|b| b.view())),
+            None => p,
+        }
+    }
+
+    /// [`Attention::forward`] with this layer's projections, uploading only `x`.
+    ///
+    /// # Errors
+    /// As [`Attention::forward`], and [`Error::InvalidArgument`] when `ctx` is not the
+    /// context the layer was built on.
+    pub fn forward(&self, ctx: &Context, x: ArrayViewD<'_, f32>) -> Result<Output> {
+        self.forward_masked(ctx, x, &Mask::none())
+    }
+
+    /// [`Attention::forward_masked`] with this layer's projections, uploading only `x` (and
+    /// the mask).
+    ///
+    /// # Errors
+    /// As [`Layer::forward`], and the mask's errors.
+    pub fn forward_masked(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        if ctx.id() != self.context {
+            return Err(Error::invalid(
+                "layer",
+                "its weights live on another Context's device: build the Layer on the \
+                 context you call it with",
+            ));
+        }
+        let p = self.projections();
+        self.op
+            .forward_with(ctx, x, Some(&p), mask, Some(&self.device))
+    }
+}
