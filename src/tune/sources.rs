@@ -18,12 +18,21 @@ use crate::variant::FlashVariant;
 /// Per-head sizes written (d_k = d_v).
 pub(crate) const HEAD_SIZES: [usize; 6] = [32, 64, 80, 96, 128, 256];
 
+/// The workgroup memory of desktop GPUs, in KiB: Apple's 32, NVIDIA's 48 under Vulkan, AMD's
+/// and Intel's 64. `flash_blocked` widens its chunks with the memory, so each is a variant.
+pub(crate) const GPU_WORKGROUP_KIB: [u32; 3] = [32, 48, 64];
+
 /// The limits the storage family's variants are chosen under when no GPU is at hand: 32 KiB
-/// of workgroup memory and 256 threads, what desktop GPUs offer at least (Apple's 32 KiB;
-/// AMD and Intel have 64 KiB, NVIDIA 48 KiB under Vulkan).
+/// of workgroup memory (the least of [`GPU_WORKGROUP_KIB`]) and 256 threads.
+#[cfg(test)]
 pub(crate) fn gpu_limits() -> wgpu::Limits {
+    gpu_limits_with(32)
+}
+
+/// [`gpu_limits`] with `kib` KiB of workgroup memory.
+fn gpu_limits_with(kib: u32) -> wgpu::Limits {
     wgpu::Limits {
-        max_compute_workgroup_storage_size: 32 << 10,
+        max_compute_workgroup_storage_size: kib << 10,
         max_compute_invocations_per_workgroup: 256,
         max_compute_workgroup_size_x: 256,
         ..wgpu::Limits::default()
@@ -131,35 +140,47 @@ fn unfused() -> Vec<(String, PipelineKey)> {
 }
 
 /// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
-/// the storage family's fused variants as [`storage_flash`] offers them on a GPU under
-/// [`gpu_limits`] (`flash_blocked`; `flash_tiled` is lavapipe's) for head sizes 32, 64, 80,
-/// 96, 128 and 256, f32 and f16, and its unfused kernels ([`unfused`]); with a subgroup
-/// size, the subgroup family's fused variants for d = 64 and 128. Returns the files
-/// written.
+/// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
+/// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
+/// `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16 (a
+/// variant that more memory changes is written again, its name ending in `-wg<KiB>k`), and
+/// its unfused kernels ([`unfused`]); with a subgroup size, the subgroup family's fused
+/// variants for d = 64 and 128. Returns the files written.
 ///
 /// # Errors
 /// [`Error::Io`] when the directory or a file cannot be written.
 pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBuf>> {
-    let limits = gpu_limits();
     let mut files: Vec<(&str, String, PipelineKey)> = unfused()
         .into_iter()
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
-    for d in HEAD_SIZES {
-        let w4 = d.div_ceil(4) as u32;
-        let (_, storage) = storage_flash(wgpu::DeviceType::DiscreteGpu, &limits, (w4, w4));
-        for f16 in [false, true] {
-            let mut variants: Vec<(&str, FlashVariant)> =
-                storage.iter().map(|&v| ("storage", v)).collect();
-            if subgroup_size.is_some() && (d == 64 || d == 128) {
-                variants.extend(
-                    (1..=4).map(|r| ("subgroup", FlashVariant::Subgroup { rows_per_lane: r })),
-                );
-            }
-            for (family, variant) in variants {
-                let sg = subgroup_size.unwrap_or(0);
-                let key = flash_key(&problem(d, f16), variant, &limits, sg)?;
-                files.push((family, file_name(variant, d, f16), key));
+    let mut seen = std::collections::HashSet::new();
+    for kib in GPU_WORKGROUP_KIB {
+        let limits = gpu_limits_with(kib);
+        let suffix = if kib == 32 {
+            String::new()
+        } else {
+            format!("-wg{kib}k")
+        };
+        for d in HEAD_SIZES {
+            let w4 = d.div_ceil(4) as u32;
+            let (_, storage) = storage_flash(wgpu::DeviceType::DiscreteGpu, &limits, (w4, w4));
+            for f16 in [false, true] {
+                let mut variants: Vec<(&str, FlashVariant)> =
+                    storage.iter().map(|&v| ("storage", v)).collect();
+                if kib == 32 && subgroup_size.is_some() && (d == 64 || d == 128) {
+                    variants.extend(
+                        (1..=4).map(|r| ("subgroup", FlashVariant::Subgroup { rows_per_lane: r })),
+                    );
+                }
+                for (family, variant) in variants {
+                    let sg = subgroup_size.unwrap_or(0);
+                    let key = flash_key(&problem(d, f16), variant, &limits, sg)?;
+                    if seen.insert(key) {
+                        let stem = file_name(variant, d, f16) + &suffix;
+                        files.push((family, stem, key));
+                    }
+                }
             }
         }
     }

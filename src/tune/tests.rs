@@ -215,6 +215,7 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         "storage/flash-blocked-64x64-d64-f32.wgsl",
         "storage/flash-blocked-64x64-d128-f16.wgsl",
         "storage/flash-blocked-32x64-d256-f32.wgsl",
+        "storage/flash-blocked-64x64-d64-f32-wg48k.wgsl",
         "storage/matmul-f32.wgsl",
         "storage/matmul-f16-abc.wgsl",
         "storage/softmax-mask1-f32.wgsl",
@@ -224,6 +225,17 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         assert!(files.contains(&dir.path().join(want)), "{want} missing");
     }
     assert!(!files.contains(&dir.path().join("storage/flash-blocked-64x32-d256-f32.wgsl")));
+    // 48 KiB of workgroup memory (NVIDIA, and AMD's 64) widens the Q/K chunks: another
+    // variant; 64 KiB adds none.
+    let wide = dir
+        .path()
+        .join("storage/flash-blocked-64x64-d64-f32-wg48k.wgsl");
+    assert!(std::fs::read_to_string(wide)
+        .unwrap()
+        .contains("const DC4: u32 = 8u;"));
+    assert!(!files
+        .iter()
+        .any(|f| f.display().to_string().contains("wg64k")));
     // flash_tiled is lavapipe's: a GPU never runs it unless asked.
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     assert!(
