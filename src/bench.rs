@@ -16,9 +16,9 @@ use crate::tune::MatmulProblem;
 use crate::variant::{Kernels, MatmulVariant};
 
 pub use crate::timing::{kernel_medians, measure, Stats};
-/// Writes the fully specialised WGSL of every fused-kernel variant the tuner may pick to
-/// `dir/<family>/<variant>.wgsl` (`wgpu-attention shaders`); the subgroup family's with
-/// `subgroup_size`. Returns the files written.
+/// Writes the fully specialised WGSL of every kernel variant the tuner may pick on a GPU to
+/// `dir/<family>/<variant>.wgsl` (`wgpu-attention shaders`): the storage family's fused and
+/// unfused kernels; the subgroup family's fused variants with `subgroup_size`. Returns the files written.
 ///
 /// # Errors
 /// [`Error::Io`] when a file cannot be written.

@@ -1,5 +1,5 @@
-//! `wgpu-attention shaders --out DIR`: every fused variant's specialised WGSL, written where
-//! asked, listed on stdout; an unwritable directory is a clear error.
+//! `wgpu-attention shaders --out DIR`: the specialised WGSL of every kernel variant a GPU may
+//! run, written where asked, listed on stdout; an unwritable directory is a clear error.
 
 mod common;
 
@@ -31,6 +31,17 @@ fn shaders_writes_every_variant_and_lists_it() {
             assert_eq!(text.contains("enable f16;"), t == "f16");
         }
     }
+    for stem in [
+        "matmul-f32",
+        "matmul-f16-abc",
+        "softmax-mask0-f32",
+        "weighted-sum-f16",
+    ] {
+        let f = dir.path().join(format!("storage/{stem}.wgsl"));
+        assert!(listed.contains(&f.display().to_string()), "{stem} missing");
+    }
+    // flash_tiled spills on GPUs and is not offered there, so it is not written.
+    assert!(!listed.contains("flash-tiled"), "{listed}");
 }
 
 #[test]

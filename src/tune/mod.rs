@@ -69,12 +69,67 @@ fn key(ctx: &Context, what: &str) -> String {
     )
 }
 
-/// Each family's default variants, used when measuring is off.
-pub fn default_flash(family: Kernels) -> FlashVariant {
+/// The fused kernel's default variant in `family` (used when measuring is off) on `ctx`,
+/// for per-head widths in vec4s: see [`default_flash_on`].
+pub fn default_flash(ctx: &Context, family: Kernels, widths4: (u32, u32)) -> FlashVariant {
+    let device = ctx.adapter_info().device_type;
+    default_flash_on(device, ctx.limits(), family, widths4)
+}
+
+/// The fused kernel's default variant in `family` on a device of type `device` with
+/// `limits`, for per-head widths `(dk4, dv4)` in vec4s: the subgroup family's, or the
+/// storage family's of [`storage_flash`].
+pub fn default_flash_on(
+    device: wgpu::DeviceType,
+    limits: &wgpu::Limits,
+    family: Kernels,
+    widths4: (u32, u32),
+) -> FlashVariant {
     match family {
         Kernels::Subgroup => FlashVariant::Subgroup { rows_per_lane: 2 },
-        _ => FlashVariant::Tiled { keys: 32 },
+        _ => storage_flash(device, limits, widths4).0,
     }
+}
+
+/// The storage family's fused-kernel variants on a device of type `device` with `limits`,
+/// for per-head widths `(dk4, dv4)` in vec4s: the default and the tuner's candidates.
+///
+/// On a CPU adapter (lavapipe): `flash_tiled` (32 keys per tile by default, the tile sizes
+/// whose memory fits as candidates). On anything else: `flash_blocked` alone, whose every
+/// variant compiles without spills for RDNA3 where `flash_tiled` spills hundreds of
+/// registers (README, "What a real GPU compiler says"); the default is the first of
+/// [`BLOCKED_SHAPES`] that fits the workgroup memory, the threads and the output registers
+/// per thread. Only when none fits (a head wider than 256, a small device) is `flash_tiled`
+/// used there, and a log line says so once per width.
+pub fn storage_flash(
+    device: wgpu::DeviceType,
+    limits: &wgpu::Limits,
+    (dk4, dv4): (u32, u32),
+) -> (FlashVariant, Vec<FlashVariant>) {
+    const TILED: FlashVariant = FlashVariant::Tiled { keys: 32 };
+    if device != wgpu::DeviceType::Cpu {
+        let blocked = blocked_candidates(limits, dk4, dv4);
+        if let Some(&first) = blocked.first() {
+            return (first, blocked);
+        }
+        static WARNED: std::sync::Mutex<Vec<(u32, u32)>> = std::sync::Mutex::new(Vec::new());
+        let mut warned = WARNED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !warned.contains(&(dk4, dv4)) {
+            warned.push((dk4, dv4));
+            log::warn!(
+                "no flash_blocked variant fits d_k = {}, d_v = {} on this {device:?} \
+                 (workgroup memory {} bytes, {} threads): using flash_tiled, which may \
+                 spill registers",
+                4 * dk4,
+                4 * dv4,
+                limits.max_compute_workgroup_storage_size,
+                limits.max_compute_invocations_per_workgroup,
+            );
+        }
+    }
+    (TILED, tiled_candidates(limits, dk4, dv4))
 }
 
 /// See [`default_flash`].
@@ -121,12 +176,9 @@ pub fn flash_candidates(
         v.extend([1, 2, 3, 4].map(|r| FlashVariant::Subgroup { rows_per_lane: r }));
     }
     if families.contains(&Kernels::Storage) {
-        v.extend(tiled_candidates(ctx.limits(), dk4, dv4));
-        // The register-blocked kernel is for GPUs; on a CPU adapter (lavapipe) the kernels
-        // above stay the choice and the tuner does not spend time compiling it.
-        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
-            v.extend(blocked_candidates(ctx.limits(), dk4, dv4));
-        }
+        // flash_tiled on a CPU adapter (lavapipe), flash_blocked on GPUs.
+        let device = ctx.adapter_info().device_type;
+        v.extend(storage_flash(device, ctx.limits(), (dk4, dv4)).1);
     }
     v
 }
@@ -221,7 +273,7 @@ pub fn flash(
     let candidates = flash_candidates(ctx, families, dk4, dv4);
     let anchor = n.next_power_of_two().clamp(MIN_TUNED_N, FLASH_MAX_ANCHOR_N);
     let detail = format!("dk4={dk4} dv4={dv4} n~{anchor}");
-    let fallback = default_flash(families[0]);
+    let fallback = default_flash(ctx, families[0], (dk4, dv4));
     choose(
         ctx,
         families,

@@ -1,26 +1,38 @@
-//! The fully specialised WGSL of every fused-kernel variant the tuner may pick, as the
-//! pipeline cache hands it to wgpu, written to `DIR/<family>/<variant>.wgsl` for offline
-//! compiler checks (`wgpu-attention shaders --out DIR`, then a real GPU compiler such as
-//! `gpu-shader-stats` on each file).
+//! The fully specialised WGSL of every kernel variant the tuner may pick, as the pipeline
+//! cache hands it to wgpu, written to `DIR/<family>/<variant>.wgsl` for offline compiler
+//! checks (`wgpu-attention shaders --out DIR`, then a real GPU compiler such as
+//! `gpu-shader-stats` on each file: `.ci/gpu-shader-stats`).
 
 use std::path::{Path, PathBuf};
 
-use super::{blocked_candidates, tiled_candidates};
+use super::storage_flash;
 use crate::error::{Error, Result};
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
 use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
-use crate::kernels::{flash_blocked, PipelineKey, Strides};
+use crate::kernels::matmul::{F16_A, F16_B, F16_C};
+use crate::kernels::softmax::SoftmaxConsts;
+use crate::kernels::wgsl::NoConstants;
+use crate::kernels::{flash_blocked, matmul, softmax, weighted_sum, PipelineKey, Strides};
 use crate::variant::FlashVariant;
 
 /// Per-head sizes written (d_k = d_v).
 pub(crate) const HEAD_SIZES: [usize; 6] = [32, 64, 80, 96, 128, 256];
 
+/// The workgroup memory of desktop GPUs, in KiB: Apple's 32, NVIDIA's 48 under Vulkan, AMD's
+/// and Intel's 64. `flash_blocked` widens its chunks with the memory, so each is a variant.
+pub(crate) const GPU_WORKGROUP_KIB: [u32; 3] = [32, 48, 64];
+
 /// The limits the storage family's variants are chosen under when no GPU is at hand: 32 KiB
-/// of workgroup memory and 256 threads, what desktop GPUs offer at least (Apple's 32 KiB;
-/// AMD and Intel have 64 KiB, NVIDIA 48 KiB under Vulkan).
+/// of workgroup memory (the least of [`GPU_WORKGROUP_KIB`]) and 256 threads.
+#[cfg(test)]
 pub(crate) fn gpu_limits() -> wgpu::Limits {
+    gpu_limits_with(32)
+}
+
+/// [`gpu_limits`] with `kib` KiB of workgroup memory.
+fn gpu_limits_with(kib: u32) -> wgpu::Limits {
     wgpu::Limits {
-        max_compute_workgroup_storage_size: 32 << 10,
+        max_compute_workgroup_storage_size: kib << 10,
         max_compute_invocations_per_workgroup: 256,
         max_compute_workgroup_size_x: 256,
         ..wgpu::Limits::default()
@@ -89,50 +101,93 @@ pub(crate) fn flash_key(
     })
 }
 
-/// The file name of `variant` at per-head size `d`.
+/// The file stem of `variant` at per-head size `d`.
 fn file_name(variant: FlashVariant, d: usize, f16: bool) -> String {
     let v = match variant {
         FlashVariant::Tiled { keys } => format!("flash-tiled-bk{keys}"),
         FlashVariant::Blocked { rows, keys } => format!("flash-blocked-{rows}x{keys}"),
         FlashVariant::Subgroup { rows_per_lane } => format!("flash-subgroup-r{rows_per_lane}"),
     };
-    format!("{v}-d{d}-{}.wgsl", if f16 { "f16" } else { "f32" })
+    format!("{v}-d{d}-{}", if f16 { "f16" } else { "f32" })
 }
 
-/// Writes every fused variant the tuner may pick to `dir/<family>/<variant>.wgsl`: the
-/// storage family's (`flash_tiled`, and `flash_blocked` as on GPUs, under [`gpu_limits`])
-/// for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16; with a subgroup size, the
-/// subgroup family's for d = 64 and 128. Returns the files written.
+/// The storage family's unfused kernels as a GPU runs them (the weights path, the
+/// projections): file stem and pipeline key. `matmul` with the element types the crate
+/// uses (f32; f16 Q and K for the scores; f16 weights for the output projection; f16
+/// everything for the input projections), `softmax` with and without a mask, and
+/// `weighted_sum` with f32 and f16 V.
+fn unfused() -> Vec<(String, PipelineKey)> {
+    let mut v = Vec::new();
+    for (name, bits) in [
+        ("f32", 0),
+        ("f16-ab", F16_A | F16_B),
+        ("f16-b", F16_B),
+        ("f16-abc", F16_A | F16_B | F16_C),
+    ] {
+        let key = PipelineKey::of::<matmul::Shader>(&NoConstants, bits);
+        v.push((format!("matmul-{name}"), key));
+    }
+    for mask in [0, 1] {
+        let key = PipelineKey::of::<softmax::Shader>(&SoftmaxConsts { mask }, 0);
+        v.push((format!("softmax-mask{mask}-f32"), key));
+    }
+    for f16 in [false, true] {
+        let key = PipelineKey::of::<weighted_sum::Shader>(&NoConstants, u8::from(f16));
+        let t = if f16 { "f16" } else { "f32" };
+        v.push((format!("weighted-sum-{t}"), key));
+    }
+    v
+}
+
+/// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
+/// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
+/// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
+/// `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16 (a
+/// variant that more memory changes is written again, its name ending in `-wg<KiB>k`), and
+/// its unfused kernels ([`unfused`]); with a subgroup size, the subgroup family's fused
+/// variants for d = 64 and 128. Returns the files written.
 ///
 /// # Errors
 /// [`Error::Io`] when the directory or a file cannot be written.
 pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBuf>> {
-    let limits = gpu_limits();
-    let mut jobs: Vec<(&str, FlashVariant, usize, bool)> = Vec::new();
-    for d in HEAD_SIZES {
-        let w4 = d.div_ceil(4) as u32;
-        let mut storage = tiled_candidates(&limits, w4, w4);
-        storage.extend(blocked_candidates(&limits, w4, w4));
-        for f16 in [false, true] {
-            jobs.extend(storage.iter().map(|&v| ("storage", v, d, f16)));
-            if subgroup_size.is_some() && (d == 64 || d == 128) {
-                for r in 1..=4 {
-                    let v = FlashVariant::Subgroup { rows_per_lane: r };
-                    jobs.push(("subgroup", v, d, f16));
+    let mut files: Vec<(&str, String, PipelineKey)> = unfused()
+        .into_iter()
+        .map(|(stem, key)| ("storage", stem, key))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for kib in GPU_WORKGROUP_KIB {
+        let limits = gpu_limits_with(kib);
+        let suffix = if kib == 32 {
+            String::new()
+        } else {
+            format!("-wg{kib}k")
+        };
+        for d in HEAD_SIZES {
+            let w4 = d.div_ceil(4) as u32;
+            let (_, storage) = storage_flash(wgpu::DeviceType::DiscreteGpu, &limits, (w4, w4));
+            for f16 in [false, true] {
+                let mut variants: Vec<(&str, FlashVariant)> =
+                    storage.iter().map(|&v| ("storage", v)).collect();
+                if kib == 32 && subgroup_size.is_some() && (d == 64 || d == 128) {
+                    variants.extend(
+                        (1..=4).map(|r| ("subgroup", FlashVariant::Subgroup { rows_per_lane: r })),
+                    );
+                }
+                for (family, variant) in variants {
+                    let sg = subgroup_size.unwrap_or(0);
+                    let key = flash_key(&problem(d, f16), variant, &limits, sg)?;
+                    if seen.insert(key) {
+                        let stem = file_name(variant, d, f16) + &suffix;
+                        files.push((family, stem, key));
+                    }
                 }
             }
         }
     }
     let mut written = Vec::new();
-    for (family, variant, d, f16) in jobs {
-        let key = flash_key(
-            &problem(d, f16),
-            variant,
-            &limits,
-            subgroup_size.unwrap_or(0),
-        )?;
+    for (family, stem, key) in files {
         let folder = dir.join(family);
-        let path = folder.join(file_name(variant, d, f16));
+        let path = folder.join(format!("{stem}.wgsl"));
         std::fs::create_dir_all(&folder)
             .and_then(|()| std::fs::write(&path, key.source()))
             .map_err(|e| Error::io(&path, e))?;

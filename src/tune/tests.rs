@@ -22,7 +22,7 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
 
     // Too small to measure: the default, and nothing written.
     let small = tune::flash(&ctx, &fam, (16, 16), MIN_TUNED_N - 1).unwrap();
-    assert_eq!(small, tune::default_flash(fam[0]));
+    assert_eq!(small, tune::default_flash(&ctx, fam[0], (4, 4)));
     assert!(!path.exists(), "a small problem must not be measured");
 
     let chosen = tune::flash(&ctx, &fam, (16, 16), 1024).unwrap();
@@ -140,16 +140,71 @@ fn the_blocked_kernel_is_offered_on_gpus_only() {
     use crate::variant::FlashVariant;
     let ctx = crate::context::test_context();
     let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
-    let offered = tune::flash_candidates(ctx, &[Kernels::Storage], 16, 16)
-        .iter()
-        .any(|v| matches!(v, FlashVariant::Blocked { .. }));
-    assert_eq!(offered, !cpu, "lavapipe keeps its own kernels");
+    let offered = tune::flash_candidates(ctx, &[Kernels::Storage], 16, 16);
+    let blocked = |v: &FlashVariant| matches!(v, FlashVariant::Blocked { .. });
+    if cpu {
+        assert!(
+            !offered.iter().any(blocked),
+            "lavapipe keeps its own kernels"
+        );
+    } else {
+        assert!(offered.iter().all(blocked), "{offered:?}");
+    }
     // Under a GPU's limits every shape fits at d = 64; at d = 256, 32 keys per tile would
     // leave each thread 8 output vec4s (spills), so that shape is not offered.
     let gpu = tune::sources::gpu_limits();
     assert_eq!(tune::blocked_candidates(&gpu, 16, 16).len(), 3);
     assert!(!tune::blocked_candidates(&gpu, 64, 64)
         .contains(&FlashVariant::Blocked { rows: 64, keys: 32 }));
+}
+
+#[test]
+fn gpus_default_to_and_choose_among_spill_free_blocked_variants_only() {
+    use crate::variant::FlashVariant;
+    use wgpu::DeviceType::{Cpu, DiscreteGpu, IntegratedGpu, Other, VirtualGpu};
+    let gpu = tune::sources::gpu_limits();
+    let tiled = FlashVariant::Tiled { keys: 32 };
+    let is_blocked = |v: &FlashVariant| matches!(v, FlashVariant::Blocked { .. });
+    for d in tune::sources::HEAD_SIZES {
+        let w4 = d.div_ceil(4) as u32;
+        for device in [DiscreteGpu, IntegratedGpu, VirtualGpu, Other] {
+            let (default, candidates) = tune::storage_flash(device, &gpu, (w4, w4));
+            assert!(is_blocked(&default), "d = {d} on {device:?}: {default}");
+            assert!(candidates.contains(&default), "d = {d}: {candidates:?}");
+            assert!(candidates.iter().all(is_blocked), "d = {d}: {candidates:?}");
+            let by_family = tune::default_flash_on(device, &gpu, Kernels::Storage, (w4, w4));
+            assert_eq!(by_family, default);
+            assert_eq!(
+                tune::default_flash_on(device, &gpu, Kernels::Subgroup, (w4, w4)),
+                FlashVariant::Subgroup { rows_per_lane: 2 }
+            );
+        }
+        // A CPU adapter keeps flash_tiled, default and candidates.
+        let (default, candidates) = tune::storage_flash(Cpu, &gpu, (w4, w4));
+        assert_eq!(default, tiled);
+        assert_eq!(candidates, tune::tiled_candidates(&gpu, w4, w4));
+    }
+    // 64 × 64 blocks (256 threads) first; a device with 128 threads per workgroup gets the
+    // shapes that fit it.
+    let (default, _) = tune::storage_flash(DiscreteGpu, &gpu, (16, 16));
+    assert_eq!(default, FlashVariant::Blocked { rows: 64, keys: 64 });
+    let small = wgpu::Limits {
+        max_compute_invocations_per_workgroup: 128,
+        ..gpu.clone()
+    };
+    let (default, candidates) = tune::storage_flash(DiscreteGpu, &small, (16, 16));
+    assert_eq!(default, FlashVariant::Blocked { rows: 64, keys: 32 });
+    assert!(!candidates.contains(&FlashVariant::Blocked { rows: 64, keys: 64 }));
+    // No block shape fits (d = 512 needs 8 output vec4s a thread; 4 KiB of workgroup
+    // memory): flash_tiled, on a GPU too.
+    let (default, candidates) = tune::storage_flash(DiscreteGpu, &gpu, (128, 128));
+    assert_eq!(default, tiled);
+    assert!(!candidates.iter().any(is_blocked), "{candidates:?}");
+    let tiny = wgpu::Limits {
+        max_compute_workgroup_storage_size: 4 << 10,
+        ..gpu.clone()
+    };
+    assert_eq!(tune::storage_flash(IntegratedGpu, &tiny, (16, 16)).0, tiled);
 }
 
 #[test]
@@ -160,12 +215,33 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         "storage/flash-blocked-64x64-d64-f32.wgsl",
         "storage/flash-blocked-64x64-d128-f16.wgsl",
         "storage/flash-blocked-32x64-d256-f32.wgsl",
-        "storage/flash-tiled-bk32-d64-f32.wgsl",
+        "storage/flash-blocked-64x64-d64-f32-wg48k.wgsl",
+        "storage/matmul-f32.wgsl",
+        "storage/matmul-f16-abc.wgsl",
+        "storage/softmax-mask1-f32.wgsl",
+        "storage/weighted-sum-f16.wgsl",
         "subgroup/flash-subgroup-r2-d128-f16.wgsl",
     ] {
         assert!(files.contains(&dir.path().join(want)), "{want} missing");
     }
     assert!(!files.contains(&dir.path().join("storage/flash-blocked-64x32-d256-f32.wgsl")));
+    // 48 KiB of workgroup memory (NVIDIA, and AMD's 64) widens the Q/K chunks: another
+    // variant; 64 KiB adds none.
+    let wide = dir
+        .path()
+        .join("storage/flash-blocked-64x64-d64-f32-wg48k.wgsl");
+    assert!(std::fs::read_to_string(wide)
+        .unwrap()
+        .contains("const DC4: u32 = 8u;"));
+    assert!(!files
+        .iter()
+        .any(|f| f.display().to_string().contains("wg64k")));
+    // flash_tiled is lavapipe's: a GPU never runs it unless asked.
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    assert!(
+        !names.iter().any(|f| f.contains("flash-tiled")),
+        "{names:?}"
+    );
     for f in &files {
         let text = std::fs::read_to_string(f).unwrap();
         let module = naga::front::wgsl::parse_str(&text)

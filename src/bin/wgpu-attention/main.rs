@@ -82,8 +82,8 @@ enum Command {
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
-    /// Write the fully specialised WGSL of every fused-kernel variant the tuner may pick to
-    /// DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
+    /// Write the fully specialised WGSL of every kernel variant the tuner may pick on a GPU
+    /// to DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
     Shaders(shaders_cmd::ShadersArgs),
     /// The example of the post "Building the Self-Attention Mechanism of Large Language Models
     /// from scratch": attention over the words of a sentence, printed as a table.

@@ -1,5 +1,5 @@
-//! `wgpu-attention shaders --out DIR`: the fully specialised WGSL of every fused-kernel
-//! variant the tuner may pick, for offline compiler checks.
+//! `wgpu-attention shaders --out DIR`: the fully specialised WGSL of every kernel variant
+//! the tuner may pick on a GPU, for offline compiler checks (`.ci/gpu-shader-stats`).
 
 use std::path::PathBuf;
 
