@@ -40,6 +40,19 @@ fn shaders_writes_every_variant_and_lists_it() {
         let f = dir.path().join(format!("storage/{stem}.wgsl"));
         assert!(listed.contains(&f.display().to_string()), "{stem} missing");
     }
+    // The masked and NaN-pass-through builds of the fused kernel, so CI compiles them too.
+    for tag in ["mask", "mask-skip0"] {
+        let f = dir
+            .path()
+            .join(format!("storage/flash-blocked-64x64-d64-f32-{tag}.wgsl"));
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.contains("const MASK: u32 = 1u;"), "{tag}");
+        let skip = u32::from(tag == "mask-skip0");
+        assert!(
+            text.contains(&format!("const SKIP_ZERO: u32 = {skip}u;")),
+            "{tag}"
+        );
+    }
     // flash_tiled spills on GPUs and is not offered there, so it is not written.
     assert!(!listed.contains("flash-tiled"), "{listed}");
 }

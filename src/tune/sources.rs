@@ -61,8 +61,8 @@ fn problem(d: usize, f16: bool) -> Flash {
     }
 }
 
-/// The pipeline key `variant` records for `op` without a mask, on a device with `limits`
-/// and subgroup size `sg` (subgroup variants only).
+/// The pipeline key `variant` records for `op` (with a mask when `mask` is 1), on a device
+/// with `limits` and subgroup size `sg` (subgroup variants only).
 ///
 /// # Errors
 /// The variant does not fit `limits`.
@@ -71,6 +71,7 @@ pub(crate) fn flash_key(
     variant: FlashVariant,
     limits: &wgpu::Limits,
     sg: u32,
+    mask: u32,
 ) -> Result<PipelineKey> {
     let (dk4, dv4) = op.widths4()?;
     Ok(match variant {
@@ -79,12 +80,12 @@ pub(crate) fn flash_key(
                 keys,
                 dk4,
                 dv4,
-                mask: 0,
+                mask,
             };
             PipelineKey::of::<flash_tiled::Shader>(&c, op.f16_bits())
         }
         FlashVariant::Blocked { rows, keys } => {
-            let c = op.blocked_consts(limits, (rows, keys), 0)?;
+            let c = op.blocked_consts(limits, (rows, keys), mask)?;
             PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits())
         }
         FlashVariant::Subgroup { rows_per_lane } => {
@@ -93,7 +94,7 @@ pub(crate) fn flash_key(
                 rows_per_lane,
                 dk4,
                 dv4,
-                mask: 0,
+                mask,
                 skip_zero: u32::from(op.skip_zero),
             };
             PipelineKey::of::<flash_subgroup::Shader>(&c, u8::from(op.f16))
@@ -175,10 +176,29 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
                 }
                 for (family, variant) in variants {
                     let sg = subgroup_size.unwrap_or(0);
-                    let key = flash_key(&problem(d, f16), variant, &limits, sg)?;
+                    let key = flash_key(&problem(d, f16), variant, &limits, sg, 0)?;
                     if seen.insert(key) {
                         let stem = file_name(variant, d, f16) + &suffix;
                         files.push((family, stem, key));
+                    }
+                    // With a mask, and with NaN/Inf pass-through (keys of weight 0 skipped),
+                    // as masked and `propagate_non_finite` calls build them: at the common
+                    // head sizes, f32, the default limits.
+                    if family == "storage" && kib == 32 && !f16 && (d == 64 || d == 128) {
+                        for (skip_zero, tag) in [(false, "mask"), (true, "mask-skip0")] {
+                            let op = Flash {
+                                skip_zero,
+                                ..problem(d, f16)
+                            };
+                            let key = flash_key(&op, variant, &limits, sg, 1)?;
+                            if seen.insert(key) {
+                                files.push((
+                                    family,
+                                    format!("{}-{tag}", file_name(variant, d, f16)),
+                                    key,
+                                ));
+                            }
+                        }
                     }
                 }
             }
