@@ -143,11 +143,18 @@ macro_rules! registry {
             #[cfg_attr(not(test), allow(dead_code))]
             pub(crate) const ALL: &'static [KernelId] = &[$(KernelId::$id),*];
 
+            /// Its WGSL file's name, the label of its pipelines and passes.
+            pub(crate) fn file(self) -> &'static str {
+                match self {
+                    $(KernelId::$id => concat!(stringify!($module), ".wgsl")),*
+                }
+            }
+
             /// What its Rust file states, and its WGSL source.
             pub(crate) fn info(self) -> KernelInfo {
                 match self {
                     $(KernelId::$id => KernelInfo::of::<$module::Shader>(
-                        concat!(stringify!($module), ".wgsl"),
+                        self.file(),
                         include_str!(concat!("../../shaders/", stringify!($module), ".wgsl")),
                     )),*
                 }
@@ -284,7 +291,8 @@ pub(crate) fn record<K: Kernel>(
     workgroups: u64,
 ) -> Result<()> {
     let key = PipelineKey::of::<K>(consts, f16);
-    let label = K::ID.info().file;
+    // Per dispatch: the label alone, not the whole description.
+    let label = K::ID.file();
     if resources.len() != K::BINDINGS.len() {
         return Err(Error::invalid(
             label,
