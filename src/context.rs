@@ -181,6 +181,7 @@ pub struct Context {
     pub(crate) queue: wgpu::Queue,
     pub(crate) limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
+    pub(crate) pool: crate::gpu::pool::Pool,
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
@@ -288,6 +289,7 @@ impl Context {
             queue,
             limits,
             pipelines: PipelineCache::default(),
+            pool: crate::gpu::pool::Pool::default(),
             stand_in: std::sync::OnceLock::new(),
             subgroup_size,
             lost,
@@ -423,6 +425,17 @@ impl Context {
     /// The wgpu queue.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
+    }
+
+    /// What the buffer pool holds: intermediates and readback staging are reused across
+    /// calls by size class, so a loop of calls of one shape allocates nothing after its first.
+    pub fn memory(&self) -> crate::gpu::pool::MemoryStats {
+        self.pool.stats()
+    }
+
+    /// Frees the pool's idle buffers (those in use, by a [`crate::Tensor`] say, stay).
+    pub fn release_memory(&self) {
+        self.pool.release();
     }
 
     /// `Err(DeviceLost)` once the device has been lost; a lost context stays unusable.

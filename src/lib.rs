@@ -13,6 +13,7 @@ pub mod npy;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod reference;
+pub mod tensor;
 pub mod verify;
 
 // The machinery behind it, free to change: GPU plumbing, kernels, the tuner, timing.
@@ -30,12 +31,15 @@ pub mod fuzz;
 
 pub use attention::{
     Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, SdpaGradients,
+    TensorOutput,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
+pub use gpu::pool::MemoryStats;
 pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;
+pub use tensor::{Recorder, Tensor};
 pub use timing::{KernelTime, Profiling};
 pub use tune::TuneCache;
 pub use variant::{FlashVariant, Kernels, MatmulVariant};

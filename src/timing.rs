@@ -174,6 +174,7 @@ pub(crate) fn timed_submit(
     f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
 ) -> Result<(f64, Vec<KernelTime>)> {
     ctx.scoped(|| {
+        let _open = ctx.pool.open();
         let t = Instant::now();
         let mut encoder = ctx
             .device

@@ -9,7 +9,7 @@ use super::weights::{DeviceWeights, Linear};
 use super::Attention;
 use crate::context::Context;
 use crate::error::Result;
-use crate::gpu::buffer;
+use crate::gpu::buffer::{self, Buf};
 use crate::kernels::flash_tiled::Flash;
 use crate::kernels::matmul::{Matmul, F16_A, F16_B, F16_C, SKIP_UPPER};
 use crate::kernels::matmul_subgroup::{self, Epilogue, Operands};
@@ -31,21 +31,36 @@ pub(super) struct Shape {
     pub d_v: usize,
 }
 
+impl Shape {
+    /// Self-attention's: the keys are the queries' rows.
+    pub(super) fn self_attention(dims: &super::Dims) -> Self {
+        Shape {
+            batch: dims.batch,
+            heads: dims.heads,
+            kv_heads: dims.kv_heads,
+            n_q: dims.n,
+            n_kv: dims.n,
+            d_k: dims.d_k,
+            d_v: dims.d_v,
+        }
+    }
+}
+
 impl Attention {
-    /// Records `X·W (+ b)` for each projection of `w`, reading X from `x`, into new buffers
-    /// `(batch·n, width)`, f16 under [`crate::Dtype::F16`].
+    /// Records `X·W (+ b)` for each projection of `w`, reading X from `x` (f16 when `x_f16`),
+    /// into new buffers `(batch·n, width)`, f16 under [`crate::Dtype::F16`].
     pub(super) fn record_projections(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         plan: &Plan,
         (rows, d): (usize, usize),
-        x: &wgpu::Buffer,
+        (x, x_f16): (&wgpu::Buffer, bool),
         w: &DeviceWeights,
-    ) -> Result<(wgpu::Buffer, wgpu::Buffer, wgpu::Buffer)> {
+    ) -> Result<(Buf, Buf, Buf)> {
         let f16 = self.f16();
-        let types = if f16 { F16_A | F16_B | F16_C } else { 0 };
-        let mut project = |name: &str, linear: &Linear| -> Result<wgpu::Buffer> {
+        let types = if f16 { F16_B | F16_C } else { 0 } | if x_f16 { F16_A } else { 0 };
+        let mut project = |name: &str, linear: &Linear| -> Result<Buf> {
             let width = linear.cols;
             let out = if f16 {
                 buffer::output_f16(ctx, name, rows * width)?
@@ -71,9 +86,9 @@ impl Attention {
         encoder: &mut wgpu::CommandEncoder,
         plan: &Plan,
         (rows, d_v): (usize, usize),
-        context: wgpu::Buffer,
+        context: Buf,
         weights: Option<&DeviceWeights>,
-    ) -> Result<(wgpu::Buffer, usize)> {
+    ) -> Result<(Buf, usize)> {
         let Some(o) = weights.and_then(|w| w.o.as_ref()) else {
             return Ok((context, d_v));
         };
@@ -99,7 +114,7 @@ impl Attention {
         scale: f32,
         operands: &Device,
         mask: Option<&MaskBuffer>,
-    ) -> Result<(wgpu::Buffer, Option<wgpu::Buffer>)> {
+    ) -> Result<(Buf, Option<Buf>)> {
         let Shape {
             batch,
             heads,

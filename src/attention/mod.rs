@@ -14,6 +14,7 @@ mod gradients;
 mod plan;
 mod projections;
 mod readback;
+mod resident;
 mod shape;
 mod split;
 mod upload;
@@ -25,7 +26,8 @@ use ndarray::{ArrayD, ArrayView4, ArrayViewD};
 pub use gradients::{Gradients, SdpaGradients};
 pub use plan::Plan;
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
-pub(crate) use shape::check_inputs_finite;
+pub use resident::TensorOutput;
+pub(crate) use shape::{check_f16_range, check_inputs_finite};
 pub use shape::{check_finite, Dims};
 pub use weights::Layer;
 

@@ -9,18 +9,18 @@ use crate::timing;
 
 impl Attention {
     /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
-    /// and, when asked for, all of `weights`; submits, waits, and returns them.
+    /// and, when asked for, of `weights` (buffer and length); submits, waits, and returns
+    /// them.
     pub(super) fn read_back(
         &self,
         ctx: &Context,
         mut encoder: wgpu::CommandEncoder,
         context: &wgpu::Buffer,
         context_len: usize,
-        weights: Option<&wgpu::Buffer>,
+        weights: Option<(&wgpu::Buffer, usize)>,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let mut pending = vec![readback::copy_out(ctx, &mut encoder, context, context_len)];
-        if let (true, Some(w)) = (self.return_weights, weights) {
-            let len = (w.size() / 4) as usize;
+        if let (true, Some((w, len))) = (self.return_weights, weights) {
             pending.push(readback::copy_out(ctx, &mut encoder, w, len));
         }
         let timing = timing::end(ctx, &mut encoder).map(|(p, labels)| {

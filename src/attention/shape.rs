@@ -233,19 +233,25 @@ impl Attention {
         }
         ctx.require_f16()?;
         for (name, a) in inputs {
-            let out_of_range = |v: &f32| v.is_finite() && v.abs() > F16_MAX;
-            if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| out_of_range(v)) {
-                return Err(Error::invalid(
-                    "input",
-                    format!(
-                        "{name}{:?} = {v:e} is beyond f16's range (±{F16_MAX}); use f32",
-                        idx.slice()
-                    ),
-                ));
-            }
+            check_f16_range(name, a)?;
         }
         Ok(())
     }
+}
+
+/// `Err` naming the array and the first finite value past f16's range (±65,504) in it.
+pub(crate) fn check_f16_range(name: &str, a: &ArrayViewD<'_, f32>) -> Result<()> {
+    let out_of_range = |v: &f32| v.is_finite() && v.abs() > F16_MAX;
+    if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| out_of_range(v)) {
+        return Err(Error::invalid(
+            "input",
+            format!(
+                "{name}{:?} = {v:e} is beyond f16's range (±{F16_MAX}); use f32",
+                idx.slice()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `Err(NonFinite)` naming the array and the first NaN or infinity in it.

@@ -12,7 +12,7 @@ use super::weights::DeviceWeights;
 use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
+use crate::gpu::buffer::{self, Buf};
 use crate::kernels::{u32_of, MaskArg};
 
 /// Where a call's Q, K and V come from.
@@ -26,13 +26,39 @@ pub(super) enum Source<'a, 'p> {
         /// The projections' weights when they are on the device already (a layer's).
         weights: Option<&'a DeviceWeights>,
     },
+    /// Q, K and V on the device already, each `(batch, rows, heads·width)`.
+    DeviceQkv([&'a wgpu::Buffer; 3]),
+    /// X on the device already (f16 when `x_f16`), projected by `weights` if any.
+    DeviceX {
+        x: &'a wgpu::Buffer,
+        x_f16: bool,
+        weights: Option<&'a DeviceWeights>,
+    },
+}
+
+impl<'p> Source<'_, 'p> {
+    /// The projections' weights when they are on the device already.
+    pub(super) fn weights(&self) -> Option<&DeviceWeights> {
+        match self {
+            Source::Projected { weights, .. } | Source::DeviceX { weights, .. } => *weights,
+            Source::Qkv(_) | Source::DeviceQkv(_) => None,
+        }
+    }
+
+    /// The host projections, to upload for this call.
+    pub(super) fn projections(&self) -> Option<&Projections<'p>> {
+        match self {
+            Source::Projected { proj, .. } => *proj,
+            _ => None,
+        }
+    }
 }
 
 /// Q, K and V on the device, and the host copy of K = V when they are one host array.
 pub(super) struct Device<'a> {
-    q: wgpu::Buffer,
+    q: Buf,
     /// K and V, when they are not Q's buffer.
-    kv: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    kv: Option<(Buf, Buf)>,
     host: Option<Cow<'a, [f32]>>,
 }
 
@@ -67,18 +93,39 @@ impl Attention {
         let f16 = self.f16();
         match source {
             Source::Qkv([q, k, v]) => Ok(Device {
-                q: buffer::upload_as(ctx, "Q", q, f16)?,
+                q: Buf::unpooled(buffer::upload_as(ctx, "Q", q, f16)?),
                 kv: Some((
-                    buffer::upload_as(ctx, "K", k, f16)?,
-                    buffer::upload_as(ctx, "V", v, f16)?,
+                    Buf::unpooled(buffer::upload_as(ctx, "K", k, f16)?),
+                    Buf::unpooled(buffer::upload_as(ctx, "V", v, f16)?),
                 )),
                 host: None,
             }),
+            Source::DeviceQkv([q, k, v]) => Ok(Device {
+                q: Buf::unpooled((*q).clone()),
+                kv: Some((Buf::unpooled((*k).clone()), Buf::unpooled((*v).clone()))),
+                host: None,
+            }),
+            Source::DeviceX { x, x_f16, .. } => match weights {
+                Some(w) => {
+                    let (q, k, v) =
+                        self.record_projections(ctx, encoder, plan, (rows, d), (x, *x_f16), w)?;
+                    Ok(Device {
+                        q,
+                        kv: Some((k, v)),
+                        host: None,
+                    })
+                }
+                None => Ok(Device {
+                    q: Buf::unpooled((*x).clone()),
+                    kv: None,
+                    host: None,
+                }),
+            },
             Source::Projected { x, .. } if weights.is_some() => {
                 let x_buf = upload_as(ctx, "X", x.view(), f16)?;
                 let w = weights.ok_or_else(|| Error::invalid("weights", "internal: none"))?;
                 let (q, k, v) =
-                    self.record_projections(ctx, encoder, plan, (rows, d), &x_buf, w)?;
+                    self.record_projections(ctx, encoder, plan, (rows, d), (&x_buf, f16), w)?;
                 Ok(Device {
                     q,
                     kv: Some((k, v)),
@@ -94,7 +141,7 @@ impl Attention {
                     }
                 }
                 Ok(Device {
-                    q: buffer::upload_as(ctx, "X", &x_host, f16)?,
+                    q: Buf::unpooled(buffer::upload_as(ctx, "X", &x_host, f16)?),
                     kv: None,
                     host: Some(x_host),
                 })

@@ -148,6 +148,23 @@ impl Layer {
         &self.op
     }
 
+    /// The weights on the device.
+    pub(super) fn device(&self) -> &DeviceWeights {
+        &self.device
+    }
+
+    /// `Err` unless `ctx` is the context the layer was built on.
+    pub(super) fn check_context(&self, ctx: &Context) -> Result<()> {
+        if ctx.id() != self.context {
+            return Err(Error::invalid(
+                "layer",
+                "its weights live on another Context's device: build the Layer on the \
+                 context you call it with",
+            ));
+        }
+        Ok(())
+    }
+
     /// The projections, as views of the layer's host copy.
     pub fn projections(&self) -> Projections<'_> {
         let (q, k, v) = &self.host;
@@ -179,13 +196,7 @@ impl Layer {
         x: ArrayViewD<'_, f32>,
         mask: &Mask<'_>,
     ) -> Result<Output> {
-        if ctx.id() != self.context {
-            return Err(Error::invalid(
-                "layer",
-                "its weights live on another Context's device: build the Layer on the \
-                 context you call it with",
-            ));
-        }
+        self.check_context(ctx)?;
         let p = self.projections();
         self.op
             .forward_with(ctx, x, Some(&p), mask, Some(&self.device))

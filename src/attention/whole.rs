@@ -15,6 +15,7 @@ use super::weights::DeviceWeights;
 use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::buffer::Buf;
 use crate::timing;
 use crate::variant::Kernels;
 
@@ -45,15 +46,7 @@ impl Attention {
         if let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) {
             return self.forward_in_parts(ctx, dims, x, proj, bias, &too_big);
         }
-        let shape = Shape {
-            batch: dims.batch,
-            heads: dims.heads,
-            kv_heads: dims.kv_heads,
-            n_q: dims.n,
-            n_kv: dims.n,
-            d_k: dims.d_k,
-            d_v: dims.d_v,
-        };
+        let shape = Shape::self_attention(dims);
         let source = Source::Projected {
             x: &x,
             proj,
@@ -162,45 +155,73 @@ impl Attention {
         source: &Source<'_, '_>,
         bias: Option<&ArrayView4<'_, f32>>,
     ) -> Result<Flat> {
+        // Declared first, dropped last: the call's buffers are reused only after it ends.
+        let _open = ctx.pool.open();
         let mut encoder = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("attention"),
             });
         timing::begin(ctx);
+        let out = self.record_call(ctx, &mut encoder, plan, dims, shape, source, bias)?;
+        let rows = shape.batch * shape.n_q;
+        let weights = out.weights.as_ref().map(|w| (&**w, out.weights_len));
+        self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
+    }
+
+    /// Records one call into `encoder`: upload → projections → attention → output
+    /// projection. The results stay on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_call(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        dims: &Dims,
+        shape: Shape,
+        source: &Source<'_, '_>,
+        bias: Option<&ArrayView4<'_, f32>>,
+    ) -> Result<Recorded> {
         let rows = shape.batch * shape.n_q;
         // The projections' weights: the layer's, on the device already, or uploaded now.
         let uploaded;
-        let projection = match source {
-            Source::Projected {
-                weights: Some(w), ..
-            } => Some(*w),
-            Source::Projected { proj: Some(p), .. } => {
-                uploaded = DeviceWeights::upload(ctx, p, self.f16())?;
-                Some(&uploaded)
-            }
-            _ => None,
+        let projection = match source.weights() {
+            Some(w) => Some(w),
+            None => match source.projections() {
+                Some(p) => {
+                    uploaded = DeviceWeights::upload(ctx, p, self.f16())?;
+                    Some(&uploaded)
+                }
+                None => None,
+            },
         };
-        let operands = self.upload(ctx, &mut encoder, plan, (rows, dims.d), source, projection)?;
+        let operands = self.upload(ctx, encoder, plan, (rows, dims.d), source, projection)?;
         let mask = MaskBuffer::upload(ctx, bias)?;
         let (context, weights) = self.record_attention(
             ctx,
-            &mut encoder,
+            encoder,
             plan,
             shape,
             dims.scale,
             &operands,
             mask.as_ref(),
         )?;
-        let out = self.record_output(
-            ctx,
-            &mut encoder,
-            plan,
-            (rows, shape.d_v),
-            context,
-            projection,
-        )?;
-        let (output, width) = out;
-        self.read_back(ctx, encoder, &output, rows * width, weights.as_ref())
+        let (output, width) =
+            self.record_output(ctx, encoder, plan, (rows, shape.d_v), context, projection)?;
+        Ok(Recorded {
+            output,
+            width,
+            weights_len: shape.batch * shape.heads * shape.n_q * shape.n_kv,
+            weights,
+        })
     }
+}
+
+/// What [`Attention::record_call`] leaves on the device: the output `(rows, width)` and the
+/// weights `(batch, heads, n_q, n_kv)` unless the plan is fused.
+pub(super) struct Recorded {
+    pub output: Buf,
+    pub width: usize,
+    pub weights: Option<Buf>,
+    pub weights_len: usize,
 }

@@ -3,6 +3,7 @@
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+pub(crate) use crate::gpu::pool::Buf;
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
 
@@ -87,18 +88,33 @@ pub(crate) fn upload_as(
 }
 
 /// A storage buffer of `len` f16 values (padded to a multiple of four) that a kernel writes
-/// and another reads: the projected Q, K, V under `--dtype f16`.
+/// and another reads: the projected Q, K, V under `--dtype f16`. From the context's pool.
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<wgpu::Buffer> {
+pub(crate) fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<Buf> {
     check_len(ctx, label, len)?;
-    Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: (len.max(1).next_multiple_of(4) * 2) as u64,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    }))
+    Ok(pooled(
+        ctx,
+        label,
+        (len.max(1).next_multiple_of(4) * 2) as u64,
+    ))
+}
+
+/// A storage buffer of at least `bytes` from the context's pool, which kernels write and
+/// copies read: a size class up, so nothing may read its length from the buffer.
+fn pooled(ctx: &Context, label: &str, bytes: u64) -> Buf {
+    let limits = ctx.limits();
+    let max = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
+    ctx.pool.take(
+        &ctx.device,
+        label,
+        bytes,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        max,
+    )
 }
 
 /// A buffer holding `bytes` (a multiple of 4 long), written while mapped at creation. Unlike
@@ -127,18 +143,17 @@ fn init(
     Ok(buffer)
 }
 
-/// Allocates a storage buffer of `len` f32s that kernels write and readback copies from.
-/// With `nan_fill` every element starts as NaN, so an element no kernel wrote shows up.
+/// Allocates a storage buffer of `len` f32s that kernels write and readback copies from,
+/// from the context's pool. With `nan_fill` every element starts as NaN, so an element no
+/// kernel wrote shows up (such a buffer is new, not pooled).
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn output(
-    ctx: &Context,
-    label: &str,
-    len: usize,
-    nan_fill: bool,
-) -> Result<wgpu::Buffer> {
+pub(crate) fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<Buf> {
     let bytes = check_len(ctx, label, len)?;
+    if !nan_fill {
+        return Ok(pooled(ctx, label, bytes));
+    }
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: bytes,
@@ -158,7 +173,7 @@ pub(crate) fn output(
         }
         buffer.unmap();
     }
-    Ok(buffer)
+    Ok(Buf::unpooled(buffer))
 }
 
 /// A uniform buffer holding one typed parameter block.

@@ -12,11 +12,11 @@ pub const READBACK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A staging buffer and how many f32s to read from it.
 pub struct Pending {
-    staging: wgpu::Buffer,
+    staging: crate::gpu::pool::Buf,
     len: usize,
 }
 
-/// Records a copy of the first `len` f32s of `src` into a new staging buffer.
+/// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool.
 pub fn copy_out(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -24,12 +24,13 @@ pub fn copy_out(
     len: usize,
 ) -> Pending {
     let bytes = (len.max(1) * std::mem::size_of::<f32>()) as u64;
-    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("readback staging"),
-        size: bytes,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
+    let staging = ctx.pool.take(
+        &ctx.device,
+        "readback staging",
+        bytes,
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        ctx.limits().max_buffer_size,
+    );
     encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
     Pending { staging, len }
 }

@@ -351,7 +351,7 @@ pub(crate) struct MatmulProblem {
     mm: Matmul,
     a: wgpu::Buffer,
     b: wgpu::Buffer,
-    c: wgpu::Buffer,
+    c: crate::gpu::buffer::Buf,
 }
 
 impl MatmulProblem {

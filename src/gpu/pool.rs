@@ -1,0 +1,232 @@
+//! A pool of device buffers reused across calls by size class, so a loop of calls allocates
+//! nothing after the first: the intermediates (projected Q, K, V, contexts, weights, partial
+//! results) and the staging buffers of readbacks.
+//!
+//! A buffer goes back to the pool when its [`Buf`] is dropped, but a buffer dropped while an
+//! encoder that may still use it is being recorded must not be handed out again before that
+//! encoder is submitted: something submitted earlier could then write into it after the fact.
+//! So dropped buffers are *retired* first, and become *free* only when no encoder of the
+//! crate is open (counted by [`Pool::open`]'s guards). Submissions on one queue run in order,
+//! so a free buffer's next user always runs after its last one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Buffers below this many bytes are rounded up to it.
+const MIN_CLASS: u64 = 256;
+
+/// The size a request of `bytes` is served with: rounded up to a quarter step of its power of
+/// two (at most 25 % more), or to [`MIN_CLASS`].
+pub(crate) fn class_of(bytes: u64) -> u64 {
+    if bytes <= MIN_CLASS {
+        return MIN_CLASS;
+    }
+    let step = 1u64 << (63 - bytes.leading_zeros()).saturating_sub(2);
+    bytes.div_ceil(step) * step
+}
+
+/// What the pool holds, for [`crate::Context::memory`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Buffers the pool ever created (a loop of calls stops adding to this after its first).
+    pub allocations: u64,
+    /// Bytes of pooled buffers in use now (by tensors, or by a call in progress).
+    pub in_use_bytes: u64,
+    /// Bytes of pooled buffers kept for reuse; [`crate::Context::release_memory`] frees them.
+    pub free_bytes: u64,
+}
+
+type Key = (u64, wgpu::BufferUsages);
+
+#[derive(Default)]
+struct State {
+    free: HashMap<Key, Vec<wgpu::Buffer>>,
+    retired: Vec<(Key, wgpu::Buffer)>,
+    open: usize,
+    stats: MemoryStats,
+}
+
+impl State {
+    fn recycle(&mut self) {
+        for (key, buffer) in self.retired.drain(..) {
+            self.stats.free_bytes += key.0;
+            self.free.entry(key).or_default().push(buffer);
+        }
+    }
+}
+
+/// The pool; one per [`crate::Context`].
+#[derive(Default, Clone)]
+pub(crate) struct Pool {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Pool {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A buffer of at least `bytes` with `usage`: a free one of its class, or a new one.
+    pub(crate) fn take(
+        &self,
+        device: &wgpu::Device,
+        label: &str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        max: u64,
+    ) -> Buf {
+        // A class past the device's limit would fail where the request fits: serve it exact.
+        let size = Some(class_of(bytes)).filter(|&c| c <= max).unwrap_or(bytes);
+        let key = (size, usage);
+        let mut state = self.lock();
+        let reused = state.free.get_mut(&key).and_then(Vec::pop);
+        let buffer = match reused {
+            Some(b) => {
+                state.stats.free_bytes -= size;
+                b
+            }
+            None => {
+                state.stats.allocations += 1;
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            }
+        };
+        state.stats.in_use_bytes += size;
+        Buf {
+            buffer,
+            home: Some((key, self.clone())),
+        }
+    }
+
+    /// Marks an encoder of the crate open until the guard is dropped: buffers dropped
+    /// meanwhile are not reused before then.
+    pub(crate) fn open(&self) -> OpenGuard {
+        self.lock().open += 1;
+        OpenGuard { pool: self.clone() }
+    }
+
+    fn give_back(&self, key: Key, buffer: wgpu::Buffer) {
+        let mut state = self.lock();
+        state.stats.in_use_bytes -= key.0;
+        state.retired.push((key, buffer));
+        if state.open == 0 {
+            state.recycle();
+        }
+    }
+
+    pub(crate) fn stats(&self) -> MemoryStats {
+        self.lock().stats
+    }
+
+    /// Drops every free buffer (those in use stay, and return to the pool when dropped).
+    pub(crate) fn release(&self) {
+        let mut state = self.lock();
+        state.free.clear();
+        state.stats.free_bytes = 0;
+    }
+}
+
+/// While alive, an encoder of the crate is being recorded (see [`Pool::open`]).
+#[must_use]
+pub(crate) struct OpenGuard {
+    pool: Pool,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let mut state = self.pool.lock();
+        state.open -= 1;
+        if state.open == 0 {
+            state.recycle();
+        }
+    }
+}
+
+/// A device buffer, from the pool (returned to it when dropped) or not.
+#[derive(Debug)]
+pub(crate) struct Buf {
+    buffer: wgpu::Buffer,
+    home: Option<(Key, Pool)>,
+}
+
+impl Buf {
+    /// A buffer that is not the pool's (dropped as any buffer is).
+    pub(crate) fn unpooled(buffer: wgpu::Buffer) -> Self {
+        Buf { buffer, home: None }
+    }
+}
+
+impl std::ops::Deref for Buf {
+    type Target = wgpu::Buffer;
+    fn deref(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Some((key, pool)) = self.home.take() {
+            pool.give_back(key, self.buffer.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_round_up_by_at_most_a_quarter() {
+        assert_eq!(class_of(1), MIN_CLASS);
+        assert_eq!(class_of(256), 256);
+        assert_eq!(class_of(257), 320);
+        assert_eq!(class_of(1024), 1024);
+        assert_eq!(class_of(1025), 1280);
+        for bytes in [300u64, 4097, 1 << 20, (1 << 20) + 1, 3_000_000_007] {
+            let c = class_of(bytes);
+            assert!(
+                c >= bytes && c as f64 <= bytes as f64 * 1.25 + 1.0,
+                "{bytes} → {c}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_buffer_is_reused_only_once_no_encoder_is_open() {
+        let ctx = crate::context::test_context();
+        let pool = Pool::default();
+        let usage = wgpu::BufferUsages::STORAGE;
+        let take = || pool.take(ctx.device(), "t", 1000, usage, u64::MAX);
+        let guard = pool.open();
+        let a = take();
+        let first = (*a).clone();
+        drop(a);
+        // Retired while an encoder is open: a new request gets a new buffer.
+        let b = take();
+        assert!(*b != first);
+        assert_eq!(pool.stats().allocations, 2);
+        drop(guard);
+        // Now both are free; the same class reuses them.
+        drop(b);
+        let c = take();
+        let d = take();
+        assert_eq!(pool.stats().allocations, 2, "{:?}", pool.stats());
+        assert_eq!(pool.stats().in_use_bytes, 2 * 1024);
+        drop((c, d));
+        assert_eq!(pool.stats().free_bytes, 2 * 1024);
+        pool.release();
+        assert_eq!(pool.stats().free_bytes, 0);
+    }
+}

@@ -1,0 +1,266 @@
+//! Tensors that stay on the device, and a [`Recorder`] that chains operations on them into
+//! one command encoder and one submit.
+//!
+//! A [`Tensor`] is a buffer on one [`Context`]'s device with a shape and a [`Dtype`]: made from
+//! an `ndarray` once ([`Tensor::from_array`]), passed from operation to operation without
+//! leaving the device ([`crate::Attention::forward_tensor`], [`crate::Attention::sdpa_tensor`],
+//! [`crate::Layer::forward_tensor`], and their `record` forms), and read back only when asked
+//! ([`Tensor::to_array`]). Cloning a tensor clones the handle, not the data.
+//!
+//! ```no_run
+//! # use wgpu_attention::{Attention, Context, Dtype, Layer, Projections, Recorder, Tensor};
+//! # let ctx = Context::new()?;
+//! # let w = ndarray::Array2::<f32>::eye(64);
+//! # let x = ndarray::Array3::<f32>::zeros((2, 10, 64));
+//! let p = Projections::new(w.view(), w.view(), w.view());
+//! let op = Attention::new().heads(4).causal(true).return_weights(false);
+//! let (l1, l2) = (Layer::new(&ctx, op, &p)?, Layer::new(&ctx, op, &p)?);
+//! let x = Tensor::from_array(&ctx, x.view().into_dyn(), Dtype::F32)?; // uploaded once
+//! let mut rec = Recorder::new(&ctx);
+//! let h = l1.record(&mut rec, &x)?.context; // stays on the device
+//! let y = l2.record(&mut rec, &h)?.context;
+//! rec.submit()?; // both layers, one encoder, one submit
+//! let y = y.to_array(&ctx)?; // the only readback
+//! # Ok::<(), wgpu_attention::Error>(())
+//! ```
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use crate::attention::{check_finite, Dtype};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::buffer::{self, Buf};
+use crate::gpu::pool::OpenGuard;
+use crate::gpu::readback;
+
+/// An array on the device (see the [module](self)).
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    buffer: Buf,
+    shape: Vec<usize>,
+    dtype: Dtype,
+    context: u64,
+    /// Set once the commands that write the tensor were submitted.
+    submitted: Arc<AtomicBool>,
+}
+
+impl Tensor {
+    /// Uploads `a` as `dtype` (f16 rounds each value, and needs `Features::SHADER_F16`).
+    ///
+    /// # Errors
+    /// An empty array, NaN/Inf, a value past f16's range under f16, an adapter without f16,
+    /// a size over the device's limits, and GPU errors.
+    pub fn from_array(ctx: &Context, a: ArrayViewD<'_, f32>, dtype: Dtype) -> Result<Tensor> {
+        if a.is_empty() {
+            return Err(Error::invalid(
+                "tensor",
+                format!("empty array of shape {:?}", a.shape()),
+            ));
+        }
+        check_finite("tensor", &a)?;
+        let f16 = dtype == Dtype::F16;
+        if f16 {
+            ctx.require_f16()?;
+            crate::attention::check_f16_range("tensor", &a)?;
+        }
+        let data: Vec<f32> = a.iter().copied().collect();
+        let buffer = ctx.scoped(|| buffer::upload_as(ctx, "tensor", &data, f16))?;
+        Ok(Tensor::new(
+            ctx,
+            Buf::unpooled(buffer),
+            a.shape().to_vec(),
+            dtype,
+            Arc::new(AtomicBool::new(true)),
+        ))
+    }
+
+    pub(crate) fn new(
+        ctx: &Context,
+        buffer: Buf,
+        shape: Vec<usize>,
+        dtype: Dtype,
+        submitted: Arc<AtomicBool>,
+    ) -> Tensor {
+        Tensor {
+            inner: Arc::new(Inner {
+                buffer,
+                shape,
+                dtype,
+                context: ctx.id(),
+                submitted,
+            }),
+        }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.inner.shape
+    }
+
+    /// The element type on the device.
+    pub fn dtype(&self) -> Dtype {
+        self.inner.dtype
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.inner.shape.iter().product()
+    }
+
+    /// Whether it has no elements (never, for a tensor this crate made).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The buffer, checked to belong to `ctx` and to have been written (its recorder
+    /// submitted).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `what` otherwise.
+    pub(crate) fn buffer(&self, ctx: &Context, what: &str) -> Result<&wgpu::Buffer> {
+        if self.inner.context != ctx.id() {
+            return Err(Error::invalid(
+                what,
+                "the tensor lives on another Context's device: make it on the context you call with",
+            ));
+        }
+        Ok(&self.inner.buffer)
+    }
+
+    /// The buffer as an input of an operation recorded into `rec`: of `rec`'s context, and
+    /// written by a submitted recorder or by `rec` itself (earlier in its order).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming `what` otherwise.
+    pub(crate) fn input(&self, rec: &Recorder<'_>, what: &str) -> Result<&wgpu::Buffer> {
+        let buffer = self.buffer(rec.ctx, what)?;
+        let ours = Arc::ptr_eq(&self.inner.submitted, &rec.submitted);
+        if !ours && !self.inner.submitted.load(Ordering::Acquire) {
+            return Err(Error::invalid(
+                what,
+                "it comes from another Recorder that was not submitted yet: submit that one first",
+            ));
+        }
+        Ok(buffer)
+    }
+
+    /// Reads the tensor back (f16 widened to f32).
+    ///
+    /// # Errors
+    /// A tensor of another context, one whose [`Recorder`] was never submitted, and GPU
+    /// errors.
+    pub fn to_array(&self, ctx: &Context) -> Result<ArrayD<f32>> {
+        let buffer = self.buffer(ctx, "tensor")?;
+        if !self.inner.submitted.load(Ordering::Acquire) {
+            return Err(Error::invalid(
+                "tensor",
+                "it was recorded but its Recorder was never submitted: call Recorder::submit first",
+            ));
+        }
+        let len = self.len();
+        let f16 = self.dtype() == Dtype::F16;
+        // f16 tensors hold a multiple of four halves: read them as pairs packed in words.
+        let words = if f16 {
+            len.next_multiple_of(4) / 2
+        } else {
+            len
+        };
+        let values = ctx.scoped(|| {
+            let _open = ctx.pool.open();
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("tensor readback"),
+                });
+            let pending = readback::copy_out(ctx, &mut encoder, buffer, words);
+            let submission = ctx.queue.submit([encoder.finish()]);
+            let mut out = readback::finish(ctx, submission, vec![pending])?;
+            Ok(out.pop().unwrap_or_default())
+        })?;
+        let values = if f16 {
+            let halves: &[half::f16] = bytemuck::cast_slice(&values);
+            halves[..len].iter().map(|h| h.to_f32()).collect()
+        } else {
+            values
+        };
+        ArrayD::from_shape_vec(IxDyn(self.shape()), values).map_err(|e| Error::shape(e.to_string()))
+    }
+}
+
+/// Records operations on tensors into one command encoder, submitted together by
+/// [`Recorder::submit`] (see the [module](self)). The tensors an operation returns hold its
+/// results once the recorder is submitted; reading one before is an error, and dropping the
+/// recorder unsubmitted discards its work.
+pub struct Recorder<'c> {
+    pub(crate) ctx: &'c Context,
+    encoder: wgpu::CommandEncoder,
+    submitted: Arc<AtomicBool>,
+    _open: OpenGuard,
+}
+
+impl std::fmt::Debug for Recorder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").finish_non_exhaustive()
+    }
+}
+
+impl<'c> Recorder<'c> {
+    /// A new, empty recorder on `ctx`.
+    pub fn new(ctx: &'c Context) -> Self {
+        let open = ctx.pool.open();
+        Recorder {
+            ctx,
+            encoder: ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("recorder"),
+                }),
+            submitted: Arc::new(AtomicBool::new(false)),
+            _open: open,
+        }
+    }
+
+    /// Submits everything recorded, in order, as one command buffer (it does not wait: reads
+    /// of the results wait for it).
+    ///
+    /// # Errors
+    /// GPU validation, out-of-memory and device-lost errors.
+    pub fn submit(self) -> Result<()> {
+        let Recorder {
+            ctx,
+            encoder,
+            submitted,
+            _open,
+        } = self;
+        ctx.scoped(|| {
+            ctx.queue.submit([encoder.finish()]);
+            Ok(())
+        })?;
+        submitted.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The encoder, for the operations that record into it.
+    pub(crate) fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        &mut self.encoder
+    }
+
+    /// Wraps a result buffer of this recorder as a tensor.
+    pub(crate) fn tensor(&self, buffer: Buf, shape: Vec<usize>) -> Tensor {
+        Tensor::new(
+            self.ctx,
+            buffer,
+            shape,
+            Dtype::F32,
+            Arc::clone(&self.submitted),
+        )
+    }
+}
