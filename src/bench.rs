@@ -35,21 +35,67 @@ pub use crate::tune::{flash_candidates, matmul as tuned_matmul, matmul_candidate
 /// GEMM, one thread): the honest CPU baseline for `bench`. Rows are processed in blocks, so
 /// memory stays O(block · n) at any n. Heads split the last axis as in [`Attention`].
 pub fn cpu_attention_f32(x: ArrayView3<'_, f32>, heads: usize, causal: bool) -> Array3<f32> {
-    const BLOCK: usize = 256;
+    cpu_sdpa_f32((x, x, x), heads, causal)
+}
+
+/// A projected layer on the CPU in f32 (one thread): `Q, K, V = X·W_Q, X·W_K, X·W_V`, the
+/// attention as [`cpu_attention_f32`], then `·W_O`: the CPU peer of `bench --model`.
+pub fn cpu_layer_f32(
+    x: ArrayView3<'_, f32>,
+    [w_q, w_k, w_v, w_o]: [&Array2<f32>; 4],
+    heads: usize,
+    causal: bool,
+) -> Array3<f32> {
     let (batch, n, d) = x.dim();
+    let rows = x
+        .as_standard_layout()
+        .into_owned()
+        .into_shape_with_order((batch * n, d))
+        .expect("contiguous");
+    let project = |w: &Array2<f32>| {
+        rows.dot(w)
+            .into_shape_with_order((batch, n, w.ncols()))
+            .expect("contiguous")
+    };
+    let (q, k, v) = (project(w_q), project(w_k), project(w_v));
+    let context = cpu_sdpa_f32((q.view(), k.view(), v.view()), heads, causal);
+    let width = context.dim().2;
+    context
+        .into_shape_with_order((batch * n, width))
+        .expect("contiguous")
+        .dot(w_o)
+        .into_shape_with_order((batch, n, w_o.ncols()))
+        .expect("contiguous")
+}
+
+/// Attention of `q`, `k`, `v`, each `(batch, n, heads·width)`, heads side by side.
+fn cpu_sdpa_f32(
+    (q, k, v): (
+        ArrayView3<'_, f32>,
+        ArrayView3<'_, f32>,
+        ArrayView3<'_, f32>,
+    ),
+    heads: usize,
+    causal: bool,
+) -> Array3<f32> {
+    const BLOCK: usize = 256;
+    let (batch, n, d) = q.dim();
     let dh = d / heads.max(1);
+    let dv = v.dim().2 / heads.max(1);
     let scale = 1.0 / (dh as f32).sqrt();
-    let mut out = Array3::<f32>::zeros((batch, n, d));
+    let mut out = Array3::<f32>::zeros((batch, n, dv * heads));
     for b in 0..batch {
         for h in 0..heads {
-            let xh = x.slice(s![b, .., h * dh..(h + 1) * dh]);
-            let kt = xh.t();
+            let qh = q.slice(s![b, .., h * dh..(h + 1) * dh]);
+            let kh = k.slice(s![b, .., h * dh..(h + 1) * dh]);
+            let vh = v.slice(s![b, .., h * dv..(h + 1) * dv]);
+            let kt = kh.t();
             for r0 in (0..n).step_by(BLOCK) {
                 let r1 = (r0 + BLOCK).min(n);
                 // Keys past the block's last row are all masked when causal.
                 let kv = if causal { r1 } else { n };
-                let q = xh.slice(s![r0..r1, ..]);
-                let mut sc: Array2<f32> = q.dot(&kt.slice(s![.., ..kv]));
+                let qb = qh.slice(s![r0..r1, ..]);
+                let mut sc: Array2<f32> = qb.dot(&kt.slice(s![.., ..kv]));
                 for (i, mut row) in sc.axis_iter_mut(Axis(0)).enumerate() {
                     let visible = if causal { r0 + i + 1 } else { kv };
                     softmax_f32(
@@ -58,8 +104,8 @@ pub fn cpu_attention_f32(x: ArrayView3<'_, f32>, heads: usize, causal: bool) -> 
                         scale,
                     );
                 }
-                let ctx = sc.dot(&xh.slice(s![..kv, ..]));
-                out.slice_mut(s![b, r0..r1, h * dh..(h + 1) * dh])
+                let ctx = sc.dot(&vh.slice(s![..kv, ..]));
+                out.slice_mut(s![b, r0..r1, h * dv..(h + 1) * dv])
                     .assign(&ctx);
             }
         }

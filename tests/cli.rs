@@ -576,6 +576,30 @@ fn bench_plot_draws_gflops_against_n_for_gpu_and_cpu() {
 }
 
 #[test]
+fn bench_model_times_the_array_api_resident_layers_and_the_cpu() {
+    let out = ok(&cli(&[
+        "bench",
+        "--model",
+        "--batch",
+        "2",
+        "--n",
+        "7",
+        "--d",
+        "16",
+        "--heads",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+    ]));
+    for way in ["array API", "resident layers + tensors", "CPU f32"] {
+        assert!(out.contains(way), "{out}");
+    }
+    assert!(out.contains("2 causal layers"), "{out}");
+}
+
+#[test]
 fn stderr_stays_quiet_on_a_machine_without_a_display() {
     // Mesa's device-select Vulkan layer connects to Wayland while adapters are enumerated and,
     // with no XDG_RUNTIME_DIR, prints an "error:" line twice; the CLI turns that layer off.

@@ -274,3 +274,32 @@ fn a_loop_of_calls_allocates_nothing_after_the_first_and_memory_can_be_released(
     assert!(ctx.memory().free_bytes > 0);
     assert_eq!(ctx.memory().in_use_bytes, 0);
 }
+
+#[test]
+fn arrays_go_in_as_users_hold_them_and_come_back_the_same_dimension() {
+    let ctx = common::ctx();
+    let d = 8;
+    let (wq, wk, wv) = (w(d, d, 1), w(d, d, 2), w(d, d, 3));
+    let p = Projections::new(wq.view(), wk.view(), wv.view());
+    let op = Attention::new().heads(2);
+    let x3 = x3(2, 7, d);
+    let x2 = x3.index_axis(ndarray::Axis(0), 1).to_owned();
+    // &Array2 in, Array2 out; ArrayView3 in, Array3 out; ArrayD in, ArrayD out.
+    let c2: Array2<f32> = op.forward(ctx, &x2, Some(&p)).unwrap().context;
+    let c3: Array3<f32> = op.forward(ctx, x3.view(), Some(&p)).unwrap().context;
+    let cd: ArrayD<f32> = op
+        .forward(ctx, x3.view().into_dyn(), Some(&p))
+        .unwrap()
+        .context;
+    assert_eq!(c3.clone().into_dyn(), cd);
+    let layer = Layer::new(ctx, op, &p).unwrap();
+    let l3: Array3<f32> = layer.forward(ctx, &x3).unwrap().context;
+    assert_eq!(l3, c3);
+    let (rel, _) = reference::compare(
+        &c2.into_dyn(),
+        &c3.index_axis(ndarray::Axis(0), 1)
+            .mapv(f64::from)
+            .into_dyn(),
+    );
+    assert!(rel < 1e-6, "{rel:e}");
+}

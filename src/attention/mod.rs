@@ -21,7 +21,7 @@ mod upload;
 mod weights;
 mod whole;
 
-use ndarray::{ArrayD, ArrayView4, ArrayViewD};
+use ndarray::{Array, ArrayD, ArrayView, ArrayView4, ArrayViewD, AsArray, Dimension, IxDyn};
 
 pub use gradients::{Gradients, SdpaGradients};
 pub use plan::Plan;
@@ -37,12 +37,13 @@ use crate::mask::Mask;
 use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 use shape::named_inputs;
 
-/// What a forward pass returns.
+/// What a forward pass returns. `D` is the dimension of the X it was given: an `Array2` X
+/// gives an `Array2` context, an `ArrayD` one an `ArrayD`.
 #[derive(Debug, Clone)]
-pub struct Output<T = f32> {
+pub struct Output<T = f32, D: Dimension = IxDyn> {
     /// The context vectors, `(n, d_v)` or `(batch, n, d_v)`, heads concatenated along the
     /// last axis.
-    pub context: ArrayD<T>,
+    pub context: Array<T, D>,
     /// The attention weights, `(n, n)`, `(batch, n, n)`, `(H, n, n)` or `(batch, H, n, n)`
     /// (a heads axis only when `H > 1`); `None` when the caller opted out.
     pub weights: Option<ArrayD<T>>,
@@ -87,6 +88,19 @@ pub enum Dtype {
     F32,
     /// float16 operands, float32 arithmetic.
     F16,
+}
+
+impl<T> Output<T> {
+    /// The context with the dimension type `D` (the X's the caller gave).
+    pub(super) fn into_dimensionality<D: Dimension>(self) -> Result<Output<T, D>> {
+        Ok(Output {
+            context: self
+                .context
+                .into_dimensionality()
+                .map_err(|e| Error::shape(e.to_string()))?,
+            weights: self.weights,
+        })
+    }
 }
 
 impl std::str::FromStr for Dtype {
@@ -216,17 +230,19 @@ impl Attention {
 
     /// Computes attention on the GPU.
     ///
-    /// `x` is `(n, d)` or `(batch, n, d)`; without `proj`, `Q = K = V = X`.
+    /// `x` is `(n, d)` or `(batch, n, d)`: any array or view of those (`&Array2`,
+    /// `ArrayView3`, `ArrayViewD`, …); the context comes back with the same dimension type.
+    /// Without `proj`, `Q = K = V = X`.
     ///
     /// # Errors
     /// Bad shapes or options, non-finite inputs, sizes over the device's limits, and any
     /// wgpu validation, out-of-memory or device-lost error, as [`Error`] variants.
-    pub fn forward(
+    pub fn forward<'a, D: Dimension>(
         &self,
         ctx: &Context,
-        x: ArrayViewD<'_, f32>,
+        x: impl AsArray<'a, f32, D>,
         proj: Option<&Projections<'_>>,
-    ) -> Result<Output> {
+    ) -> Result<Output<f32, D>> {
         self.forward_masked(ctx, x, proj, &Mask::none())
     }
 
@@ -237,14 +253,16 @@ impl Attention {
     /// # Errors
     /// As [`Attention::forward`], and a mask that does not broadcast, holds NaN or `+inf`,
     /// or key lengths that do not fit.
-    pub fn forward_masked(
+    pub fn forward_masked<'a, D: Dimension>(
         &self,
         ctx: &Context,
-        x: ArrayViewD<'_, f32>,
+        x: impl AsArray<'a, f32, D>,
         proj: Option<&Projections<'_>>,
         mask: &Mask<'_>,
-    ) -> Result<Output> {
-        self.forward_with(ctx, x, proj, mask, None)
+    ) -> Result<Output<f32, D>> {
+        let x: ArrayView<'a, f32, D> = x.into();
+        self.forward_with(ctx, x.into_dyn(), proj, mask, None)?
+            .into_dimensionality()
     }
 
     /// [`Attention::forward_masked`], with the projections' weights already on the device

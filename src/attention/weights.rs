@@ -1,7 +1,7 @@
 //! Projection weights on the device: uploaded for one call, or once for a [`Layer`] that
 //! keeps them (then every call uploads only X).
 
-use ndarray::{Array1, Array2, ArrayViewD};
+use ndarray::{Array1, Array2, ArrayView, AsArray, Dimension};
 
 use super::plan::Plan;
 use super::projections::Projections;
@@ -91,7 +91,7 @@ impl DeviceWeights {
 /// let p = Projections::new(w_q.view(), w_k.view(), w_v.view());
 /// let layer = Layer::new(&ctx, Attention::new().heads(2).causal(true), &p)?;
 /// for x in &xs {
-///     let out = layer.forward(&ctx, x.view().into_dyn())?; // uploads X only
+///     let out = layer.forward(&ctx, x)?; // uploads X only; out.context is an Array2
 /// }
 /// # Ok::<(), wgpu_attention::Error>(())
 /// ```
@@ -181,7 +181,11 @@ impl Layer {
     /// # Errors
     /// As [`Attention::forward`], and [`Error::InvalidArgument`] when `ctx` is not the
     /// context the layer was built on.
-    pub fn forward(&self, ctx: &Context, x: ArrayViewD<'_, f32>) -> Result<Output> {
+    pub fn forward<'a, D: Dimension>(
+        &self,
+        ctx: &Context,
+        x: impl AsArray<'a, f32, D>,
+    ) -> Result<Output<f32, D>> {
         self.forward_masked(ctx, x, &Mask::none())
     }
 
@@ -190,15 +194,17 @@ impl Layer {
     ///
     /// # Errors
     /// As [`Layer::forward`], and the mask's errors.
-    pub fn forward_masked(
+    pub fn forward_masked<'a, D: Dimension>(
         &self,
         ctx: &Context,
-        x: ArrayViewD<'_, f32>,
+        x: impl AsArray<'a, f32, D>,
         mask: &Mask<'_>,
-    ) -> Result<Output> {
+    ) -> Result<Output<f32, D>> {
         self.check_context(ctx)?;
         let p = self.projections();
+        let x: ArrayView<'a, f32, D> = x.into();
         self.op
-            .forward_with(ctx, x, Some(&p), mask, Some(&self.device))
+            .forward_with(ctx, x.into_dyn(), Some(&p), mask, Some(&self.device))?
+            .into_dimensionality()
     }
 }

@@ -309,8 +309,15 @@ pub fn logit_bound(
     Ok(bound)
 }
 
-/// Relative error `‖out − ref‖₂ / ‖ref‖₂` and max absolute error of a GPU result.
-pub fn compare(out: &ArrayD<f32>, reference: &ArrayD<f64>) -> (f64, f64) {
+/// Relative error `‖out − ref‖₂ / ‖ref‖₂` and max absolute error of a GPU result, of any
+/// dimension type; arrays of different shapes compare as infinitely far apart.
+pub fn compare<D1: ndarray::Dimension, D2: ndarray::Dimension>(
+    out: &ndarray::Array<f32, D1>,
+    reference: &ndarray::Array<f64, D2>,
+) -> (f64, f64) {
+    if out.shape() != reference.shape() {
+        return (f64::INFINITY, f64::INFINITY);
+    }
     let mut diff2 = 0.0f64;
     let mut ref2 = 0.0f64;
     let mut max_abs = 0.0f64;
@@ -333,6 +340,14 @@ pub fn compare(out: &ArrayD<f32>, reference: &ArrayD<f64>) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compare_fails_arrays_of_different_shapes() {
+        let a = ndarray::Array2::<f32>::zeros((2, 3));
+        let b = ndarray::Array2::<f64>::zeros((3, 2));
+        assert_eq!(compare(&a, &b), (f64::INFINITY, f64::INFINITY));
+        assert_eq!(compare(&a, &a.mapv(f64::from).into_dyn()), (0.0, 0.0));
+    }
 
     #[test]
     fn softmax_row_is_stable_for_huge_logits() {

@@ -48,6 +48,11 @@ pub struct BenchArgs {
     /// Size of the square matmul to time on each family (0 skips it).
     #[arg(long, default_value_t = 1024, value_parser = crate::args::count, allow_negative_numbers = true)]
     matmul: usize,
+    /// Instead of the sweep: a 2-layer causal model (W_Q, W_K, W_V, W_O of d × d; --batch,
+    /// the first --n, --d, --heads) called --repeats times, through the array API, with
+    /// resident layers and tensors, and on the CPU, side by side.
+    #[arg(long)]
+    model: bool,
     /// Also write every measurement as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -170,6 +175,18 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         k => Some(k.parse::<Kernels>()?),
     };
     let ctx = args.adapter.open()?;
+    if args.model {
+        let model = crate::model_bench::Model {
+            batch: args.batch,
+            n: args.n[0],
+            d: args.d,
+            heads: args.heads,
+            calls: args.repeats,
+            warmup: args.warmup,
+        };
+        crate::model_bench::run(&ctx, &model)?;
+        return Ok(true);
+    }
     let families = bench::families(&ctx, choice, &head_dims)?;
     let info = ctx.adapter_info();
     let timing = ctx.set_profiling(true);

@@ -5,6 +5,7 @@ mod bench_cmd;
 mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;
+mod model_bench;
 mod run_cmd;
 mod shaders_cmd;
 
