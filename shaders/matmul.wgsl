@@ -26,6 +26,8 @@ const HAS_BIAS: u32 = 1u;
 // Causal scores: skip tiles that lie wholly above the diagonal (column > row everywhere);
 // the softmax never reads them.
 const SKIP_UPPER: u32 = 2u;
+// Add to what C holds (C += A·B): gradients summed over several products.
+const ACCUMULATE: u32 = 4u;
 
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
@@ -123,7 +125,11 @@ fn main(
             if (p.flags & HAS_BIAS) != 0u {
                 v += f32(bias[col]);
             }
-            c[c_base + row * p.c_row + col] = C_T(v);
+            let at = c_base + row * p.c_row + col;
+            if (p.flags & ACCUMULATE) != 0u {
+                v += f32(c[at]);
+            }
+            c[at] = C_T(v);
         }
     }
 }

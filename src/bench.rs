@@ -190,6 +190,26 @@ pub fn gpu_attention(
     })
 }
 
+/// [`gpu_attention`] with X already on the device as a [`crate::Tensor`] and the result left
+/// there: the kernels alone (and their launch), waited for with [`Context::synchronize`].
+///
+/// # Errors
+/// Whatever the forward pass returns.
+pub fn gpu_resident(
+    ctx: &Context,
+    op: &Attention,
+    x: ArrayView3<'_, f32>,
+    warmup: usize,
+    repeats: usize,
+) -> Result<(Stats, Vec<(String, f64)>)> {
+    let x = crate::Tensor::from_array(ctx, x.into_dyn(), crate::Dtype::F32)?;
+    profiled(ctx, warmup, repeats, || {
+        op.forward_tensor(ctx, &x)?;
+        ctx.synchronize()?;
+        Ok(ctx.kernel_times())
+    })
+}
+
 /// Times `run` with profiling off (the headline figure: nothing serialized or added), then
 /// runs it `repeats` more times with profiling on for the per-kernel medians.
 fn profiled(

@@ -427,6 +427,15 @@ impl Context {
         &self.queue
     }
 
+    /// Waits until everything submitted to the device so far has run (as
+    /// `torch.cuda.synchronize()`): for timing work whose results stay on the device.
+    ///
+    /// # Errors
+    /// [`Error::Poll`] when the wait fails or times out, [`Error::DeviceLost`].
+    pub fn synchronize(&self) -> Result<()> {
+        crate::gpu::readback::wait_all(self)
+    }
+
     /// What the buffer pool holds: intermediates and readback staging are reused across
     /// calls by size class, so a loop of calls of one shape allocates nothing after its first.
     pub fn memory(&self) -> crate::gpu::pool::MemoryStats {

@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::pool::OpenGuard;
 use crate::gpu::readback;
+use crate::timing;
 
 /// An array on the device (see the [module](self)).
 #[derive(Clone, Debug)]
@@ -213,9 +214,11 @@ impl std::fmt::Debug for Recorder<'_> {
 }
 
 impl<'c> Recorder<'c> {
-    /// A new, empty recorder on `ctx`.
+    /// A new, empty recorder on `ctx`. With profiling on ([`Context::set_profiling`]), its
+    /// kernels are timed and [`Context::kernel_times`] has them after [`Recorder::submit`].
     pub fn new(ctx: &'c Context) -> Self {
         let open = ctx.pool.open();
+        timing::begin(ctx);
         Recorder {
             ctx,
             encoder: ctx
@@ -228,20 +231,26 @@ impl<'c> Recorder<'c> {
         }
     }
 
-    /// Submits everything recorded, in order, as one command buffer (it does not wait: reads
-    /// of the results wait for it).
+    /// Submits everything recorded, in order, as one command buffer. It does not wait (reads
+    /// of the results, or [`Context::synchronize`], wait for it), except with timestamp
+    /// profiling on, when it reads the kernels' times back.
     ///
     /// # Errors
     /// GPU validation, out-of-memory and device-lost errors.
     pub fn submit(self) -> Result<()> {
         let Recorder {
             ctx,
-            encoder,
+            mut encoder,
             submitted,
             _open,
         } = self;
         ctx.scoped(|| {
-            ctx.queue.submit([encoder.finish()]);
+            let profile = timing::end(ctx, &mut encoder);
+            let submission = ctx.queue.submit([encoder.finish()]);
+            if let Some((pending, labels)) = profile {
+                let words = readback::finish(ctx, submission, vec![pending])?;
+                timing::store(ctx, words.first().map_or(&[][..], |w| w), &labels);
+            }
             Ok(())
         })?;
         submitted.store(true, Ordering::Release);

@@ -576,6 +576,30 @@ fn bench_plot_draws_gflops_against_n_for_gpu_and_cpu() {
 }
 
 #[test]
+fn bench_resident_times_the_kernels_on_a_tensor() {
+    let out = ok(&cli(&[
+        "bench",
+        "--n",
+        "16",
+        "--d",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--matmul",
+        "0",
+        "--kernels",
+        "storage",
+        "--fused-only",
+        "--resident",
+        "--no-cpu",
+    ]));
+    assert!(out.contains("gpu storage resident"), "{out}");
+    assert!(out.contains("gpu storage fused"), "{out}");
+}
+
+#[test]
 fn bench_model_times_the_array_api_resident_layers_and_the_cpu() {
     let out = ok(&cli(&[
         "bench",

@@ -18,12 +18,19 @@ use crate::variant;
 pub(super) struct Linear {
     w: wgpu::Buffer,
     pub b: Option<wgpu::Buffer>,
+    /// Input width: the weight's rows.
+    pub rows: usize,
     /// Output width: the weight's columns.
     pub cols: usize,
 }
 
 impl Linear {
-    fn upload(
+    /// The weight `(rows, cols)` on the device.
+    pub(super) fn weight(&self) -> &wgpu::Buffer {
+        &self.w
+    }
+
+    pub(super) fn upload(
         ctx: &Context,
         name: &str,
         w: &ndarray::ArrayView2<'_, f32>,
@@ -33,6 +40,7 @@ impl Linear {
         Ok(Linear {
             w: upload_as(ctx, name, w.view(), f16)?,
             b: b.map(|b| upload_as(ctx, name, b.view(), f16)).transpose()?,
+            rows: w.nrows(),
             cols: w.ncols(),
         })
     }

@@ -50,6 +50,20 @@ pub fn wait(ctx: &Context, submission: wgpu::SubmissionIndex) -> Result<()> {
     ctx.check_alive()
 }
 
+/// Waits (at most [`READBACK_TIMEOUT`]) until everything submitted so far has run.
+///
+/// # Errors
+/// As [`wait`].
+pub fn wait_all(ctx: &Context) -> Result<()> {
+    ctx.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: Some(READBACK_TIMEOUT),
+        })
+        .map_err(|e| Error::Poll(e.to_string()))?;
+    ctx.check_alive()
+}
+
 /// Waits for `submission` and returns the contents of every pending buffer, in order.
 ///
 /// # Errors

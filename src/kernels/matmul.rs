@@ -18,6 +18,8 @@ pub(crate) const TILE: u32 = 64;
 pub(crate) const HAS_BIAS: u32 = 1;
 /// Flag: skip tiles wholly above the diagonal (causal scores; the softmax never reads them).
 pub(crate) const SKIP_UPPER: u32 = 2;
+/// Flag: add the product to what C holds (`C += A·B`; this kernel only, not the subgroup one).
+pub(crate) const ACCUMULATE: u32 = 4;
 
 /// [`Matmul::f16`] bit: A is f16.
 pub(crate) const F16_A: u8 = 1;
@@ -90,7 +92,7 @@ pub(crate) struct Matmul {
     pub b: Strides,
     /// C's layout (column stride must be 1).
     pub c: Strides,
-    /// [`HAS_BIAS`] | [`SKIP_UPPER`].
+    /// [`HAS_BIAS`] | [`SKIP_UPPER`] | [`ACCUMULATE`].
     pub flags: u32,
     /// Heads of A that share one head of B (grouped-query attention; 1 otherwise): head
     /// `h` of A pairs with head `h / b_ratio` of B.

@@ -42,6 +42,10 @@ pub struct BenchArgs {
     /// Only the fused path (no attention weights), not the weights path too.
     #[arg(long)]
     fused_only: bool,
+    /// Also time the fused kernels alone: X already on the device as a tensor, the result
+    /// left there (no upload, no readback), GPU timestamps where the adapter has them.
+    #[arg(long)]
+    resident: bool,
     /// Skip the CPU baseline.
     #[arg(long)]
     no_cpu: bool,
@@ -207,7 +211,8 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         }
     );
 
-    let mut steps = families.len() * args.n.len() * if args.fused_only { 1 } else { 2 };
+    let ways = 1 + usize::from(!args.fused_only) + usize::from(args.resident);
+    let mut steps = families.len() * args.n.len() * ways;
     steps += usize::from(!args.no_cpu) * args.n.len() * 2;
     steps += usize::from(args.matmul > 0) * families.len() + 1;
     let progress = ProgressBar::new(steps as u64);
@@ -311,8 +316,11 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
             Some(stats.median_ms)
         };
         for &family in &families {
-            for weights in [false, true] {
-                if weights && args.fused_only {
+            // (weights returned, inputs resident): the array API fused and with weights, then
+            // with --resident the fused kernels alone on a tensor already on the device.
+            let ways = [(false, false), (true, false), (false, true)];
+            for (weights, resident) in ways {
+                if (weights && args.fused_only) || (resident && !args.resident) {
                     continue;
                 }
                 let op = Attention::new()
@@ -323,10 +331,18 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
                 let plan = op.plan(&ctx, &dims)?;
                 let path = format!(
                     "gpu {family} {}",
-                    if weights { "+weights" } else { "fused" }
+                    match (weights, resident) {
+                        (_, true) => "resident",
+                        (true, _) => "+weights",
+                        _ => "fused",
+                    }
                 );
                 progress.set_message(format!("{path} n={n}"));
-                let result = bench::gpu_attention(&ctx, &op, x.view(), args.warmup, args.repeats);
+                let result = if resident {
+                    bench::gpu_resident(&ctx, &op, x.view(), args.warmup, args.repeats)
+                } else {
+                    bench::gpu_attention(&ctx, &op, x.view(), args.warmup, args.repeats)
+                };
                 progress.inc(1);
                 match result {
                     Ok((stats, kernels_ms)) => {
