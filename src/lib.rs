@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod context;
+pub mod decode;
 pub mod demo;
 pub mod error;
 pub mod mask;
@@ -32,7 +33,10 @@ pub use attention::{
     Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, SdpaGradients,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
+pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use error::{Error, Result};
+/// The half (2) whose `f16` an f16 [`KvCache`] takes.
+pub use half;
 pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;

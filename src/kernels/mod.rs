@@ -11,6 +11,8 @@
 
 pub(crate) mod wgsl;
 
+pub(crate) mod decode_combine;
+pub(crate) mod decode_partial;
 pub(crate) mod flash_blocked;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
@@ -174,6 +176,8 @@ registry! {
     FlashBlocked => flash_blocked,
     FlashSubgroup => flash_subgroup,
     FmaPeak => fma_peak,
+    DecodePartial => decode_partial,
+    DecodeCombine => decode_combine,
 }
 
 /// The most constants one kernel has.
