@@ -26,6 +26,9 @@
 //! only add combine work), at most the whole cache; [`Decoder::block`] overrides it.
 
 mod cache;
+// The CPU peer of `bench --decode`: not part of the API.
+#[doc(hidden)]
+pub mod cpu;
 
 use ndarray::{Array4, ArrayView4};
 
