@@ -6,6 +6,7 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod context;
+pub mod decode;
 pub mod demo;
 pub mod error;
 pub mod mask;
@@ -34,8 +35,11 @@ pub use attention::{
     TensorOutput,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
+pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use error::{Error, Result};
 pub use gpu::pool::MemoryStats;
+/// The half (2) whose `f16` an f16 [`KvCache`] takes.
+pub use half;
 pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;

@@ -11,6 +11,8 @@
 
 pub(crate) mod wgsl;
 
+pub(crate) mod decode_combine;
+pub(crate) mod decode_partial;
 pub(crate) mod flash_blocked;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
@@ -174,6 +176,8 @@ registry! {
     FlashBlocked => flash_blocked,
     FlashSubgroup => flash_subgroup,
     FmaPeak => fma_peak,
+    DecodePartial => decode_partial,
+    DecodeCombine => decode_combine,
 }
 
 /// The most constants one kernel has.
@@ -243,6 +247,12 @@ pub(crate) enum Binding<'a> {
 
 impl<'a> From<&'a wgpu::Buffer> for Binding<'a> {
     fn from(b: &'a wgpu::Buffer) -> Self {
+        Binding::Buffer(b)
+    }
+}
+
+impl<'a> From<&'a crate::gpu::pool::Buf> for Binding<'a> {
+    fn from(b: &'a crate::gpu::pool::Buf) -> Self {
         Binding::Buffer(b)
     }
 }

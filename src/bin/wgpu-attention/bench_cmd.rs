@@ -63,6 +63,19 @@ pub struct BenchArgs {
     /// Also draw GFLOP/s against n, one line per path (GPU and CPU), into this .svg or .png.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Token-by-token decoding instead: a growing KV cache (at the cache lengths --n) against
+    /// the same step as a whole-call sdpa and a one-thread CPU decode.
+    #[arg(long)]
+    decode: bool,
+    /// Heads (= K/V heads) for --decode; d is --d.
+    #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    decode_heads: usize,
+    /// Batch sizes for --decode.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8], value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    decode_batch: Vec<usize>,
+    /// Keys per block of the decode kernel's split (default: chosen per step).
+    #[arg(long, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    decode_block: Option<usize>,
     #[command(flatten)]
     adapter: AdapterArgs,
 }
@@ -167,6 +180,9 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     bench::check_sizes("--n", &args.n)?;
     bench::check_sizes("--d", &[args.d])?;
     bench::check_sizes("--batch", &[args.batch])?;
+    if args.decode {
+        return decode(args);
+    }
     if let Some(path) = &args.plot {
         plot::Format::from_path(path)?;
     }
@@ -405,5 +421,31 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         plot::throughput(path, &title, &throughput_series(&records))?;
         println!("wrote {}", path.display());
     }
+    Ok(true)
+}
+
+/// `bench --decode`.
+fn decode(args: &BenchArgs) -> Result<bool> {
+    bench::check_sizes("--decode-batch", &args.decode_batch)?;
+    let ctx = args.adapter.open()?;
+    let info = ctx.adapter_info();
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {} {})",
+        info.name, info.backend, info.device_type, info.driver, info.driver_info
+    );
+    println!("cpu:     {}", bench::cpu_name());
+    crate::bench_decode::run(
+        &ctx,
+        &crate::bench_decode::DecodeBench {
+            lengths: &args.n,
+            batches: &args.decode_batch,
+            heads: args.decode_heads,
+            d: args.d,
+            block: args.decode_block,
+            warmup: args.warmup,
+            repeats: args.repeats,
+            no_cpu: args.no_cpu,
+        },
+    )?;
     Ok(true)
 }

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_decode;
 mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;

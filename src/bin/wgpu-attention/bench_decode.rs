@@ -1,0 +1,155 @@
+//! `wgpu-attention bench --decode`: token-by-token decoding with a growing KV cache, three
+//! ways side by side at each cache length: the device-resident [`KvCache`] and decode kernel,
+//! the same step as a whole-call `sdpa` over the prefix (everything uploaded each time), and
+//! a one-thread f32 CPU decode.
+
+use ndarray::{s, Array4};
+use wgpu_attention::bench::{self, Stats};
+use wgpu_attention::decode::cpu::CpuKvCache;
+use wgpu_attention::{Attention, Context, Decoder, Dtype, KvCache, KvCacheSpec, Result};
+
+/// What `--decode` measures.
+pub struct DecodeBench<'a> {
+    /// Cache lengths at which to measure (the largest is the capacity).
+    pub lengths: &'a [usize],
+    pub batches: &'a [usize],
+    pub heads: usize,
+    pub d: usize,
+    /// Keys per block, when forced.
+    pub block: Option<usize>,
+    pub warmup: usize,
+    pub repeats: usize,
+    pub no_cpu: bool,
+}
+
+/// Deterministic K, V `(batch, heads, n, d)` and Q of the same shape.
+fn tokens(batch: usize, heads: usize, n: usize, d: usize) -> [Array4<f32>; 3] {
+    let f = |salt: usize| {
+        move |(b, h, t, c): (usize, usize, usize, usize)| {
+            (((b * 131 + h * 17 + t * 7 + c) * (salt + 2)) as f32 * 0.0131).sin()
+        }
+    };
+    [
+        Array4::from_shape_fn((batch, heads, n, d), f(1)),
+        Array4::from_shape_fn((batch, heads, n, d), f(2)),
+        Array4::from_shape_fn((batch, heads, n, d), f(3)),
+    ]
+}
+
+fn row(batch: usize, len: usize, path: &str, stats: &Stats, whole: Option<f64>, cpu: Option<f64>) {
+    let ratio =
+        |base: Option<f64>| base.map_or("-".into(), |b| format!("{:.2}x", b / stats.median_ms));
+    println!(
+        "{batch:>5} {len:>7}  {path:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}",
+        stats.median_ms,
+        stats.min_ms,
+        stats.max_ms,
+        1e3 / stats.median_ms,
+        batch as f64 * 1e3 / stats.median_ms,
+        ratio(whole),
+        ratio(cpu),
+    );
+}
+
+/// Runs the decode benchmark and prints its table.
+///
+/// # Errors
+/// GPU errors, and sizes the device cannot hold.
+pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
+    let steps = b.warmup + b.repeats.max(1);
+    let capacity = b.lengths.iter().max().unwrap_or(&1) + steps;
+    let scale = 1.0 / (b.d as f32).sqrt();
+    println!(
+        "decode: {} heads (= K/V heads), d = {}, f32; one new token per sequence per step \
+         (append its K and V, attend its query to the whole cache, read the output back)",
+        b.heads, b.d
+    );
+    println!(
+        "timing: median of {} steps after {} warm-up, cache length growing by one per step \
+         up to the length shown; ms per step, steps/s, tokens/s = batch · steps/s",
+        b.repeats, b.warmup
+    );
+    println!(
+        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu"
+    );
+    for &batch in b.batches {
+        let [q, k, v] = tokens(batch, b.heads, capacity, b.d);
+        let spec = KvCacheSpec {
+            capacity,
+            batch,
+            kv_heads: b.heads,
+            d_k: b.d,
+            d_v: b.d,
+            dtype: Dtype::F32,
+        };
+        let mut cache = KvCache::new(ctx, spec)?;
+        let mut dec = Decoder::new();
+        if let Some(block) = b.block {
+            dec = dec.block(block);
+        }
+        let whole_op = Attention::new().return_weights(false);
+        for &len in b.lengths {
+            let start = len.saturating_sub(steps).max(1);
+            // Prefill (untimed) up to where the timed steps start.
+            cache.clear();
+            cache.append(
+                ctx,
+                k.slice(s![.., .., ..start - 1, ..]),
+                v.slice(s![.., .., ..start - 1, ..]),
+            )?;
+            let mut t = start - 1;
+            let (gpu, _) = bench::measure(b.warmup, b.repeats, || {
+                let r = s![.., .., t..t + 1, ..];
+                cache.append(ctx, k.slice(r), v.slice(r))?;
+                dec.step(ctx, &cache, q.slice(r))?;
+                t += 1;
+                Ok(())
+            })?;
+            // The same step as one whole call at the full length: Q of the last token against
+            // all `len` keys (uploaded each time; bottom-right causal needs no mask for it).
+            let last = s![.., .., len - 1..len, ..];
+            let prefix = s![.., .., ..len, ..];
+            let (whole, _) = bench::measure(b.warmup, b.repeats, || {
+                whole_op.sdpa(ctx, q.slice(last), k.slice(prefix), v.slice(prefix))?;
+                Ok(())
+            })?;
+            let cpu_stats = if b.no_cpu {
+                None
+            } else {
+                let mut cpu = CpuKvCache::new(capacity, batch, b.heads, b.d, b.d);
+                cpu.append(
+                    k.slice(s![.., .., ..start - 1, ..]),
+                    v.slice(s![.., .., ..start - 1, ..]),
+                );
+                let mut t = start - 1;
+                let (stats, _) = bench::measure(b.warmup, b.repeats, || {
+                    let r = s![.., .., t..t + 1, ..];
+                    cpu.append(k.slice(r), v.slice(r));
+                    std::hint::black_box(cpu.step(q.slice(r), scale));
+                    t += 1;
+                    Ok(())
+                })?;
+                Some(stats)
+            };
+            let (w, c) = (Some(whole.median_ms), cpu_stats.map(|s| s.median_ms));
+            row(
+                batch,
+                len,
+                "gpu kv-cache decode",
+                &gpu,
+                Some(whole.median_ms),
+                c,
+            );
+            row(batch, len, "gpu whole-call sdpa", &whole, None, c);
+            if let Some(cs) = &cpu_stats {
+                row(batch, len, "cpu f32 one thread", cs, w, None);
+            }
+        }
+    }
+    println!(
+        "\nvs whole / vs cpu: that path's median over this row's (above 1: this row is faster); \
+         the GPU decode's K/V block size is chosen per step (see the decode module; \
+         --decode-block forces one)."
+    );
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! Token-by-token decoding: a [`KvCache`] holds K and V of every token so far on the device,
+//! and a [`Decoder`] attends the new tokens' queries to the whole cache.
+//!
+//! ```text
+//! cache.append(ctx, k_new, v_new)            K, V: (batch, kv_heads, m, d)  → written on the device
+//! Decoder::new().step(ctx, &cache, q_new)    Q:    (batch, heads, m, d_k)   → (batch, heads, m, d_v)
+//! ```
+//!
+//! **Alignment.** The `m` query rows of a step are the *last* `m` tokens of the cache (append
+//! their K and V first): with `len` tokens in the cache, new row `i` sits at position
+//! `len − m + i` and attends to keys `j ≤ len − m + i`. This is causal attention aligned to
+//! the bottom right (PyTorch's `causal_lower_right`), which for `m = len` (a prefill of the
+//! whole prompt) is the usual top-left causal mask. So a prefill of `p` tokens followed by
+//! one-token steps gives, row for row, the output of a causal forward over all the tokens.
+//!
+//! **Grouped-query attention**: `heads` may be any multiple of the cache's `kv_heads`; query
+//! head `h` reads K/V head `h / (heads / kv_heads)`, as [`crate::Attention::sdpa`] does.
+//!
+//! **How it runs** (flash-decoding): `decode_partial.wgsl` splits the keys into blocks; one
+//! workgroup per (batch, K/V head, chunk of up to 8 of its query rows, key block) computes
+//! each row's partial max, sum and weighted V over the block, reading each K and V row once
+//! for all the query heads sharing it; `decode_combine.wgsl` merges the blocks. A single query
+//! row is thus spread over `batch · kv_heads · blocks` workgroups. The block size (a multiple
+//! of 64 keys) is the fewest blocks that give about 1,024 workgroups on a GPU, or 4 per host
+//! core on a CPU adapter such as lavapipe (whose workgroups run one per thread, so more blocks
+//! only add combine work), at most the whole cache; [`Decoder::block`] overrides it.
+
+mod cache;
+// The CPU peer of `bench --decode`: not part of the API.
+#[doc(hidden)]
+pub mod cpu;
+
+use ndarray::{Array4, ArrayView4};
+
+pub use cache::{CacheElement, KvCache, KvCacheSpec};
+
+use crate::attention::{check_finite, Dtype};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::{buffer, readback};
+use crate::kernels::decode_partial::{Decode, DecodeBuffers};
+
+/// A decode step's options: the scale and, for measurements, the key block.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Decoder {
+    scale: Option<f32>,
+    block: Option<usize>,
+    nan_fill: bool,
+}
+
+impl Decoder {
+    /// Scale `1/sqrt(d_k)`, block size chosen per call.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The factor on `Q·Kᵀ` (default `1/sqrt(d_k)`).
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// Keys per block of the split, rounded up to a multiple of 64 (default: chosen from the
+    /// cache length and the device, see the [module docs](self)).
+    pub fn block(mut self, keys: usize) -> Self {
+        self.block = Some(keys);
+        self
+    }
+
+    /// Fills the output and the partial results with NaN before the kernels run, so an
+    /// element no kernel wrote shows up (for tests).
+    pub fn nan_fill(mut self, yes: bool) -> Self {
+        self.nan_fill = yes;
+        self
+    }
+
+    /// Attends `q`, `(batch, heads, m, d_k)`, the queries of the cache's last `m` tokens, to
+    /// every token in `cache`, causally aligned to the end (see the [module docs](self)).
+    /// Returns the output `(batch, heads, m, d_v)` (f32, PyTorch's layout).
+    ///
+    /// # Errors
+    /// A cache from another context or a scale that is not finite ([`Error::InvalidArgument`]);
+    /// a batch or width that is not the cache's, heads not a multiple of its K/V heads, `m = 0`
+    /// or more rows than cached tokens ([`Error::ShapeMismatch`]); NaN/Inf in `q`
+    /// ([`Error::NonFinite`]); a result that overflowed ([`Error::Overflow`]); GPU errors.
+    pub fn step(
+        &self,
+        ctx: &Context,
+        cache: &KvCache,
+        q: ArrayView4<'_, f32>,
+    ) -> Result<Array4<f32>> {
+        cache.check_context(ctx)?;
+        let spec = *cache.spec();
+        let (batch, heads, m, d_k) = q.dim();
+        if batch != spec.batch || d_k != spec.d_k {
+            return Err(Error::shape(format!(
+                "decode: Q is {:?}, the cache holds batch {} and d_k {}",
+                q.shape(),
+                spec.batch,
+                spec.d_k
+            )));
+        }
+        if heads == 0 || heads % spec.kv_heads != 0 {
+            return Err(Error::shape(format!(
+                "decode: Q has {heads} heads and the cache {} K/V heads: the query heads must \
+                 be a multiple of them",
+                spec.kv_heads
+            )));
+        }
+        if m == 0 || m > cache.len() {
+            return Err(Error::shape(format!(
+                "decode: Q has {m} rows and the cache {} tokens: the rows are the last tokens \
+                 appended, at least 1 and at most the cache's length",
+                cache.len()
+            )));
+        }
+        let scale = self.scale.unwrap_or(1.0 / (d_k as f32).sqrt());
+        if !scale.is_finite() {
+            return Err(Error::invalid(
+                "scale",
+                format!("must be finite, got {scale}"),
+            ));
+        }
+        check_finite("Q", &q)?;
+        let problem = Decode {
+            batch,
+            heads,
+            kv_heads: spec.kv_heads,
+            m,
+            len: cache.len(),
+            dk: d_k,
+            dv: spec.d_v,
+            scale,
+            f16: spec.dtype == Dtype::F16,
+            nan_fill: self.nan_fill,
+        };
+        let out_len = batch * heads * m * spec.d_v;
+        let flat = ctx.scoped(|| {
+            let q_buf = buffer::upload(ctx, "decode Q", &padded_rows(&q))?;
+            let out = buffer::output(ctx, "decode output", out_len, self.nan_fill)?;
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("decode"),
+                });
+            crate::timing::begin(ctx);
+            let (k, v) = cache.buffers();
+            let bufs = DecodeBuffers {
+                q: &q_buf,
+                k,
+                v,
+                out: &out,
+            };
+            problem.record(ctx, &mut encoder, &bufs, self.block)?;
+            let pending = readback::copy_out(ctx, &mut encoder, &out, out_len);
+            let submission = ctx.queue.submit([encoder.finish()]);
+            readback::finish(ctx, submission, vec![pending])
+        })?;
+        let flat = flat.into_iter().next().unwrap_or_default();
+        if let Some(index) = flat.iter().position(|x| !x.is_finite()) {
+            return Err(Error::Overflow {
+                what: "decode output".into(),
+                dtype: spec.dtype,
+                index,
+            });
+        }
+        Array4::from_shape_vec((batch, heads, m, spec.d_v), flat)
+            .map_err(|e| Error::shape(e.to_string()))
+    }
+}
+
+/// `q` `(batch, heads, m, d)` row-major, each row zero-padded to whole vec4s.
+fn padded_rows(q: &ArrayView4<'_, f32>) -> Vec<f32> {
+    let d = q.dim().3;
+    let width = d.next_multiple_of(4);
+    let mut out = Vec::with_capacity(q.len() / d.max(1) * width);
+    for row in q.rows() {
+        out.extend(row.iter().copied());
+        out.resize(out.len() + width - d, 0.0);
+    }
+    out
+}

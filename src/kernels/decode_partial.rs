@@ -1,0 +1,309 @@
+//! `shaders/decode_partial.wgsl`: step 1 of a decode step (flash-decoding). Per (batch, K/V
+//! head, chunk of query rows, key block), the partial max, sum and weighted V of the block's
+//! keys. [`Decode`] describes the problem, chooses the key block and records both steps (the
+//! combine is `decode_combine.rs`).
+
+use super::wgsl::{constants, uniform};
+use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// The kernel.
+pub(crate) struct Shader;
+
+/// Threads per workgroup, which is also the keys per tile.
+pub(crate) const THREADS: u32 = 64;
+
+/// The most query rows one workgroup keeps (its rows' scores are registers of every thread).
+const MAX_ROWS: u32 = 8;
+
+uniform! {
+    /// The uniform block of `decode_partial.wgsl`.
+    pub(crate) struct PartialParams {
+        /// Workgroups in use: `batch · kv_heads · chunks · blocks`.
+        workgroups: u32,
+        /// Key blocks.
+        blocks: u32,
+        /// Chunks of `GC` query rows per K/V head.
+        chunks: u32,
+        /// Keys per block (a multiple of `WG`).
+        block: u32,
+        heads: u32,
+        kv_heads: u32,
+        /// Query heads per K/V head.
+        ratio: u32,
+        /// New query rows per head.
+        m: u32,
+        /// Keys in the cache.
+        len: u32,
+        /// Vec4s from one token to the next in K and in V.
+        k_tok: u32,
+        v_tok: u32,
+        /// `scale · log2(e)`.
+        scale_log2: f32,
+    }
+}
+
+constants! {
+    /// Specialisation of `decode_partial.wgsl`.
+    pub(crate) struct PartialConsts {
+        /// Threads per workgroup and keys per tile.
+        threads => "WG",
+        /// Query rows per workgroup.
+        rows => "GC",
+        /// d_k in vec4s, rounded up.
+        dk4 => "DK4",
+        /// d_v in vec4s, rounded up.
+        dv4 => "DV4",
+        /// Threads across the head dimension: `min(DV4, WG)`.
+        columns => "CW",
+        /// Key lanes: `WG / CW`.
+        lanes => "KP",
+        /// Output vec4 columns per thread: `⌈DV4 / CW⌉`.
+        out4 => "OC",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::DecodePartial;
+    const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Read("k_buf"),
+        Slot::Read("v_buf"),
+        Slot::ReadWrite("o_part"),
+        Slot::ReadWrite("ml_part"),
+    ];
+    /// Bit 0: K and V are f16.
+    const DTYPES: &'static [&'static str] = &["KV_T"];
+    type Consts = PartialConsts;
+    type Params = PartialParams;
+}
+
+impl PartialConsts {
+    /// The specialisation for `rows` query rows per K/V head and widths `dk4`, `dv4` (vec4s):
+    /// up to [`MAX_ROWS`] rows per workgroup (a power of two), fewer while the workgroup
+    /// memory does not fit `limit` bytes.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when even one row per workgroup does not fit.
+    pub fn new(rows: u32, (dk4, dv4): (u32, u32), limit: u32) -> Result<Self> {
+        let columns = dv4.min(THREADS);
+        let mut c = PartialConsts {
+            threads: THREADS,
+            rows: rows.clamp(1, MAX_ROWS).next_power_of_two(),
+            dk4,
+            dv4,
+            columns,
+            lanes: THREADS / columns,
+            out4: dv4.div_ceil(columns),
+        };
+        while c.workgroup_bytes() > u64::from(limit) && c.rows > 1 {
+            c.rows /= 2;
+        }
+        if c.workgroup_bytes() > u64::from(limit) {
+            return Err(Error::LimitExceeded {
+                what: "decode workgroup memory".into(),
+                needed: format!("{} bytes", c.workgroup_bytes()),
+                limit: format!("{limit} bytes"),
+                limit_name: "max_compute_workgroup_storage_size",
+            });
+        }
+        Ok(c)
+    }
+
+    /// Workgroup memory used, as the shader declares it.
+    pub fn workgroup_bytes(&self) -> u64 {
+        let (g, wg) = (u64::from(self.rows), u64::from(self.threads));
+        16 * g * u64::from(self.dk4)
+            + 4 * g * wg
+            + 4 * g
+            + 16 * u64::from(self.lanes) * g * u64::from(self.dv4)
+    }
+}
+
+/// One decode step: `heads · m` new query rows per batch index against `len` cached keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decode {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// New query rows per head.
+    pub m: usize,
+    /// Keys in the cache (the last `m` are the new rows' own).
+    pub len: usize,
+    pub dk: usize,
+    pub dv: usize,
+    pub scale: f32,
+    /// K and V are stored as f16.
+    pub f16: bool,
+    /// The partial results start as NaN (tests: a slot no kernel wrote shows up).
+    pub nan_fill: bool,
+}
+
+/// The buffers of one decode step.
+pub(crate) struct DecodeBuffers<'a> {
+    /// The queries, `(batch, heads, m, DK4)` vec4s, f32.
+    pub q: &'a wgpu::Buffer,
+    /// The cache's K and V.
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    /// The output, `(batch, heads, m, d_v)` f32.
+    pub out: &'a wgpu::Buffer,
+}
+
+impl Decode {
+    /// Widths in vec4s, rounded up: `(DK4, DV4)`.
+    pub fn widths4(&self) -> (u32, u32) {
+        (self.dk.div_ceil(4) as u32, self.dv.div_ceil(4) as u32)
+    }
+
+    /// The keys per block when none is forced: see [`block_for`].
+    pub fn block(&self, ctx: &Context, consts: &PartialConsts) -> usize {
+        let chunks = (self.heads / self.kv_heads.max(1) * self.m).div_ceil(consts.rows as usize);
+        let groups = self.batch * self.kv_heads * chunks;
+        let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+        block_for(self.len, groups, cpu)
+    }
+
+    /// Records both steps: the partials over blocks of `block` keys (`None`: chosen by
+    /// [`Decode::block`]), then the combine into `bufs.out`.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when a buffer, the workgroup memory or the grid does not fit.
+    pub fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        bufs: &DecodeBuffers<'_>,
+        block: Option<usize>,
+    ) -> Result<()> {
+        let (dk4, dv4) = self.widths4();
+        let ratio = self.heads / self.kv_heads;
+        let rows = ratio * self.m;
+        let consts = PartialConsts::new(
+            u32_of("query rows per K/V head", rows)?,
+            (dk4, dv4),
+            ctx.limits().max_compute_workgroup_storage_size,
+        )?;
+        let wg = THREADS as usize;
+        let block = block
+            .unwrap_or_else(|| self.block(ctx, &consts))
+            .next_multiple_of(wg)
+            .max(wg);
+        let blocks = self.len.div_ceil(block);
+        let chunks = rows.div_ceil(consts.rows as usize);
+        let workgroups = self.batch * self.kv_heads * chunks * blocks;
+        let out_rows = self.batch * self.heads * self.m;
+        let o_part = crate::gpu::buffer::output(
+            ctx,
+            "decode partial outputs",
+            out_rows * blocks * dv4 as usize * 4,
+            self.nan_fill,
+        )?;
+        let ml_part = crate::gpu::buffer::output(
+            ctx,
+            "decode partial max/sum",
+            out_rows * blocks * 2,
+            self.nan_fill,
+        )?;
+        let params = PartialParams {
+            workgroups: u32_of("decode workgroups", workgroups)?,
+            blocks: u32_of("key blocks", blocks)?,
+            chunks: u32_of("row chunks", chunks)?,
+            block: u32_of("keys per block", block)?,
+            heads: u32_of("heads", self.heads)?,
+            kv_heads: u32_of("kv heads", self.kv_heads)?,
+            ratio: u32_of("heads per K/V head", ratio)?,
+            m: u32_of("new rows", self.m)?,
+            len: u32_of("cache length", self.len)?,
+            k_tok: u32_of("K token stride", self.batch * self.kv_heads * dk4 as usize)?,
+            v_tok: u32_of("V token stride", self.batch * self.kv_heads * dv4 as usize)?,
+            scale_log2: self.scale * std::f32::consts::LOG2_E,
+        };
+        log::debug!(
+            "decode: {} rows x {} keys in {blocks} blocks of {block}, {chunks} chunks of {} rows",
+            out_rows,
+            self.len,
+            consts.rows
+        );
+        record::<Shader>(
+            ctx,
+            encoder,
+            &consts,
+            u8::from(self.f16),
+            &params,
+            &[
+                bufs.q.into(),
+                bufs.k.into(),
+                bufs.v.into(),
+                (&o_part).into(),
+                (&ml_part).into(),
+            ],
+            workgroups as u64,
+        )?;
+        super::decode_combine::dispatch(
+            ctx,
+            encoder,
+            (out_rows, blocks, self.dv),
+            (&o_part, &ml_part),
+            bufs.out,
+        )
+    }
+}
+
+/// Workgroups a decode step aims for: enough to fill a GPU several times over; on a CPU
+/// adapter (lavapipe runs a workgroup per host thread) a few per core, since each extra block
+/// costs a partial result and the combine.
+fn target_workgroups(cpu: bool) -> usize {
+    if cpu {
+        4 * std::thread::available_parallelism().map_or(2, |n| n.get())
+    } else {
+        1024
+    }
+}
+
+/// Keys per block for a cache of `len` keys and `groups` workgroups per block (batch ·
+/// kv_heads · row chunks): the fewest blocks that reach [`target_workgroups`], each a whole
+/// number of tiles ([`THREADS`] keys), at least one tile and at most the whole cache.
+pub(crate) fn block_for(len: usize, groups: usize, cpu: bool) -> usize {
+    let wg = THREADS as usize;
+    let want_blocks = target_workgroups(cpu).div_ceil(groups.max(1)).max(1);
+    let block = len.div_ceil(want_blocks).next_multiple_of(wg);
+    block.clamp(wg, len.next_multiple_of(wg).max(wg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_per_workgroup_shrink_to_fit_workgroup_memory() {
+        let c = PartialConsts::new(1, (16, 16), 16 << 10).unwrap();
+        assert_eq!((c.rows, c.columns, c.lanes, c.out4), (1, 16, 4, 1));
+        let c = PartialConsts::new(32, (16, 16), 16 << 10).unwrap();
+        assert_eq!(c.rows, 8);
+        assert!(c.workgroup_bytes() <= 16 << 10);
+        // d = 512: two output columns per thread, fewer rows.
+        let c = PartialConsts::new(32, (128, 128), 32 << 10).unwrap();
+        assert_eq!((c.columns, c.lanes, c.out4), (64, 1, 2));
+        assert!(c.rows < 8 && c.workgroup_bytes() <= 32 << 10, "{c:?}");
+        assert!(PartialConsts::new(1, (4096, 4096), 16 << 10).is_err());
+    }
+
+    #[test]
+    fn blocks_fill_the_device_and_are_whole_tiles() {
+        // A GPU: batch 1, 8 heads, 4096 keys: 1024 / 8 = 128 blocks of 32 keys → one tile.
+        assert_eq!(block_for(4096, 8, false), 64);
+        // Many groups already: one block of the whole (rounded) cache.
+        assert_eq!(block_for(1000, 4096, false), 1024);
+        assert_eq!(block_for(1, 1, false), 64);
+        assert_eq!(block_for(1, 1, true), 64);
+        for len in [1, 7, 37, 1000, 4096] {
+            for groups in [1, 8, 64] {
+                let b = block_for(len, groups, true);
+                assert!(b.is_multiple_of(64) && b >= 64 && b <= len.next_multiple_of(64));
+            }
+        }
+    }
+}
