@@ -1,4 +1,5 @@
 // Fused attention for GPUs (FlashAttention-2's loop order), from storage buffers:
+// runtime checks: off (every index below is proven in bounds: see "Bounds" at the end)
 //
 //     o_i = Σ_j exp(s_ij − m_i) · v_j / Σ_j exp(s_ij − m_i),   s_ij = scale · q_i·k_j + bias_ij
 //
@@ -25,6 +26,17 @@
 // strides, f32::MIN marks a key masked out; the running max starts at FLOOR, so masked keys
 // weigh exactly 0 and a row with nothing visible is written as zeros. SKIP_ZERO ≠ 0: keys of
 // weight exactly 0 are left out of the sum (NaN/Inf values there never reach the row).
+//
+// Bounds (why the module is created without naga's runtime checks): every storage access is
+// guarded by the row, key or column it reads being inside the problem (row < n_q, key < n_kv
+// or kv_end ≤ n_kv, column < dk_h or dv_h), and the host lays each buffer out to hold every
+// element its strides address inside the problem; the mask is read only with MASK ≠ 0, at a
+// row < n_q and a key < kv_end. Workgroup and private arrays: with BR, BC multiples of 4,
+// WG = (BR/4)·(BC/4), TX = BC/4, VC a multiple of 4 dividing BC (flash_blocked.rs enforces
+// these), ty < BR/4 and tx < TX, so 4·ty + r < BR and tx + TX·e < BC (pool rows < BR + BC,
+// columns < DC4 < QS; p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4; t < VC·DV4;
+// red < WG). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel
+// with its checked twin (Context::with_runtime_checks) on sizes that fit no tile.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
 // (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO and the element-type

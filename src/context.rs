@@ -182,6 +182,7 @@ pub struct Context {
     pub(crate) limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
     pub(crate) pool: crate::gpu::pool::Pool,
+    runtime_checks: bool,
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
@@ -290,6 +291,7 @@ impl Context {
             limits,
             pipelines: PipelineCache::default(),
             pool: crate::gpu::pool::Pool::default(),
+            runtime_checks: false,
             stand_in: std::sync::OnceLock::new(),
             subgroup_size,
             lost,
@@ -425,6 +427,20 @@ impl Context {
     /// The wgpu queue.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.queue
+    }
+
+    /// Creates every kernel with naga's runtime bounds checks on, including the kernels whose
+    /// indices are proven in bounds and that otherwise run without them (those that say
+    /// `runtime checks: off`): for testing them against their checked twins. Set it before
+    /// the first call (compiled kernels are kept per context).
+    pub fn with_runtime_checks(mut self, on: bool) -> Self {
+        self.runtime_checks = on;
+        self
+    }
+
+    /// Whether every kernel keeps naga's runtime checks ([`Context::with_runtime_checks`]).
+    pub fn runtime_checks(&self) -> bool {
+        self.runtime_checks
     }
 
     /// Waits until everything submitted to the device so far has run (as

@@ -176,3 +176,47 @@ fn bad_block_shapes_are_errors() {
         );
     }
 }
+
+#[test]
+fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
+    // flash_blocked runs without naga's runtime checks (its indices are proven in bounds);
+    // the same kernel with them must give the same bits, on sizes that fit no tile.
+    let unchecked = common::ctx();
+    let checked = wgpu_attention::Context::new()
+        .unwrap()
+        .with_tuning(false)
+        .with_runtime_checks(true);
+    assert!(!unchecked.runtime_checks() && checked.runtime_checks());
+    let cases = [
+        Case {
+            causal: true,
+            ..plain(37, 20)
+        },
+        Case {
+            heads: 2,
+            ..Case::new(7, 24, 16, 40)
+        },
+        Case {
+            mask: MaskCase::Lengths,
+            ..plain(100, 8)
+        },
+    ];
+    // One block shape per case (each compiles twice on lavapipe, which is what takes time).
+    for (case, v) in cases.iter().zip(BLOCKS) {
+        let case = case.on(Kernels::Storage, true);
+        let data = case.data(5);
+        let (proj, mask) = (data.projections(), data.mask());
+        {
+            let op = case.op().flash_variant(v);
+            let run = |ctx: &wgpu_attention::Context| {
+                op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
+                    .map(|o| o.context)
+            };
+            match (run(unchecked), run(&checked)) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{v} {case}"),
+                (Err(wgpu_attention::Error::LimitExceeded { .. }), Err(_)) => {}
+                (a, b) => panic!("{v} {case}: {:?} vs {:?}", a.err(), b.err()),
+            }
+        }
+    }
+}

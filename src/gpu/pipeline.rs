@@ -98,12 +98,21 @@ impl PipelineCache {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let disk = disk.get_or_insert_with(|| Disk::open(ctx));
         let info = key.kernel.info();
-        let module = ctx
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(info.file),
-                source: wgpu::ShaderSource::Wgsl(key.source().into()),
-            });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(info.file),
+            source: wgpu::ShaderSource::Wgsl(key.source().into()),
+        };
+        let module = if info.trusted && !ctx.runtime_checks() {
+            // SAFETY: a trusted kernel's every index is proven in bounds (its WGSL header
+            // gives the proof, from invariants its Rust description enforces) and its loops
+            // are bounded; `tests/flash_blocked.rs` checks it against its checked twin.
+            unsafe {
+                ctx.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        } else {
+            ctx.device.create_shader_module(desc)
+        };
         let pipeline = ctx
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

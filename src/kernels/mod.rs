@@ -47,6 +47,11 @@ pub(crate) trait Kernel {
     const DTYPES: &'static [&'static str] = &[];
     /// Whether it uses subgroup operations (needs `Features::SUBGROUP`).
     const SUBGROUPS: bool = false;
+    /// Whether every index it computes is proven in bounds (the proof in its WGSL header,
+    /// which says `// runtime checks: off` in its first five lines): its module is then
+    /// created with naga's runtime checks off, so inner loops carry no clamps, unless the
+    /// context asks for them ([`crate::Context::with_runtime_checks`]).
+    const TRUSTED: bool = false;
     /// Its specialisation constants.
     type Consts: Constants;
     /// Its uniform block.
@@ -90,6 +95,8 @@ pub(crate) struct KernelInfo {
     pub dtypes: &'static [&'static str],
     pub constants: &'static [&'static str],
     pub subgroups: bool,
+    /// [`Kernel::TRUSTED`].
+    pub trusted: bool,
     /// The generated `struct Params`.
     pub params: fn() -> String,
     /// `(name, WGSL type, offset)` of the uniform's fields.
@@ -108,6 +115,7 @@ impl KernelInfo {
             dtypes: K::DTYPES,
             constants: K::Consts::NAMES,
             subgroups: K::SUBGROUPS,
+            trusted: K::TRUSTED,
             params: K::Params::wgsl,
             fields: K::Params::FIELDS,
             params_size: std::mem::size_of::<K::Params>(),
@@ -123,9 +131,18 @@ impl KernelInfo {
             .copied()
             .zip(values.iter().copied())
             .collect();
-        wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)())
+        let source = wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)());
+        // The marker first, so a tool reading the composed file (CI's compiler check) knows.
+        match self.trusted {
+            true => format!("{TRUSTED_MARKER}\n{source}"),
+            false => source,
+        }
     }
 }
+
+/// What a trusted kernel's WGSL says in its first five lines, and what its composed source
+/// starts with.
+pub(crate) const TRUSTED_MARKER: &str = "// runtime checks: off";
 
 /// The registry: every kernel, its module (`src/kernels/<name>.rs`) and its WGSL file
 /// (`shaders/<name>.wgsl`), which share the name.

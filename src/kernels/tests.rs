@@ -179,3 +179,31 @@ fn grid_rejects_what_cannot_fit() {
     assert!(matches!(grid(5, 2), Err(Error::LimitExceeded { .. })));
     assert_eq!(grid(0, 65535).unwrap(), (0, 0));
 }
+
+#[test]
+fn trusted_kernels_and_only_they_say_so_in_their_first_lines() {
+    for id in KernelId::ALL {
+        let info = id.info();
+        let says = info
+            .source
+            .lines()
+            .take(5)
+            .any(|l| l.contains(TRUSTED_MARKER.trim_start_matches("// ")));
+        assert_eq!(
+            says,
+            info.trusted,
+            "{}: `Kernel::TRUSTED` is {} but its first five lines {} `runtime checks: off`",
+            info.file,
+            info.trusted,
+            if says { "say" } else { "do not say" }
+        );
+        // The composed source (what `shaders --out` writes) starts with the marker.
+        let composed = info.source_with(&odd_constants(&info), 0);
+        assert_eq!(
+            composed.starts_with(TRUSTED_MARKER),
+            info.trusted,
+            "{}",
+            info.file
+        );
+    }
+}
