@@ -18,6 +18,7 @@ pub mod verify;
 // The machinery behind it, free to change: GPU plumbing, kernels, the tuner, timing.
 mod gpu;
 mod kernels;
+mod phases;
 mod timing;
 mod tune;
 mod variant;
@@ -36,6 +37,7 @@ pub use error::{Error, Result};
 pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;
+pub use phases::PhaseTimes;
 pub use timing::{KernelTime, Profiling};
 pub use tune::TuneCache;
 pub use variant::{FlashVariant, Kernels, MatmulVariant};

@@ -255,6 +255,7 @@ impl Attention {
         mask: &Mask<'_>,
         resident: Option<&weights::DeviceWeights>,
     ) -> Result<Output> {
+        let _call = ctx.phases.call();
         let dims = self.dims(x.shape(), proj)?;
         let inputs = match resident {
             Some(_) => vec![("X", x.view())],
@@ -314,6 +315,7 @@ impl Attention {
         v: ArrayView4<'_, f32>,
         mask: &Mask<'_>,
     ) -> Result<Output> {
+        let _call = ctx.phases.call();
         self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         if !self.propagate {
             check_finite("Q", &q)?;

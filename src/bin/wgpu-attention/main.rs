@@ -101,9 +101,20 @@ enum Command {
         /// Also draw the weights as a heatmap, words on both axes, into this .png or .svg.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Print to stderr where the time went: adapter, pipeline compile, tune, upload,
+        /// record, dispatch, readback.
+        #[arg(long)]
+        timings: bool,
         #[command(flatten)]
         adapter: AdapterArgs,
     },
+}
+
+/// With `on`, prints the context's [`Context::phase_times`] to stderr as one line.
+pub fn print_timings(ctx: &Context, on: bool) {
+    if on {
+        eprintln!("timings   {}", ctx.phase_times());
+    }
 }
 
 fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> Result<bool> {
@@ -154,6 +165,7 @@ fn demo_cmd(
     sentence: Option<&str>,
     seed: u64,
     plot_path: Option<&Path>,
+    timings: bool,
     adapter: &AdapterArgs,
 ) -> Result<()> {
     let sentence = sentence.unwrap_or(demo::DEFAULT_SENTENCE);
@@ -182,6 +194,7 @@ fn demo_cmd(
     let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
     let op = Attention::new();
     let out = op.forward(&ctx, inputs.x.view().into_dyn(), Some(&proj))?;
+    print_timings(&ctx, timings);
     let weights = out
         .weights
         .as_ref()
@@ -288,7 +301,15 @@ fn dispatch(command: &Command) -> Result<bool> {
             sentence,
             seed,
             plot,
+            timings,
             adapter,
-        } => demo_cmd(sentence.as_deref(), *seed, plot.as_deref(), adapter).map(|()| true),
+        } => demo_cmd(
+            sentence.as_deref(),
+            *seed,
+            plot.as_deref(),
+            *timings,
+            adapter,
+        )
+        .map(|()| true),
     }
 }
