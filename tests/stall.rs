@@ -44,3 +44,113 @@ fn info_log_has_each_calls_timings() {
         "{stderr}"
     );
 }
+
+use wgpu_attention::attention::TINY_ROWS;
+use wgpu_attention::ndarray::{Array1, Array2, Array3, ArrayD, Dimension, IxDyn};
+use wgpu_attention::{
+    reference, Attention, Dims, FlashVariant, Kernels, Mask, MatmulVariant, Projections,
+};
+
+fn smooth(shape: &[usize], salt: usize) -> ArrayD<f32> {
+    ArrayD::from_shape_fn(IxDyn(shape), |i| {
+        let k: usize = i.slice().iter().enumerate().map(|(a, v)| v * (a + 3)).sum();
+        (((k * 7 + salt * 13) % 29) as f32 - 14.0) / 9.0
+    })
+}
+
+#[test]
+fn tiny_calls_plan_the_variants_cheapest_to_compile() {
+    let ctx = common::ctx();
+    let dims = |batch: usize, n: usize| Dims {
+        batch,
+        n,
+        ..Attention::new()
+            .heads(4)
+            .dims(&[batch, n, 32], None)
+            .unwrap()
+    };
+    let lavapipe_like = ctx.subgroup_size().is_some()
+        && ctx.adapter_info().device_type == wgpu_attention::wgpu::DeviceType::Cpu;
+    for weights in [true, false] {
+        let op = Attention::new().heads(4).return_weights(weights);
+        let plan = op.plan(ctx, &dims(2, TINY_ROWS / 2)).unwrap();
+        assert_eq!(plan.fused, !weights);
+        if lavapipe_like {
+            // One row per lane, and no statistics-epilogue matmul for the weights.
+            assert_eq!(plan.matmul, MatmulVariant::Subgroup { rows_per_lane: 1 });
+            if weights {
+                assert!(!plan.weights_from_stats(), "{plan}");
+            } else {
+                assert_eq!(plan.flash, FlashVariant::Subgroup { rows_per_lane: 1 });
+            }
+        } else {
+            assert_eq!(plan.matmul, MatmulVariant::Tiled);
+        }
+        // A forced family or variant is obeyed whatever the size.
+        let forced = op.kernels(Kernels::Storage).plan(ctx, &dims(1, 5)).unwrap();
+        assert_eq!(forced.family(), Kernels::Storage);
+        assert_eq!(forced.fused, !weights);
+    }
+    if lavapipe_like {
+        // Past the threshold the family's default (two rows per lane) comes back.
+        let big = Attention::new()
+            .heads(4)
+            .plan(ctx, &dims(1, TINY_ROWS + 1))
+            .unwrap();
+        assert_ne!(big.matmul, MatmulVariant::Subgroup { rows_per_lane: 1 });
+    }
+}
+
+#[test]
+fn tiny_calls_match_the_reference_with_and_without_weights() {
+    let ctx = common::ctx();
+    let (d, dk, dv, heads) = (12, 8, 12, 2);
+    let wq = Array2::from_shape_fn((d, dk), |(i, j)| ((i * 5 + j * 3) % 7) as f32 / 7.0 - 0.4);
+    let wk = Array2::from_shape_fn((d, dk), |(i, j)| ((i * 3 + j * 5) % 11) as f32 / 11.0 - 0.5);
+    let wv = Array2::from_shape_fn((d, dv), |(i, j)| ((i + j * 7) % 13) as f32 / 13.0 - 0.5);
+    let (bq, bk, bv) = (
+        Array1::from_elem(dk, 0.1f32),
+        Array1::from_elem(dk, -0.2f32),
+        Array1::from_elem(dv, 0.3f32),
+    );
+    let proj = Projections::new(wq.view(), wk.view(), wv.view()).with_bias(
+        bq.view(),
+        bk.view(),
+        bv.view(),
+    );
+    for (batch, n) in [(1, 1), (1, 7), (2, 7), (1, 37)] {
+        let mut x = smooth(&[batch, n, d], n);
+        x[[0, 0, 0]] = 60.0; // large logits in the first row
+        let keep = Array3::from_shape_fn((batch, n, n), |(b, i, j)| (i + j + b) % 5 != 1 || j == 0);
+        let masks = [Mask::none(), Mask::boolean(keep.view().into_dyn())];
+        for causal in [false, true] {
+            for (m, mask) in masks.iter().enumerate() {
+                for weights in [true, false] {
+                    let op = Attention::new()
+                        .heads(heads)
+                        .causal(causal)
+                        .return_weights(weights)
+                        .nan_fill(true);
+                    let case =
+                        format!("batch {batch} n {n} causal {causal} mask {m} weights {weights}");
+                    let got = op.forward_masked(ctx, x.view(), Some(&proj), mask).unwrap();
+                    let want =
+                        reference::attention_masked(&op, x.view(), Some(&proj), mask).unwrap();
+                    let (rel, max) = reference::compare(&got.context, &want.context);
+                    assert!(
+                        rel < 1e-5 && max < 1e-4,
+                        "{case}: context rel {rel:e} max {max:e}"
+                    );
+                    assert_eq!(got.weights.is_some(), weights, "{case}");
+                    if let (Some(g), Some(w)) = (&got.weights, &want.weights) {
+                        let (rel, max) = reference::compare(g, w);
+                        assert!(
+                            rel < 1e-5 && max < 1e-5,
+                            "{case}: weights rel {rel:e} max {max:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -23,7 +23,7 @@ mod whole;
 use ndarray::{ArrayD, ArrayView4, ArrayViewD};
 
 pub use gradients::{Gradients, SdpaGradients};
-pub use plan::Plan;
+pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub(crate) use shape::check_inputs_finite;
 pub use shape::{check_finite, Dims};
