@@ -154,3 +154,44 @@ fn tiny_calls_match_the_reference_with_and_without_weights() {
         }
     }
 }
+
+#[test]
+fn tune_command_fills_both_caches_in_the_directory_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("tune.json");
+    let out = common::bin()
+        .args(["tune", "--n", "7,256", "--d", "16", "--kernels", "storage"])
+        .env("WGPU_ATTENTION_TUNE_CACHE", &cache)
+        .env_remove("WGPU_ATTENTION_TUNE")
+        .output()
+        .expect("binary runs");
+    let stdout = common::ok(&out);
+    assert!(stdout.contains(&cache.display().to_string()), "{stdout}");
+    // One line per length and path, naming the variants chosen.
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("n ")).count(),
+        4,
+        "{stdout}"
+    );
+    assert!(stdout.contains("flash-tiled"), "{stdout}");
+    let choices = std::fs::read_to_string(&cache).expect("tune.json written");
+    assert!(choices.contains("flash storage"), "{choices}");
+    // The compiled pipelines beside it, where the driver has a pipeline cache.
+    let ctx = common::ctx();
+    let info = ctx.adapter_info();
+    let supported = ctx
+        .device()
+        .features()
+        .contains(wgpu_attention::wgpu::Features::PIPELINE_CACHE);
+    if let Some(key) = wgpu_attention::wgpu::util::pipeline_cache_key(&info).filter(|_| supported) {
+        assert!(dir.path().join(format!("{key}.bin")).exists());
+    }
+}
+
+#[test]
+fn tune_command_without_a_width_is_a_clear_error() {
+    let out = common::cli(&["tune", "--n", "9"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--d"), "{stderr}");
+}

@@ -1,4 +1,5 @@
-//! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `demo`.
+//! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `tune`,
+//! `shaders`, `demo`.
 
 mod args;
 mod bench_cmd;
@@ -7,6 +8,7 @@ mod errors;
 mod grad_cmd;
 mod run_cmd;
 mod shaders_cmd;
+mod tune_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -82,6 +84,10 @@ enum Command {
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
+    /// Warm the tuning cache and the pipeline cache for a list of shapes ahead of time (each
+    /// n with and without the weights returned), printing what was chosen and where the
+    /// cache is.
+    Tune(tune_cmd::TuneArgs),
     /// Write the fully specialised WGSL of every kernel variant the tuner may pick on a GPU
     /// to DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
     Shaders(shaders_cmd::ShadersArgs),
@@ -297,6 +303,7 @@ fn dispatch(command: &Command) -> Result<bool> {
         } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
         Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
+        Command::Tune(args) => tune_cmd::tune_cmd(args),
         Command::Demo {
             sentence,
             seed,
