@@ -102,11 +102,10 @@ impl Attention {
     /// nearly all of a small first call: 0.5–0.7 s for `matmul_subgroup` with one row per lane,
     /// 1.2–1.5 s with two, 3.5 s with four (the tuner's usual pick), per pipeline. A tiny call
     /// runs in milliseconds whichever it takes, so there the subgroup matmul with one row per
-    /// lane computes the projections and, when the weights are returned, the scores, then
-    /// `softmax` and `weighted_sum` (0.1 and 0.2 s to compile) instead of the statistics
-    /// epilogue (another matmul pipeline) and `flash_subgroup`; without the weights, the fused
-    /// `flash_subgroup` with one row per lane. Adapters without subgroups (and GPUs) take
-    /// their storage family's defaults.
+    /// lane computes the projections and the scores, then `softmax` and `weighted_sum` (0.1
+    /// and 0.2 s to compile) the context, instead of `flash_subgroup` and, for the weights, a
+    /// statistics-epilogue matmul (two more LLVM compiles), with or without the weights
+    /// returned. Adapters without subgroups (and GPUs) take their storage family's defaults.
     fn tiny_plan(&self, ctx: &Context, dims: &Dims) -> Option<Plan> {
         let forced = self.kernels != Kernels::Auto || self.flash.is_some() || self.matmul.is_some();
         if forced || dims.batch * dims.n > TINY_ROWS {
@@ -119,15 +118,14 @@ impl Attention {
         );
         let storage = tune::default_flash(ctx, Kernels::Storage, head4);
         let plan = if ctx.subgroup_size().is_some() && device == wgpu::DeviceType::Cpu {
+            // With or without the weights, the same kernels: the context is then the same
+            // bit for bit, and a process that asks for both compiles them once. The weights
+            // stay on the device when not asked for (a tiny call's are small).
             Plan {
-                fused: !self.return_weights,
+                fused: false,
                 matmul: MatmulVariant::Subgroup { rows_per_lane: 1 },
-                flash: if self.return_weights {
-                    // Not run: the weights' path is scores → softmax → weighted sum.
-                    storage
-                } else {
-                    FlashVariant::Subgroup { rows_per_lane: 1 }
-                },
+                // Not run: scores → softmax → weighted sum compute the context.
+                flash: storage,
             }
         } else {
             Plan {
