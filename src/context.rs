@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::gpu::pipeline::PipelineCache;
+use crate::phases::{Phase, PhaseTimes, Phases};
 use crate::timing::{KernelTime, Profiling, Timing};
 use crate::tune::TuneCache;
 
@@ -187,6 +188,7 @@ pub struct Context {
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
     pub(crate) timing: Timing,
+    pub(crate) phases: Phases,
     tune: TuneCache,
     tuning: bool,
     /// Unique in the process: what a resource made on this context is checked against.
@@ -218,6 +220,7 @@ impl Context {
     /// # Errors
     /// As [`Context::new`].
     pub fn with_options(options: &ContextOptions) -> Result<Self> {
+        let start = std::time::Instant::now();
         let adapter = select(options)?
             .into_iter()
             .next()
@@ -225,7 +228,10 @@ impl Context {
                 wanted: options.describe(),
                 hint: NO_ADAPTER_HINT.to_string(),
             })?;
-        Self::from_adapter(adapter)
+        let enumerated = start.elapsed();
+        let ctx = Self::from_adapter(adapter)?;
+        ctx.phases.add(Phase::Adapter, enumerated);
+        Ok(ctx)
     }
 
     /// Opens a device on an adapter the caller chose, with the adapter's full limits and
@@ -234,6 +240,7 @@ impl Context {
     /// # Errors
     /// [`Error::RequestDevice`] when the adapter refuses.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        let start = std::time::Instant::now();
         let limits = adapter.limits();
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
@@ -251,7 +258,9 @@ impl Context {
                 message: e.to_string(),
             }
         })?;
-        Ok(Self::from_parts(adapter, device, queue))
+        let ctx = Self::from_parts(adapter, device, queue);
+        ctx.phases.add(Phase::Adapter, start.elapsed());
+        Ok(ctx)
     }
 
     /// Wraps a device the caller already owns (its limits are taken from the device).
@@ -296,6 +305,7 @@ impl Context {
             subgroup_size,
             lost,
             timing: Timing::default(),
+            phases: Phases::default(),
             tune: TuneCache::from_env(),
             tuning: crate::tune::enabled(),
         }
@@ -402,6 +412,19 @@ impl Context {
     /// The autotuner's remembered choices (see [`TuneCache`]).
     pub fn tune_cache(&self) -> &TuneCache {
         &self.tune
+    }
+
+    /// Where this context's wall time went since it was opened (or since
+    /// [`Context::reset_phase_times`]): opening the adapter, compiling pipelines, tuning,
+    /// uploading weights, recording, the device's work and the readback. Each call also logs
+    /// its own split at `info` level (`timings: …`).
+    pub fn phase_times(&self) -> PhaseTimes {
+        self.phases.totals()
+    }
+
+    /// Sets [`Context::phase_times`] back to zero.
+    pub fn reset_phase_times(&self) {
+        self.phases.reset();
     }
 
     /// The current timing mode.

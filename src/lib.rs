@@ -20,6 +20,7 @@ pub mod verify;
 // The machinery behind it, free to change: GPU plumbing, kernels, the tuner, timing.
 mod gpu;
 mod kernels;
+mod phases;
 mod timing;
 mod tune;
 mod variant;
@@ -43,6 +44,7 @@ pub use half;
 pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;
+pub use phases::PhaseTimes;
 pub use tensor::{Recorder, Tensor};
 pub use timing::{KernelTime, Profiling};
 pub use tune::TuneCache;

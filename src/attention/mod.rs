@@ -27,7 +27,7 @@ mod whole;
 use ndarray::{Array, ArrayD, ArrayView, ArrayView4, ArrayViewD, AsArray, Dimension, IxDyn};
 
 pub use gradients::{Gradients, SdpaGradients};
-pub use plan::Plan;
+pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub use resident::TensorOutput;
 pub(crate) use shape::{check_f16_range, check_inputs_finite};
@@ -278,6 +278,7 @@ impl Attention {
         mask: &Mask<'_>,
         resident: Option<&weights::DeviceWeights>,
     ) -> Result<Output> {
+        let _call = ctx.phases.call();
         let dims = self.dims(x.shape(), proj)?;
         let inputs = match resident {
             Some(_) => vec![("X", x.view())],
@@ -337,6 +338,7 @@ impl Attention {
         v: ArrayView4<'_, f32>,
         mask: &Mask<'_>,
     ) -> Result<Output> {
+        let _call = ctx.phases.call();
         self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         if !self.propagate {
             check_finite("Q", &q)?;

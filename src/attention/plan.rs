@@ -53,12 +53,16 @@ impl Attention {
     /// The kernels this op runs on `ctx` for `dims`: the family (with [`Kernels::Auto`], the
     /// one whose fused kernel measured fastest), each kernel's variant (forced, or the
     /// autotuner's choice: see the README), and whether the fused path is taken (when the
-    /// weights are not returned).
+    /// weights are not returned). A tiny call ([`TINY_ROWS`]) under [`Kernels::Auto`] with no
+    /// variant forced takes the variants cheapest to compile instead, untuned.
     ///
     /// # Errors
     /// [`crate::Error::Unsupported`] when [`Kernels::Subgroup`] is forced on an adapter
     /// without a fixed subgroup size; GPU errors while measuring.
     pub fn plan(&self, ctx: &Context, dims: &Dims) -> Result<Plan> {
+        if let Some(plan) = self.tiny_plan(ctx, dims) {
+            return Ok(plan);
+        }
         let families = match self.kernels {
             Kernels::Auto => {
                 // First is the default when tuning is off: subgroup kernels where storage
@@ -90,4 +94,55 @@ impl Attention {
             flash,
         })
     }
+
+    /// The plan of a tiny call ([`TINY_ROWS`]) under [`Kernels::Auto`] with no variant
+    /// forced: the variants cheapest to compile, never tuned nor taken from the tuning cache.
+    ///
+    /// On lavapipe the driver compiles a kernel with LLVM at its first dispatch, and that is
+    /// nearly all of a small first call: 0.5–0.7 s for `matmul_subgroup` with one row per lane,
+    /// 1.2–1.5 s with two, 3.5 s with four (the tuner's usual pick), per pipeline. A tiny call
+    /// runs in milliseconds whichever it takes, so there the subgroup matmul with one row per
+    /// lane computes the projections and the scores, then `softmax` and `weighted_sum` (0.1
+    /// and 0.2 s to compile) the context, instead of `flash_subgroup` and, for the weights, a
+    /// statistics-epilogue matmul (two more LLVM compiles), with or without the weights
+    /// returned. Adapters without subgroups (and GPUs) take their storage family's defaults.
+    fn tiny_plan(&self, ctx: &Context, dims: &Dims) -> Option<Plan> {
+        let forced = self.kernels != Kernels::Auto || self.flash.is_some() || self.matmul.is_some();
+        if forced || dims.batch * dims.n > TINY_ROWS {
+            return None;
+        }
+        let device = ctx.adapter_info().device_type;
+        let head4 = (
+            (dims.d_k / dims.heads).div_ceil(4) as u32,
+            (dims.d_v / dims.heads).div_ceil(4) as u32,
+        );
+        let storage = tune::default_flash(ctx, Kernels::Storage, head4);
+        let plan = if ctx.subgroup_size().is_some() && device == wgpu::DeviceType::Cpu {
+            // With or without the weights, the same kernels: the context is then the same
+            // bit for bit, and a process that asks for both compiles them once. The weights
+            // stay on the device when not asked for (a tiny call's are small).
+            Plan {
+                fused: false,
+                matmul: MatmulVariant::Subgroup { rows_per_lane: 1 },
+                // Not run: scores → softmax → weighted sum compute the context.
+                flash: storage,
+            }
+        } else {
+            Plan {
+                fused: !self.return_weights,
+                matmul: MatmulVariant::Tiled,
+                flash: storage,
+            }
+        };
+        log::debug!("tiny call ({} rows): {plan}", dims.batch * dims.n);
+        Some(plan)
+    }
 }
+
+/// Calls with at most this many query rows over the batch (`batch · n`) are tiny: they take
+/// the variants cheapest to compile (see [`Attention::plan`]) instead of tuning or the tuning
+/// cache's choices. The MiniLM layer (2 × 12 tokens) and `demo` (6) are tiny. Measured on
+/// lavapipe with the MiniLM weights (d = 384, 12 heads, batch 2): one row per lane costs
+/// 16.8 ms a call at 12 tokens against 15.7 ms with two and 13.7 ms with the tuned four,
+/// while compiling four rows per lane takes ~6 s more once.
+pub const TINY_ROWS: usize = 64;

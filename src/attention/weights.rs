@@ -73,6 +73,7 @@ pub(super) struct DeviceWeights {
 impl DeviceWeights {
     /// Uploads `p` (already checked against X by [`Attention::dims`]).
     pub(super) fn upload(ctx: &Context, p: &Projections<'_>, f16: bool) -> Result<Self> {
+        let _upload = ctx.phases.enter(crate::phases::Phase::Upload);
         Ok(DeviceWeights {
             q: Linear::upload(ctx, "W_Q", &p.w_q, p.b_q.as_ref(), f16)?,
             k: Linear::upload(ctx, "W_K", &p.w_k, p.b_k.as_ref(), f16)?,

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use crate::context::Context;
 use crate::error::Result;
 use crate::kernels::PipelineKey;
+use crate::phases::Phase;
 
 /// The cache: one pipeline per key, built once per context.
 #[derive(Default)]
@@ -97,6 +98,8 @@ impl PipelineCache {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let disk = disk.get_or_insert_with(|| Disk::open(ctx));
+        let _compile = ctx.phases.enter(Phase::Compile);
+        ctx.phases.count_pipeline();
         let info = key.kernel.info();
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(info.file),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::phases::Phase;
 
 /// How long a readback waits for the GPU before giving up with an error.
 pub const READBACK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -83,7 +84,11 @@ pub fn finish(
             });
     }
     drop(tx);
-    wait(ctx, submission)?;
+    {
+        let _device = ctx.phases.enter(Phase::Dispatch);
+        wait(ctx, submission)?;
+    }
+    let _readback = ctx.phases.enter(Phase::Readback);
     for _ in 0..pending.len() {
         let (_, r) = rx
             .recv_timeout(Duration::from_secs(5))

@@ -40,6 +40,12 @@ impl TuneCache {
         }
     }
 
+    /// The file the choices are kept in (`None`: memory only). Compiled pipelines are kept
+    /// in its directory, where the device has `Features::PIPELINE_CACHE`.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
+    }
+
     /// The directory the choices are kept in (`None`: memory only); the pipeline cache is
     /// kept there too.
     pub(crate) fn dir(&self) -> Option<&std::path::Path> {

@@ -23,6 +23,7 @@ use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_tiled::Flash;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::{KernelId, Strides};
+use crate::phases::Phase;
 use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels, MatmulVariant};
 
@@ -250,7 +251,10 @@ where
     if rows < MIN_TUNED_N || !ctx.tuning() {
         return Ok(fallback);
     }
-    let best = measure(candidates)?.unwrap_or(fallback);
+    let best = {
+        let _tune = ctx.phases.enter(Phase::Tune);
+        measure(candidates)?.unwrap_or(fallback)
+    };
     log::info!("tuned [{key}]: {best:?}");
     ctx.tune_cache().put(&key, &best);
     Ok(best)

@@ -1,4 +1,5 @@
-//! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `demo`.
+//! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `tune`,
+//! `shaders`, `demo`.
 
 mod args;
 mod bench_cmd;
@@ -9,6 +10,7 @@ mod grad_cmd;
 mod model_bench;
 mod run_cmd;
 mod shaders_cmd;
+mod tune_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,6 +86,10 @@ enum Command {
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
+    /// Warm the tuning cache and the pipeline cache for a list of shapes ahead of time (each
+    /// n with and without the weights returned), printing what was chosen and where the
+    /// cache is.
+    Tune(tune_cmd::TuneArgs),
     /// Write the fully specialised WGSL of every kernel variant the tuner may pick on a GPU
     /// to DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
     Shaders(shaders_cmd::ShadersArgs),
@@ -103,9 +109,20 @@ enum Command {
         /// Also draw the weights as a heatmap, words on both axes, into this .png or .svg.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Print to stderr where the time went: adapter, pipeline compile, tune, upload,
+        /// record, dispatch, readback.
+        #[arg(long)]
+        timings: bool,
         #[command(flatten)]
         adapter: AdapterArgs,
     },
+}
+
+/// With `on`, prints the context's [`Context::phase_times`] to stderr as one line.
+pub fn print_timings(ctx: &Context, on: bool) {
+    if on {
+        eprintln!("timings   {}", ctx.phase_times());
+    }
 }
 
 fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> Result<bool> {
@@ -156,6 +173,7 @@ fn demo_cmd(
     sentence: Option<&str>,
     seed: u64,
     plot_path: Option<&Path>,
+    timings: bool,
     adapter: &AdapterArgs,
 ) -> Result<()> {
     let sentence = sentence.unwrap_or(demo::DEFAULT_SENTENCE);
@@ -184,6 +202,7 @@ fn demo_cmd(
     let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
     let op = Attention::new();
     let out = op.forward(&ctx, inputs.x.view().into_dyn(), Some(&proj))?;
+    print_timings(&ctx, timings);
     let weights = out
         .weights
         .as_ref()
@@ -286,11 +305,20 @@ fn dispatch(command: &Command) -> Result<bool> {
         } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
         Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
+        Command::Tune(args) => tune_cmd::tune_cmd(args),
         Command::Demo {
             sentence,
             seed,
             plot,
+            timings,
             adapter,
-        } => demo_cmd(sentence.as_deref(), *seed, plot.as_deref(), adapter).map(|()| true),
+        } => demo_cmd(
+            sentence.as_deref(),
+            *seed,
+            plot.as_deref(),
+            *timings,
+            adapter,
+        )
+        .map(|()| true),
     }
 }

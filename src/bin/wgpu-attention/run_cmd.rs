@@ -51,6 +51,7 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
         .sdpa(&op, [q.view(), k.view(), v.view()], &mask)?;
     let ctx = args.op.adapter.open()?;
     let out = op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?;
+    crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;
     grad_cmd::write(grads, &args.op.out, args.op.dtype)?;
     println!(
@@ -156,6 +157,10 @@ struct OpArgs {
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
+    /// Print to stderr where the time went: adapter, pipeline compile, tune, upload, record,
+    /// dispatch, readback (the same line as RUST_LOG=info's `timings:`).
+    #[arg(long)]
+    timings: bool,
     #[command(flatten)]
     grad: grad_cmd::GradArgs,
     #[command(flatten)]
@@ -284,6 +289,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let start = Instant::now();
     let out = op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?;
     let elapsed = start.elapsed();
+    crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;
     grad_cmd::write(grads, &args.op.out, args.op.dtype)?;
     let info = ctx.adapter_info();
