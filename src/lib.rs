@@ -29,7 +29,7 @@ pub mod bench;
 pub mod fuzz;
 
 pub use attention::{
-    Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, SdpaGradients,
+    Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, Saved, SdpaGradients,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use error::{Error, Result};
