@@ -1,6 +1,7 @@
 //! The `wgpu-attention` command line: `devices`, `run`, `sdpa`, `verify`, `bench`, `demo`.
 
 mod args;
+mod bench_backward;
 mod bench_cmd;
 mod checkpoint_cmd;
 mod errors;
