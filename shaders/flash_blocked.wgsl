@@ -26,6 +26,9 @@
 // strides, f32::MIN marks a key masked out; the running max starts at FLOOR, so masked keys
 // weigh exactly 0 and a row with nothing visible is written as zeros. SKIP_ZERO ≠ 0: keys of
 // weight exactly 0 are left out of the sum (NaN/Inf values there never reach the row).
+// LSE ≠ 0 (a forward saved for the backward pass): each row's log-sum-exp of its log2-domain
+// scores, m + log2(l), is written to `lse[(b·heads + h)·n_q + i]` (LSE_EMPTY for a row with
+// nothing visible); `lse` is bound to `out` and never touched when LSE = 0.
 //
 // Bounds (why the module is created without naga's runtime checks): every storage access is
 // guarded by the row, key or column it reads being inside the problem (row < n_q, key < n_kv
@@ -39,7 +42,7 @@
 // with its checked twin (Context::with_runtime_checks) on sizes that fit no tile.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
-// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO and the element-type
+// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE and the element-type
 // aliases Q_T and KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl, and the
 // `struct Params` shared with flash_tiled.wgsl.
 
@@ -49,6 +52,7 @@
 @group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
 // Row stride of the Q and K chunks in vec4s, padded so neighbouring K rows hit other banks.
 const QS: u32 = DC4 + 1u;
@@ -240,6 +244,9 @@ fn main(
     let o_base = p.o_off + b * p.o_batch + h * p.o_head;
     for (var r = 0u; r < 4u; r++) { // unroll
         let i = row0 + 4u * ty + r;
+        if LSE != 0u && tx == 0u && i < p.n_q {
+            lse[g * p.n_q + i] = select(m[r] + log2(total[r]), LSE_EMPTY, total[r] == 0.0);
+        }
         if i < p.n_q {
             for (var k = 0u; k < OC; k++) { // unroll
                 let c = tx + tx_n * k;

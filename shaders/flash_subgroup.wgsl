@@ -26,7 +26,9 @@
 //
 // The host prepends: const SG (subgroup size), R (rows per lane), DK4 / DV4 (per-head
 // widths of q·k and v in vec4s, rounded up), MASK (1 when there is a mask), SKIP_ZERO (1: keys
-// of weight exactly 0 are left out of o, so a NaN/Inf value there cannot reach it), and the element
+// of weight exactly 0 are left out of o, so a NaN/Inf value there cannot reach it), LSE (1: each
+// row's log-sum-exp of its log2-domain scores, m + log2(l), goes to `lse[g·n_q + row]`, LSE_EMPTY
+// for a row with nothing visible; `lse` is bound to `out` and untouched when 0), and the element
 // type `alias Q_T` (f32 or f16; K and V come from textures, read as f32).
 //
 // The host prepends, from src/kernels/flash_subgroup.rs: the constants and element-type aliases
@@ -39,6 +41,7 @@
 @group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
 @compute @workgroup_size(SG)
 fn main(
@@ -180,6 +183,9 @@ fn main(
         if row < p.n_q {
             // Nothing visible (every key masked out): zeros, not 0/0.
             let inv = select(1.0 / l[r], 0.0, l[r] == 0.0);
+            if LSE != 0u {
+                lse[g * p.n_q + row] = select(m[r] + log2(l[r]), LSE_EMPTY, l[r] == 0.0);
+            }
             for (var c = 0u; c < DV4; c++) { // unroll
                 for (var e = 0u; e < 4u; e++) { // unroll
                     let col = c * 4u + e;

@@ -18,7 +18,7 @@
 // with l = 0 and is written as zeros.
 //
 // The host prepends: const BK (keys per tile), DK4 / DV4 (per-head widths of q·k and v in
-// vec4s, rounded up), MASK (1 when there is a mask), and the element types `alias Q_T` and
+// vec4s, rounded up), MASK (1 when there is a mask), LSE (1: save the row statistics), and the element types `alias Q_T` and
 // `KV_T` (f32 or f16; scores and sums are f32 either way). The Params block is shared with
 // flash_subgroup.wgsl (its texture fields unused here); K and V are read through their strides.
 //
@@ -34,6 +34,9 @@ const WG: u32 = 64u;
 @group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
+// LSE ≠ 0: each row's log-sum-exp of its log2-domain scores (LSE_EMPTY when nothing is
+// visible), for the backward pass; bound to `out` and untouched when LSE = 0.
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> k_tile: array<vec4<f32>, BK * DK4>;
 var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
@@ -161,6 +164,9 @@ fn main(
         let o_base = p.o_off + b * p.o_batch + h * p.o_head + row * p.o_row;
         // Nothing visible (every key masked out): zeros, not 0/0.
         let inv = select(1.0 / l, 0.0, l == 0.0);
+        if LSE != 0u {
+            lse[g * p.n_q + row] = select(m + log2(l), LSE_EMPTY, l == 0.0);
+        }
         for (var c = 0u; c < DV4; c++) {
             for (var e = 0u; e < 4u; e++) {
                 let col = c * 4u + e;

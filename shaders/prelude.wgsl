@@ -5,6 +5,9 @@
 // exactly 0 for every m ≥ FLOOR, and never NaN (unlike −∞ − −∞).
 const NEG: f32 = -3.0e38;
 const FLOOR: f32 = -1.0e38;
+// The log-sum-exp a fused forward saves for a row with nothing to attend to: exp2(s − LSE_EMPTY)
+// is exactly 0 for every score s, so such a row gets zero probabilities in the backward pass.
+const LSE_EMPTY: f32 = 3.0e38;
 // Scores in the log2 domain (exp2 instead of exp) are the natural-log ones times LOG2E.
 const LOG2E: f32 = 1.4426950408889634;
 

@@ -210,6 +210,36 @@ pub fn gpu_resident(
     })
 }
 
+/// Wall-clock statistics and the kernels' median times (empty when profiling is off).
+pub type Timed = (Stats, Vec<(String, f64)>);
+
+/// The fused forward and the fused backward of `sdpa` with `op` on `q`, `k`, `v` and
+/// `d_o`, each timed as [`gpu_attention`] is: the plain fused forward (no weights), and
+/// [`crate::Saved::backward`] on a forward saved once (dO's upload, the three backward
+/// kernels, the gradients' readback).
+///
+/// # Errors
+/// Whatever the forward or the backward returns.
+pub fn gpu_forward_backward(
+    ctx: &Context,
+    op: &Attention,
+    [q, k, v, d_o]: [ndarray::ArrayView4<'_, f32>; 4],
+    warmup: usize,
+    repeats: usize,
+) -> Result<[Timed; 2]> {
+    let op = op.return_weights(false);
+    let forward = profiled(ctx, warmup, repeats, || {
+        op.sdpa(ctx, q, k, v)?;
+        Ok(ctx.kernel_times())
+    })?;
+    let (_, saved) = op.sdpa_saved(ctx, q, k, v, &crate::Mask::none())?;
+    let backward = profiled(ctx, warmup, repeats, || {
+        saved.backward(ctx, d_o)?;
+        Ok(ctx.kernel_times())
+    })?;
+    Ok([forward, backward])
+}
+
 /// Times `run` with profiling off (the headline figure: nothing serialized or added), then
 /// runs it `repeats` more times with profiling on for the per-kernel medians.
 fn profiled(

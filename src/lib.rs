@@ -32,7 +32,7 @@ pub mod bench;
 pub mod fuzz;
 
 pub use attention::{
-    Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, SdpaGradients,
+    Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, Saved, SdpaGradients,
     TensorOutput,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};

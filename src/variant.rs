@@ -4,7 +4,7 @@
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::kernels::flash_tiled::Flash;
+use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::matmul_subgroup::{self, Epilogue, Operands};
 use crate::kernels::MaskArg;
@@ -171,23 +171,25 @@ pub(crate) fn record_matmul(
     }
 }
 
-/// Records the fused pass `out ← softmax(scale·Q·Kᵀ + mask)·V` with `variant`; `host`, the
+/// Records the fused pass `out ← softmax(scale·Q·Kᵀ + mask)·V` with `variant` (and each
+/// row's log-sum-exp, when `out` asks for it); `host`, the
 /// contents of K = V when they are one host array, lets the subgroup variant pack them on the
 /// CPU.
 ///
 /// # Errors
 /// As the variant's kernel: size limits, no fixed subgroup size for the subgroup variant.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn record_flash(
+pub(crate) fn record_flash<'a>(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     op: &Flash,
     variant: FlashVariant,
     (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
-    out: &wgpu::Buffer,
+    out: impl Into<FlashOut<'a>>,
     mask: Option<MaskArg<'_>>,
     host: Option<&[f32]>,
 ) -> Result<()> {
+    let out = out.into();
     match variant {
         FlashVariant::Tiled { keys } => op.dispatch_tiled(ctx, encoder, keys, q, k, v, out, mask),
         FlashVariant::Blocked { rows, keys } => {

@@ -86,7 +86,7 @@ fn sdpa_writes_grad_q_k_v_equal_to_the_reference() {
         &p("out"),
     ]));
     assert!(
-        stdout.contains("grad_q") && stdout.contains("(CPU, f64)"),
+        stdout.contains("grad_q") && stdout.contains("(GPU)"),
         "{stdout}"
     );
     let out = dir.path().join("out");
@@ -317,4 +317,31 @@ fn run_with_a_checkpoint_writes_grad_x_only() {
     )
     .unwrap();
     assert_matches(&out, "x", g.x);
+}
+
+#[test]
+fn sdpa_with_a_bad_grad_output_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    for (name, shape) in [
+        ("q", [1, 2, 3, 4]),
+        ("k", [1, 1, 5, 4]),
+        ("v", [1, 1, 5, 2]),
+    ] {
+        ndarray_npy::write_npy(p(&format!("{name}.npy")), &wave(&shape, 0.3)).unwrap();
+    }
+    let mut nan = wave(&[1, 2, 3, 2], 0.3);
+    nan[[0, 1, 2, 1]] = f32::INFINITY;
+    ndarray_npy::write_npy(p("do_inf.npy"), &nan).unwrap();
+    ndarray_npy::write_npy(p("do_wrong.npy"), &wave(&[1, 2, 3, 4], 0.3)).unwrap();
+    let sdpa = |d_o: &str| {
+        let (q, k, v, g) = (p("q.npy"), p("k.npy"), p("v.npy"), p(d_o));
+        let args = ["sdpa", "--q", &q, "--k", &k, "--v", &v, "--grad-output", &g];
+        cli(&[&args[..], &["--out", &p("out")]].concat())
+    };
+    let e = err(&sdpa("do_inf.npy"));
+    assert!(e.contains("dO") && e.contains("[0, 1, 2, 1]"), "{e}");
+    let e = err(&sdpa("do_wrong.npy"));
+    assert!(e.contains("[1, 2, 3, 4] but the context"), "{e}");
+    assert!(!dir.path().join("out").exists(), "nothing written");
 }

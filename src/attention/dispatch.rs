@@ -44,6 +44,60 @@ impl Shape {
             d_v: dims.d_v,
         }
     }
+
+    /// The fused kernels' problem for this shape, Q, K, V and the context laid out
+    /// `(batch, rows, heads·width)` (head `h` in columns `h·width..`), K and V with
+    /// `kv_heads` heads.
+    ///
+    /// # Errors
+    /// A size past u32 indexing.
+    pub(super) fn flash(
+        &self,
+        causal: bool,
+        scale: f32,
+        f16: bool,
+        skip_zero: bool,
+    ) -> Result<Flash> {
+        let Shape {
+            batch,
+            heads,
+            kv_heads,
+            n_q,
+            n_kv,
+            d_k,
+            d_v,
+        } = *self;
+        let u = |what: &str, v: usize| u32_of(what, v);
+        let (dk_h, dv_h) = (d_k / heads, d_v / heads);
+        let (dk_kv, dv_kv) = (kv_heads * dk_h, kv_heads * dv_h);
+        let k = Strides::row_major(
+            u("K width", dk_kv)?,
+            u("d_k/H", dk_h)?,
+            u("n·K width", n_kv * dk_kv)?,
+        );
+        let v = Strides::row_major(
+            u("V width", dv_kv)?,
+            u("d_v/H", dv_h)?,
+            u("n·V width", n_kv * dv_kv)?,
+        );
+        Ok(Flash {
+            batch,
+            heads,
+            n_q,
+            n_kv,
+            dk_h,
+            dv_h,
+            q: Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_q * d_k)?),
+            k,
+            v,
+            o: Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?),
+            causal,
+            scale,
+            kv_ratio: heads / kv_heads,
+            f16,
+            skip_zero,
+        })
+    }
 }
 
 impl Attention {
@@ -121,7 +175,7 @@ impl Attention {
             kv_heads,
             n_q,
             n_kv,
-            d_k,
+            d_k: _,
             d_v,
         } = shape;
         let (q, k, v) = operands.qkv();
@@ -129,21 +183,9 @@ impl Attention {
         let u = |what: &str, v: usize| u32_of(what, v);
         // Q, K and V are f16 on the device under Dtype::F16, from the host or a projection.
         let f16 = self.f16();
-        let (dk_h, dv_h) = (d_k / heads, d_v / heads);
-        let ratio = heads / kv_heads;
-        let (dk_kv, dv_kv) = (kv_heads * dk_h, kv_heads * dv_h);
-        let q_s = Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_q * d_k)?);
-        let k_s = Strides::row_major(
-            u("K width", dk_kv)?,
-            u("d_k/H", dk_h)?,
-            u("n·K width", n_kv * dk_kv)?,
-        );
-        let v_s = Strides::row_major(
-            u("V width", dv_kv)?,
-            u("d_v/H", dv_h)?,
-            u("n·V width", n_kv * dv_kv)?,
-        );
-        let o_s = Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?);
+        let op = shape.flash(self.causal, scale, f16, self.propagate)?;
+        let (q_s, k_s, ratio) = (op.q, op.k, op.kv_ratio);
+        let dk_h = op.dk_h;
         let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;
         let weights_len = batch * heads * n_q * n_kv;
         // Scores S = Q_h·K_hᵀ, one group per (batch, head).
@@ -168,23 +210,6 @@ impl Attention {
         };
         if plan.fused || plan.weights_from_stats() {
             // One pass, no n × n matrix: context = softmax(scale·Q·Kᵀ)·V.
-            let op = Flash {
-                batch,
-                heads,
-                n_q,
-                n_kv,
-                dk_h,
-                dv_h,
-                q: q_s,
-                k: k_s,
-                v: v_s,
-                o: o_s,
-                causal: self.causal,
-                scale,
-                kv_ratio: ratio,
-                f16,
-                skip_zero: self.propagate,
-            };
             let host = operands.host_kv();
             variant::record_flash(
                 ctx,

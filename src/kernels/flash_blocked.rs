@@ -5,7 +5,7 @@
 //! chunks (so workgroup memory does not grow with the head size). Same [`Flash`] problem and
 //! uniform as `flash_tiled.rs`.
 
-use super::flash_tiled::Flash;
+use super::flash_tiled::{Flash, FlashOut};
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::context::Context;
@@ -37,6 +37,8 @@ constants! {
         mask => "MASK",
         /// 1 to leave keys of weight exactly 0 out of the sum (NaN/Inf pass-through).
         skip_zero => "SKIP_ZERO",
+        /// 1 to write each row's log-sum-exp (a forward saved for the backward pass).
+        lse => "LSE",
     }
 }
 
@@ -51,6 +53,7 @@ impl Kernel for Shader {
         Slot::Read("v_buf"),
         Slot::ReadWrite("out"),
         Slot::Read("mask"),
+        Slot::ReadWrite("lse"),
     ];
     /// Bit 0: Q is f16; bit 1: K and V are f16.
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
@@ -128,6 +131,7 @@ impl FlashBlockedConsts {
                 out4,
                 mask: 0,
                 skip_zero: 0,
+                lse: 0,
             };
             if c.workgroup_bytes() <= limit {
                 return Ok(c);
@@ -182,11 +186,15 @@ impl Flash {
         encoder: &mut wgpu::CommandEncoder,
         (rows, keys): (u32, u32),
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
-        out: &wgpu::Buffer,
+        out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
-        let consts = self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?;
+        let (out, lse_buf, lse) = out.parts();
+        let consts = FlashBlockedConsts {
+            lse,
+            ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?
+        };
         let (params, workgroups) = self.params(rows as usize, mask_strides)?;
         record::<Shader>(
             ctx,
@@ -194,7 +202,14 @@ impl Flash {
             &consts,
             self.f16_bits(),
             &params,
-            &[q.into(), k.into(), v.into(), out.into(), mask.into()],
+            &[
+                q.into(),
+                k.into(),
+                v.into(),
+                out.into(),
+                mask.into(),
+                lse_buf.into(),
+            ],
             workgroups,
         )
     }

@@ -3,7 +3,7 @@
 //! shuffles; one subgroup per workgroup, `R` query rows per lane. Fast on lavapipe, where
 //! storage and workgroup memory are slow. Same [`Flash`] problem as `flash_tiled.rs`.
 
-use super::flash_tiled::{Flash, FlashParams};
+use super::flash_tiled::{Flash, FlashOut, FlashParams};
 use super::pack::Pack;
 use super::wgsl::constants;
 use super::{record, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
@@ -28,6 +28,8 @@ constants! {
         mask => "MASK",
         /// 1 to leave keys of weight exactly 0 out of the sum (NaN/Inf pass-through).
         skip_zero => "SKIP_ZERO",
+        /// 1 to write each row's log-sum-exp (a forward saved for the backward pass).
+        lse => "LSE",
     }
 }
 
@@ -40,6 +42,7 @@ impl Kernel for Shader {
         Slot::Texture("v_tex"),
         Slot::ReadWrite("out"),
         Slot::Read("mask"),
+        Slot::ReadWrite("lse"),
     ];
     /// Q is f16 (K and V are widened as they are packed).
     const DTYPES: &'static [&'static str] = &["Q_T"];
@@ -63,12 +66,13 @@ impl Flash {
         encoder: &mut wgpu::CommandEncoder,
         rows_per_lane: u32,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
-        out: &wgpu::Buffer,
+        out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
         host: Option<&[f32]>,
     ) -> Result<()> {
         let sg = ctx.require_subgroups()?;
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (out, lse_buf, lse) = out.parts();
         let pack = |src: Strides, width: usize| Pack {
             batch: self.batch,
             heads: self.heads / self.kv_ratio.max(1),
@@ -106,6 +110,7 @@ impl Flash {
             dv4,
             mask: has_mask,
             skip_zero: u32::from(self.skip_zero),
+            lse,
         };
         record::<Shader>(
             ctx,
@@ -119,6 +124,7 @@ impl Flash {
                 Binding::Texture(&v_tex.view),
                 out.into(),
                 mask.into(),
+                lse_buf.into(),
             ],
             workgroups,
         )

@@ -67,6 +67,8 @@ constants! {
         dv4 => "DV4",
         /// 1 when a mask is bound.
         mask => "MASK",
+        /// 1 to write each row's log-sum-exp (a forward saved for the backward pass).
+        lse => "LSE",
     }
 }
 
@@ -79,11 +81,46 @@ impl Kernel for Shader {
         Slot::Read("v_buf"),
         Slot::ReadWrite("out"),
         Slot::Read("mask"),
+        Slot::ReadWrite("lse"),
     ];
     /// Bit 0: Q is f16; bit 1: K and V are f16.
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
     type Consts = FlashTiledConsts;
     type Params = FlashParams;
+}
+
+/// Where a fused kernel writes: the context and, for a forward saved for the backward pass,
+/// each row's log-sum-exp of its log2-domain scores (`batch·heads·n_q` f32s, row
+/// `(b·heads + h)·n_q + i`; `LSE_EMPTY` = 3e38 for a row with nothing to attend to).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FlashOut<'a> {
+    /// The context.
+    pub context: &'a wgpu::Buffer,
+    /// The row statistics, when saved.
+    pub lse: Option<&'a wgpu::Buffer>,
+}
+
+impl<'a> From<&'a wgpu::Buffer> for FlashOut<'a> {
+    fn from(context: &'a wgpu::Buffer) -> Self {
+        FlashOut { context, lse: None }
+    }
+}
+
+impl<'a> From<&'a crate::gpu::pool::Buf> for FlashOut<'a> {
+    fn from(context: &'a crate::gpu::pool::Buf) -> Self {
+        FlashOut { context, lse: None }
+    }
+}
+
+impl<'a> FlashOut<'a> {
+    /// The context buffer, the buffer bound as `lse` (the context when unsaved: the kernels
+    /// never touch it then) and the `LSE` constant.
+    pub fn parts(self) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
+        match self.lse {
+            Some(lse) => (self.context, lse, 1),
+            None => (self.context, self.context, 0),
+        }
+    }
 }
 
 /// One fused attention problem: `groups = batch · heads` independent heads.
@@ -195,10 +232,11 @@ impl Flash {
         q: &wgpu::Buffer,
         k: &wgpu::Buffer,
         v: &wgpu::Buffer,
-        out: &wgpu::Buffer,
+        out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (out, lse_buf, lse) = out.parts();
         let (dk4, dv4) = self.widths4()?;
         let needed = u64::from(keys) * u64::from(dk4 + dv4) * 16;
         let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
@@ -216,6 +254,7 @@ impl Flash {
             dk4,
             dv4,
             mask: has_mask,
+            lse,
         };
         record::<Shader>(
             ctx,
@@ -223,7 +262,14 @@ impl Flash {
             &consts,
             self.f16_bits(),
             &params,
-            &[q.into(), k.into(), v.into(), out.into(), mask.into()],
+            &[
+                q.into(),
+                k.into(),
+                v.into(),
+                out.into(),
+                mask.into(),
+                lse_buf.into(),
+            ],
             workgroups,
         )
     }

@@ -13,6 +13,9 @@ pub(crate) mod wgsl;
 
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
+pub(crate) mod flash_backward_dot;
+pub(crate) mod flash_backward_kv;
+pub(crate) mod flash_backward_q;
 pub(crate) mod flash_blocked;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
@@ -192,6 +195,9 @@ registry! {
     FlashTiled => flash_tiled,
     FlashBlocked => flash_blocked,
     FlashSubgroup => flash_subgroup,
+    FlashBackwardDot => flash_backward_dot,
+    FlashBackwardKv => flash_backward_kv,
+    FlashBackwardQ => flash_backward_q,
     FmaPeak => fma_peak,
     DecodePartial => decode_partial,
     DecodeCombine => decode_combine,

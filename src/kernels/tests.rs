@@ -147,6 +147,7 @@ fn pipeline_keys_differ_by_constants_and_types() {
         dk4: 16,
         dv4: 16,
         mask: 0,
+        lse: 0,
     };
     let a = PipelineKey::of::<flash_tiled::Shader>(&c, 0);
     assert_eq!(a, PipelineKey::of::<flash_tiled::Shader>(&c, 0));

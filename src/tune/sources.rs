@@ -81,6 +81,7 @@ pub(crate) fn flash_key(
                 dk4,
                 dv4,
                 mask,
+                lse: 0,
             };
             PipelineKey::of::<flash_tiled::Shader>(&c, op.f16_bits())
         }
@@ -96,6 +97,7 @@ pub(crate) fn flash_key(
                 dv4,
                 mask,
                 skip_zero: u32::from(op.skip_zero),
+                lse: 0,
             };
             PipelineKey::of::<flash_subgroup::Shader>(&c, u8::from(op.f16))
         }

@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// left there (no upload, no readback), GPU timestamps where the adapter has them.
     #[arg(long)]
     resident: bool,
+    /// Also time the fused backward beside the fused forward (sdpa, the same shapes), with
+    /// GFLOP/s (backward counted as 2.5× the forward's FLOP) and the ratio backward/forward.
+    #[arg(long)]
+    backward: bool,
     /// Skip the CPU baseline.
     #[arg(long)]
     no_cpu: bool,
@@ -389,6 +393,18 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         records.extend(here);
     }
     progress.finish_and_clear();
+    if args.backward {
+        let sweep = crate::bench_backward::Sweep {
+            n: &args.n,
+            d: args.d,
+            heads: args.heads,
+            batch: args.batch,
+            causal: args.causal,
+            warmup: args.warmup,
+            repeats: args.repeats,
+        };
+        crate::bench_backward::table(&ctx, &sweep, &families)?;
+    }
     println!(
         "\nvs f32 / vs f64: the CPU baseline's (f32 ndarray) or the f64 reference's median over \
          this row's (above 1: this row is faster). % peak: FLOP over the kernels' time, against \

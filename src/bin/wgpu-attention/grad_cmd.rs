@@ -1,15 +1,18 @@
 //! `--grad-output G.npy` on `run` and `sdpa`: the gradient of every input, given
 //! `dO = ∂loss/∂output`, written beside the outputs as `grad_<flag>.npy`.
 //!
-//! Computed on the CPU in f64 by `reference::sdpa_backward` / `reference::attention_backward`
-//! until the GPU backward exists (issue 13); the forward outputs still come from the GPU.
-//! The gradients are computed before the device is opened, so a bad `dO` fails fast.
+//! `sdpa`'s gradients come from the GPU's fused backward (`Attention::sdpa_saved`, then
+//! `Saved::backward`); `run`'s are still computed on the CPU in f64 by
+//! `reference::attention_backward` (the layer's weight gradients are not on the device yet).
+//! dO is read and checked before the device is opened, so a bad `dO` fails fast.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use ndarray::{ArrayD, ArrayView4, ArrayViewD};
-use wgpu_attention::{npy, reference, Attention, Dtype, Error, Mask, Projections, Result};
+use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD};
+use wgpu_attention::{
+    npy, reference, Attention, Context, Dtype, Error, Mask, Output, Projections, Result,
+};
 
 /// The `--grad-output` flag, shared by `run` and `sdpa`.
 #[derive(Args, Clone, Default)]
@@ -17,14 +20,16 @@ pub struct GradArgs {
     /// dO = ∂loss/∂output, a .npy of the output's shape (context.npy's). With it, also write
     /// the gradient of each input as grad_<flag>.npy in its input's shape: grad_x.npy and
     /// grad_wq/wk/wv/bq/bk/bv/wo/bo.npy for the flags given (run), or grad_q/k/v.npy (sdpa).
-    /// Computed on the CPU in f64 for now (the GPU backward is not written yet); NaN/Inf in
-    /// any input is an error even with --propagate-nan.
+    /// sdpa: computed on the GPU by the fused backward (f32 arithmetic; one forward more when
+    /// the weights are written too); run: on the CPU in f64 for now. NaN/Inf in any input is
+    /// an error even with --propagate-nan.
     #[arg(long, value_name = "G.npy")]
     grad_output: Option<PathBuf>,
 }
 
-/// Gradients computed and waiting to be written: `(flag, gradient)`.
-pub struct Grads(Vec<(&'static str, ArrayD<f32>)>);
+/// Gradients computed and waiting to be written: `(flag, gradient)`, and where they were
+/// computed.
+pub struct Grads(Vec<(&'static str, ArrayD<f32>)>, &'static str);
 
 /// Reads dO and checks it has the output's shape, naming the file.
 fn read_grad_output(path: &Path, want: &[usize], output: &str) -> Result<ArrayD<f32>> {
@@ -44,29 +49,51 @@ fn to_f32(a: ArrayD<f64>) -> ArrayD<f32> {
 }
 
 impl GradArgs {
-    /// `sdpa`'s gradients `grad_q`, `grad_k`, `grad_v`, or `None` without `--grad-output`.
-    pub fn sdpa(
+    /// `sdpa`'s dO, read and checked against the context's shape `(batch, heads, L, E_v)` and
+    /// for NaN/Inf, or `None` without `--grad-output`.
+    pub fn sdpa_grad_output(
         &self,
-        op: &Attention,
-        [q, k, v]: [ArrayView4<'_, f32>; 3],
-        mask: &Mask<'_>,
-    ) -> Result<Option<Grads>> {
+        [q, v]: [ArrayView4<'_, f32>; 2],
+    ) -> Result<Option<Array4<f32>>> {
         let Some(path) = &self.grad_output else {
             return Ok(None);
         };
         let (b, h, l, _) = q.dim();
         let want = [b, h, l, v.dim().3];
         let d_o = read_grad_output(path, &want, "context (batch, heads, L, E_v)")?;
-        let d_o = d_o
-            .view()
-            .into_dimensionality()
-            .map_err(|e| Error::shape(e.to_string()))?;
-        let g = reference::sdpa_backward(op, q, k, v, d_o, mask)?;
-        Ok(Some(Grads(vec![
-            ("q", to_f32(g.q.into_dyn())),
-            ("k", to_f32(g.k.into_dyn())),
-            ("v", to_f32(g.v.into_dyn())),
-        ])))
+        if let Some((index, &value)) = d_o.indexed_iter().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::NonFinite {
+                array: "dO".into(),
+                value,
+                index: ndarray::Dimension::slice(&index).to_vec(),
+            });
+        }
+        d_o.into_dimensionality()
+            .map(Some)
+            .map_err(|e| Error::shape(e.to_string()))
+    }
+
+    /// `sdpa` with `d_o`: the forward's output and `grad_q`, `grad_k`, `grad_v` from the GPU's
+    /// fused backward; the output from a plain forward when it must hold the weights.
+    pub fn sdpa_on_gpu(
+        ctx: &Context,
+        op: &Attention,
+        [q, k, v]: [ArrayView4<'_, f32>; 3],
+        mask: &Mask<'_>,
+        d_o: &Array4<f32>,
+    ) -> Result<(Output, Grads)> {
+        let (out, saved) = op.sdpa_saved(ctx, q, k, v, mask)?;
+        let g = saved.backward(ctx, d_o.view())?;
+        let out = match op.returns_weights() {
+            true => op.sdpa_masked(ctx, q, k, v, mask)?,
+            false => out,
+        };
+        let grads = vec![
+            ("q", g.q.into_dyn()),
+            ("k", g.k.into_dyn()),
+            ("v", g.v.into_dyn()),
+        ];
+        Ok((out, Grads(grads, "GPU")))
     }
 
     /// `run`'s gradients: `grad_x`, and with `from_flags` (weights given as `--wq …`, not
@@ -101,14 +128,14 @@ impl GradArgs {
             ];
             out.extend(named.into_iter().filter_map(|(n, a)| Some((n, a?))));
         }
-        Ok(Some(Grads(out)))
+        Ok(Some(Grads(out, "CPU, f64")))
     }
 }
 
 /// Writes each gradient as `dir/grad_<flag>.npy` (float16 with `--dtype f16`, else float32)
 /// and prints where.
 pub fn write(grads: Option<Grads>, dir: &Path, dtype: Dtype) -> Result<()> {
-    let Some(Grads(grads)) = grads else {
+    let Some(Grads(grads, source)) = grads else {
         return Ok(());
     };
     let write = match dtype {
@@ -119,7 +146,7 @@ pub fn write(grads: Option<Grads>, dir: &Path, dtype: Dtype) -> Result<()> {
         let path = dir.join(format!("grad_{flag}.npy"));
         write(&path, &g)?;
         println!(
-            "grad_{flag:<5}{:?} -> {} (CPU, f64)",
+            "grad_{flag:<5}{:?} -> {} ({source})",
             g.shape(),
             path.display()
         );

@@ -2,6 +2,7 @@
 //! `shaders`, `demo`.
 
 mod args;
+mod bench_backward;
 mod bench_cmd;
 mod bench_decode;
 mod checkpoint_cmd;

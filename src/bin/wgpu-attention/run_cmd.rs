@@ -45,12 +45,19 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
     let (b, h, l, _) = q.dim();
     mask.check([b, h, l, k.dim().2])?;
-    let grads = args
-        .op
-        .grad
-        .sdpa(&op, [q.view(), k.view(), v.view()], &mask)?;
+    let d_o = args.op.grad.sdpa_grad_output([q.view(), v.view()])?;
     let ctx = args.op.adapter.open()?;
-    let out = op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?;
+    let qkv = [q.view(), k.view(), v.view()];
+    let (out, grads) = match &d_o {
+        Some(d_o) => {
+            let (out, grads) = grad_cmd::GradArgs::sdpa_on_gpu(&ctx, &op, qkv, &mask, d_o)?;
+            (out, Some(grads))
+        }
+        None => (
+            op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?,
+            None,
+        ),
+    };
     crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;
     grad_cmd::write(grads, &args.op.out, args.op.dtype)?;

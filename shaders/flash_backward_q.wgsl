@@ -1,0 +1,145 @@
+// The fused backward's dQ (FlashAttention-2's loop order), no n × n matrix in memory:
+//
+//     P_ij  = exp2(s_ij − lse_i),  s_ij = scale·log2 e · q_i·k_j + log2 e · bias_ij
+//     dS_ij = P_ij · (dO_i·v_j − D_i)
+//     dQ_i  = scale · Σ_j dS_ij · k_j
+//
+// lse_i (saved by the fused forward) and D_i (flash_backward_dot.wgsl) as in
+// flash_backward_kv.wgsl. dQ is a pass of its own rather than accumulated by the dK/dV
+// kernel: that kernel's threads each own a key, so adding into dQ_i from all of them would
+// need atomic float adds, which WGSL does not have (only atomic<i32> and atomic<u32>).
+//
+// A workgroup of BR threads owns BR consecutive query rows of one (batch, head), one row
+// per thread: q (pre-scaled by scale·log2 e), dO, lse, D and the dQ accumulator in
+// registers. K and V stream through workgroup memory in tiles of BC keys. Causal: tiles
+// past the block's last row are skipped, keys past a row inside a tile weigh 0. Masks as the
+// forward reads them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
+//
+// The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows and
+// threads per workgroup), BC (keys per tile), DK4, DV4, MASK, the element types Q_T and
+// KV_T, shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
+@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>;
+@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
+@group(0) @binding(4) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(5) var<storage, read> stats: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_buf: array<f32>;
+@group(0) @binding(7) var<storage, read> mask: array<f32>;
+
+var<workgroup> k_tile: array<vec4<f32>, BC * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, BC * DV4>;
+
+// Values 4c..4c+3 of the row at `base` of Q (which = 0), K (1), V (2) or dO (3), zero past
+// `width` or when `inside` is false.
+fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    for (var e = 0u; e < 4u; e++) { // unroll
+        let col = c * 4u + e;
+        if inside && col < width {
+            switch which {
+                case 0u: { x[e] = f32(q_buf[base + col]); }
+                case 1u: { x[e] = f32(k_buf[base + col]); }
+                case 2u: { x[e] = f32(v_buf[base + col]); }
+                default: { x[e] = do_buf[base + col]; }
+            }
+        }
+    }
+    return x;
+}
+
+@compute @workgroup_size(BR)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.groups * p.blocks {
+        return;
+    }
+    let g = id / p.blocks;
+    let row0 = (id % p.blocks) * BR;
+    let i = row0 + li;
+    let b = g / p.heads;
+    let h = g % p.heads;
+    let hk = h / p.kv_ratio;
+    let rows = p.groups * p.n_q;
+
+    var q: array<vec4<f32>, DK4>;
+    var d_o: array<vec4<f32>, DV4>;
+    var dq: array<vec4<f32>, DK4>;
+    let q_base = p.q_off + b * p.q_batch + h * p.q_head + i * p.q_row;
+    let o_base = p.o_off + b * p.o_batch + h * p.o_head + i * p.o_row;
+    for (var c = 0u; c < DK4; c++) { // unroll
+        q[c] = load4(0u, i < p.n_q, q_base, c, p.dk_h) * p.scale_log2;
+        dq[c] = vec4<f32>(0.0);
+    }
+    for (var c = 0u; c < DV4; c++) { // unroll
+        d_o[c] = load4(3u, i < p.n_q, o_base, c, p.dv_h);
+    }
+    var lse = LSE_EMPTY;
+    var d_i = 0.0;
+    if i < p.n_q {
+        lse = stats[g * p.n_q + i];
+        d_i = stats[rows + g * p.n_q + i];
+    }
+
+    var kv_end = p.n_kv;
+    if p.causal != 0u {
+        kv_end = min(kv_end, min(row0 + BR, p.n_q));
+    }
+    let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
+    let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
+    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
+        for (var t = li; t < BC * DK4; t += BR) {
+            let j = j0 + t / DK4;
+            let c = t % DK4;
+            k_tile[t] = load4(1u, j < p.n_kv, k_base + j * p.k_row, c, p.dk_h);
+        }
+        for (var t = li; t < BC * DV4; t += BR) {
+            let j = j0 + t / DV4;
+            let c = t % DV4;
+            v_tile[t] = load4(2u, j < p.n_kv, v_base + j * p.v_row, c, p.dv_h);
+        }
+        workgroupBarrier();
+
+        let count = min(BC, kv_end - j0);
+        for (var jj = 0u; jj < count; jj++) {
+            let j = j0 + jj;
+            var x = 0.0;
+            for (var c = 0u; c < DK4; c++) { // unroll
+                x += dot(q[c], k_tile[jj * DK4 + c]);
+            }
+            if i >= p.n_q || (p.causal != 0u && j > i) {
+                x = NEG;
+            } else if MASK != 0u {
+                x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+            }
+            let pr = select(exp2(x - lse), 0.0, x == NEG);
+            if !(pr == 0.0) {
+                var dp = 0.0;
+                for (var c = 0u; c < DV4; c++) { // unroll
+                    dp += dot(d_o[c], v_tile[jj * DV4 + c]);
+                }
+                let ds = pr * (dp - d_i);
+                for (var c = 0u; c < DK4; c++) { // unroll
+                    dq[c] = fma(vec4<f32>(ds), k_tile[jj * DK4 + c], dq[c]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    if i < p.n_q {
+        let scale = p.scale_log2 / LOG2E;
+        for (var c = 0u; c < DK4; c++) { // unroll
+            for (var e = 0u; e < 4u; e++) { // unroll
+                if c * 4u + e < p.dk_h {
+                    dq_buf[q_base + c * 4u + e] = dq[c][e] * scale;
+                }
+            }
+        }
+    }
+}

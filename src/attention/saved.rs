@@ -1,0 +1,368 @@
+//! A forward pass that keeps what its backward pass needs, and that backward pass: the fused
+//! FlashAttention-2 backward on the device (`kernels/flash_backward_*.rs`).
+//!
+//! [`Attention::sdpa_saved`] runs the fused forward with its row statistics on (each row's
+//! log-sum-exp, written by the forward kernel itself) and returns, beside the output, a
+//! [`Saved`] holding Q, K, V, the output O, the statistics and the mask on the device.
+//! [`Saved::backward`] takes `dO` and runs three kernels in one encoder: `D_i = dO_i·O_i`,
+//! then dK and dV (one key per thread, over every query row of every query head that reads
+//! the K/V head), then dQ (one query row per thread); the probabilities are recomputed tile
+//! by tile, no n × n matrix exists anywhere.
+
+use ndarray::{Array3, Array4, ArrayView4};
+
+use super::dispatch::Shape;
+use super::gradients::SdpaGradients;
+use super::split::fits;
+use super::upload::MaskBuffer;
+use super::{check_finite, Attention, Output};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::{buffer, readback};
+use crate::kernels::flash_backward_dot::BackwardTiles;
+use crate::kernels::flash_tiled::{Flash, FlashOut};
+use crate::mask::Mask;
+use crate::timing;
+use crate::variant::{self, Kernels};
+
+/// What an [`Attention::sdpa_saved`] forward keeps on the device for its backward pass:
+/// Q, K and V as uploaded (f16 under [`crate::Dtype::F16`]), the output O, each query row's
+/// log-sum-exp, the mask (with key lengths and causal), the scale, the grouped-query layout
+/// and the dtype, and which [`Context`] holds them.
+///
+/// The log-sum-exp is of the row's scores in the log2 domain, `log2 Σ_j 2^(s_ij·log2 e)`
+/// with `s_ij = scale·q_i·k_j + mask_ij` (so `P_ij = 2^(s_ij·log2 e − lse_i)`); a row with
+/// nothing to attend to stores 3e38, which makes every probability of it exactly 0.
+/// [`Saved::log_sum_exp`] reads it back in natural-log units.
+pub struct Saved {
+    ctx_id: u64,
+    op: Attention,
+    flash: Flash,
+    out_shape: [usize; 4],
+    k_shape: [usize; 4],
+    v_shape: [usize; 4],
+    qkv: [wgpu::Buffer; 3],
+    o: crate::gpu::buffer::Buf,
+    /// `2·batch·heads·L` f32s: each row's log-sum-exp, then (written by each backward) its
+    /// `D_i = dO_i·O_i`.
+    stats: crate::gpu::buffer::Buf,
+    mask: Option<MaskBuffer>,
+}
+
+impl std::fmt::Debug for Saved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Saved")
+            .field("output", &self.out_shape)
+            .field("k", &self.k_shape)
+            .field("v", &self.v_shape)
+            .field("causal", &self.flash.causal)
+            .field("scale", &self.flash.scale)
+            .field("mask", &self.mask.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// `(batch, heads, rows, width)` into ours, `(batch, rows, heads·width)`, row-major.
+fn to_rows(a: &ArrayView4<'_, f32>) -> Vec<f32> {
+    let rows = a.view().permuted_axes([0, 2, 1, 3]);
+    rows.as_standard_layout().iter().copied().collect()
+}
+
+/// Ours, `(batch, rows, heads·width)` flat, back into `(batch, heads, rows, width)`.
+fn from_rows(flat: Vec<f32>, [b, h, n, w]: [usize; 4]) -> Result<Array4<f32>> {
+    let a = Array4::from_shape_vec((b, n, h, w), flat).map_err(|e| Error::shape(e.to_string()))?;
+    Ok(a.permuted_axes([0, 2, 1, 3])
+        .as_standard_layout()
+        .into_owned())
+}
+
+/// The first non-finite value of `values`, as the overflow it means.
+fn check_overflow(op: &Attention, what: &str, values: &[f32]) -> Result<()> {
+    match values.iter().position(|x| !x.is_finite()) {
+        Some(index) => Err(Error::Overflow {
+            what: what.into(),
+            dtype: op.dtype,
+            index,
+        }),
+        None => Ok(()),
+    }
+}
+
+impl Attention {
+    /// [`Attention::sdpa_masked`] that also returns what [`Saved::backward`] needs, kept on
+    /// the device. Always the fused path: the weights are not returned (`Output::weights` is
+    /// `None`), and NaN/Inf inputs are errors even with
+    /// [`Attention::propagate_non_finite`] (gradients through them mean nothing).
+    ///
+    /// ```no_run
+    /// # use wgpu_attention::{Attention, Context, Mask, ndarray::Array4};
+    /// # fn main() -> wgpu_attention::Result<()> {
+    /// let ctx = Context::new()?;
+    /// let q = Array4::<f32>::ones((1, 2, 5, 8));
+    /// let (k, v) = (q.clone(), q.clone());
+    /// let (out, saved) = Attention::new().causal(true)
+    ///     .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())?;
+    /// let d_o = out.context.mapv(|x| 2.0 * x); // ℓ = Σ O², so dO = 2·O
+    /// let grads = saved.backward(&ctx, d_o.view().into_dimensionality()?)?;
+    /// assert_eq!(grads.q.shape(), q.shape());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Attention::sdpa_masked`], NaN/Inf in Q, K or V, and [`Error::LimitExceeded`]
+    /// when a buffer does not fit the device (a saved forward is never split).
+    pub fn sdpa_saved(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        mask: &Mask<'_>,
+    ) -> Result<(Output, Saved)> {
+        let op = self.return_weights(false).propagate_non_finite(false);
+        let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+        check_finite("Q", &q)?;
+        check_finite("K", &k)?;
+        check_finite("V", &v)?;
+        let (batch, heads, l, _) = q.dim();
+        let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
+        let bias = mask.bias([batch, heads, l, s_len])?;
+        let inputs = [
+            ("Q", q.into_dyn()),
+            ("K", k.into_dyn()),
+            ("V", v.into_dyn()),
+        ];
+        op.check_dtype(ctx, &inputs)?;
+        ctx.check_alive()?;
+        let rows = batch * heads * l;
+        let named = [
+            ("Q (batch·heads·L·E)", q.len()),
+            ("K (batch·kv_heads·S·E)", k.len()),
+            ("V (batch·kv_heads·S·E_v)", v.len()),
+            ("context (batch·heads·L·E_v)", rows * e_v),
+            ("row statistics (2·batch·heads·L)", 2 * rows),
+        ];
+        let bias = bias.as_ref().map(|b| b.view());
+        fits(ctx, &named, None, bias.as_ref())?;
+        let shape = Shape {
+            batch,
+            heads,
+            kv_heads,
+            n_q: l,
+            n_kv: s_len,
+            d_k: dims.d_k,
+            d_v: dims.d_v,
+        };
+        let flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
+        let mut plan = op.plan(ctx, &dims)?;
+        let f16 = op.f16();
+        let qkv = [
+            buffer::upload_as(ctx, "Q", &to_rows(&q), f16)?,
+            buffer::upload_as(ctx, "K", &to_rows(&k), f16)?,
+            buffer::upload_as(ctx, "V", &to_rows(&v), f16)?,
+        ];
+        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref())?;
+        let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
+        let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
+        let run = |plan: &crate::Plan| {
+            ctx.scoped(|| {
+                let mut encoder =
+                    ctx.device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("attention (saved)"),
+                        });
+                timing::begin(ctx);
+                let out = FlashOut {
+                    context: &o,
+                    lse: Some(&stats),
+                };
+                let [q, k, v] = &qkv;
+                let m = mask_buf.as_ref().map(MaskBuffer::arg);
+                variant::record_flash(
+                    ctx,
+                    &mut encoder,
+                    &flash,
+                    plan.flash,
+                    (q, k, v),
+                    out,
+                    m,
+                    None,
+                )?;
+                op.read_back(ctx, encoder, &o, rows * e_v, None)
+            })
+        };
+        let context = match run(&plan) {
+            // As a plain forward: past the textures' limit, the storage kernels take it.
+            Err(Error::LimitExceeded {
+                limit_name: "max_texture_dimension_2d",
+                ..
+            }) if op.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
+                plan = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
+                run(&plan)?
+            }
+            result => result?,
+        }
+        .0;
+        log::info!("saved forward: {plan}");
+        let output = Output {
+            context: from_rows(context, [batch, heads, l, e_v])?.into_dyn(),
+            weights: None,
+        };
+        let saved = Saved {
+            ctx_id: ctx.id(),
+            op,
+            flash,
+            out_shape: [batch, heads, l, e_v],
+            k_shape: [batch, kv_heads, s_len, dims.d_k / heads],
+            v_shape: [batch, kv_heads, s_len, e_v],
+            qkv,
+            o,
+            stats,
+            mask: mask_buf,
+        };
+        Ok((output, saved))
+    }
+}
+
+impl Saved {
+    /// The shape of the forward's output, `(batch, heads, L, E_v)`: what `dO` must have.
+    pub fn output_shape(&self) -> [usize; 4] {
+        self.out_shape
+    }
+
+    /// The gradients of a loss `ℓ` with respect to the forward's Q, K and V, given
+    /// `d_o = ∂ℓ/∂output`, computed on the device by the fused backward (f32 arithmetic,
+    /// f32 results; see the module documentation). With grouped-query attention the
+    /// gradient of a shared K/V head is the sum over the query heads that read it. A row
+    /// with nothing to attend to has zero gradients and adds nothing to any key or value.
+    ///
+    /// # Errors
+    /// "backward without a matching forward" ([`Error::InvalidArgument`] for a `Saved` from
+    /// another [`Context`], [`Error::ShapeMismatch`] for a `d_o` not of the output's shape);
+    /// [`Error::NonFinite`] for NaN/Inf in `d_o`; [`Error::Overflow`] for a gradient that
+    /// overflowed; GPU errors.
+    pub fn backward(&self, ctx: &Context, d_o: ArrayView4<'_, f32>) -> Result<SdpaGradients> {
+        if ctx.id() != self.ctx_id {
+            return Err(Error::invalid(
+                "backward",
+                "backward without a matching forward: this Saved was made on another Context; \
+                 run the forward (sdpa_saved) on the Context the backward runs on",
+            ));
+        }
+        if d_o.shape() != self.out_shape {
+            return Err(Error::shape(format!(
+                "backward without a matching forward: dO has shape {:?}, the forward's output \
+                 (batch, heads, L, E_v) has {:?}",
+                d_o.shape(),
+                self.out_shape
+            )));
+        }
+        check_finite("dO", &d_o)?;
+        ctx.check_alive()?;
+        let f = &self.flash;
+        let [q_len, k_len, v_len] = [
+            f.batch * f.heads * f.n_q * f.dk_h,
+            self.k_shape.iter().product(),
+            self.v_shape.iter().product::<usize>(),
+        ];
+        let d_o = buffer::upload(ctx, "dO", &to_rows(&d_o))?;
+        let nan = self.op.nan_fill;
+        let dq = buffer::output(ctx, "dQ", q_len, nan)?;
+        let dk = buffer::output(ctx, "dK", k_len, nan)?;
+        let dv = buffer::output(ctx, "dV", v_len, nan)?;
+        let tiles = BackwardTiles::for_adapter(ctx);
+        let flat = ctx.scoped(|| {
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("attention backward"),
+                });
+            timing::begin(ctx);
+            let [q, k, v] = &self.qkv;
+            let mask = self.mask.as_ref().map(MaskBuffer::arg);
+            f.dispatch_backward_dot(ctx, &mut encoder, &d_o, &self.o, &self.stats)?;
+            let inputs = (q, k, v);
+            let saved = (&d_o, &*self.stats);
+            f.dispatch_backward_kv(ctx, &mut encoder, tiles, inputs, saved, (&dk, &dv), mask)?;
+            f.dispatch_backward_q(ctx, &mut encoder, tiles, inputs, saved, &dq, mask)?;
+            let mut pending = vec![
+                readback::copy_out(ctx, &mut encoder, &dq, q_len),
+                readback::copy_out(ctx, &mut encoder, &dk, k_len),
+                readback::copy_out(ctx, &mut encoder, &dv, v_len),
+            ];
+            let labels = timing::end(ctx, &mut encoder).map(|(p, labels)| {
+                pending.push(p);
+                labels
+            });
+            let submission = ctx.queue.submit([encoder.finish()]);
+            let mut results = readback::finish(ctx, submission, pending)?;
+            if let Some(labels) = labels {
+                timing::store(ctx, &results.pop().unwrap_or_default(), &labels);
+            }
+            Ok(results)
+        })?;
+        let mut flat = flat.into_iter();
+        let mut next = |what: &str| -> Result<Vec<f32>> {
+            let values = flat.next().unwrap_or_default();
+            check_overflow(&self.op, what, &values)?;
+            Ok(values)
+        };
+        let (dq, dk, dv) = (
+            next("gradient dQ")?,
+            next("gradient dK")?,
+            next("gradient dV")?,
+        );
+        let [b, h, l, _] = self.out_shape;
+        Ok(SdpaGradients {
+            q: from_rows(dq, [b, h, l, f.dk_h])?,
+            k: from_rows(dk, self.k_shape)?,
+            v: from_rows(dv, self.v_shape)?,
+        })
+    }
+
+    /// Each query row's log-sum-exp `ln Σ_j exp(s_ij)` of its scores
+    /// `s_ij = scale·q_i·k_j + mask_ij`, `(batch, heads, L)`, as the forward saved it (read
+    /// back from the device); `-inf` for a row with nothing to attend to (PyTorch's
+    /// `logsumexp` of nothing).
+    ///
+    /// # Errors
+    /// A `Saved` from another [`Context`]; GPU errors.
+    pub fn log_sum_exp(&self, ctx: &Context) -> Result<Array3<f32>> {
+        if ctx.id() != self.ctx_id {
+            return Err(Error::invalid(
+                "log_sum_exp",
+                "this Saved was made on another Context",
+            ));
+        }
+        let [b, h, l, _] = self.out_shape;
+        let values = ctx.scoped(|| {
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("log-sum-exp"),
+                });
+            let pending = vec![readback::copy_out(
+                ctx,
+                &mut encoder,
+                &self.stats,
+                b * h * l,
+            )];
+            let submission = ctx.queue.submit([encoder.finish()]);
+            readback::finish(ctx, submission, pending)
+        })?;
+        let natural = values
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|x| {
+                if x >= 1.0e38 {
+                    f32::NEG_INFINITY
+                } else {
+                    x / std::f32::consts::LOG2_E
+                }
+            })
+            .collect();
+        Array3::from_shape_vec((b, h, l), natural).map_err(|e| Error::shape(e.to_string()))
+    }
+}

@@ -1,0 +1,76 @@
+//! `bench --backward`: the fused backward beside the fused forward on the same shapes.
+
+use ndarray::Array4;
+use wgpu_attention::bench::{self, Stats};
+use wgpu_attention::{Attention, Context, Error, Kernels, Result};
+
+/// The problems to time: `n` keys and queries, per-head width `d / heads`.
+pub struct Sweep<'a> {
+    pub n: &'a [usize],
+    pub d: usize,
+    pub heads: usize,
+    pub batch: usize,
+    pub causal: bool,
+    pub warmup: usize,
+    pub repeats: usize,
+}
+
+fn kernels(k: &[(String, f64)]) -> String {
+    let parts: Vec<String> = k.iter().map(|(k, ms)| format!("{k} {ms:.2}")).collect();
+    parts.join(", ")
+}
+
+/// Prints, per family and n, the fused forward's and the backward's median times, their
+/// GFLOP/s (forward: 2·n²·(d_k + d_v) per batch index; backward: 2.5× that, as
+/// FlashAttention's papers count it) and the ratio backward / forward.
+///
+/// # Errors
+/// GPU errors; a problem past the device's limits is reported as skipped.
+pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<()> {
+    let e = sweep.d / sweep.heads;
+    println!(
+        "\nbackward (sdpa, {} heads of width {e}, batch {}{}; forward FLOP = 2·n²·(d_k+d_v)·batch, \
+         backward FLOP = 2.5× forward; wall clock per call, median of {}):",
+        sweep.heads,
+        sweep.batch,
+        if sweep.causal { ", causal" } else { "" },
+        sweep.repeats
+    );
+    println!(
+        "family      n   forward ms  GFLOP/s   backward ms  GFLOP/s   bwd/fwd   backward kernels (ms)"
+    );
+    for &n in sweep.n {
+        let shape = (sweep.batch, sweep.heads, n, e);
+        let wave = |salt: usize| {
+            Array4::from_shape_fn(shape, move |(b, h, i, j)| {
+                ((((b * 31 + h * 11 + i * 7 + j * 13) * salt) % 23) as f32 / 23.0 - 0.5) * 2.0
+            })
+        };
+        let (q, k, v, d_o) = (wave(1), wave(2), wave(3), wave(5));
+        let flop = 2.0 * (n * n * 2 * sweep.d * sweep.batch) as f64;
+        for &family in families {
+            let op = Attention::new().causal(sweep.causal).kernels(family);
+            let arrays = [q.view(), k.view(), v.view(), d_o.view()];
+            match bench::gpu_forward_backward(ctx, &op, arrays, sweep.warmup, sweep.repeats) {
+                Ok([(fwd, _), (bwd, bwd_kernels)]) => {
+                    let gflops = |f: f64, s: &Stats| f / (s.median_ms * 1e6);
+                    println!(
+                        "{:<9} {n:>6} {:>10.2} {:>8.2} {:>12.2} {:>8.2} {:>8.2}x   {}",
+                        family.to_string(),
+                        fwd.median_ms,
+                        gflops(flop, &fwd),
+                        bwd.median_ms,
+                        gflops(2.5 * flop, &bwd),
+                        bwd.median_ms / fwd.median_ms,
+                        kernels(&bwd_kernels)
+                    );
+                }
+                Err(e @ Error::LimitExceeded { .. }) => {
+                    println!("{family:<9} {n:>6}   skipped: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}

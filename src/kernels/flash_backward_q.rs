@@ -1,0 +1,110 @@
+//! `shaders/flash_backward_q.wgsl`: the fused backward's dQ, one query row per thread, K and
+//! V streamed through workgroup memory. A pass of its own because WGSL has no atomic float
+//! add to accumulate dQ from the dK/dV kernel. Same [`Flash`] problem and uniform as the
+//! fused forward.
+
+use super::flash_backward_dot::BackwardTiles;
+use super::flash_tiled::Flash;
+use super::wgsl::constants;
+use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
+use crate::context::Context;
+use crate::error::Result;
+
+/// The kernel.
+pub(crate) struct Shader;
+
+constants! {
+    /// Specialisation of `flash_backward_q.wgsl`.
+    pub(crate) struct BackwardQConsts {
+        /// Query rows (and threads) per workgroup.
+        rows => "BR",
+        /// Keys per workgroup-memory tile.
+        keys => "BC",
+        /// Query/key width of one head in vec4s, rounded up.
+        dk4 => "DK4",
+        /// Value width of one head in vec4s, rounded up.
+        dv4 => "DV4",
+        /// 1 when a mask is bound.
+        mask => "MASK",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::FlashBackwardQ;
+    const WORKGROUP: [Dim; 3] = [Dim::Const("BR"), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Read("k_buf"),
+        Slot::Read("v_buf"),
+        Slot::Read("do_buf"),
+        Slot::Read("stats"),
+        Slot::ReadWrite("dq_buf"),
+        Slot::Read("mask"),
+    ];
+    /// Bit 0: Q is f16; bit 1: K and V are f16.
+    const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
+    type Consts = BackwardQConsts;
+    type Params = super::flash_tiled::FlashParams;
+}
+
+impl Flash {
+    /// The constants of `flash_backward_q.wgsl` for `tiles` on a device with `limits`.
+    ///
+    /// # Errors
+    /// Not even a one-key tile fits the workgroup memory.
+    pub fn backward_q_consts(
+        &self,
+        limits: &wgpu::Limits,
+        tiles: BackwardTiles,
+        mask: u32,
+    ) -> Result<BackwardQConsts> {
+        let (dk4, dv4) = self.widths4()?;
+        let row_bytes = 16 * u64::from(dk4 + dv4);
+        let t = tiles.fit(limits, row_bytes, "flash-backward-q")?;
+        Ok(BackwardQConsts {
+            rows: t.threads,
+            keys: t.tile,
+            dk4,
+            dv4,
+            mask,
+        })
+    }
+
+    /// Records `dQ` (f32, laid out as [`Flash::q`]) from Q, K, V, dO (laid out as
+    /// [`Flash::o`]) and `stats` (each row's log-sum-exp, then its `D`).
+    ///
+    /// # Errors
+    /// As [`Flash::backward_q_consts`]; a size that does not fit the grid.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dispatch_backward_q(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        tiles: BackwardTiles,
+        (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        (d_o, stats): (&wgpu::Buffer, &wgpu::Buffer),
+        dq: &wgpu::Buffer,
+        mask: Option<MaskArg<'_>>,
+    ) -> Result<()> {
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let consts = self.backward_q_consts(ctx.limits(), tiles, has_mask)?;
+        let (params, workgroups) = self.params(consts.rows as usize, mask_strides)?;
+        record::<Shader>(
+            ctx,
+            encoder,
+            &consts,
+            self.f16_bits(),
+            &params,
+            &[
+                q.into(),
+                k.into(),
+                v.into(),
+                d_o.into(),
+                stats.into(),
+                dq.into(),
+                mask.into(),
+            ],
+            workgroups,
+        )
+    }
+}
