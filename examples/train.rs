@@ -1,8 +1,10 @@
 //! Training one attention layer with Adam: the student learns W_Q, W_K, W_V and W_O so that
 //! its output matches a fixed teacher layer's on random causal sequences, a task that needs
 //! the attention pattern (the teacher's weights are sharp, so copying X is not enough). The
-//! forward pass runs on the GPU; the loss must fall at least 10×, and the learned attention
-//! map is drawn beside the teacher's.
+//! forward and the backward run on the GPU (`forward_saved`, `LayerSaved::backward`: the
+//! fused kernels and the matmuls, nothing read back in between); Adam updates the 4 KB of
+//! weights on the host. The loss must fall at least 10×, and the learned attention map is
+//! drawn beside the teacher's.
 //!
 //! ```text
 //! cargo run --release --example train -- [--steps 300] [--out train.png]
@@ -12,7 +14,7 @@ use ndarray::{Array2, Array3, Axis};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use wgpu_attention::{plot, reference, Attention, Context, Mask, Projections, Result};
+use wgpu_attention::{plot, Attention, Context, Mask, Projections, Result};
 
 const D: usize = 16;
 const HEADS: usize = 2;
@@ -53,24 +55,6 @@ impl Adam {
     }
 }
 
-/// The gradients of the loss for the four weights, given `dO` (f64 reference backward).
-fn gradients(
-    op: &Attention,
-    x: &Array3<f32>,
-    w: &[Array2<f32>; 4],
-    d_out: &Array3<f32>,
-) -> Result<[Array2<f32>; 4]> {
-    let g = reference::attention_backward(
-        op,
-        x.view().into_dyn(),
-        Some(&proj(w)),
-        d_out.view().into_dyn(),
-        &Mask::none(),
-    )?;
-    let f = |a: Option<Array2<f64>>| a.unwrap_or_default().mapv(|v| v as f32);
-    Ok([f(g.w_q), f(g.w_k), f(g.w_v), f(g.w_o)])
-}
-
 fn proj(w: &[Array2<f32>; 4]) -> Projections<'_> {
     Projections::new(w[0].view(), w[1].view(), w[2].view()).with_output(w[3].view(), None)
 }
@@ -105,13 +89,16 @@ fn main() -> Result<()> {
     for t in 1..=steps {
         let x = Array3::from_shape_simple_fn((BATCH, N, D), || StandardNormal.sample(&mut rng));
         let target = op.forward(&ctx, &x, Some(&proj(&teacher)))?.context;
-        let y = op.forward(&ctx, &x, Some(&proj(&student)))?.context;
+        // Forward and backward on the GPU: the saved forward keeps what the backward needs.
+        let (y, saved) = op.forward_saved(&ctx, &x, Some(&proj(&student)), &Mask::none())?;
+        let y = y.context;
         // Mean squared error and its gradient with respect to the output.
         let diff = &y - &target;
         loss = diff.mapv(|v| v * v).mean().unwrap_or(f32::NAN);
         first.get_or_insert(loss);
         let d_out = diff * (2.0 / y.len() as f32);
-        let grads = gradients(&op, &x, &student, &d_out)?;
+        let g = saved.backward(&ctx, &d_out)?;
+        let grads = [g.w_q, g.w_k, g.w_v, g.w_o].map(Option::unwrap_or_default);
         for ((w, g), a) in student.iter_mut().zip(&grads).zip(&mut adam) {
             a.step(w, g, t as i32, 1e-2);
         }

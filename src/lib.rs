@@ -32,8 +32,8 @@ pub mod bench;
 pub mod fuzz;
 
 pub use attention::{
-    Attention, Dims, Dtype, Gradients, Layer, Output, Plan, Projections, Saved, SdpaGradients,
-    TensorOutput,
+    Attention, Dims, Dtype, Gradients, Layer, LayerSaved, Output, Plan, Projections, Saved,
+    SdpaGradients, TensorOutput,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};

@@ -194,6 +194,8 @@ struct Layer {
     bias: bool,
     d_out: Option<usize>,
     b_o: bool,
+    /// Query heads per K/V head: W_K and W_V this many times narrower than W_Q (GQA).
+    kv_ratio: usize,
 }
 
 impl Layer {
@@ -207,12 +209,13 @@ impl Layer {
         let mut p = vec![("dX", x)];
         if self.proj {
             p.push(("dW_Q", random(&[d, self.d_k], 11)));
-            p.push(("dW_K", random(&[d, self.d_k], 12)));
-            p.push(("dW_V", random(&[d, self.d_v], 13)));
+            let (d_kv, dv_kv) = (self.d_k / self.kv_ratio, self.d_v / self.kv_ratio);
+            p.push(("dW_K", random(&[d, d_kv], 12)));
+            p.push(("dW_V", random(&[d, dv_kv], 13)));
             if self.bias {
                 p.push(("db_Q", random(&[self.d_k], 14)));
-                p.push(("db_K", random(&[self.d_k], 15)));
-                p.push(("db_V", random(&[self.d_v], 16)));
+                p.push(("db_K", random(&[d_kv], 15)));
+                p.push(("db_V", random(&[dv_kv], 16)));
             }
             if let Some(d_out) = self.d_out {
                 p.push(("dW_O", random(&[self.d_v, d_out], 17)));
@@ -307,6 +310,7 @@ const PLAIN: Layer = Layer {
     bias: false,
     d_out: None,
     b_o: false,
+    kv_ratio: 1,
 };
 
 #[test]
@@ -365,6 +369,23 @@ fn layer_gradients_through_the_output_projection() {
         ..PLAIN
     };
     check_layer(Attention::new().heads(3), no_bo, &Mask::none());
+}
+
+#[test]
+fn layer_gradients_with_grouped_query_projections() {
+    // Four query heads of width 2 sharing two K/V heads: W_K is (4, 4), W_V (4, 4) for a
+    // context 8 wide; a shared K/V weight's gradient sums its query heads'.
+    let gqa = Layer {
+        d_k: 8,
+        d_v: 8,
+        bias: true,
+        d_out: Some(3),
+        b_o: true,
+        kv_ratio: 2,
+        ..PLAIN
+    };
+    let mask = Mask::none().with_kv_lengths(&[3, 2]);
+    check_layer(Attention::new().heads(4).causal(true), gqa, &mask);
 }
 
 #[test]

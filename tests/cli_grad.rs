@@ -28,12 +28,18 @@ fn grad_files(dir: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-/// The written gradient equals the reference's to f32 rounding.
+/// The written gradient (from the GPU's backward, f32 arithmetic) equals the reference's to
+/// 1e-4; one that is 0 in exact arithmetic (db_K: the softmax ignores a shift shared by every
+/// key) to 1e-5 absolute.
 fn assert_matches(dir: &Path, flag: &str, want: ArrayD<f64>) {
     let got = npy::read(&dir.join(format!("grad_{flag}.npy"))).unwrap();
     assert_eq!(got.shape(), want.shape(), "grad_{flag}");
-    let (rel, _) = reference::compare(&got, &want);
-    assert!(rel < 1e-6, "grad_{flag}: relative error {rel:e}");
+    let (rel, max_abs) = reference::compare(&got, &want);
+    if want.iter().all(|v| v.abs() < 1e-9) {
+        assert!(max_abs < 1e-5, "grad_{flag}: absolute error {max_abs:e}");
+    } else {
+        assert!(rel < 1e-4, "grad_{flag}: relative error {rel:e}");
+    }
 }
 
 fn view4(a: &ArrayD<f32>) -> ndarray::ArrayView4<'_, f32> {

@@ -143,15 +143,32 @@ impl Attention {
         context: Buf,
         weights: Option<&DeviceWeights>,
     ) -> Result<(Buf, usize)> {
+        match self.record_output_projection(ctx, encoder, plan, (rows, d_v), &context, weights)? {
+            Some(out) => Ok(out),
+            None => Ok((context, d_v)),
+        }
+    }
+
+    /// Records `out = context·W_O + b_O` into a new buffer, with its width; `None` without an
+    /// output projection.
+    pub(super) fn record_output_projection(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
+        (rows, d_v): (usize, usize),
+        context: &wgpu::Buffer,
+        weights: Option<&DeviceWeights>,
+    ) -> Result<Option<(Buf, usize)>> {
         let Some(o) = weights.and_then(|w| w.o.as_ref()) else {
-            return Ok((context, d_v));
+            return Ok(None);
         };
         let d_out = o.cols;
         let out = buffer::output(ctx, "output", rows * d_out, self.nan_fill)?;
         let types = if self.f16() { F16_B } else { 0 };
         let mm = Matmul::plain(rows, d_out, d_v, o.b.is_some(), types)?;
-        o.record(ctx, encoder, plan, &mm, &context, &out)?;
-        Ok((out, d_out))
+        o.record(ctx, encoder, plan, &mm, context, &out)?;
+        Ok(Some((out, d_out)))
     }
 
     /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ + mask)·V_h` per (batch, head),

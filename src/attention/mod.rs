@@ -11,8 +11,7 @@
 
 mod dispatch;
 mod gradients;
-// The layer's backward on the device uses it once the fused sdpa backward lands.
-#[allow(dead_code)]
+mod layer_saved;
 mod linear_grad;
 mod plan;
 mod projections;
@@ -28,6 +27,7 @@ mod whole;
 use ndarray::{Array, ArrayD, ArrayView, ArrayView4, ArrayViewD, AsArray, Dimension, IxDyn};
 
 pub use gradients::{Gradients, SdpaGradients};
+pub use layer_saved::LayerSaved;
 pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub use resident::TensorOutput;

@@ -103,7 +103,7 @@ impl Attention {
     /// let (out, saved) = Attention::new().causal(true)
     ///     .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())?;
     /// let d_o = out.context.mapv(|x| 2.0 * x); // ℓ = Σ O², so dO = 2·O
-    /// let grads = saved.backward(&ctx, d_o.view().into_dimensionality()?)?;
+    /// let grads = saved.backward(&ctx, d_o.view().into_dimensionality().expect("(batch, heads, L, E_v)"))?;
     /// assert_eq!(grads.q.shape(), q.shape());
     /// # Ok(()) }
     /// ```

@@ -14,7 +14,8 @@ use crate::mask::Mask;
 use crate::variant;
 
 /// One projection on the device: its weight `(in, out)` in the `X·W` orientation and its
-/// optional bias.
+/// optional bias. Cloning shares the buffers.
+#[derive(Clone)]
 pub(super) struct Linear {
     w: wgpu::Buffer,
     pub b: Option<wgpu::Buffer>,
@@ -63,6 +64,7 @@ impl Linear {
 
 /// `W_Q`, `W_K`, `W_V` with their biases, and `W_O` with `b_O`, on the device, stored as the
 /// op's dtype (f32, or f16 under [`crate::Dtype::F16`]).
+#[derive(Clone)]
 pub(super) struct DeviceWeights {
     pub q: Linear,
     pub k: Linear,

@@ -163,6 +163,9 @@ pub fn attention_backward(
         .map_err(shape_err)?
         .mapv(f64::from);
     let (dk_h, dv_h) = (d_k / heads, d_v / heads);
+    // Grouped-query layers: K and V have kv_heads heads, query head h reads K/V head h / ratio.
+    let ratio = heads / dims.kv_heads;
+    let (dk_kv, dv_kv) = (dims.kv_heads * dk_h, dims.kv_heads * dv_h);
     let scale = f64::from(dims.scale);
     let f64_2d = |w: &ArrayView2<'_, f32>| w.mapv(f64::from);
     let w_o = proj.and_then(|p| p.w_o.as_ref().map(f64_2d));
@@ -171,11 +174,11 @@ pub fn attention_backward(
     let mut g = Gradients {
         x: Array3::<f64>::zeros((batch, n, d)).into_dyn(),
         w_q: weights.as_ref().map(|_| Array2::zeros((d, d_k))),
-        w_k: weights.as_ref().map(|_| Array2::zeros((d, d_k))),
-        w_v: weights.as_ref().map(|_| Array2::zeros((d, d_v))),
+        w_k: weights.as_ref().map(|_| Array2::zeros((d, dk_kv))),
+        w_v: weights.as_ref().map(|_| Array2::zeros((d, dv_kv))),
         b_q: proj.and_then(|p| p.b_q).map(|_| Array1::zeros(d_k)),
-        b_k: proj.and_then(|p| p.b_k).map(|_| Array1::zeros(d_k)),
-        b_v: proj.and_then(|p| p.b_v).map(|_| Array1::zeros(d_v)),
+        b_k: proj.and_then(|p| p.b_k).map(|_| Array1::zeros(dk_kv)),
+        b_v: proj.and_then(|p| p.b_v).map(|_| Array1::zeros(dv_kv)),
         w_o: w_o.as_ref().map(|_| Array2::zeros((d_v, d_out))),
         b_o: proj.and_then(|p| p.b_o).map(|_| Array1::zeros(d_out)),
     };
@@ -198,8 +201,9 @@ pub fn attention_backward(
                 let mut context = Array2::<f64>::zeros((n, d_v));
                 for h in 0..heads {
                     let at = bias.as_ref().map(|m| (m, b, h));
-                    let (qh, kh) = (q.slice(head_cols(h, dk_h)), k.slice(head_cols(h, dk_h)));
-                    let (_, c) = head(qh, kh, v.slice(head_cols(h, dv_h)), scale, dims.causal, at);
+                    let g = h / ratio;
+                    let (qh, kh) = (q.slice(head_cols(h, dk_h)), k.slice(head_cols(g, dk_h)));
+                    let (_, c) = head(qh, kh, v.slice(head_cols(g, dv_h)), scale, dims.causal, at);
                     context.slice_mut(head_cols(h, dv_h)).assign(&c);
                 }
                 if let Some(gw) = g.w_o.as_mut() {
@@ -213,22 +217,26 @@ pub fn attention_backward(
         }
         // Each head's Q, K, V gradients, in the heads-concatenated columns they came from.
         let mut grad_q = Array2::<f64>::zeros((n, d_k));
-        let mut grad_k = Array2::<f64>::zeros((n, d_k));
-        let mut grad_v = Array2::<f64>::zeros((n, d_v));
+        let mut grad_k = Array2::<f64>::zeros((n, dk_kv));
+        let mut grad_v = Array2::<f64>::zeros((n, dv_kv));
         for h in 0..heads {
             let at = bias.as_ref().map(|m| (m, b, h));
+            // A shared K/V head's gradient sums its query heads'.
+            let g = h / ratio;
             let (gq, gk, gv) = head_backward(
                 q.slice(head_cols(h, dk_h)),
-                k.slice(head_cols(h, dk_h)),
-                v.slice(head_cols(h, dv_h)),
+                k.slice(head_cols(g, dk_h)),
+                v.slice(head_cols(g, dv_h)),
                 d_context.slice(head_cols(h, dv_h)),
                 scale,
                 dims.causal,
                 at,
             );
             grad_q.slice_mut(head_cols(h, dk_h)).assign(&gq);
-            grad_k.slice_mut(head_cols(h, dk_h)).assign(&gk);
-            grad_v.slice_mut(head_cols(h, dv_h)).assign(&gv);
+            let mut k_cols = grad_k.slice_mut(head_cols(g, dk_h));
+            k_cols += &gk;
+            let mut v_cols = grad_v.slice_mut(head_cols(g, dv_h));
+            v_cols += &gv;
         }
         // Through the projections: Q = X·W_Q + b_Q gives dW_Q = Xᵀ·dQ, db_Q = Σ_rows dQ,
         // and X's share dQ·W_Qᵀ; likewise K and V. Without them Q = K = V = X.

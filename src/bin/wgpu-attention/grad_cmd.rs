@@ -1,18 +1,16 @@
 //! `--grad-output G.npy` on `run` and `sdpa`: the gradient of every input, given
 //! `dO = ∂loss/∂output`, written beside the outputs as `grad_<flag>.npy`.
 //!
-//! `sdpa`'s gradients come from the GPU's fused backward (`Attention::sdpa_saved`, then
-//! `Saved::backward`); `run`'s are still computed on the CPU in f64 by
-//! `reference::attention_backward` (the layer's weight gradients are not on the device yet).
+//! Both come from the device: `sdpa`'s from the fused backward (`Attention::sdpa_saved`, then
+//! `Saved::backward`), `run`'s from the layer's (`Attention::forward_saved`, then
+//! `LayerSaved::backward`: the fused backward and the projections' matmuls).
 //! dO is read and checked before the device is opened, so a bad `dO` fails fast.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD};
-use wgpu_attention::{
-    npy, reference, Attention, Context, Dtype, Error, Mask, Output, Projections, Result,
-};
+use wgpu_attention::{npy, Attention, Context, Dtype, Error, Mask, Output, Projections, Result};
 
 /// The `--grad-output` flag, shared by `run` and `sdpa`.
 #[derive(Args, Clone, Default)]
@@ -20,9 +18,9 @@ pub struct GradArgs {
     /// dO = ∂loss/∂output, a .npy of the output's shape (context.npy's). With it, also write
     /// the gradient of each input as grad_<flag>.npy in its input's shape: grad_x.npy and
     /// grad_wq/wk/wv/bq/bk/bv/wo/bo.npy for the flags given (run), or grad_q/k/v.npy (sdpa).
-    /// sdpa: computed on the GPU by the fused backward (f32 arithmetic; one forward more when
-    /// the weights are written too); run: on the CPU in f64 for now. NaN/Inf in any input is
-    /// an error even with --propagate-nan.
+    /// Computed on the GPU (the fused backward, and for run the projections' matmuls; f32
+    /// arithmetic; one forward more when the weights are written too). NaN/Inf in any input
+    /// is an error even with --propagate-nan.
     #[arg(long, value_name = "G.npy")]
     grad_output: Option<PathBuf>,
 }
@@ -42,10 +40,6 @@ fn read_grad_output(path: &Path, want: &[usize], output: &str) -> Result<ArrayD<
         )));
     }
     Ok(d_o)
-}
-
-fn to_f32(a: ArrayD<f64>) -> ArrayD<f32> {
-    a.mapv(|v| v as f32)
 }
 
 impl GradArgs {
@@ -96,26 +90,43 @@ impl GradArgs {
         Ok((out, Grads(grads, "GPU")))
     }
 
-    /// `run`'s gradients: `grad_x`, and with `from_flags` (weights given as `--wq …`, not
-    /// `--weights`) one per projection flag given. `None` without `--grad-output`.
-    pub fn run(
+    /// `run`'s dO, read and checked against the output's shape; `None` without
+    /// `--grad-output`.
+    pub fn run_grad_output(
         &self,
         op: &Attention,
-        x: ArrayViewD<'_, f32>,
+        x_shape: &[usize],
         proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-        from_flags: bool,
-    ) -> Result<Option<Grads>> {
+    ) -> Result<Option<ArrayD<f32>>> {
         let Some(path) = &self.grad_output else {
             return Ok(None);
         };
-        let want = op.dims(x.shape(), proj)?.context_shape();
-        let d_o = read_grad_output(path, &want, "output")?;
-        let g = reference::attention_backward(op, x, proj, d_o.view(), mask)?;
-        let mut out = vec![("x", to_f32(g.x))];
+        let want = op.dims(x_shape, proj)?.context_shape();
+        read_grad_output(path, &want, "output").map(Some)
+    }
+
+    /// `run` with `d_o`: the forward's output and the gradients from the device
+    /// (`forward_saved`, `LayerSaved::backward`): `grad_x`, and with `from_flags` (weights
+    /// given as `--wq …`, not `--weights`) one per projection flag given. The output comes
+    /// from a plain forward when it must hold the weights.
+    pub fn run_on_gpu(
+        ctx: &Context,
+        op: &Attention,
+        (x, proj): (ArrayViewD<'_, f32>, Option<&Projections<'_>>),
+        mask: &Mask<'_>,
+        d_o: &ArrayD<f32>,
+        from_flags: bool,
+    ) -> Result<(Output, Grads)> {
+        let (out, saved) = op.forward_saved(ctx, x.view(), proj, mask)?;
+        let g = saved.backward(ctx, d_o)?;
+        let out = match op.returns_weights() {
+            true => op.forward_masked(ctx, x, proj, mask)?,
+            false => out,
+        };
+        let mut grads = vec![("x", g.x)];
         if from_flags {
-            let two = |a: Option<ndarray::Array2<f64>>| a.map(|a| to_f32(a.into_dyn()));
-            let one = |a: Option<ndarray::Array1<f64>>| a.map(|a| to_f32(a.into_dyn()));
+            let two = |a: Option<ndarray::Array2<f32>>| a.map(|a| a.into_dyn());
+            let one = |a: Option<ndarray::Array1<f32>>| a.map(|a| a.into_dyn());
             let named = [
                 ("wq", two(g.w_q)),
                 ("wk", two(g.w_k)),
@@ -126,9 +137,9 @@ impl GradArgs {
                 ("wo", two(g.w_o)),
                 ("bo", one(g.b_o)),
             ];
-            out.extend(named.into_iter().filter_map(|(n, a)| Some((n, a?))));
+            grads.extend(named.into_iter().filter_map(|(n, a)| Some((n, a?))));
         }
-        Ok(Some(Grads(out, "CPU, f64")))
+        Ok((out, Grads(grads, "GPU")))
     }
 }
 

@@ -288,13 +288,24 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let (mask_array, lengths) = args.op.read_mask()?;
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
     mask.check([dims.batch, dims.heads, dims.n, dims.n])?;
-    let grads = args
+    let d_o = args
         .op
         .grad
-        .run(&op, x.view(), proj.as_ref(), &mask, layer.is_none())?;
+        .run_grad_output(&op, x.shape(), proj.as_ref())?;
     let ctx = args.op.adapter.open()?;
     let start = Instant::now();
-    let out = op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?;
+    let (out, grads) = match &d_o {
+        Some(d_o) => {
+            let call = (x.view(), proj.as_ref());
+            let from_flags = layer.is_none();
+            let (out, g) = grad_cmd::GradArgs::run_on_gpu(&ctx, &op, call, &mask, d_o, from_flags)?;
+            (out, Some(g))
+        }
+        None => (
+            op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?,
+            None,
+        ),
+    };
     let elapsed = start.elapsed();
     crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;

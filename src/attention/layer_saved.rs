@@ -1,0 +1,418 @@
+//! The projected layer's forward that keeps what its backward needs, and that backward, all
+//! on the device: `forward_saved` projects X (the matmul kernels), runs the fused kernel with
+//! its row statistics on, and applies `W_O`; [`LayerSaved::backward`] takes `dY` and, in one
+//! encoder, runs `W_O`'s backward (`dW_O = Cᵀ·dY`, `db_O`, `dC = dY·W_Oᵀ`), the fused
+//! attention backward (`kernels/flash_backward_*`: dQ, dK, dV), and the projections'
+//! backward (`dW = Xᵀ·dQ` …, `dX = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ`, summed in place). Nothing
+//! comes back to the host before the gradients themselves.
+
+use ndarray::{Array1, Array2, ArrayD, ArrayView, AsArray, Dimension, IxDyn};
+
+use super::dispatch::Shape;
+use super::gradients::Gradients;
+use super::linear_grad::{InputGrad, LinearGrads};
+use super::projections::Projections;
+use super::shape::{check_finite, named_inputs, Dims};
+use super::split::fits;
+use super::upload::{upload_as, MaskBuffer};
+use super::weights::{DeviceWeights, Layer};
+use super::{Attention, Output};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::gpu::buffer::{self, Buf};
+use crate::gpu::readback;
+use crate::kernels::flash_backward_dot::BackwardTiles;
+use crate::kernels::flash_tiled::{Flash, FlashOut};
+use crate::mask::Mask;
+use crate::variant;
+
+/// What a layer's saved forward ([`Attention::forward_saved`], [`Layer::forward_saved`])
+/// keeps on the device for [`LayerSaved::backward`]: X, the weights, the projected Q, K, V,
+/// the context before `W_O`, each row's log-sum-exp and the mask.
+pub struct LayerSaved {
+    ctx_id: u64,
+    op: Attention,
+    dims: Dims,
+    x_shape: Vec<usize>,
+    out_shape: Vec<usize>,
+    flash: Flash,
+    x: Buf,
+    weights: Option<DeviceWeights>,
+    qkv: Option<[Buf; 3]>,
+    context: Buf,
+    stats: Buf,
+    mask: Option<MaskBuffer>,
+}
+
+impl std::fmt::Debug for LayerSaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerSaved")
+            .field("x", &self.x_shape)
+            .field("output", &self.out_shape)
+            .field("projections", &self.weights.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attention {
+    /// [`Attention::forward_masked`] that also returns what [`LayerSaved::backward`] needs,
+    /// kept on the device. The fused path: the weights are not returned; NaN/Inf inputs are
+    /// errors; a call past the device's limits is an error, not split.
+    ///
+    /// # Errors
+    /// As [`Attention::forward_masked`], and [`Error::LimitExceeded`] where that would split.
+    pub fn forward_saved<'a, D: Dimension>(
+        &self,
+        ctx: &Context,
+        x: impl AsArray<'a, f32, D>,
+        proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
+    ) -> Result<(Output<f32, D>, LayerSaved)> {
+        let x: ArrayView<'a, f32, D> = x.into();
+        let x = x.into_dyn();
+        let op = self.return_weights(false).propagate_non_finite(false);
+        let dims = op.dims(x.shape(), proj)?;
+        let inputs = named_inputs(&x, proj);
+        for (name, a) in &inputs {
+            check_finite(name, a)?;
+        }
+        op.check_dtype(ctx, &inputs)?;
+        let weights = proj
+            .map(|p| ctx.scoped(|| DeviceWeights::upload(ctx, p, op.f16())))
+            .transpose()?;
+        op.saved_forward(ctx, &dims, x, weights, mask)
+    }
+
+    fn saved_forward<D: Dimension>(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        x: ndarray::ArrayViewD<'_, f32>,
+        weights: Option<DeviceWeights>,
+        mask: &Mask<'_>,
+    ) -> Result<(Output<f32, D>, LayerSaved)> {
+        ctx.check_alive()?;
+        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
+        let bias = bias.as_ref().map(|b| b.view());
+        let rows = dims.batch * dims.n;
+        let named = [
+            ("X (batch·n·d)", rows * dims.d),
+            ("Q, K (batch·n·d_k)", rows * dims.d_k),
+            ("V, context (batch·n·d_v)", rows * dims.d_v),
+            ("output (batch·n·d_out)", rows * dims.d_out),
+        ];
+        fits(ctx, &named, None, bias.as_ref())?;
+        let plan = self.plan(ctx, dims)?;
+        let shape = Shape::self_attention(dims);
+        let f16 = self.f16();
+        let flash = shape.flash(self.causal, dims.scale, f16, false)?;
+        let heads_rows = dims.batch * dims.heads * dims.n;
+        ctx.scoped(|| {
+            let _open = ctx.pool.open();
+            let x_buf = Buf::unpooled(upload_as(ctx, "X", x.view(), f16)?);
+            let mask_buf = MaskBuffer::upload(ctx, bias.as_ref())?;
+            let context = buffer::output(ctx, "context", rows * dims.d_v, self.nan_fill)?;
+            let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, self.nan_fill)?;
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("attention layer (saved)"),
+                });
+            let qkv = match &weights {
+                Some(w) => {
+                    let (q, k, v) = self.record_projections(
+                        ctx,
+                        &mut encoder,
+                        &plan,
+                        (rows, dims.d),
+                        (&x_buf, f16),
+                        w,
+                    )?;
+                    Some([q, k, v])
+                }
+                None => None,
+            };
+            let (q, k, v) = match &qkv {
+                Some([q, k, v]) => (&**q, &**k, &**v),
+                None => (&*x_buf, &*x_buf, &*x_buf),
+            };
+            let out = FlashOut {
+                context: &context,
+                lse: Some(&stats),
+            };
+            let m = mask_buf.as_ref().map(MaskBuffer::arg);
+            variant::record_flash(
+                ctx,
+                &mut encoder,
+                &flash,
+                plan.flash,
+                (q, k, v),
+                out,
+                m,
+                None,
+            )?;
+            let projected = self.record_output_projection(
+                ctx,
+                &mut encoder,
+                &plan,
+                (rows, dims.d_v),
+                &context,
+                weights.as_ref(),
+            )?;
+            let (y, width) = match &projected {
+                Some((y, width)) => (&**y, *width),
+                None => (&*context, dims.d_v),
+            };
+            let (y, _) = self.read_back(ctx, encoder, y, rows * width, None)?;
+            let out_shape = dims.context_shape();
+            let context_out = ArrayD::from_shape_vec(IxDyn(&out_shape), y)
+                .map_err(|e| Error::shape(e.to_string()))?;
+            let saved = LayerSaved {
+                ctx_id: ctx.id(),
+                op: *self,
+                dims: *dims,
+                x_shape: x.shape().to_vec(),
+                out_shape,
+                flash,
+                x: x_buf,
+                weights: weights.clone(),
+                qkv,
+                context,
+                stats,
+                mask: mask_buf,
+            };
+            let out = Output {
+                context: context_out,
+                weights: None,
+            };
+            Ok((out.into_dimensionality()?, saved))
+        })
+    }
+}
+
+impl Layer {
+    /// [`Attention::forward_saved`] with this layer's op and projections (on the device
+    /// already: only X is uploaded).
+    ///
+    /// # Errors
+    /// As [`Attention::forward_saved`], and a context other than the layer's.
+    pub fn forward_saved<'a, D: Dimension>(
+        &self,
+        ctx: &Context,
+        x: impl AsArray<'a, f32, D>,
+        mask: &Mask<'_>,
+    ) -> Result<(Output<f32, D>, LayerSaved)> {
+        self.check_context(ctx)?;
+        let x: ArrayView<'a, f32, D> = x.into();
+        let x = x.into_dyn();
+        let op = self.op().return_weights(false).propagate_non_finite(false);
+        let p = self.projections();
+        let dims = op.dims(x.shape(), Some(&p))?;
+        check_finite("X", &x)?;
+        op.check_dtype(ctx, &[("X", x.view())])?;
+        op.saved_forward(ctx, &dims, x, Some(self.device().clone()), mask)
+    }
+}
+
+/// A projection's gradients on the device: its name, dW and db, and W's shape.
+type NamedGrads = (&'static str, LinearGrads, (usize, usize));
+
+/// The gradients as the device holds them, before the readback.
+struct DeviceGrads {
+    /// dX, or (without projections) dQ, dK, dV to be summed.
+    x: Vec<(Buf, usize)>,
+    linear: Vec<NamedGrads>,
+}
+
+impl LayerSaved {
+    /// The gradients of a loss with respect to X and every weight and bias the forward was
+    /// given, from `dO = ∂ℓ/∂output` (the output's shape), computed on the device (see
+    /// [`Gradients`] for shapes and orientation).
+    ///
+    /// # Errors
+    /// "backward without a matching forward" ([`Error::InvalidArgument`] or
+    /// [`Error::ShapeMismatch`]) for another context or a `dO` not of the output's shape;
+    /// NaN/Inf in `dO`; a result that overflowed; GPU errors.
+    pub fn backward<'a, D: Dimension>(
+        &self,
+        ctx: &Context,
+        d_out: impl AsArray<'a, f32, D>,
+    ) -> Result<Gradients> {
+        let d_out: ArrayView<'a, f32, D> = d_out.into();
+        if ctx.id() != self.ctx_id {
+            return Err(Error::invalid(
+                "backward",
+                "backward without a matching forward: this LayerSaved was made on another \
+                 Context; run forward_saved on the Context the backward runs on",
+            ));
+        }
+        if d_out.shape() != self.out_shape.as_slice() {
+            return Err(Error::shape(format!(
+                "backward without a matching forward: dO has shape {:?}, the forward's output \
+                 has {:?}",
+                d_out.shape(),
+                self.out_shape
+            )));
+        }
+        check_finite("dO", &d_out)?;
+        ctx.check_alive()?;
+        let rows = self.dims.batch * self.dims.n;
+        let values = ctx.scoped(|| {
+            let _open = ctx.pool.open();
+            let d_y = Buf::unpooled(upload_as(ctx, "dO", d_out.view(), false)?);
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("attention layer backward"),
+                });
+            let grads = self.record_backward(ctx, &mut encoder, rows, &d_y)?;
+            let mut pending = Vec::new();
+            for (b, len) in &grads.x {
+                pending.push(readback::copy_out(ctx, &mut encoder, b, *len));
+            }
+            for (_, g, (r, c)) in &grads.linear {
+                pending.push(readback::copy_out(ctx, &mut encoder, &g.dw, r * c));
+                if let Some(db) = &g.db {
+                    pending.push(readback::copy_out(ctx, &mut encoder, db, *c));
+                }
+            }
+            let submission = ctx.queue.submit([encoder.finish()]);
+            let values = readback::finish(ctx, submission, pending)?;
+            Ok((values, grads.x.len(), grads.linear))
+        })?;
+        self.assemble(values)
+    }
+
+    /// Records the whole backward into `encoder`.
+    fn record_backward(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        rows: usize,
+        d_y: &wgpu::Buffer,
+    ) -> Result<DeviceGrads> {
+        let f = &self.flash;
+        let f16 = self.op.f16();
+        let dims = &self.dims;
+        let mut linear = Vec::new();
+        // W_O: dW_O = Cᵀ·dY, db_O, and dC = dY·W_Oᵀ.
+        let o = self.weights.as_ref().and_then(|w| w.o.as_ref());
+        let d_c_buf;
+        let d_c: &wgpu::Buffer = match o {
+            Some(o) => {
+                d_c_buf = buffer::output(ctx, "dC", rows * dims.d_v, false)?;
+                let into = InputGrad {
+                    buffer: &d_c_buf,
+                    accumulate: false,
+                };
+                let g = o.record_backward(
+                    ctx,
+                    encoder,
+                    rows,
+                    (&self.context, false),
+                    d_y,
+                    Some(into),
+                    f16,
+                )?;
+                linear.push(("W_O", g, (o.rows, o.cols)));
+                &d_c_buf
+            }
+            None => d_y,
+        };
+        // The fused attention backward: D = rowsum(dC ∘ C), then dK, dV, then dQ.
+        let (dk_kv, dv_kv) = (f.dk_h * f.heads / f.kv_ratio, f.dv_h * f.heads / f.kv_ratio);
+        let dq = buffer::output(ctx, "dQ", rows * dims.d_k, false)?;
+        let dk = buffer::output(ctx, "dK", rows * dk_kv, false)?;
+        let dv = buffer::output(ctx, "dV", rows * dv_kv, false)?;
+        let tiles = BackwardTiles::for_adapter(ctx);
+        let (q, k, v) = match &self.qkv {
+            Some([q, k, v]) => (&**q, &**k, &**v),
+            None => (&*self.x, &*self.x, &*self.x),
+        };
+        let mask = self.mask.as_ref().map(MaskBuffer::arg);
+        f.dispatch_backward_dot(ctx, encoder, d_c, &self.context, &self.stats)?;
+        let saved = (d_c, &*self.stats);
+        f.dispatch_backward_kv(ctx, encoder, tiles, (q, k, v), saved, (&dk, &dv), mask)?;
+        f.dispatch_backward_q(ctx, encoder, tiles, (q, k, v), saved, &dq, mask)?;
+        let Some(w) = &self.weights else {
+            // Q = K = V = X: dX is the sum of the three, added up after the readback.
+            return Ok(DeviceGrads {
+                x: vec![
+                    (dq, rows * dims.d_k),
+                    (dk, rows * dk_kv),
+                    (dv, rows * dv_kv),
+                ],
+                linear,
+            });
+        };
+        // The projections: dW = Xᵀ·dG, db, and dX = Σ dG·Wᵀ summed in place.
+        let dx = buffer::output(ctx, "dX", rows * dims.d, false)?;
+        let parts = [("W_Q", &w.q, &dq), ("W_K", &w.k, &dk), ("W_V", &w.v, &dv)];
+        for (i, (name, lin, d_g)) in parts.into_iter().enumerate() {
+            let into = InputGrad {
+                buffer: &dx,
+                accumulate: i > 0,
+            };
+            let g =
+                lin.record_backward(ctx, encoder, rows, (&self.x, f16), d_g, Some(into), f16)?;
+            linear.push((name, g, (lin.rows, lin.cols)));
+        }
+        Ok(DeviceGrads {
+            x: vec![(dx, rows * dims.d)],
+            linear,
+        })
+    }
+
+    /// The read-back values as [`Gradients`], checked for overflow.
+    fn assemble(
+        &self,
+        (values, x_parts, linear): (Vec<Vec<f32>>, usize, Vec<NamedGrads>),
+    ) -> Result<Gradients> {
+        let mut values = values.into_iter();
+        let mut next = |what: &str| -> Result<Vec<f32>> {
+            let v = values.next().unwrap_or_default();
+            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+                return Err(Error::Overflow {
+                    what: what.into(),
+                    dtype: self.op.dtype,
+                    index,
+                });
+            }
+            Ok(v)
+        };
+        let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
+        let mut dx = next("gradient dX")?;
+        for _ in 1..x_parts {
+            for (a, b) in dx.iter_mut().zip(next("gradient dX")?) {
+                *a += b;
+            }
+        }
+        let mut g = Gradients {
+            x: ArrayD::from_shape_vec(IxDyn(&self.x_shape), dx).map_err(shape_err)?,
+            w_q: None,
+            w_k: None,
+            w_v: None,
+            b_q: None,
+            b_k: None,
+            b_v: None,
+            w_o: None,
+            b_o: None,
+        };
+        for (name, lin, (r, c)) in linear {
+            let w = Array2::from_shape_vec((r, c), next(name)?).map_err(shape_err)?;
+            let b = match lin.db {
+                Some(_) => Some(Array1::from_vec(next(name)?)),
+                None => None,
+            };
+            let (wf, bf) = match name {
+                "W_Q" => (&mut g.w_q, &mut g.b_q),
+                "W_K" => (&mut g.w_k, &mut g.b_k),
+                "W_V" => (&mut g.w_v, &mut g.b_v),
+                _ => (&mut g.w_o, &mut g.b_o),
+            };
+            *wf = Some(w);
+            *bf = b;
+        }
+        Ok(g)
+    }
+}

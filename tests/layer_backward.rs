@@ -1,0 +1,209 @@
+//! The projected layer's gradients on the device (`forward_saved` + `LayerSaved::backward`)
+//! against the f64 reference backward: every weight and bias, `W_O` and `b_O`, grouped-query
+//! K/V, causal with key lengths, on every kernel family and the GPU family's blocked kernel,
+//! the parameter-free layer (Q = K = V = X), f16, a `Layer`'s saved forward, and the errors.
+
+mod common;
+
+use ndarray::{Array1, Array2, Array3, ArrayD};
+use wgpu_attention::{
+    reference, Attention, Context, Dtype, FlashVariant, Gradients, Kernels, Layer, Mask,
+    Projections,
+};
+
+fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
+    Array2::from_shape_fn((r, c), |(i, j)| {
+        (((i * 7 + j * 3) * (salt + 1)) as f32 * 0.13).sin() * 0.5
+    })
+}
+
+/// The largest relative error of any gradient against the reference's, by name.
+fn worst(got: &Gradients, want: &Gradients<f64>) -> (f64, String) {
+    let mut worst = (0.0f64, String::new());
+    let mut check = |name: &str, g: Option<ArrayD<f32>>, r: Option<ArrayD<f64>>| {
+        let rel = match (g, r) {
+            // A gradient that is 0 in exact arithmetic (db_K: the softmax ignores a shift
+            // shared by every key) is compared absolutely.
+            (Some(g), Some(r)) if r.iter().all(|v| v.abs() < 1e-9) => reference::compare(&g, &r).1,
+            (Some(g), Some(r)) => reference::compare(&g, &r).0,
+            (None, None) => 0.0,
+            _ => f64::INFINITY,
+        };
+        if rel > worst.0 || rel.is_nan() {
+            worst = (rel, name.to_string());
+        }
+    };
+    let d2 = |a: &Option<Array2<f32>>| a.clone().map(|a| a.into_dyn());
+    let r2 = |a: &Option<Array2<f64>>| a.clone().map(|a| a.into_dyn());
+    let d1 = |a: &Option<Array1<f32>>| a.clone().map(|a| a.into_dyn());
+    let r1 = |a: &Option<Array1<f64>>| a.clone().map(|a| a.into_dyn());
+    check("x", Some(got.x.clone()), Some(want.x.clone()));
+    check("w_q", d2(&got.w_q), r2(&want.w_q));
+    check("w_k", d2(&got.w_k), r2(&want.w_k));
+    check("w_v", d2(&got.w_v), r2(&want.w_v));
+    check("w_o", d2(&got.w_o), r2(&want.w_o));
+    check("b_q", d1(&got.b_q), r1(&want.b_q));
+    check("b_k", d1(&got.b_k), r1(&want.b_k));
+    check("b_v", d1(&got.b_v), r1(&want.b_v));
+    check("b_o", d1(&got.b_o), r1(&want.b_o));
+    worst
+}
+
+struct Weights {
+    q: Array2<f32>,
+    k: Array2<f32>,
+    v: Array2<f32>,
+    o: Array2<f32>,
+    b: [Array1<f32>; 4],
+}
+
+impl Weights {
+    /// d = 12 in; W_Q 8 wide, W_K 4 and W_V 6 (two K/V heads for four query heads, so the
+    /// context is 4 · 3 = 12 wide), W_O 12 → 5.
+    fn new() -> Self {
+        Weights {
+            q: w(12, 8, 1),
+            k: w(12, 4, 2),
+            v: w(12, 6, 3),
+            o: w(12, 5, 4),
+            b: [8, 4, 6, 5].map(|n| Array1::from_shape_fn(n, |i| 0.1 * i as f32 - 0.2)),
+        }
+    }
+
+    fn projections(&self) -> Projections<'_> {
+        let mut p = Projections::new(self.q.view(), self.k.view(), self.v.view())
+            .with_output(self.o.view(), Some(self.b[3].view()));
+        p.b_q = Some(self.b[0].view());
+        p.b_k = Some(self.b[1].view());
+        p.b_v = Some(self.b[2].view());
+        p
+    }
+}
+
+fn x(batch: usize, n: usize, d: usize) -> Array3<f32> {
+    Array3::from_shape_fn((batch, n, d), |(b, i, j)| {
+        ((b * 3 + i * 5 + j) as f32 * 0.07).cos()
+    })
+}
+
+#[test]
+fn every_gradient_of_the_projected_layer_matches_the_reference_on_every_family() {
+    let ctx = common::ctx();
+    let ws = Weights::new();
+    let p = ws.projections();
+    let x = x(2, 37, 12);
+    let d_out = Array3::from_shape_fn((2, 37, 5), |(b, i, j)| ((b + i * 3 + j) as f32 * 0.2).sin());
+    let lengths = [30usize, 37];
+    let mask = Mask::none().with_kv_lengths(&lengths);
+    let base = Attention::new().heads(4).causal(true).nan_fill(true);
+    let want = reference::attention_backward(
+        &base,
+        x.view().into_dyn(),
+        Some(&p),
+        d_out.view().into_dyn(),
+        &mask,
+    )
+    .unwrap();
+    let mut ops: Vec<(String, Attention)> = Kernels::available(ctx)
+        .into_iter()
+        .map(|k| (k.to_string(), base.kernels(k)))
+        .collect();
+    let blocked = FlashVariant::Blocked { rows: 32, keys: 64 };
+    ops.push((blocked.to_string(), base.flash_variant(blocked)));
+    let mut failures = Vec::new();
+    for (name, op) in ops {
+        let (out, saved) = op.forward_saved(ctx, &x, Some(&p), &mask).unwrap();
+        // The saved forward's output is the plain forward's.
+        let plain = op
+            .return_weights(false)
+            .forward_masked(ctx, &x, Some(&p), &mask)
+            .unwrap();
+        assert_eq!(out.context, plain.context, "{name}");
+        let got = saved.backward(ctx, &d_out).unwrap();
+        let (rel, which) = worst(&got, &want);
+        if rel > 1e-4 {
+            failures.push(format!("{name}: {which} rel {rel:e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn the_parameter_free_layer_sums_the_three_uses_of_x() {
+    let ctx = common::ctx();
+    let x = x(1, 7, 8);
+    let d_out = Array3::from_shape_fn((1, 7, 8), |(_, i, j)| ((i * 8 + j) as f32 * 0.3).cos());
+    let op = Attention::new().heads(2).nan_fill(true);
+    let want = reference::attention_backward(
+        &op,
+        x.view().into_dyn(),
+        None,
+        d_out.view().into_dyn(),
+        &Mask::none(),
+    )
+    .unwrap();
+    let (_, saved) = op.forward_saved(ctx, &x, None, &Mask::none()).unwrap();
+    let got = saved.backward(ctx, &d_out).unwrap();
+    let (rel, which) = worst(&got, &want);
+    assert!(rel < 1e-4, "{which}: {rel:e}");
+    assert!(got.w_q.is_none());
+}
+
+#[test]
+fn f16_and_a_layers_saved_forward_match_within_their_bounds() {
+    let ctx = common::ctx();
+    let ws = Weights::new();
+    let p = ws.projections();
+    let x = x(1, 19, 12);
+    let d_out = Array3::from_shape_fn((1, 19, 5), |(_, i, j)| ((i + j * 7) as f32 * 0.1).sin());
+    let op = Attention::new().heads(4).causal(true);
+    let want = reference::attention_backward(
+        &op,
+        x.view().into_dyn(),
+        Some(&p),
+        d_out.view().into_dyn(),
+        &Mask::none(),
+    )
+    .unwrap();
+    let layer = Layer::new(ctx, op, &p).unwrap();
+    let (_, saved) = layer.forward_saved(ctx, &x, &Mask::none()).unwrap();
+    let (rel, which) = worst(&saved.backward(ctx, &d_out).unwrap(), &want);
+    assert!(rel < 1e-4, "layer: {which} {rel:e}");
+    if ctx
+        .device()
+        .features()
+        .contains(wgpu_attention::wgpu::Features::SHADER_F16)
+    {
+        let op = op.dtype(Dtype::F16);
+        let (_, saved) = op.forward_saved(ctx, &x, Some(&p), &Mask::none()).unwrap();
+        let (rel, which) = worst(&saved.backward(ctx, &d_out).unwrap(), &want);
+        assert!(rel < 2e-2, "f16: {which} {rel:e}");
+        assert!(rel > 1e-5, "f16 should show f16's error, got {rel:e}");
+    }
+}
+
+#[test]
+fn backward_without_a_matching_forward_is_an_error() {
+    let ctx = common::ctx();
+    let ws = Weights::new();
+    let p = ws.projections();
+    let x = x(1, 5, 12);
+    let op = Attention::new().heads(4);
+    let (_, saved) = op.forward_saved(ctx, &x, Some(&p), &Mask::none()).unwrap();
+    let says = |r: wgpu_attention::Result<Gradients>, what: &str| {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(what), "{e:?} should say {what:?}");
+    };
+    says(
+        saved.backward(ctx, &Array3::<f32>::zeros((1, 5, 4))),
+        "without a matching forward",
+    );
+    let mut nan = Array3::<f32>::zeros((1, 5, 5));
+    nan[[0, 2, 1]] = f32::NAN;
+    says(saved.backward(ctx, &nan), "NaN");
+    let other = Context::new().unwrap().with_tuning(false);
+    says(
+        saved.backward(&other, &Array3::<f32>::zeros((1, 5, 5))),
+        "another Context",
+    );
+}
