@@ -11,10 +11,14 @@ use crate::error::{Error, Result};
 /// The kernel.
 pub(crate) struct Shader;
 
-/// Threads per workgroup, which is also the keys per tile.
+/// The most threads per workgroup (each walks its own keys of the block).
 pub(crate) const THREADS: u32 = 64;
 
-/// The most query rows one workgroup keeps (its rows' scores are registers of every thread).
+/// Registers a thread may spend on its rows' Q and output, in vec4s: the chunk's rows are
+/// as many as fit (at least one).
+const ROW_REGISTERS: u32 = 64;
+
+/// The most query rows one workgroup keeps.
 const MAX_ROWS: u32 = 8;
 
 uniform! {
@@ -47,7 +51,7 @@ uniform! {
 constants! {
     /// Specialisation of `decode_partial.wgsl`.
     pub(crate) struct PartialConsts {
-        /// Threads per workgroup and keys per tile.
+        /// Threads per workgroup.
         threads => "WG",
         /// Query rows per workgroup.
         rows => "GC",
@@ -55,12 +59,6 @@ constants! {
         dk4 => "DK4",
         /// d_v in vec4s, rounded up.
         dv4 => "DV4",
-        /// Threads across the head dimension: `min(DV4, WG)`.
-        columns => "CW",
-        /// Key lanes: `WG / CW`.
-        lanes => "KP",
-        /// Output vec4 columns per thread: `⌈DV4 / CW⌉`.
-        out4 => "OC",
     }
 }
 
@@ -82,24 +80,25 @@ impl Kernel for Shader {
 
 impl PartialConsts {
     /// The specialisation for `rows` query rows per K/V head and widths `dk4`, `dv4` (vec4s):
-    /// up to [`MAX_ROWS`] rows per workgroup (a power of two), fewer while the workgroup
-    /// memory does not fit `limit` bytes.
+    /// as many rows per workgroup as [`ROW_REGISTERS`] allow (a power of two, at most
+    /// [`MAX_ROWS`] and at least 1), and [`THREADS`] threads, halved while the merge's
+    /// workgroup memory does not fit `limit` bytes.
     ///
     /// # Errors
-    /// [`Error::LimitExceeded`] when even one row per workgroup does not fit.
+    /// [`Error::LimitExceeded`] when even one thread's row does not fit.
     pub fn new(rows: u32, (dk4, dv4): (u32, u32), limit: u32) -> Result<Self> {
-        let columns = dv4.min(THREADS);
+        let fit = (ROW_REGISTERS / (dk4 + dv4).max(1)).clamp(1, MAX_ROWS);
         let mut c = PartialConsts {
             threads: THREADS,
-            rows: rows.clamp(1, MAX_ROWS).next_power_of_two(),
+            rows: rows.clamp(1, MAX_ROWS).min(fit).next_power_of_two(),
             dk4,
             dv4,
-            columns,
-            lanes: THREADS / columns,
-            out4: dv4.div_ceil(columns),
         };
-        while c.workgroup_bytes() > u64::from(limit) && c.rows > 1 {
+        if c.rows > fit {
             c.rows /= 2;
+        }
+        while c.workgroup_bytes() > u64::from(limit) && c.threads > 1 {
+            c.threads /= 2;
         }
         if c.workgroup_bytes() > u64::from(limit) {
             return Err(Error::LimitExceeded {
@@ -114,11 +113,7 @@ impl PartialConsts {
 
     /// Workgroup memory used, as the shader declares it.
     pub fn workgroup_bytes(&self) -> u64 {
-        let (g, wg) = (u64::from(self.rows), u64::from(self.threads));
-        16 * g * u64::from(self.dk4)
-            + 4 * g * wg
-            + 4 * g
-            + 16 * u64::from(self.lanes) * g * u64::from(self.dv4)
+        u64::from(self.threads) * (8 + 16 * u64::from(self.dv4))
     }
 }
 
@@ -187,6 +182,7 @@ impl Decode {
             ctx.limits().max_compute_workgroup_storage_size,
         )?;
         let wg = THREADS as usize;
+        // Blocks are whole multiples of 64 keys (of every thread count the constants choose).
         let block = block
             .unwrap_or_else(|| self.block(ctx, &consts))
             .next_multiple_of(wg)
@@ -278,16 +274,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_per_workgroup_shrink_to_fit_workgroup_memory() {
-        let c = PartialConsts::new(1, (16, 16), 16 << 10).unwrap();
-        assert_eq!((c.rows, c.columns, c.lanes, c.out4), (1, 16, 4, 1));
+    fn rows_and_threads_fit_registers_and_workgroup_memory() {
+        // d = 64: two rows per workgroup (2 · 32 vec4 registers); 64 threads need 16.9 KiB.
+        let c = PartialConsts::new(1, (16, 16), 32 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (1, 64));
+        let c = PartialConsts::new(32, (16, 16), 32 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (2, 64));
         let c = PartialConsts::new(32, (16, 16), 16 << 10).unwrap();
-        assert_eq!(c.rows, 8);
+        assert_eq!((c.rows, c.threads), (2, 32));
+        // d = 8: up to 8 rows; 3 rows round up to 4.
+        assert_eq!(PartialConsts::new(3, (2, 2), 16 << 10).unwrap().rows, 4);
+        assert_eq!(PartialConsts::new(100, (2, 2), 16 << 10).unwrap().rows, 8);
+        // d = 256: one row, still fits.
+        let c = PartialConsts::new(8, (64, 64), 16 << 10).unwrap();
+        assert_eq!(c.rows, 1);
         assert!(c.workgroup_bytes() <= 16 << 10);
-        // d = 512: two output columns per thread, fewer rows.
-        let c = PartialConsts::new(32, (128, 128), 32 << 10).unwrap();
-        assert_eq!((c.columns, c.lanes, c.out4), (64, 1, 2));
-        assert!(c.rows < 8 && c.workgroup_bytes() <= 32 << 10, "{c:?}");
         assert!(PartialConsts::new(1, (4096, 4096), 16 << 10).is_err());
     }
 
