@@ -20,8 +20,9 @@
 // workgroup memory and no barrier per key. At the end the WG threads' partials are merged
 // pairwise through workgroup memory, one row at a time (log2 WG rounds).
 //
-// Cache layout (src/decode/cache.rs): token-major, element (t, b, hk, c) of K at
-// t·k_tok + (b·kv_heads + hk)·DK4 + c in vec4s, rows padded with zeros to whole vec4s.
+// Cache layout (src/decode/cache.rs): head-major, element (b, hk, t, c) of K at
+// ((b·kv_heads + hk)·capacity + t)·DK4 + c in vec4s (V alike with DV4), rows padded with zeros
+// to whole vec4s: a workgroup's keys are one contiguous range.
 //
 // The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4, the
 // element-type alias KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl and
@@ -79,7 +80,7 @@ fn main(
         m[g] = FLOOR;
     }
     for (var j = blk * p.block + t; j < kv_end; j += WG) {
-        let kr = j * p.k_tok + bh * DK4;
+        let kr = (bh * p.capacity + j) * DK4;
         var s: array<f32, GC>;
         for (var c = 0u; c < DK4; c++) { // unroll
             let kv = vec4<f32>(k_buf[kr + c]);
@@ -87,7 +88,7 @@ fn main(
                 s[g] += dot(q[g * DK4 + c], kv);
             }
         }
-        let vr = j * p.v_tok + bh * DV4;
+        let vr = (bh * p.capacity + j) * DV4;
         var v: array<vec4<f32>, DV4>;
         for (var c = 0u; c < DV4; c++) { // unroll
             v[c] = vec4<f32>(v_buf[vr + c]);

@@ -67,10 +67,11 @@ impl CacheElement for half::f16 {
 /// K and V of every token so far for one attention layer, held on the device for
 /// [`crate::decode::Decoder`].
 ///
-/// Layout (device memory, token-major): K is `(capacity, batch, kv_heads, d_k')` and V
-/// `(capacity, batch, kv_heads, d_v')`, each head's row padded with zeros to `d'`, a multiple
-/// of 4 (one vec4). Token-major makes an append one contiguous write per array, and every key
-/// row is contiguous for the decode kernel.
+/// Layout (device memory, head-major): K is `(batch, kv_heads, capacity, d_k')` and V
+/// `(batch, kv_heads, capacity, d_v')`, each row padded with zeros to `d'`, a multiple of 4
+/// (one vec4), so the keys a decode workgroup reads are one contiguous range. An append
+/// uploads the new tokens once (one `write_buffer` per array) and copies each head's rows into
+/// place on the device (one submit, no wait).
 ///
 /// Every error leaves the cache exactly as it was: all checks run before anything is written.
 #[derive(Debug)]
@@ -229,14 +230,32 @@ impl KvCache {
                 });
             }
         }
-        let k_rows = token_major(&k, padded(s.d_k));
-        let v_rows = token_major(&v, padded(s.d_v));
-        let at = |d: usize| self.len * s.batch * s.kv_heads * padded(d) * elem_bytes(s.dtype);
+        let k_rows = padded_rows(&k, padded(s.d_k));
+        let v_rows = padded_rows(&v, padded(s.d_v));
+        let bytes = elem_bytes(s.dtype);
         ctx.scoped(|| {
-            ctx.queue
-                .write_buffer(&self.k, at(s.d_k) as u64, bytemuck::cast_slice(&k_rows));
-            ctx.queue
-                .write_buffer(&self.v, at(s.d_v) as u64, bytemuck::cast_slice(&v_rows));
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("KV cache append"),
+                });
+            for (cache, rows, d) in [(&self.k, &k_rows, s.d_k), (&self.v, &v_rows, s.d_v)] {
+                let incoming = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("KV cache append"),
+                    size: (rows.len() * bytes) as u64,
+                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                ctx.queue
+                    .write_buffer(&incoming, 0, bytemuck::cast_slice(rows));
+                // Head `bh`'s m new rows go after its `len` rows.
+                let head = (m * padded(d) * bytes) as u64;
+                for bh in 0..s.batch * s.kv_heads {
+                    let at = ((bh * s.capacity + self.len) * padded(d) * bytes) as u64;
+                    encoder.copy_buffer_to_buffer(&incoming, bh as u64 * head, cache, at, head);
+                }
+            }
+            ctx.queue.submit([encoder.finish()]);
             Ok(())
         })?;
         self.len += m;
@@ -268,22 +287,13 @@ fn elem_bytes(dtype: Dtype) -> usize {
     }
 }
 
-/// `a` `(batch, heads, m, d)` as `(m, batch, heads, width)` rows, zero-padded to `width`.
-fn token_major<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
-    let (b, h, m, d) = a.dim();
-    let mut out = vec![T::ZERO; m * b * h * width];
-    for t in 0..m {
-        for bi in 0..b {
-            for hi in 0..h {
-                let at = ((t * b + bi) * h + hi) * width;
-                for (o, x) in out[at..at + d]
-                    .iter_mut()
-                    .zip(a.slice(ndarray::s![bi, hi, t, ..]))
-                {
-                    *o = *x;
-                }
-            }
-        }
+/// `a` `(batch, heads, m, d)` row-major, each row zero-padded to `width`.
+fn padded_rows<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
+    let d = a.dim().3;
+    let mut out = Vec::with_capacity(a.len() / d.max(1) * width);
+    for row in a.rows() {
+        out.extend(row.iter().copied());
+        out.resize(out.len() + width - d, T::ZERO);
     }
     out
 }

@@ -40,9 +40,9 @@ uniform! {
         m: u32,
         /// Keys in the cache.
         len: u32,
-        /// Vec4s from one token to the next in K and in V.
-        k_tok: u32,
-        v_tok: u32,
+        /// Tokens the cache has room for (its rows per head).
+        capacity: u32,
+        _pad: u32,
         /// `scale · log2(e)`.
         scale_log2: f32,
     }
@@ -127,6 +127,8 @@ pub(crate) struct Decode {
     pub m: usize,
     /// Keys in the cache (the last `m` are the new rows' own).
     pub len: usize,
+    /// Rows per (batch, K/V head) in the cache's buffers.
+    pub capacity: usize,
     pub dk: usize,
     pub dv: usize,
     pub scale: f32,
@@ -213,8 +215,8 @@ impl Decode {
             ratio: u32_of("heads per K/V head", ratio)?,
             m: u32_of("new rows", self.m)?,
             len: u32_of("cache length", self.len)?,
-            k_tok: u32_of("K token stride", self.batch * self.kv_heads * dk4 as usize)?,
-            v_tok: u32_of("V token stride", self.batch * self.kv_heads * dv4 as usize)?,
+            capacity: u32_of("cache capacity", self.capacity)?,
+            _pad: 0,
             scale_log2: self.scale * std::f32::consts::LOG2_E,
         };
         log::debug!(
@@ -250,7 +252,7 @@ impl Decode {
 
 /// Workgroups a decode step aims for: enough to fill a GPU several times over; on a CPU
 /// adapter (lavapipe runs a workgroup per host thread) a few per core, since each extra block
-/// costs a partial result and the combine.
+/// costs a merge, a partial result and its share of the combine.
 fn target_workgroups(cpu: bool) -> usize {
     if cpu {
         4 * std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -261,12 +263,16 @@ fn target_workgroups(cpu: bool) -> usize {
 
 /// Keys per block for a cache of `len` keys and `groups` workgroups per block (batch ·
 /// kv_heads · row chunks): the fewest blocks that reach [`target_workgroups`], each a whole
-/// number of tiles ([`THREADS`] keys), at least one tile and at most the whole cache.
+/// multiple of 64 keys, at most the whole cache and at least 64 keys — 256 on a GPU, so each
+/// of a workgroup's threads walks at least 4 keys before the merge.
 pub(crate) fn block_for(len: usize, groups: usize, cpu: bool) -> usize {
     let wg = THREADS as usize;
+    let least = if cpu { wg } else { 4 * wg };
     let want_blocks = target_workgroups(cpu).div_ceil(groups.max(1)).max(1);
     let block = len.div_ceil(want_blocks).next_multiple_of(wg);
-    block.clamp(wg, len.next_multiple_of(wg).max(wg))
+    block
+        .min(len.next_multiple_of(wg))
+        .max(least.min(len.next_multiple_of(wg)))
 }
 
 #[cfg(test)]
@@ -294,12 +300,15 @@ mod tests {
 
     #[test]
     fn blocks_fill_the_device_and_are_whole_tiles() {
-        // A GPU: batch 1, 8 heads, 4096 keys: 1024 / 8 = 128 blocks of 32 keys → one tile.
-        assert_eq!(block_for(4096, 8, false), 64);
+        // A GPU: batch 1, 8 heads, 4096 keys: 1024 / 8 = 128 blocks of 32 keys, but at least
+        // 256; a CPU with 8 groups already: one block.
+        assert_eq!(block_for(4096, 8, false), 256);
+        assert_eq!(block_for(65536, 8, false), 512);
         // Many groups already: one block of the whole (rounded) cache.
         assert_eq!(block_for(1000, 4096, false), 1024);
         assert_eq!(block_for(1, 1, false), 64);
         assert_eq!(block_for(1, 1, true), 64);
+        assert_eq!(block_for(100, 1, false), 128);
         for len in [1, 7, 37, 1000, 4096] {
             for groups in [1, 8, 64] {
                 let b = block_for(len, groups, true);
