@@ -15,23 +15,24 @@
 // of them. Causal, aligned to the end (PyTorch's bottom-right alignment): new row i is at
 // position len − m + i and sees keys j ≤ len − m + i.
 //
-// Inside the block, thread t takes keys j ≡ t (mod WG) and keeps its own online softmax in
+// Inside the block, thread t takes a run of consecutive keys and keeps its own online softmax in
 // registers (the chunk's rows of Q, scaled; per row a running max, sum and output): no
 // workgroup memory and no barrier per key. At the end the WG threads' partials are merged
 // pairwise through workgroup memory, one row at a time (log2 WG rounds).
 //
-// Cache layout (src/decode/cache.rs): head-major, element (b, hk, t, c) of K at
-// ((b·kv_heads + hk)·capacity + t)·DK4 + c in vec4s (V alike with DV4), rows padded with zeros
-// to whole vec4s: a workgroup's keys are one contiguous range.
+// Cache layout (src/decode/cache.rs): K and V are textures (rgba32float or rgba16float: read
+// as vec4<f32> either way), one texel per 4 values. Cache row r = (b·kv_heads + hk)·capacity
+// + t (head-major) of K is texels (r mod k_line)·DK4 + c, c < DK4, of line r / k_line (V alike
+// with DV4 and v_line): rows never straddle lines, and a workgroup's keys are one contiguous
+// range. (Texel fetches are several times cheaper than storage-buffer loads on lavapipe.)
 //
-// The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4, the
-// element-type alias KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl and
-// `struct Params`.
+// The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4,
+// shaders/prelude.wgsl and `struct Params`. All arithmetic is f32.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_buf: array<vec4<KV_T>>;
-@group(0) @binding(3) var<storage, read> v_buf: array<vec4<KV_T>>;
+@group(0) @binding(2) var k_tex: texture_2d<f32>;
+@group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> o_part: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> ml_part: array<vec2<f32>>;
 
@@ -79,19 +80,28 @@ fn main(
     for (var g = 0u; g < GC; g++) { // unroll
         m[g] = FLOOR;
     }
-    for (var j = blk * p.block + t; j < kv_end; j += WG) {
-        let kr = (bh * p.capacity + j) * DK4;
+    // Thread t walks its own run of consecutive keys: each thread streams one contiguous range
+    // of K and V (what CPU adapters such as lavapipe, which run a subgroup's lanes as one SIMD
+    // loop, prefetch well).
+    let span = (kv_end - blk * p.block + WG - 1u) / WG;
+    let j_lo = blk * p.block + t * span;
+    let j_hi = min(j_lo + span, kv_end);
+    for (var j = j_lo; j < j_hi; j++) {
+        let r = bh * p.capacity + j;
+        let ky = i32(r / p.k_line);
+        let kx = (r % p.k_line) * DK4;
         var s: array<f32, GC>;
         for (var c = 0u; c < DK4; c++) { // unroll
-            let kv = vec4<f32>(k_buf[kr + c]);
+            let kv = textureLoad(k_tex, vec2<i32>(i32(kx + c), ky), 0);
             for (var g = 0u; g < GC; g++) { // unroll
                 s[g] += dot(q[g * DK4 + c], kv);
             }
         }
-        let vr = (bh * p.capacity + j) * DV4;
+        let vy = i32(r / p.v_line);
+        let vx = (r % p.v_line) * DV4;
         var v: array<vec4<f32>, DV4>;
         for (var c = 0u; c < DV4; c++) { // unroll
-            v[c] = vec4<f32>(v_buf[vr + c]);
+            v[c] = textureLoad(v_tex, vec2<i32>(i32(vx + c), vy), 0);
         }
         for (var g = 0u; g < GC; g++) { // unroll
             let visible = g0 + g < rows && j + p.m <= p.len + (g0 + g) % p.m;

@@ -203,7 +203,13 @@ fn bad_appends_are_errors_that_leave_the_cache_as_it_was() {
     let ctx = common::ctx();
     let [q, k, v] = qkv(2, 4, 2, 12, (6, 5), 1.0);
     let mut cache = KvCache::new(ctx, spec(2, 2, 10, (6, 5), Dtype::F32)).unwrap();
-    assert_eq!(cache.memory_bytes(), (10 * 2 * 2 * (8 + 8) * 4) as u64);
+    // 40 rows of 8 values each for K and V, in whole texture lines (here one of 48 rows).
+    let need = (10 * 2 * 2 * (8 + 8) * 4) as u64;
+    assert!(
+        (need..=2 * need).contains(&cache.memory_bytes()),
+        "{}",
+        cache.memory_bytes()
+    );
     cache
         .append(
             ctx,

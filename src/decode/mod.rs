@@ -40,7 +40,7 @@ use ndarray::{Array4, ArrayView4};
 
 pub use cache::{CacheElement, KvCache, KvCacheSpec};
 
-use crate::attention::{check_finite, Dtype};
+use crate::attention::check_finite;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::{buffer, readback};
@@ -135,10 +135,11 @@ impl Decoder {
             m,
             len: cache.len(),
             capacity: spec.capacity,
+            k_line: cache.lines().0.per_line,
+            v_line: cache.lines().1.per_line,
             dk: d_k,
             dv: spec.d_v,
             scale,
-            f16: spec.dtype == Dtype::F16,
             nan_fill: self.nan_fill,
         };
         let out_len = batch * heads * m * spec.d_v;
@@ -151,7 +152,7 @@ impl Decoder {
                     label: Some("decode"),
                 });
             crate::timing::begin(ctx);
-            let (k, v) = cache.buffers();
+            let (k, v) = cache.views();
             let bufs = DecodeBuffers {
                 q: &q_buf,
                 k,

@@ -42,7 +42,12 @@ uniform! {
         len: u32,
         /// Tokens the cache has room for (its rows per head).
         capacity: u32,
-        _pad: u32,
+        /// Cache rows per texture line of K and of V.
+        k_line: u32,
+        v_line: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
         /// `scale · log2(e)`.
         scale_log2: f32,
     }
@@ -67,13 +72,11 @@ impl Kernel for Shader {
     const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
     const BINDINGS: &'static [Slot] = &[
         Slot::Read("q_buf"),
-        Slot::Read("k_buf"),
-        Slot::Read("v_buf"),
+        Slot::Texture("k_tex"),
+        Slot::Texture("v_tex"),
         Slot::ReadWrite("o_part"),
         Slot::ReadWrite("ml_part"),
     ];
-    /// Bit 0: K and V are f16.
-    const DTYPES: &'static [&'static str] = &["KV_T"];
     type Consts = PartialConsts;
     type Params = PartialParams;
 }
@@ -127,13 +130,14 @@ pub(crate) struct Decode {
     pub m: usize,
     /// Keys in the cache (the last `m` are the new rows' own).
     pub len: usize,
-    /// Rows per (batch, K/V head) in the cache's buffers.
+    /// Rows per (batch, K/V head) in the cache's textures.
     pub capacity: usize,
+    /// Cache rows per texture line of K and of V.
+    pub k_line: usize,
+    pub v_line: usize,
     pub dk: usize,
     pub dv: usize,
     pub scale: f32,
-    /// K and V are stored as f16.
-    pub f16: bool,
     /// The partial results start as NaN (tests: a slot no kernel wrote shows up).
     pub nan_fill: bool,
 }
@@ -142,9 +146,9 @@ pub(crate) struct Decode {
 pub(crate) struct DecodeBuffers<'a> {
     /// The queries, `(batch, heads, m, DK4)` vec4s, f32.
     pub q: &'a wgpu::Buffer,
-    /// The cache's K and V.
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
+    /// The cache's K and V textures.
+    pub k: &'a wgpu::TextureView,
+    pub v: &'a wgpu::TextureView,
     /// The output, `(batch, heads, m, d_v)` f32.
     pub out: &'a wgpu::Buffer,
 }
@@ -216,8 +220,10 @@ impl Decode {
             m: u32_of("new rows", self.m)?,
             len: u32_of("cache length", self.len)?,
             capacity: u32_of("cache capacity", self.capacity)?,
-            _pad: 0,
+            k_line: u32_of("K rows per line", self.k_line)?,
+            v_line: u32_of("V rows per line", self.v_line)?,
             scale_log2: self.scale * std::f32::consts::LOG2_E,
+            ..Default::default()
         };
         log::debug!(
             "decode: {} rows x {} keys in {blocks} blocks of {block}, {chunks} chunks of {} rows",
@@ -229,7 +235,7 @@ impl Decode {
             ctx,
             encoder,
             &consts,
-            u8::from(self.f16),
+            0,
             &params,
             &[
                 bufs.q.into(),

@@ -36,11 +36,17 @@ fn tokens(batch: usize, heads: usize, n: usize, d: usize) -> [Array4<f32>; 3] {
     ]
 }
 
-fn row(batch: usize, len: usize, path: &str, stats: &Stats, whole: Option<f64>, cpu: Option<f64>) {
+fn row(
+    (batch, len): (usize, usize),
+    path: &str,
+    stats: &Stats,
+    (whole, cpu): (Option<f64>, Option<f64>),
+    kernels: &[(String, f64)],
+) {
     let ratio =
         |base: Option<f64>| base.map_or("-".into(), |b| format!("{:.2}x", b / stats.median_ms));
     println!(
-        "{batch:>5} {len:>7}  {path:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}",
+        "{batch:>5} {len:>7}  {path:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}  {}",
         stats.median_ms,
         stats.min_ms,
         stats.max_ms,
@@ -48,6 +54,11 @@ fn row(batch: usize, len: usize, path: &str, stats: &Stats, whole: Option<f64>, 
         batch as f64 * 1e3 / stats.median_ms,
         ratio(whole),
         ratio(cpu),
+        kernels
+            .iter()
+            .map(|(k, ms)| format!("{k} {ms:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
 }
 
@@ -70,7 +81,7 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
         b.repeats, b.warmup
     );
     println!(
-        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu"
+        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu  kernels (ms)"
     );
     for &batch in b.batches {
         let [q, k, v] = tokens(batch, b.heads, capacity, b.d);
@@ -105,6 +116,15 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
                 t += 1;
                 Ok(())
             })?;
+            // The kernels' share: the last step again (m = 1 ≤ len, the cache unchanged),
+            // each kernel submitted alone and timed.
+            ctx.set_profiling(true);
+            let profiled = bench::measure(0, b.repeats, || {
+                dec.step(ctx, &cache, q.slice(s![.., .., t - 1..t, ..]))?;
+                Ok(ctx.kernel_times())
+            });
+            ctx.set_profiling(false);
+            let kernels = bench::kernel_medians(&profiled?.1);
             // The same step as one whole call at the full length: Q of the last token against
             // all `len` keys (uploaded each time; bottom-right causal needs no mask for it).
             let last = s![.., .., len - 1..len, ..];
@@ -132,17 +152,11 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
                 Some(stats)
             };
             let (w, c) = (Some(whole.median_ms), cpu_stats.map(|s| s.median_ms));
-            row(
-                batch,
-                len,
-                "gpu kv-cache decode",
-                &gpu,
-                Some(whole.median_ms),
-                c,
-            );
-            row(batch, len, "gpu whole-call sdpa", &whole, None, c);
+            let at = (batch, len);
+            row(at, "gpu kv-cache decode", &gpu, (w, c), &kernels);
+            row(at, "gpu whole-call sdpa", &whole, (None, c), &[]);
             if let Some(cs) = &cpu_stats {
-                row(batch, len, "cpu f32 one thread", cs, w, None);
+                row(at, "cpu f32 one thread", cs, (w, None), &[]);
             }
         }
     }
