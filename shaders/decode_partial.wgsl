@@ -106,13 +106,19 @@ fn main(
         for (var g = 0u; g < GC; g++) { // unroll
             let visible = g0 + g < rows && j + p.m <= p.len + (g0 + g) % p.m;
             let x = select(NEG, s[g], visible);
-            let m_new = max(m[g], x);
-            let corr = exp2(m[g] - m_new);
-            let w = exp2(x - m_new);
-            l[g] = l[g] * corr + w;
-            m[g] = m_new;
+            // A new running max (rare after the first keys): rescale what is summed so far.
+            if x > m[g] {
+                let corr = exp2(m[g] - x);
+                l[g] *= corr;
+                for (var c = 0u; c < DV4; c++) { // unroll
+                    o[g * DV4 + c] *= corr;
+                }
+                m[g] = x;
+            }
+            let w = exp2(x - m[g]);
+            l[g] += w;
             for (var c = 0u; c < DV4; c++) { // unroll
-                o[g * DV4 + c] = o[g * DV4 + c] * corr + w * v[c];
+                o[g * DV4 + c] += w * v[c];
             }
         }
     }

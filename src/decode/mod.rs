@@ -27,9 +27,10 @@
 //! workgroups on a GPU (at least 256 keys each, so every thread walks several keys before the
 //! merge), or 4 per host core on a CPU adapter such as lavapipe, whose workgroups run one per
 //! thread, so that more blocks only add merges and combine work; never more than the cache.
-//! Measured on lavapipe (2 cores, batch 1, 8 heads, d = 64, S = 4096, ms per step, median of
-//! 7 on a loaded machine): blocks of 64 keys 63.7, 256 keys 24.0, 1,024 keys 17.3, 4,096 keys
-//! (the rule's choice there) 12.0. [`Decoder::block`] overrides the rule.
+//! Measured on lavapipe (2 cores, batch 1, 8 heads, d = 64, S = 4096; `bench --decode
+//! --decode-block B`, ms per step, median of 9 on a loaded machine): blocks of 256 keys 8.8,
+//! 1,024 keys 7.1, 4,096 keys (the rule's choice there) 3.9. [`Decoder::block`] overrides the
+//! rule.
 
 mod cache;
 // The CPU peer of `bench --decode`: not part of the API.

@@ -11,8 +11,20 @@ use crate::error::{Error, Result};
 /// The kernel.
 pub(crate) struct Shader;
 
-/// The most threads per workgroup (each walks its own keys of the block).
+/// The most threads per workgroup (each walks its own keys of the block), and the unit of
+/// block sizes.
 pub(crate) const THREADS: u32 = 64;
+
+/// Threads per workgroup on an adapter: [`THREADS`] on a GPU; on a CPU adapter one subgroup
+/// (lavapipe runs a workgroup's subgroups one after the other on one core, so more threads
+/// only add rounds to the merge through workgroup memory, which is slow there).
+pub(crate) fn threads_for(ctx: &Context) -> u32 {
+    if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+        ctx.subgroup_size().unwrap_or(8).clamp(1, THREADS)
+    } else {
+        THREADS
+    }
+}
 
 /// Registers a thread may spend on its rows' Q and output, in vec4s: the chunk's rows are
 /// as many as fit (at least one).
@@ -84,15 +96,15 @@ impl Kernel for Shader {
 impl PartialConsts {
     /// The specialisation for `rows` query rows per K/V head and widths `dk4`, `dv4` (vec4s):
     /// as many rows per workgroup as [`ROW_REGISTERS`] allow (a power of two, at most
-    /// [`MAX_ROWS`] and at least 1), and [`THREADS`] threads, halved while the merge's
+    /// [`MAX_ROWS`] and at least 1), and `threads` threads, halved while the merge's
     /// workgroup memory does not fit `limit` bytes.
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] when even one thread's row does not fit.
-    pub fn new(rows: u32, (dk4, dv4): (u32, u32), limit: u32) -> Result<Self> {
+    pub fn new(rows: u32, (dk4, dv4): (u32, u32), threads: u32, limit: u32) -> Result<Self> {
         let fit = (ROW_REGISTERS / (dk4 + dv4).max(1)).clamp(1, MAX_ROWS);
         let mut c = PartialConsts {
-            threads: THREADS,
+            threads: threads.clamp(1, THREADS),
             rows: rows.clamp(1, MAX_ROWS).min(fit).next_power_of_two(),
             dk4,
             dv4,
@@ -185,6 +197,7 @@ impl Decode {
         let consts = PartialConsts::new(
             u32_of("query rows per K/V head", rows)?,
             (dk4, dv4),
+            threads_for(ctx),
             ctx.limits().max_compute_workgroup_storage_size,
         )?;
         let wg = THREADS as usize;
@@ -288,20 +301,26 @@ mod tests {
     #[test]
     fn rows_and_threads_fit_registers_and_workgroup_memory() {
         // d = 64: two rows per workgroup (2 · 32 vec4 registers); 64 threads need 16.9 KiB.
-        let c = PartialConsts::new(1, (16, 16), 32 << 10).unwrap();
+        let c = PartialConsts::new(1, (16, 16), 64, 32 << 10).unwrap();
         assert_eq!((c.rows, c.threads), (1, 64));
-        let c = PartialConsts::new(32, (16, 16), 32 << 10).unwrap();
+        let c = PartialConsts::new(32, (16, 16), 64, 32 << 10).unwrap();
         assert_eq!((c.rows, c.threads), (2, 64));
-        let c = PartialConsts::new(32, (16, 16), 16 << 10).unwrap();
+        let c = PartialConsts::new(32, (16, 16), 64, 16 << 10).unwrap();
         assert_eq!((c.rows, c.threads), (2, 32));
         // d = 8: up to 8 rows; 3 rows round up to 4.
-        assert_eq!(PartialConsts::new(3, (2, 2), 16 << 10).unwrap().rows, 4);
-        assert_eq!(PartialConsts::new(100, (2, 2), 16 << 10).unwrap().rows, 8);
+        assert_eq!(PartialConsts::new(3, (2, 2), 64, 16 << 10).unwrap().rows, 4);
+        assert_eq!(
+            PartialConsts::new(100, (2, 2), 64, 16 << 10).unwrap().rows,
+            8
+        );
         // d = 256: one row, still fits.
-        let c = PartialConsts::new(8, (64, 64), 16 << 10).unwrap();
+        let c = PartialConsts::new(8, (64, 64), 64, 16 << 10).unwrap();
         assert_eq!(c.rows, 1);
         assert!(c.workgroup_bytes() <= 16 << 10);
-        assert!(PartialConsts::new(1, (4096, 4096), 16 << 10).is_err());
+        assert!(PartialConsts::new(1, (4096, 4096), 64, 16 << 10).is_err());
+        // A CPU adapter's one subgroup of 8.
+        let c = PartialConsts::new(1, (16, 16), 8, 32 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (1, 8));
     }
 
     #[test]
