@@ -100,15 +100,16 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
         }
         let whole_op = Attention::new().return_weights(false);
         for &len in b.lengths {
-            let start = len.saturating_sub(steps).max(1);
-            // Prefill (untimed) up to where the timed steps start.
+            // Prefill (untimed) up to where the steps start: the last step leaves `len` tokens
+            // (or `steps` when `len` is shorter).
+            let start = len.saturating_sub(steps);
             cache.clear();
             cache.append(
                 ctx,
-                k.slice(s![.., .., ..start - 1, ..]),
-                v.slice(s![.., .., ..start - 1, ..]),
+                k.slice(s![.., .., ..start, ..]),
+                v.slice(s![.., .., ..start, ..]),
             )?;
-            let mut t = start - 1;
+            let mut t = start;
             let (gpu, _) = bench::measure(b.warmup, b.repeats, || {
                 let r = s![.., .., t..t + 1, ..];
                 cache.append(ctx, k.slice(r), v.slice(r))?;
@@ -138,10 +139,10 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
             } else {
                 let mut cpu = CpuKvCache::new(capacity, batch, b.heads, b.d, b.d);
                 cpu.append(
-                    k.slice(s![.., .., ..start - 1, ..]),
-                    v.slice(s![.., .., ..start - 1, ..]),
+                    k.slice(s![.., .., ..start, ..]),
+                    v.slice(s![.., .., ..start, ..]),
                 );
-                let mut t = start - 1;
+                let mut t = start;
                 let (stats, _) = bench::measure(b.warmup, b.repeats, || {
                     let r = s![.., .., t..t + 1, ..];
                     cpu.append(k.slice(r), v.slice(r));
