@@ -496,4 +496,41 @@ mod tests {
             at += m;
         }
     }
+
+    #[test]
+    fn every_thread_count_merges_to_the_same_result() {
+        // A GPU runs 64 threads per workgroup, lavapipe one subgroup: the merge must not
+        // depend on it (nor on a count that is not a power of two).
+        let ctx = crate::context::test_context();
+        let spec = KvCacheSpec {
+            capacity: 300,
+            batch: 2,
+            kv_heads: 2,
+            d_k: 6,
+            d_v: 9,
+            dtype: Dtype::F32,
+        };
+        let f = |salt: usize| {
+            move |(a, b, c, d): (usize, usize, usize, usize)| {
+                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin() * 2.0
+            }
+        };
+        let q = Array4::from_shape_fn((2, 6, 300, 6), f(1));
+        let k = Array4::from_shape_fn((2, 2, 300, 6), f(2));
+        let v = Array4::from_shape_fn((2, 2, 300, 9), f(3));
+        let mut cache = KvCache::new(ctx, spec).unwrap();
+        cache.append(ctx, k.view(), v.view()).unwrap();
+        let op = crate::attention::Attention::new().causal(true);
+        let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
+            .unwrap()
+            .context;
+        for threads in [1, 3, 8, 64] {
+            for block in [64, 1024] {
+                let dec = Decoder::new().nan_fill(true).threads(threads).block(block);
+                let got = dec.step(ctx, &cache, q.view()).unwrap();
+                let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
+                assert!(rel < 1e-5, "{threads} threads, blocks of {block}: {rel:e}");
+            }
+        }
+    }
 }

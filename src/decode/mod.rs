@@ -53,6 +53,7 @@ pub struct Decoder {
     scale: Option<f32>,
     block: Option<usize>,
     nan_fill: bool,
+    threads: Option<u32>,
 }
 
 impl Decoder {
@@ -78,6 +79,13 @@ impl Decoder {
     /// element no kernel wrote shows up (for tests).
     pub fn nan_fill(mut self, yes: bool) -> Self {
         self.nan_fill = yes;
+        self
+    }
+
+    /// Forces the threads per workgroup (tests: what a GPU runs, on a CPU adapter).
+    #[cfg(test)]
+    pub(crate) fn threads(mut self, n: u32) -> Self {
+        self.threads = Some(n);
         self
     }
 
@@ -142,6 +150,7 @@ impl Decoder {
             dv: spec.d_v,
             scale,
             nan_fill: self.nan_fill,
+            threads: self.threads,
         };
         let out_len = batch * heads * m * spec.d_v;
         let flat = ctx.scoped(|| {

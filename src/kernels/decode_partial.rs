@@ -152,6 +152,8 @@ pub(crate) struct Decode {
     pub scale: f32,
     /// The partial results start as NaN (tests: a slot no kernel wrote shows up).
     pub nan_fill: bool,
+    /// Threads per workgroup, when forced (tests: the GPU's 64 on lavapipe).
+    pub threads: Option<u32>,
 }
 
 /// The buffers of one decode step.
@@ -197,7 +199,7 @@ impl Decode {
         let consts = PartialConsts::new(
             u32_of("query rows per K/V head", rows)?,
             (dk4, dv4),
-            threads_for(ctx),
+            self.threads.unwrap_or_else(|| threads_for(ctx)),
             ctx.limits().max_compute_workgroup_storage_size,
         )?;
         let wg = THREADS as usize;
