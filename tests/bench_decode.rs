@@ -40,6 +40,33 @@ fn bench_decode_prints_all_three_paths_with_tokens_per_second() {
 }
 
 #[test]
+fn bench_decode_runs_an_f16_cache() {
+    let out = common::cli(&[
+        "bench",
+        "--decode",
+        "--decode-dtype",
+        "f16",
+        "--n",
+        "7",
+        "--decode-batch",
+        "1",
+        "--decode-heads",
+        "2",
+        "--d",
+        "5",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--no-cpu",
+    ]);
+    let stdout = common::ok(&out);
+    assert!(stdout.contains("f16 K and V"), "{stdout}");
+    assert_eq!(stdout.matches("gpu kv-cache decode").count(), 1, "{stdout}");
+    assert!(!stdout.contains("cpu f32 one thread"), "{stdout}");
+}
+
+#[test]
 fn bench_decode_rejects_an_empty_batch_list() {
     let out = common::cli(&["bench", "--decode", "--decode-batch", "0"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");

@@ -17,6 +17,8 @@ pub struct DecodeBench<'a> {
     pub d: usize,
     /// Keys per block, when forced.
     pub block: Option<usize>,
+    /// How the cache stores K and V (the whole-call sdpa uses the same; the CPU peer is f32).
+    pub dtype: Dtype,
     pub warmup: usize,
     pub repeats: usize,
     pub no_cpu: bool,
@@ -71,9 +73,10 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
     let capacity = b.lengths.iter().max().unwrap_or(&1) + steps;
     let scale = 1.0 / (b.d as f32).sqrt();
     println!(
-        "decode: {} heads (= K/V heads), d = {}, f32; one new token per sequence per step \
-         (append its K and V, attend its query to the whole cache, read the output back)",
-        b.heads, b.d
+        "decode: {} heads (= K/V heads), d = {}, {} K and V (the CPU peer f32); one new token \
+         per sequence per step (append its K and V, attend its query to the whole cache, read \
+         the output back)",
+        b.heads, b.d, b.dtype
     );
     println!(
         "timing: median of {} steps after {} warm-up, cache length growing by one per step \
@@ -91,29 +94,33 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
             kv_heads: b.heads,
             d_k: b.d,
             d_v: b.d,
-            dtype: Dtype::F32,
+            dtype: b.dtype,
         };
         let mut cache = KvCache::new(ctx, spec)?;
+        // An f16 cache takes f16 arrays: the same values, rounded once.
+        let (k16, v16) = (k.mapv(half::f16::from_f32), v.mapv(half::f16::from_f32));
+        let append = |cache: &mut KvCache, r: std::ops::Range<usize>| -> Result<()> {
+            let r = s![.., .., r, ..];
+            match b.dtype {
+                Dtype::F32 => cache.append(ctx, k.slice(r), v.slice(r)),
+                Dtype::F16 => cache.append(ctx, k16.slice(r), v16.slice(r)),
+            }
+        };
         let mut dec = Decoder::new();
         if let Some(block) = b.block {
             dec = dec.block(block);
         }
-        let whole_op = Attention::new().return_weights(false);
+        let whole_op = Attention::new().return_weights(false).dtype(b.dtype);
         for &len in b.lengths {
             // Prefill (untimed) up to where the steps start: the last step leaves `len` tokens
             // (or `steps` when `len` is shorter).
             let start = len.saturating_sub(steps);
             cache.clear();
-            cache.append(
-                ctx,
-                k.slice(s![.., .., ..start, ..]),
-                v.slice(s![.., .., ..start, ..]),
-            )?;
+            append(&mut cache, 0..start)?;
             let mut t = start;
             let (gpu, _) = bench::measure(b.warmup, b.repeats, || {
-                let r = s![.., .., t..t + 1, ..];
-                cache.append(ctx, k.slice(r), v.slice(r))?;
-                dec.step(ctx, &cache, q.slice(r))?;
+                append(&mut cache, t..t + 1)?;
+                dec.step(ctx, &cache, q.slice(s![.., .., t..t + 1, ..]))?;
                 t += 1;
                 Ok(())
             })?;
