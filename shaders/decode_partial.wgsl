@@ -11,36 +11,34 @@
 //
 // Rows: the GC rows of a chunk are rows g of the ratio · m rows that share K/V head hk (the
 // query heads hk·ratio … hk·ratio + ratio − 1, grouped-query attention, each with m new rows),
-// g = r·m + i for query head hk·ratio + r and new row i; K and V are read once for all of them.
-// Causal, aligned to the end (PyTorch's bottom-right alignment): new row i is at position
-// len − m + i and sees keys j ≤ len − m + i.
+// g = r·m + i for query head hk·ratio + r and new row i; each K and V row is read once for all
+// of them. Causal, aligned to the end (PyTorch's bottom-right alignment): new row i is at
+// position len − m + i and sees keys j ≤ len − m + i.
 //
-// Inside the block, keys go in tiles of WG (one key per thread) with an online softmax:
-// 1. thread t: the scores of key j0 + t against the chunk's rows (Q in workgroup memory);
-// 2. thread g < GC: row g's tile max, the running max and its correction, exp2(s − m);
-// 3. thread (column c, key lane kp): o_g[c] += Σ p_g,j · v_j[c] over the tile's keys j ≡ kp
-//    (mod KP), the head dimension spread over CW threads, the keys over KP lanes;
-// the KP lanes' partial outputs are summed through workgroup memory at the end.
+// Inside the block, thread t takes a run of consecutive keys and keeps its own online softmax in
+// registers (the chunk's rows of Q, scaled; per row a running max, sum and output): no
+// workgroup memory and no barrier per key. At the end the WG threads' partials are merged
+// pairwise through workgroup memory, one row at a time (log2 WG rounds).
 //
-// Cache layout (src/decode/cache.rs): token-major, element (t, b, hk, c) of K at
-// t·k_tok + (b·kv_heads + hk)·DK4 + c in vec4s, rows padded with zeros to whole vec4s.
+// Cache layout (src/decode/cache.rs): K and V are textures (rgba32float or rgba16float: read
+// as vec4<f32> either way), one texel per 4 values. Cache row r = (b·kv_heads + hk)·capacity
+// + t (head-major) of K is texels (r mod k_line)·DK4 + c, c < DK4, of line r / k_line (V alike
+// with DV4 and v_line): rows never straddle lines, and a workgroup's keys are one contiguous
+// range. (Texel fetches are several times cheaper than storage-buffer loads on lavapipe.)
 //
-// The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4, CW,
-// KP, OC (CW = min(DV4, WG) threads across the head dimension, KP = WG / CW key lanes,
-// OC = ⌈DV4 / CW⌉ vec4 columns per thread), the element-type alias KV_T (f32 or f16; all
-// arithmetic is f32), shaders/prelude.wgsl and `struct Params`.
+// The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4,
+// shaders/prelude.wgsl and `struct Params`. All arithmetic is f32.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_buf: array<vec4<KV_T>>;
-@group(0) @binding(3) var<storage, read> v_buf: array<vec4<KV_T>>;
+@group(0) @binding(2) var k_tex: texture_2d<f32>;
+@group(0) @binding(3) var v_tex: texture_2d<f32>;
 @group(0) @binding(4) var<storage, read_write> o_part: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> ml_part: array<vec2<f32>>;
 
-var<workgroup> q_sh: array<vec4<f32>, GC * DK4>;
-var<workgroup> s_sh: array<f32, GC * WG>;
-var<workgroup> corr_sh: array<f32, GC>;
-var<workgroup> o_sh: array<vec4<f32>, KP * GC * DV4>;
+// One row's partials of every thread: (max, sum) and the output.
+var<workgroup> ml_sh: array<vec2<f32>, WG>;
+var<workgroup> o_sh: array<vec4<f32>, WG * DV4>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -62,121 +60,100 @@ fn main(
     let g0 = chunk * GC;
     let rows = p.ratio * p.m;
 
-    // The chunk's query rows into workgroup memory (zeros past the last row).
-    for (var x = t; x < GC * DK4; x += WG) {
-        let g = g0 + x / DK4;
-        var q = vec4<f32>(0.0);
-        if g < rows {
-            let h = hk * p.ratio + g / p.m;
-            q = q_buf[((b * p.heads + h) * p.m + g % p.m) * DK4 + x % DK4];
+    // The chunk's query rows, scaled (zeros past the last row); each row's output index.
+    var q: array<vec4<f32>, GC * DK4>;
+    var out_row: array<u32, GC>;
+    for (var g = 0u; g < GC; g++) { // unroll
+        if g0 + g < rows {
+            let h = hk * p.ratio + (g0 + g) / p.m;
+            out_row[g] = (b * p.heads + h) * p.m + (g0 + g) % p.m;
+            for (var c = 0u; c < DK4; c++) { // unroll
+                q[g * DK4 + c] = q_buf[out_row[g] * DK4 + c] * p.scale_log2;
+            }
         }
-        q_sh[x] = q;
     }
-    workgroupBarrier();
 
-    let j_begin = blk * p.block;
-    let kv_end = min(j_begin + p.block, p.len);
-    let k_base = bh * DK4;
-    let v_base = bh * DV4;
-    let c0 = t % CW;
-    let kp = t / CW;
-
-    var m_run = FLOOR;
-    var l_run = 0.0;
-    var acc: array<vec4<f32>, GC * OC>;
-
-    for (var j0 = j_begin; j0 < kv_end; j0 += WG) {
-        // 1. Scores of key j0 + t.
-        let j = j0 + t;
-        var sc: array<f32, GC>;
-        if j < kv_end {
-            let kr = j * p.k_tok + k_base;
-            for (var c = 0u; c < DK4; c++) {
-                let kv = vec4<f32>(k_buf[kr + c]);
-                for (var g = 0u; g < GC; g++) { // unroll
-                    sc[g] += dot(q_sh[g * DK4 + c], kv);
-                }
-            }
-        }
-        for (var g = 0u; g < GC; g++) { // unroll
-            let row = g0 + g;
-            let visible = j < kv_end && row < rows && j + p.m <= p.len + row % p.m;
-            s_sh[g * WG + t] = select(NEG, sc[g] * p.scale_log2, visible);
-        }
-        workgroupBarrier();
-
-        // 2. Row t's running max, correction and weights.
-        if t < GC {
-            var mt = NEG;
-            for (var x = 0u; x < WG; x++) {
-                mt = max(mt, s_sh[t * WG + x]);
-            }
-            let m_new = max(m_run, mt);
-            let corr = exp2(m_run - m_new);
-            var sum = 0.0;
-            for (var x = 0u; x < WG; x++) {
-                let e = exp2(s_sh[t * WG + x] - m_new);
-                s_sh[t * WG + x] = e;
-                sum += e;
-            }
-            l_run = l_run * corr + sum;
-            m_run = m_new;
-            corr_sh[t] = corr;
-        }
-        workgroupBarrier();
-
-        // 3. O += P·V over this lane's keys of the tile.
-        if kp < KP {
+    let kv_end = min(blk * p.block + p.block, p.len);
+    var o: array<vec4<f32>, GC * DV4>;
+    var m: array<f32, GC>;
+    var l: array<f32, GC>;
+    for (var g = 0u; g < GC; g++) { // unroll
+        m[g] = FLOOR;
+    }
+    // Thread t walks its own run of consecutive keys: each thread streams one contiguous range
+    // of K and V (what CPU adapters such as lavapipe, which run a subgroup's lanes as one SIMD
+    // loop, prefetch well).
+    let span = (kv_end - blk * p.block + WG - 1u) / WG;
+    let j_lo = blk * p.block + t * span;
+    let j_hi = min(j_lo + span, kv_end);
+    for (var j = j_lo; j < j_hi; j++) {
+        let r = bh * p.capacity + j;
+        let ky = i32(r / p.k_line);
+        let kx = (r % p.k_line) * DK4;
+        var s: array<f32, GC>;
+        for (var c = 0u; c < DK4; c++) { // unroll
+            let kv = textureLoad(k_tex, vec2<i32>(i32(kx + c), ky), 0);
             for (var g = 0u; g < GC; g++) { // unroll
-                for (var k = 0u; k < OC; k++) { // unroll
-                    acc[g * OC + k] *= corr_sh[g];
+                s[g] += dot(q[g * DK4 + c], kv);
+            }
+        }
+        let vy = i32(r / p.v_line);
+        let vx = (r % p.v_line) * DV4;
+        var v: array<vec4<f32>, DV4>;
+        for (var c = 0u; c < DV4; c++) { // unroll
+            v[c] = textureLoad(v_tex, vec2<i32>(i32(vx + c), vy), 0);
+        }
+        for (var g = 0u; g < GC; g++) { // unroll
+            let visible = g0 + g < rows && j + p.m <= p.len + (g0 + g) % p.m;
+            let x = select(NEG, s[g], visible);
+            // A new running max (rare after the first keys): rescale what is summed so far.
+            if x > m[g] {
+                let corr = exp2(m[g] - x);
+                l[g] *= corr;
+                for (var c = 0u; c < DV4; c++) { // unroll
+                    o[g * DV4 + c] *= corr;
+                }
+                m[g] = x;
+            }
+            let w = exp2(x - m[g]);
+            l[g] += w;
+            for (var c = 0u; c < DV4; c++) { // unroll
+                o[g * DV4 + c] += w * v[c];
+            }
+        }
+    }
+
+    // Merge the threads' partials, row by row: after the round of span s, thread t (a multiple
+    // of 2s) holds the merge of threads t … t + 2s − 1.
+    for (var g = 0u; g < GC; g++) { // unroll
+        ml_sh[t] = vec2<f32>(m[g], l[g]);
+        for (var c = 0u; c < DV4; c++) { // unroll
+            o_sh[t * DV4 + c] = o[g * DV4 + c];
+        }
+        workgroupBarrier();
+        for (var span = 1u; span < WG; span *= 2u) {
+            if t % (2u * span) == 0u && t + span < WG {
+                let a = ml_sh[t];
+                let z = ml_sh[t + span];
+                let mx = max(a.x, z.x);
+                let wa = exp2(a.x - mx);
+                let wz = exp2(z.x - mx);
+                ml_sh[t] = vec2<f32>(mx, a.y * wa + z.y * wz);
+                for (var c = 0u; c < DV4; c++) { // unroll
+                    o_sh[t * DV4 + c] = o_sh[t * DV4 + c] * wa + o_sh[(t + span) * DV4 + c] * wz;
                 }
             }
-            let count = min(WG, kv_end - j0);
-            for (var x = kp; x < count; x += KP) {
-                let vr = (j0 + x) * p.v_tok + v_base;
-                for (var k = 0u; k < OC; k++) { // unroll
-                    let c = c0 + k * CW;
-                    if c < DV4 {
-                        let v = vec4<f32>(v_buf[vr + c]);
-                        for (var g = 0u; g < GC; g++) { // unroll
-                            acc[g * OC + k] += s_sh[g * WG + x] * v;
-                        }
-                    }
-                }
+            workgroupBarrier();
+        }
+        if g0 + g < rows {
+            let slot = out_row[g] * p.blocks + blk;
+            for (var c = t; c < DV4; c += WG) {
+                o_part[slot * DV4 + c] = o_sh[c];
+            }
+            if t == 0u {
+                ml_part[slot] = ml_sh[0];
             }
         }
         workgroupBarrier();
-    }
-
-    // The KP lanes' partial outputs, summed.
-    if kp < KP {
-        for (var g = 0u; g < GC; g++) { // unroll
-            for (var k = 0u; k < OC; k++) { // unroll
-                let c = c0 + k * CW;
-                if c < DV4 {
-                    o_sh[(kp * GC + g) * DV4 + c] = acc[g * OC + k];
-                }
-            }
-        }
-    }
-    workgroupBarrier();
-    for (var x = t; x < GC * DV4; x += WG) {
-        let g = g0 + x / DV4;
-        if g < rows {
-            var o = vec4<f32>(0.0);
-            for (var lane = 0u; lane < KP; lane++) {
-                o += o_sh[lane * GC * DV4 + x];
-            }
-            let h = hk * p.ratio + g / p.m;
-            let row = (b * p.heads + h) * p.m + g % p.m;
-            o_part[(row * p.blocks + blk) * DV4 + x % DV4] = o;
-        }
-    }
-    if t < GC && g0 + t < rows {
-        let g = g0 + t;
-        let h = hk * p.ratio + g / p.m;
-        let row = (b * p.heads + h) * p.m + g % p.m;
-        ml_part[row * p.blocks + blk] = vec2<f32>(m_run, l_run);
     }
 }

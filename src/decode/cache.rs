@@ -67,19 +67,78 @@ impl CacheElement for half::f16 {
 /// K and V of every token so far for one attention layer, held on the device for
 /// [`crate::decode::Decoder`].
 ///
-/// Layout (device memory, token-major): K is `(capacity, batch, kv_heads, d_k')` and V
-/// `(capacity, batch, kv_heads, d_v')`, each head's row padded with zeros to `d'`, a multiple
-/// of 4 (one vec4). Token-major makes an append one contiguous write per array, and every key
-/// row is contiguous for the decode kernel.
+/// Layout (device memory): K and V are each a 2-D texture (`rgba32float`, or `rgba16float`
+/// for f16: four values per texel), rows head-major — row `(b·kv_heads + h)·capacity + t`
+/// holds token `t` of K/V head `h` of sequence `b`, padded with zeros to whole texels —
+/// and as many whole rows per texture line as the device's `max_texture_dimension_2d`
+/// allows, so the keys a decode workgroup reads are one contiguous range. (Textures rather
+/// than storage buffers: texel fetches are several times cheaper on lavapipe.) An append
+/// uploads the new tokens once (one `write_buffer` per array) and copies each head's rows into
+/// place on the device (one submit, no wait).
 ///
 /// Every error leaves the cache exactly as it was: all checks run before anything is written.
 #[derive(Debug)]
 pub struct KvCache {
     spec: KvCacheSpec,
     len: usize,
-    k: wgpu::Buffer,
-    v: wgpu::Buffer,
+    k: Plane,
+    v: Plane,
     ctx_id: u64,
+}
+
+/// One of K and V: its texture, view and line layout.
+#[derive(Debug)]
+struct Plane {
+    texture: wgpu::Texture,
+    view: wgpu::TextureView,
+    lines: Lines,
+}
+
+/// How cache rows lie in a texture: `per_line` rows of `d4` texels per line, `lines` lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lines {
+    pub d4: usize,
+    pub per_line: usize,
+    pub lines: usize,
+}
+
+impl Lines {
+    /// The layout of `rows` rows of `d4` texels of `texel_bytes` each under a side limit of
+    /// `max` texels: rows per line a multiple of 256 bytes' worth of texels (what a copy of
+    /// several lines needs), and no more than `rows` need.
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when one aligned group of rows is wider than `max`, or the
+    /// lines are more than `max`.
+    pub fn new(what: &str, rows: usize, d4: usize, texel_bytes: usize, max: u32) -> Result<Self> {
+        let max = max as usize;
+        let align = 256 / texel_bytes;
+        let per_line = (max / d4.max(1) / align * align).min(rows.next_multiple_of(align));
+        let too_big = |needed: String, limit: String| Error::LimitExceeded {
+            what: what.to_string(),
+            needed,
+            limit,
+            limit_name: "max_texture_dimension_2d",
+        };
+        if per_line == 0 {
+            return Err(too_big(
+                format!("{} texels per line", d4 * align),
+                format!("{max} texels"),
+            ));
+        }
+        let lines = rows.div_ceil(per_line);
+        if lines > max {
+            return Err(too_big(
+                format!("{lines} texture lines"),
+                format!("{max} lines"),
+            ));
+        }
+        Ok(Lines {
+            d4,
+            per_line,
+            lines,
+        })
+    }
 }
 
 /// `d` rounded up to whole vec4s.
@@ -91,10 +150,15 @@ impl KvCache {
     /// An empty cache of `spec` on `ctx`'s device (K and V allocated for the full capacity).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when a size is 0; [`Error::Unsupported`] for f16 on a device
-    /// without `SHADER_F16`; [`Error::LimitExceeded`] when K or V would exceed the device's
-    /// buffer limits.
+    /// [`Error::InvalidArgument`] when a size is 0; [`Error::LimitExceeded`] when K or V would
+    /// exceed the device's texture limits.
     pub fn new(ctx: &Context, spec: KvCacheSpec) -> Result<Self> {
+        Self::with_side_limit(ctx, spec, ctx.limits().max_texture_dimension_2d)
+    }
+
+    /// [`KvCache::new`] with textures no wider or taller than `max` texels (tests: rows over
+    /// several lines without a huge cache).
+    pub(crate) fn with_side_limit(ctx: &Context, spec: KvCacheSpec, max: u32) -> Result<Self> {
         for (name, n) in [
             ("capacity", spec.capacity),
             ("batch", spec.batch),
@@ -106,31 +170,51 @@ impl KvCache {
                 return Err(Error::invalid("KV cache", format!("{name} is 0")));
             }
         }
-        if spec.dtype == Dtype::F16 {
-            ctx.require_f16()?;
-        }
         ctx.check_alive()?;
-        let rows = spec.capacity * spec.batch * spec.kv_heads;
-        let alloc = |what: &str, d: usize| -> Result<wgpu::Buffer> {
-            let len = rows
-                .checked_mul(padded(d))
-                .ok_or_else(|| Error::invalid("KV cache", "capacity overflows"))?;
-            crate::gpu::buffer::check_len(ctx, what, len)?;
-            let bytes = (len * elem_bytes(spec.dtype)) as u64;
-            ctx.scoped(|| {
-                Ok(ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        let rows = spec
+            .capacity
+            .checked_mul(spec.batch * spec.kv_heads)
+            .ok_or_else(|| Error::invalid("KV cache", "capacity overflows"))?;
+        u32::try_from(rows * padded(spec.d_k.max(spec.d_v)) / 4).map_err(|_| {
+            Error::LimitExceeded {
+                what: "KV cache".into(),
+                needed: format!("{rows} rows"),
+                limit: format!("{} texels", u32::MAX),
+                limit_name: "u32 indexing",
+            }
+        })?;
+        let texel = 4 * elem_bytes(spec.dtype);
+        let plane = |what: &str, d: usize| -> Result<Plane> {
+            let lines = Lines::new(what, rows, padded(d) / 4, texel, max)?;
+            let texture = ctx.scoped(|| {
+                Ok(ctx.device.create_texture(&wgpu::TextureDescriptor {
                     label: Some(what),
-                    size: bytes,
-                    usage: wgpu::BufferUsages::STORAGE
-                        | wgpu::BufferUsages::COPY_DST
-                        | wgpu::BufferUsages::COPY_SRC,
-                    mapped_at_creation: false,
+                    size: wgpu::Extent3d {
+                        width: (lines.per_line * lines.d4) as u32,
+                        height: lines.lines as u32,
+                        depth_or_array_layers: 1,
+                    },
+                    mip_level_count: 1,
+                    sample_count: 1,
+                    dimension: wgpu::TextureDimension::D2,
+                    format: match spec.dtype {
+                        Dtype::F32 => wgpu::TextureFormat::Rgba32Float,
+                        Dtype::F16 => wgpu::TextureFormat::Rgba16Float,
+                    },
+                    usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+                    view_formats: &[],
                 }))
+            })?;
+            let view = texture.create_view(&Default::default());
+            Ok(Plane {
+                texture,
+                view,
+                lines,
             })
         };
         Ok(KvCache {
-            k: alloc("KV cache K", spec.d_k)?,
-            v: alloc("KV cache V", spec.d_v)?,
+            k: plane("KV cache K", spec.d_k)?,
+            v: plane("KV cache V", spec.d_v)?,
             spec,
             len: 0,
             ctx_id: ctx.id(),
@@ -157,9 +241,14 @@ impl KvCache {
         self.spec.capacity
     }
 
-    /// Device memory held by K and V, in bytes (the full capacity, allocated up front).
+    /// Device memory held by K and V, in bytes (the full capacity, allocated up front; the
+    /// last texture line may be partly unused).
     pub fn memory_bytes(&self) -> u64 {
-        self.k.size() + self.v.size()
+        let texel = (4 * elem_bytes(self.spec.dtype)) as u64;
+        [&self.k.lines, &self.v.lines]
+            .iter()
+            .map(|l| (l.per_line * l.d4 * l.lines) as u64 * texel)
+            .sum()
     }
 
     /// Forgets every token (the memory stays allocated for the next sequence).
@@ -229,14 +318,30 @@ impl KvCache {
                 });
             }
         }
-        let k_rows = token_major(&k, padded(s.d_k));
-        let v_rows = token_major(&v, padded(s.d_v));
-        let at = |d: usize| self.len * s.batch * s.kv_heads * padded(d) * elem_bytes(s.dtype);
+        let k_rows = padded_rows(&k, padded(s.d_k));
+        let v_rows = padded_rows(&v, padded(s.d_v));
+        let texel = 4 * elem_bytes(s.dtype);
         ctx.scoped(|| {
-            ctx.queue
-                .write_buffer(&self.k, at(s.d_k) as u64, bytemuck::cast_slice(&k_rows));
-            ctx.queue
-                .write_buffer(&self.v, at(s.d_v) as u64, bytemuck::cast_slice(&v_rows));
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("KV cache append"),
+                });
+            for (plane, rows) in [(&self.k, &k_rows), (&self.v, &v_rows)] {
+                let incoming = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("KV cache append"),
+                    size: (rows.len() * std::mem::size_of::<T>()) as u64,
+                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                ctx.queue
+                    .write_buffer(&incoming, 0, bytemuck::cast_slice(rows));
+                for bh in 0..s.batch * s.kv_heads {
+                    let first = bh * s.capacity + self.len;
+                    plane.copy_rows(&mut encoder, &incoming, bh * m, first..first + m, texel);
+                }
+            }
+            ctx.queue.submit([encoder.finish()]);
             Ok(())
         })?;
         self.len += m;
@@ -254,9 +359,68 @@ impl KvCache {
         Ok(())
     }
 
-    /// The device buffers K and V.
-    pub(crate) fn buffers(&self) -> (&wgpu::Buffer, &wgpu::Buffer) {
-        (&self.k, &self.v)
+    /// The textures of K and V.
+    pub(crate) fn views(&self) -> (&wgpu::TextureView, &wgpu::TextureView) {
+        (&self.k.view, &self.v.view)
+    }
+
+    /// The line layouts of K and V.
+    pub(crate) fn lines(&self) -> (Lines, Lines) {
+        (self.k.lines, self.v.lines)
+    }
+}
+
+impl Plane {
+    /// Records the copy of cache rows `rows` from `src`, where they start at row `src_row`
+    /// (rows of `d4` texels, back to back): the part of a first line, whole lines, the part of
+    /// a last line.
+    fn copy_rows(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        src_row: usize,
+        rows: std::ops::Range<usize>,
+        texel: usize,
+    ) {
+        let Lines { d4, per_line, .. } = self.lines;
+        let mut r = rows.start;
+        while r < rows.end {
+            let (line, col) = (r / per_line, r % per_line);
+            let left = rows.end - r;
+            // Part of one line, or as many whole lines as there are.
+            let (count, height) = if col != 0 || left < per_line {
+                ((per_line - col).min(left), 1)
+            } else {
+                (per_line, left / per_line)
+            };
+            let offset = ((src_row + r - rows.start) * d4 * texel) as u64;
+            encoder.copy_buffer_to_texture(
+                wgpu::TexelCopyBufferInfo {
+                    buffer: src,
+                    layout: wgpu::TexelCopyBufferLayout {
+                        offset,
+                        bytes_per_row: (height > 1).then_some((per_line * d4 * texel) as u32),
+                        rows_per_image: None,
+                    },
+                },
+                wgpu::TexelCopyTextureInfo {
+                    texture: &self.texture,
+                    mip_level: 0,
+                    origin: wgpu::Origin3d {
+                        x: (col * d4) as u32,
+                        y: line as u32,
+                        z: 0,
+                    },
+                    aspect: wgpu::TextureAspect::All,
+                },
+                wgpu::Extent3d {
+                    width: (count * d4) as u32,
+                    height: height as u32,
+                    depth_or_array_layers: 1,
+                },
+            );
+            r += count * height;
+        }
     }
 }
 
@@ -268,22 +432,105 @@ fn elem_bytes(dtype: Dtype) -> usize {
     }
 }
 
-/// `a` `(batch, heads, m, d)` as `(m, batch, heads, width)` rows, zero-padded to `width`.
-fn token_major<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
-    let (b, h, m, d) = a.dim();
-    let mut out = vec![T::ZERO; m * b * h * width];
-    for t in 0..m {
-        for bi in 0..b {
-            for hi in 0..h {
-                let at = ((t * b + bi) * h + hi) * width;
-                for (o, x) in out[at..at + d]
-                    .iter_mut()
-                    .zip(a.slice(ndarray::s![bi, hi, t, ..]))
-                {
-                    *o = *x;
-                }
+/// `a` `(batch, heads, m, d)` row-major, each row zero-padded to `width`.
+fn padded_rows<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
+    let d = a.dim().3;
+    let mut out = Vec::with_capacity(a.len() / d.max(1) * width);
+    for row in a.rows() {
+        out.extend(row.iter().copied());
+        out.resize(out.len() + width - d, T::ZERO);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Decoder;
+    use ndarray::{s, Array4};
+
+    #[test]
+    fn lines_hold_whole_rows_aligned_for_copies() {
+        let l = Lines::new("K", 1000, 16, 16, 16384).unwrap();
+        assert_eq!((l.per_line, l.lines), (1008, 1));
+        let l = Lines::new("K", 100_000, 16, 16, 16384).unwrap();
+        assert_eq!((l.per_line, l.lines), (1024, 98));
+        // f16 texels: 32 rows per line at least, wider than 64 texels of 3.
+        assert!(Lines::new("K", 5, 3, 8, 64).is_err());
+        assert!(Lines::new("K", 100_000, 16, 16, 64).is_err());
+    }
+
+    #[test]
+    fn rows_over_several_texture_lines_decode_as_on_one() {
+        // Lines of 32 rows: appends that start and end inside lines, and one that copies two
+        // whole lines at once.
+        let ctx = crate::context::test_context();
+        let spec = KvCacheSpec {
+            capacity: 100,
+            batch: 1,
+            kv_heads: 2,
+            d_k: 6,
+            d_v: 5,
+            dtype: Dtype::F32,
+        };
+        let f = |salt: usize| {
+            move |(a, b, c, d): (usize, usize, usize, usize)| {
+                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin()
+            }
+        };
+        let q = Array4::from_shape_fn((1, 4, 100, 6), f(1));
+        let k = Array4::from_shape_fn((1, 2, 100, 6), f(2));
+        let v = Array4::from_shape_fn((1, 2, 100, 5), f(3));
+        let mut narrow = KvCache::with_side_limit(ctx, spec, 64).unwrap();
+        assert_eq!((narrow.k.lines.per_line, narrow.k.lines.lines), (32, 7));
+        let mut wide = KvCache::new(ctx, spec).unwrap();
+        let dec = Decoder::new().nan_fill(true);
+        let mut at = 0;
+        for m in [3, 70, 1, 26] {
+            let r = s![.., .., at..at + m, ..];
+            narrow.append(ctx, k.slice(r), v.slice(r)).unwrap();
+            wide.append(ctx, k.slice(r), v.slice(r)).unwrap();
+            let a = dec.step(ctx, &narrow, q.slice(r)).unwrap();
+            let b = dec.step(ctx, &wide, q.slice(r)).unwrap();
+            assert_eq!(a, b, "after {m} more");
+            at += m;
+        }
+    }
+
+    #[test]
+    fn every_thread_count_merges_to_the_same_result() {
+        // A GPU runs 64 threads per workgroup, lavapipe one subgroup: the merge must not
+        // depend on it (nor on a count that is not a power of two).
+        let ctx = crate::context::test_context();
+        let spec = KvCacheSpec {
+            capacity: 300,
+            batch: 2,
+            kv_heads: 2,
+            d_k: 6,
+            d_v: 9,
+            dtype: Dtype::F32,
+        };
+        let f = |salt: usize| {
+            move |(a, b, c, d): (usize, usize, usize, usize)| {
+                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin() * 2.0
+            }
+        };
+        let q = Array4::from_shape_fn((2, 6, 300, 6), f(1));
+        let k = Array4::from_shape_fn((2, 2, 300, 6), f(2));
+        let v = Array4::from_shape_fn((2, 2, 300, 9), f(3));
+        let mut cache = KvCache::new(ctx, spec).unwrap();
+        cache.append(ctx, k.view(), v.view()).unwrap();
+        let op = crate::attention::Attention::new().causal(true);
+        let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
+            .unwrap()
+            .context;
+        for threads in [1, 3, 8, 64] {
+            for block in [64, 1024] {
+                let dec = Decoder::new().nan_fill(true).threads(threads).block(block);
+                let got = dec.step(ctx, &cache, q.view()).unwrap();
+                let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
+                assert!(rel < 1e-5, "{threads} threads, blocks of {block}: {rel:e}");
             }
         }
     }
-    out
 }

@@ -1,111 +1,129 @@
 //! The CPU peer `bench --decode` compares with: a straightforward one-thread f32 KV cache and
 //! decode step, the same semantics as [`super::Decoder::step`] (not part of the API).
 
-use ndarray::{s, Array4, ArrayView2, ArrayView4, Axis, ShapeBuilder};
+use ndarray::{s, Array4, ArrayView4};
 
-/// K and V in host memory, token-major as the device cache: `(token, batch, kv_heads, d)`.
+/// K and V in host memory as a CPU program keeps them: one growing `(token, d)` array per
+/// (batch, K/V head), so each head's keys are contiguous.
 #[derive(Debug, Clone)]
 pub struct CpuKvCache {
     batch: usize,
     kv_heads: usize,
     d_k: usize,
     d_v: usize,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
 }
 
 impl CpuKvCache {
     /// An empty cache with room reserved for `capacity` tokens.
     pub fn new(capacity: usize, batch: usize, kv_heads: usize, d_k: usize, d_v: usize) -> Self {
-        let rows = capacity * batch * kv_heads;
+        let heads = batch * kv_heads;
         CpuKvCache {
             batch,
             kv_heads,
             d_k,
             d_v,
-            k: Vec::with_capacity(rows * d_k),
-            v: Vec::with_capacity(rows * d_v),
+            k: (0..heads)
+                .map(|_| Vec::with_capacity(capacity * d_k))
+                .collect(),
+            v: (0..heads)
+                .map(|_| Vec::with_capacity(capacity * d_v))
+                .collect(),
         }
     }
 
     /// Tokens held.
     pub fn len(&self) -> usize {
-        self.k.len() / (self.batch * self.kv_heads * self.d_k).max(1)
+        self.k.first().map_or(0, |k| k.len() / self.d_k.max(1))
     }
 
     /// Whether it holds no token.
     pub fn is_empty(&self) -> bool {
-        self.k.is_empty()
+        self.len() == 0
     }
 
     /// Appends K `(batch, kv_heads, m, d_k)` and V `(batch, kv_heads, m, d_v)` (shapes as
     /// [`super::KvCache::append`] checks them; here they are assumed).
     pub fn append(&mut self, k: ArrayView4<'_, f32>, v: ArrayView4<'_, f32>) {
-        let m = k.dim().2;
-        for t in 0..m {
-            for b in 0..self.batch {
-                for h in 0..self.kv_heads {
-                    self.k.extend(k.slice(s![b, h, t, ..]).iter());
-                    self.v.extend(v.slice(s![b, h, t, ..]).iter());
-                }
+        for b in 0..self.batch {
+            for h in 0..self.kv_heads {
+                let at = b * self.kv_heads + h;
+                self.k[at].extend(k.slice(s![b, h, .., ..]).iter());
+                self.v[at].extend(v.slice(s![b, h, .., ..]).iter());
             }
         }
     }
 
     /// The decode step: `q` `(batch, heads, m, d_k)`, the last `m` tokens' queries, against
-    /// every token, causal aligned to the end; returns `(batch, heads, m, d_v)`. Per (batch,
-    /// K/V head), the scores of its query rows and the weighted sum are two GEMMs
-    /// (matrixmultiply's, one thread) reading the cache in place.
+    /// every token, causal aligned to the end; returns `(batch, heads, m, d_v)`. Per query row:
+    /// one pass over the keys for the scores, the softmax, one pass over the values, reading
+    /// the cache in place.
     pub fn step(&self, q: ArrayView4<'_, f32>, scale: f32) -> Array4<f32> {
         let (batch, heads, m, d_k) = q.dim();
         let len = self.len();
         let ratio = heads / self.kv_heads;
-        let tok_k = self.batch * self.kv_heads * self.d_k;
-        let tok_v = self.batch * self.kv_heads * self.d_v;
         let mut out = Array4::<f32>::zeros((batch, heads, m, self.d_v));
+        let mut scores = vec![0.0f32; len];
+        let mut qrow = vec![0.0f32; d_k];
         for b in 0..batch {
-            for kvh in 0..self.kv_heads {
-                let heads_of = s![b, kvh * ratio..(kvh + 1) * ratio, .., ..];
-                let rows = q
-                    .slice(heads_of)
-                    .as_standard_layout()
-                    .into_owned()
-                    .into_shape_with_order((ratio * m, d_k))
-                    .expect("contiguous rows");
-                let at = (b * self.kv_heads + kvh) * self.d_k;
-                let keys =
-                    ArrayView2::from_shape((len, self.d_k).strides((tok_k, 1)), &self.k[at..])
-                        .expect("the cache holds len tokens");
-                let at = (b * self.kv_heads + kvh) * self.d_v;
-                let values =
-                    ArrayView2::from_shape((len, self.d_v).strides((tok_v, 1)), &self.v[at..])
-                        .expect("the cache holds len tokens");
-                let mut scores = rows.dot(&keys.t());
-                for (r, mut row) in scores.axis_iter_mut(Axis(0)).enumerate() {
-                    let visible = len - m + r % m + 1;
-                    let row = row
+            for h in 0..heads {
+                let kvh = h / ratio;
+                let (keys, values) = (
+                    &self.k[b * self.kv_heads + kvh],
+                    &self.v[b * self.kv_heads + kvh],
+                );
+                for i in 0..m {
+                    let visible = len - m + i + 1;
+                    for (dst, src) in qrow.iter_mut().zip(q.slice(s![b, h, i, ..])) {
+                        *dst = *src * scale;
+                    }
+                    let mut max = f32::NEG_INFINITY;
+                    for (sc, key) in scores[..visible].iter_mut().zip(keys.chunks_exact(d_k)) {
+                        *sc = dot(key, &qrow);
+                        max = max.max(*sc);
+                    }
+                    let mut sum = 0.0f32;
+                    for sc in &mut scores[..visible] {
+                        *sc = (*sc - max).exp();
+                        sum += *sc;
+                    }
+                    let mut row = out.slice_mut(s![b, h, i, ..]);
+                    let acc = row
                         .as_slice_mut()
                         .expect("rows of a new array are contiguous");
-                    let max = row[..visible]
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |a, &x| a.max(x * scale));
-                    let mut sum = 0.0f32;
-                    for x in &mut row[..visible] {
-                        *x = (*x * scale - max).exp();
-                        sum += *x;
+                    for (w, value) in scores[..visible].iter().zip(values.chunks_exact(self.d_v)) {
+                        for (a, x) in acc.iter_mut().zip(value) {
+                            *a += w * x;
+                        }
                     }
-                    for x in &mut row[..visible] {
-                        *x /= sum;
+                    let inv = 1.0 / sum;
+                    for a in acc.iter_mut() {
+                        *a *= inv;
                     }
-                    row[visible..].fill(0.0);
                 }
-                let o = scores.dot(&values);
-                out.slice_mut(heads_of)
-                    .assign(&o.into_shape_with_order((ratio, m, self.d_v)).expect("rows"));
             }
         }
         out
     }
+}
+
+/// `a · b` with eight independent partial sums.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut part = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for k in 0..8 {
+            part[k] += x[k] * y[k];
+        }
+    }
+    part.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

@@ -17,13 +17,20 @@
 //! head `h` reads K/V head `h / (heads / kv_heads)`, as [`crate::Attention::sdpa`] does.
 //!
 //! **How it runs** (flash-decoding): `decode_partial.wgsl` splits the keys into blocks; one
-//! workgroup per (batch, K/V head, chunk of up to 8 of its query rows, key block) computes
-//! each row's partial max, sum and weighted V over the block, reading each K and V row once
-//! for all the query heads sharing it; `decode_combine.wgsl` merges the blocks. A single query
-//! row is thus spread over `batch · kv_heads · blocks` workgroups. The block size (a multiple
-//! of 64 keys) is the fewest blocks that give about 1,024 workgroups on a GPU, or 4 per host
-//! core on a CPU adapter such as lavapipe (whose workgroups run one per thread, so more blocks
-//! only add combine work), at most the whole cache; [`Decoder::block`] overrides it.
+//! workgroup per (batch, K/V head, chunk of its query rows, key block) computes each row's
+//! partial max, sum and weighted V over the block (each thread walks its own keys with an
+//! online softmax in registers, and the threads' partials are merged at the end), reading each
+//! K and V row once for all the query heads that share it; `decode_combine.wgsl` merges the
+//! blocks. A single query row is thus spread over `batch · kv_heads · blocks` workgroups.
+//!
+//! **Block size** (keys per block, a multiple of 64): the fewest blocks that give about 1,024
+//! workgroups on a GPU (at least 256 keys each, so every thread walks several keys before the
+//! merge), or 4 per host core on a CPU adapter such as lavapipe, whose workgroups run one per
+//! thread, so that more blocks only add merges and combine work; never more than the cache.
+//! Measured on lavapipe (2 cores, batch 1, 8 heads, d = 64, S = 4096; `bench --decode
+//! --decode-block B`, ms per step, median of 9 on a loaded machine): blocks of 256 keys 8.8,
+//! 1,024 keys 7.1, 4,096 keys (the rule's choice there) 3.9. [`Decoder::block`] overrides the
+//! rule.
 
 mod cache;
 // The CPU peer of `bench --decode`: not part of the API.
@@ -34,7 +41,7 @@ use ndarray::{Array4, ArrayView4};
 
 pub use cache::{CacheElement, KvCache, KvCacheSpec};
 
-use crate::attention::{check_finite, Dtype};
+use crate::attention::check_finite;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::{buffer, readback};
@@ -46,6 +53,7 @@ pub struct Decoder {
     scale: Option<f32>,
     block: Option<usize>,
     nan_fill: bool,
+    threads: Option<u32>,
 }
 
 impl Decoder {
@@ -71,6 +79,13 @@ impl Decoder {
     /// element no kernel wrote shows up (for tests).
     pub fn nan_fill(mut self, yes: bool) -> Self {
         self.nan_fill = yes;
+        self
+    }
+
+    /// Forces the threads per workgroup (tests: what a GPU runs, on a CPU adapter).
+    #[cfg(test)]
+    pub(crate) fn threads(mut self, n: u32) -> Self {
+        self.threads = Some(n);
         self
     }
 
@@ -128,14 +143,19 @@ impl Decoder {
             kv_heads: spec.kv_heads,
             m,
             len: cache.len(),
+            capacity: spec.capacity,
+            k_line: cache.lines().0.per_line,
+            v_line: cache.lines().1.per_line,
             dk: d_k,
             dv: spec.d_v,
             scale,
-            f16: spec.dtype == Dtype::F16,
             nan_fill: self.nan_fill,
+            threads: self.threads,
         };
         let out_len = batch * heads * m * spec.d_v;
         let flat = ctx.scoped(|| {
+            // The step's scratch buffers come from the pool, reused only after this submit.
+            let _open = ctx.pool.open();
             let q_buf = buffer::upload(ctx, "decode Q", &padded_rows(&q))?;
             let out = buffer::output(ctx, "decode output", out_len, self.nan_fill)?;
             let mut encoder = ctx
@@ -144,7 +164,7 @@ impl Decoder {
                     label: Some("decode"),
                 });
             crate::timing::begin(ctx);
-            let (k, v) = cache.buffers();
+            let (k, v) = cache.views();
             let bufs = DecodeBuffers {
                 q: &q_buf,
                 k,

@@ -11,10 +11,26 @@ use crate::error::{Error, Result};
 /// The kernel.
 pub(crate) struct Shader;
 
-/// Threads per workgroup, which is also the keys per tile.
+/// The most threads per workgroup (each walks its own keys of the block), and the unit of
+/// block sizes.
 pub(crate) const THREADS: u32 = 64;
 
-/// The most query rows one workgroup keeps (its rows' scores are registers of every thread).
+/// Threads per workgroup on an adapter: [`THREADS`] on a GPU; on a CPU adapter one subgroup
+/// (lavapipe runs a workgroup's subgroups one after the other on one core, so more threads
+/// only add rounds to the merge through workgroup memory, which is slow there).
+pub(crate) fn threads_for(ctx: &Context) -> u32 {
+    if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+        ctx.subgroup_size().unwrap_or(8).clamp(1, THREADS)
+    } else {
+        THREADS
+    }
+}
+
+/// Registers a thread may spend on its rows' Q and output, in vec4s: the chunk's rows are
+/// as many as fit (at least one).
+const ROW_REGISTERS: u32 = 64;
+
+/// The most query rows one workgroup keeps.
 const MAX_ROWS: u32 = 8;
 
 uniform! {
@@ -36,9 +52,14 @@ uniform! {
         m: u32,
         /// Keys in the cache.
         len: u32,
-        /// Vec4s from one token to the next in K and in V.
-        k_tok: u32,
-        v_tok: u32,
+        /// Tokens the cache has room for (its rows per head).
+        capacity: u32,
+        /// Cache rows per texture line of K and of V.
+        k_line: u32,
+        v_line: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
         /// `scale · log2(e)`.
         scale_log2: f32,
     }
@@ -47,7 +68,7 @@ uniform! {
 constants! {
     /// Specialisation of `decode_partial.wgsl`.
     pub(crate) struct PartialConsts {
-        /// Threads per workgroup and keys per tile.
+        /// Threads per workgroup.
         threads => "WG",
         /// Query rows per workgroup.
         rows => "GC",
@@ -55,12 +76,6 @@ constants! {
         dk4 => "DK4",
         /// d_v in vec4s, rounded up.
         dv4 => "DV4",
-        /// Threads across the head dimension: `min(DV4, WG)`.
-        columns => "CW",
-        /// Key lanes: `WG / CW`.
-        lanes => "KP",
-        /// Output vec4 columns per thread: `⌈DV4 / CW⌉`.
-        out4 => "OC",
     }
 }
 
@@ -69,37 +84,36 @@ impl Kernel for Shader {
     const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
     const BINDINGS: &'static [Slot] = &[
         Slot::Read("q_buf"),
-        Slot::Read("k_buf"),
-        Slot::Read("v_buf"),
+        Slot::Texture("k_tex"),
+        Slot::Texture("v_tex"),
         Slot::ReadWrite("o_part"),
         Slot::ReadWrite("ml_part"),
     ];
-    /// Bit 0: K and V are f16.
-    const DTYPES: &'static [&'static str] = &["KV_T"];
     type Consts = PartialConsts;
     type Params = PartialParams;
 }
 
 impl PartialConsts {
     /// The specialisation for `rows` query rows per K/V head and widths `dk4`, `dv4` (vec4s):
-    /// up to [`MAX_ROWS`] rows per workgroup (a power of two), fewer while the workgroup
-    /// memory does not fit `limit` bytes.
+    /// as many rows per workgroup as [`ROW_REGISTERS`] allow (a power of two, at most
+    /// [`MAX_ROWS`] and at least 1), and `threads` threads, halved while the merge's
+    /// workgroup memory does not fit `limit` bytes.
     ///
     /// # Errors
-    /// [`Error::LimitExceeded`] when even one row per workgroup does not fit.
-    pub fn new(rows: u32, (dk4, dv4): (u32, u32), limit: u32) -> Result<Self> {
-        let columns = dv4.min(THREADS);
+    /// [`Error::LimitExceeded`] when even one thread's row does not fit.
+    pub fn new(rows: u32, (dk4, dv4): (u32, u32), threads: u32, limit: u32) -> Result<Self> {
+        let fit = (ROW_REGISTERS / (dk4 + dv4).max(1)).clamp(1, MAX_ROWS);
         let mut c = PartialConsts {
-            threads: THREADS,
-            rows: rows.clamp(1, MAX_ROWS).next_power_of_two(),
+            threads: threads.clamp(1, THREADS),
+            rows: rows.clamp(1, MAX_ROWS).min(fit).next_power_of_two(),
             dk4,
             dv4,
-            columns,
-            lanes: THREADS / columns,
-            out4: dv4.div_ceil(columns),
         };
-        while c.workgroup_bytes() > u64::from(limit) && c.rows > 1 {
+        if c.rows > fit {
             c.rows /= 2;
+        }
+        while c.workgroup_bytes() > u64::from(limit) && c.threads > 1 {
+            c.threads /= 2;
         }
         if c.workgroup_bytes() > u64::from(limit) {
             return Err(Error::LimitExceeded {
@@ -114,11 +128,7 @@ impl PartialConsts {
 
     /// Workgroup memory used, as the shader declares it.
     pub fn workgroup_bytes(&self) -> u64 {
-        let (g, wg) = (u64::from(self.rows), u64::from(self.threads));
-        16 * g * u64::from(self.dk4)
-            + 4 * g * wg
-            + 4 * g
-            + 16 * u64::from(self.lanes) * g * u64::from(self.dv4)
+        u64::from(self.threads) * (8 + 16 * u64::from(self.dv4))
     }
 }
 
@@ -132,22 +142,27 @@ pub(crate) struct Decode {
     pub m: usize,
     /// Keys in the cache (the last `m` are the new rows' own).
     pub len: usize,
+    /// Rows per (batch, K/V head) in the cache's textures.
+    pub capacity: usize,
+    /// Cache rows per texture line of K and of V.
+    pub k_line: usize,
+    pub v_line: usize,
     pub dk: usize,
     pub dv: usize,
     pub scale: f32,
-    /// K and V are stored as f16.
-    pub f16: bool,
     /// The partial results start as NaN (tests: a slot no kernel wrote shows up).
     pub nan_fill: bool,
+    /// Threads per workgroup, when forced (tests: the GPU's 64 on lavapipe).
+    pub threads: Option<u32>,
 }
 
 /// The buffers of one decode step.
 pub(crate) struct DecodeBuffers<'a> {
     /// The queries, `(batch, heads, m, DK4)` vec4s, f32.
     pub q: &'a wgpu::Buffer,
-    /// The cache's K and V.
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
+    /// The cache's K and V textures.
+    pub k: &'a wgpu::TextureView,
+    pub v: &'a wgpu::TextureView,
     /// The output, `(batch, heads, m, d_v)` f32.
     pub out: &'a wgpu::Buffer,
 }
@@ -184,9 +199,11 @@ impl Decode {
         let consts = PartialConsts::new(
             u32_of("query rows per K/V head", rows)?,
             (dk4, dv4),
+            self.threads.unwrap_or_else(|| threads_for(ctx)),
             ctx.limits().max_compute_workgroup_storage_size,
         )?;
         let wg = THREADS as usize;
+        // Blocks are whole multiples of 64 keys (of every thread count the constants choose).
         let block = block
             .unwrap_or_else(|| self.block(ctx, &consts))
             .next_multiple_of(wg)
@@ -217,9 +234,11 @@ impl Decode {
             ratio: u32_of("heads per K/V head", ratio)?,
             m: u32_of("new rows", self.m)?,
             len: u32_of("cache length", self.len)?,
-            k_tok: u32_of("K token stride", self.batch * self.kv_heads * dk4 as usize)?,
-            v_tok: u32_of("V token stride", self.batch * self.kv_heads * dv4 as usize)?,
+            capacity: u32_of("cache capacity", self.capacity)?,
+            k_line: u32_of("K rows per line", self.k_line)?,
+            v_line: u32_of("V rows per line", self.v_line)?,
             scale_log2: self.scale * std::f32::consts::LOG2_E,
+            ..Default::default()
         };
         log::debug!(
             "decode: {} rows x {} keys in {blocks} blocks of {block}, {chunks} chunks of {} rows",
@@ -231,7 +250,7 @@ impl Decode {
             ctx,
             encoder,
             &consts,
-            u8::from(self.f16),
+            0,
             &params,
             &[
                 bufs.q.into(),
@@ -254,7 +273,7 @@ impl Decode {
 
 /// Workgroups a decode step aims for: enough to fill a GPU several times over; on a CPU
 /// adapter (lavapipe runs a workgroup per host thread) a few per core, since each extra block
-/// costs a partial result and the combine.
+/// costs a merge, a partial result and its share of the combine.
 fn target_workgroups(cpu: bool) -> usize {
     if cpu {
         4 * std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -265,12 +284,16 @@ fn target_workgroups(cpu: bool) -> usize {
 
 /// Keys per block for a cache of `len` keys and `groups` workgroups per block (batch ·
 /// kv_heads · row chunks): the fewest blocks that reach [`target_workgroups`], each a whole
-/// number of tiles ([`THREADS`] keys), at least one tile and at most the whole cache.
+/// multiple of 64 keys, at most the whole cache and at least 64 keys — 256 on a GPU, so each
+/// of a workgroup's threads walks at least 4 keys before the merge.
 pub(crate) fn block_for(len: usize, groups: usize, cpu: bool) -> usize {
     let wg = THREADS as usize;
+    let least = if cpu { wg } else { 4 * wg };
     let want_blocks = target_workgroups(cpu).div_ceil(groups.max(1)).max(1);
     let block = len.div_ceil(want_blocks).next_multiple_of(wg);
-    block.clamp(wg, len.next_multiple_of(wg).max(wg))
+    block
+        .min(len.next_multiple_of(wg))
+        .max(least.min(len.next_multiple_of(wg)))
 }
 
 #[cfg(test)]
@@ -278,27 +301,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rows_per_workgroup_shrink_to_fit_workgroup_memory() {
-        let c = PartialConsts::new(1, (16, 16), 16 << 10).unwrap();
-        assert_eq!((c.rows, c.columns, c.lanes, c.out4), (1, 16, 4, 1));
-        let c = PartialConsts::new(32, (16, 16), 16 << 10).unwrap();
-        assert_eq!(c.rows, 8);
+    fn rows_and_threads_fit_registers_and_workgroup_memory() {
+        // d = 64: two rows per workgroup (2 · 32 vec4 registers); 64 threads need 16.9 KiB.
+        let c = PartialConsts::new(1, (16, 16), 64, 32 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (1, 64));
+        let c = PartialConsts::new(32, (16, 16), 64, 32 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (2, 64));
+        let c = PartialConsts::new(32, (16, 16), 64, 16 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (2, 32));
+        // d = 8: up to 8 rows; 3 rows round up to 4.
+        assert_eq!(PartialConsts::new(3, (2, 2), 64, 16 << 10).unwrap().rows, 4);
+        assert_eq!(
+            PartialConsts::new(100, (2, 2), 64, 16 << 10).unwrap().rows,
+            8
+        );
+        // d = 256: one row, still fits.
+        let c = PartialConsts::new(8, (64, 64), 64, 16 << 10).unwrap();
+        assert_eq!(c.rows, 1);
         assert!(c.workgroup_bytes() <= 16 << 10);
-        // d = 512: two output columns per thread, fewer rows.
-        let c = PartialConsts::new(32, (128, 128), 32 << 10).unwrap();
-        assert_eq!((c.columns, c.lanes, c.out4), (64, 1, 2));
-        assert!(c.rows < 8 && c.workgroup_bytes() <= 32 << 10, "{c:?}");
-        assert!(PartialConsts::new(1, (4096, 4096), 16 << 10).is_err());
+        assert!(PartialConsts::new(1, (4096, 4096), 64, 16 << 10).is_err());
+        // A CPU adapter's one subgroup of 8.
+        let c = PartialConsts::new(1, (16, 16), 8, 32 << 10).unwrap();
+        assert_eq!((c.rows, c.threads), (1, 8));
     }
 
     #[test]
     fn blocks_fill_the_device_and_are_whole_tiles() {
-        // A GPU: batch 1, 8 heads, 4096 keys: 1024 / 8 = 128 blocks of 32 keys → one tile.
-        assert_eq!(block_for(4096, 8, false), 64);
+        // A GPU: batch 1, 8 heads, 4096 keys: 1024 / 8 = 128 blocks of 32 keys, but at least
+        // 256; a CPU with 8 groups already: one block.
+        assert_eq!(block_for(4096, 8, false), 256);
+        assert_eq!(block_for(65536, 8, false), 512);
         // Many groups already: one block of the whole (rounded) cache.
         assert_eq!(block_for(1000, 4096, false), 1024);
         assert_eq!(block_for(1, 1, false), 64);
         assert_eq!(block_for(1, 1, true), 64);
+        assert_eq!(block_for(100, 1, false), 128);
         for len in [1, 7, 37, 1000, 4096] {
             for groups in [1, 8, 64] {
                 let b = block_for(len, groups, true);

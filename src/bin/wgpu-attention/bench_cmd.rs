@@ -80,6 +80,9 @@ pub struct BenchArgs {
     /// Keys per block of the decode kernel's split (default: chosen per step).
     #[arg(long, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     decode_block: Option<usize>,
+    /// How the --decode cache stores K and V: f32, or f16 (half the memory and bandwidth).
+    #[arg(long, default_value = "f32")]
+    decode_dtype: wgpu_attention::Dtype,
     #[command(flatten)]
     adapter: AdapterArgs,
 }
@@ -458,6 +461,7 @@ fn decode(args: &BenchArgs) -> Result<bool> {
             heads: args.decode_heads,
             d: args.d,
             block: args.decode_block,
+            dtype: args.decode_dtype,
             warmup: args.warmup,
             repeats: args.repeats,
             no_cpu: args.no_cpu,

@@ -17,6 +17,8 @@ pub struct DecodeBench<'a> {
     pub d: usize,
     /// Keys per block, when forced.
     pub block: Option<usize>,
+    /// How the cache stores K and V (the whole-call sdpa uses the same; the CPU peer is f32).
+    pub dtype: Dtype,
     pub warmup: usize,
     pub repeats: usize,
     pub no_cpu: bool,
@@ -36,11 +38,17 @@ fn tokens(batch: usize, heads: usize, n: usize, d: usize) -> [Array4<f32>; 3] {
     ]
 }
 
-fn row(batch: usize, len: usize, path: &str, stats: &Stats, whole: Option<f64>, cpu: Option<f64>) {
+fn row(
+    (batch, len): (usize, usize),
+    path: &str,
+    stats: &Stats,
+    (whole, cpu): (Option<f64>, Option<f64>),
+    kernels: &[(String, f64)],
+) {
     let ratio =
         |base: Option<f64>| base.map_or("-".into(), |b| format!("{:.2}x", b / stats.median_ms));
     println!(
-        "{batch:>5} {len:>7}  {path:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}",
+        "{batch:>5} {len:>7}  {path:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}  {}",
         stats.median_ms,
         stats.min_ms,
         stats.max_ms,
@@ -48,6 +56,11 @@ fn row(batch: usize, len: usize, path: &str, stats: &Stats, whole: Option<f64>, 
         batch as f64 * 1e3 / stats.median_ms,
         ratio(whole),
         ratio(cpu),
+        kernels
+            .iter()
+            .map(|(k, ms)| format!("{k} {ms:.2}"))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
 }
 
@@ -60,9 +73,10 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
     let capacity = b.lengths.iter().max().unwrap_or(&1) + steps;
     let scale = 1.0 / (b.d as f32).sqrt();
     println!(
-        "decode: {} heads (= K/V heads), d = {}, f32; one new token per sequence per step \
-         (append its K and V, attend its query to the whole cache, read the output back)",
-        b.heads, b.d
+        "decode: {} heads (= K/V heads), d = {}, {} K and V (the CPU peer f32); one new token \
+         per sequence per step (append its K and V, attend its query to the whole cache, read \
+         the output back)",
+        b.heads, b.d, b.dtype
     );
     println!(
         "timing: median of {} steps after {} warm-up, cache length growing by one per step \
@@ -70,7 +84,7 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
         b.repeats, b.warmup
     );
     println!(
-        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu"
+        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu  kernels (ms)"
     );
     for &batch in b.batches {
         let [q, k, v] = tokens(batch, b.heads, capacity, b.d);
@@ -80,31 +94,45 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
             kv_heads: b.heads,
             d_k: b.d,
             d_v: b.d,
-            dtype: Dtype::F32,
+            dtype: b.dtype,
         };
         let mut cache = KvCache::new(ctx, spec)?;
+        // An f16 cache takes f16 arrays: the same values, rounded once.
+        let (k16, v16) = (k.mapv(half::f16::from_f32), v.mapv(half::f16::from_f32));
+        let append = |cache: &mut KvCache, r: std::ops::Range<usize>| -> Result<()> {
+            let r = s![.., .., r, ..];
+            match b.dtype {
+                Dtype::F32 => cache.append(ctx, k.slice(r), v.slice(r)),
+                Dtype::F16 => cache.append(ctx, k16.slice(r), v16.slice(r)),
+            }
+        };
         let mut dec = Decoder::new();
         if let Some(block) = b.block {
             dec = dec.block(block);
         }
-        let whole_op = Attention::new().return_weights(false);
+        let whole_op = Attention::new().return_weights(false).dtype(b.dtype);
         for &len in b.lengths {
-            let start = len.saturating_sub(steps).max(1);
-            // Prefill (untimed) up to where the timed steps start.
+            // Prefill (untimed) up to where the steps start: the last step leaves `len` tokens
+            // (or `steps` when `len` is shorter).
+            let start = len.saturating_sub(steps);
             cache.clear();
-            cache.append(
-                ctx,
-                k.slice(s![.., .., ..start - 1, ..]),
-                v.slice(s![.., .., ..start - 1, ..]),
-            )?;
-            let mut t = start - 1;
+            append(&mut cache, 0..start)?;
+            let mut t = start;
             let (gpu, _) = bench::measure(b.warmup, b.repeats, || {
-                let r = s![.., .., t..t + 1, ..];
-                cache.append(ctx, k.slice(r), v.slice(r))?;
-                dec.step(ctx, &cache, q.slice(r))?;
+                append(&mut cache, t..t + 1)?;
+                dec.step(ctx, &cache, q.slice(s![.., .., t..t + 1, ..]))?;
                 t += 1;
                 Ok(())
             })?;
+            // The kernels' share: the last step again (m = 1 ≤ len, the cache unchanged),
+            // each kernel submitted alone and timed.
+            ctx.set_profiling(true);
+            let profiled = bench::measure(0, b.repeats, || {
+                dec.step(ctx, &cache, q.slice(s![.., .., t - 1..t, ..]))?;
+                Ok(ctx.kernel_times())
+            });
+            ctx.set_profiling(false);
+            let kernels = bench::kernel_medians(&profiled?.1);
             // The same step as one whole call at the full length: Q of the last token against
             // all `len` keys (uploaded each time; bottom-right causal needs no mask for it).
             let last = s![.., .., len - 1..len, ..];
@@ -118,10 +146,10 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
             } else {
                 let mut cpu = CpuKvCache::new(capacity, batch, b.heads, b.d, b.d);
                 cpu.append(
-                    k.slice(s![.., .., ..start - 1, ..]),
-                    v.slice(s![.., .., ..start - 1, ..]),
+                    k.slice(s![.., .., ..start, ..]),
+                    v.slice(s![.., .., ..start, ..]),
                 );
-                let mut t = start - 1;
+                let mut t = start;
                 let (stats, _) = bench::measure(b.warmup, b.repeats, || {
                     let r = s![.., .., t..t + 1, ..];
                     cpu.append(k.slice(r), v.slice(r));
@@ -132,17 +160,11 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
                 Some(stats)
             };
             let (w, c) = (Some(whole.median_ms), cpu_stats.map(|s| s.median_ms));
-            row(
-                batch,
-                len,
-                "gpu kv-cache decode",
-                &gpu,
-                Some(whole.median_ms),
-                c,
-            );
-            row(batch, len, "gpu whole-call sdpa", &whole, None, c);
+            let at = (batch, len);
+            row(at, "gpu kv-cache decode", &gpu, (w, c), &kernels);
+            row(at, "gpu whole-call sdpa", &whole, (None, c), &[]);
             if let Some(cs) = &cpu_stats {
-                row(batch, len, "cpu f32 one thread", cs, w, None);
+                row(at, "cpu f32 one thread", cs, (w, None), &[]);
             }
         }
     }
