@@ -393,3 +393,62 @@ fn a_ten_thousand_step_decode_loop_holds_memory_flat() {
         "the pool grew: {early:?} → {end:?}"
     );
 }
+
+#[test]
+fn a_layer_decoding_with_its_cache_equals_its_causal_forward() {
+    let ctx = common::ctx();
+    let (d, n, prompt) = (12, 37, 30);
+    let w = |r: usize, c: usize, salt: usize| {
+        ndarray::Array2::from_shape_fn((r, c), |(i, j)| {
+            (((i * 7 + j * 3) * (salt + 1)) as f32 * 0.13).sin() * 0.5
+        })
+    };
+    // Four query heads of width 2 on two K/V heads; W_O 8 → 5, with biases.
+    let (wq, wk, wv, wo) = (w(d, 8, 1), w(d, 4, 2), w(d, 4, 3), w(8, 5, 4));
+    let (bq, bo) = (
+        ndarray::Array1::from_elem(8, 0.1f32),
+        ndarray::Array1::from_elem(5, -0.2f32),
+    );
+    let mut p = wgpu_attention::Projections::new(wq.view(), wk.view(), wv.view())
+        .with_output(wo.view(), Some(bo.view()));
+    p.b_q = Some(bq.view());
+    let op = Attention::new().heads(4).causal(true).return_weights(false);
+    let layer = wgpu_attention::Layer::new(ctx, op, &p).unwrap();
+    let x = ndarray::Array3::from_shape_fn((2, n, d), |(b, i, j)| {
+        ((b * 3 + i * 5 + j) as f32 * 0.07).cos()
+    });
+    let want = layer.forward(ctx, &x).unwrap().context;
+    let mut cache = KvCache::new(ctx, spec(2, 2, n, (2, 2), Dtype::F32)).unwrap();
+    let mut got = vec![layer
+        .decode_step(ctx, &mut cache, x.slice(s![.., ..prompt, ..]))
+        .unwrap()];
+    for t in prompt..n {
+        got.push(
+            layer
+                .decode_step(ctx, &mut cache, x.slice(s![.., t..t + 1, ..]))
+                .unwrap(),
+        );
+    }
+    let views: Vec<_> = got.iter().map(|a| a.view()).collect();
+    let got = ndarray::concatenate(Axis(1), &views).unwrap();
+    let (rel, _) = reference::compare(&got, &want.mapv(f64::from));
+    assert!(rel < 1e-5, "decode vs forward: {rel:e}");
+    assert_eq!(cache.len(), n);
+    // A full cache refuses more, unchanged; a layer that is not causal is refused.
+    let e = layer
+        .decode_step(ctx, &mut cache, x.slice(s![.., ..1, ..]))
+        .unwrap_err();
+    assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
+    assert_eq!(cache.len(), n);
+    let plain = wgpu_attention::Layer::new(ctx, op.causal(false), &p).unwrap();
+    let mut fresh = KvCache::new(ctx, spec(2, 2, n, (2, 2), Dtype::F32)).unwrap();
+    let e = plain
+        .decode_step(ctx, &mut fresh, x.slice(s![.., ..1, ..]))
+        .unwrap_err();
+    assert!(e.to_string().contains("not causal"), "{e}");
+    let mut wrong = KvCache::new(ctx, spec(2, 4, n, (2, 2), Dtype::F32)).unwrap();
+    let e = layer
+        .decode_step(ctx, &mut wrong, x.slice(s![.., ..1, ..]))
+        .unwrap_err();
+    assert!(e.to_string().contains("K/V heads"), "{e}");
+}

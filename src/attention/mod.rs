@@ -9,6 +9,7 @@
 //!   one encoder with `upload.rs` (Q, K, V, or X and the projections' matmuls), `dispatch.rs`
 //!   (the attention kernels and the output projection), and `readback.rs`.
 
+mod decode_step;
 mod dispatch;
 mod gradients;
 mod layer_saved;
