@@ -10,7 +10,7 @@ use crate::timing;
 impl Attention {
     /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
     /// and, when asked for, all of `weights`; submits, waits, and returns them.
-    pub(super) fn read_back(
+    pub(super) async fn read_back(
         &self,
         ctx: &Context,
         mut encoder: wgpu::CommandEncoder,
@@ -28,7 +28,7 @@ impl Attention {
             labels
         });
         let submission = ctx.queue.submit([encoder.finish()]);
-        let mut results = readback::finish(ctx, submission, pending)?;
+        let mut results = readback::finish_async(ctx, submission, pending).await?;
         if let Some(labels) = timing {
             timing::store(ctx, &results.pop().unwrap_or_default(), &labels);
         }
