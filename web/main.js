@@ -7,7 +7,7 @@ import { heatmap, chart } from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const state = (window.wgpuAttention = { demo: null, verify: null, bench: [], error: null });
+const state = (window.wgpuAttention = { info: null, demo: null, verify: null, bench: [], error: null });
 const fmt = (v) => (v === null || v === undefined ? "-" : Number(v).toExponential(2));
 
 function noWebGpu(reason) {
@@ -20,8 +20,9 @@ function noWebGpu(reason) {
 
 function showAdapter(info) {
   const name = info.name || "(the browser does not name it)";
+  const limits = params.get("limits") === "default" ? " (WebGPU's default limits requested)" : "";
   $("adapter-summary").textContent =
-    `${name} — backend ${info.backend}, ${info.device_type}; kernel families: ${info.families.join(", ")}` +
+    `${name}${limits} — backend ${info.backend}, ${info.device_type}; kernel families: ${info.families.join(", ")}` +
     (info.subgroup_size ? `; subgroup size ${info.subgroup_size}` : "");
   $("adapter-features").textContent = `features: ${info.features.join(", ") || "none"}`;
   $("adapter-limits").innerHTML = info.limits.map(([k, v]) => `<tr><td>${k}</td><td>${v}</td></tr>`).join("");
@@ -125,12 +126,13 @@ async function main() {
   }
   let session;
   try {
-    session = await open();
+    session = await open(params.get("limits") === "default");
   } catch (e) {
     noWebGpu(`WebGPU is there, but no adapter could be opened: ${e.message ?? e}`);
     return;
   }
-  showAdapter(JSON.parse(session.info()));
+  state.info = JSON.parse(session.info());
+  showAdapter(state.info);
   for (const id of ["demo-run", "verify-run", "bench-run"]) $(id).disabled = false;
   $("demo-form").addEventListener("submit", (ev) => { ev.preventDefault(); runDemo(session); });
   $("verify-run").addEventListener("click", () => runVerify(session));

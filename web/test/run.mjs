@@ -93,8 +93,12 @@ async function main() {
     await page.goto(base);
     const title = await waitTitle(page, ["wgpu-attention: demo ready", "no WebGPU", "error"], 120_000);
     console.log(`demo page: ${title}`);
-    const info = await page.textContent("#adapter-summary");
-    console.log(`adapter: ${info}`);
+    console.log(`adapter: ${await page.textContent("#adapter-summary")}`);
+    const info = await page.evaluate(() => window.wgpuAttention.info);
+    if (info) {
+      console.log(`  features: ${info.features.join(", ")}`);
+      console.log(`  limits: ${info.limits.map(([k, v]) => `${k} ${v}`).join(", ")}`);
+    }
     const demo = await page.evaluate(() => window.wgpuAttention.demo);
     await page.locator("#demo").screenshot({ path: join(shots, "demo.png") });
     if (!demo || demo.error) {
@@ -129,6 +133,16 @@ async function main() {
     }
     for (const r of v?.results ?? []) if (!r.passed) console.error(`  failed: ${r.case} ${r.error ?? ""}`);
     await page.locator("#verify").screenshot({ path: join(shots, "verify.png") });
+
+    // The same sweep on a device with WebGPU's default limits (256 invocations per
+    // workgroup, 16 KiB of workgroup memory): the variants that fit must be chosen.
+    await page.goto(`${base}?verify&limits=default`);
+    const small = await waitTitle(page, ["verify:", "no WebGPU", "error"], 540_000);
+    const lim = await page.evaluate(() => Object.fromEntries(window.wgpuAttention.info.limits));
+    console.log(`default limits (invocations ${lim.max_compute_invocations_per_workgroup}, workgroup storage ${lim.max_compute_workgroup_storage_size}): ${small}`);
+    const ms = /^verify: PASS (\d+) cases, max rel err (\S+)$/.exec(small);
+    if (!ms || !(Number(ms[2]) <= TOL)) fail(`verify with default limits: ${small}`);
+    if (lim.max_compute_invocations_per_workgroup !== 256) fail("default limits were not in force");
 
     // The benchmark, small sizes.
     await page.goto(`${base}?bench=64,128,256`);

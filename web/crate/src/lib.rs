@@ -9,7 +9,7 @@ use std::rc::Rc;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use wgpu_attention::verify::{self, Case};
-use wgpu_attention::{demo, reference, Attention, Context, Projections};
+use wgpu_attention::{demo, reference, wgpu, Attention, Context, Projections};
 
 /// The verify sweep's random cases and seed: the CLI's defaults (`verify --trials 20 --seed 0`).
 const TRIALS: usize = 20;
@@ -22,14 +22,20 @@ pub struct Session {
     cases: Rc<Vec<Case>>,
 }
 
-/// Opens the browser's WebGPU adapter. Rejects with the library's error message (no
-/// adapter, a refused device) when the browser has none to give.
+/// Opens the browser's WebGPU adapter with its full limits, or, with `default_limits`, with
+/// WebGPU's defaults (256 invocations per workgroup, 16 KiB of workgroup memory, 128 MiB per
+/// storage binding), the least any browser gives. Rejects with the library's error message
+/// (no adapter, a refused device) when the browser has none to give.
 ///
 /// # Errors
 /// The error's text, as a JavaScript error.
 #[wasm_bindgen]
-pub async fn open() -> Result<Session, JsError> {
-    let ctx = Context::new_async().await.map_err(js)?;
+pub async fn open(default_limits: bool) -> Result<Session, JsError> {
+    let ctx = if default_limits {
+        with_default_limits().await?
+    } else {
+        Context::new_async().await.map_err(js)?
+    };
     let mut cases = verify::standard_cases();
     cases.extend(verify::random_cases(TRIALS, SEED));
     let cases = verify::on_every_path(&ctx, &cases);
@@ -37,6 +43,28 @@ pub async fn open() -> Result<Session, JsError> {
         ctx: Rc::new(ctx),
         cases: Rc::new(cases),
     })
+}
+
+/// A context on a device made with WebGPU's default limits and the features the kernels use.
+async fn with_default_limits() -> Result<Context, JsError> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::BROWSER_WEBGPU;
+    let adapter = wgpu::Instance::new(desc)
+        .request_adapter(&wgpu::RequestAdapterOptions::default())
+        .await
+        .map_err(js)?;
+    let wanted =
+        wgpu::Features::SUBGROUP | wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SHADER_F16;
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("wgpu-attention, default limits"),
+            required_features: adapter.features() & wanted,
+            required_limits: wgpu::Limits::default(),
+            ..Default::default()
+        })
+        .await
+        .map_err(js)?;
+    Ok(Context::from_parts(adapter, device, queue))
 }
 
 /// Whether this build's JavaScript glue can see `navigator.gpu` at all.
