@@ -18,8 +18,18 @@ function noWebGpu(reason) {
   document.title = `no WebGPU: ${reason}`;
 }
 
+// wgpu leaves the adapter's name empty in the browser; WebGPU's own `adapter.info` says more.
+async function browserAdapterName() {
+  try {
+    const i = (await navigator.gpu.requestAdapter())?.info;
+    return i ? [i.vendor, i.architecture, i.description].filter(Boolean).join(" ") : "";
+  } catch {
+    return "";
+  }
+}
+
 function showAdapter(info) {
-  const name = info.name || "(the browser does not name it)";
+  const name = info.name || "(unnamed adapter)";
   const limits = params.get("limits") === "default" ? " (WebGPU's default limits requested)" : "";
   $("adapter-summary").textContent =
     `${name}${limits} — backend ${info.backend}, ${info.device_type}; kernel families: ${info.families.join(", ")}` +
@@ -132,6 +142,7 @@ async function main() {
     return;
   }
   state.info = JSON.parse(session.info());
+  if (!state.info.name) state.info.name = await browserAdapterName();
   showAdapter(state.info);
   for (const id of ["demo-run", "verify-run", "bench-run"]) $(id).disabled = false;
   $("demo-form").addEventListener("submit", (ev) => { ev.preventDefault(); runDemo(session); });

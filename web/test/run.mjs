@@ -100,6 +100,7 @@ async function main() {
       console.log(`  limits: ${info.limits.map(([k, v]) => `${k} ${v}`).join(", ")}`);
     }
     const demo = await page.evaluate(() => window.wgpuAttention.demo);
+    await page.screenshot({ path: join(shots, "page.png") });
     await page.locator("#demo").screenshot({ path: join(shots, "demo.png") });
     if (!demo || demo.error) {
       fail(`the demo did not run: ${demo?.error ?? title}`);
@@ -155,7 +156,6 @@ async function main() {
       if (!(p.max_abs_diff <= 1e-3)) fail(`benchmark ${p.kind} n=${p.n}: GPU and CPU differ by ${p.max_abs_diff}`);
     }
     await page.locator("#bench").screenshot({ path: join(shots, "bench.png") });
-    await page.screenshot({ path: join(shots, "page.png"), fullPage: false });
     console.log(`screenshots in ${shots}`);
   } finally {
     await browser.close();
