@@ -357,6 +357,16 @@ impl Context {
         self.adapter.get_info()
     }
 
+    /// The adapter's name for messages; the browser gives none, so there it is its backend.
+    fn adapter_name(&self) -> String {
+        let info = self.adapter.get_info();
+        if info.name.is_empty() {
+            format!("{:?} adapter", info.backend)
+        } else {
+            info.name
+        }
+    }
+
     /// The device's limits (the adapter's full limits unless the caller made the device).
     pub fn limits(&self) -> &wgpu::Limits {
         &self.limits
@@ -415,7 +425,7 @@ impl Context {
         }
         Err(Error::Unsupported {
             feature: "f16 operands (wgpu::Features::SHADER_F16)".into(),
-            adapter: self.adapter.get_info().name,
+            adapter: self.adapter_name(),
             hint: "use Dtype::F32 (CLI --dtype f32), or an adapter that has shader-f16 \
                    (`wgpu-attention devices` lists features); a device made by the caller \
                    must request SHADER_F16"
@@ -432,7 +442,7 @@ impl Context {
             feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
                       size)"
                 .into(),
-            adapter: self.adapter.get_info().name,
+            adapter: self.adapter_name(),
             hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
         })
     }

@@ -7,7 +7,7 @@ import { heatmap, chart } from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const state = (window.wgpuAttention = { info: null, demo: null, verify: null, bench: [], error: null });
+const state = (window.wgpuAttention = { info: null, f16: null, demo: null, verify: null, bench: [], error: null });
 const fmt = (v) => (v === null || v === undefined ? "-" : Number(v).toExponential(2));
 
 function noWebGpu(reason) {
@@ -144,6 +144,8 @@ async function main() {
   state.info = JSON.parse(session.info());
   if (!state.info.name) state.info.name = await browserAdapterName();
   showAdapter(state.info);
+  state.f16 = await session.f16_status();
+  $("adapter-f16").textContent = `f16 operands: ${state.f16}`;
   for (const id of ["demo-run", "verify-run", "bench-run"]) $(id).disabled = false;
   $("demo-form").addEventListener("submit", (ev) => { ev.preventDefault(); runDemo(session); });
   $("verify-run").addEventListener("click", () => runVerify(session));

@@ -99,6 +99,13 @@ async function main() {
       console.log(`  features: ${info.features.join(", ")}`);
       console.log(`  limits: ${info.limits.map(([k, v]) => `${k} ${v}`).join(", ")}`);
     }
+    // f16 where the adapter has no shader-f16: the library's error, and the page goes on.
+    const f16 = await page.evaluate(() => window.wgpuAttention.f16);
+    console.log(`f16 operands: ${f16}`);
+    const hasF16 = info?.features.includes("SHADER_F16");
+    // wgpu names no adapter in the browser: the error names the backend instead.
+    const refused = /^adapter "BrowserWebGpu adapter" does not support .*SHADER_F16/;
+    if (hasF16 ? f16 !== "runs" : !refused.test(f16 ?? "")) fail(`f16 status: ${f16}`);
     const demo = await page.evaluate(() => window.wgpuAttention.demo);
     await page.screenshot({ path: join(shots, "page.png") });
     await page.locator("#demo").screenshot({ path: join(shots, "demo.png") });

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use wgpu_attention::verify::{self, Case};
-use wgpu_attention::{demo, reference, wgpu, Attention, Context, Projections};
+use wgpu_attention::{demo, ndarray, reference, wgpu, Attention, Context, Dtype, Projections};
 
 /// The verify sweep's random cases and seed: the CLI's defaults (`verify --trials 20 --seed 0`).
 const TRIALS: usize = 20;
@@ -190,6 +190,22 @@ impl Session {
         wasm_bindgen_futures::future_to_promise(async move {
             let r = run_demo(&ctx, &sentence, u64::from(seed)).await;
             r.map(|s| JsValue::from_str(&s)).map_err(JsValue::from)
+        })
+    }
+
+    /// What a small f16 call does here: `"runs"`, or the library's error (an adapter without
+    /// `shader-f16`, as every browser's SwiftShader, is told so, not crashed). As a promise.
+    pub fn f16_status(&self) -> js_sys::Promise {
+        let ctx = Rc::clone(&self.ctx);
+        wasm_bindgen_futures::future_to_promise(async move {
+            let x = ndarray::Array2::from_shape_fn((5, 8), |(i, j)| (i * 8 + j) as f32 * 0.05);
+            let op = Attention::new().dtype(Dtype::F16);
+            let text = match op.forward_async(&ctx, x.view().into_dyn(), None).await {
+                Ok(out) if out.context.iter().all(|v| v.is_finite()) => "runs".to_string(),
+                Ok(_) => "ran, but returned non-finite values".to_string(),
+                Err(e) => e.to_string(),
+            };
+            Ok(JsValue::from_str(&text))
         })
     }
 
