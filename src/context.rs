@@ -2,6 +2,7 @@
 //! needs from wgpu, created once and shared.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
@@ -161,15 +162,40 @@ pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
 }
 
 fn select(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
+    crate::gpu::oneshot::block_on(select_async(options))
+}
+
+async fn select_async(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
     let backends = options.backends()?;
     let instance = new_instance(backends);
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+    let mut adapters = enumerate(&instance, backends).await;
     if let Some(name) = options.name_filter() {
         let name = name.to_lowercase();
         adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
     }
     adapters.sort_by_key(|a| rank(&a.get_info()));
     Ok(adapters)
+}
+
+/// Every adapter of `backends`. The browser lists none: it offers one, on request.
+async fn enumerate(instance: &wgpu::Instance, backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        instance.enumerate_adapters(backends).await
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = backends;
+        let options = wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        };
+        instance
+            .request_adapter(&options)
+            .await
+            .into_iter()
+            .collect()
+    }
 }
 
 /// An open device: the adapter, its device and queue, and the compiled kernels.
@@ -215,13 +241,30 @@ impl Context {
         Self::with_options(&ContextOptions::default())
     }
 
+    /// [`Context::new`] without blocking: what the browser (wasm32, WebGPU) calls.
+    ///
+    /// # Errors
+    /// As [`Context::new`].
+    pub async fn new_async() -> Result<Self> {
+        Self::with_options_async(&ContextOptions::default()).await
+    }
+
     /// Opens the best adapter matching `options`.
     ///
     /// # Errors
     /// As [`Context::new`].
     pub fn with_options(options: &ContextOptions) -> Result<Self> {
-        let start = std::time::Instant::now();
-        let adapter = select(options)?
+        crate::gpu::oneshot::block_on(Self::with_options_async(options))
+    }
+
+    /// [`Context::with_options`] without blocking.
+    ///
+    /// # Errors
+    /// As [`Context::new`].
+    pub async fn with_options_async(options: &ContextOptions) -> Result<Self> {
+        let start = crate::phases::Instant::now();
+        let adapter = select_async(options)
+            .await?
             .into_iter()
             .next()
             .ok_or_else(|| Error::NoAdapter {
@@ -229,7 +272,7 @@ impl Context {
                 hint: NO_ADAPTER_HINT.to_string(),
             })?;
         let enumerated = start.elapsed();
-        let ctx = Self::from_adapter(adapter)?;
+        let ctx = Self::from_adapter_async(adapter).await?;
         ctx.phases.add(Phase::Adapter, enumerated);
         Ok(ctx)
     }
@@ -240,7 +283,15 @@ impl Context {
     /// # Errors
     /// [`Error::RequestDevice`] when the adapter refuses.
     pub fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
-        let start = std::time::Instant::now();
+        crate::gpu::oneshot::block_on(Self::from_adapter_async(adapter))
+    }
+
+    /// [`Context::from_adapter`] without blocking.
+    ///
+    /// # Errors
+    /// As [`Context::from_adapter`].
+    pub async fn from_adapter_async(adapter: wgpu::Adapter) -> Result<Self> {
+        let start = crate::phases::Instant::now();
         let limits = adapter.limits();
         let wanted = wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
@@ -252,12 +303,14 @@ impl Context {
             required_limits: limits.clone(),
             ..Default::default()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
-            Error::RequestDevice {
-                adapter: adapter.get_info().name,
-                message: e.to_string(),
-            }
-        })?;
+        let (device, queue) =
+            adapter
+                .request_device(&desc)
+                .await
+                .map_err(|e| Error::RequestDevice {
+                    adapter: adapter.get_info().name,
+                    message: e.to_string(),
+                })?;
         let ctx = Self::from_parts(adapter, device, queue);
         ctx.phases.add(Phase::Adapter, start.elapsed());
         Ok(ctx)
@@ -307,13 +360,25 @@ impl Context {
             timing: Timing::default(),
             phases: Phases::default(),
             tune: TuneCache::from_env(),
-            tuning: crate::tune::enabled(),
+            // The tuner times runs by blocking on the device, which the browser cannot do:
+            // there every kernel is its family's default.
+            tuning: crate::tune::enabled() && cfg!(not(target_arch = "wasm32")),
         }
     }
 
     /// The adapter's name, backend, device type and driver.
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
         self.adapter.get_info()
+    }
+
+    /// The adapter's name for messages; the browser gives none, so there it is its backend.
+    fn adapter_name(&self) -> String {
+        let info = self.adapter.get_info();
+        if info.name.is_empty() {
+            format!("{:?} adapter", info.backend)
+        } else {
+            info.name
+        }
     }
 
     /// The device's limits (the adapter's full limits unless the caller made the device).
@@ -374,7 +439,7 @@ impl Context {
         }
         Err(Error::Unsupported {
             feature: "f16 operands (wgpu::Features::SHADER_F16)".into(),
-            adapter: self.adapter.get_info().name,
+            adapter: self.adapter_name(),
             hint: "use Dtype::F32 (CLI --dtype f32), or an adapter that has shader-f16 \
                    (`wgpu-attention devices` lists features); a device made by the caller \
                    must request SHADER_F16"
@@ -391,7 +456,7 @@ impl Context {
             feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
                       size)"
                 .into(),
-            adapter: self.adapter.get_info().name,
+            adapter: self.adapter_name(),
             hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
         })
     }
@@ -502,12 +567,17 @@ impl Context {
     /// Runs `f` inside validation and out-of-memory error scopes and turns anything they
     /// capture into `Err`.
     pub(crate) fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        crate::gpu::oneshot::block_on(self.scoped_async(async { f() }))
+    }
+
+    /// [`Context::scoped`] around a future (the async core's calls).
+    pub(crate) async fn scoped_async<T>(&self, f: impl Future<Output = Result<T>>) -> Result<T> {
         self.check_alive()?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let out = f();
-        let v = pollster::block_on(validation.pop());
-        let o = pollster::block_on(oom.pop());
+        let out = f.await;
+        let v = validation.pop().await;
+        let o = oom.pop().await;
         if let Some(e) = o.or(v) {
             return Err(e.into());
         }

@@ -12,7 +12,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Mutex;
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) use std::time::Instant;
+// The browser has no `std::time::Instant` (it panics there): `performance.now()` instead.
+#[cfg(target_arch = "wasm32")]
+pub(crate) use web_time::Instant;
 
 /// A phase of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,11 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
+#[cfg(not(target_arch = "wasm32"))]
 use std::time::Instant;
+// The browser has no `std::time::Instant` (it panics there): `performance.now()` instead.
+#[cfg(target_arch = "wasm32")]
+use web_time::Instant;
 
 use serde::Serialize;
 

@@ -88,10 +88,15 @@ fn tiny_calls_plan_the_variants_cheapest_to_compile() {
         assert_eq!(forced.fused, !weights);
     }
     if lavapipe_like {
-        // Past the threshold the family's default (two rows per lane) comes back.
+        // Past the threshold the family's default (two rows per lane) comes back: on a
+        // context whose tuning cache is empty (the tests' shared one may remember a choice).
+        let fresh = wgpu_attention::Context::new()
+            .unwrap()
+            .with_tuning(false)
+            .with_tune_cache(wgpu_attention::TuneCache::at(None));
         let big = Attention::new()
             .heads(4)
-            .plan(ctx, &dims(1, TINY_ROWS + 1))
+            .plan(&fresh, &dims(1, TINY_ROWS + 1))
             .unwrap();
         assert_ne!(big.matmul, MatmulVariant::Subgroup { rows_per_lane: 1 });
     }

@@ -163,7 +163,7 @@ impl Attention {
                 Some((y, width)) => (&**y, *width),
                 None => (&*context, dims.d_v),
             };
-            let (y, _) = self.read_back(ctx, encoder, y, rows * width, None)?;
+            let (y, _) = self.read_back_blocking(ctx, encoder, y, rows * width, None)?;
             let out_shape = dims.context_shape();
             let context_out = ArrayD::from_shape_vec(IxDyn(&out_shape), y)
                 .map_err(|e| Error::shape(e.to_string()))?;

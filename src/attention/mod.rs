@@ -39,6 +39,7 @@ pub use weights::Layer;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::oneshot::block_on;
 use crate::mask::Mask;
 use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 use shape::named_inputs;
@@ -252,6 +253,34 @@ impl Attention {
         self.forward_masked(ctx, x, proj, &Mask::none())
     }
 
+    /// [`Attention::forward`] without blocking: what the browser (wasm32, WebGPU) calls; the
+    /// blocking API is this, waited for.
+    ///
+    /// # Errors
+    /// As [`Attention::forward`].
+    pub async fn forward_async(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+    ) -> Result<Output> {
+        self.forward_masked_async(ctx, x, proj, &Mask::none()).await
+    }
+
+    /// [`Attention::forward_masked`] without blocking.
+    ///
+    /// # Errors
+    /// As [`Attention::forward_masked`].
+    pub async fn forward_masked_async(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        self.forward_with_async(ctx, x, proj, mask, None).await
+    }
+
     /// [`Attention::forward`] with a mask: `softmax(scale·Q·Kᵀ + mask)` per head, the mask
     /// broadcast to `(batch, heads, n, n)` and combined with causal (see [`crate::mask`] for
     /// the semantics; a row with nothing to attend to gives zeros).
@@ -281,6 +310,17 @@ impl Attention {
         mask: &Mask<'_>,
         resident: Option<&weights::DeviceWeights>,
     ) -> Result<Output> {
+        block_on(self.forward_with_async(ctx, x, proj, mask, resident))
+    }
+
+    async fn forward_with_async(
+        &self,
+        ctx: &Context,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
+        resident: Option<&weights::DeviceWeights>,
+    ) -> Result<Output> {
         let _call = ctx.phases.call();
         let dims = self.dims(x.shape(), proj)?;
         let inputs = match resident {
@@ -297,6 +337,7 @@ impl Attention {
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
         self.forward_checked(ctx, &dims, x, proj, bias, resident)
+            .await
     }
 
     /// PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`
@@ -325,6 +366,20 @@ impl Attention {
         self.sdpa_masked(ctx, q, k, v, &Mask::none())
     }
 
+    /// [`Attention::sdpa`] without blocking.
+    ///
+    /// # Errors
+    /// As [`Attention::sdpa`].
+    pub async fn sdpa_async(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+    ) -> Result<Output> {
+        self.sdpa_masked_async(ctx, q, k, v, &Mask::none()).await
+    }
+
     /// [`Attention::sdpa`] with PyTorch's `attn_mask`: boolean (`true` = attend) or float
     /// (added to the scaled scores), broadcast to `(batch, heads, L, S)`, and key lengths;
     /// combined with causal. See [`crate::mask`] for the semantics; a row with nothing to
@@ -334,6 +389,21 @@ impl Attention {
     /// As [`Attention::sdpa`], and a mask that does not broadcast, holds NaN or `+inf`, or key
     /// lengths that do not fit.
     pub fn sdpa_masked(
+        &self,
+        ctx: &Context,
+        q: ArrayView4<'_, f32>,
+        k: ArrayView4<'_, f32>,
+        v: ArrayView4<'_, f32>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        block_on(self.sdpa_masked_async(ctx, q, k, v, mask))
+    }
+
+    /// [`Attention::sdpa_masked`] without blocking.
+    ///
+    /// # Errors
+    /// As [`Attention::sdpa_masked`].
+    pub async fn sdpa_masked_async(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
@@ -358,7 +428,7 @@ impl Attention {
         self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
-        self.sdpa_in_parts(ctx, q, k, v, bias)
+        self.sdpa_in_parts(ctx, q, k, v, bias).await
     }
 }
 

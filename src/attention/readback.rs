@@ -8,10 +8,23 @@ use crate::gpu::readback;
 use crate::timing;
 
 impl Attention {
+    /// [`Attention::read_back`], blocking: for the paths that have no async form (saved
+    /// forwards, tensors), native only.
+    pub(super) fn read_back_blocking(
+        &self,
+        ctx: &Context,
+        encoder: wgpu::CommandEncoder,
+        context: &wgpu::Buffer,
+        context_len: usize,
+        weights: Option<(&wgpu::Buffer, usize)>,
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
+        crate::gpu::oneshot::block_on(self.read_back(ctx, encoder, context, context_len, weights))
+    }
+
     /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
     /// and, when asked for, of `weights` (buffer and length); submits, waits, and returns
     /// them.
-    pub(super) fn read_back(
+    pub(super) async fn read_back(
         &self,
         ctx: &Context,
         mut encoder: wgpu::CommandEncoder,
@@ -28,7 +41,7 @@ impl Attention {
             labels
         });
         let submission = ctx.queue.submit([encoder.finish()]);
-        let mut results = readback::finish(ctx, submission, pending)?;
+        let mut results = readback::finish_async(ctx, submission, pending).await?;
         if let Some(labels) = timing {
             timing::store(ctx, &results.pop().unwrap_or_default(), &labels);
         }

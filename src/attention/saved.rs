@@ -188,7 +188,7 @@ impl Attention {
                     m,
                     None,
                 )?;
-                op.read_back(ctx, encoder, &o, rows * e_v, None)
+                op.read_back_blocking(ctx, encoder, &o, rows * e_v, None)
             })
         };
         let context = match run(&plan) {

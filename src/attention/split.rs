@@ -17,7 +17,7 @@ impl Attention {
     /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
     /// batch, then of the heads, then of the query rows, joined back in place; what cannot
     /// be split small enough is the limit's error.
-    pub(super) fn sdpa_in_parts(
+    pub(super) async fn sdpa_in_parts(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
@@ -36,13 +36,15 @@ impl Attention {
         ];
         let weights = self.return_weights.then_some(bh * l * s_len);
         let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) else {
-            return self.sdpa_whole(ctx, q, k, v, bias);
+            return self.sdpa_whole(ctx, q, k, v, bias).await;
         };
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
             (_, h) if h > 1 => Axis(1),
-            _ if l > 1 => return self.sdpa_row_blocks(ctx, q, k, v, bias, &too_big),
+            _ if l > 1 => {
+                return Box::pin(self.sdpa_row_blocks(ctx, q, k, v, bias, &too_big)).await
+            }
             _ => return Err(too_big),
         };
         // Along the heads, split the K/V heads; each keeps its group of Q heads.
@@ -58,13 +60,16 @@ impl Attention {
             ((half..).into(), (half * q_per_kv..).into()),
         ] {
             let (kv, qs): (ndarray::Slice, ndarray::Slice) = (kv, qs);
-            outs.push(self.sdpa_in_parts(
-                ctx,
-                q.slice_axis(axis, qs),
-                k.slice_axis(axis, kv),
-                v.slice_axis(axis, kv),
-                slice_bias(&bias, axis, qs),
-            )?);
+            outs.push(
+                Box::pin(self.sdpa_in_parts(
+                    ctx,
+                    q.slice_axis(axis, qs),
+                    k.slice_axis(axis, kv),
+                    v.slice_axis(axis, kv),
+                    slice_bias(&bias, axis, qs),
+                ))
+                .await?,
+            );
         }
         join_outputs(axis, &outs[0], &outs[1])
     }
@@ -72,7 +77,7 @@ impl Attention {
     /// One head of one sequence too large for the device: the query rows in two halves, each
     /// against every key (rows are independent). Causal becomes part of each half's mask,
     /// offset to where its rows start, so the kernels need no row offset.
-    fn sdpa_row_blocks(
+    async fn sdpa_row_blocks(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
@@ -108,13 +113,9 @@ impl Attention {
                 }
             });
             let part = causal.as_ref().map(|c| c.view()).or(part);
-            outs.push(self.causal(false).sdpa_in_parts(
-                ctx,
-                q.slice_axis(Axis(2), rows),
-                k,
-                v,
-                part,
-            )?);
+            let op = self.causal(false);
+            let block = op.sdpa_in_parts(ctx, q.slice_axis(Axis(2), rows), k, v, part);
+            outs.push(Box::pin(block).await?);
         }
         join_outputs(Axis(2), &outs[0], &outs[1])
     }
@@ -122,7 +123,7 @@ impl Attention {
     /// A checked `forward` call too large for the device: Q, K and V projected on the CPU (f32,
     /// matrixmultiply) into `sdpa`'s layout, attended by [`Attention::sdpa_in_parts`], the
     /// output projection applied to the joined context.
-    pub(super) fn forward_in_parts(
+    pub(super) async fn forward_in_parts(
         &self,
         ctx: &Context,
         dims: &Dims,
@@ -167,7 +168,9 @@ impl Attention {
             }
         };
         let op = self.scale(dims.scale);
-        let out = op.sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias)?;
+        let out = op
+            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias)
+            .await?;
         // (batch, heads, n, width) → (batch·n, d_v), then the output projection.
         let context = out
             .context

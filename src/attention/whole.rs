@@ -24,7 +24,7 @@ type Flat = (Vec<f32>, Option<Vec<f32>>);
 
 impl Attention {
     /// A checked `forward` call: whole when it fits, else projected on the CPU and split.
-    pub(super) fn forward_checked(
+    pub(super) async fn forward_checked(
         &self,
         ctx: &Context,
         dims: &Dims,
@@ -44,7 +44,9 @@ impl Attention {
             .return_weights
             .then_some(dims.batch * dims.heads * dims.n * dims.n);
         if let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) {
-            return self.forward_in_parts(ctx, dims, x, proj, bias, &too_big);
+            return self
+                .forward_in_parts(ctx, dims, x, proj, bias, &too_big)
+                .await;
         }
         let shape = Shape::self_attention(dims);
         let source = Source::Projected {
@@ -52,7 +54,7 @@ impl Attention {
             proj,
             weights: resident,
         };
-        let (context, weights) = self.run_whole(ctx, dims, shape, &source, bias)?;
+        let (context, weights) = self.run_whole(ctx, dims, shape, &source, bias).await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         Ok(Output {
             context: ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
@@ -65,7 +67,7 @@ impl Attention {
     }
 
     /// An `sdpa` call whose buffers fit.
-    pub(super) fn sdpa_whole(
+    pub(super) async fn sdpa_whole(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
@@ -91,7 +93,7 @@ impl Attention {
             d_k: dims.d_k,
             d_v: dims.d_v,
         };
-        let (context, weights) = self.run_whole(ctx, &dims, shape, &source, bias)?;
+        let (context, weights) = self.run_whole(ctx, &dims, shape, &source, bias).await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let context = ArrayD::from_shape_vec(IxDyn(&[batch, l, heads, e_v]), context)
             .map_err(shape_err)?
@@ -107,7 +109,7 @@ impl Attention {
 
     /// Plans the call and runs it inside error scopes; under [`Kernels::Auto`], a problem past
     /// the subgroup family's texture limit runs again on the storage kernels.
-    fn run_whole(
+    async fn run_whole(
         &self,
         ctx: &Context,
         dims: &Dims,
@@ -127,10 +129,11 @@ impl Attention {
             shape.kv_heads,
             dims.causal
         );
-        let run = |plan: &Plan| {
-            ctx.scoped(|| self.record_and_read(ctx, plan, dims, shape, source, bias.as_ref()))
+        let run = async |plan: &Plan| {
+            let call = self.record_and_read(ctx, plan, dims, shape, source, bias.as_ref());
+            ctx.scoped_async(call).await
         };
-        match run(&plan) {
+        match run(&plan).await {
             // Texture sides bound the subgroup family only: when the family was not forced,
             // the storage kernels take what does not fit in a texture.
             Err(Error::LimitExceeded {
@@ -138,7 +141,7 @@ impl Attention {
                 ..
             }) if self.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
                 log::info!("over the texture limit: the storage kernels take it");
-                run(&self.kernels(Kernels::Storage).plan(ctx, dims)?)
+                run(&self.kernels(Kernels::Storage).plan(ctx, dims)?).await
             }
             result => result,
         }
@@ -146,7 +149,7 @@ impl Attention {
 
     /// One encoder: upload → projections → attention → output projection → copies out; one
     /// submit; the readback.
-    fn record_and_read(
+    async fn record_and_read(
         &self,
         ctx: &Context,
         plan: &Plan,
@@ -167,6 +170,7 @@ impl Attention {
         let rows = shape.batch * shape.n_q;
         let weights = out.weights.as_ref().map(|w| (&**w, out.weights_len));
         self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
+            .await
     }
 
     /// Records one call into `encoder`: upload → projections → attention → output

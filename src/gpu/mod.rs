@@ -4,6 +4,7 @@
 //! (copy to staging, map, wait: the one place that polls the device).
 
 pub(crate) mod buffer;
+pub(crate) mod oneshot;
 pub(crate) mod pipeline;
 pub(crate) mod pool;
 pub(crate) mod readback;

@@ -1,11 +1,12 @@
 //! Reading results back: copy into staging buffers inside the forward pass's encoder, then
-//! map them all and wait. Every `poll` and `map_async` of the crate is in this file.
+//! map them all and wait (or, async, await them). Every `poll` and `map_async` of the crate
+//! is in this file.
 
-use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::oneshot;
 use crate::phases::Phase;
 
 /// How long a readback waits for the GPU before giving up with an error.
@@ -74,26 +75,55 @@ pub fn finish(
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {
-    let (tx, rx) = mpsc::channel();
-    for (i, p) in pending.iter().enumerate() {
-        let tx = tx.clone();
-        p.staging
-            .slice(..)
-            .map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send((i, r));
-            });
+    oneshot::block_on(finish_async(ctx, submission, pending))
+}
+
+/// [`finish`] without blocking: natively the same wait on the device; in the browser, whose
+/// event loop completes the mappings, it awaits them instead.
+///
+/// # Errors
+/// As [`finish`].
+pub async fn finish_async(
+    ctx: &Context,
+    submission: wgpu::SubmissionIndex,
+    pending: Vec<Pending>,
+) -> Result<Vec<Vec<f32>>> {
+    let mut mapped = Vec::with_capacity(pending.len());
+    for p in &pending {
+        let (send, rx) = oneshot::channel();
+        p.staging.slice(..).map_async(wgpu::MapMode::Read, send);
+        mapped.push(rx);
     }
-    drop(tx);
+    #[cfg(not(target_arch = "wasm32"))]
     {
-        let _device = ctx.phases.enter(Phase::Dispatch);
-        wait(ctx, submission)?;
+        {
+            let _device = ctx.phases.enter(Phase::Dispatch);
+            wait(ctx, submission)?;
+        }
+        let _readback = ctx.phases.enter(Phase::Readback);
+        for rx in &mapped {
+            let r = match rx.try_take() {
+                Some(r) => r,
+                // A callback left for a later poll: one more wait, a short one.
+                None => {
+                    let _ = ctx.device.poll(wgpu::PollType::Wait {
+                        submission_index: None,
+                        timeout: Some(Duration::from_secs(5)),
+                    });
+                    rx.try_take()
+                        .ok_or_else(|| Error::Readback("map callback never fired".into()))?
+                }
+            };
+            r.map_err(|e| Error::Readback(e.to_string()))?;
+        }
     }
-    let _readback = ctx.phases.enter(Phase::Readback);
-    for _ in 0..pending.len() {
-        let (_, r) = rx
-            .recv_timeout(Duration::from_secs(5))
-            .map_err(|_| Error::Readback("map callback never fired".into()))?;
-        r.map_err(|e| Error::Readback(e.to_string()))?;
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = submission;
+        for rx in mapped {
+            rx.await.map_err(|e| Error::Readback(e.to_string()))?;
+        }
+        ctx.check_alive()?;
     }
     pending
         .into_iter()

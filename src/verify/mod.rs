@@ -70,12 +70,34 @@ pub fn run_case(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
 /// # Errors
 /// Whatever the GPU or reference path returns.
 pub fn run_case_with(ctx: &Context, case: &Case, op: Attention, seed: u64) -> Result<CaseResult> {
+    crate::gpu::oneshot::block_on(run_case_with_async(ctx, case, op, seed))
+}
+
+/// [`run_case`] without blocking (the browser's verify).
+///
+/// # Errors
+/// Whatever the GPU or reference path returns.
+pub async fn run_case_async(ctx: &Context, case: &Case, seed: u64) -> Result<CaseResult> {
+    run_case_with_async(ctx, case, case.op(), seed).await
+}
+
+/// [`run_case_with`] without blocking.
+///
+/// # Errors
+/// Whatever the GPU or reference path returns.
+pub async fn run_case_with_async(
+    ctx: &Context,
+    case: &Case,
+    op: Attention,
+    seed: u64,
+) -> Result<CaseResult> {
     let data = case.data(seed);
     let proj = data.projections();
     let mask = data.mask();
     let (gpu, cpu, bound) = match &data.qkv {
         None => (
-            op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)?,
+            op.forward_masked_async(ctx, data.x.view(), proj.as_ref(), &mask)
+                .await?,
             reference::attention_masked(&op, data.x.view(), proj.as_ref(), &mask)?,
             reference::logit_bound(&op, data.x.view(), proj.as_ref())?,
         ),
@@ -86,7 +108,7 @@ pub fn run_case_with(ctx: &Context, case: &Case, op: Attention, seed: u64) -> Re
             let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
             let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
             (
-                op.sdpa_masked(ctx, q, k, v, &mask)?,
+                op.sdpa_masked_async(ctx, q, k, v, &mask).await?,
                 reference::sdpa_masked(&op, q, k, v, &mask)?,
                 bound,
             )

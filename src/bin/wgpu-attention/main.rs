@@ -114,6 +114,9 @@ enum Command {
         /// record, dispatch, readback.
         #[arg(long)]
         timings: bool,
+        /// Also write DIR/weights.npy and DIR/context.npy (float32), as `run` does.
+        #[arg(long)]
+        out: Option<PathBuf>,
         #[command(flatten)]
         adapter: AdapterArgs,
     },
@@ -173,7 +176,7 @@ fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> 
 fn demo_cmd(
     sentence: Option<&str>,
     seed: u64,
-    plot_path: Option<&Path>,
+    (plot_path, out_dir): (Option<&Path>, Option<&Path>),
     timings: bool,
     adapter: &AdapterArgs,
 ) -> Result<()> {
@@ -217,6 +220,11 @@ fn demo_cmd(
         let title = format!("attention weights: \"{sentence}\"");
         wgpu_attention::plot::heatmap(path, weights.view(), 1, Some(&inputs.words), &title)?;
         println!("\nheatmap -> {}", path.display());
+    }
+    if let Some(dir) = out_dir {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, format!("cannot create: {e}")))?;
+        wgpu_attention::npy::write(&dir.join("weights.npy"), weights)?;
+        wgpu_attention::npy::write(&dir.join("context.npy"), &out.context)?;
     }
     let reference =
         wgpu_attention::reference::attention(&op, inputs.x.view().into_dyn(), Some(&proj))?;
@@ -312,11 +320,12 @@ fn dispatch(command: &Command) -> Result<bool> {
             seed,
             plot,
             timings,
+            out,
             adapter,
         } => demo_cmd(
             sentence.as_deref(),
             *seed,
-            plot.as_deref(),
+            (plot.as_deref(), out.as_deref()),
             *timings,
             adapter,
         )
