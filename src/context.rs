@@ -211,6 +211,7 @@ pub struct Context {
     pub(crate) pool: crate::gpu::pool::Pool,
     runtime_checks: bool,
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
+    unused_out: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
     pub(crate) timing: Timing,
@@ -355,6 +356,7 @@ impl Context {
             pool: crate::gpu::pool::Pool::default(),
             runtime_checks: false,
             stand_in: std::sync::OnceLock::new(),
+            unused_out: std::sync::OnceLock::new(),
             subgroup_size,
             lost,
             timing: Timing::default(),
@@ -423,6 +425,21 @@ impl Context {
                 label: Some("stand-in"),
                 size: 16,
                 usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// A small storage buffer bound to a writable binding a kernel leaves untouched in this
+    /// dispatch (a fused kernel's row statistics when they are not saved). It is its own
+    /// buffer, never bound to anything else: WebGPU rejects a writable binding that aliases
+    /// another binding of the same dispatch, even one never written.
+    pub(crate) fn unused_out(&self) -> &wgpu::Buffer {
+        self.unused_out.get_or_init(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("unused output"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
                 mapped_at_creation: false,
             })
         })

@@ -190,7 +190,7 @@ impl Flash {
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
-        let (out, lse_buf, lse) = out.parts();
+        let (out, lse_buf, lse) = out.parts(ctx);
         let consts = FlashBlockedConsts {
             lse,
             ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?

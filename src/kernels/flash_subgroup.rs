@@ -72,7 +72,7 @@ impl Flash {
     ) -> Result<()> {
         let sg = ctx.require_subgroups()?;
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
-        let (out, lse_buf, lse) = out.parts();
+        let (out, lse_buf, lse) = out.parts(ctx);
         let pack = |src: Strides, width: usize| Pack {
             batch: self.batch,
             heads: self.heads / self.kv_ratio.max(1),

@@ -113,12 +113,13 @@ impl<'a> From<&'a crate::gpu::pool::Buf> for FlashOut<'a> {
 }
 
 impl<'a> FlashOut<'a> {
-    /// The context buffer, the buffer bound as `lse` (the context when unsaved: the kernels
-    /// never touch it then) and the `LSE` constant.
-    pub fn parts(self) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
+    /// The context buffer, the buffer bound as `lse` (when unsaved, the context's stand-in
+    /// for an untouched output: not the context itself, since WebGPU rejects a writable
+    /// binding aliasing another) and the `LSE` constant.
+    pub fn parts(self, ctx: &'a Context) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
         match self.lse {
             Some(lse) => (self.context, lse, 1),
-            None => (self.context, self.context, 0),
+            None => (self.context, ctx.unused_out(), 0),
         }
     }
 }
@@ -236,7 +237,7 @@ impl Flash {
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
-        let (out, lse_buf, lse) = out.parts();
+        let (out, lse_buf, lse) = out.parts(ctx);
         let (dk4, dv4) = self.widths4()?;
         let needed = u64::from(keys) * u64::from(dk4 + dv4) * 16;
         let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
