@@ -23,7 +23,10 @@ use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::mask::Mask;
 use crate::timing;
-use crate::variant::{self, Kernels};
+use crate::variant::{self, FlashVariant, Kernels};
+
+/// Keys (dK/dV) and query rows (dQ) per lane of the subgroup family's backward kernels.
+const SUBGROUP_PER_LANE: u32 = 1;
 
 /// What an [`Attention::sdpa_saved`] forward keeps on the device for its backward pass:
 /// Q, K and V as uploaded (f16 under [`crate::Dtype::F16`]), the output O, each query row's
@@ -47,6 +50,9 @@ pub struct Saved {
     /// `D_i = dO_i·O_i`.
     stats: wgpu::Buffer,
     mask: Option<MaskBuffer>,
+    /// The backward's kernels: the subgroup family's (rows per lane) when the forward ran
+    /// on it, else the storage family's.
+    subgroup: Option<u32>,
 }
 
 impl std::fmt::Debug for Saved {
@@ -219,6 +225,10 @@ impl Attention {
             o,
             stats,
             mask: mask_buf,
+            subgroup: match plan.flash {
+                FlashVariant::Subgroup { .. } => Some(SUBGROUP_PER_LANE),
+                _ => None,
+            },
         };
         Ok((output, saved))
     }
@@ -283,8 +293,21 @@ impl Saved {
             f.dispatch_backward_dot(ctx, &mut encoder, &d_o, &self.o, &self.stats)?;
             let inputs = (q, k, v);
             let saved = (&d_o, &self.stats);
-            f.dispatch_backward_kv(ctx, &mut encoder, tiles, inputs, saved, (&dk, &dv), mask)?;
-            f.dispatch_backward_q(ctx, &mut encoder, tiles, inputs, saved, &dq, mask)?;
+            if let Some(per_lane) = self.subgroup {
+                let out = (&dq, &dk, &dv);
+                f.dispatch_backward_subgroup(
+                    ctx,
+                    &mut encoder,
+                    per_lane,
+                    inputs,
+                    saved,
+                    out,
+                    mask,
+                )?;
+            } else {
+                f.dispatch_backward_kv(ctx, &mut encoder, tiles, inputs, saved, (&dk, &dv), mask)?;
+                f.dispatch_backward_q(ctx, &mut encoder, tiles, inputs, saved, &dq, mask)?;
+            }
             let mut pending = vec![
                 readback::copy_out(ctx, &mut encoder, &dq, q_len),
                 readback::copy_out(ctx, &mut encoder, &dk, k_len),

@@ -13,7 +13,9 @@ pub(crate) mod wgsl;
 
 pub(crate) mod flash_backward_dot;
 pub(crate) mod flash_backward_kv;
+pub(crate) mod flash_backward_kv_subgroup;
 pub(crate) mod flash_backward_q;
+pub(crate) mod flash_backward_q_subgroup;
 pub(crate) mod flash_blocked;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
@@ -179,6 +181,8 @@ registry! {
     FlashBackwardDot => flash_backward_dot,
     FlashBackwardKv => flash_backward_kv,
     FlashBackwardQ => flash_backward_q,
+    FlashBackwardKvSubgroup => flash_backward_kv_subgroup,
+    FlashBackwardQSubgroup => flash_backward_q_subgroup,
     FmaPeak => fma_peak,
 }
 
