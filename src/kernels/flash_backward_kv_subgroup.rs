@@ -52,8 +52,8 @@ impl Kernel for Shader {
 
 impl Flash {
     /// Records the subgroup backward: Q and dO (laid out as [`Flash::q`] and [`Flash::o`])
-    /// and K and V packed into textures, then dK and dV (`per_lane` keys per lane) and dQ
-    /// (`per_lane` rows per lane), f32, laid out as Q, K and V; `stats` holds each row's
+    /// and K and V packed into textures, then dK and dV (`kv_per_lane` keys per lane) and dQ
+    /// (`q_per_lane` rows per lane), f32, laid out as Q, K and V; `stats` holds each row's
     /// log-sum-exp, then its `D`.
     ///
     /// # Errors
@@ -63,7 +63,7 @@ impl Flash {
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
-        per_lane: u32,
+        (kv_per_lane, q_per_lane): (u32, u32),
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
         (d_o, stats): (&wgpu::Buffer, &wgpu::Buffer),
         (dq, dk, dv): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
@@ -87,18 +87,17 @@ impl Flash {
         let k_tex = pack(kv_heads, n_kv, self.k, self.dk_h, f16).dispatch(ctx, encoder, "K", k)?;
         let v_tex = pack(kv_heads, n_kv, self.v, self.dv_h, f16).dispatch(ctx, encoder, "V", v)?;
         let (dk4, dv4) = self.widths4()?;
-        let consts = BackwardSubgroupConsts {
+        let consts = |per_lane| BackwardSubgroupConsts {
             sg,
             per_lane,
             dk4,
             dv4,
             mask: has_mask,
         };
-        let block = (sg * per_lane) as usize;
-        let (params, workgroups) = self.params(block, mask_strides)?;
+        let (params, workgroups) = self.params((sg * q_per_lane) as usize, mask_strides)?;
         // dK and dV: blocks of keys of each (batch, K/V head); Q's and dO's texture layouts.
         let kv_groups = self.batch * kv_heads;
-        let kv_blocks = n_kv.div_ceil(block);
+        let kv_blocks = n_kv.div_ceil((sg * kv_per_lane) as usize);
         let kv_params = FlashParams {
             groups: u32_of("batch·K/V heads", kv_groups)?,
             blocks: u32_of("key blocks", kv_blocks)?,
@@ -111,7 +110,7 @@ impl Flash {
         record::<Shader>(
             ctx,
             encoder,
-            &consts,
+            &consts(kv_per_lane),
             u8::from(f16),
             &kv_params,
             &[
@@ -136,7 +135,7 @@ impl Flash {
         record::<flash_backward_q_subgroup::Shader>(
             ctx,
             encoder,
-            &consts,
+            &consts(q_per_lane),
             u8::from(f16),
             &q_params,
             &[
