@@ -39,15 +39,24 @@ pub(crate) struct BackwardTiles {
 }
 
 impl BackwardTiles {
-    /// The shape for `ctx`'s adapter: 64 threads on a CPU adapter (lavapipe runs a
-    /// workgroup as a loop over 8-lane SIMD batches) and 128 on a GPU, tiles of 32 rows.
+    /// On a GPU: 128 threads, tiles of 32 rows.
+    pub const GPU: Self = BackwardTiles {
+        threads: 128,
+        tile: 32,
+    };
+    /// On a CPU adapter (lavapipe runs a workgroup as a loop over 8-lane SIMD batches): 64
+    /// threads, tiles of 32 rows.
+    pub const CPU: Self = BackwardTiles {
+        threads: 64,
+        tile: 32,
+    };
+
+    /// The shape for `ctx`'s adapter.
     pub fn for_adapter(ctx: &Context) -> Self {
-        let threads = if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-            64
-        } else {
-            128
-        };
-        BackwardTiles { threads, tile: 32 }
+        match ctx.adapter_info().device_type {
+            wgpu::DeviceType::Cpu => Self::CPU,
+            _ => Self::GPU,
+        }
     }
 
     /// This shape with the tile halved until `bytes_per_row · tile` (plus `extra` per row)
