@@ -111,7 +111,8 @@ impl Attention {
     /// let (out, saved) = Attention::new().causal(true)
     ///     .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())?;
     /// let d_o = out.context.mapv(|x| 2.0 * x); // ℓ = Σ O², so dO = 2·O
-    /// let grads = saved.backward(&ctx, d_o.view().into_dimensionality()?)?;
+    /// let d_o = d_o.into_dimensionality::<wgpu_attention::ndarray::Ix4>().unwrap();
+    /// let grads = saved.backward(&ctx, d_o.view())?;
     /// assert_eq!(grads.q.shape(), q.shape());
     /// # Ok(()) }
     /// ```
