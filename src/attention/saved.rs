@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{buffer, readback};
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
+use crate::kernels::pack::PackLayout;
 use crate::mask::Mask;
 use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels};
@@ -69,6 +70,14 @@ impl std::fmt::Debug for Saved {
             .field("mask", &self.mask.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// Whether Q and dO of `f` fit the subgroup backward's textures, `max` texels a side.
+fn queries_fit_textures(max: u32, f: &Flash) -> bool {
+    let fits = |width: usize| {
+        PackLayout::new("Q", f.batch * f.heads, f.n_q, width.div_ceil(4), max).is_ok()
+    };
+    fits(f.dk_h) && fits(f.dv_h)
 }
 
 /// `(batch, heads, rows, width)` into ours, `(batch, rows, heads·width)`, row-major.
@@ -230,7 +239,12 @@ impl Attention {
             stats,
             mask: mask_buf,
             subgroup: match plan.flash {
-                FlashVariant::Subgroup { .. } => Some(SUBGROUP_PER_LANE),
+                // Q and dO must fit textures too (the forward packed only K and V).
+                FlashVariant::Subgroup { .. }
+                    if queries_fit_textures(ctx.limits().max_texture_dimension_2d, &flash) =>
+                {
+                    Some(SUBGROUP_PER_LANE)
+                }
                 _ => None,
             },
             tiles: BackwardTiles::for_adapter(ctx),
@@ -401,6 +415,25 @@ mod tests {
     use crate::context::test_context;
     use crate::reference;
     use crate::variant::FlashVariant;
+
+    #[test]
+    fn long_queries_past_the_texture_limit_take_the_storage_backward() {
+        let shape = Shape {
+            batch: 2,
+            heads: 8,
+            kv_heads: 8,
+            n_q: 1 << 22,
+            n_kv: 64,
+            d_k: 512,
+            d_v: 512,
+        };
+        let f = shape.flash(false, 1.0, false, false).unwrap();
+        assert!(!queries_fit_textures(16384, &f));
+        let short = Shape { n_q: 1000, ..shape }
+            .flash(false, 1.0, false, false)
+            .unwrap();
+        assert!(queries_fit_textures(16384, &short));
+    }
 
     /// The storage backward with a GPU's tiles (several threads per key and per row, sums
     /// of partial scores through workgroup memory; E = 72 splits a key over 5 threads), run
