@@ -26,9 +26,10 @@ use crate::mask::Mask;
 use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels};
 
-/// Keys (dK/dV) and query rows (dQ) per lane of the subgroup family's backward kernels: on
-/// lavapipe at n = 1024, d = 64, dK/dV took 25 ms with 1 key per lane and 37 ms with 2, dQ
-/// 33 ms with 1 row per lane and 25 ms with 2.
+/// Keys (dK/dV) and query rows (dQ) per lane of the subgroup family's backward kernels.
+/// Measured on lavapipe at d = 64 (2 shared cores, so runs vary by up to 2×): dK/dV took
+/// 25 ms with 1 key per lane and 37 ms with 2 at n = 1024, and ~330 ms either way at
+/// n = 4096; dQ 33 ms with 1 row per lane and 25 ms with 2 at n = 1024.
 const SUBGROUP_PER_LANE: (u32, u32) = (1, 2);
 
 /// What an [`Attention::sdpa_saved`] forward keeps on the device for its backward pass:
