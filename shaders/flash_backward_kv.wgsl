@@ -9,12 +9,14 @@
 // (the first half of `stats`), and D_i = dO_i·O_i from flash_backward_dot.wgsl (the second
 // half). The probabilities are recomputed tile by tile, never stored.
 //
-// A workgroup of BC threads owns BC consecutive keys of one (batch, K/V head), one key per
-// thread: its k (pre-scaled by scale·log2 e) and v rows and its dK and dV accumulators live
-// in registers. It walks the query rows in tiles of BR, their q, dO, lse and D loaded into
-// workgroup memory together; with grouped-query attention it walks the rows of every query
-// head that reads this K/V head, so a shared head's gradient is the sum over them (no second
-// pass and no atomics needed: each key is owned by one thread).
+// A workgroup owns BC consecutive keys of one (batch, K/V head), CT threads per key: each
+// holds the vec4 columns t + CT·c of its key's k (pre-scaled by scale·log2 e) and v and of
+// its dK and dV accumulators in registers (CT = 1 on lavapipe; more on GPUs, so registers
+// stay bounded). It walks the query rows in tiles of BR, their q, dO, lse and D loaded into
+// workgroup memory together; per tile each thread writes its partial scores and dP there,
+// and every thread sums its key's CT partials. With grouped-query attention it walks the
+// rows of every query head that reads this K/V head, so a shared head's gradient is the sum
+// over them (no second pass and no atomics: each key's columns belong to one thread).
 //
 // Causal (top-left, PyTorch's is_causal): rows before the block's first key see none of its
 // keys, so their tiles are skipped; inside a tile, key j > i weighs 0. Mask (MASK ≠ 0): the
@@ -22,9 +24,9 @@
 // masked key (NEG) weighs exactly 0. A row with nothing visible has lse = LSE_EMPTY, so all
 // its P are 0 and it adds nothing.
 //
-// The host prepends, from src/kernels/flash_backward_kv.rs: the constants BC (keys and
-// threads per workgroup), BR (query rows per tile), DK4, DV4 (per-head widths in vec4s,
-// rounded up), MASK, the element types Q_T and KV_T (f32 or f16; all arithmetic is f32),
+// The host prepends, from src/kernels/flash_backward_kv.rs: the constants BC (keys per
+// workgroup), CT (threads per key), WG = BC·CT, BR (query rows per tile), DK4, DV4 (per-head
+// widths in vec4s, rounded up), MASK, the element types Q_T and KV_T (f32 or f16; all arithmetic is f32),
 // shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -36,11 +38,6 @@
 @group(0) @binding(6) var<storage, read_write> dk_buf: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dv_buf: array<f32>;
 @group(0) @binding(8) var<storage, read> mask: array<f32>;
-
-var<workgroup> q_tile: array<vec4<f32>, BR * DK4>;
-var<workgroup> do_tile: array<vec4<f32>, BR * DV4>;
-// (lse_i, D_i) of the tile's rows.
-var<workgroup> st_tile: array<vec2<f32>, BR>;
 
 // Values 4c..4c+3 of the row at `base` of Q (which = 0), K (1), V (2) or dO (3), zero past
 // `width` or when `inside` is false.
@@ -60,7 +57,50 @@ fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
     return x;
 }
 
-@compute @workgroup_size(BC)
+// Stores values 4c..4c+3 of `x` into the row at `base` of dK (`is_k`) or dV, those
+// below `width`.
+fn store4(is_k: bool, base: u32, c: u32, width: u32, x: vec4<f32>) {
+    for (var e = 0u; e < 4u; e++) { // unroll
+        let col = c * 4u + e;
+        if col < width {
+            if is_k {
+                dk_buf[base + col] = x[e];
+            } else {
+                dv_buf[base + col] = x[e];
+            }
+        }
+    }
+}
+
+
+// Columns (vec4s) of K and V per thread.
+const KC: u32 = (DK4 + CT - 1u) / CT;
+const VC: u32 = (DV4 + CT - 1u) / CT;
+
+// (q·k, dO·v) of row `r` of the tile over the vec4 columns t + CT·c that `k` and `v` hold.
+fn partial(k: array<vec4<f32>, KC>, v: array<vec4<f32>, VC>, r: u32, t: u32) -> vec2<f32> {
+    var sd = vec2<f32>(0.0);
+    for (var c = 0u; c < KC; c++) { // unroll
+        if t + CT * c < DK4 {
+            sd.x += dot(k[c], q_tile[r * DK4 + t + CT * c]);
+        }
+    }
+    for (var c = 0u; c < VC; c++) { // unroll
+        if t + CT * c < DV4 {
+            sd.y += dot(v[c], do_tile[r * DV4 + t + CT * c]);
+        }
+    }
+    return sd;
+}
+
+var<workgroup> q_tile: array<vec4<f32>, BR * DK4>;
+var<workgroup> do_tile: array<vec4<f32>, BR * DV4>;
+// (lse_i, D_i) of the tile's rows.
+var<workgroup> st_tile: array<vec2<f32>, BR>;
+// Each thread's partial (s, dP) of its columns, per row of the tile.
+var<workgroup> part: array<vec2<f32>, select(1u, WG * BR, CT > 1u)>;
+
+@compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -74,23 +114,26 @@ fn main(
     let kv_heads = p.heads / p.kv_ratio;
     let g = id / p.blocks;
     let key0 = (id % p.blocks) * BC;
-    let j = key0 + li;
+    let kk = li / CT;
+    let t = li % CT;
+    let j = key0 + kk;
     let b = g / kv_heads;
     let hk = g % kv_heads;
     let rows = p.groups * p.kv_ratio * p.n_q;
 
-    var k: array<vec4<f32>, DK4>;
-    var v: array<vec4<f32>, DV4>;
-    var dk: array<vec4<f32>, DK4>;
-    var dv: array<vec4<f32>, DV4>;
+    // This thread's columns of its key: vec4 column t + CT·c.
+    var k: array<vec4<f32>, KC>;
+    var v: array<vec4<f32>, VC>;
+    var dk: array<vec4<f32>, KC>;
+    var dv: array<vec4<f32>, VC>;
     let k_base = p.k_off + b * p.k_batch + hk * p.k_head + j * p.k_row;
     let v_base = p.v_off + b * p.v_batch + hk * p.v_head + j * p.v_row;
-    for (var c = 0u; c < DK4; c++) { // unroll
-        k[c] = load4(1u, j < p.n_kv, k_base, c, p.dk_h) * p.scale_log2;
+    for (var c = 0u; c < KC; c++) { // unroll
+        k[c] = load4(1u, j < p.n_kv, k_base, t + CT * c, p.dk_h) * p.scale_log2;
         dk[c] = vec4<f32>(0.0);
     }
-    for (var c = 0u; c < DV4; c++) { // unroll
-        v[c] = load4(2u, j < p.n_kv, v_base, c, p.dv_h);
+    for (var c = 0u; c < VC; c++) { // unroll
+        v[c] = load4(2u, j < p.n_kv, v_base, t + CT * c, p.dv_h);
         dv[c] = vec4<f32>(0.0);
     }
 
@@ -105,33 +148,45 @@ fn main(
         let q_base = p.q_off + b * p.q_batch + h * p.q_head;
         let o_base = p.o_off + b * p.o_batch + h * p.o_head;
         for (var i0 = i_start; i0 < p.n_q; i0 += BR) {
-            for (var t = li; t < BR * DK4; t += BC) {
-                let i = i0 + t / DK4;
-                let c = t % DK4;
-                q_tile[t] = load4(0u, i < p.n_q, q_base + i * p.q_row, c, p.dk_h);
+            for (var x = li; x < BR * DK4; x += WG) {
+                let i = i0 + x / DK4;
+                q_tile[x] = load4(0u, i < p.n_q, q_base + i * p.q_row, x % DK4, p.dk_h);
             }
-            for (var t = li; t < BR * DV4; t += BC) {
-                let i = i0 + t / DV4;
-                let c = t % DV4;
-                do_tile[t] = load4(3u, i < p.n_q, o_base + i * p.o_row, c, p.dv_h);
+            for (var x = li; x < BR * DV4; x += WG) {
+                let i = i0 + x / DV4;
+                do_tile[x] = load4(3u, i < p.n_q, o_base + i * p.o_row, x % DV4, p.dv_h);
             }
-            for (var t = li; t < BR; t += BC) {
-                let i = i0 + t;
+            for (var x = li; x < BR; x += WG) {
+                let i = i0 + x;
                 var st = vec2<f32>(LSE_EMPTY, 0.0);
                 if i < p.n_q {
                     st = vec2<f32>(stats[gq * p.n_q + i], stats[rows + gq * p.n_q + i]);
                 }
-                st_tile[t] = st;
+                st_tile[x] = st;
             }
             workgroupBarrier();
 
+            // Partial scores and dP over this thread's columns, summed over the CT threads of
+            // the key through workgroup memory (with CT = 1, computed where they are used).
             let count = min(BR, p.n_q - i0);
+            if CT > 1u {
+                for (var r = 0u; r < count; r++) {
+                    part[li * BR + r] = partial(k, v, r, t);
+                }
+                workgroupBarrier();
+            }
+
             for (var r = 0u; r < count; r++) {
                 let i = i0 + r;
-                var x = 0.0;
-                for (var c = 0u; c < DK4; c++) { // unroll
-                    x += dot(k[c], q_tile[r * DK4 + c]);
+                var sd = vec2<f32>(0.0);
+                if CT == 1u {
+                    sd = partial(k, v, r, t);
+                } else {
+                    for (var u = 0u; u < CT; u++) { // unroll
+                        sd += part[(kk * CT + u) * BR + r];
+                    }
                 }
+                var x = sd.x;
                 if j >= p.n_kv || (p.causal != 0u && j > i) {
                     x = NEG;
                 } else if MASK != 0u {
@@ -140,15 +195,16 @@ fn main(
                 let st = st_tile[r];
                 let pr = select(exp2(x - st.x), 0.0, x == NEG);
                 if !(pr == 0.0) {
-                    var dp = 0.0;
-                    for (var c = 0u; c < DV4; c++) { // unroll
-                        let d_o = do_tile[r * DV4 + c];
-                        dp += dot(v[c], d_o);
-                        dv[c] = fma(vec4<f32>(pr), d_o, dv[c]);
+                    let ds = pr * (sd.y - st.y);
+                    for (var c = 0u; c < VC; c++) { // unroll
+                        if t + CT * c < DV4 {
+                            dv[c] = fma(vec4<f32>(pr), do_tile[r * DV4 + t + CT * c], dv[c]);
+                        }
                     }
-                    let ds = pr * (dp - st.y);
-                    for (var c = 0u; c < DK4; c++) { // unroll
-                        dk[c] = fma(vec4<f32>(ds), q_tile[r * DK4 + c], dk[c]);
+                    for (var c = 0u; c < KC; c++) { // unroll
+                        if t + CT * c < DK4 {
+                            dk[c] = fma(vec4<f32>(ds), q_tile[r * DK4 + t + CT * c], dk[c]);
+                        }
                     }
                 }
             }
@@ -159,19 +215,11 @@ fn main(
     if j < p.n_kv {
         // dS is the gradient of the natural-log scores, scale·q·k: dK = scale·dSᵀ·Q.
         let scale = p.scale_log2 / LOG2E;
-        for (var c = 0u; c < DK4; c++) { // unroll
-            for (var e = 0u; e < 4u; e++) { // unroll
-                if c * 4u + e < p.dk_h {
-                    dk_buf[k_base + c * 4u + e] = dk[c][e] * scale;
-                }
-            }
+        for (var c = 0u; c < KC; c++) { // unroll
+            store4(true, k_base, t + CT * c, p.dk_h, dk[c] * scale);
         }
-        for (var c = 0u; c < DV4; c++) { // unroll
-            for (var e = 0u; e < 4u; e++) { // unroll
-                if c * 4u + e < p.dv_h {
-                    dv_buf[v_base + c * 4u + e] = dv[c][e];
-                }
-            }
+        for (var c = 0u; c < VC; c++) { // unroll
+            store4(false, v_base, t + CT * c, p.dv_h, dv[c]);
         }
     }
 }

@@ -9,15 +9,18 @@
 // kernel: that kernel's threads each own a key, so adding into dQ_i from all of them would
 // need atomic float adds, which WGSL does not have (only atomic<i32> and atomic<u32>).
 //
-// A workgroup of BR threads owns BR consecutive query rows of one (batch, head), one row
-// per thread: q (pre-scaled by scale·log2 e), dO, lse, D and the dQ accumulator in
-// registers. K and V stream through workgroup memory in tiles of BC keys. Causal: tiles
+// A workgroup owns BR consecutive query rows of one (batch, head), CT threads per row: each
+// holds the vec4 columns t + CT·c of its row's q (pre-scaled by scale·log2 e), dO and dQ
+// accumulator in registers, and the row's lse and D (CT = 1 on lavapipe; more on GPUs, so
+// registers stay bounded). K and V stream through workgroup memory in tiles of BC keys; per
+// tile each thread writes its partial scores and dP there, and every thread sums its row's
+// CT partials. Causal: tiles
 // past the block's last row are skipped, keys past a row inside a tile weigh 0. Masks as the
 // forward reads them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
-// The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows and
-// threads per workgroup), BC (keys per tile), DK4, DV4, MASK, the element types Q_T and
-// KV_T, shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
+// The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows per
+// workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, MASK, the
+// element types Q_T and KV_T, shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
@@ -27,9 +30,6 @@
 @group(0) @binding(5) var<storage, read> stats: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dq_buf: array<f32>;
 @group(0) @binding(7) var<storage, read> mask: array<f32>;
-
-var<workgroup> k_tile: array<vec4<f32>, BC * DK4>;
-var<workgroup> v_tile: array<vec4<f32>, BC * DV4>;
 
 // Values 4c..4c+3 of the row at `base` of Q (which = 0), K (1), V (2) or dO (3), zero past
 // `width` or when `inside` is false.
@@ -49,7 +49,42 @@ fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
     return x;
 }
 
-@compute @workgroup_size(BR)
+// Stores values 4c..4c+3 of `x` into the row at `base` of dQ, those below `width`.
+fn store4(base: u32, c: u32, width: u32, x: vec4<f32>) {
+    for (var e = 0u; e < 4u; e++) { // unroll
+        let col = c * 4u + e;
+        if col < width {
+            dq_buf[base + col] = x[e];
+        }
+    }
+}
+
+// Columns (vec4s) of Q and dO per thread.
+const KC: u32 = (DK4 + CT - 1u) / CT;
+const VC: u32 = (DV4 + CT - 1u) / CT;
+
+// (q·k, dO·v) of key `jj` of the tile over the vec4 columns t + CT·c that `q` and `d_o` hold.
+fn partial(q: array<vec4<f32>, KC>, d_o: array<vec4<f32>, VC>, jj: u32, t: u32) -> vec2<f32> {
+    var sd = vec2<f32>(0.0);
+    for (var c = 0u; c < KC; c++) { // unroll
+        if t + CT * c < DK4 {
+            sd.x += dot(q[c], k_tile[jj * DK4 + t + CT * c]);
+        }
+    }
+    for (var c = 0u; c < VC; c++) { // unroll
+        if t + CT * c < DV4 {
+            sd.y += dot(d_o[c], v_tile[jj * DV4 + t + CT * c]);
+        }
+    }
+    return sd;
+}
+
+var<workgroup> k_tile: array<vec4<f32>, BC * DK4>;
+var<workgroup> v_tile: array<vec4<f32>, BC * DV4>;
+// Each thread's partial (s, dP) of its columns, per key of the tile.
+var<workgroup> part: array<vec2<f32>, select(1u, WG * BC, CT > 1u)>;
+
+@compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -61,23 +96,26 @@ fn main(
     }
     let g = id / p.blocks;
     let row0 = (id % p.blocks) * BR;
-    let i = row0 + li;
+    let rr = li / CT;
+    let t = li % CT;
+    let i = row0 + rr;
     let b = g / p.heads;
     let h = g % p.heads;
     let hk = h / p.kv_ratio;
     let rows = p.groups * p.n_q;
 
-    var q: array<vec4<f32>, DK4>;
-    var d_o: array<vec4<f32>, DV4>;
-    var dq: array<vec4<f32>, DK4>;
+    // This thread's columns of its row: vec4 column t + CT·c.
+    var q: array<vec4<f32>, KC>;
+    var d_o: array<vec4<f32>, VC>;
+    var dq: array<vec4<f32>, KC>;
     let q_base = p.q_off + b * p.q_batch + h * p.q_head + i * p.q_row;
     let o_base = p.o_off + b * p.o_batch + h * p.o_head + i * p.o_row;
-    for (var c = 0u; c < DK4; c++) { // unroll
-        q[c] = load4(0u, i < p.n_q, q_base, c, p.dk_h) * p.scale_log2;
+    for (var c = 0u; c < KC; c++) { // unroll
+        q[c] = load4(0u, i < p.n_q, q_base, t + CT * c, p.dk_h) * p.scale_log2;
         dq[c] = vec4<f32>(0.0);
     }
-    for (var c = 0u; c < DV4; c++) { // unroll
-        d_o[c] = load4(3u, i < p.n_q, o_base, c, p.dv_h);
+    for (var c = 0u; c < VC; c++) { // unroll
+        d_o[c] = load4(3u, i < p.n_q, o_base, t + CT * c, p.dv_h);
     }
     var lse = LSE_EMPTY;
     var d_i = 0.0;
@@ -93,25 +131,37 @@ fn main(
     let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
     let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
     for (var j0 = 0u; j0 < kv_end; j0 += BC) {
-        for (var t = li; t < BC * DK4; t += BR) {
-            let j = j0 + t / DK4;
-            let c = t % DK4;
-            k_tile[t] = load4(1u, j < p.n_kv, k_base + j * p.k_row, c, p.dk_h);
+        for (var x = li; x < BC * DK4; x += WG) {
+            let j = j0 + x / DK4;
+            k_tile[x] = load4(1u, j < p.n_kv, k_base + j * p.k_row, x % DK4, p.dk_h);
         }
-        for (var t = li; t < BC * DV4; t += BR) {
-            let j = j0 + t / DV4;
-            let c = t % DV4;
-            v_tile[t] = load4(2u, j < p.n_kv, v_base + j * p.v_row, c, p.dv_h);
+        for (var x = li; x < BC * DV4; x += WG) {
+            let j = j0 + x / DV4;
+            v_tile[x] = load4(2u, j < p.n_kv, v_base + j * p.v_row, x % DV4, p.dv_h);
         }
         workgroupBarrier();
 
+        // Partial scores and dP over this thread's columns, summed over the CT threads of the
+        // row through workgroup memory (with CT = 1, computed where they are used).
         let count = min(BC, kv_end - j0);
+        if CT > 1u {
+            for (var jj = 0u; jj < count; jj++) {
+                part[li * BC + jj] = partial(q, d_o, jj, t);
+            }
+            workgroupBarrier();
+        }
+
         for (var jj = 0u; jj < count; jj++) {
             let j = j0 + jj;
-            var x = 0.0;
-            for (var c = 0u; c < DK4; c++) { // unroll
-                x += dot(q[c], k_tile[jj * DK4 + c]);
+            var sd = vec2<f32>(0.0);
+            if CT == 1u {
+                sd = partial(q, d_o, jj, t);
+            } else {
+                for (var u = 0u; u < CT; u++) { // unroll
+                    sd += part[(rr * CT + u) * BC + jj];
+                }
             }
+            var x = sd.x;
             if i >= p.n_q || (p.causal != 0u && j > i) {
                 x = NEG;
             } else if MASK != 0u {
@@ -119,13 +169,11 @@ fn main(
             }
             let pr = select(exp2(x - lse), 0.0, x == NEG);
             if !(pr == 0.0) {
-                var dp = 0.0;
-                for (var c = 0u; c < DV4; c++) { // unroll
-                    dp += dot(d_o[c], v_tile[jj * DV4 + c]);
-                }
-                let ds = pr * (dp - d_i);
-                for (var c = 0u; c < DK4; c++) { // unroll
-                    dq[c] = fma(vec4<f32>(ds), k_tile[jj * DK4 + c], dq[c]);
+                let ds = pr * (sd.y - d_i);
+                for (var c = 0u; c < KC; c++) { // unroll
+                    if t + CT * c < DK4 {
+                        dq[c] = fma(vec4<f32>(ds), k_tile[jj * DK4 + t + CT * c], dq[c]);
+                    }
                 }
             }
         }
@@ -134,12 +182,8 @@ fn main(
 
     if i < p.n_q {
         let scale = p.scale_log2 / LOG2E;
-        for (var c = 0u; c < DK4; c++) { // unroll
-            for (var e = 0u; e < 4u; e++) { // unroll
-                if c * 4u + e < p.dk_h {
-                    dq_buf[q_base + c * 4u + e] = dq[c][e] * scale;
-                }
-            }
+        for (var c = 0u; c < KC; c++) { // unroll
+            store4(q_base, t + CT * c, p.dk_h, dq[c] * scale);
         }
     }
 }

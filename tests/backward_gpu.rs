@@ -342,3 +342,25 @@ fn the_saved_forward_rejects_non_finite_inputs_even_when_propagating() {
         .unwrap_err();
     assert!(matches!(err, Error::NonFinite { .. }), "{err}");
 }
+
+#[test]
+fn each_family_runs_its_own_backward_kernels() {
+    common::isolate();
+    let ctx = Context::new().unwrap().with_tuning(false);
+    ctx.set_profiling(true);
+    let [q, k, v] = common::sdpa_arrays(1, 1, 20, 20, 8, 8);
+    let d_o = grad_output([1, 1, 20, 8]);
+    for variant in variants() {
+        let kernel = match variant {
+            FlashVariant::Subgroup { .. } => "flash_backward_kv_subgroup.wgsl",
+            _ => "flash_backward_kv.wgsl",
+        };
+        let (_, saved) = Attention::new()
+            .flash_variant(variant)
+            .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())
+            .unwrap();
+        saved.backward(&ctx, d_o.view()).unwrap();
+        let names: Vec<&str> = ctx.kernel_times().iter().map(|t| t.kernel).collect();
+        assert!(names.contains(&kernel), "{variant}: {names:?}");
+    }
+}

@@ -53,6 +53,21 @@ fn shaders_writes_every_variant_and_lists_it() {
             "{tag}"
         );
     }
+    // The fused backward's storage kernels and the forward that saves its row statistics.
+    for stem in [
+        "flash-backward-dot",
+        "flash-backward-kv-d64-f32-mask1",
+        "flash-backward-q-d128-f16-mask0",
+    ] {
+        let f = dir.path().join(format!("storage/{stem}.wgsl"));
+        assert!(listed.contains(&f.display().to_string()), "{stem} missing");
+    }
+    let lse = dir
+        .path()
+        .join("storage/flash-blocked-64x64-d64-f32-lse.wgsl");
+    assert!(std::fs::read_to_string(lse)
+        .unwrap()
+        .contains("const LSE: u32 = 1u;"));
     // flash_tiled spills on GPUs and is not offered there, so it is not written.
     assert!(!listed.contains("flash-tiled"), "{listed}");
 }

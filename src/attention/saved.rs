@@ -21,9 +21,16 @@ use crate::error::{Error, Result};
 use crate::gpu::{buffer, readback};
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
+use crate::kernels::pack::PackLayout;
 use crate::mask::Mask;
 use crate::timing;
-use crate::variant::{self, Kernels};
+use crate::variant::{self, FlashVariant, Kernels};
+
+/// Keys (dK/dV) and query rows (dQ) per lane of the subgroup family's backward kernels.
+/// Measured on lavapipe at d = 64 (2 shared cores, so runs vary by up to 2×): dK/dV took
+/// 25 ms with 1 key per lane and 37 ms with 2 at n = 1024, and ~330 ms either way at
+/// n = 4096; dQ 33 ms with 1 row per lane and 25 ms with 2 at n = 1024.
+const SUBGROUP_PER_LANE: (u32, u32) = (1, 2);
 
 /// What an [`Attention::sdpa_saved`] forward keeps on the device for its backward pass:
 /// Q, K and V as uploaded (f16 under [`crate::Dtype::F16`]), the output O, each query row's
@@ -47,6 +54,10 @@ pub struct Saved {
     /// `D_i = dO_i·O_i`.
     stats: crate::gpu::buffer::Buf,
     mask: Option<MaskBuffer>,
+    /// The backward's kernels: the subgroup family's (rows per lane) when the forward ran
+    /// on it, else the storage family's, with these tiles.
+    subgroup: Option<(u32, u32)>,
+    tiles: BackwardTiles,
 }
 
 impl std::fmt::Debug for Saved {
@@ -60,6 +71,14 @@ impl std::fmt::Debug for Saved {
             .field("mask", &self.mask.is_some())
             .finish_non_exhaustive()
     }
+}
+
+/// Whether Q and dO of `f` fit the subgroup backward's textures, `max` texels a side.
+fn queries_fit_textures(max: u32, f: &Flash) -> bool {
+    let fits = |width: usize| {
+        PackLayout::new("Q", f.batch * f.heads, f.n_q, width.div_ceil(4), max).is_ok()
+    };
+    fits(f.dk_h) && fits(f.dv_h)
 }
 
 /// `(batch, heads, rows, width)` into ours, `(batch, rows, heads·width)`, row-major.
@@ -103,7 +122,8 @@ impl Attention {
     /// let (out, saved) = Attention::new().causal(true)
     ///     .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())?;
     /// let d_o = out.context.mapv(|x| 2.0 * x); // ℓ = Σ O², so dO = 2·O
-    /// let grads = saved.backward(&ctx, d_o.view().into_dimensionality().expect("(batch, heads, L, E_v)"))?;
+    /// let d_o = d_o.into_dimensionality::<wgpu_attention::ndarray::Ix4>().unwrap();
+    /// let grads = saved.backward(&ctx, d_o.view())?;
     /// assert_eq!(grads.q.shape(), q.shape());
     /// # Ok(()) }
     /// ```
@@ -219,6 +239,16 @@ impl Attention {
             o,
             stats,
             mask: mask_buf,
+            subgroup: match plan.flash {
+                // Q and dO must fit textures too (the forward packed only K and V).
+                FlashVariant::Subgroup { .. }
+                    if queries_fit_textures(ctx.limits().max_texture_dimension_2d, &flash) =>
+                {
+                    Some(SUBGROUP_PER_LANE)
+                }
+                _ => None,
+            },
+            tiles: BackwardTiles::for_adapter(ctx),
         };
         Ok((output, saved))
     }
@@ -270,7 +300,7 @@ impl Saved {
         let dq = buffer::output(ctx, "dQ", q_len, nan)?;
         let dk = buffer::output(ctx, "dK", k_len, nan)?;
         let dv = buffer::output(ctx, "dV", v_len, nan)?;
-        let tiles = BackwardTiles::for_adapter(ctx);
+        let tiles = self.tiles;
         let flat = ctx.scoped(|| {
             let mut encoder = ctx
                 .device
@@ -283,8 +313,21 @@ impl Saved {
             f.dispatch_backward_dot(ctx, &mut encoder, &d_o, &self.o, &self.stats)?;
             let inputs = (q, k, v);
             let saved = (&d_o, &*self.stats);
-            f.dispatch_backward_kv(ctx, &mut encoder, tiles, inputs, saved, (&dk, &dv), mask)?;
-            f.dispatch_backward_q(ctx, &mut encoder, tiles, inputs, saved, &dq, mask)?;
+            if let Some(per_lane) = self.subgroup {
+                let out = (&*dq, &*dk, &*dv);
+                f.dispatch_backward_subgroup(
+                    ctx,
+                    &mut encoder,
+                    per_lane,
+                    inputs,
+                    saved,
+                    out,
+                    mask,
+                )?;
+            } else {
+                f.dispatch_backward_kv(ctx, &mut encoder, tiles, inputs, saved, (&dk, &dv), mask)?;
+                f.dispatch_backward_q(ctx, &mut encoder, tiles, inputs, saved, &dq, mask)?;
+            }
             let mut pending = vec![
                 readback::copy_out(ctx, &mut encoder, &dq, q_len),
                 readback::copy_out(ctx, &mut encoder, &dk, k_len),
@@ -364,5 +407,80 @@ impl Saved {
             })
             .collect();
         Array3::from_shape_vec((b, h, l), natural).map_err(|e| Error::shape(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::test_context;
+    use crate::reference;
+    use crate::variant::FlashVariant;
+
+    #[test]
+    fn long_queries_past_the_texture_limit_take_the_storage_backward() {
+        let shape = Shape {
+            batch: 2,
+            heads: 8,
+            kv_heads: 8,
+            n_q: 1 << 22,
+            n_kv: 64,
+            d_k: 512,
+            d_v: 512,
+        };
+        let f = shape.flash(false, 1.0, false, false).unwrap();
+        assert!(!queries_fit_textures(16384, &f));
+        let short = Shape { n_q: 1000, ..shape }
+            .flash(false, 1.0, false, false)
+            .unwrap();
+        assert!(queries_fit_textures(16384, &short));
+    }
+
+    /// The storage backward with a GPU's tiles (several threads per key and per row, sums
+    /// of partial scores through workgroup memory; E = 72 splits a key over 5 threads), run
+    /// here on whatever adapter the tests have, against the f64 reference: GQA, causal, a
+    /// mask, key lengths, odd sizes.
+    #[test]
+    fn gpu_tiles_match_the_reference() {
+        let ctx = test_context();
+        let f = |salt: f32| {
+            move |(a, b, c, d): (usize, usize, usize, usize)| {
+                ((a * 31 + b * 17 + c * 7 + d) as f32 * salt).sin()
+            }
+        };
+        let keep = ndarray::Array2::from_shape_fn((37, 45), |(i, j)| (i + 2 * j) % 7 != 0);
+        let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
+        let op = Attention::new()
+            .causal(true)
+            .nan_fill(true)
+            .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 });
+        let odd = BackwardTiles {
+            owners: 8,
+            split: 3,
+            tile: 5,
+        };
+        for (e, ev, tiles) in [
+            (20, 12, BackwardTiles::GPU),
+            (20, 12, odd),
+            (72, 9, BackwardTiles::GPU),
+        ] {
+            let q = Array4::from_shape_fn((2, 4, 37, e), f(0.13));
+            let k = Array4::from_shape_fn((2, 2, 45, e), f(0.29));
+            let v = Array4::from_shape_fn((2, 2, 45, ev), f(0.41));
+            let d_o = Array4::from_shape_fn((2, 4, 37, ev), f(0.07));
+            let want =
+                reference::sdpa_backward(&op, q.view(), k.view(), v.view(), d_o.view(), &mask)
+                    .unwrap();
+            let (_, mut saved) = op
+                .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
+                .unwrap();
+            saved.tiles = tiles;
+            let g = saved.backward(ctx, d_o.view()).unwrap();
+            for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
+                let got = got.clone().into_dyn();
+                let (rel, _) = reference::compare(&got, &want.clone().into_dyn());
+                assert!(rel < 1e-5, "E={e} {tiles:?}: {rel:e}");
+            }
+        }
     }
 }

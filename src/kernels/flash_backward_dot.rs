@@ -27,53 +27,111 @@ impl Kernel for Shader {
     type Params = FlashParams;
 }
 
-/// The tile shape of a backward kernel: `threads` per workgroup, each owning one key
-/// (`flash_backward_kv`) or one query row (`flash_backward_q`), and `tile` rows of the other
-/// side (query rows, keys) streamed through workgroup memory at a time.
+/// The tile shape of a backward kernel: a workgroup owns `owners` keys (`flash_backward_kv`)
+/// or query rows (`flash_backward_q`), `split` threads each (every thread holding a share of
+/// the head's columns, so registers stay bounded on GPUs), and streams `tile` rows of the
+/// other side (query rows, keys) through workgroup memory at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BackwardTiles {
-    /// Threads per workgroup.
-    pub threads: u32,
+    /// Keys or query rows per workgroup.
+    pub owners: u32,
+    /// Threads per key or row.
+    pub split: u32,
     /// Rows per workgroup-memory tile (shrunk to fit the device's workgroup memory).
     pub tile: u32,
 }
 
 impl BackwardTiles {
-    /// The shape for `ctx`'s adapter: 64 threads on a CPU adapter (lavapipe runs a
-    /// workgroup as a loop over 8-lane SIMD batches) and 128 on a GPU, tiles of 32 rows.
+    /// On a GPU: 32 keys or rows of 4 threads (16 registers of columns each at d = 64),
+    /// tiles of 16 rows.
+    pub const GPU: Self = BackwardTiles {
+        owners: 32,
+        split: 4,
+        tile: 16,
+    };
+    /// On a CPU adapter (lavapipe runs a workgroup as a loop over 8-lane SIMD batches, and
+    /// registers are cheap): 64 keys or rows of one thread, tiles of 32 rows.
+    pub const CPU: Self = BackwardTiles {
+        owners: 64,
+        split: 1,
+        tile: 32,
+    };
+
+    /// The shape for `ctx`'s adapter.
     pub fn for_adapter(ctx: &Context) -> Self {
-        let threads = if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-            64
-        } else {
-            128
-        };
-        BackwardTiles { threads, tile: 32 }
+        match ctx.adapter_info().device_type {
+            wgpu::DeviceType::Cpu => Self::CPU,
+            _ => Self::GPU,
+        }
     }
 
-    /// This shape with the tile halved until `bytes_per_row · tile` (plus `extra` per row)
-    /// fits `limits`' workgroup memory, and the threads capped at the device's.
+    /// This shape for heads `w4` vec4s wide (the wider of d_k and d_v): with threads split
+    /// per key or row at all, enough of them that each holds at most 4 vec4 columns of an
+    /// operand (more spills on RDNA3: d = 128 with 4 threads, 177 registers), the threads
+    /// per workgroup kept.
+    pub fn for_width(self, w4: u32) -> Self {
+        if self.split <= 1 {
+            return self;
+        }
+        let split = self.split.max(w4.div_ceil(4));
+        BackwardTiles {
+            owners: (self.threads() / split).max(1),
+            split,
+            tile: self.tile,
+        }
+    }
+
+    /// Threads per workgroup.
+    pub fn threads(&self) -> u32 {
+        self.owners * self.split
+    }
+
+    /// This shape with the owners halved until the threads fit `limits`, then the tile
+    /// halved until `bytes_per_row(shape) · tile` fits its workgroup memory.
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] when not even a one-row tile fits.
-    pub fn fit(self, limits: &wgpu::Limits, bytes_per_row: u64, what: &str) -> Result<Self> {
+    pub fn fit(
+        self,
+        limits: &wgpu::Limits,
+        bytes_per_row: impl Fn(&BackwardTiles) -> u64,
+        what: &str,
+    ) -> Result<Self> {
         let max_threads = limits
             .max_compute_invocations_per_workgroup
             .min(limits.max_compute_workgroup_size_x);
-        let threads = self.threads.min(max_threads).max(1);
-        let limit = u64::from(limits.max_compute_workgroup_storage_size);
-        let mut tile = self.tile.max(1);
-        while tile > 1 && u64::from(tile) * bytes_per_row > limit {
-            tile /= 2;
+        let mut t = BackwardTiles {
+            split: self.split.clamp(1, max_threads.max(1)),
+            owners: self.owners.max(1),
+            tile: self.tile.max(1),
+        };
+        while t.owners > 1 && t.threads() > max_threads {
+            t.owners /= 2;
         }
-        if u64::from(tile) * bytes_per_row > limit {
+        let limit = u64::from(limits.max_compute_workgroup_storage_size);
+        let row = bytes_per_row(&t);
+        while t.tile > 1 && u64::from(t.tile) * row > limit {
+            t.tile /= 2;
+        }
+        if u64::from(t.tile) * row > limit {
             return Err(Error::LimitExceeded {
                 what: format!("{what} workgroup tile"),
-                needed: format!("{bytes_per_row} bytes"),
+                needed: format!("{row} bytes"),
                 limit: format!("{limit} bytes"),
                 limit_name: "max_compute_workgroup_storage_size",
             });
         }
-        Ok(BackwardTiles { threads, tile })
+        Ok(t)
+    }
+}
+
+/// Workgroup memory per tile row for the threads' partial `(s, dP)` under `tiles`: none with
+/// one thread per key or row (the scores are computed where they are used), as the shaders
+/// declare it.
+pub(crate) fn partials(tiles: &BackwardTiles) -> u64 {
+    match tiles.split {
+        0 | 1 => 0,
+        _ => 8 * u64::from(tiles.threads()),
     }
 }
 
@@ -110,23 +168,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tiles_shrink_to_fit_workgroup_memory() {
+    fn tiles_shrink_to_fit_threads_and_workgroup_memory() {
         let limits = wgpu::Limits {
             max_compute_workgroup_storage_size: 16 << 10,
             ..wgpu::Limits::default()
         };
         let t = BackwardTiles {
-            threads: 512,
+            owners: 128,
+            split: 4,
             tile: 32,
         };
-        // d = 64: a row of q and dO is 512 bytes, 32 of them fit in 16 KiB.
-        let fit = t.fit(&limits, 512, "t").unwrap();
-        assert_eq!((fit.threads, fit.tile), (256, 32));
-        // d = 256: 2 KiB a row, 8 rows.
-        assert_eq!(t.fit(&limits, 2048, "t").unwrap().tile, 8);
+        // 512 threads over the default 256: 64 owners of 4.
+        let fit = t.fit(&limits, |_| 512, "t").unwrap();
+        assert_eq!((fit.owners, fit.split, fit.tile), (64, 4, 32));
+        // 2 KiB a row: 8 rows; the row's size may grow with the threads.
+        assert_eq!(t.fit(&limits, |_| 2048, "t").unwrap().tile, 8);
+        assert_eq!(t.fit(&limits, partials, "t").unwrap().tile, 8);
         assert!(matches!(
-            t.fit(&limits, 32 << 10, "t"),
+            t.fit(&limits, |_| 32 << 10, "t"),
             Err(Error::LimitExceeded { .. })
         ));
+        // At most 4 vec4 columns a thread: d = 128 splits a key over 8 threads.
+        let gpu = BackwardTiles::GPU.for_width(32);
+        assert_eq!((gpu.owners, gpu.split, gpu.threads()), (16, 8, 128));
+        assert_eq!(BackwardTiles::GPU.for_width(16), BackwardTiles::GPU);
+        assert_eq!(BackwardTiles::CPU.for_width(64), BackwardTiles::CPU);
     }
 }

@@ -2,7 +2,7 @@
 //! the query rows (of every query head that reads the K/V head) streamed through
 //! workgroup memory. Same [`Flash`] problem and uniform as the fused forward.
 
-use super::flash_backward_dot::BackwardTiles;
+use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::{Flash, FlashParams};
 use super::wgsl::constants;
 use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -15,8 +15,12 @@ pub(crate) struct Shader;
 constants! {
     /// Specialisation of `flash_backward_kv.wgsl`.
     pub(crate) struct BackwardKvConsts {
-        /// Keys (and threads) per workgroup.
+        /// Keys per workgroup.
         keys => "BC",
+        /// Threads per key.
+        split => "CT",
+        /// Threads per workgroup, `keys · split`.
+        threads => "WG",
         /// Query rows per workgroup-memory tile.
         rows => "BR",
         /// Query/key width of one head in vec4s, rounded up.
@@ -30,7 +34,7 @@ constants! {
 
 impl Kernel for Shader {
     const ID: KernelId = KernelId::FlashBackwardKv;
-    const WORKGROUP: [Dim; 3] = [Dim::Const("BC"), Dim::Fixed(1), Dim::Fixed(1)];
+    const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
     const BINDINGS: &'static [Slot] = &[
         Slot::Read("q_buf"),
         Slot::Read("k_buf"),
@@ -59,11 +63,15 @@ impl Flash {
         mask: u32,
     ) -> Result<BackwardKvConsts> {
         let (dk4, dv4) = self.widths4()?;
-        // A row of q and dO, and its (lse, D).
-        let row_bytes = 16 * u64::from(dk4 + dv4) + 8;
-        let t = tiles.fit(limits, row_bytes, "flash-backward-kv")?;
+        // A row of q and dO, its (lse, D), and each thread's partial (s, dP) of it.
+        let row_bytes = |t: &BackwardTiles| 16 * u64::from(dk4 + dv4) + 8 + partials(t);
+        let t = tiles
+            .for_width(dk4.max(dv4))
+            .fit(limits, row_bytes, "flash-backward-kv")?;
         Ok(BackwardKvConsts {
-            keys: t.threads,
+            keys: t.owners,
+            split: t.split,
+            threads: t.threads(),
             rows: t.tile,
             dk4,
             dv4,

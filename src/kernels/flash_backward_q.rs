@@ -3,7 +3,7 @@
 //! add to accumulate dQ from the dK/dV kernel. Same [`Flash`] problem and uniform as the
 //! fused forward.
 
-use super::flash_backward_dot::BackwardTiles;
+use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::Flash;
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -16,8 +16,12 @@ pub(crate) struct Shader;
 constants! {
     /// Specialisation of `flash_backward_q.wgsl`.
     pub(crate) struct BackwardQConsts {
-        /// Query rows (and threads) per workgroup.
+        /// Query rows per workgroup.
         rows => "BR",
+        /// Threads per row.
+        split => "CT",
+        /// Threads per workgroup, `rows · split`.
+        threads => "WG",
         /// Keys per workgroup-memory tile.
         keys => "BC",
         /// Query/key width of one head in vec4s, rounded up.
@@ -31,7 +35,7 @@ constants! {
 
 impl Kernel for Shader {
     const ID: KernelId = KernelId::FlashBackwardQ;
-    const WORKGROUP: [Dim; 3] = [Dim::Const("BR"), Dim::Fixed(1), Dim::Fixed(1)];
+    const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
     const BINDINGS: &'static [Slot] = &[
         Slot::Read("q_buf"),
         Slot::Read("k_buf"),
@@ -59,10 +63,15 @@ impl Flash {
         mask: u32,
     ) -> Result<BackwardQConsts> {
         let (dk4, dv4) = self.widths4()?;
-        let row_bytes = 16 * u64::from(dk4 + dv4);
-        let t = tiles.fit(limits, row_bytes, "flash-backward-q")?;
+        // A key of K and V, and each thread's partial (s, dP) of it.
+        let row_bytes = |t: &BackwardTiles| 16 * u64::from(dk4 + dv4) + partials(t);
+        let t = tiles
+            .for_width(dk4.max(dv4))
+            .fit(limits, row_bytes, "flash-backward-q")?;
         Ok(BackwardQConsts {
-            rows: t.threads,
+            rows: t.owners,
+            split: t.split,
+            threads: t.threads(),
             keys: t.tile,
             dk4,
             dv4,

@@ -15,7 +15,9 @@ pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
 pub(crate) mod flash_backward_dot;
 pub(crate) mod flash_backward_kv;
+pub(crate) mod flash_backward_kv_subgroup;
 pub(crate) mod flash_backward_q;
+pub(crate) mod flash_backward_q_subgroup;
 pub(crate) mod flash_blocked;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
@@ -198,6 +200,8 @@ registry! {
     FlashBackwardDot => flash_backward_dot,
     FlashBackwardKv => flash_backward_kv,
     FlashBackwardQ => flash_backward_q,
+    FlashBackwardKvSubgroup => flash_backward_kv_subgroup,
+    FlashBackwardQSubgroup => flash_backward_q_subgroup,
     FmaPeak => fma_peak,
     DecodePartial => decode_partial,
     DecodeCombine => decode_combine,

@@ -7,11 +7,14 @@ use std::path::{Path, PathBuf};
 
 use super::storage_flash;
 use crate::error::{Error, Result};
+use crate::kernels::flash_backward_dot::BackwardTiles;
+use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
 use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
 use crate::kernels::softmax::SoftmaxConsts;
 use crate::kernels::wgsl::NoConstants;
+use crate::kernels::{flash_backward_dot, flash_backward_kv, flash_backward_q};
 use crate::kernels::{flash_blocked, matmul, softmax, weighted_sum, PipelineKey, Strides};
 use crate::variant::FlashVariant;
 
@@ -142,12 +145,43 @@ fn unfused() -> Vec<(String, PipelineKey)> {
     v
 }
 
+/// The fused backward's storage kernels as a GPU runs them ([`BackwardTiles::GPU`], shrunk to
+/// the least workgroup memory of [`GPU_WORKGROUP_KIB`]) for d = 64 and 128, f32 and f16,
+/// with and without a mask; and `flash_blocked` saving its row statistics for them.
+fn backward() -> Result<Vec<(String, PipelineKey)>> {
+    let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
+    let mut v = Vec::new();
+    for d in [64, 128] {
+        for f16 in [false, true] {
+            let op = problem(d, f16);
+            let t = if f16 { "f16" } else { "f32" };
+            for mask in [0, 1] {
+                let c = op.backward_kv_consts(&limits, BackwardTiles::GPU, mask)?;
+                let key = PipelineKey::of::<flash_backward_kv::Shader>(&c, op.f16_bits());
+                v.push((format!("flash-backward-kv-d{d}-{t}-mask{mask}"), key));
+                let c = op.backward_q_consts(&limits, BackwardTiles::GPU, mask)?;
+                let key = PipelineKey::of::<flash_backward_q::Shader>(&c, op.f16_bits());
+                v.push((format!("flash-backward-q-d{d}-{t}-mask{mask}"), key));
+            }
+            let c = FlashBlockedConsts {
+                lse: 1,
+                ..op.blocked_consts(&limits, (64, 64), 0)?
+            };
+            let key = PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits());
+            v.push((format!("flash-blocked-64x64-d{d}-{t}-lse"), key));
+        }
+    }
+    let key = PipelineKey::of::<flash_backward_dot::Shader>(&NoConstants, 0);
+    v.push(("flash-backward-dot".to_string(), key));
+    Ok(v)
+}
+
 /// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
 /// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
 /// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
 /// `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16 (a
 /// variant that more memory changes is written again, its name ending in `-wg<KiB>k`), and
-/// its unfused kernels ([`unfused`]); with a subgroup size, the subgroup family's fused
+/// its unfused kernels ([`unfused`]) and the fused backward's ([`backward`]); with a subgroup size, the subgroup family's fused
 /// variants for d = 64 and 128. Returns the files written.
 ///
 /// # Errors
@@ -155,6 +189,7 @@ fn unfused() -> Vec<(String, PipelineKey)> {
 pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBuf>> {
     let mut files: Vec<(&str, String, PipelineKey)> = unfused()
         .into_iter()
+        .chain(backward()?)
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
     let mut seen = std::collections::HashSet::new();
