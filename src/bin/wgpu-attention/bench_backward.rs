@@ -72,5 +72,56 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
             }
         }
     }
+    torch_peer(sweep);
     Ok(())
+}
+
+/// PyTorch's CPU SDPA forward and autograd backward on the same shapes, when `python3` has
+/// `torch` (`benches/torch_peer.py`); a line saying why otherwise.
+fn torch_peer(sweep: &Sweep<'_>) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
+    let n: Vec<String> = sweep.n.iter().map(|n| n.to_string()).collect();
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(script)
+        .args(["--n", &n.join(",")])
+        .args(["--heads", &sweep.heads.to_string()])
+        .args(["--e", &(sweep.d / sweep.heads).to_string()])
+        .args(["--batch", &sweep.batch.to_string()])
+        .args(["--repeats", &sweep.repeats.to_string()]);
+    if sweep.causal {
+        cmd.arg("--causal");
+    }
+    let out = match cmd.output() {
+        Ok(out) if out.status.success() => out,
+        Ok(out) if out.status.code() == Some(3) => {
+            println!("pytorch-cpu: not available (python3 has no torch)");
+            return;
+        }
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            println!("pytorch-cpu: failed: {}", err.lines().last().unwrap_or(""));
+            return;
+        }
+        Err(e) => {
+            println!("pytorch-cpu: not available ({e})");
+            return;
+        }
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<f64> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if let [n, fwd, bwd, threads] = f[..] {
+            let flop = 2.0 * n * n * 2.0 * sweep.d as f64 * sweep.batch as f64;
+            println!(
+                "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x   PyTorch {} CPU threads, autograd",
+                "torch-cpu",
+                flop / (fwd * 1e6),
+                2.5 * flop / (bwd * 1e6),
+                bwd / fwd,
+                threads
+            );
+        }
+    }
 }
