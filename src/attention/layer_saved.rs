@@ -12,6 +12,7 @@ use super::dispatch::Shape;
 use super::gradients::Gradients;
 use super::linear_grad::{InputGrad, LinearGrads};
 use super::projections::Projections;
+use super::saved::BackwardKernels;
 use super::shape::{check_finite, named_inputs, Dims};
 use super::split::fits;
 use super::upload::{upload_as, MaskBuffer};
@@ -21,7 +22,6 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
-use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::mask::Mask;
 use crate::variant;
@@ -42,6 +42,7 @@ pub struct LayerSaved {
     context: Buf,
     stats: Buf,
     mask: Option<MaskBuffer>,
+    kernels: BackwardKernels,
 }
 
 impl std::fmt::Debug for LayerSaved {
@@ -180,6 +181,7 @@ impl Attention {
                 context,
                 stats,
                 mask: mask_buf,
+                kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
             };
             let out = Output {
                 context: context_out,
@@ -324,16 +326,15 @@ impl LayerSaved {
         let dq = buffer::output(ctx, "dQ", rows * dims.d_k, false)?;
         let dk = buffer::output(ctx, "dK", rows * dk_kv, false)?;
         let dv = buffer::output(ctx, "dV", rows * dv_kv, false)?;
-        let tiles = BackwardTiles::for_adapter(ctx);
         let (q, k, v) = match &self.qkv {
             Some([q, k, v]) => (&**q, &**k, &**v),
             None => (&*self.x, &*self.x, &*self.x),
         };
         let mask = self.mask.as_ref().map(MaskBuffer::arg);
-        f.dispatch_backward_dot(ctx, encoder, d_c, &self.context, &self.stats)?;
-        let saved = (d_c, &*self.stats);
-        f.dispatch_backward_kv(ctx, encoder, tiles, (q, k, v), saved, (&dk, &dv), mask)?;
-        f.dispatch_backward_q(ctx, encoder, tiles, (q, k, v), saved, &dq, mask)?;
+        let saved = (d_c, &*self.context, &*self.stats);
+        let out = (&*dq, &*dk, &*dv);
+        self.kernels
+            .record(ctx, encoder, f, (q, k, v), saved, out, mask)?;
         let Some(w) = &self.weights else {
             // Q = K = V = X: dX is the sum of the three, added up after the readback.
             return Ok(DeviceGrads {

@@ -73,6 +73,62 @@ impl std::fmt::Debug for Saved {
     }
 }
 
+/// Which backward kernels a saved forward's backward runs: the subgroup family's (rows per
+/// lane) when the forward ran on it and Q and dO fit its textures, else the storage ones.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BackwardKernels {
+    pub subgroup: Option<(u32, u32)>,
+    pub tiles: BackwardTiles,
+}
+
+impl BackwardKernels {
+    /// For a forward of `flash` with `variant` on `ctx`.
+    pub(super) fn choose(ctx: &Context, variant: FlashVariant, flash: &Flash) -> Self {
+        let max = ctx.limits().max_texture_dimension_2d;
+        BackwardKernels {
+            subgroup: match variant {
+                // Q and dO must fit textures too (the forward packed only K and V).
+                FlashVariant::Subgroup { .. } if queries_fit_textures(max, flash) => {
+                    Some(SUBGROUP_PER_LANE)
+                }
+                _ => None,
+            },
+            tiles: BackwardTiles::for_adapter(ctx),
+        }
+    }
+
+    /// Records `D = rowsum(dO ∘ O)` into the statistics, then dK and dV, then dQ (f32).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        f: &Flash,
+        inputs: (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        (d_o, o, stats): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        (dq, dk, dv): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        mask: Option<crate::kernels::MaskArg<'_>>,
+    ) -> Result<()> {
+        f.dispatch_backward_dot(ctx, encoder, d_o, o, stats)?;
+        let saved = (d_o, stats);
+        match self.subgroup {
+            Some(per_lane) => f.dispatch_backward_subgroup(
+                ctx,
+                encoder,
+                per_lane,
+                inputs,
+                saved,
+                (dq, dk, dv),
+                mask,
+            ),
+            None => {
+                f.dispatch_backward_kv(ctx, encoder, self.tiles, inputs, saved, (dk, dv), mask)?;
+                f.dispatch_backward_q(ctx, encoder, self.tiles, inputs, saved, dq, mask)
+            }
+        }
+    }
+}
+
 /// Whether Q and dO of `f` fit the subgroup backward's textures, `max` texels a side.
 fn queries_fit_textures(max: u32, f: &Flash) -> bool {
     let fits = |width: usize| {
@@ -239,15 +295,7 @@ impl Attention {
             o,
             stats,
             mask: mask_buf,
-            subgroup: match plan.flash {
-                // Q and dO must fit textures too (the forward packed only K and V).
-                FlashVariant::Subgroup { .. }
-                    if queries_fit_textures(ctx.limits().max_texture_dimension_2d, &flash) =>
-                {
-                    Some(SUBGROUP_PER_LANE)
-                }
-                _ => None,
-            },
+            subgroup: BackwardKernels::choose(ctx, plan.flash, &flash).subgroup,
             tiles: BackwardTiles::for_adapter(ctx),
         };
         Ok((output, saved))
@@ -310,24 +358,20 @@ impl Saved {
             timing::begin(ctx);
             let [q, k, v] = &self.qkv;
             let mask = self.mask.as_ref().map(MaskBuffer::arg);
-            f.dispatch_backward_dot(ctx, &mut encoder, &d_o, &self.o, &self.stats)?;
-            let inputs = (q, k, v);
-            let saved = (&d_o, &*self.stats);
-            if let Some(per_lane) = self.subgroup {
-                let out = (&*dq, &*dk, &*dv);
-                f.dispatch_backward_subgroup(
-                    ctx,
-                    &mut encoder,
-                    per_lane,
-                    inputs,
-                    saved,
-                    out,
-                    mask,
-                )?;
-            } else {
-                f.dispatch_backward_kv(ctx, &mut encoder, tiles, inputs, saved, (&dk, &dv), mask)?;
-                f.dispatch_backward_q(ctx, &mut encoder, tiles, inputs, saved, &dq, mask)?;
-            }
+            let kernels = BackwardKernels {
+                subgroup: self.subgroup,
+                tiles,
+            };
+            let saved = (&d_o, &*self.o, &*self.stats);
+            kernels.record(
+                ctx,
+                &mut encoder,
+                f,
+                (q, k, v),
+                saved,
+                (&dq, &dk, &dv),
+                mask,
+            )?;
             let mut pending = vec![
                 readback::copy_out(ctx, &mut encoder, &dq, q_len),
                 readback::copy_out(ctx, &mut encoder, &dk, k_len),

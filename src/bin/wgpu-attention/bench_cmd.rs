@@ -197,9 +197,10 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     // family `auto` resolves to is that of the sweep's largest call (a tiny call, under
     // TINY_ROWS rows, plans the kernels cheapest to compile instead: not what a sweep times).
     let rows = args.n.iter().max().copied().unwrap_or(1) * args.batch;
-    let head_dims = Attention::new()
-        .heads(args.heads)
-        .dims(&[rows.max(wgpu_attention::attention::TINY_ROWS + 1), args.d], None)?;
+    let head_dims = Attention::new().heads(args.heads).dims(
+        &[rows.max(wgpu_attention::attention::TINY_ROWS + 1), args.d],
+        None,
+    )?;
     let choice = match args.kernels.as_str() {
         "all" => None,
         k => Some(k.parse::<Kernels>()?),
