@@ -14,6 +14,8 @@ use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
 use crate::kernels::softmax::SoftmaxConsts;
 use crate::kernels::wgsl::NoConstants;
+use crate::kernels::decode_combine::{self, CombineConsts};
+use crate::kernels::decode_partial::{self, PartialConsts};
 use crate::kernels::{flash_backward_dot, flash_backward_kv, flash_backward_q};
 use crate::kernels::{flash_blocked, matmul, softmax, weighted_sum, PipelineKey, Strides};
 use crate::variant::FlashVariant;
@@ -176,12 +178,35 @@ fn backward() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
+/// The decode step's kernels as a GPU runs them: [`decode_partial::THREADS`] threads, every
+/// rows-per-workgroup the constants may choose, for d = 64 and 128 (the cache's K and V are
+/// textures: one variant serves f32 and f16 caches); and the combine.
+fn decode() -> Result<Vec<(String, PipelineKey)>> {
+    let limit = gpu_limits_with(GPU_WORKGROUP_KIB[0]).max_compute_workgroup_storage_size;
+    let mut v = Vec::new();
+    for d in [64u32, 128] {
+        let d4 = d / 4;
+        let mut seen = std::collections::HashSet::new();
+        for rows in 1..=8 {
+            let c = PartialConsts::new(rows, (d4, d4), decode_partial::THREADS, limit)?;
+            if seen.insert(c.rows) {
+                let key = PipelineKey::of::<decode_partial::Shader>(&c, 0);
+                v.push((format!("decode-partial-d{d}-rows{}", c.rows), key));
+            }
+        }
+        let key = PipelineKey::of::<decode_combine::Shader>(&CombineConsts { dv4: d4 }, 0);
+        v.push((format!("decode-combine-d{d}"), key));
+    }
+    Ok(v)
+}
+
 /// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
 /// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
 /// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
 /// `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16 (a
 /// variant that more memory changes is written again, its name ending in `-wg<KiB>k`), and
-/// its unfused kernels ([`unfused`]) and the fused backward's ([`backward`]); with a subgroup size, the subgroup family's fused
+/// its unfused kernels ([`unfused`]), the fused backward's ([`backward`]) and the decode
+/// step's ([`decode`]); with a subgroup size, the subgroup family's fused
 /// variants for d = 64 and 128. Returns the files written.
 ///
 /// # Errors
@@ -190,6 +215,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
     let mut files: Vec<(&str, String, PipelineKey)> = unfused()
         .into_iter()
         .chain(backward()?)
+        .chain(decode()?)
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
     let mut seen = std::collections::HashSet::new();
