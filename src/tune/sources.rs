@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use super::storage_flash;
 use crate::error::{Error, Result};
+use crate::kernels::decode_combine::{self, CombineConsts};
+use crate::kernels::decode_partial::{self, PartialConsts};
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
@@ -14,8 +16,6 @@ use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
 use crate::kernels::softmax::SoftmaxConsts;
 use crate::kernels::wgsl::NoConstants;
-use crate::kernels::decode_combine::{self, CombineConsts};
-use crate::kernels::decode_partial::{self, PartialConsts};
 use crate::kernels::{flash_backward_dot, flash_backward_kv, flash_backward_q};
 use crate::kernels::{flash_blocked, matmul, softmax, weighted_sum, PipelineKey, Strides};
 use crate::variant::FlashVariant;
