@@ -78,6 +78,25 @@ pub fn finish(
     oneshot::block_on(finish_async(ctx, submission, pending))
 }
 
+/// A map callback's result, natively, once the submission has run: at once when our wait
+/// fired it; else polling the device again, and waiting, up to 5 s, for another thread whose
+/// poll took the callback and has yet to call it (threads sharing a context poll each other's
+/// callbacks).
+#[cfg(not(target_arch = "wasm32"))]
+fn take_mapped<T>(ctx: &Context, rx: &oneshot::Receiver<T>) -> Result<T> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(r) = rx.try_take() {
+            return Ok(r);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Readback("map callback never fired".into()));
+        }
+        let _ = ctx.device.poll(wgpu::PollType::Poll);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// [`finish`] without blocking: natively the same wait on the device; in the browser, whose
 /// event loop completes the mappings, it awaits them instead.
 ///
@@ -102,19 +121,7 @@ pub async fn finish_async(
         }
         let _readback = ctx.phases.enter(Phase::Readback);
         for rx in &mapped {
-            let r = match rx.try_take() {
-                Some(r) => r,
-                // A callback left for a later poll: one more wait, a short one.
-                None => {
-                    let _ = ctx.device.poll(wgpu::PollType::Wait {
-                        submission_index: None,
-                        timeout: Some(Duration::from_secs(5)),
-                    });
-                    rx.try_take()
-                        .ok_or_else(|| Error::Readback("map callback never fired".into()))?
-                }
-            };
-            r.map_err(|e| Error::Readback(e.to_string()))?;
+            take_mapped(ctx, rx)?.map_err(|e| Error::Readback(e.to_string()))?;
         }
     }
     #[cfg(target_arch = "wasm32")]
