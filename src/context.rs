@@ -212,6 +212,7 @@ pub struct Context {
     runtime_checks: bool,
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
     unused_out: std::sync::OnceLock<wgpu::Buffer>,
+    one: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
     pub(crate) timing: Timing,
@@ -357,6 +358,7 @@ impl Context {
             runtime_checks: false,
             stand_in: std::sync::OnceLock::new(),
             unused_out: std::sync::OnceLock::new(),
+            one: std::sync::OnceLock::new(),
             subgroup_size,
             lost,
             timing: Timing::default(),
@@ -443,6 +445,19 @@ impl Context {
                 mapped_at_creation: false,
             })
         })
+    }
+
+    /// A storage buffer holding the single f32 1.0, made once: a row of ones for any length
+    /// when read through zero strides (column sums as a matmul).
+    ///
+    /// # Errors
+    /// GPU errors on its first use.
+    pub(crate) fn one(&self) -> Result<&wgpu::Buffer> {
+        if let Some(b) = self.one.get() {
+            return Ok(b);
+        }
+        let b = crate::gpu::buffer::upload(self, "one", &[1.0])?;
+        Ok(self.one.get_or_init(|| b))
     }
 
     /// Whether the device can run the f16 kernels (`Features::SHADER_F16`), or the error

@@ -166,32 +166,11 @@ impl Tensor {
                 "it was recorded but its Recorder was never submitted: call Recorder::submit first",
             ));
         }
-        let len = self.len();
         let f16 = self.dtype() == Dtype::F16;
-        // f16 tensors hold a multiple of four halves: read them as pairs packed in words.
-        let words = if f16 {
-            len.next_multiple_of(4) / 2
-        } else {
-            len
-        };
         let values = ctx.scoped(|| {
             let _open = ctx.pool.open();
-            let mut encoder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("tensor readback"),
-                });
-            let pending = readback::copy_out(ctx, &mut encoder, buffer, words);
-            let submission = ctx.queue.submit([encoder.finish()]);
-            let mut out = readback::finish(ctx, submission, vec![pending])?;
-            Ok(out.pop().unwrap_or_default())
+            readback::read_as(ctx, buffer, self.len(), f16)
         })?;
-        let values = if f16 {
-            let halves: &[half::f16] = bytemuck::cast_slice(&values);
-            halves[..len].iter().map(|h| h.to_f32()).collect()
-        } else {
-            values
-        };
         ArrayD::from_shape_vec(IxDyn(self.shape()), values).map_err(|e| Error::shape(e.to_string()))
     }
 }

@@ -114,6 +114,41 @@ pub(crate) fn store(ctx: &Context, words: &[f32], labels: &[&'static str]) {
     }
 }
 
+/// Finishes `encoder` with the resolve of the timestamps taken since [`begin`] (if any),
+/// submits it, waits, stores the kernels' times and returns the contents of `pending`, in
+/// order: the readback of every timed call.
+///
+/// # Errors
+/// As [`readback::finish_async`].
+pub(crate) async fn submit_and_read_async(
+    ctx: &Context,
+    mut encoder: wgpu::CommandEncoder,
+    mut pending: Vec<readback::Pending>,
+) -> Result<Vec<Vec<f32>>> {
+    let labels = end(ctx, &mut encoder).map(|(p, labels)| {
+        pending.push(p);
+        labels
+    });
+    let submission = ctx.queue.submit([encoder.finish()]);
+    let mut results = readback::finish_async(ctx, submission, pending).await?;
+    if let Some(labels) = labels {
+        store(ctx, &results.pop().unwrap_or_default(), &labels);
+    }
+    Ok(results)
+}
+
+/// [`submit_and_read_async`], blocking.
+///
+/// # Errors
+/// As [`submit_and_read_async`].
+pub(crate) fn submit_and_read(
+    ctx: &Context,
+    encoder: wgpu::CommandEncoder,
+    pending: Vec<readback::Pending>,
+) -> Result<Vec<Vec<f32>>> {
+    crate::gpu::oneshot::block_on(submit_and_read_async(ctx, encoder, pending))
+}
+
 /// Records one compute pass labelled `label`, with `body` setting its pipeline and dispatch:
 /// bracketed by timestamps, or submitted alone and timed by the wall clock, when profiling.
 ///
@@ -187,16 +222,8 @@ pub(crate) fn timed_submit(
             });
         begin(ctx);
         f(&mut encoder)?;
-        let (pending, labels) = match end(ctx, &mut encoder) {
-            Some((p, labels)) => (vec![p], Some(labels)),
-            None => (Vec::new(), None),
-        };
-        let submission = ctx.queue.submit([encoder.finish()]);
-        let words = readback::finish(ctx, submission, pending)?;
+        submit_and_read(ctx, encoder, Vec::new())?;
         let wall = t.elapsed().as_secs_f64() * 1e3;
-        if let (Some(labels), Some(w)) = (labels, words.first()) {
-            store(ctx, w, &labels);
-        }
         Ok((wall, ctx.timing.times()))
     })
 }

@@ -123,14 +123,9 @@ impl Layer {
             )?;
             let w = self.device();
             let pending = [(&q, w.q.cols), (&k, w.k.cols), (&v, w.v.cols)]
-                .map(|(b, cols)| readback::copy_out(ctx, &mut encoder, b, words(rows * cols, f16)));
+                .map(|(b, cols)| readback::copy_out_as(ctx, &mut encoder, b, rows * cols, f16));
             let submission = ctx.queue.submit([encoder.finish()]);
-            let out = readback::finish(ctx, submission, pending.into())?;
-            let cols = [w.q.cols, w.k.cols, w.v.cols];
-            let mut out = out
-                .into_iter()
-                .zip(cols)
-                .map(|(v, c)| widen(v, rows * c, f16));
+            let mut out = readback::finish(ctx, submission, pending.into())?.into_iter();
             let mut next = || out.next().unwrap_or_default();
             Ok([next(), next(), next()])
         })
@@ -170,22 +165,4 @@ impl Layer {
         })?;
         Array3::from_shape_vec((batch, m, o.cols), flat).map_err(|e| Error::shape(e.to_string()))
     }
-}
-
-/// How many f32 words hold `len` values (f16 values two to a word, padded to four).
-fn words(len: usize, f16: bool) -> usize {
-    if f16 {
-        len.max(1).next_multiple_of(4) / 2
-    } else {
-        len
-    }
-}
-
-/// `len` values read back as words, widened to f32.
-fn widen(words: Vec<f32>, len: usize, f16: bool) -> Vec<f32> {
-    if !f16 {
-        return words;
-    }
-    let halves: &[half::f16] = bytemuck::cast_slice(&words);
-    halves[..len].iter().map(|h| h.to_f32()).collect()
 }

@@ -372,13 +372,7 @@ impl LayerSaved {
         let mut values = values.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
             let v = values.next().unwrap_or_default();
-            if let Some(index) = v.iter().position(|x| !x.is_finite()) {
-                return Err(Error::Overflow {
-                    what: what.into(),
-                    dtype: self.op.dtype,
-                    index,
-                });
-            }
+            crate::error::check_overflow(what, self.op.dtype, &v)?;
             Ok(v)
         };
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());

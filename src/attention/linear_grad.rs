@@ -40,9 +40,9 @@ impl Linear {
         w_f16: bool,
     ) -> Result<LinearGrads> {
         let (inp, out) = (self.rows, self.cols);
-        let u = |what: &str, v: usize| u32_of(what, v);
-        let row_major =
-            |width: usize| -> Result<Strides> { Ok(Strides::row_major(u("width", width)?, 0, 0)) };
+        let row_major = |width: usize| -> Result<Strides> {
+            Ok(Strides::row_major(u32_of("width", width)?, 0, 0))
+        };
         let no_bias = ctx.stand_in();
         // dW = Aᵀ·dY: (inp, n)·(n, out).
         let dw = buffer::output(ctx, "dW", inp * out, false)?;
@@ -57,12 +57,11 @@ impl Linear {
         let db = match self.b {
             Some(_) => {
                 let db = buffer::output(ctx, "db", out, false)?;
-                let ones = buffer::upload(ctx, "ones", &[1.0])?;
                 let mm = Matmul {
                     a: Strides::default(),
                     ..Matmul::plain(1, out, n, false, 0)?
                 };
-                mm.dispatch(ctx, encoder, &ones, dy, no_bias, &db)?;
+                mm.dispatch(ctx, encoder, ctx.one()?, dy, no_bias, &db)?;
                 Some(db)
             }
             None => None,
@@ -88,10 +87,7 @@ mod tests {
     use ndarray::{Array1, Array2};
 
     fn read(ctx: &Context, b: &wgpu::Buffer, len: usize) -> Vec<f32> {
-        let mut encoder = ctx.device().create_command_encoder(&Default::default());
-        let p = readback::copy_out(ctx, &mut encoder, b, len);
-        let s = ctx.queue().submit([encoder.finish()]);
-        readback::finish(ctx, s, vec![p]).unwrap().remove(0)
+        readback::read_as(ctx, b, len, false).unwrap()
     }
 
     fn close(got: &[f32], want: &ndarray::ArrayViewD<'_, f32>, what: &str) {

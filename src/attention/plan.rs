@@ -95,6 +95,20 @@ impl Attention {
         })
     }
 
+    /// Whether a call planned with `plan` that failed with `err` runs again on the storage
+    /// kernels: texture sides bound the subgroup family only, so when the family was not
+    /// forced, the storage kernels take what does not fit in a texture.
+    pub(super) fn retries_on_storage<T>(&self, plan: &Plan, result: &Result<T>) -> bool {
+        matches!(
+            result,
+            Err(crate::error::Error::LimitExceeded {
+                limit_name: "max_texture_dimension_2d",
+                ..
+            })
+        ) && self.kernels == Kernels::Auto
+            && plan.family() == Kernels::Subgroup
+    }
+
     /// The plan of a tiny call ([`TINY_ROWS`]) under [`Kernels::Auto`] with no variant
     /// forced: the variants cheapest to compile, never tuned nor taken from the tuning cache.
     ///

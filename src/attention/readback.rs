@@ -3,7 +3,7 @@
 
 use super::Attention;
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{check_overflow, Result};
 use crate::gpu::readback;
 use crate::timing;
 
@@ -36,15 +36,7 @@ impl Attention {
         if let (true, Some((w, len))) = (self.return_weights, weights) {
             pending.push(readback::copy_out(ctx, &mut encoder, w, len));
         }
-        let timing = timing::end(ctx, &mut encoder).map(|(p, labels)| {
-            pending.push(p);
-            labels
-        });
-        let submission = ctx.queue.submit([encoder.finish()]);
-        let mut results = readback::finish_async(ctx, submission, pending).await?;
-        if let Some(labels) = timing {
-            timing::store(ctx, &results.pop().unwrap_or_default(), &labels);
-        }
+        let results = timing::submit_and_read_async(ctx, encoder, pending).await?;
         let mut results = results.into_iter();
         let context = results.next().unwrap_or_default();
         let weights = results.next();
@@ -56,12 +48,8 @@ impl Attention {
             vec![("context", Some(&context)), ("weights", weights.as_ref())]
         };
         for (name, values) in checked {
-            if let Some(i) = values.and_then(|v| v.iter().position(|x| !x.is_finite())) {
-                return Err(Error::Overflow {
-                    what: name.into(),
-                    dtype: self.dtype,
-                    index: i,
-                });
+            if let Some(values) = values {
+                check_overflow(name, self.dtype, values)?;
             }
         }
         Ok((context, weights))

@@ -181,19 +181,14 @@ impl Attention {
                 op.record_call(ctx, rec.encoder(), plan, dims, shape, source, bias.as_ref())
             })
         };
-        match run(rec, self, &plan) {
-            // As a whole call does: past the subgroup family's texture limit, the storage
-            // kernels take it (what was recorded before the check only repeats work).
-            Err(Error::LimitExceeded {
-                limit_name: "max_texture_dimension_2d",
-                ..
-            }) if self.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
-                let op = self.kernels(Kernels::Storage);
-                let plan = op.plan(ctx, dims)?;
-                run(rec, &op, &plan)
-            }
-            result => result,
+        let result = run(rec, self, &plan);
+        if self.retries_on_storage(&plan, &result) {
+            // As a whole call does (what was recorded before the check only repeats work).
+            let op = self.kernels(Kernels::Storage);
+            let plan = op.plan(ctx, dims)?;
+            return run(rec, &op, &plan);
         }
+        result
     }
 
     /// The recorded buffers as tensors of the given shapes; the weights only when asked for.

@@ -55,9 +55,8 @@ pub struct Saved {
     stats: crate::gpu::buffer::Buf,
     mask: Option<MaskBuffer>,
     /// The backward's kernels: the subgroup family's (rows per lane) when the forward ran
-    /// on it, else the storage family's, with these tiles.
-    subgroup: Option<(u32, u32)>,
-    tiles: BackwardTiles,
+    /// on it, else the storage family's, with their tiles.
+    kernels: BackwardKernels,
 }
 
 impl std::fmt::Debug for Saved {
@@ -149,18 +148,6 @@ fn from_rows(flat: Vec<f32>, [b, h, n, w]: [usize; 4]) -> Result<Array4<f32>> {
     Ok(a.permuted_axes([0, 2, 1, 3])
         .as_standard_layout()
         .into_owned())
-}
-
-/// The first non-finite value of `values`, as the overflow it means.
-fn check_overflow(op: &Attention, what: &str, values: &[f32]) -> Result<()> {
-    match values.iter().position(|x| !x.is_finite()) {
-        Some(index) => Err(Error::Overflow {
-            what: what.into(),
-            dtype: op.dtype,
-            index,
-        }),
-        None => Ok(()),
-    }
 }
 
 impl Attention {
@@ -267,18 +254,13 @@ impl Attention {
                 op.read_back_blocking(ctx, encoder, &o, rows * e_v, None)
             })
         };
-        let context = match run(&plan) {
+        let mut result = run(&plan);
+        if op.retries_on_storage(&plan, &result) {
             // As a plain forward: past the textures' limit, the storage kernels take it.
-            Err(Error::LimitExceeded {
-                limit_name: "max_texture_dimension_2d",
-                ..
-            }) if op.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
-                plan = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
-                run(&plan)?
-            }
-            result => result?,
+            plan = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
+            result = run(&plan);
         }
-        .0;
+        let context = result?.0;
         log::info!("saved forward: {plan}");
         let output = Output {
             context: from_rows(context, [batch, heads, l, e_v])?.into_dyn(),
@@ -295,8 +277,7 @@ impl Attention {
             o,
             stats,
             mask: mask_buf,
-            subgroup: BackwardKernels::choose(ctx, plan.flash, &flash).subgroup,
-            tiles: BackwardTiles::for_adapter(ctx),
+            kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
         };
         Ok((output, saved))
     }
@@ -348,7 +329,6 @@ impl Saved {
         let dq = buffer::output(ctx, "dQ", q_len, nan)?;
         let dk = buffer::output(ctx, "dK", k_len, nan)?;
         let dv = buffer::output(ctx, "dV", v_len, nan)?;
-        let tiles = self.tiles;
         let flat = ctx.scoped(|| {
             let mut encoder = ctx
                 .device
@@ -358,12 +338,8 @@ impl Saved {
             timing::begin(ctx);
             let [q, k, v] = &self.qkv;
             let mask = self.mask.as_ref().map(MaskBuffer::arg);
-            let kernels = BackwardKernels {
-                subgroup: self.subgroup,
-                tiles,
-            };
             let saved = (&d_o, &*self.o, &*self.stats);
-            kernels.record(
+            self.kernels.record(
                 ctx,
                 &mut encoder,
                 f,
@@ -372,26 +348,17 @@ impl Saved {
                 (&dq, &dk, &dv),
                 mask,
             )?;
-            let mut pending = vec![
+            let pending = vec![
                 readback::copy_out(ctx, &mut encoder, &dq, q_len),
                 readback::copy_out(ctx, &mut encoder, &dk, k_len),
                 readback::copy_out(ctx, &mut encoder, &dv, v_len),
             ];
-            let labels = timing::end(ctx, &mut encoder).map(|(p, labels)| {
-                pending.push(p);
-                labels
-            });
-            let submission = ctx.queue.submit([encoder.finish()]);
-            let mut results = readback::finish(ctx, submission, pending)?;
-            if let Some(labels) = labels {
-                timing::store(ctx, &results.pop().unwrap_or_default(), &labels);
-            }
-            Ok(results)
+            timing::submit_and_read(ctx, encoder, pending)
         })?;
         let mut flat = flat.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
             let values = flat.next().unwrap_or_default();
-            check_overflow(&self.op, what, &values)?;
+            crate::error::check_overflow(what, self.op.dtype, &values)?;
             Ok(values)
         };
         let (dq, dk, dv) = (
@@ -422,25 +389,8 @@ impl Saved {
             ));
         }
         let [b, h, l, _] = self.out_shape;
-        let values = ctx.scoped(|| {
-            let mut encoder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("log-sum-exp"),
-                });
-            let pending = vec![readback::copy_out(
-                ctx,
-                &mut encoder,
-                &self.stats,
-                b * h * l,
-            )];
-            let submission = ctx.queue.submit([encoder.finish()]);
-            readback::finish(ctx, submission, pending)
-        })?;
+        let values = ctx.scoped(|| readback::read_as(ctx, &self.stats, b * h * l, false))?;
         let natural = values
-            .into_iter()
-            .next()
-            .unwrap_or_default()
             .into_iter()
             .map(|x| {
                 if x >= 1.0e38 {
@@ -518,7 +468,7 @@ mod tests {
             let (_, mut saved) = op
                 .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
                 .unwrap();
-            saved.tiles = tiles;
+            saved.kernels.tiles = tiles;
             let g = saved.backward(ctx, d_o.view()).unwrap();
             for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
                 let got = got.clone().into_dyn();

@@ -133,18 +133,12 @@ impl Attention {
             let call = self.record_and_read(ctx, plan, dims, shape, source, bias.as_ref());
             ctx.scoped_async(call).await
         };
-        match run(&plan).await {
-            // Texture sides bound the subgroup family only: when the family was not forced,
-            // the storage kernels take what does not fit in a texture.
-            Err(Error::LimitExceeded {
-                limit_name: "max_texture_dimension_2d",
-                ..
-            }) if self.kernels == Kernels::Auto && plan.family() == Kernels::Subgroup => {
-                log::info!("over the texture limit: the storage kernels take it");
-                run(&self.kernels(Kernels::Storage).plan(ctx, dims)?).await
-            }
-            result => result,
+        let result = run(&plan).await;
+        if self.retries_on_storage(&plan, &result) {
+            log::info!("over the texture limit: the storage kernels take it");
+            return run(&self.kernels(Kernels::Storage).plan(ctx, dims)?).await;
         }
+        result
     }
 
     /// One encoder: upload → projections → attention → output projection → copies out; one

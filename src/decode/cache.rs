@@ -322,18 +322,22 @@ impl KvCache {
         let v_rows = padded_rows(&v, padded(s.d_v));
         let texel = 4 * elem_bytes(s.dtype);
         ctx.scoped(|| {
+            // The staging comes from the pool (a decode loop appends every step); it is free,
+            // so nothing submitted earlier still reads it when the write lands.
+            let _open = ctx.pool.open();
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("KV cache append"),
                 });
             for (plane, rows) in [(&self.k, &k_rows), (&self.v, &v_rows)] {
-                let incoming = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("KV cache append"),
-                    size: (rows.len() * std::mem::size_of::<T>()) as u64,
-                    usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                });
+                let incoming = ctx.pool.take(
+                    &ctx.device,
+                    "KV cache append",
+                    (rows.len() * std::mem::size_of::<T>()) as u64,
+                    wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    ctx.limits().max_buffer_size,
+                );
                 ctx.queue
                     .write_buffer(&incoming, 0, bytemuck::cast_slice(rows));
                 for bh in 0..s.batch * s.kv_heads {

@@ -173,17 +173,10 @@ impl Decoder {
             };
             problem.record(ctx, &mut encoder, &bufs, self.block)?;
             let pending = readback::copy_out(ctx, &mut encoder, &out, out_len);
-            let submission = ctx.queue.submit([encoder.finish()]);
-            readback::finish(ctx, submission, vec![pending])
+            crate::timing::submit_and_read(ctx, encoder, vec![pending])
         })?;
         let flat = flat.into_iter().next().unwrap_or_default();
-        if let Some(index) = flat.iter().position(|x| !x.is_finite()) {
-            return Err(Error::Overflow {
-                what: "decode output".into(),
-                dtype: spec.dtype,
-                index,
-            });
-        }
+        crate::error::check_overflow("decode output", spec.dtype, &flat)?;
         Array4::from_shape_vec((batch, heads, m, spec.d_v), flat)
             .map_err(|e| Error::shape(e.to_string()))
     }

@@ -16,6 +16,8 @@ pub const READBACK_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct Pending {
     staging: crate::gpu::pool::Buf,
     len: usize,
+    /// The values are f16 (read back widened to f32).
+    f16: bool,
 }
 
 /// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool.
@@ -25,7 +27,22 @@ pub fn copy_out(
     src: &wgpu::Buffer,
     len: usize,
 ) -> Pending {
-    let bytes = (len.max(1) * std::mem::size_of::<f32>()) as u64;
+    copy_out_as(ctx, encoder, src, len, false)
+}
+
+/// [`copy_out`] of `len` values stored as f16 when `f16` (as `buffer::upload_as` and
+/// `buffer::output_f16` lay them out: a multiple of four halves), read back as f32.
+pub fn copy_out_as(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    len: usize,
+    f16: bool,
+) -> Pending {
+    let bytes = match f16 {
+        true => len.max(1).next_multiple_of(4) * 2,
+        false => len.max(1) * std::mem::size_of::<f32>(),
+    } as u64;
     let staging = ctx.pool.take(
         &ctx.device,
         "readback staging",
@@ -34,7 +51,25 @@ pub fn copy_out(
         ctx.limits().max_buffer_size,
     );
     encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
-    Pending { staging, len }
+    Pending { staging, len, f16 }
+}
+
+/// The first `len` values of `src` (f16 when `f16`, see [`copy_out_as`]) as f32: one copy,
+/// one submit, one wait.
+///
+/// # Errors
+/// As [`finish`].
+pub fn read_as(ctx: &Context, src: &wgpu::Buffer, len: usize, f16: bool) -> Result<Vec<f32>> {
+    let mut encoder = ctx
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("readback"),
+        });
+    let pending = copy_out_as(ctx, &mut encoder, src, len, f16);
+    let submission = ctx.queue.submit([encoder.finish()]);
+    Ok(finish(ctx, submission, vec![pending])?
+        .pop()
+        .unwrap_or_default())
 }
 
 /// Waits (at most [`READBACK_TIMEOUT`]) until `submission` has run.
@@ -141,7 +176,12 @@ pub async fn finish_async(
                     .slice(..)
                     .get_mapped_range()
                     .map_err(|e| Error::Readback(e.to_string()))?;
-                bytemuck::cast_slice::<u8, f32>(&view)[..p.len].to_vec()
+                if p.f16 {
+                    let halves = bytemuck::cast_slice::<u8, half::f16>(&view);
+                    halves[..p.len].iter().map(|h| h.to_f32()).collect()
+                } else {
+                    bytemuck::cast_slice::<u8, f32>(&view)[..p.len].to_vec()
+                }
             };
             p.staging.unmap();
             Ok(out)

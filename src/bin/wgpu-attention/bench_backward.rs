@@ -15,7 +15,8 @@ pub struct Sweep<'a> {
     pub repeats: usize,
 }
 
-fn kernels(k: &[(String, f64)]) -> String {
+/// Kernel times as `name ms, name ms, …`, the column every `bench` table prints.
+pub fn kernels(k: &[(String, f64)]) -> String {
     let parts: Vec<String> = k.iter().map(|(k, ms)| format!("{k} {ms:.2}")).collect();
     parts.join(", ")
 }

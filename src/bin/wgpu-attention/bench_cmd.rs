@@ -143,11 +143,6 @@ const REFERENCE_MAX_N: usize = 4096;
 const HEADER: &str = "path                              n     median ms   spread (min-max)   GFLOP/s  vs f32  vs f64  % peak  time per kernel (ms)";
 
 fn line(r: &Record) -> String {
-    let kernels: Vec<String> = r
-        .kernels_ms
-        .iter()
-        .map(|(k, ms)| format!("{k} {ms:.2}"))
-        .collect();
     format!(
         "{:<32} {:>6} {:>11.2}   {:>8.2}-{:<8.2} {:>8.2}  {:>6}  {:>6}  {:>6}  {}",
         r.path,
@@ -162,7 +157,7 @@ fn line(r: &Record) -> String {
             .map_or("-".into(), |s| format!("{s:.2}x")),
         r.share_of_fma_peak
             .map_or("-".into(), |s| format!("{:.0}%", 100.0 * s)),
-        kernels.join(", ")
+        crate::bench_backward::kernels(&r.kernels_ms)
     )
 }
 

@@ -56,11 +56,7 @@ fn row(
         batch as f64 * 1e3 / stats.median_ms,
         ratio(whole),
         ratio(cpu),
-        kernels
-            .iter()
-            .map(|(k, ms)| format!("{k} {ms:.2}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        crate::bench_backward::kernels(kernels),
     );
 }
 
