@@ -1,6 +1,6 @@
 //! A two-layer causal model generating token by token, two ways: each layer with its weights
-//! on the device and a KV cache (`Layer::decode_step`: one new token per step attends to the
-//! cache), and the array API called in a loop (the whole sequence so far through both layers
+//! on the device and a KV cache (`Layer::decode_record`: one new token per step attends to
+//! the cache; both layers' steps recorded into one submit, with one readback), and the array API called in a loop (the whole sequence so far through both layers
 //! at every step, its last row kept). Both give the same tokens; the example prints the time
 //! per token of each and the speed-up.
 //!
@@ -12,7 +12,8 @@ use std::time::Instant;
 
 use ndarray::{s, Array2, Array3, Axis};
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, KvCache, KvCacheSpec, Layer, Projections, Result,
+    reference, Attention, Context, Dtype, KvCache, KvCacheSpec, Layer, Projections, Recorder,
+    Result, Tensor,
 };
 
 fn weight(d: usize, salt: usize) -> Array2<f32> {
@@ -72,12 +73,18 @@ fn main() -> Result<()> {
         dtype: Dtype::F32,
     };
     let mut caches = [KvCache::new(&ctx, spec)?, KvCache::new(&ctx, spec)?];
+    // Both layers' steps recorded into one encoder: the projections, the cache appends, the
+    // decode kernels and W_O of both, one submit, one readback.
     let step = |caches: &mut [KvCache; 2], input: Array3<f32>| -> Result<Array3<f32>> {
-        let mut h = input;
-        for (layer, cache) in layers.iter().zip(caches.iter_mut()) {
-            h = layer.decode_step(&ctx, cache, h.view())?;
-        }
-        Ok(h)
+        let x = Tensor::from_array(&ctx, input.view().into_dyn(), Dtype::F32)?;
+        let mut rec = Recorder::new(&ctx);
+        let [c0, c1] = caches;
+        let h = layers[0].decode_record(&mut rec, c0, &x)?;
+        let y = layers[1].decode_record(&mut rec, c1, &h)?;
+        rec.submit()?;
+        y.to_array(&ctx)?
+            .into_dimensionality()
+            .map_err(|e| wgpu_attention::Error::shape(e.to_string()))
     };
     let out = step(&mut caches, x.clone())?;
     let mut next = out.slice(s![.., -1.., ..]).to_owned();

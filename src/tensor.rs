@@ -236,6 +236,16 @@ impl<'c> Recorder<'c> {
         Ok(())
     }
 
+    /// The flag set when this recorder is submitted.
+    pub(crate) fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.submitted)
+    }
+
+    /// Whether `flag` is this recorder's.
+    pub(crate) fn owns(&self, flag: &Arc<AtomicBool>) -> bool {
+        Arc::ptr_eq(flag, &self.submitted)
+    }
+
     /// The encoder, for the operations that record into it.
     pub(crate) fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
         &mut self.encoder

@@ -1,17 +1,17 @@
 //! A layer generating token by token: [`Layer::decode_step`] projects the new tokens with the
-//! layer's weights (on the device), appends their K and V to the layer's [`KvCache`], attends
-//! their queries to the whole cache ([`Decoder::step`]: flash-decoding), and applies `W_O`.
+//! layer's weights, appends their K and V to the layer's [`KvCache`], attends their queries to
+//! the whole cache ([`Decoder::step`]: flash-decoding), and applies `W_O`: all on the device,
+//! recorded into one encoder ([`Layer::decode_record`]), with one readback at the end (none
+//! when the output is a tensor feeding the next layer).
 
-use ndarray::{Array3, ArrayView3, Axis};
+use ndarray::{Array3, ArrayView3};
 
-use super::plan::Plan;
-use super::upload::upload_as;
 use super::weights::Layer;
 use super::Dtype;
 use crate::context::Context;
-use crate::decode::{Decoder, KvCache};
+use crate::decode::{Decoder, KvCache, RowsSource};
 use crate::error::{Error, Result};
-use crate::gpu::readback;
+use crate::tensor::{Recorder, Tensor};
 
 impl Layer {
     /// The layer's output for `x_new`, `(batch, m, d)`: the next `m` tokens of each sequence,
@@ -33,14 +33,44 @@ impl Layer {
         x_new: ArrayView3<'_, f32>,
     ) -> Result<Array3<f32>> {
         self.check_context(ctx)?;
+        // Checked here (finite, and in f16's range for an f16 layer) before anything moves.
+        let x = Tensor::from_array(ctx, x_new.into_dyn(), self.op().dtype)?;
+        let mut rec = Recorder::new(ctx);
+        let y = self.decode_record(&mut rec, cache, &x)?;
+        rec.submit()?;
+        let y = y.to_array(ctx)?;
+        let flat = y.as_slice().unwrap_or_default();
+        crate::error::check_overflow("decode output", self.op().dtype, flat)?;
+        y.into_dimensionality()
+            .map_err(|e| Error::shape(e.to_string()))
+    }
+
+    /// [`Layer::decode_step`] on a tensor `x_new` `(batch, m, d)` already on the device,
+    /// recorded into `rec`: the projections, the append of K and V to `cache`, the step and
+    /// `W_O` run in one encoder, and the output `(batch, m, d_out)` (f32) stays on the device,
+    /// so the next layer can be recorded after it and a whole model's step is one submit. The
+    /// cache counts the new tokens at once (see [`KvCache::append_record`]).
+    ///
+    /// # Errors
+    /// As [`Layer::decode_step`] (the cache unchanged), and a tensor of another context or
+    /// not yet written.
+    pub fn decode_record(
+        &self,
+        rec: &mut Recorder<'_>,
+        cache: &mut KvCache,
+        x_new: &Tensor,
+    ) -> Result<Tensor> {
+        let ctx = rec.ctx;
+        self.check_context(ctx)?;
+        cache.check_context(ctx)?;
+        cache.check_written(Some(rec))?;
         let op = *self.op();
-        let p = self.projections();
-        let dims = op.dims(x_new.shape(), Some(&p))?;
-        if !dims.causal {
+        let dims = op.dims(x_new.shape(), Some(&self.projections()))?;
+        if !dims.causal || x_new.shape().len() != 3 {
             return Err(Error::invalid(
                 "decode_step",
-                "the layer is not causal: decoding attends each new token to the tokens \
-                 before it; build the Layer with Attention::causal(true)",
+                "the layer is not causal or X is not (batch, m, d): decoding attends each new \
+                 token to the tokens before it; build the Layer with Attention::causal(true)",
             ));
         }
         let spec = *cache.spec();
@@ -63,106 +93,34 @@ impl Layer {
                 op.dtype
             )));
         }
-        super::check_finite("X", &x_new)?;
         let (batch, m) = (dims.batch, dims.n);
+        // The append's own error, before anything is recorded.
+        cache.check_room(m)?;
         let plan = op.plan(ctx, &dims)?;
-        let [q, k, v] = self.project(ctx, &plan, x_new, dims.d)?;
-        // (batch, m, heads·width) → (batch, heads, m, width), as the cache and decoder take.
-        let heads_first = |a: Vec<f32>, heads: usize, w: usize| -> Result<ndarray::Array4<f32>> {
-            let a = ndarray::Array4::from_shape_vec((batch, m, heads, w), a)
-                .map_err(|e| Error::shape(e.to_string()))?;
-            Ok(a.permuted_axes([0, 2, 1, 3])
-                .as_standard_layout()
-                .into_owned())
-        };
-        let q = heads_first(q, dims.heads, dk_h)?;
-        let k = heads_first(k, dims.kv_heads, dk_h)?;
-        let v = heads_first(v, dims.kv_heads, dv_h)?;
-        match spec.dtype {
-            Dtype::F32 => cache.append(ctx, k.view(), v.view())?,
-            Dtype::F16 => {
-                let half = |a: &ndarray::Array4<f32>| a.mapv(half::f16::from_f32);
-                cache.append(ctx, half(&k).view(), half(&v).view())?
-            }
-        }
-        let context = Decoder::new()
-            .scale(dims.scale)
-            .step(ctx, cache, q.view())?;
-        // (batch, heads, m, d_v/H) → (batch, m, d_v), then W_O.
-        let context = context
-            .permuted_axes([0, 2, 1, 3])
-            .as_standard_layout()
-            .into_owned()
-            .into_shape_with_order((batch, m, dims.d_v))
-            .map_err(|e| Error::shape(e.to_string()))?;
-        self.output_projection(ctx, &plan, context)
-    }
-
-    /// Q, K, V of `x` `(batch, m, d)` by the layer's projections on the device, read back.
-    fn project(
-        &self,
-        ctx: &Context,
-        plan: &Plan,
-        x: ArrayView3<'_, f32>,
-        d: usize,
-    ) -> Result<[Vec<f32>; 3]> {
-        let op = self.op();
-        let rows = x.len_of(Axis(0)) * x.len_of(Axis(1));
+        let decoder = Decoder::new().scale(dims.scale);
+        let problem_dims = [batch, dims.heads, m, dk_h];
+        let x = x_new.input(rec, "X")?;
+        let x_f16 = x_new.dtype() == Dtype::F16;
         let f16 = op.dtype == Dtype::F16;
-        ctx.scoped(|| {
-            let _open = ctx.pool.open();
-            let x_buf = upload_as(ctx, "X", x.view(), f16)?;
-            let mut encoder = ctx.device.create_command_encoder(&Default::default());
-            let (q, k, v) = op.record_projections(
-                ctx,
-                &mut encoder,
-                plan,
-                (rows, d),
-                (&x_buf, f16),
-                self.device(),
-            )?;
+        let held = cache.len();
+        let recorded = ctx.scoped(|| {
+            let encoder = rec.encoder();
             let w = self.device();
-            let pending = [(&q, w.q.cols), (&k, w.k.cols), (&v, w.v.cols)]
-                .map(|(b, cols)| readback::copy_out_as(ctx, &mut encoder, b, rows * cols, f16));
-            let submission = ctx.queue.submit([encoder.finish()]);
-            let mut out = readback::finish(ctx, submission, pending.into())?.into_iter();
-            let mut next = || out.next().unwrap_or_default();
-            Ok([next(), next(), next()])
-        })
-    }
-
-    /// `context·W_O + b_O` on the device, or the context as it is without `W_O`.
-    fn output_projection(
-        &self,
-        ctx: &Context,
-        plan: &Plan,
-        context: Array3<f32>,
-    ) -> Result<Array3<f32>> {
-        let Some(o) = &self.device().o else {
-            return Ok(context);
-        };
-        let op = self.op();
-        let (batch, m, d_v) = context.dim();
-        let rows = batch * m;
-        let flat = ctx.scoped(|| {
-            let _open = ctx.pool.open();
-            let c = upload_as(ctx, "context", context.view(), false)?;
-            let mut encoder = ctx.device.create_command_encoder(&Default::default());
-            let out = op.record_output_projection(
-                ctx,
-                &mut encoder,
-                plan,
-                (rows, d_v),
-                &c,
-                Some(self.device()),
-            )?;
-            let Some((y, width)) = out else {
-                return Ok(Vec::new());
-            };
-            let pending = readback::copy_out(ctx, &mut encoder, &y, rows * width);
-            let submission = ctx.queue.submit([encoder.finish()]);
-            Ok(readback::finish(ctx, submission, vec![pending])?.remove(0))
-        })?;
-        Array3::from_shape_vec((batch, m, o.cols), flat).map_err(|e| Error::shape(e.to_string()))
+            let (q, k, v) =
+                op.record_projections(ctx, encoder, &plan, (batch * m, dims.d), (x, x_f16), w)?;
+            let dense = |b, heads, width| RowsSource::dense(b, [m, heads, width], f16);
+            let (ks, vs) = (
+                dense(&k, dims.kv_heads, dk_h),
+                dense(&v, dims.kv_heads, dv_h),
+            );
+            cache.record_append(ctx, encoder, ks, vs, m)?;
+            let problem = decoder.problem(cache, problem_dims, "Q is")?;
+            let context = decoder.record_rows(ctx, encoder, cache, &problem, &q, f16)?;
+            op.record_output(ctx, encoder, &plan, (batch * m, dims.d_v), context, Some(w))
+        });
+        // A failure after the append was recorded takes its tokens back out of the count.
+        let (y, width) = recorded.inspect_err(|_| cache.truncate(held))?;
+        cache.mark_pending(rec);
+        Ok(rec.tensor(y, vec![batch, m, width]))
     }
 }

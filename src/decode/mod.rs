@@ -39,13 +39,17 @@ pub mod cpu;
 
 use ndarray::{Array4, ArrayView4};
 
+pub(crate) use cache::RowsSource;
 pub use cache::{CacheElement, KvCache, KvCacheSpec};
 
 use crate::attention::check_finite;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::{buffer, readback};
+use crate::gpu::buffer::{self, Buf};
+use crate::gpu::readback;
 use crate::kernels::decode_partial::{Decode, DecodeBuffers};
+use crate::kernels::swap_heads::SwapHeads;
+use crate::tensor::{Recorder, Tensor};
 
 /// A decode step's options: the scale and, for measurements, the key block.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -105,14 +109,105 @@ impl Decoder {
         q: ArrayView4<'_, f32>,
     ) -> Result<Array4<f32>> {
         cache.check_context(ctx)?;
-        let spec = *cache.spec();
+        cache.check_written(None)?;
         let (batch, heads, m, d_k) = q.dim();
+        let problem = self.problem(cache, [batch, heads, m, d_k], "Q is")?;
+        check_finite("Q", &q)?;
+        let d_v = cache.spec().d_v;
+        let out_len = batch * heads * m * d_v;
+        let flat = ctx.scoped(|| {
+            // The step's scratch buffers come from the pool, reused only after this submit.
+            let _open = ctx.pool.open();
+            let q_buf = buffer::upload(ctx, "decode Q", &padded_rows(&q))?;
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("decode"),
+                });
+            crate::timing::begin(ctx);
+            let out = self.record(ctx, &mut encoder, cache, &problem, &q_buf)?;
+            let pending = readback::copy_out(ctx, &mut encoder, &out, out_len);
+            crate::timing::submit_and_read(ctx, encoder, vec![pending])
+        })?;
+        let flat = flat.into_iter().next().unwrap_or_default();
+        crate::error::check_overflow("decode output", cache.spec().dtype, &flat)?;
+        Array4::from_shape_vec((batch, heads, m, d_v), flat)
+            .map_err(|e| Error::shape(e.to_string()))
+    }
+
+    /// [`Decoder::step`] on a tensor already on the device, in the rows layout the projections
+    /// write: `q` is `(batch, m, heads, d_k)` (f32 or f16) and the output comes back as
+    /// `(batch, m, heads, d_v)` (f32), so it reshapes to `(batch, m, heads·d_v)` for free.
+    /// Recorded into `rec`: it may follow an append recorded into the same `rec`.
+    ///
+    /// # Errors
+    /// As [`Decoder::step`], and a tensor of another context or not yet written, and a cache
+    /// whose last append sits in another recorder not yet submitted.
+    pub fn step_record(
+        &self,
+        rec: &mut Recorder<'_>,
+        cache: &KvCache,
+        q: &Tensor,
+    ) -> Result<Tensor> {
+        let ctx = rec.ctx;
+        cache.check_context(ctx)?;
+        cache.check_written(Some(rec))?;
+        let [batch, m, heads, d_k] = match *q.shape() {
+            [b, m, h, d] => [b, m, h, d],
+            ref s => {
+                return Err(Error::shape(format!(
+                    "decode: Q must be (batch, m, heads, d_k) on the device, got {s:?}"
+                )))
+            }
+        };
+        let problem = self.problem(cache, [batch, heads, m, d_k], "Q (batch, heads, m, d_k) is")?;
+        let source = q.input(rec, "decode Q")?;
+        let out = ctx.scoped(|| {
+            let f16 = q.dtype() == crate::Dtype::F16;
+            self.record_rows(ctx, rec.encoder(), cache, &problem, source, f16)
+        })?;
+        Ok(rec.tensor(out, vec![batch, m, heads, cache.spec().d_v]))
+    }
+
+    /// Records the step for Q in the rows layout `(batch, m, heads, d_k)` (f16 when `f16`),
+    /// into a new buffer in the same layout, `(batch, m, heads, d_v)` f32.
+    ///
+    /// # Errors
+    /// GPU errors and limits.
+    pub(crate) fn record_rows(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        cache: &KvCache,
+        problem: &Decode,
+        q: &wgpu::Buffer,
+        f16: bool,
+    ) -> Result<Buf> {
+        let (batch, heads, m) = (problem.batch, problem.heads, problem.m);
+        let (d_k, d_v) = (problem.dk, problem.dv);
+        // Q into the kernel's padded heads-first rows, the output back into rows.
+        let to_heads =
+            SwapHeads::dense([batch, m, heads], d_k, d_k.next_multiple_of(4)).types(f16, false);
+        let q_heads = buffer::output(ctx, "decode Q", to_heads.dst_len(), false)?;
+        to_heads.record(ctx, encoder, q, &q_heads)?;
+        let out = self.record(ctx, encoder, cache, problem, &q_heads)?;
+        let to_rows = SwapHeads::dense([batch, heads, m], d_v, d_v);
+        let rows = buffer::output(ctx, "decode output", to_rows.dst_len(), self.nan_fill)?;
+        to_rows.record(ctx, encoder, &out, &rows)?;
+        Ok(rows)
+    }
+
+    /// The checked problem of a step of Q `[batch, heads, m, d_k]` on `cache`.
+    ///
+    /// # Errors
+    /// As [`Decoder::step`]'s shape and scale errors.
+    pub(crate) fn problem(&self, cache: &KvCache, dims: [usize; 4], q_is: &str) -> Result<Decode> {
+        let spec = *cache.spec();
+        let [batch, heads, m, d_k] = dims;
         if batch != spec.batch || d_k != spec.d_k {
             return Err(Error::shape(format!(
-                "decode: Q is {:?}, the cache holds batch {} and d_k {}",
-                q.shape(),
-                spec.batch,
-                spec.d_k
+                "decode: {q_is} {dims:?}, the cache holds batch {} and d_k {}",
+                spec.batch, spec.d_k
             )));
         }
         if heads == 0 || heads % spec.kv_heads != 0 {
@@ -136,8 +231,7 @@ impl Decoder {
                 format!("must be finite, got {scale}"),
             ));
         }
-        check_finite("Q", &q)?;
-        let problem = Decode {
+        Ok(Decode {
             batch,
             heads,
             kv_heads: spec.kv_heads,
@@ -151,34 +245,30 @@ impl Decoder {
             scale,
             nan_fill: self.nan_fill,
             threads: self.threads,
+        })
+    }
+
+    /// Records the kernels for Q in padded heads-first rows (`q_heads`, f32), into a new
+    /// output buffer `(batch, heads, m, d_v)`.
+    fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        cache: &KvCache,
+        problem: &Decode,
+        q_heads: &wgpu::Buffer,
+    ) -> Result<Buf> {
+        let out_len = problem.batch * problem.heads * problem.m * problem.dv;
+        let out = buffer::output(ctx, "decode output", out_len, self.nan_fill)?;
+        let (k, v) = cache.views();
+        let bufs = DecodeBuffers {
+            q: q_heads,
+            k,
+            v,
+            out: &out,
         };
-        let out_len = batch * heads * m * spec.d_v;
-        let flat = ctx.scoped(|| {
-            // The step's scratch buffers come from the pool, reused only after this submit.
-            let _open = ctx.pool.open();
-            let q_buf = buffer::upload(ctx, "decode Q", &padded_rows(&q))?;
-            let out = buffer::output(ctx, "decode output", out_len, self.nan_fill)?;
-            let mut encoder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("decode"),
-                });
-            crate::timing::begin(ctx);
-            let (k, v) = cache.views();
-            let bufs = DecodeBuffers {
-                q: &q_buf,
-                k,
-                v,
-                out: &out,
-            };
-            problem.record(ctx, &mut encoder, &bufs, self.block)?;
-            let pending = readback::copy_out(ctx, &mut encoder, &out, out_len);
-            crate::timing::submit_and_read(ctx, encoder, vec![pending])
-        })?;
-        let flat = flat.into_iter().next().unwrap_or_default();
-        crate::error::check_overflow("decode output", spec.dtype, &flat)?;
-        Array4::from_shape_vec((batch, heads, m, spec.d_v), flat)
-            .map_err(|e| Error::shape(e.to_string()))
+        problem.record(ctx, encoder, &bufs, self.block)?;
+        Ok(out)
     }
 }
 

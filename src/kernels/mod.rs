@@ -27,6 +27,7 @@ pub(crate) mod matmul_subgroup;
 pub(crate) mod pack;
 pub(crate) mod row_stats;
 pub(crate) mod softmax;
+pub(crate) mod swap_heads;
 pub(crate) mod weighted_sum;
 
 #[cfg(test)]
@@ -205,6 +206,7 @@ registry! {
     FmaPeak => fma_peak,
     DecodePartial => decode_partial,
     DecodeCombine => decode_combine,
+    SwapHeads => swap_heads,
 }
 
 /// The most constants one kernel has.
