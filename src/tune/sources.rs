@@ -9,6 +9,7 @@ use super::storage_flash;
 use crate::error::{Error, Result};
 use crate::kernels::decode_combine::{self, CombineConsts};
 use crate::kernels::decode_partial::{self, PartialConsts};
+use crate::kernels::swap_heads;
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
@@ -196,6 +197,11 @@ fn decode() -> Result<Vec<(String, PipelineKey)>> {
         }
         let key = PipelineKey::of::<decode_combine::Shader>(&CombineConsts { dv4: d4 }, 0);
         v.push((format!("decode-combine-d{d}"), key));
+    }
+    // The layout moves of a layer's decode step (bit 0: f16 source, bit 1: f16 destination).
+    for (name, bits) in [("f32", 0), ("f16-f32", 1), ("f32-f16", 2), ("f16", 3)] {
+        let key = PipelineKey::of::<swap_heads::Shader>(&NoConstants, bits);
+        v.push((format!("swap-heads-{name}"), key));
     }
     Ok(v)
 }
