@@ -176,6 +176,7 @@ impl Attention {
             .then_some(shape.batch * shape.heads * shape.n_q * shape.n_kv);
         fits(ctx, &named, weights, bias.as_ref())?;
         let plan = self.plan(ctx, dims)?;
+        self.prepare_pipelines(ctx, &plan, dims, shape, source, bias.as_ref())?;
         let run = |rec: &mut Recorder<'_>, op: &Attention, plan| {
             ctx.scoped(|| {
                 op.record_call(ctx, rec.encoder(), plan, dims, shape, source, bias.as_ref())

@@ -45,6 +45,18 @@ impl<'p> Source<'_, 'p> {
         }
     }
 
+    /// What kind of source it is, as far as it decides the kernels a call records (for
+    /// [`Attention::prepare_pipelines`]).
+    pub(super) fn kind(&self) -> String {
+        let projected = self.weights().is_some() || self.projections().is_some();
+        match self {
+            Source::Qkv(_) => "qkv".to_string(),
+            Source::DeviceQkv(_) => "device-qkv".to_string(),
+            Source::Projected { .. } => format!("x projected={projected}"),
+            Source::DeviceX { x_f16, .. } => format!("device-x f16={x_f16} projected={projected}"),
+        }
+    }
+
     /// The host projections, to upload for this call.
     pub(super) fn projections(&self) -> Option<&Projections<'p>> {
         match self {

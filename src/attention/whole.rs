@@ -133,12 +133,60 @@ impl Attention {
             let call = self.record_and_read(ctx, plan, dims, shape, source, bias.as_ref());
             ctx.scoped_async(call).await
         };
+        self.prepare_pipelines(ctx, &plan, dims, shape, source, bias.as_ref())?;
         let result = run(&plan).await;
         if self.retries_on_storage(&plan, &result) {
             log::info!("over the texture limit: the storage kernels take it");
             return run(&self.kernels(Kernels::Storage).plan(ctx, dims)?).await;
         }
         result
+    }
+
+    /// On the first call of its kind (the op, its plan, widths, heads, mask and source), compiles
+    /// every pipeline the call will use side by side first ([`PipelineCache::prepare`]): a dry
+    /// run of the recording, with [`record`](crate::kernels::record) only noting the kernels,
+    /// says which. Drivers that compile when a pipeline is made (most GPU drivers; lavapipe
+    /// compiles at the first dispatch instead, in its queue thread) then compile a cold
+    /// call's kernels in parallel. Errors of the dry run are left to the call itself, which
+    /// meets them again inside its error scopes.
+    ///
+    /// [`PipelineCache::prepare`]: crate::gpu::pipeline::PipelineCache::prepare
+    pub(super) fn prepare_pipelines(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        dims: &Dims,
+        shape: Shape,
+        source: &Source<'_, '_>,
+        bias: Option<&ArrayView4<'_, f32>>,
+    ) -> Result<()> {
+        if cfg!(target_arch = "wasm32") {
+            return Ok(());
+        }
+        let signature = format!(
+            "{self:?} {plan:?} d={} d_k={} d_v={} d_out={} heads={}/{} mask={} {}",
+            dims.d,
+            dims.d_k,
+            dims.d_v,
+            dims.d_out,
+            dims.heads,
+            dims.kv_heads,
+            bias.is_some(),
+            source.kind()
+        );
+        if !ctx.pipelines.first_time(signature) {
+            return Ok(());
+        }
+        let dry_run = crate::kernels::collect_keys(|| {
+            let _open = ctx.pool.open();
+            let mut encoder = ctx.device.create_command_encoder(&Default::default());
+            self.record_call(ctx, &mut encoder, plan, dims, shape, source, bias)
+                .map(drop)
+        });
+        match dry_run {
+            Ok(keys) => ctx.pipelines.prepare(ctx, &keys),
+            Err(_) => Ok(()),
+        }
     }
 
     /// One encoder: upload → projections → attention → output projection → copies out; one

@@ -3,7 +3,7 @@
 //! the device has `Features::PIPELINE_CACHE`, the driver's compiled code kept on disk beside
 //! the tuning results (wgpu's `PipelineCache`), so a new process need not compile again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -17,6 +17,10 @@ use crate::phases::Phase;
 pub(crate) struct PipelineCache {
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     disk: Mutex<Option<Option<Disk>>>,
+    /// The signatures of calls whose pipelines were compiled ahead ([`PipelineCache::prepare`]).
+    prepared: Mutex<HashSet<String>>,
+    /// Pipelines compiled while recording, not ahead (tests: the dry run missed them).
+    late: std::sync::atomic::AtomicUsize,
 }
 
 /// The driver's pipeline cache and the file it is kept in.
@@ -86,58 +90,192 @@ impl PipelineCache {
         ctx: &Context,
         key: PipelineKey,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
-        let mut map = self
-            .pipelines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(p) = map.get(&key) {
+        if let Some(p) = self.lock().get(&key) {
             return Ok(Arc::clone(p));
         }
+        let _compile = ctx.phases.enter(Phase::Compile);
+        self.late.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let disk = self.disk(ctx);
+        let pipeline = build(ctx, key, disk.as_ref().and_then(|d| d.as_ref()));
+        if let Some(Some(d)) = disk.as_ref() {
+            d.save();
+        }
+        Ok(self.insert(key, pipeline))
+    }
+
+    /// Compiles every pipeline of `keys` not made yet, on as many threads as the host has
+    /// cores (up to one per pipeline), each inside its own error scopes: a driver that
+    /// compiles when a pipeline is created (most GPU drivers) then compiles a call's kernels
+    /// side by side instead of one after the other. In the browser, one after the other.
+    ///
+    /// # Errors
+    /// The first compile error (validation, out of memory, a lost device).
+    pub(crate) fn prepare(&self, ctx: &Context, keys: &[PipelineKey]) -> Result<()> {
+        let mut missing: Vec<PipelineKey> = Vec::new();
+        {
+            let map = self.lock();
+            for k in keys {
+                if !map.contains_key(k) && !missing.contains(k) {
+                    missing.push(*k);
+                }
+            }
+        }
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if missing.len() < 2 || threads < 2 || cfg!(target_arch = "wasm32") {
+            let ahead = missing.iter().try_for_each(|k| self.get(ctx, *k).map(drop));
+            self.late
+                .fetch_sub(missing.len(), std::sync::atomic::Ordering::Relaxed);
+            return ahead;
+        }
+        let _compile = ctx.phases.enter(Phase::Compile);
+        let disk = self.disk(ctx);
+        let disk = disk.as_ref().and_then(|d| d.as_ref());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let built = Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..threads.min(missing.len()) {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&key) = missing.get(i) else {
+                        break;
+                    };
+                    let result = ctx.scoped(|| Ok(build(ctx, key, disk)));
+                    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
+                    built.push((key, result));
+                });
+            }
+        });
+        if let Some(d) = disk {
+            d.save();
+        }
+        let built = built.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut first_error = None;
+        for (key, result) in built {
+            match result {
+                Ok(p) => drop(self.insert(key, p)),
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether `signature` (a call's plan and shape, see [`crate::Attention`]'s first calls)
+    /// is seen for the first time; it is remembered.
+    pub(crate) fn first_time(&self, signature: String) -> bool {
+        self.prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(signature)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>> {
+        self.pipelines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Caches `pipeline` under `key`, unless another thread did first (then that one).
+    fn insert(
+        &self,
+        key: PipelineKey,
+        pipeline: wgpu::ComputePipeline,
+    ) -> Arc<wgpu::ComputePipeline> {
+        let mut map = self.lock();
+        Arc::clone(map.entry(key).or_insert_with(|| Arc::new(pipeline)))
+    }
+
+    /// The disk cache, opened on first use.
+    fn disk(&self, ctx: &Context) -> std::sync::MutexGuard<'_, Option<Option<Disk>>> {
         let mut disk = self
             .disk
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let disk = disk.get_or_insert_with(|| Disk::open(ctx));
-        let _compile = ctx.phases.enter(Phase::Compile);
-        ctx.phases.count_pipeline();
-        let info = key.kernel.info();
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(info.file),
-            source: wgpu::ShaderSource::Wgsl(key.source().into()),
-        };
-        let module = if info.trusted && !ctx.runtime_checks() {
-            // SAFETY: a trusted kernel's every index is proven in bounds (its WGSL header
-            // gives the proof, from invariants its Rust description enforces) and its loops
-            // are bounded; `tests/flash_blocked.rs` checks it against its checked twin.
-            unsafe {
-                ctx.device
-                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-            }
-        } else {
-            ctx.device.create_shader_module(desc)
-        };
-        let pipeline = ctx
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(info.file),
-                layout: None,
-                module: &module,
-                entry_point: Some(info.entry),
-                compilation_options: Default::default(),
-                cache: disk.as_ref().map(|d| &d.cache),
-            });
-        if let Some(d) = disk {
-            d.save();
-        }
-        let pipeline = Arc::new(pipeline);
-        map.insert(key, Arc::clone(&pipeline));
-        Ok(pipeline)
+        disk.get_or_insert_with(|| Disk::open(ctx));
+        disk
     }
+}
+
+/// Compiles the pipeline of `key` (counted in the context's phase clock).
+fn build(ctx: &Context, key: PipelineKey, disk: Option<&Disk>) -> wgpu::ComputePipeline {
+    ctx.phases.count_pipeline();
+    let info = key.kernel.info();
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(info.file),
+        source: wgpu::ShaderSource::Wgsl(key.source().into()),
+    };
+    let module = if info.trusted && !ctx.runtime_checks() {
+        // SAFETY: a trusted kernel's every index is proven in bounds (its WGSL header
+        // gives the proof, from invariants its Rust description enforces) and its loops
+        // are bounded; `tests/flash_blocked.rs` checks it against its checked twin.
+        unsafe {
+            ctx.device
+                .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+        }
+    } else {
+        ctx.device.create_shader_module(desc)
+    };
+    ctx.device
+        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(info.file),
+            layout: None,
+            module: &module,
+            entry_point: Some(info.entry),
+            compilation_options: Default::default(),
+            cache: disk.map(|d| &d.cache),
+        })
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::{Attention, Context, TuneCache};
+    use crate::{Attention, Context, Dtype, Kernels, Projections, TuneCache};
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_first_call_compiles_every_pipeline_it_needs_ahead() {
+        // A context of its own, so no other test's calls compile into it meanwhile.
+        let ctx = Context::new()
+            .unwrap()
+            .with_tuning(false)
+            .with_tune_cache(TuneCache::at(None));
+        let x = ndarray::Array3::from_shape_fn((2, 70, 8), |(b, i, j)| {
+            ((b * 5 + i * 3 + j) as f32 * 0.1).sin()
+        });
+        let w = ndarray::Array2::from_shape_fn((8, 8), |(i, j)| ((i * 8 + j) as f32).cos());
+        let p = Projections::new(w.view(), w.view(), w.view()).with_output(w.view(), None);
+        let tiny = x.slice(ndarray::s![.., ..3, ..]).to_owned();
+        let base = Attention::new().heads(2);
+        let mut calls = vec![
+            ("fused", base.return_weights(false), &x, None),
+            ("weights", base.causal(true), &x, Some(&p)),
+            ("tiny", base, &tiny, Some(&p)),
+            (
+                "storage",
+                base.kernels(Kernels::Storage).return_weights(false),
+                &x,
+                Some(&p),
+            ),
+        ];
+        if ctx.require_f16().is_ok() {
+            calls.push((
+                "f16",
+                base.dtype(Dtype::F16).return_weights(false),
+                &x,
+                Some(&p),
+            ));
+        }
+        for (what, op, x, p) in calls {
+            let late = ctx.pipelines.late.load(Ordering::Relaxed);
+            op.forward(&ctx, x.view(), p).unwrap();
+            let now = ctx.pipelines.late.load(Ordering::Relaxed);
+            assert_eq!(
+                now,
+                late,
+                "{what}: {} pipelines compiled while recording",
+                now - late
+            );
+        }
+        assert!(ctx.phase_times().pipelines >= 4);
+    }
 
     #[test]
     fn compiled_pipelines_are_kept_beside_the_tuning_cache() {

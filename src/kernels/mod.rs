@@ -352,6 +352,9 @@ pub(crate) fn record<K: Kernel>(
     if x == 0 {
         return Ok(());
     }
+    if COLLECTING.with(|c| c.borrow_mut().as_mut().map(|keys| keys.push(key)).is_some()) {
+        return Ok(());
+    }
     log::debug!("{label} {consts:?}: {workgroups} workgroups as {x}x{y}");
     let pipeline = ctx.pipelines.get(ctx, key)?;
     let uniform = crate::gpu::buffer::uniform(ctx, label, params)?;
@@ -381,6 +384,26 @@ pub(crate) fn record<K: Kernel>(
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(x, y, 1);
     })
+}
+
+std::thread_local! {
+    /// While [`collect_keys`] runs on this thread: the pipeline keys [`record`] was asked
+    /// for, instead of recording.
+    static COLLECTING: std::cell::RefCell<Option<Vec<PipelineKey>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with [`record`] only noting which pipelines it would use (nothing is recorded
+/// and no pipeline is made), and returns their keys: what a call will need, so that
+/// [`crate::gpu::pipeline::PipelineCache::prepare`] can compile them side by side first.
+///
+/// # Errors
+/// `f`'s error.
+pub(crate) fn collect_keys(f: impl FnOnce() -> Result<()>) -> Result<Vec<PipelineKey>> {
+    let outer = COLLECTING.with(|c| c.borrow_mut().replace(Vec::new()));
+    let result = f();
+    let keys = COLLECTING.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer));
+    result.map(|()| keys.unwrap_or_default())
 }
 
 /// Converts a size to the u32 the kernels index with.
