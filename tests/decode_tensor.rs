@@ -149,6 +149,14 @@ fn two_layers_decoded_in_one_submit_equal_step_by_step_calls() {
     let y = layers[1].decode_step(ctx, &mut t4, h.view()).unwrap();
     let (rel, _) = reference::compare(&y.into_dyn(), &full.mapv(f64::from).into_dyn());
     assert!(rel < 1e-5, "prefill through the caches vs forward: {rel:e}");
+    // X without its batch axis is refused, the cache unchanged.
+    let flat = Tensor::from_array(ctx, x.slice(s![0, ..1, ..]).into_dyn(), Dtype::F32).unwrap();
+    let mut rec = Recorder::new(ctx);
+    let e = layers[0]
+        .decode_record(&mut rec, &mut t1, &flat)
+        .unwrap_err();
+    assert!(e.to_string().contains("(batch, m, d)"), "{e}");
+    assert_eq!(t1.len(), n);
 }
 
 #[test]

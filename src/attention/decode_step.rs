@@ -66,11 +66,17 @@ impl Layer {
         cache.check_written(Some(rec))?;
         let op = *self.op();
         let dims = op.dims(x_new.shape(), Some(&self.projections()))?;
-        if !dims.causal || x_new.shape().len() != 3 {
+        if x_new.shape().len() != 3 {
+            return Err(Error::shape(format!(
+                "decode_step: X must be (batch, m, d), got {:?}",
+                x_new.shape()
+            )));
+        }
+        if !dims.causal {
             return Err(Error::invalid(
                 "decode_step",
-                "the layer is not causal or X is not (batch, m, d): decoding attends each new \
-                 token to the tokens before it; build the Layer with Attention::causal(true)",
+                "the layer is not causal: decoding attends each new token to the tokens before \
+                 it; build the Layer with Attention::causal(true)",
             ));
         }
         let spec = *cache.spec();
