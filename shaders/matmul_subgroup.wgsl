@@ -23,6 +23,10 @@
 // strides over (batch, head, row, column), 0 along broadcast axes; f32::MIN marks a column
 // masked out, which weighs exactly 0 (a row with nothing visible is all 0).
 //
+// Split output (plain epilogue): columns [0, split_k) go to `c` at its strides, [split_k,
+// split_v) to `c1` and [split_v, n) to `c2`, each row-major at its own width (one group);
+// without a split, split_k = split_v = n and `c` is bound three times.
+//
 // The host prepends: const SG (subgroup size), T (tile rows per lane), MASK (1 when there is
 // a mask), and the element types `alias B_T` (the bias) and `C_T` (f32 or f16; STATS needs
 // f32).
@@ -43,6 +47,8 @@ const STATS: u32 = 8u;
 @group(0) @binding(4) var<storage, read> row_stats: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read_write> c: array<C_T>;
 @group(0) @binding(6) var<storage, read> mask: array<f32>;
+@group(0) @binding(7) var<storage, read_write> c1: array<C_T>;
+@group(0) @binding(8) var<storage, read_write> c2: array<C_T>;
 
 fn texel_a(g: u32, r: u32, c4: u32) -> vec2<u32> {
     let mask = (1u << p.a_shift) - 1u;
@@ -169,7 +175,15 @@ fn main(
                             }
                             v = select(exp2(x - shift) * inv, 0.0, (causal && col > row) || x <= NEG);
                         }
-                        c[base + row * p.c_row + col] = C_T(v);
+                        // Split output (Q, K, V from one X·[W_Q W_K W_V]): columns past
+                        // split_k go to c1, past split_v to c2, each at its own width.
+                        if col < p.split_k {
+                            c[base + row * p.c_row + col] = C_T(v);
+                        } else if col < p.split_v {
+                            c1[row * (p.split_v - p.split_k) + col - p.split_k] = C_T(v);
+                        } else {
+                            c2[row * (p.n - p.split_v) + col - p.split_v] = C_T(v);
+                        }
                     }
                 }
             }

@@ -6,6 +6,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
+use crate::kernels::matmul_blocked;
 use crate::kernels::matmul_subgroup::{self, Epilogue, Operands};
 use crate::kernels::MaskArg;
 
@@ -117,6 +118,13 @@ impl std::fmt::Display for FlashVariant {
 pub enum MatmulVariant {
     /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
     Tiled,
+    /// `matmul_blocked.wgsl`, for GPUs: `per_thread × per_thread` outputs per thread (4 or
+    /// 8) in registers, `vec4` loads, double-buffered workgroup tiles. Operands it cannot read
+    /// as aligned vec4s are computed by [`MatmulVariant::Tiled`].
+    Blocked {
+        /// Outputs per thread along each side: 4 or 8.
+        per_thread: u32,
+    },
     /// `matmul_subgroup.wgsl`: textures and subgroup shuffles, `(subgroup size ·
     /// rows_per_lane) × (4 · subgroup size)` tiles.
     Subgroup {
@@ -129,6 +137,9 @@ impl std::fmt::Display for MatmulVariant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             MatmulVariant::Tiled => write!(f, "matmul-tiled(64x64)"),
+            MatmulVariant::Blocked { per_thread } => {
+                write!(f, "matmul-blocked({per_thread}x{per_thread})")
+            }
             MatmulVariant::Subgroup { rows_per_lane } => {
                 write!(f, "matmul-subgroup(t={rows_per_lane})")
             }
@@ -154,6 +165,21 @@ pub(crate) fn record_matmul(
 ) -> Result<()> {
     match variant {
         MatmulVariant::Tiled => mm.dispatch(ctx, encoder, a, b, bias, c),
+        MatmulVariant::Blocked { per_thread } => {
+            match matmul_blocked::eligible(mm, per_thread / 4, a, b) {
+                Some(consts) => matmul_blocked::dispatch(
+                    ctx,
+                    encoder,
+                    mm,
+                    consts,
+                    (a, b, bias),
+                    (c, c, c),
+                    None,
+                ),
+                // Unaligned operands: the scalar kernel.
+                None => mm.dispatch(ctx, encoder, a, b, bias, c),
+            }
+        }
         MatmulVariant::Subgroup { rows_per_lane } => {
             let ops = Operands::pack(ctx, encoder, mm, a, b)?;
             matmul_subgroup::dispatch(

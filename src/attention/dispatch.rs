@@ -114,13 +114,26 @@ impl Attention {
     ) -> Result<(Buf, Buf, Buf)> {
         let f16 = self.f16();
         let types = if f16 { F16_B | F16_C } else { 0 } | if x_f16 { F16_A } else { 0 };
+        let alloc = |name: &str, width: usize| -> Result<Buf> {
+            if f16 {
+                buffer::output_f16(ctx, name, rows * width)
+            } else {
+                buffer::output(ctx, name, rows * width, false)
+            }
+        };
+        if let Some(qkv) = &w.qkv {
+            // One matmul X·[W_Q W_K W_V], its columns split into Q, K and V (qkv.rs).
+            let (dq, dk) = (w.q.cols, w.k.cols);
+            let (q, k, v) = (alloc("Q", dq)?, alloc("K", dk)?, alloc("V", w.v.cols)?);
+            let mm = Matmul::plain(rows, qkv.cols, d, qkv.b.is_some(), types)?;
+            let split = Some((dq, dq + dk));
+            if qkv.record_split(ctx, encoder, plan, &mm, x, (&q, &k, &v), split)? {
+                return Ok((q, k, v));
+            }
+        }
         let mut project = |name: &str, linear: &Linear| -> Result<Buf> {
             let width = linear.cols;
-            let out = if f16 {
-                buffer::output_f16(ctx, name, rows * width)?
-            } else {
-                buffer::output(ctx, name, rows * width, false)?
-            };
+            let out = alloc(name, width)?;
             let mm = Matmul::plain(rows, width, d, linear.b.is_some(), types)?;
             linear.record(ctx, encoder, plan, &mm, x, &out)?;
             Ok(out)

@@ -16,6 +16,7 @@ mod layer_saved;
 mod linear_grad;
 mod plan;
 mod projections;
+mod qkv;
 mod readback;
 mod resident;
 mod saved;

@@ -23,6 +23,9 @@ pub(super) struct Linear {
     pub rows: usize,
     /// Output width: the weight's columns.
     pub cols: usize,
+    /// The weight in the subgroup matmul's texture layout, packed once (a layer's; see
+    /// `qkv.rs`), else packed by each call.
+    pub packed: Option<crate::kernels::pack::Packed>,
 }
 
 impl Linear {
@@ -43,6 +46,7 @@ impl Linear {
             b: b.map(|b| upload_as(ctx, name, b.view(), f16)).transpose()?,
             rows: w.nrows(),
             cols: w.ncols(),
+            packed: None,
         })
     }
 
@@ -56,6 +60,12 @@ impl Linear {
         a: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<()> {
+        if self.packed.is_some() && matches!(plan.matmul, variant::MatmulVariant::Subgroup { .. }) {
+            // Only X to pack (the subgroup family), else as below.
+            if self.record_split(ctx, encoder, plan, mm, a, (out, out, out), None)? {
+                return Ok(());
+            }
+        }
         // The context's stand-in serves every matmul without a bias.
         let bias = self.b.as_ref().unwrap_or(ctx.stand_in());
         variant::record_matmul(ctx, encoder, mm, plan.matmul, a, &self.w, bias, out)
@@ -70,6 +80,8 @@ pub(super) struct DeviceWeights {
     pub k: Linear,
     pub v: Linear,
     pub o: Option<Linear>,
+    /// `W_Q | W_K | W_V` as one weight (a layer's: Q, K and V from one matmul, `qkv.rs`).
+    pub qkv: Option<Linear>,
 }
 
 impl DeviceWeights {
@@ -84,6 +96,7 @@ impl DeviceWeights {
                 .as_ref()
                 .map(|w| Linear::upload(ctx, "W_O", w, p.b_o.as_ref(), f16))
                 .transpose()?,
+            qkv: None,
         })
     }
 }
@@ -143,7 +156,7 @@ impl Layer {
             super::check_inputs_finite(&x.view(), Some(p))?;
         }
         op.check_dtype(ctx, &super::shape::named_inputs(&x.view(), Some(p)))?;
-        let device = ctx.scoped(|| DeviceWeights::upload(ctx, p, op.f16()))?;
+        let device = ctx.scoped(|| DeviceWeights::upload_resident(ctx, p, op.f16()))?;
         Ok(Layer {
             op,
             host: (p.w_q.to_owned(), p.w_k.to_owned(), p.w_v.to_owned()),

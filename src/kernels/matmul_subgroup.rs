@@ -37,13 +37,15 @@ uniform! {
         b_rows: u32,
         b_d4: u32,
         b_ratio: u32,
-        _pad0: u32,
+        /// Split output: the first column of `c1` (`n` without a split).
+        split_k: u32,
         c_off: u32,
         c_batch: u32,
         c_head: u32,
         c_row: u32,
         scale_log2: f32,
-        _pad1: u32,
+        /// Split output: the first column of `c2` (`n` without a split).
+        split_v: u32,
         _pad2: [u32; 2],
         /// The mask's element strides over (batch, head, row, column).
         mask: [u32; 4],
@@ -72,6 +74,8 @@ impl Kernel for Shader {
         Slot::Read("row_stats"),
         Slot::ReadWrite("c"),
         Slot::Read("mask"),
+        Slot::ReadWrite("c1"),
+        Slot::ReadWrite("c2"),
     ];
     /// Bit 0: B (and its bias) is f16; bit 1: C is written as f16.
     const DTYPES: &'static [&'static str] = &["B_T", "C_T"];
@@ -92,6 +96,7 @@ pub(crate) enum Epilogue<'a> {
 }
 
 /// A and B packed into textures, ready for one or more dispatches.
+#[derive(Clone)]
 pub(crate) struct Operands {
     sg: u32,
     a: Packed,
@@ -131,6 +136,35 @@ impl Operands {
         })
     }
 
+    /// Records the packing of `mm`'s operand `a` only, with B already packed (a layer's
+    /// weights, packed once when it is built).
+    ///
+    /// # Errors
+    /// No fixed subgroup size; texture limits.
+    pub fn pack_a(
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        mm: &Matmul,
+        a: &wgpu::Buffer,
+        b: &Packed,
+    ) -> Result<Self> {
+        let sg = ctx.require_subgroups()?;
+        let a = Pack {
+            batch: mm.batch,
+            heads: mm.heads,
+            rows: mm.m,
+            width: mm.k,
+            src: mm.a,
+            f16: mm.f16 & F16_A != 0,
+        }
+        .dispatch(ctx, encoder, "matmul A", a)?;
+        Ok(Operands {
+            sg,
+            a,
+            b: b.clone(),
+        })
+    }
+
     /// Column tiles of `mm` (each `4 · subgroup size` wide).
     pub fn tiles_n(&self, mm: &Matmul) -> usize {
         mm.n.div_ceil(4 * self.sg as usize)
@@ -152,6 +186,43 @@ pub(crate) fn dispatch(
     mask: Option<MaskArg<'_>>,
     c: &wgpu::Buffer,
 ) -> Result<()> {
+    let outs = (c, c, c);
+    dispatch_split(
+        ctx,
+        encoder,
+        mm,
+        rows_per_lane,
+        ops,
+        bias,
+        epilogue,
+        mask,
+        outs,
+        None,
+    )
+}
+
+/// [`dispatch`] with the plain epilogue's columns split over three outputs: with
+/// `split = Some((k, v))`, columns `[0, k)` go to `c`, `[k, v)` to `c1` and `[v, n)` to `c2`,
+/// each row-major at its own width (Q, K, V from one `X·[W_Q W_K W_V]`); without, all to `c`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dispatch_split(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    mm: &Matmul,
+    rows_per_lane: u32,
+    ops: &Operands,
+    bias: &wgpu::Buffer,
+    epilogue: Epilogue<'_>,
+    mask: Option<MaskArg<'_>>,
+    (c, c1, c2): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+    split: Option<(usize, usize)>,
+) -> Result<()> {
+    let (split_k, split_v) = split.unwrap_or((mm.n, mm.n));
+    // A split's first output is row-major at its own width, like the other two.
+    let c_strides = match split {
+        Some((k, _)) => super::Strides::row_major(u32_of("split", k)?, 0, 0),
+        None => mm.c,
+    };
     let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
     let sg = ops.sg;
     let tiles_m = mm.m.div_ceil((sg * rows_per_lane) as usize);
@@ -178,12 +249,14 @@ pub(crate) fn dispatch(
         b_rows: ops.b.layout.rows,
         b_d4: ops.b.layout.d4,
         b_ratio: u32_of("heads per B head", mm.b_ratio.max(1))?,
-        c_off: mm.c.off,
-        c_batch: mm.c.batch,
-        c_head: mm.c.head,
-        c_row: mm.c.row,
+        c_off: c_strides.off,
+        c_batch: c_strides.batch,
+        c_head: c_strides.head,
+        c_row: c_strides.row,
         scale_log2: scale * std::f32::consts::LOG2_E,
         mask: mask_strides,
+        split_k: u32_of("split", split_k)?,
+        split_v: u32_of("split", split_v)?,
         ..Default::default()
     };
     // B_T (the bias, with B) and C_T; statistics stay f32.
@@ -207,6 +280,8 @@ pub(crate) fn dispatch(
             lse.into(),
             c.into(),
             mask.into(),
+            c1.into(),
+            c2.into(),
         ],
         (tiles_m * tiles_n * groups) as u64,
     )

@@ -23,6 +23,7 @@ pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
 pub(crate) mod fma_peak;
 pub(crate) mod matmul;
+pub(crate) mod matmul_blocked;
 pub(crate) mod matmul_subgroup;
 pub(crate) mod pack;
 pub(crate) mod row_stats;
@@ -190,6 +191,7 @@ macro_rules! registry {
 
 registry! {
     Matmul => matmul,
+    MatmulBlocked => matmul_blocked,
     MatmulSubgroup => matmul_subgroup,
     Pack => pack,
     RowStats => row_stats,

@@ -103,7 +103,8 @@ impl PackLayout {
     }
 }
 
-/// A packed operand: the texture's view and where its rows are.
+/// A packed operand: the texture's view and where its rows are. Cloning shares the texture.
+#[derive(Clone)]
 pub(crate) struct Packed {
     /// For `textureLoad`.
     pub view: wgpu::TextureView,

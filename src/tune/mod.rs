@@ -192,9 +192,17 @@ pub fn matmul_candidates(ctx: &Context, families: &[Kernels]) -> Vec<MatmulVaria
     }
     if families.contains(&Kernels::Storage) {
         v.push(MatmulVariant::Tiled);
+        // The register-blocked kernel is for GPUs (on a CPU adapter its extra work per
+        // workgroup-memory load buys nothing).
+        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
+            v.extend(MATMUL_BLOCKED.map(|per_thread| MatmulVariant::Blocked { per_thread }));
+        }
     }
     v
 }
+
+/// The outputs per thread (each side) of `matmul_blocked.wgsl` the tuner tries on GPUs.
+pub const MATMUL_BLOCKED: [u32; 2] = [4, 8];
 
 /// The fastest of `candidates` by `time` (the best of three runs after a warm-up, which
 /// pays the compile: on a shared machine the minimum is the least disturbed figure). A

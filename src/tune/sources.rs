@@ -14,6 +14,7 @@ use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
 use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
+use crate::kernels::matmul_blocked::{self, MatmulBlockedConsts};
 use crate::kernels::softmax::SoftmaxConsts;
 use crate::kernels::swap_heads;
 use crate::kernels::wgsl::NoConstants;
@@ -135,6 +136,16 @@ fn unfused() -> Vec<(String, PipelineKey)> {
     ] {
         let key = PipelineKey::of::<matmul::Shader>(&NoConstants, bits);
         v.push((format!("matmul-{name}"), key));
+        // The register-blocked matmul, 4 × 4 and 8 × 8 per thread, B read along its columns
+        // (the projections) or along the inner dimension (Kᵀ for the scores).
+        for tb in matmul_blocked::BLOCKS {
+            for (layout, kmajor) in [("", false), ("-bt", true)] {
+                let c = MatmulBlockedConsts::new(tb, kmajor);
+                let key = PipelineKey::of::<matmul_blocked::Shader>(&c, bits);
+                let side = 4 * tb;
+                v.push((format!("matmul-blocked-{side}x{side}{layout}-{name}"), key));
+            }
+        }
     }
     for mask in [0, 1] {
         let key = PipelineKey::of::<softmax::Shader>(&SoftmaxConsts { mask }, 0);
