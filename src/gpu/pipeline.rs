@@ -129,26 +129,12 @@ impl PipelineCache {
         }
         let _compile = ctx.phases.enter(Phase::Compile);
         let disk = self.disk(ctx);
-        let disk = disk.as_ref().and_then(|d| d.as_ref());
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let built = Mutex::new(Vec::new());
-        std::thread::scope(|scope| {
-            for _ in 0..threads.min(missing.len()) {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(&key) = missing.get(i) else {
-                        break;
-                    };
-                    let result = ctx.scoped(|| Ok(build(ctx, key, disk)));
-                    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
-                    built.push((key, result));
-                });
-            }
-        });
-        if let Some(d) = disk {
-            d.save();
-        }
-        let built = built.into_inner().unwrap_or_else(|p| p.into_inner());
+        let built = build_parallel(
+            ctx,
+            &missing,
+            threads,
+            disk.as_ref().and_then(|d| d.as_ref()),
+        );
         let mut first_error = None;
         for (key, result) in built {
             match result {
@@ -193,6 +179,50 @@ impl PipelineCache {
         disk.get_or_insert_with(|| Disk::open(ctx));
         disk
     }
+}
+
+/// Compiles the pipelines of `keys` on up to `threads` threads, each inside its own error
+/// scopes; saves the disk cache once at the end.
+#[cfg(not(target_arch = "wasm32"))]
+fn build_parallel(
+    ctx: &Context,
+    keys: &[PipelineKey],
+    threads: usize,
+    disk: Option<&Disk>,
+) -> Vec<(PipelineKey, Result<wgpu::ComputePipeline>)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let built = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(keys.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&key) = keys.get(i) else {
+                    break;
+                };
+                let result = ctx.scoped(|| Ok(build(ctx, key, disk)));
+                let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
+                built.push((key, result));
+            });
+        }
+    });
+    if let Some(d) = disk {
+        d.save();
+    }
+    built.into_inner().unwrap_or_else(|p| p.into_inner())
+}
+
+/// In the browser there are no threads to compile on (never called: `prepare` compiles one
+/// after the other there).
+#[cfg(target_arch = "wasm32")]
+fn build_parallel(
+    ctx: &Context,
+    keys: &[PipelineKey],
+    _threads: usize,
+    disk: Option<&Disk>,
+) -> Vec<(PipelineKey, Result<wgpu::ComputePipeline>)> {
+    keys.iter()
+        .map(|&key| (key, ctx.scoped(|| Ok(build(ctx, key, disk)))))
+        .collect()
 }
 
 /// Compiles the pipeline of `key` (counted in the context's phase clock).
