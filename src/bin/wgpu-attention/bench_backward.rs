@@ -23,7 +23,9 @@ pub fn kernels(k: &[(String, f64)]) -> String {
 
 /// Prints, per family and n, the fused forward's and the backward's median times, their
 /// GFLOP/s (forward: 2·n²·(d_k + d_v) per batch index; backward: 2.5× that, as
-/// FlashAttention's papers count it) and the ratio backward / forward.
+/// FlashAttention's papers count it), the ratio backward / forward, and the same ratio of
+/// CPU time (every thread of the process; on lavapipe the kernels' work, steadier than the
+/// wall clock when other processes share the machine).
 ///
 /// # Errors
 /// GPU errors; a problem past the device's limits is reported as skipped.
@@ -38,7 +40,7 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
         sweep.repeats
     );
     println!(
-        "family      n   forward ms  GFLOP/s   backward ms  GFLOP/s   bwd/fwd   backward kernels (ms)"
+        "family      n   forward ms  GFLOP/s   backward ms  GFLOP/s   bwd/fwd  cpu bwd/fwd   backward kernels (ms)"
     );
     for &n in sweep.n {
         let shape = (sweep.batch, sweep.heads, n, e);
@@ -55,8 +57,12 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
             match bench::gpu_forward_backward(ctx, &op, arrays, sweep.warmup, sweep.repeats) {
                 Ok([(fwd, _), (bwd, bwd_kernels)]) => {
                     let gflops = |f: f64, s: &Stats| f / (s.median_ms * 1e6);
+                    let cpu = match cpu_ratio(ctx, &op, arrays, sweep.repeats)? {
+                        Some(r) => format!("{r:.2}x"),
+                        None => "-".into(),
+                    };
                     println!(
-                        "{:<9} {n:>6} {:>10.2} {:>8.2} {:>12.2} {:>8.2} {:>8.2}x   {}",
+                        "{:<9} {n:>6} {:>10.2} {:>8.2} {:>12.2} {:>8.2} {:>8.2}x {cpu:>11}   {}",
                         family.to_string(),
                         fwd.median_ms,
                         gflops(flop, &fwd),
@@ -75,6 +81,49 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
     }
     torch_peer(sweep);
     Ok(())
+}
+
+/// CPU seconds that every thread of this process has run so far (lavapipe's worker threads
+/// included), from `/proc/self/task/*/schedstat` (nanoseconds); `None` where that is not
+/// readable (not Linux).
+fn process_cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+/// The backward's CPU time over the forward's (`repeats` calls each after one untimed,
+/// every thread of the process counted): on a CPU adapter (lavapipe) the work itself, which
+/// other processes on a shared machine slow far less than the wall clock. `None` where CPU
+/// time cannot be read or a side took none.
+///
+/// # Errors
+/// GPU errors.
+fn cpu_ratio(
+    ctx: &Context,
+    op: &Attention,
+    [q, k, v, d_o]: [ndarray::ArrayView4<'_, f32>; 4],
+    repeats: usize,
+) -> Result<Option<f64>> {
+    let op = op.return_weights(false);
+    let timed = |run: &mut dyn FnMut() -> Result<()>| -> Result<Option<f64>> {
+        run()?;
+        let start = process_cpu_seconds();
+        for _ in 0..repeats.max(1) {
+            run()?;
+        }
+        Ok(start.zip(process_cpu_seconds()).map(|(a, b)| b - a))
+    };
+    let fwd = timed(&mut || op.sdpa(ctx, q, k, v).map(drop))?;
+    let (_, saved) = op.sdpa_saved(ctx, q, k, v, &wgpu_attention::Mask::none())?;
+    let bwd = timed(&mut || saved.backward(ctx, d_o).map(drop))?;
+    Ok(match (fwd, bwd) {
+        (Some(f), Some(b)) if f > 0.0 && b > 0.0 => Some(b / f),
+        _ => None,
+    })
 }
 
 /// PyTorch's CPU SDPA forward and autograd backward on the same shapes, when `python3` has
@@ -116,13 +165,33 @@ fn torch_peer(sweep: &Sweep<'_>) {
         if let [n, fwd, bwd, threads] = f[..] {
             let flop = 2.0 * n * n * 2.0 * sweep.d as f64 * sweep.batch as f64;
             println!(
-                "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x   PyTorch {} CPU threads, autograd",
+                "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x {:>11}   PyTorch {} CPU threads, autograd",
                 "torch-cpu",
                 flop / (fwd * 1e6),
                 2.5 * flop / (bwd * 1e6),
                 bwd / fwd,
+                "-",
                 threads
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_counts_work_done() {
+        let Some(start) = process_cpu_seconds() else {
+            return; // not Linux
+        };
+        let mut x = 1.0f64;
+        let t = std::time::Instant::now();
+        while t.elapsed().as_millis() < 50 {
+            x = std::hint::black_box(x * 1.000_000_1 + 1e-9);
+        }
+        let spent = process_cpu_seconds().unwrap() - start;
+        assert!(spent > 0.005 && spent < 10.0, "{spent} s");
     }
 }
