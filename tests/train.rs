@@ -401,3 +401,33 @@ fn bad_updates_are_errors_that_change_nothing() {
         says(half.update(ctx, &mut Adam::new(0.1), &grads), "f32");
     }
 }
+
+#[test]
+fn a_split_call_after_an_update_needs_the_host_copy_synced() {
+    // 16 Ki floats per binding: an X of 2 · 800 · 12 = 19,200 floats is split and projected
+    // on the CPU, with the layer's host copy of the weights.
+    let ctx = common::context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
+    let ws = Weights::new();
+    let op = Attention::new().heads(4).causal(true).return_weights(false);
+    let mut layer = Layer::new(&ctx, op, &ws.projections()).unwrap();
+    let small = tensor(&ctx, &x(1, 5, 12), Dtype::F32);
+    let (_, saved) = layer
+        .forward_saved_tensor(&ctx, &small, &Mask::none())
+        .unwrap();
+    let d = tensor(&ctx, &Array3::from_elem((1, 5, 5), 0.5), Dtype::F32);
+    let grads = saved.backward_tensor(&ctx, &d).unwrap();
+    layer.update(&ctx, &mut Adam::new(0.1), &grads).unwrap();
+    let big = x(2, 800, 12);
+    let e = layer.forward(&ctx, &big).unwrap_err().to_string();
+    assert!(e.contains("sync_host"), "{e}");
+    // A call that fits runs on the device's weights without a sync.
+    assert!(layer.forward(&ctx, &x(1, 5, 12)).is_ok());
+    layer.sync_host(&ctx).unwrap();
+    assert_ne!(layer.projections().w_q, ws.projections().w_q);
+    let got = layer.forward(&ctx, &big).unwrap().context;
+    let want = op
+        .forward(&ctx, &big, Some(&layer.projections()))
+        .unwrap()
+        .context;
+    assert_eq!(got, want);
+}
