@@ -396,10 +396,6 @@ fn bad_updates_are_errors_that_change_nothing() {
     says(layer.update(ctx, &mut adam, &grads), "one Adam per layer");
     // Nothing changed: the saved forward still runs its backward.
     assert!(saved.backward_tensor(ctx, &d).is_ok());
-    if has_f16(ctx) {
-        let mut half = Layer::new(ctx, Attention::new().heads(4).dtype(Dtype::F16), &p).unwrap();
-        says(half.update(ctx, &mut Adam::new(0.1), &grads), "f32");
-    }
 }
 
 #[test]
@@ -430,4 +426,47 @@ fn a_split_call_after_an_update_needs_the_host_copy_synced() {
         .unwrap()
         .context;
     assert_eq!(got, want);
+}
+
+#[test]
+fn an_f16_layer_trains_on_f32_master_weights() {
+    let ctx = common::ctx();
+    if !has_f16(ctx) {
+        return;
+    }
+    // lr = 1e-4 against weights near 0.5, where f16's spacing is 4.9e-4: updated in place in
+    // f16, every step would round away; from f32 master weights they add up.
+    let (d, n, lr) = (12, 7, 1e-4f32);
+    let w0: Vec<Array2<f32>> = (0..3).map(|s| w(d, d, s + 2).mapv(|v| v + 0.5)).collect();
+    let p = Projections::new(w0[0].view(), w0[1].view(), w0[2].view());
+    let mut layer = Layer::new(ctx, Attention::new().heads(2).dtype(Dtype::F16), &p).unwrap();
+    let mut adam = Adam::new(lr);
+    let mut cpu = CpuAdam {
+        m: vec![0.0; d * d],
+        v: vec![0.0; d * d],
+    };
+    let mut master: Vec<f32> = w0[0].iter().copied().collect();
+    let x_t = tensor(ctx, &x(1, n, d), Dtype::F16);
+    let d_t = tensor(ctx, &Array3::from_elem((1, n, d), 0.3), Dtype::F32);
+    for t in 1..=10 {
+        let (_, saved) = layer
+            .forward_saved_tensor(ctx, &x_t, &Mask::none())
+            .unwrap();
+        let grads = saved.backward_tensor(ctx, &d_t).unwrap();
+        let g = grads.w_q.as_ref().unwrap().to_array(ctx).unwrap();
+        let g: Vec<f32> = g.iter().copied().collect();
+        cpu.step(&mut master, &g, t, (lr, 0.9, 0.999, 1e-8, 0.0));
+        layer.update(ctx, &mut adam, &grads).unwrap();
+    }
+    layer.sync_host(ctx).unwrap();
+    let got = layer.projections().w_q.to_owned();
+    let start = w0[0].mapv(|v| wgpu_attention::half::f16::from_f32(v).to_f32());
+    let half = |v: f32| wgpu_attention::half::f16::from_f32(v).to_f32();
+    let moved = got.iter().zip(&start).filter(|(a, b)| a != b).count();
+    assert!(moved > d * d / 2, "only {moved} weights moved");
+    for (a, b) in got.iter().zip(&master) {
+        // The master rounded to f16 (one f16 step apart where the GPU's rounding of the
+        // update lands on the other side of a tie).
+        assert!((a - half(*b)).abs() <= 1e-3 * b.abs(), "{a} vs {b}");
+    }
 }

@@ -1,6 +1,6 @@
 //! `shaders/adam.wgsl`: one Adam step on a parameter and its moments, in place on the device.
 
-use super::wgsl::{uniform, NoConstants};
+use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::context::Context;
 use crate::error::Result;
@@ -23,6 +23,14 @@ uniform! {
     }
 }
 
+constants! {
+    /// Specialisation of `adam.wgsl`.
+    pub(crate) struct AdamConsts {
+        /// 1: an f32 master copy beside an f16 parameter.
+        master => "MASTER",
+    }
+}
+
 impl Kernel for Shader {
     const ID: KernelId = KernelId::Adam;
     const WORKGROUP: [Dim; 3] = [Dim::Fixed(256), Dim::Fixed(1), Dim::Fixed(1)];
@@ -31,27 +39,34 @@ impl Kernel for Shader {
         Slot::ReadWrite("param"),
         Slot::ReadWrite("m"),
         Slot::ReadWrite("v"),
+        Slot::ReadWrite("master"),
     ];
-    type Consts = NoConstants;
+    const DTYPES: &'static [&'static str] = &["P_T"];
+    type Consts = AdamConsts;
     type Params = AdamParams;
 }
 
 /// Records one step over the first `params.count` elements of `param`, `m` and `v`, with
-/// gradient `grad`.
+/// gradient `grad`; `master`, the f32 master copy of an f16 `param`.
 pub(crate) fn dispatch(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &AdamParams,
     grad: &wgpu::Buffer,
     [param, m, v]: [&wgpu::Buffer; 3],
+    master: Option<&wgpu::Buffer>,
 ) -> Result<()> {
+    let consts = AdamConsts {
+        master: u32::from(master.is_some()),
+    };
+    let master = master.unwrap_or(ctx.unused_out());
     record::<Shader>(
         ctx,
         encoder,
-        &NoConstants,
-        0,
+        &consts,
+        u8::from(consts.master == 1),
         params,
-        &[grad.into(), param.into(), m.into(), v.into()],
+        &[grad.into(), param.into(), m.into(), v.into(), master.into()],
         u64::from(params.count).div_ceil(256),
     )
 }

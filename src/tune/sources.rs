@@ -206,7 +206,11 @@ fn training() -> Vec<(String, PipelineKey)> {
     vec![
         (
             "adam".into(),
-            PipelineKey::of::<adam::Shader>(&NoConstants, 0),
+            PipelineKey::of::<adam::Shader>(&adam::AdamConsts::default(), 0),
+        ),
+        (
+            "adam-f16".into(),
+            PipelineKey::of::<adam::Shader>(&adam::AdamConsts { master: 1 }, 1),
         ),
         (
             "mse".into(),

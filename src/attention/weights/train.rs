@@ -27,7 +27,9 @@ use crate::tensor::{Recorder, Tensor};
 /// The Adam optimiser (Kingma & Ba; with [`Adam::weight_decay`], AdamW's decoupled decay),
 /// its first and second moments held on the device beside the weights of the one [`Layer`]
 /// it updates ([`Layer::update`]). The moments are made (zero) by the first update, so an
-/// `Adam` serves one layer: another layer's parameters are an error.
+/// `Adam` serves one layer: another layer's parameters are an error. On an f16 layer it also
+/// keeps f32 master weights (from the layer's host copy) and writes each step's result
+/// rounded to f16 into the layer, so steps smaller than f16's spacing are not lost.
 ///
 /// ```no_run
 /// # use wgpu_attention::{Adam, Attention, Context, Dtype, Layer, Mask, MseLoss, Projections, Recorder, Tensor};
@@ -131,15 +133,24 @@ impl Adam {
         Ok(())
     }
 
-    /// The moments for parameters of `lens`, made zero on the first call.
-    fn moments(&mut self, ctx: &Context, lens: &[usize]) -> Result<&[Moments]> {
+    /// The moments for parameters of `lens`, made zero on the first call, with f32 master
+    /// copies from `master(i)` for parameter `i` when given.
+    fn moments(
+        &mut self,
+        ctx: &Context,
+        lens: &[usize],
+        master: Option<&dyn Fn(usize) -> Vec<f32>>,
+    ) -> Result<&[Moments]> {
         if self.state.is_none() {
             let mut made = Vec::with_capacity(lens.len());
-            for &len in lens {
+            for (i, &len) in lens.iter().enumerate() {
                 let zeros = vec![0.0f32; len];
                 let m = buffer::upload(ctx, "Adam m", &zeros)?;
                 let v = buffer::upload(ctx, "Adam v", &zeros)?;
-                made.push((len, [m, v]));
+                let w = master
+                    .map(|f| buffer::upload(ctx, "Adam master", &f(i)))
+                    .transpose()?;
+                made.push((len, [m, v], w));
             }
             self.state = Some((ctx.id(), made));
         }
@@ -152,7 +163,7 @@ impl Adam {
                 "its moments live on another Context's device: use one Adam per layer",
             ));
         }
-        let ours: Vec<usize> = state.iter().map(|(len, _)| *len).collect();
+        let ours: Vec<usize> = state.iter().map(|(len, ..)| *len).collect();
         if ours != lens {
             return Err(Error::shape(format!(
                 "this Adam holds moments for parameters of {ours:?} elements, the layer has \
@@ -163,8 +174,8 @@ impl Adam {
     }
 }
 
-/// A parameter's length and its moments `[m, v]`.
-type Moments = (usize, [wgpu::Buffer; 2]);
+/// A parameter's length, its moments `[m, v]`, and its f32 master copy when it is f16.
+type Moments = (usize, [wgpu::Buffer; 2], Option<wgpu::Buffer>);
 
 /// One trainable parameter: its name, buffer, shape and gradient.
 type Param<'a> = (&'static str, &'a wgpu::Buffer, Vec<usize>, &'a Tensor);
@@ -192,7 +203,8 @@ impl Layer {
     /// [`Layer::update`] recorded into `rec` (after the backward that made `grads`).
     ///
     /// # Errors
-    /// Another context; an f16 layer (Adam updates f32 weights); gradients that do not match
+    /// Another context; a new `Adam` on an f16 layer whose host copy is behind (see
+    /// [`Layer::sync_host`]: its master weights start from it); gradients that do not match
     /// the layer's parameters (missing or extra, shapes, f16, another recorder not yet
     /// submitted); an `Adam` with bad hyper-parameters or made for another layer; GPU
     /// errors. Nothing is recorded on an error.
@@ -204,14 +216,16 @@ impl Layer {
     ) -> Result<()> {
         let ctx = rec.ctx;
         self.check_context(ctx)?;
-        if self.op().f16() {
+        adam.check()?;
+        let f16 = self.op().f16();
+        if f16 && adam.state.is_none() && self.version.load(Ordering::Acquire) != self.host_version
+        {
             return Err(Error::invalid(
                 "update",
-                "Adam updates f32 weights: train the layer with Dtype::F32 and build the f16 \
-                 layer from the trained weights",
+                "a new Adam on an f16 layer starts its f32 master weights from the layer's host \
+                 copy, which earlier updates left behind: call Layer::sync_host first",
             ));
         }
-        adam.check()?;
         let params = self.params(grads)?;
         let mut bound = Vec::with_capacity(params.len());
         for (name, param, shape, grad) in &params {
@@ -234,10 +248,13 @@ impl Layer {
             .iter()
             .map(|&len| adam::params(len, hyper, t))
             .collect::<Result<Vec<_>>>()?;
-        let moments = adam.moments(ctx, &lens)?;
+        let names: Vec<&str> = params.iter().map(|(name, ..)| *name).collect();
+        let host = |i: usize| self.host_values(names[i]);
+        let moments = adam.moments(ctx, &lens, f16.then_some(&host as &dyn Fn(usize) -> _))?;
         ctx.scoped(|| {
-            for (((param, grad, _), (_, [m, v])), u) in bound.iter().zip(moments).zip(&uniforms) {
-                adam::dispatch(ctx, rec.encoder(), u, grad, [param, m, v])?;
+            for (((param, grad, _), (_, [m, v], w)), u) in bound.iter().zip(moments).zip(&uniforms)
+            {
+                adam::dispatch(ctx, rec.encoder(), u, grad, [param, m, v], w.as_ref())?;
             }
             Ok(())
         })?;
@@ -287,6 +304,22 @@ impl Layer {
             }
         }
         Ok(out)
+    }
+
+    /// The host copy of parameter `name` (as [`Layer::params`] names them), flat.
+    fn host_values(&self, name: &str) -> Vec<f32> {
+        let two = |a: &Array2<f32>| a.iter().copied().collect();
+        let one = |a: &Option<Array1<f32>>| a.iter().flatten().copied().collect();
+        match name {
+            "W_Q" => two(&self.host.0),
+            "W_K" => two(&self.host.1),
+            "W_V" => two(&self.host.2),
+            "b_Q" => one(&self.biases[0]),
+            "b_K" => one(&self.biases[1]),
+            "b_V" => one(&self.biases[2]),
+            "W_O" => self.output.as_ref().map(|o| two(&o.0)).unwrap_or_default(),
+            _ => self.output.as_ref().map(|o| one(&o.1)).unwrap_or_default(),
+        }
     }
 
     /// Reads the device's weights back into the layer's host copy ([`Layer::projections`],
