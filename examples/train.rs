@@ -1,58 +1,44 @@
-//! Training one attention layer with Adam: the student learns W_Q, W_K, W_V and W_O so that
-//! its output matches a fixed teacher layer's on random causal sequences, a task that needs
-//! the attention pattern (the teacher's weights are sharp, so copying X is not enough). The
-//! forward and the backward run on the GPU (`forward_saved`, `LayerSaved::backward`: the
-//! fused kernels and the matmuls, nothing read back in between); Adam updates the 4 KB of
-//! weights on the host. The loss must fall at least 10×, and the learned attention map is
-//! drawn beside the teacher's.
+//! Training one attention layer with Adam, on the GPU end to end: the student learns W_Q,
+//! W_K, W_V and W_O so that its output matches a fixed teacher layer's on random causal
+//! sequences, a task that needs the attention pattern (the teacher's weights are sharp, so
+//! copying X is not enough).
+//!
+//! The data (32 batches of X) go up once, the teacher's outputs are computed on the device
+//! once, and every step is one [`Recorder`] and one submit: the student's saved forward, the
+//! MSE loss and its gradient (`mse.wgsl`), the backward (the fused kernels and the matmuls),
+//! and Adam on the weights in place (`adam.wgsl`). Nothing comes back to the host but the
+//! loss, read at the reporting steps. The loss must fall at least 10×, and the learned
+//! attention map is drawn beside the teacher's.
 //!
 //! ```text
 //! cargo run --release --example train -- [--steps 300] [--out train.png]
 //! ```
 
+use std::time::Instant;
+
 use ndarray::{Array2, Array3, Axis};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use wgpu_attention::{plot, Attention, Context, Mask, Projections, Result};
+use wgpu_attention::{
+    plot, Adam, Attention, Context, Dtype, Layer, Mask, MseLoss, Projections, Recorder, Result,
+    Tensor,
+};
 
 const D: usize = 16;
 const HEADS: usize = 2;
 const N: usize = 10;
 const BATCH: usize = 16;
+/// Batches of X uploaded once and cycled through.
+const BATCHES: usize = 32;
+/// The loss is read back at these steps only.
+const REPORT: usize = 50;
 
 fn normal(rng: &mut ChaCha8Rng, shape: (usize, usize), scale: f32) -> Array2<f32> {
     Array2::from_shape_simple_fn(shape, || {
         let z: f32 = StandardNormal.sample(rng);
         z * scale
     })
-}
-
-/// Adam's state for one parameter.
-struct Adam {
-    m: Array2<f32>,
-    v: Array2<f32>,
-}
-
-impl Adam {
-    fn new(shape: (usize, usize)) -> Self {
-        Adam {
-            m: Array2::zeros(shape),
-            v: Array2::zeros(shape),
-        }
-    }
-
-    /// One step on `w` with gradient `g` at step `t` (from 1).
-    fn step(&mut self, w: &mut Array2<f32>, g: &Array2<f32>, t: i32, lr: f32) {
-        let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
-        self.m = &self.m * b1 + g * (1.0 - b1);
-        self.v = &self.v * b2 + &(g * g) * (1.0 - b2);
-        let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        ndarray::Zip::from(w)
-            .and(&self.m)
-            .and(&self.v)
-            .for_each(|w, &m, &v| *w -= lr * (m / c1) / ((v / c2).sqrt() + eps));
-    }
 }
 
 fn proj(w: &[Array2<f32>; 4]) -> Projections<'_> {
@@ -82,41 +68,50 @@ fn main() -> Result<()> {
         normal(&mut rng, (D, D), 0.5),
         normal(&mut rng, (D, D), 0.5),
     ];
-    let mut student = [0, 1, 2, 3].map(|_| normal(&mut rng, (D, D), 0.1));
-    let mut adam = [0, 1, 2, 3].map(|_| Adam::new((D, D)));
+    let init = [0, 1, 2, 3].map(|_| normal(&mut rng, (D, D), 0.1));
+    let teacher_layer = Layer::new(&ctx, op, &proj(&teacher))?;
+    let mut student = Layer::new(&ctx, op, &proj(&init))?;
+    // The data set, uploaded once, and the teacher's outputs, computed on the device.
+    let mut data = Vec::with_capacity(BATCHES);
+    for _ in 0..BATCHES {
+        let x = Array3::from_shape_simple_fn((BATCH, N, D), || StandardNormal.sample(&mut rng));
+        let x = Tensor::from_array(&ctx, x.view().into_dyn(), Dtype::F32)?;
+        let target = teacher_layer.forward_tensor(&ctx, &x)?.context;
+        data.push((x, target));
+    }
+    let mut adam = Adam::new(1e-2);
     let mut first = None;
     let mut loss = f32::NAN;
+    let start = Instant::now();
     for t in 1..=steps {
-        let x = Array3::from_shape_simple_fn((BATCH, N, D), || StandardNormal.sample(&mut rng));
-        let target = op.forward(&ctx, &x, Some(&proj(&teacher)))?.context;
-        // Forward and backward on the GPU: the saved forward keeps what the backward needs.
-        let (y, saved) = op.forward_saved(&ctx, &x, Some(&proj(&student)), &Mask::none())?;
-        let y = y.context;
-        // Mean squared error and its gradient with respect to the output.
-        let diff = &y - &target;
-        loss = diff.mapv(|v| v * v).mean().unwrap_or(f32::NAN);
-        first.get_or_insert(loss);
-        let d_out = diff * (2.0 / y.len() as f32);
-        let g = saved.backward(&ctx, &d_out)?;
-        let grads = [g.w_q, g.w_k, g.w_v, g.w_o].map(Option::unwrap_or_default);
-        for ((w, g), a) in student.iter_mut().zip(&grads).zip(&mut adam) {
-            a.step(w, g, t as i32, 1e-2);
-        }
-        if t == 1 || t % 50 == 0 {
+        let (x, target) = &data[(t - 1) % BATCHES];
+        let mut rec = Recorder::new(&ctx);
+        let (y, saved) = student.record_saved(&mut rec, x, &Mask::none())?;
+        let mse = MseLoss::record(&mut rec, &y.context, target)?;
+        let grads = saved.record_backward(&mut rec, &mse.grad)?;
+        student.record_update(&mut rec, &mut adam, &grads)?;
+        rec.submit()?;
+        if t == 1 || t % REPORT == 0 || t == steps {
+            loss = mse.value(&ctx)?; // the only readback: a few floats
+            first.get_or_insert(loss);
             println!("step {t:>4}  loss {loss:.5}");
         }
     }
+    ctx.synchronize()?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{steps} steps in {secs:.2} s: {:.1} steps/s (forward, loss, backward and Adam on the \
+         device, one submit a step)",
+        steps as f64 / secs
+    );
     let first = first.unwrap_or(f32::NAN);
     println!("loss fell {:.1}× ({first:.5} → {loss:.5})", first / loss);
 
-    // The attention maps of one sequence, teacher above, student below.
+    // The attention maps of one new sequence, teacher above, student below.
+    student.sync_host(&ctx)?;
     let x = Array3::from_shape_simple_fn((1, N, D), || StandardNormal.sample(&mut rng));
-    let maps = [&teacher, &student].map(|w| -> Result<_> {
-        Ok(op
-            .forward(&ctx, &x, Some(&proj(w)))?
-            .weights
-            .unwrap_or_default())
-    });
+    let maps = [&teacher_layer, &student]
+        .map(|layer| -> Result<_> { Ok(layer.forward(&ctx, &x)?.weights.unwrap_or_default()) });
     let [t_map, s_map] = maps;
     let both = ndarray::concatenate(Axis(0), &[t_map?.view(), s_map?.view()])
         .map_err(|e| wgpu_attention::Error::shape(e.to_string()))?;

@@ -31,6 +31,7 @@ pub mod bench;
 #[doc(hidden)]
 pub mod fuzz;
 
+pub use attention::{Adam, MseLoss, SdpaTensorGradients, TensorGradients};
 pub use attention::{
     Attention, Dims, Dtype, Gradients, Layer, LayerSaved, Output, Plan, Projections, Saved,
     SdpaGradients, TensorOutput,

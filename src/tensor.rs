@@ -251,6 +251,13 @@ impl<'c> Recorder<'c> {
         &mut self.encoder
     }
 
+    /// What [`Recorder::tensor`] does, as a function that holds no borrow of the recorder
+    /// (for code that records into its encoder meanwhile).
+    pub(crate) fn wrapper(&self) -> impl Fn(Buf, Vec<usize>) -> Tensor + 'c {
+        let (ctx, submitted) = (self.ctx, Arc::clone(&self.submitted));
+        move |buffer, shape| Tensor::new(ctx, buffer, shape, Dtype::F32, Arc::clone(&submitted))
+    }
+
     /// Wraps a result buffer of this recorder as a tensor.
     pub(crate) fn tensor(&self, buffer: Buf, shape: Vec<usize>) -> Tensor {
         Tensor::new(

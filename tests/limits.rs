@@ -5,24 +5,10 @@
 //!   matches the reference; what cannot be split small enough is a clear error.
 
 use ndarray::{Array2, Array3};
-use wgpu_attention::wgpu;
-use wgpu_attention::{reference, Attention, Context, Error, Kernels, Mask, Projections};
+use wgpu_attention::{reference, Attention, Error, Kernels, Mask, Projections};
 
-/// A context on the default adapter whose device has `lower` applied to its limits.
-fn context_with(lower: impl FnOnce(&mut wgpu::Limits)) -> Context {
-    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
-        .expect("tests need an adapter");
-    let mut limits = adapter.limits();
-    lower(&mut limits);
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        required_features: adapter.features() & wgpu::Features::SUBGROUP,
-        required_limits: limits,
-        ..Default::default()
-    }))
-    .expect("a device with lowered limits");
-    Context::from_parts(adapter, device, queue).with_tuning(false)
-}
+mod common;
+use common::context_with;
 
 #[test]
 fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {

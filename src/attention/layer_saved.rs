@@ -6,6 +6,9 @@
 //! backward (`dW = Xᵀ·dQ` …, `dX = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ`, summed in place). Nothing
 //! comes back to the host before the gradients themselves.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
 use ndarray::{Array1, Array2, ArrayD, ArrayView, AsArray, Dimension, IxDyn};
 
 use super::dispatch::Shape;
@@ -17,14 +20,18 @@ use super::shape::{check_finite, named_inputs, Dims};
 use super::split::fits;
 use super::upload::{upload_as, MaskBuffer};
 use super::weights::{DeviceWeights, Layer};
-use super::{Attention, Output};
+use super::{Attention, Dtype, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::mask::Mask;
+use crate::tensor::Tensor;
 use crate::variant;
+
+mod tensors;
+pub use tensors::TensorGradients;
 
 /// What a layer's saved forward ([`Attention::forward_saved`], [`Layer::forward_saved`])
 /// keeps on the device for [`LayerSaved::backward`]: X, the weights, the projected Q, K, V,
@@ -36,13 +43,17 @@ pub struct LayerSaved {
     x_shape: Vec<usize>,
     out_shape: Vec<usize>,
     flash: Flash,
-    x: Buf,
+    x: Tensor,
     weights: Option<DeviceWeights>,
     qkv: Option<[Buf; 3]>,
-    context: Buf,
+    /// The context before `W_O`, `(batch·n·d_v)` f32 (the output too without `W_O`).
+    context: Tensor,
     stats: Buf,
     mask: Option<MaskBuffer>,
     kernels: BackwardKernels,
+    /// For a [`Layer`]'s forward: its weights' version counter and the version this forward
+    /// read, so a backward after the weights changed is an error, not wrong gradients.
+    version: Option<(Arc<AtomicU64>, u64)>,
 }
 
 impl std::fmt::Debug for LayerSaved {
@@ -95,94 +106,40 @@ impl Attention {
         ctx.check_alive()?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let bias = bias.as_ref().map(|b| b.view());
-        let rows = dims.batch * dims.n;
-        let named = [
-            ("X (batch·n·d)", rows * dims.d),
-            ("Q, K (batch·n·d_k)", rows * dims.d_k),
-            ("V, context (batch·n·d_v)", rows * dims.d_v),
-            ("output (batch·n·d_out)", rows * dims.d_out),
-        ];
-        fits(ctx, &named, None, bias.as_ref())?;
-        let plan = self.plan(ctx, dims)?;
-        let shape = Shape::self_attention(dims);
+        self.check_saved_fits(ctx, dims, bias.as_ref())?;
         let f16 = self.f16();
-        let flash = shape.flash(self.causal, dims.scale, f16, false)?;
-        let heads_rows = dims.batch * dims.heads * dims.n;
+        let rows = dims.batch * dims.n;
         ctx.scoped(|| {
             let _open = ctx.pool.open();
             let x_buf = Buf::unpooled(upload_as(ctx, "X", x.view(), f16)?);
+            let written = Arc::new(AtomicBool::new(true));
+            let wrap = |buf: Buf, shape: Vec<usize>, dtype: Dtype| {
+                Tensor::new(ctx, buf, shape, dtype, Arc::clone(&written))
+            };
+            let x_dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
+            let x_t = wrap(x_buf, x.shape().to_vec(), x_dtype);
             let mask_buf = MaskBuffer::upload(ctx, bias.as_ref())?;
-            let context = buffer::output(ctx, "context", rows * dims.d_v, self.nan_fill)?;
-            let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, self.nan_fill)?;
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("attention layer (saved)"),
                 });
-            let qkv = match &weights {
-                Some(w) => {
-                    let (q, k, v) = self.record_projections(
-                        ctx,
-                        &mut encoder,
-                        &plan,
-                        (rows, dims.d),
-                        (&x_buf, f16),
-                        w,
-                    )?;
-                    Some([q, k, v])
-                }
-                None => None,
+            let parts = SavedParts {
+                x: x_t,
+                weights,
+                mask: mask_buf,
             };
-            let (q, k, v) = match &qkv {
-                Some([q, k, v]) => (&**q, &**k, &**v),
-                None => (&*x_buf, &*x_buf, &*x_buf),
-            };
-            let out = FlashOut {
-                context: &context,
-                lse: Some(&stats),
-            };
-            let m = mask_buf.as_ref().map(MaskBuffer::arg);
-            variant::record_flash(
-                ctx,
-                &mut encoder,
-                &flash,
-                plan.flash,
-                (q, k, v),
-                out,
-                m,
-                None,
-            )?;
-            let projected = self.record_output_projection(
-                ctx,
-                &mut encoder,
-                &plan,
-                (rows, dims.d_v),
-                &context,
-                weights.as_ref(),
-            )?;
+            let (projected, saved) =
+                self.record_saved_into(ctx, &mut encoder, dims, parts, &|b, s| {
+                    wrap(b, s, Dtype::F32)
+                })?;
             let (y, width) = match &projected {
-                Some((y, width)) => (&**y, *width),
-                None => (&*context, dims.d_v),
+                Some(y) => (&**y, dims.d_out),
+                None => (saved.context.buffer(ctx, "context")?, dims.d_v),
             };
             let (y, _) = self.read_back_blocking(ctx, encoder, y, rows * width, None)?;
-            let out_shape = dims.context_shape();
-            let context_out = ArrayD::from_shape_vec(IxDyn(&out_shape), y)
+            let context_out = ArrayD::from_shape_vec(IxDyn(&saved.out_shape), y)
                 .map_err(|e| Error::shape(e.to_string()))?;
-            let saved = LayerSaved {
-                ctx_id: ctx.id(),
-                op: *self,
-                dims: *dims,
-                x_shape: x.shape().to_vec(),
-                out_shape,
-                flash,
-                x: x_buf,
-                weights: weights.clone(),
-                qkv,
-                context,
-                stats,
-                mask: mask_buf,
-                kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
-            };
             let out = Output {
                 context: context_out,
                 weights: None,
@@ -190,6 +147,117 @@ impl Attention {
             Ok((out.into_dimensionality()?, saved))
         })
     }
+
+    /// `Err` when the saved forward's buffers do not fit the device (it is never split).
+    pub(super) fn check_saved_fits(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        bias: Option<&ndarray::ArrayView4<'_, f32>>,
+    ) -> Result<()> {
+        fits(ctx, &layer_buffers(dims), None, bias)
+    }
+
+    /// Records the saved forward of X (`parts.x`, on the device) into `encoder`: the
+    /// projections, the fused kernel with its row statistics, and `W_O`. Returns the output
+    /// projection's result (`None` without `W_O`: the output is the saved context) and the
+    /// saved state; `wrap` makes the f32 results tensors (of the caller's recorder, or marked
+    /// written for a caller that submits the encoder itself).
+    pub(super) fn record_saved_into(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        dims: &Dims,
+        parts: SavedParts,
+        wrap: &dyn Fn(Buf, Vec<usize>) -> Tensor,
+    ) -> Result<(Option<Buf>, LayerSaved)> {
+        let SavedParts {
+            x,
+            weights,
+            mask: mask_buf,
+        } = parts;
+        let plan = self.plan(ctx, dims)?;
+        let shape = Shape::self_attention(dims);
+        let flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
+        let rows = dims.batch * dims.n;
+        let heads_rows = dims.batch * dims.heads * dims.n;
+        let context = buffer::output(ctx, "context", rows * dims.d_v, self.nan_fill)?;
+        let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, self.nan_fill)?;
+        let x_buf = x.buffer(ctx, "X")?;
+        let qkv = match &weights {
+            Some(w) => {
+                let x_f16 = x.dtype() == Dtype::F16;
+                let (q, k, v) = self.record_projections(
+                    ctx,
+                    encoder,
+                    &plan,
+                    (rows, dims.d),
+                    (x_buf, x_f16),
+                    w,
+                )?;
+                Some([q, k, v])
+            }
+            None => None,
+        };
+        let (q, k, v) = match &qkv {
+            Some([q, k, v]) => (&**q, &**k, &**v),
+            None => (x_buf, x_buf, x_buf),
+        };
+        let out = FlashOut {
+            context: &context,
+            lse: Some(&stats),
+        };
+        let m = mask_buf.as_ref().map(MaskBuffer::arg);
+        variant::record_flash(ctx, encoder, &flash, plan.flash, (q, k, v), out, m, None)?;
+        let projected = self.record_output_projection(
+            ctx,
+            encoder,
+            &plan,
+            (rows, dims.d_v),
+            &context,
+            weights.as_ref(),
+        )?;
+        let mut context_shape = dims.context_shape();
+        if let Some(last) = context_shape.last_mut() {
+            *last = dims.d_v;
+        }
+        let saved = LayerSaved {
+            ctx_id: ctx.id(),
+            op: *self,
+            dims: *dims,
+            x_shape: x.shape().to_vec(),
+            out_shape: dims.context_shape(),
+            flash,
+            x,
+            weights,
+            qkv,
+            context: wrap(context, context_shape),
+            stats,
+            mask: mask_buf,
+            kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
+            version: None,
+        };
+        Ok((projected.map(|(y, _)| y), saved))
+    }
+}
+
+/// The buffers of a layer's call on the device, named, and their lengths.
+pub(super) fn layer_buffers(dims: &Dims) -> [(&'static str, usize); 4] {
+    let rows = dims.batch * dims.n;
+    [
+        ("X (batch·n·d)", rows * dims.d),
+        ("Q, K (batch·n·d_k)", rows * dims.d_k),
+        ("V, context (batch·n·d_v)", rows * dims.d_v),
+        ("output (batch·n·d_out)", rows * dims.d_out),
+    ]
+}
+
+/// What a saved forward starts from: X on the device, the weights (if projected) and the
+/// mask's buffer.
+pub(super) struct SavedParts {
+    pub x: Tensor,
+    pub weights: Option<DeviceWeights>,
+    pub mask: Option<MaskBuffer>,
 }
 
 impl Layer {
@@ -212,7 +280,8 @@ impl Layer {
         let dims = op.dims(x.shape(), Some(&p))?;
         check_finite("X", &x)?;
         op.check_dtype(ctx, &[("X", x.view())])?;
-        op.saved_forward(ctx, &dims, x, Some(self.device().clone()), mask)
+        let (out, saved) = op.saved_forward(ctx, &dims, x, Some(self.device().clone()), mask)?;
+        Ok((out, saved.of_version(self.version())))
     }
 }
 
@@ -241,21 +310,7 @@ impl LayerSaved {
         d_out: impl AsArray<'a, f32, D>,
     ) -> Result<Gradients> {
         let d_out: ArrayView<'a, f32, D> = d_out.into();
-        if ctx.id() != self.ctx_id {
-            return Err(Error::invalid(
-                "backward",
-                "backward without a matching forward: this LayerSaved was made on another \
-                 Context; run forward_saved on the Context the backward runs on",
-            ));
-        }
-        if d_out.shape() != self.out_shape.as_slice() {
-            return Err(Error::shape(format!(
-                "backward without a matching forward: dO has shape {:?}, the forward's output \
-                 has {:?}",
-                d_out.shape(),
-                self.out_shape
-            )));
-        }
+        self.check_matching(ctx, d_out.shape())?;
         check_finite("dO", &d_out)?;
         ctx.check_alive()?;
         let rows = self.dims.batch * self.dims.n;
@@ -267,7 +322,7 @@ impl LayerSaved {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("attention layer backward"),
                 });
-            let grads = self.record_backward(ctx, &mut encoder, rows, &d_y)?;
+            let grads = self.record_backward_into(ctx, &mut encoder, rows, &d_y)?;
             let mut pending = Vec::new();
             for (b, len) in &grads.x {
                 pending.push(readback::copy_out(ctx, &mut encoder, b, *len));
@@ -285,8 +340,43 @@ impl LayerSaved {
         self.assemble(values)
     }
 
+    /// "backward without a matching forward" for another context, a `dO` of another shape
+    /// than the output's, or a layer whose weights changed since the forward.
+    fn check_matching(&self, ctx: &Context, d_out: &[usize]) -> Result<()> {
+        if ctx.id() != self.ctx_id {
+            return Err(Error::invalid(
+                "backward",
+                "backward without a matching forward: this LayerSaved was made on another \
+                 Context; run forward_saved on the Context the backward runs on",
+            ));
+        }
+        if d_out != self.out_shape.as_slice() {
+            return Err(Error::shape(format!(
+                "backward without a matching forward: dO has shape {:?}, the forward's output \
+                 has {:?}",
+                d_out, self.out_shape
+            )));
+        }
+        if let Some((now, then)) = &self.version {
+            if now.load(Ordering::Acquire) != *then {
+                return Err(Error::invalid(
+                    "backward",
+                    "backward without a matching forward: the layer's weights were updated \
+                     after this forward; run forward_saved again",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Tags the state with the version of the layer's weights its forward read.
+    pub(super) fn of_version(mut self, version: &Arc<AtomicU64>) -> Self {
+        self.version = Some((Arc::clone(version), version.load(Ordering::Acquire)));
+        self
+    }
+
     /// Records the whole backward into `encoder`.
-    fn record_backward(
+    fn record_backward_into(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
@@ -296,6 +386,9 @@ impl LayerSaved {
         let f = &self.flash;
         let f16 = self.op.f16();
         let dims = &self.dims;
+        let x = self.x.buffer(ctx, "X")?;
+        let x_f16 = self.x.dtype() == Dtype::F16;
+        let context = self.context.buffer(ctx, "context")?;
         let mut linear = Vec::new();
         // W_O: dW_O = Cᵀ·dY, db_O, and dC = dY·W_Oᵀ.
         let o = self.weights.as_ref().and_then(|w| w.o.as_ref());
@@ -307,15 +400,8 @@ impl LayerSaved {
                     buffer: &d_c_buf,
                     accumulate: false,
                 };
-                let g = o.record_backward(
-                    ctx,
-                    encoder,
-                    rows,
-                    (&self.context, false),
-                    d_y,
-                    Some(into),
-                    f16,
-                )?;
+                let g =
+                    o.record_backward(ctx, encoder, rows, (context, false), d_y, Some(into), f16)?;
                 linear.push(("W_O", g, (o.rows, o.cols)));
                 &d_c_buf
             }
@@ -328,10 +414,10 @@ impl LayerSaved {
         let dv = buffer::output(ctx, "dV", rows * dv_kv, false)?;
         let (q, k, v) = match &self.qkv {
             Some([q, k, v]) => (&**q, &**k, &**v),
-            None => (&*self.x, &*self.x, &*self.x),
+            None => (x, x, x),
         };
         let mask = self.mask.as_ref().map(MaskBuffer::arg);
-        let saved = (d_c, &*self.context, &*self.stats);
+        let saved = (d_c, context, &*self.stats);
         let out = (&*dq, &*dk, &*dv);
         self.kernels
             .record(ctx, encoder, f, (q, k, v), saved, out, mask)?;
@@ -354,8 +440,7 @@ impl LayerSaved {
                 buffer: &dx,
                 accumulate: i > 0,
             };
-            let g =
-                lin.record_backward(ctx, encoder, rows, (&self.x, f16), d_g, Some(into), f16)?;
+            let g = lin.record_backward(ctx, encoder, rows, (x, x_f16), d_g, Some(into), f16)?;
             linear.push((name, g, (lin.rows, lin.cols)));
         }
         Ok(DeviceGrads {

@@ -29,13 +29,14 @@ mod whole;
 use ndarray::{Array, ArrayD, ArrayView, ArrayView4, ArrayViewD, AsArray, Dimension, IxDyn};
 
 pub use gradients::{Gradients, SdpaGradients};
-pub use layer_saved::LayerSaved;
+pub use layer_saved::{LayerSaved, TensorGradients};
 pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub use resident::TensorOutput;
-pub use saved::Saved;
+pub use saved::{Saved, SdpaTensorGradients};
 pub(crate) use shape::{check_f16_range, check_inputs_finite};
 pub use shape::{check_finite, Dims};
+pub use weights::train::{Adam, MseLoss};
 pub use weights::Layer;
 
 use crate::context::Context;

@@ -211,7 +211,7 @@ impl Attention {
         }
     }
 
-    fn check_tensor_dtype(&self, t: &Tensor, name: &str) -> Result<()> {
+    pub(super) fn check_tensor_dtype(&self, t: &Tensor, name: &str) -> Result<()> {
         if t.dtype() != self.dtype {
             return Err(Error::invalid(
                 name,

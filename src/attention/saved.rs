@@ -23,8 +23,12 @@ use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::pack::PackLayout;
 use crate::mask::Mask;
+use crate::tensor::Tensor;
 use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels};
+
+mod tensors;
+pub use tensors::SdpaTensorGradients;
 
 /// Keys (dK/dV) and query rows (dQ) per lane of the subgroup family's backward kernels.
 /// Measured on lavapipe at d = 64 (2 shared cores, so runs vary by up to 2×): dK/dV took
@@ -49,7 +53,11 @@ pub struct Saved {
     k_shape: [usize; 4],
     v_shape: [usize; 4],
     qkv: [wgpu::Buffer; 3],
-    o: crate::gpu::buffer::Buf,
+    /// Q, K and V when they came as tensors ([`Saved`]'s tensor form), kept alive (their
+    /// pooled buffers are `qkv`).
+    _inputs: Option<[Tensor; 3]>,
+    /// The output, `(batch, L, heads, E_v)` in rows.
+    o: Tensor,
     /// `2·batch·heads·L` f32s: each row's log-sum-exp, then (written by each backward) its
     /// `D_i = dO_i·O_i`.
     stats: crate::gpu::buffer::Buf,
@@ -274,7 +282,14 @@ impl Attention {
             k_shape: [batch, kv_heads, s_len, dims.d_k / heads],
             v_shape: [batch, kv_heads, s_len, e_v],
             qkv,
-            o,
+            _inputs: None,
+            o: Tensor::new(
+                ctx,
+                o,
+                vec![batch, l, heads, e_v],
+                crate::Dtype::F32,
+                std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            ),
             stats,
             mask: mask_buf,
             kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
@@ -338,7 +353,7 @@ impl Saved {
             timing::begin(ctx);
             let [q, k, v] = &self.qkv;
             let mask = self.mask.as_ref().map(MaskBuffer::arg);
-            let saved = (&d_o, &*self.o, &*self.stats);
+            let saved = (&d_o, self.o.buffer(ctx, "O")?, &*self.stats);
             self.kernels.record(
                 ctx,
                 &mut encoder,

@@ -1,6 +1,9 @@
 //! Projection weights on the device: uploaded for one call, or once for a [`Layer`] that
 //! keeps them (then every call uploads only X).
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use ndarray::{Array1, Array2, ArrayView, AsArray, Dimension};
 
 use super::plan::Plan;
@@ -12,6 +15,8 @@ use crate::error::{Error, Result};
 use crate::kernels::matmul::Matmul;
 use crate::mask::Mask;
 use crate::variant;
+
+pub(super) mod train;
 
 /// One projection on the device: its weight `(in, out)` in the `X·W` orientation and its
 /// optional bias. Cloning shares the buffers.
@@ -85,6 +90,19 @@ pub(super) struct DeviceWeights {
 }
 
 impl DeviceWeights {
+    /// Forgets the packed copies of the weights (`W_Q | W_K | W_V` in one, the subgroup
+    /// matmul's textures): after the weights change on the device they are stale, and calls
+    /// go back to the separate weights.
+    pub(super) fn drop_packed(&mut self) {
+        self.qkv = None;
+        for l in [&mut self.q, &mut self.k, &mut self.v]
+            .into_iter()
+            .chain(self.o.as_mut())
+        {
+            l.packed = None;
+        }
+    }
+
     /// Uploads `p` (already checked against X by [`Attention::dims`]).
     pub(super) fn upload(ctx: &Context, p: &Projections<'_>, f16: bool) -> Result<Self> {
         let _upload = ctx.phases.enter(crate::phases::Phase::Upload);
@@ -126,6 +144,10 @@ pub struct Layer {
     output: Option<(Array2<f32>, Option<Array1<f32>>)>,
     device: DeviceWeights,
     context: u64,
+    /// Bumped by every update of the device weights ([`Layer::update`]).
+    version: Arc<AtomicU64>,
+    /// The version the host copy holds.
+    host_version: u64,
 }
 
 impl std::fmt::Debug for Layer {
@@ -164,6 +186,8 @@ impl Layer {
             output: p.w_o.map(|w| (w.to_owned(), p.b_o.map(|b| b.to_owned()))),
             device,
             context: ctx.id(),
+            version: Arc::new(AtomicU64::new(0)),
+            host_version: 0,
         })
     }
 
@@ -175,6 +199,11 @@ impl Layer {
     /// The weights on the device.
     pub(super) fn device(&self) -> &DeviceWeights {
         &self.device
+    }
+
+    /// The device weights' version counter.
+    pub(super) fn version(&self) -> &Arc<AtomicU64> {
+        &self.version
     }
 
     /// `Err` unless `ctx` is the context the layer was built on.
@@ -225,8 +254,9 @@ impl Layer {
         mask: &Mask<'_>,
     ) -> Result<Output<f32, D>> {
         self.check_context(ctx)?;
-        let p = self.projections();
         let x: ArrayView<'a, f32, D> = x.into();
+        self.check_host_current(ctx, x.shape(), mask)?;
+        let p = self.projections();
         self.op
             .forward_with(ctx, x.into_dyn(), Some(&p), mask, Some(&self.device))?
             .into_dimensionality()

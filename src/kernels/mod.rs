@@ -11,6 +11,8 @@
 
 pub(crate) mod wgsl;
 
+pub(crate) mod adam;
+pub(crate) mod add;
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
 pub(crate) mod flash_backward_dot;
@@ -25,6 +27,7 @@ pub(crate) mod fma_peak;
 pub(crate) mod matmul;
 pub(crate) mod matmul_blocked;
 pub(crate) mod matmul_subgroup;
+pub(crate) mod mse;
 pub(crate) mod pack;
 pub(crate) mod row_stats;
 pub(crate) mod softmax;
@@ -209,6 +212,9 @@ registry! {
     DecodePartial => decode_partial,
     DecodeCombine => decode_combine,
     SwapHeads => swap_heads,
+    Add => add,
+    Adam => adam,
+    Mse => mse,
 }
 
 /// The most constants one kernel has.

@@ -217,6 +217,29 @@ fn decode() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
+/// The training step's elementwise kernels: Adam's update, the MSE loss, and `y += x`.
+fn training() -> Vec<(String, PipelineKey)> {
+    use crate::kernels::{adam, add, mse};
+    vec![
+        (
+            "adam".into(),
+            PipelineKey::of::<adam::Shader>(&adam::AdamConsts::default(), 0),
+        ),
+        (
+            "adam-f16".into(),
+            PipelineKey::of::<adam::Shader>(&adam::AdamConsts { master: 1 }, 1),
+        ),
+        (
+            "mse".into(),
+            PipelineKey::of::<mse::Shader>(&NoConstants, 0),
+        ),
+        (
+            "add".into(),
+            PipelineKey::of::<add::Shader>(&NoConstants, 0),
+        ),
+    ]
+}
+
 /// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
 /// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
 /// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
@@ -233,6 +256,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         .into_iter()
         .chain(backward()?)
         .chain(decode()?)
+        .chain(training())
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
     let mut seen = std::collections::HashSet::new();

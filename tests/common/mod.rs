@@ -117,3 +117,20 @@ pub fn sdpa_failures(
     }
     failures
 }
+
+/// A context on the default adapter whose device has `lower` applied to its limits.
+pub fn context_with(lower: impl FnOnce(&mut wgpu_attention::wgpu::Limits)) -> Context {
+    use wgpu_attention::wgpu;
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
+        .expect("tests need an adapter");
+    let mut limits = adapter.limits();
+    lower(&mut limits);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        required_features: adapter.features() & wgpu::Features::SUBGROUP,
+        required_limits: limits,
+        ..Default::default()
+    }))
+    .expect("a device with lowered limits");
+    Context::from_parts(adapter, device, queue).with_tuning(false)
+}

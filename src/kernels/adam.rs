@@ -1,0 +1,94 @@
+//! `shaders/adam.wgsl`: one Adam step on a parameter and its moments, in place on the device.
+
+use super::wgsl::{constants, uniform};
+use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
+use crate::context::Context;
+use crate::error::Result;
+
+/// The kernel.
+pub(crate) struct Shader;
+
+uniform! {
+    /// The uniform block of `adam.wgsl`: the hyper-parameters and step `t`'s bias
+    /// corrections `c1 = 1 − β1^t`, `c2 = 1 − β2^t`.
+    pub(crate) struct AdamParams {
+        count: u32,
+        lr: f32,
+        beta1: f32,
+        beta2: f32,
+        eps: f32,
+        weight_decay: f32,
+        c1: f32,
+        c2: f32,
+    }
+}
+
+constants! {
+    /// Specialisation of `adam.wgsl`.
+    pub(crate) struct AdamConsts {
+        /// 1: an f32 master copy beside an f16 parameter.
+        master => "MASTER",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::Adam;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(256), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("grad"),
+        Slot::ReadWrite("param"),
+        Slot::ReadWrite("m"),
+        Slot::ReadWrite("v"),
+        Slot::ReadWrite("master"),
+    ];
+    const DTYPES: &'static [&'static str] = &["P_T"];
+    type Consts = AdamConsts;
+    type Params = AdamParams;
+}
+
+/// Records one step over the first `params.count` elements of `param`, `m` and `v`, with
+/// gradient `grad`; `master`, the f32 master copy of an f16 `param`.
+pub(crate) fn dispatch(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &AdamParams,
+    grad: &wgpu::Buffer,
+    [param, m, v]: [&wgpu::Buffer; 3],
+    master: Option<&wgpu::Buffer>,
+) -> Result<()> {
+    let consts = AdamConsts {
+        master: u32::from(master.is_some()),
+    };
+    let master = master.unwrap_or(ctx.unused_out());
+    record::<Shader>(
+        ctx,
+        encoder,
+        &consts,
+        u8::from(consts.master == 1),
+        params,
+        &[grad.into(), param.into(), m.into(), v.into(), master.into()],
+        u64::from(params.count).div_ceil(256),
+    )
+}
+
+/// The uniform for `count` elements at step `t` (from 1).
+///
+/// # Errors
+/// A count past u32.
+pub(crate) fn params(
+    count: usize,
+    (lr, beta1, beta2, eps, weight_decay): (f32, f32, f32, f32, f32),
+    t: u32,
+) -> Result<AdamParams> {
+    let t = i32::try_from(t).unwrap_or(i32::MAX);
+    Ok(AdamParams {
+        count: u32_of("parameter elements", count)?,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        c1: (1.0 - f64::from(beta1).powi(t)) as f32,
+        c2: (1.0 - f64::from(beta2).powi(t)) as f32,
+    })
+}

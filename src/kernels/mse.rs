@@ -1,0 +1,67 @@
+//! `shaders/mse.wgsl`: the mean squared error's gradient and per-workgroup sums of squares.
+
+use super::wgsl::{uniform, NoConstants};
+use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
+use crate::context::Context;
+use crate::error::Result;
+
+/// The kernel.
+pub(crate) struct Shader;
+
+/// Elements per workgroup: each writes one partial sum.
+pub(crate) const PER_GROUP: usize = 256;
+
+uniform! {
+    /// The uniform block of `mse.wgsl`.
+    pub(crate) struct MseParams {
+        count: u32,
+        groups: u32,
+        scale: f32,
+        _pad: u32,
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::Mse;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(256), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("o"),
+        Slot::Read("t"),
+        Slot::ReadWrite("d_o"),
+        Slot::ReadWrite("partial"),
+    ];
+    type Consts = NoConstants;
+    type Params = MseParams;
+}
+
+/// Records `d_o ← scale·(o − t)` and `partial[w] ← Σ (o − t)²` over each workgroup `w` of
+/// [`PER_GROUP`] elements, for `count` elements (`partial` holds `count / PER_GROUP`
+/// rounded up).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dispatch(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    count: usize,
+    scale: f32,
+    o: &wgpu::Buffer,
+    t: &wgpu::Buffer,
+    d_o: &wgpu::Buffer,
+    partial: &wgpu::Buffer,
+) -> Result<()> {
+    let groups = count.div_ceil(PER_GROUP);
+    let params = MseParams {
+        count: u32_of("elements", count)?,
+        groups: u32_of("workgroups", groups)?,
+        scale,
+        ..Default::default()
+    };
+    record::<Shader>(
+        ctx,
+        encoder,
+        &NoConstants,
+        0,
+        &params,
+        &[o.into(), t.into(), d_o.into(), partial.into()],
+        groups as u64,
+    )
+}
