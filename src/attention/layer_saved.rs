@@ -106,7 +106,8 @@ impl Attention {
         let plan = self.plan(ctx, dims)?;
         let shape = Shape::self_attention(dims);
         let f16 = self.f16();
-        let flash = shape.flash(self.causal, dims.scale, f16, false)?;
+        let mut flash = shape.flash(self.causal, dims.scale, f16, false)?;
+        flash.key_split = self.key_split;
         let heads_rows = dims.batch * dims.heads * dims.n;
         ctx.scoped(|| {
             let _open = ctx.pool.open();
