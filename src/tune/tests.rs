@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use ndarray::Array3;
 
-use crate::tune::{self, fastest, TuneCache, MIN_TUNED_N};
+use crate::tune::{self, fastest, fastest_within, Bucket, Progress, TuneCache, MIN_TUNED_N};
 use crate::verify::{self, Case};
 use crate::{reference, Attention, Context, Kernels};
 
@@ -21,23 +21,27 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
     let fam = Kernels::available(&ctx);
 
     // Too small to measure: the default, and nothing written.
-    let small = tune::flash(&ctx, &fam, (16, 16), MIN_TUNED_N - 1).unwrap();
+    let small = tune::flash(&ctx, &fam, (16, 16), (64, MIN_TUNED_N - 1)).unwrap();
     assert_eq!(small, tune::default_flash(&ctx, fam[0], (4, 4)));
     assert!(!path.exists(), "a small problem must not be measured");
 
-    let chosen = tune::flash(&ctx, &fam, (16, 16), 1024).unwrap();
+    let chosen = tune::flash(&ctx, &fam, (16, 16), (1, 1024)).unwrap();
     assert!(tune::flash_candidates(&ctx, &fam, 4, 4).contains(&chosen));
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("dk4=4 dv4=4 n~1024"), "{text}");
+    assert!(text.contains("dk4=4 dv4=4 g~1 n~1024"), "{text}");
 
-    // A new context on the same file reuses the choice for the same bucket of sizes.
+    // A new context on the same file (not measuring further) reuses the choice for the same
+    // bucket of sizes.
     let again = Context::new()
         .unwrap()
-        .with_tuning(true)
+        .with_tuning(false)
         .with_tune_cache(TuneCache::at(Some(path)));
-    assert_eq!(tune::flash(&again, &fam, (16, 16), 5000).unwrap(), chosen);
     assert_eq!(
-        tune::flash(&again, &fam, (13, 16), 700).unwrap(),
+        tune::flash(&again, &fam, (16, 16), (1, 2047)).unwrap(),
+        chosen
+    );
+    assert_eq!(
+        tune::flash(&again, &fam, (13, 16), (1, 1500)).unwrap(),
         chosen,
         "widths round up to whole vec4s and n to its bucket, so these share the choice"
     );
@@ -260,4 +264,89 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         tune::sources::write(&blocker, None),
         Err(crate::Error::Io { .. })
     ));
+}
+
+#[test]
+fn buckets_round_down_so_the_measured_problem_is_never_larger_than_the_call() {
+    let b = Bucket::of(12, 300);
+    assert_eq!((b.groups, b.n), (8, 256));
+    assert!((b.scale - 12.0 * 300.0 * 300.0 / (8.0 * 256.0 * 256.0)).abs() < 1e-9);
+    let b = Bucket::of(1, 1024);
+    assert_eq!((b.groups, b.n, b.scale), (1, 1024, 1.0));
+    // Capped: the scale carries the rest.
+    let b = Bucket::of(1000, 100_000);
+    assert_eq!((b.groups, b.n), (64, 4096));
+    assert!(b.scale > 1000.0);
+}
+
+#[test]
+fn each_bucket_has_its_own_choice_and_tiny_calls_never_tune() {
+    let ctx = Context::new()
+        .unwrap()
+        .with_tuning(true)
+        .with_tune_cache(TuneCache::at(None));
+    let fam = Kernels::available(&ctx);
+    tune::flash(&ctx, &fam, (16, 16), (1, MIN_TUNED_N - 1)).unwrap();
+    assert!(ctx.tune_cache().keys().is_empty(), "a tiny call measured");
+    tune::flash(&ctx, &fam, (16, 16), (1, 300)).unwrap();
+    tune::flash(&ctx, &fam, (16, 16), (2, 300)).unwrap();
+    let keys = ctx.tune_cache().keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with("g~1 n~256")), "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with("g~2 n~256")), "{keys:?}");
+}
+
+#[test]
+fn measuring_stops_at_the_calls_estimated_time_and_resumes_later() {
+    // Fake clock: each timed run advances it by the candidate's time.
+    let times = HashMap::from([(1, 10.0), (2, 3.0), (3, 1.0), (4, 2.0)]);
+    let now = std::cell::Cell::new(0.0);
+    let mut clock = || now.get();
+    let runs = std::cell::RefCell::new(Vec::new());
+    let time = |c: i32| {
+        runs.borrow_mut().push(c);
+        now.set(now.get() + times[&c]);
+        Ok(times[&c])
+    };
+    // The default (1) runs 10 ms per call: the estimate. Candidate 2 starts at 0 ms spent
+    // and takes 4 × 3 = 12 ms, past the estimate: 3 and 4 wait.
+    let p = fastest_within(&[1, 2, 3, 4], None, 1.0, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        p,
+        Progress {
+            best: 2,
+            ms: 3.0,
+            measured: 2
+        }
+    );
+    assert_eq!(*runs.borrow(), [1, 1, 1, 1, 2, 2, 2, 2]);
+    // The next call goes on from there, its estimate from the best so far (3 ms): candidate
+    // 3 (4 runs, 4 ms, past 3), then 4 waits.
+    runs.borrow_mut().clear();
+    let p = fastest_within(&[1, 2, 3, 4], Some(p), 1.0, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        p,
+        Progress {
+            best: 3,
+            ms: 1.0,
+            measured: 3
+        }
+    );
+    assert_eq!(*runs.borrow(), [3, 3, 3, 3]);
+    // A call 100 times the bucket's work measures everything left.
+    let p = fastest_within(&[1, 2, 3, 4], Some(p), 100.0, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        p,
+        Progress {
+            best: 3,
+            ms: 1.0,
+            measured: 4
+        }
+    );
 }

@@ -93,7 +93,15 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             let start = Instant::now();
             let before = ctx.phase_times();
             let dims = op.dims(x.shape(), proj.as_ref())?;
-            op.forward(&ctx, x.view().into_dyn(), proj.as_ref())?;
+            // Each call measures within its own budget: repeat until nothing is left to
+            // measure for this bucket.
+            for _ in 0..32 {
+                let round = ctx.phase_times();
+                op.forward(&ctx, x.view().into_dyn(), proj.as_ref())?;
+                if ctx.phase_times().since(&round).tune.is_zero() {
+                    break;
+                }
+            }
             let spent = ctx.phase_times().since(&before);
             // What the call ran, now that its choices are made (and remembered).
             let plan = op.plan(&ctx, &dims)?;
