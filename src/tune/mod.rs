@@ -214,22 +214,25 @@ fn fastest<T: Copy + std::fmt::Debug>(
 }
 
 /// Where measuring a bucket stands: the best candidate so far, its time (ms per run at the
-/// bucket) and how many candidates (in order) have been measured. Remembered as it is, so a
-/// later call goes on from `measured`.
+/// bucket), how many candidates (in order) have been measured and what measuring the last
+/// one cost (ms, its compiling warm-up included). Remembered as it is, so a later call goes
+/// on from `measured`.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Progress<T> {
     pub best: T,
     pub ms: f64,
     pub measured: usize,
+    pub cost: f64,
 }
 
 /// [`fastest`] under a budget, from `from` (`None`: from the start; the first candidate, the
-/// default the call would run anyway, is measured and sets the estimate). The call's own
-/// estimated time is the best time so far × `scale` (the call's work over the bucket's);
-/// before each further candidate, measuring stops once the time spent on the further ones
-/// (read from `clock`, in ms) has reached that estimate, keeping the best so far. So a call
-/// spends on tuning at most its own time plus one candidate's measurement beyond what it
-/// would spend anyway; the rest waits for later calls of the bucket.
+/// default the call would compile and run anyway, is measured and sets the estimate). The
+/// call's own estimated time is the best time at the start × `scale` (the call's work over
+/// the bucket's). Before each further candidate, its cost is predicted as the last measured
+/// one's (compile included), and measuring stops, keeping the best so far, when the time
+/// spent on further candidates (read from `clock`, in ms) plus that prediction would pass
+/// the estimate: a call spends on the further candidates about its own time at most; the
+/// rest waits for later calls of the bucket (or `wgpu-attention tune`, unbudgeted).
 fn fastest_within<T: Copy + std::fmt::Debug>(
     candidates: &[T],
     from: Option<Progress<T>>,
@@ -238,25 +241,28 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
     mut time: impl FnMut(T) -> Result<f64>,
 ) -> Result<Option<Progress<T>>> {
     let mut best = from.map(|p| (p.best, p.ms));
-    let start = from.map_or(0, |p| p.measured);
-    let mut extra_since = best.is_some().then(&mut *clock);
-    let mut measured = start;
-    for &c in &candidates[start.min(candidates.len())..] {
-        if let (Some(since), Some((_, ms))) = (extra_since, best) {
+    let mut measured = from.map_or(0, |p| p.measured);
+    let mut cost = from.map_or(0.0, |p| p.cost);
+    // Set once the default is measured: (estimate, when the further candidates began).
+    let mut budget = from.map(|p| (p.ms * scale, clock()));
+    for &c in &candidates[measured.min(candidates.len())..] {
+        if let Some((estimate, since)) = budget {
             let spent = clock() - since;
-            if spent >= ms * scale {
+            if spent + cost > estimate {
                 log::debug!(
-                    "tune: {spent:.1} ms spent, the call's estimate {:.1} ms: the rest later",
-                    ms * scale
+                    "tune: {spent:.1} ms spent + {cost:.1} ms predicted passes the call's \
+                     estimate {estimate:.1} ms: the rest later"
                 );
                 break;
             }
         }
         measured += 1;
+        let began = clock();
         time(c)?; // the warm-up: compiles, so it says nothing about speed
         let first = time(c)?;
         if best.is_some_and(|(_, b)| first > 5.0 * b) {
             log::debug!("tune: {c:?} {first:.2} ms, dropped");
+            cost = clock() - began;
             continue;
         }
         let t = first.min(time(c)?).min(time(c)?);
@@ -264,16 +270,28 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
         if best.is_none_or(|(_, b)| t < b) {
             best = Some((c, t));
         }
-        extra_since.get_or_insert_with(&mut *clock);
+        cost = clock() - began;
+        budget.get_or_insert_with(|| (t * scale, clock()));
     }
-    Ok(best.map(|(best, ms)| Progress { best, ms, measured }))
+    Ok(best.map(|(best, ms)| Progress {
+        best,
+        ms,
+        measured,
+        cost,
+    }))
+}
+
+/// Whether a call's measuring is bounded by its own time (see [`fastest_within`]): yes unless
+/// `WGPU_ATTENTION_TUNE=full` (what `wgpu-attention tune` sets: it measures every candidate).
+fn budgeted() -> bool {
+    !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("full"))
 }
 
 /// The remembered choice among `candidates` for `kind` (`detail` names the bucket), or the
 /// one `measure` finds now (going on from where earlier calls stopped) when the caller's
 /// problem has at least [`MIN_TUNED_N`] `rows` and tuning is on; else the best measured so
 /// far, or `fallback`, unremembered. `candidates` start with `fallback` (the default, which
-/// sets the budget's estimate).
+/// sets the budget's estimate); `scale` is the call's work over the measured problem's.
 #[allow(clippy::too_many_arguments)]
 fn choose<T>(
     ctx: &Context,
@@ -283,6 +301,7 @@ fn choose<T>(
     candidates: &[T],
     fallback: T,
     rows: usize,
+    scale: f64,
     measure: impl FnOnce(&[T], Option<Progress<T>>) -> Result<Option<Progress<T>>>,
 ) -> Result<T>
 where
@@ -299,7 +318,10 @@ where
         format!("{kind} {} {detail}", names.join("+")).trim_end(),
     );
     let known: Option<Progress<T>> = ctx.tune_cache().get(&key);
-    let done = known.is_some_and(|p| p.measured >= ordered.len());
+    // Measured to the end, or the next candidate alone would cost more than this call's
+    // estimated time (so measuring would stop before it: skip making the tuning problem).
+    let done =
+        known.is_some_and(|p| p.measured >= ordered.len() || (budgeted() && p.cost > p.ms * scale));
     if done || rows < MIN_TUNED_N || !ctx.tuning() {
         return Ok(known.map_or(fallback, |p| p.best));
     }
@@ -383,6 +405,7 @@ pub fn flash(
         &candidates,
         fallback,
         n,
+        bucket.scale,
         |candidates, from| {
             let (dk, dv) = (4 * dk4 as usize, 4 * dv4 as usize);
             let (g, m) = (bucket.groups, bucket.n);
@@ -416,7 +439,12 @@ pub fn flash(
             };
             let start = std::time::Instant::now();
             let mut clock = || start.elapsed().as_secs_f64() * 1e3;
-            fastest_within(candidates, from, bucket.scale, &mut clock, |c| {
+            let scale = if budgeted() {
+                bucket.scale
+            } else {
+                f64::INFINITY
+            };
+            fastest_within(candidates, from, scale, &mut clock, |c| {
                 timing::timed_submit(ctx, |enc| {
                     variant::record_flash(ctx, enc, &op, c, (&q, &q, &v), &out, None, None)
                 })
@@ -442,13 +470,15 @@ pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<Matmul
         &candidates,
         fallback,
         rows,
+        1.0,
         |candidates, from| {
             let m = MATMUL_ANCHOR;
             let problem = MatmulProblem::new(ctx, (m, m, m))?;
             let start = std::time::Instant::now();
             let mut clock = || start.elapsed().as_secs_f64() * 1e3;
             // The budget as for the fused kernel, the anchor's time standing in for the call's.
-            fastest_within(candidates, from, 1.0, &mut clock, |c| {
+            let scale = if budgeted() { 1.0 } else { f64::INFINITY };
+            fastest_within(candidates, from, scale, &mut clock, |c| {
                 timing::measure(0, 1, || problem.run(ctx, c)).map(|(s, _)| s.median_ms)
             })
         },

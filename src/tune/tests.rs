@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use ndarray::Array3;
 
-use crate::tune::{self, fastest, fastest_within, Bucket, Progress, TuneCache, MIN_TUNED_N};
+use crate::tune::{self, fastest, fastest_within, Bucket, TuneCache, MIN_TUNED_N};
 use crate::verify::{self, Case};
 use crate::{reference, Attention, Context, Kernels};
 
@@ -297,9 +297,10 @@ fn each_bucket_has_its_own_choice_and_tiny_calls_never_tune() {
 }
 
 #[test]
-fn measuring_stops_at_the_calls_estimated_time_and_resumes_later() {
-    // Fake clock: each timed run advances it by the candidate's time.
-    let times = HashMap::from([(1, 10.0), (2, 3.0), (3, 1.0), (4, 2.0)]);
+fn measuring_stops_before_passing_the_calls_estimated_time_and_resumes_later() {
+    // Fake clock: each timed run advances it by the candidate's time; measuring one costs
+    // 4 runs (a warm-up and three).
+    let times = HashMap::from([(1, 10.0), (2, 9.0), (3, 1.0), (4, 2.0)]);
     let now = std::cell::Cell::new(0.0);
     let mut clock = || now.get();
     let runs = std::cell::RefCell::new(Vec::new());
@@ -308,45 +309,31 @@ fn measuring_stops_at_the_calls_estimated_time_and_resumes_later() {
         now.set(now.get() + times[&c]);
         Ok(times[&c])
     };
-    // The default (1) runs 10 ms per call: the estimate. Candidate 2 starts at 0 ms spent
-    // and takes 4 × 3 = 12 ms, past the estimate: 3 and 4 wait.
+    // A call of the bucket's size: the default (1, 10 ms a run, 40 ms to measure) is all it
+    // measures, since the next would cost about 40 ms more than its 10.
     let p = fastest_within(&[1, 2, 3, 4], None, 1.0, &mut clock, time)
         .unwrap()
         .unwrap();
-    assert_eq!(
-        p,
-        Progress {
-            best: 2,
-            ms: 3.0,
-            measured: 2
-        }
-    );
-    assert_eq!(*runs.borrow(), [1, 1, 1, 1, 2, 2, 2, 2]);
-    // The next call goes on from there, its estimate from the best so far (3 ms): candidate
-    // 3 (4 runs, 4 ms, past 3), then 4 waits.
+    assert_eq!((p.best, p.ms, p.measured, p.cost), (1, 10.0, 1, 40.0));
+    assert_eq!(*runs.borrow(), [1, 1, 1, 1]);
+    // A call 4.5 times the bucket's work (estimate 45 ms) goes on: candidate 2 (predicted
+    // 40, cost 36), then 36 + 36 would pass 45: 3 and 4 wait.
     runs.borrow_mut().clear();
-    let p = fastest_within(&[1, 2, 3, 4], Some(p), 1.0, &mut clock, time)
+    let p = fastest_within(&[1, 2, 3, 4], Some(p), 4.5, &mut clock, time)
         .unwrap()
         .unwrap();
-    assert_eq!(
-        p,
-        Progress {
-            best: 3,
-            ms: 1.0,
-            measured: 3
-        }
-    );
-    assert_eq!(*runs.borrow(), [3, 3, 3, 3]);
-    // A call 100 times the bucket's work measures everything left.
-    let p = fastest_within(&[1, 2, 3, 4], Some(p), 100.0, &mut clock, time)
+    assert_eq!((p.best, p.measured, p.cost), (2, 2, 36.0));
+    assert_eq!(*runs.borrow(), [2, 2, 2, 2]);
+    // The next such call (estimate 9 × 4.5 = 40.5 ms): 3 (predicted 36, cost 4), then 4.
+    runs.borrow_mut().clear();
+    let p = fastest_within(&[1, 2, 3, 4], Some(p), 4.5, &mut clock, time)
         .unwrap()
         .unwrap();
-    assert_eq!(
-        p,
-        Progress {
-            best: 3,
-            ms: 1.0,
-            measured: 4
-        }
-    );
+    assert_eq!((p.best, p.ms, p.measured), (3, 1.0, 4));
+    assert_eq!(*runs.borrow(), [3, 3, 3, 3, 4, 4, 4, 4]);
+    // Unbudgeted (wgpu-attention tune): everything at once.
+    let p = fastest_within(&[1, 2, 3, 4], None, f64::INFINITY, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!((p.best, p.measured), (3, 4));
 }

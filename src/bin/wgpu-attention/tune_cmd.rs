@@ -71,6 +71,10 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             ))
         }
     };
+    // Measure every candidate, not only what a call's own time allows (tune::budgeted).
+    if !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        std::env::set_var("WGPU_ATTENTION_TUNE", "full");
+    }
     let ctx = args.adapter.open()?;
     if !ctx.tuning() {
         eprintln!("note: WGPU_ATTENTION_TUNE=off: nothing is measured, only compiled");
@@ -93,15 +97,7 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             let start = Instant::now();
             let before = ctx.phase_times();
             let dims = op.dims(x.shape(), proj.as_ref())?;
-            // Each call measures within its own budget: repeat until nothing is left to
-            // measure for this bucket.
-            for _ in 0..32 {
-                let round = ctx.phase_times();
-                op.forward(&ctx, x.view().into_dyn(), proj.as_ref())?;
-                if ctx.phase_times().since(&round).tune.is_zero() {
-                    break;
-                }
-            }
+            op.forward(&ctx, x.view().into_dyn(), proj.as_ref())?;
             let spent = ctx.phase_times().since(&before);
             // What the call ran, now that its choices are made (and remembered).
             let plan = op.plan(&ctx, &dims)?;
