@@ -29,6 +29,13 @@
 // LSE ≠ 0 (a forward saved for the backward pass): each row's log-sum-exp of its log2-domain
 // scores, m + log2(l), is written to `lse[(b·heads + h)·n_q + i]` (LSE_EMPTY for a row with
 // nothing visible); `lse` is bound to `out` and never touched when LSE = 0.
+// SPLIT ≠ 0 (flash-decoding's split, for calls with too few query blocks to fill a GPU): the
+// keys are cut into `p.splits` ranges of `p.split_keys` (a multiple of BC); each workgroup
+// takes one range of one query block and writes, instead of the output, its rows' partial
+// (m, l) to `lse` (as vec2s) and unnormalised output (DV4 vec4s) to `out`, slot
+// (g·n_q + i)·splits + part (LSE is 0 then); flash_combine.wgsl merges them and writes the
+// output and the log-sum-exp. A causal range wholly above a block's diagonal runs no tile and
+// writes (FLOOR, 0, 0), which the combine weighs 0.
 //
 // Bounds (why the module is created without naga's runtime checks): every storage access is
 // guarded by the row, key or column it reads being inside the problem (row < n_q, key < n_kv
@@ -38,12 +45,13 @@
 // WG = (BR/4)·(BC/4), TX = BC/4, VC a multiple of 4 dividing BC (flash_blocked.rs enforces
 // these), ty < BR/4 and tx < TX, so 4·ty + r < BR and tx + TX·e < BC (pool rows < BR + BC,
 // columns < DC4 < QS; p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4; t < VC·DV4;
-// red < WG). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel
+// red < WG). Split partials: slot < groups·n_q·splits and c < DV4, and the host sizes the
+// partial buffers to groups·n_q·splits·(DV4 vec4s, 2 f32s). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel
 // with its checked twin (Context::with_runtime_checks) on sizes that fit no tile.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
-// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE and the element-type
-// aliases Q_T and KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl, and the
+// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, SPLIT and the
+// element-type aliases Q_T and KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl, and the
 // `struct Params` shared with flash_tiled.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -97,14 +105,17 @@ fn main(
     @builtin(local_invocation_index) li: u32,
 ) {
     let id = wg.x + wg.y * nwg.x;
-    if id >= p.groups * p.blocks {
+    // Key split (SPLIT ≠ 0, see the header): workgroup id = (g·blocks + block)·splits + part.
+    let splits = select(1u, p.splits, SPLIT != 0u);
+    if id >= p.groups * p.blocks * splits {
         return;
     }
+    let part = id % splits;
     let tx_n = max(BC / 4u, 1u);
     let ty = li / tx_n;
     let tx = li % tx_n;
-    let g = id / p.blocks;
-    let row0 = (id % p.blocks) * BR;
+    let g = id / splits / p.blocks;
+    let row0 = (id / splits % p.blocks) * BR;
     let b = g / p.heads;
     let h = g % p.heads;
     // Grouped-query attention: kv_ratio query heads share one K/V head.
@@ -117,12 +128,17 @@ fn main(
     if p.causal != 0u {
         kv_end = min(kv_end, min(row0 + BR, p.n_q));
     }
+    // This workgroup's keys: [kv_lo, kv_end) (empty for a range wholly above the diagonal).
+    let kv_lo = part * p.split_keys;
+    if SPLIT != 0u {
+        kv_end = min(kv_end, kv_lo + p.split_keys);
+    }
 
     var o: array<vec4<f32>, 4u * OC>;
     var m = vec4<f32>(FLOOR);
     var l = vec4<f32>(0.0);
 
-    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
+    for (var j0 = kv_lo; j0 < kv_end; j0 += BC) {
         // 1. S = Q·Kᵀ, chunk by chunk of the head dimension.
         var s: array<vec4<f32>, 4>;
         for (var d0 = 0u; d0 < DK4; d0 += DC4) {
@@ -238,6 +254,29 @@ fn main(
     var total = vec4<f32>(0.0);
     for (var t = 0u; t < tx_n; t++) {
         total += red[ty * tx_n + t];
+    }
+    if SPLIT != 0u {
+        // A partial result: the unnormalised output and (m, l) of each row over this range, at
+        // slot (g·n_q + i)·splits + part; flash_combine.wgsl merges the parts.
+        for (var r = 0u; r < 4u; r++) { // unroll
+            let i = row0 + 4u * ty + r;
+            if i < p.n_q {
+                let slot = (g * p.n_q + i) * splits + part;
+                if tx == 0u {
+                    lse[2u * slot] = m[r];
+                    lse[2u * slot + 1u] = total[r];
+                }
+                for (var k = 0u; k < OC; k++) { // unroll
+                    let c = tx + tx_n * k;
+                    if c < DV4 {
+                        for (var e = 0u; e < 4u; e++) { // unroll
+                            out[(slot * DV4 + c) * 4u + e] = o[r * OC + k][e];
+                        }
+                    }
+                }
+            }
+        }
+        return;
     }
     // Nothing visible (every key masked out): zeros, not 0/0.
     let inv = select(1.0 / total, vec4<f32>(0.0), total == vec4<f32>(0.0));

@@ -49,6 +49,6 @@ pub use phases::PhaseTimes;
 pub use tensor::{Recorder, Tensor};
 pub use timing::{KernelTime, Profiling};
 pub use tune::TuneCache;
-pub use variant::{FlashVariant, Kernels, MatmulVariant};
+pub use variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;

@@ -113,6 +113,24 @@ impl std::fmt::Display for FlashVariant {
     }
 }
 
+/// Whether the real-GPU fused kernel ([`FlashVariant::Blocked`]) splits the keys of each
+/// query block over several workgroups (flash-decoding's split: each writes a partial max,
+/// sum and output over its key range, and one combine merges them), so that a call with few
+/// `batch · heads · query blocks` still fills a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeySplit {
+    /// Split on adapters that are not CPUs when the call has fewer than
+    /// 2 · 64 workgroups (wgpu reports no compute-unit count: 64 stands in for a large GPU),
+    /// into ranges of at least 4 key tiles (see the README's kernel families).
+    #[default]
+    Auto,
+    /// Never split.
+    Off,
+    /// Split into this many key ranges (fewer when the keys are fewer tiles), on any adapter
+    /// (tests and measurements).
+    Ranges(u32),
+}
+
 /// Which kernel computes a matmul.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum MatmulVariant {

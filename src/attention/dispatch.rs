@@ -95,6 +95,7 @@ impl Shape {
             scale,
             kv_ratio: heads / kv_heads,
             f16,
+            key_split: crate::variant::KeySplit::Auto,
             skip_zero,
         })
     }
@@ -213,7 +214,8 @@ impl Attention {
         let u = |what: &str, v: usize| u32_of(what, v);
         // Q, K and V are f16 on the device under Dtype::F16, from the host or a projection.
         let f16 = self.f16();
-        let op = shape.flash(self.causal, scale, f16, self.propagate)?;
+        let mut op = shape.flash(self.causal, scale, f16, self.propagate)?;
+        op.key_split = self.key_split;
         let (q_s, k_s, ratio) = (op.q, op.k, op.kv_ratio);
         let dk_h = op.dk_h;
         let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;

@@ -178,7 +178,8 @@ impl Attention {
         } = parts;
         let plan = self.plan(ctx, dims)?;
         let shape = Shape::self_attention(dims);
-        let flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
+        let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
+        flash.key_split = self.key_split;
         let rows = dims.batch * dims.n;
         let heads_rows = dims.batch * dims.heads * dims.n;
         let context = buffer::output(ctx, "context", rows * dims.d_v, self.nan_fill)?;

@@ -43,7 +43,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::oneshot::block_on;
 use crate::mask::Mask;
-use crate::variant::{FlashVariant, Kernels, MatmulVariant};
+use crate::variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 use shape::named_inputs;
 
 /// What a forward pass returns. `D` is the dimension of the X it was given: an `Array2` X
@@ -81,6 +81,7 @@ pub struct Attention {
     matmul: Option<MatmulVariant>,
     dtype: Dtype,
     propagate: bool,
+    key_split: KeySplit,
 }
 
 /// The element type the operands are stored in on the device.
@@ -155,6 +156,7 @@ impl Attention {
             matmul: None,
             dtype: Dtype::F32,
             propagate: false,
+            key_split: KeySplit::Auto,
         }
     }
 
@@ -168,6 +170,13 @@ impl Attention {
     /// [`Attention::kernels`]); for testing and benchmarking every variant.
     pub fn flash_variant(mut self, variant: FlashVariant) -> Self {
         self.flash = Some(variant);
+        self
+    }
+
+    /// Whether the real-GPU fused kernel splits the keys over several workgroups (default
+    /// [`KeySplit::Auto`]: on GPUs, for calls too small to fill one; see [`KeySplit`]).
+    pub fn key_split(mut self, split: KeySplit) -> Self {
+        self.key_split = split;
         self
     }
 

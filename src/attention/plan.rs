@@ -78,7 +78,7 @@ impl Attention {
         let head = (dims.d_k / dims.heads, dims.d_v / dims.heads);
         let flash = match self.flash {
             Some(v) => v,
-            None => tune::flash(ctx, &families, head, dims.n)?,
+            None => tune::flash(ctx, &families, head, (dims.batch * dims.heads, dims.n))?,
         };
         let family = flash.family();
         let matmul = match self.matmul {

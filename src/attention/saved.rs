@@ -224,7 +224,8 @@ impl Attention {
             d_k: dims.d_k,
             d_v: dims.d_v,
         };
-        let flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
+        let mut flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
+        flash.key_split = op.key_split;
         let mut plan = op.plan(ctx, &dims)?;
         let f16 = op.f16();
         let qkv = [

@@ -58,6 +58,7 @@ pub struct Decoder {
     block: Option<usize>,
     nan_fill: bool,
     threads: Option<u32>,
+    gpu_kernel: Option<bool>,
 }
 
 impl Decoder {
@@ -90,6 +91,14 @@ impl Decoder {
     #[cfg(test)]
     pub(crate) fn threads(mut self, n: u32) -> Self {
         self.threads = Some(n);
+        self
+    }
+
+    /// Forces the GPU kernel (`decode_partial_gpu.wgsl`, true) or the CPU one (false)
+    /// (tests: the GPU's kernel on a CPU adapter).
+    #[cfg(test)]
+    pub(crate) fn gpu_kernel(mut self, yes: bool) -> Self {
+        self.gpu_kernel = Some(yes);
         self
     }
 
@@ -245,6 +254,7 @@ impl Decoder {
             scale,
             nan_fill: self.nan_fill,
             threads: self.threads,
+            gpu_kernel: self.gpu_kernel,
         })
     }
 

@@ -132,6 +132,14 @@ impl PartialConsts {
     }
 }
 
+/// The partial kernel a step runs, specialised.
+enum Partial {
+    /// `decode_partial.wgsl` (CPU adapters).
+    Cpu(PartialConsts),
+    /// `decode_partial_gpu.wgsl`.
+    Gpu(super::decode_partial_gpu::GpuPartialConsts),
+}
+
 /// One decode step: `heads · m` new query rows per batch index against `len` cached keys.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Decode {
@@ -154,6 +162,9 @@ pub(crate) struct Decode {
     pub nan_fill: bool,
     /// Threads per workgroup, when forced (tests: the GPU's 64 on lavapipe).
     pub threads: Option<u32>,
+    /// `decode_partial_gpu.wgsl` (true) or this kernel (false), when forced; by default the
+    /// GPU kernel on adapters that are not CPUs.
+    pub gpu_kernel: Option<bool>,
 }
 
 /// The buffers of one decode step.
@@ -174,8 +185,9 @@ impl Decode {
     }
 
     /// The keys per block when none is forced: see [`block_for`].
-    pub fn block(&self, ctx: &Context, consts: &PartialConsts) -> usize {
-        let chunks = (self.heads / self.kv_heads.max(1) * self.m).div_ceil(consts.rows as usize);
+    pub fn block(&self, ctx: &Context, rows_per_workgroup: u32) -> usize {
+        let chunks =
+            (self.heads / self.kv_heads.max(1) * self.m).div_ceil(rows_per_workgroup as usize);
         let groups = self.batch * self.kv_heads * chunks;
         let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
         block_for(self.len, groups, cpu)
@@ -196,20 +208,31 @@ impl Decode {
         let (dk4, dv4) = self.widths4();
         let ratio = self.heads / self.kv_heads;
         let rows = ratio * self.m;
-        let consts = PartialConsts::new(
-            u32_of("query rows per K/V head", rows)?,
-            (dk4, dv4),
-            self.threads.unwrap_or_else(|| threads_for(ctx)),
-            ctx.limits().max_compute_workgroup_storage_size,
-        )?;
+        let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+        let limit = ctx.limits().max_compute_workgroup_storage_size;
+        let rows32 = u32_of("query rows per K/V head", rows)?;
+        let kernel = if self.gpu_kernel.unwrap_or(!cpu) {
+            Partial::Gpu(super::decode_partial_gpu::GpuPartialConsts::new(
+                rows32,
+                (dk4, dv4),
+                limit,
+            )?)
+        } else {
+            let threads = self.threads.unwrap_or_else(|| threads_for(ctx));
+            Partial::Cpu(PartialConsts::new(rows32, (dk4, dv4), threads, limit)?)
+        };
+        let gc = match &kernel {
+            Partial::Cpu(c) => c.rows,
+            Partial::Gpu(c) => c.rows,
+        };
         let wg = THREADS as usize;
         // Blocks are whole multiples of 64 keys (of every thread count the constants choose).
         let block = block
-            .unwrap_or_else(|| self.block(ctx, &consts))
+            .unwrap_or_else(|| self.block(ctx, gc))
             .next_multiple_of(wg)
             .max(wg);
         let blocks = self.len.div_ceil(block);
-        let chunks = rows.div_ceil(consts.rows as usize);
+        let chunks = rows.div_ceil(gc as usize);
         let workgroups = self.batch * self.kv_heads * chunks * blocks;
         let out_rows = self.batch * self.heads * self.m;
         let o_part = crate::gpu::buffer::output(
@@ -241,26 +264,31 @@ impl Decode {
             ..Default::default()
         };
         log::debug!(
-            "decode: {} rows x {} keys in {blocks} blocks of {block}, {chunks} chunks of {} rows",
+            "decode: {} rows x {} keys in {blocks} blocks of {block}, {chunks} chunks of {gc} rows",
             out_rows,
             self.len,
-            consts.rows
         );
-        record::<Shader>(
-            ctx,
-            encoder,
-            &consts,
-            0,
-            &params,
-            &[
-                bufs.q.into(),
-                bufs.k.into(),
-                bufs.v.into(),
-                (&o_part).into(),
-                (&ml_part).into(),
-            ],
-            workgroups as u64,
-        )?;
+        let resources = [
+            bufs.q.into(),
+            bufs.k.into(),
+            bufs.v.into(),
+            (&o_part).into(),
+            (&ml_part).into(),
+        ];
+        match kernel {
+            Partial::Cpu(c) => {
+                record::<Shader>(ctx, encoder, &c, 0, &params, &resources, workgroups as u64)?
+            }
+            Partial::Gpu(c) => record::<super::decode_partial_gpu::Shader>(
+                ctx,
+                encoder,
+                &c,
+                0,
+                &params,
+                &resources,
+                workgroups as u64,
+            )?,
+        }
         super::decode_combine::dispatch(
             ctx,
             encoder,

@@ -39,6 +39,8 @@ constants! {
         skip_zero => "SKIP_ZERO",
         /// 1 to write each row's log-sum-exp (a forward saved for the backward pass).
         lse => "LSE",
+        /// 1 to compute one key range and write partial results (`flash_split.rs`).
+        split => "SPLIT",
     }
 }
 
@@ -132,6 +134,7 @@ impl FlashBlockedConsts {
                 mask: 0,
                 skip_zero: 0,
                 lse: 0,
+                split: 0,
             };
             if c.workgroup_bytes() <= limit {
                 return Ok(c);
@@ -189,6 +192,17 @@ impl Flash {
         out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
+        if let Some(split) = self.key_ranges(ctx, (rows, keys)) {
+            return self.dispatch_blocked_split(
+                ctx,
+                encoder,
+                (rows, keys),
+                split,
+                (q, k, v),
+                out,
+                mask,
+            );
+        }
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
         let consts = FlashBlockedConsts {

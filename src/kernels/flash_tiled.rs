@@ -50,7 +50,9 @@ uniform! {
         v_rows: u32,
         scale_log2: f32,
         kv_ratio: u32,
-        _pad: [u32; 2],
+        /// Key ranges per query block and keys per range (`flash_blocked.wgsl` with `SPLIT`).
+        splits: u32,
+        split_keys: u32,
         /// The mask's element strides over (batch, head, query, key).
         mask: [u32; 4],
     }
@@ -159,6 +161,8 @@ pub(crate) struct Flash {
     /// of the sum, so a non-finite value there cannot reach the row (for inputs passed through
     /// with NaN/Inf; finite inputs give the same either way). `flash_tiled` always does this.
     pub skip_zero: bool,
+    /// Whether `flash_blocked` splits the keys (see `flash_split.rs`).
+    pub key_split: crate::variant::KeySplit,
 }
 
 impl Flash {

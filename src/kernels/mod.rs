@@ -15,12 +15,14 @@ pub(crate) mod adam;
 pub(crate) mod add;
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
+pub(crate) mod decode_partial_gpu;
 pub(crate) mod flash_backward_dot;
 pub(crate) mod flash_backward_kv;
 pub(crate) mod flash_backward_kv_subgroup;
 pub(crate) mod flash_backward_q;
 pub(crate) mod flash_backward_q_subgroup;
 pub(crate) mod flash_blocked;
+pub(crate) mod flash_combine;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
 pub(crate) mod fma_peak;
@@ -202,6 +204,7 @@ registry! {
     WeightedSum => weighted_sum,
     FlashTiled => flash_tiled,
     FlashBlocked => flash_blocked,
+    FlashCombine => flash_combine,
     FlashSubgroup => flash_subgroup,
     FlashBackwardDot => flash_backward_dot,
     FlashBackwardKv => flash_backward_kv,
@@ -210,6 +213,7 @@ registry! {
     FlashBackwardQSubgroup => flash_backward_q_subgroup,
     FmaPeak => fma_peak,
     DecodePartial => decode_partial,
+    DecodePartialGpu => decode_partial_gpu,
     DecodeCombine => decode_combine,
     SwapHeads => swap_heads,
     Add => add,

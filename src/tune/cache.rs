@@ -52,6 +52,13 @@ impl TuneCache {
         self.path.as_deref()?.parent()
     }
 
+    /// Every key remembered (tests).
+    #[cfg(test)]
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let map = self.choices.lock().unwrap();
+        map.keys().cloned().collect()
+    }
+
     pub(crate) fn get<T: DeserializeOwned>(&self, key: &str) -> Option<T> {
         let map = self.choices.lock().ok()?;
         serde_json::from_value(map.get(key)?.clone()).ok()

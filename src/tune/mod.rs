@@ -2,8 +2,11 @@
 //! small candidate set at an anchored shape, remembered per context and on disk.
 //!
 //! A choice is keyed by the adapter's name, driver and driver version, a hash of the kernels'
-//! sources (so an edited kernel is measured again) and the anchored shape (for the fused
-//! kernel: per-head widths in vec4s and the row count's power-of-two bucket). The disk cache is a JSON map in
+//! sources (so an edited kernel is measured again) and the shape's bucket (for the fused
+//! kernel: per-head widths in vec4s and the caller's [`Bucket`] of `batch · heads` and `n`,
+//! where the candidates are measured). Measuring on a call is bounded by the call's own
+//! estimated time (see [`fastest_within`]) and resumes on later calls of the bucket until
+//! every candidate is measured. The disk cache is a JSON map in
 //! `$WGPU_ATTENTION_TUNE_CACHE` (a file path; `off` keeps choices in memory only), else
 //! `$XDG_CACHE_HOME/wgpu-attention/tune.json`, else `~/.cache/wgpu-attention/tune.json`.
 //! `WGPU_ATTENTION_TUNE=off` (or [`Context::with_tuning`]) skips measuring: remembered
@@ -30,9 +33,10 @@ use crate::variant::{self, FlashVariant, Kernels, MatmulVariant};
 /// Problems with fewer rows are not worth measuring for: they take the remembered choice if
 /// there is one, else the family's default.
 pub const MIN_TUNED_N: usize = 256;
-/// The largest anchored fused-attention problem: problems are measured at their row count
-/// rounded up to a power of two, between [`MIN_TUNED_N`] and this.
-pub const FLASH_MAX_ANCHOR_N: usize = 1024;
+/// The largest row count of a fused-attention bucket (see [`Bucket`]).
+pub const FLASH_MAX_BUCKET_N: usize = 4096;
+/// The most `batch · heads` of a fused-attention bucket.
+pub const FLASH_MAX_BUCKET_GROUPS: usize = 64;
 /// Side of the anchored square matmul.
 pub const MATMUL_ANCHOR: usize = 512;
 
@@ -207,16 +211,66 @@ pub const MATMUL_BLOCKED: [u32; 2] = [4, 8];
 /// The fastest of `candidates` by `time` (the best of three runs after a warm-up, which
 /// pays the compile: on a shared machine the minimum is the least disturbed figure). A
 /// candidate whose first timed run is 5× slower than the best so far is dropped there.
+#[cfg(test)]
 fn fastest<T: Copy + std::fmt::Debug>(
     candidates: &[T],
-    mut time: impl FnMut(T) -> Result<f64>,
+    time: impl FnMut(T) -> Result<f64>,
 ) -> Result<Option<T>> {
-    let mut best: Option<(T, f64)> = None;
-    for &c in candidates {
+    let mut clock = || 0.0;
+    let progress = fastest_within(candidates, None, f64::INFINITY, &mut clock, time)?;
+    Ok(progress.map(|p| p.best))
+}
+
+/// Where measuring a bucket stands: the best candidate so far, its time (ms per run at the
+/// bucket), how many candidates (in order) have been measured and what measuring the last
+/// one cost (ms, its compiling warm-up included). Remembered as it is, so a later call goes
+/// on from `measured`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Progress<T> {
+    pub best: T,
+    pub ms: f64,
+    pub measured: usize,
+    pub cost: f64,
+}
+
+/// [`fastest`] under a budget, from `from` (`None`: from the start; the first candidate, the
+/// default the call would compile and run anyway, is measured and sets the estimate). The
+/// call's own estimated time is the best time at the start × `scale` (the call's work over
+/// the bucket's). Before each further candidate, its cost is predicted as the last measured
+/// one's (compile included), and measuring stops, keeping the best so far, when the time
+/// spent on further candidates (read from `clock`, in ms) plus that prediction would pass
+/// the estimate: a call spends on the further candidates about its own time at most; the
+/// rest waits for later calls of the bucket (or `wgpu-attention tune`, unbudgeted).
+fn fastest_within<T: Copy + std::fmt::Debug>(
+    candidates: &[T],
+    from: Option<Progress<T>>,
+    scale: f64,
+    clock: &mut impl FnMut() -> f64,
+    mut time: impl FnMut(T) -> Result<f64>,
+) -> Result<Option<Progress<T>>> {
+    let mut best = from.map(|p| (p.best, p.ms));
+    let mut measured = from.map_or(0, |p| p.measured);
+    let mut cost = from.map_or(0.0, |p| p.cost);
+    // Set once the default is measured: (estimate, when the further candidates began).
+    let mut budget = from.map(|p| (p.ms * scale, clock()));
+    for &c in &candidates[measured.min(candidates.len())..] {
+        if let Some((estimate, since)) = budget {
+            let spent = clock() - since;
+            if spent + cost > estimate {
+                log::debug!(
+                    "tune: {spent:.1} ms spent + {cost:.1} ms predicted passes the call's \
+                     estimate {estimate:.1} ms: the rest later"
+                );
+                break;
+            }
+        }
+        measured += 1;
+        let began = clock();
         time(c)?; // the warm-up: compiles, so it says nothing about speed
         let first = time(c)?;
         if best.is_some_and(|(_, b)| first > 5.0 * b) {
             log::debug!("tune: {c:?} {first:.2} ms, dropped");
+            cost = clock() - began;
             continue;
         }
         let t = first.min(time(c)?).min(time(c)?);
@@ -224,13 +278,28 @@ fn fastest<T: Copy + std::fmt::Debug>(
         if best.is_none_or(|(_, b)| t < b) {
             best = Some((c, t));
         }
+        cost = clock() - began;
+        budget.get_or_insert_with(|| (t * scale, clock()));
     }
-    Ok(best.map(|(c, _)| c))
+    Ok(best.map(|(best, ms)| Progress {
+        best,
+        ms,
+        measured,
+        cost,
+    }))
 }
 
-/// The remembered choice among `candidates` for `kind` (`detail` names the anchored shape),
-/// or the one `measure` finds now when the caller's problem has at least [`MIN_TUNED_N`]
-/// `rows` and tuning is on; else `fallback`, unremembered.
+/// Whether a call's measuring is bounded by its own time (see [`fastest_within`]): yes unless
+/// `WGPU_ATTENTION_TUNE=full` (what `wgpu-attention tune` sets: it measures every candidate).
+fn budgeted() -> bool {
+    !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("full"))
+}
+
+/// The remembered choice among `candidates` for `kind` (`detail` names the bucket), or the
+/// one `measure` finds now (going on from where earlier calls stopped) when the caller's
+/// problem has at least [`MIN_TUNED_N`] `rows` and tuning is on; else the best measured so
+/// far, or `fallback`, unremembered. `candidates` start with `fallback` (the default, which
+/// sets the budget's estimate); `scale` is the call's work over the measured problem's.
 #[allow(clippy::too_many_arguments)]
 fn choose<T>(
     ctx: &Context,
@@ -240,38 +309,88 @@ fn choose<T>(
     candidates: &[T],
     fallback: T,
     rows: usize,
-    measure: impl FnOnce(&[T]) -> Result<Option<T>>,
+    scale: f64,
+    measure: impl FnOnce(&[T], Option<Progress<T>>) -> Result<Option<Progress<T>>>,
 ) -> Result<T>
 where
-    T: Copy + std::fmt::Debug + Serialize + DeserializeOwned,
+    T: Copy + PartialEq + std::fmt::Debug + Serialize + DeserializeOwned,
 {
     if candidates.len() < 2 {
         return Ok(candidates.first().copied().unwrap_or(fallback));
     }
+    let mut ordered = vec![fallback];
+    ordered.extend(candidates.iter().copied().filter(|&c| c != fallback));
     let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
     let key = key(
         ctx,
         format!("{kind} {} {detail}", names.join("+")).trim_end(),
     );
-    if let Some(v) = ctx.tune_cache().get(&key) {
-        return Ok(v);
+    let known: Option<Progress<T>> = ctx.tune_cache().get(&key);
+    // Measured to the end, or the next candidate alone would cost more than this call's
+    // estimated time (so measuring would stop before it: skip making the tuning problem).
+    let done =
+        known.is_some_and(|p| p.measured >= ordered.len() || (budgeted() && p.cost > p.ms * scale));
+    if done || rows < MIN_TUNED_N || !ctx.tuning() {
+        return Ok(known.map_or(fallback, |p| p.best));
     }
-    if rows < MIN_TUNED_N || !ctx.tuning() {
-        return Ok(fallback);
-    }
-    let best = {
+    let progress = {
         let _tune = ctx.phases.enter(Phase::Tune);
-        measure(candidates)?.unwrap_or(fallback)
+        measure(&ordered, known)?
     };
-    log::info!("tuned [{key}]: {best:?}");
-    ctx.tune_cache().put(&key, &best);
-    Ok(best)
+    let Some(progress) = progress else {
+        return Ok(fallback);
+    };
+    log::info!(
+        "tuned [{key}]: {:?} ({} of {} candidates measured)",
+        progress.best,
+        progress.measured,
+        ordered.len()
+    );
+    ctx.tune_cache().put(&key, &progress);
+    Ok(progress.best)
 }
 
-/// The fused kernel for per-head widths `dk_h`, `dv_h` and `n` rows among `families`:
-/// remembered, or measured now on the anchored problem (`n` rounded up to a power of two,
-/// at most [`FLASH_MAX_ANCHOR_N`]) when `n` is at least [`MIN_TUNED_N`] (else the default,
-/// unremembered).
+/// A tuning bucket of the fused kernel: the caller's `batch · heads` and `n`, each rounded
+/// down to a power of two (at most [`FLASH_MAX_BUCKET_GROUPS`] and [`FLASH_MAX_BUCKET_N`]), so
+/// the problem measured is never larger than the call; `scale` is the call's work over it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bucket {
+    /// `batch · heads`, a power of two.
+    pub groups: usize,
+    /// Query (and key) rows, a power of two.
+    pub n: usize,
+    /// The call's work over the bucket's (≥ 1): `groups · n²` each.
+    pub scale: f64,
+}
+
+impl Bucket {
+    /// The bucket of a call of `groups = batch · heads` heads of `n` rows.
+    pub fn of(groups: usize, n: usize) -> Self {
+        let floor = |x: usize, cap: usize| {
+            let x = x.clamp(1, cap);
+            if x.is_power_of_two() {
+                x
+            } else {
+                x.next_power_of_two() / 2
+            }
+        };
+        let (g, m) = (
+            floor(groups, FLASH_MAX_BUCKET_GROUPS),
+            floor(n, FLASH_MAX_BUCKET_N),
+        );
+        let work = |g: usize, n: usize| g as f64 * (n as f64) * (n as f64);
+        Bucket {
+            groups: g,
+            n: m,
+            scale: (work(groups.max(1), n.max(1)) / work(g, m)).max(1.0),
+        }
+    }
+}
+
+/// The fused kernel for per-head widths `dk_h`, `dv_h` and a call of `groups = batch ·
+/// heads` heads of `n` rows among `families`: remembered for the call's [`Bucket`], or
+/// measured now at the bucket (within the call's budget, see [`fastest_within`]) when `n` is
+/// at least [`MIN_TUNED_N`] (else the default, unremembered).
 ///
 /// # Errors
 /// GPU errors while measuring.
@@ -279,12 +398,12 @@ pub fn flash(
     ctx: &Context,
     families: &[Kernels],
     (dk_h, dv_h): (usize, usize),
-    n: usize,
+    (groups, n): (usize, usize),
 ) -> Result<FlashVariant> {
     let (dk4, dv4) = (dk_h.div_ceil(4) as u32, dv_h.div_ceil(4) as u32);
     let candidates = flash_candidates(ctx, families, dk4, dv4);
-    let anchor = n.next_power_of_two().clamp(MIN_TUNED_N, FLASH_MAX_ANCHOR_N);
-    let detail = format!("dk4={dk4} dv4={dv4} n~{anchor}");
+    let bucket = Bucket::of(groups, n);
+    let detail = format!("dk4={dk4} dv4={dv4} g~{} n~{}", bucket.groups, bucket.n);
     let fallback = default_flash(ctx, families[0], (dk4, dv4));
     choose(
         ctx,
@@ -294,21 +413,25 @@ pub fn flash(
         &candidates,
         fallback,
         n,
-        |candidates| {
+        bucket.scale,
+        |candidates, from| {
             let (dk, dv) = (4 * dk4 as usize, 4 * dv4 as usize);
+            let (g, m) = (bucket.groups, bucket.n);
             let data = |len: usize| -> Vec<f32> {
                 (0..len).map(|i| ((i % 23) as f32 - 11.0) / 11.0).collect()
             };
-            let q = buffer::upload(ctx, "tune Q", &data(anchor * dk))?;
-            let v = buffer::upload(ctx, "tune V", &data(anchor * dv))?;
-            let out = buffer::output(ctx, "tune O", anchor * dv, false)?;
-            let qs = Strides::row_major(dk as u32, 0, 0);
-            let vs = Strides::row_major(dv as u32, 0, 0);
+            let q = buffer::upload(ctx, "tune Q", &data(g * m * dk))?;
+            let v = buffer::upload(ctx, "tune V", &data(g * m * dv))?;
+            let out = buffer::output(ctx, "tune O", g * m * dv, false)?;
+            let u = |x: usize| x as u32;
+            // (1, m, g·width): heads side by side in a row, as the calls lay them out.
+            let qs = Strides::row_major(u(g * dk), u(dk), u(m * g * dk));
+            let vs = Strides::row_major(u(g * dv), u(dv), u(m * g * dv));
             let op = Flash {
                 batch: 1,
-                heads: 1,
-                n_q: anchor,
-                n_kv: anchor,
+                heads: g,
+                n_q: m,
+                n_kv: m,
                 dk_h: dk,
                 dv_h: dv,
                 q: qs,
@@ -320,8 +443,16 @@ pub fn flash(
                 kv_ratio: 1,
                 f16: false,
                 skip_zero: false,
+                key_split: crate::variant::KeySplit::Auto,
             };
-            fastest(candidates, |c| {
+            let start = std::time::Instant::now();
+            let mut clock = || start.elapsed().as_secs_f64() * 1e3;
+            let scale = if budgeted() {
+                bucket.scale
+            } else {
+                f64::INFINITY
+            };
+            fastest_within(candidates, from, scale, &mut clock, |c| {
                 timing::timed_submit(ctx, |enc| {
                     variant::record_flash(ctx, enc, &op, c, (&q, &q, &v), &out, None, None)
                 })
@@ -347,10 +478,15 @@ pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<Matmul
         &candidates,
         fallback,
         rows,
-        |candidates| {
+        1.0,
+        |candidates, from| {
             let m = MATMUL_ANCHOR;
             let problem = MatmulProblem::new(ctx, (m, m, m))?;
-            fastest(candidates, |c| {
+            let start = std::time::Instant::now();
+            let mut clock = || start.elapsed().as_secs_f64() * 1e3;
+            // The budget as for the fused kernel, the anchor's time standing in for the call's.
+            let scale = if budgeted() { 1.0 } else { f64::INFINITY };
+            fastest_within(candidates, from, scale, &mut clock, |c| {
                 timing::measure(0, 1, || problem.run(ctx, c)).map(|(s, _)| s.median_ms)
             })
         },

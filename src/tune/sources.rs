@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use super::storage_flash;
 use crate::error::{Error, Result};
 use crate::kernels::decode_combine::{self, CombineConsts};
-use crate::kernels::decode_partial::{self, PartialConsts};
+use crate::kernels::decode_partial_gpu::{self, GpuPartialConsts};
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_blocked::FlashBlockedConsts;
+use crate::kernels::flash_combine::{self, SplitCombineConsts};
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
 use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
@@ -64,6 +65,7 @@ fn problem(d: usize, f16: bool) -> Flash {
         scale: 1.0,
         kv_ratio: 1,
         f16,
+        key_split: crate::variant::KeySplit::Auto,
         skip_zero: false,
     }
 }
@@ -190,7 +192,7 @@ fn backward() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
-/// The decode step's kernels as a GPU runs them: [`decode_partial::THREADS`] threads, every
+/// The decode step's kernels as a GPU runs them (`decode_partial_gpu`), every
 /// rows-per-workgroup the constants may choose, for d = 64 and 128 (the cache's K and V are
 /// textures: one variant serves f32 and f16 caches); and the combine.
 fn decode() -> Result<Vec<(String, PipelineKey)>> {
@@ -200,10 +202,10 @@ fn decode() -> Result<Vec<(String, PipelineKey)>> {
         let d4 = d / 4;
         let mut seen = std::collections::HashSet::new();
         for rows in 1..=8 {
-            let c = PartialConsts::new(rows, (d4, d4), decode_partial::THREADS, limit)?;
+            let c = GpuPartialConsts::new(rows, (d4, d4), limit)?;
             if seen.insert(c.rows) {
-                let key = PipelineKey::of::<decode_partial::Shader>(&c, 0);
-                v.push((format!("decode-partial-d{d}-rows{}", c.rows), key));
+                let key = PipelineKey::of::<decode_partial_gpu::Shader>(&c, 0);
+                v.push((format!("decode-partial-gpu-d{d}-rows{}", c.rows), key));
             }
         }
         let key = PipelineKey::of::<decode_combine::Shader>(&CombineConsts { dv4: d4 }, 0);
@@ -240,6 +242,35 @@ fn training() -> Vec<(String, PipelineKey)> {
     ]
 }
 
+/// The key split of prefill on GPUs: `flash_blocked` writing partials (blocks of 64 × 64, as
+/// [`BLOCKED_SHAPES`] starts) for d = 64 and 128, f32 and f16, and the combine, with and
+/// without the log-sum-exp.
+fn key_split() -> Result<Vec<(String, PipelineKey)>> {
+    let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
+    let mut v = Vec::new();
+    for d in [64, 128] {
+        for f16 in [false, true] {
+            let op = problem(d, f16);
+            let t = if f16 { "f16" } else { "f32" };
+            let c = FlashBlockedConsts {
+                split: 1,
+                ..op.blocked_consts(&limits, (64, 64), 0)?
+            };
+            let key = PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits());
+            v.push((format!("flash-blocked-64x64-d{d}-{t}-split"), key));
+        }
+        for lse in [0, 1] {
+            let c = SplitCombineConsts {
+                dv4: d as u32 / 4,
+                lse,
+            };
+            let key = PipelineKey::of::<flash_combine::Shader>(&c, 0);
+            v.push((format!("flash-combine-d{d}-lse{lse}"), key));
+        }
+    }
+    Ok(v)
+}
+
 /// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
 /// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
 /// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
@@ -257,6 +288,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         .chain(backward()?)
         .chain(decode()?)
         .chain(training())
+        .chain(key_split()?)
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
     let mut seen = std::collections::HashSet::new();

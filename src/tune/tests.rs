@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use ndarray::Array3;
 
-use crate::tune::{self, fastest, TuneCache, MIN_TUNED_N};
+use crate::tune::{self, fastest, fastest_within, Bucket, TuneCache, MIN_TUNED_N};
 use crate::verify::{self, Case};
 use crate::{reference, Attention, Context, Kernels};
 
@@ -21,23 +21,27 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
     let fam = Kernels::available(&ctx);
 
     // Too small to measure: the default, and nothing written.
-    let small = tune::flash(&ctx, &fam, (16, 16), MIN_TUNED_N - 1).unwrap();
+    let small = tune::flash(&ctx, &fam, (16, 16), (64, MIN_TUNED_N - 1)).unwrap();
     assert_eq!(small, tune::default_flash(&ctx, fam[0], (4, 4)));
     assert!(!path.exists(), "a small problem must not be measured");
 
-    let chosen = tune::flash(&ctx, &fam, (16, 16), 1024).unwrap();
+    let chosen = tune::flash(&ctx, &fam, (16, 16), (1, 1024)).unwrap();
     assert!(tune::flash_candidates(&ctx, &fam, 4, 4).contains(&chosen));
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("dk4=4 dv4=4 n~1024"), "{text}");
+    assert!(text.contains("dk4=4 dv4=4 g~1 n~1024"), "{text}");
 
-    // A new context on the same file reuses the choice for the same bucket of sizes.
+    // A new context on the same file (not measuring further) reuses the choice for the same
+    // bucket of sizes.
     let again = Context::new()
         .unwrap()
-        .with_tuning(true)
+        .with_tuning(false)
         .with_tune_cache(TuneCache::at(Some(path)));
-    assert_eq!(tune::flash(&again, &fam, (16, 16), 5000).unwrap(), chosen);
     assert_eq!(
-        tune::flash(&again, &fam, (13, 16), 700).unwrap(),
+        tune::flash(&again, &fam, (16, 16), (1, 2047)).unwrap(),
+        chosen
+    );
+    assert_eq!(
+        tune::flash(&again, &fam, (13, 16), (1, 1500)).unwrap(),
         chosen,
         "widths round up to whole vec4s and n to its bucket, so these share the choice"
     );
@@ -260,4 +264,76 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         tune::sources::write(&blocker, None),
         Err(crate::Error::Io { .. })
     ));
+}
+
+#[test]
+fn buckets_round_down_so_the_measured_problem_is_never_larger_than_the_call() {
+    let b = Bucket::of(12, 300);
+    assert_eq!((b.groups, b.n), (8, 256));
+    assert!((b.scale - 12.0 * 300.0 * 300.0 / (8.0 * 256.0 * 256.0)).abs() < 1e-9);
+    let b = Bucket::of(1, 1024);
+    assert_eq!((b.groups, b.n, b.scale), (1, 1024, 1.0));
+    // Capped: the scale carries the rest.
+    let b = Bucket::of(1000, 100_000);
+    assert_eq!((b.groups, b.n), (64, 4096));
+    assert!(b.scale > 1000.0);
+}
+
+#[test]
+fn each_bucket_has_its_own_choice_and_tiny_calls_never_tune() {
+    let ctx = Context::new()
+        .unwrap()
+        .with_tuning(true)
+        .with_tune_cache(TuneCache::at(None));
+    let fam = Kernels::available(&ctx);
+    tune::flash(&ctx, &fam, (16, 16), (1, MIN_TUNED_N - 1)).unwrap();
+    assert!(ctx.tune_cache().keys().is_empty(), "a tiny call measured");
+    tune::flash(&ctx, &fam, (16, 16), (1, 300)).unwrap();
+    tune::flash(&ctx, &fam, (16, 16), (2, 300)).unwrap();
+    let keys = ctx.tune_cache().keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with("g~1 n~256")), "{keys:?}");
+    assert!(keys.iter().any(|k| k.ends_with("g~2 n~256")), "{keys:?}");
+}
+
+#[test]
+fn measuring_stops_before_passing_the_calls_estimated_time_and_resumes_later() {
+    // Fake clock: each timed run advances it by the candidate's time; measuring one costs
+    // 4 runs (a warm-up and three).
+    let times = HashMap::from([(1, 10.0), (2, 9.0), (3, 1.0), (4, 2.0)]);
+    let now = std::cell::Cell::new(0.0);
+    let mut clock = || now.get();
+    let runs = std::cell::RefCell::new(Vec::new());
+    let time = |c: i32| {
+        runs.borrow_mut().push(c);
+        now.set(now.get() + times[&c]);
+        Ok(times[&c])
+    };
+    // A call of the bucket's size: the default (1, 10 ms a run, 40 ms to measure) is all it
+    // measures, since the next would cost about 40 ms more than its 10.
+    let p = fastest_within(&[1, 2, 3, 4], None, 1.0, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!((p.best, p.ms, p.measured, p.cost), (1, 10.0, 1, 40.0));
+    assert_eq!(*runs.borrow(), [1, 1, 1, 1]);
+    // A call 4.5 times the bucket's work (estimate 45 ms) goes on: candidate 2 (predicted
+    // 40, cost 36), then 36 + 36 would pass 45: 3 and 4 wait.
+    runs.borrow_mut().clear();
+    let p = fastest_within(&[1, 2, 3, 4], Some(p), 4.5, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!((p.best, p.measured, p.cost), (2, 2, 36.0));
+    assert_eq!(*runs.borrow(), [2, 2, 2, 2]);
+    // The next such call (estimate 9 × 4.5 = 40.5 ms): 3 (predicted 36, cost 4), then 4.
+    runs.borrow_mut().clear();
+    let p = fastest_within(&[1, 2, 3, 4], Some(p), 4.5, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!((p.best, p.ms, p.measured), (3, 1.0, 4));
+    assert_eq!(*runs.borrow(), [3, 3, 3, 3, 4, 4, 4, 4]);
+    // Unbudgeted (wgpu-attention tune): everything at once.
+    let p = fastest_within(&[1, 2, 3, 4], None, f64::INFINITY, &mut clock, time)
+        .unwrap()
+        .unwrap();
+    assert_eq!((p.best, p.measured), (3, 4));
 }

@@ -94,7 +94,8 @@ impl Attention {
             d_k: dims.d_k,
             d_v: dims.d_v,
         };
-        let flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
+        let mut flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
+        flash.key_split = op.key_split;
         let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref()))?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;

@@ -71,6 +71,10 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             ))
         }
     };
+    // Measure every candidate, not only what a call's own time allows (tune::budgeted).
+    if !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        std::env::set_var("WGPU_ATTENTION_TUNE", "full");
+    }
     let ctx = args.adapter.open()?;
     if !ctx.tuning() {
         eprintln!("note: WGPU_ATTENTION_TUNE=off: nothing is measured, only compiled");

@@ -1,0 +1,176 @@
+// Decode, step 1 of 2, for GPUs: as decode_partial.wgsl (same problem, uniform, bindings and
+// partial results; decode_combine.wgsl merges them), but no thread keeps a whole Q or output
+// row, so registers stay bounded at every head size (decode_partial.wgsl's GC·(DK4 + DV4)
+// vec4s per thread spill on a GPU: 83–502 registers on RDNA3).
+//
+// A workgroup of WG threads takes one key block of GC query rows (rows of one K/V head, as in
+// decode_partial.wgsl: g = r·m + i) and walks it in tiles of WG keys:
+//
+// 1. Scores: thread t computes key t of the tile against all GC rows (its K row from the
+//    texture, the rows' scaled Q from workgroup memory, read by every thread alike) and writes
+//    them to `s_sh` (NEG where the row may not see the key).
+// 2. Output: the head dimension is split over CT = min(DV4, WG) threads and the tile's keys
+//    over KG = WG / CT key groups: thread (kg, c) walks keys kg, kg + KG, … of the tile and
+//    keeps, for each row, an online softmax (running max, sum) and output vec4 columns
+//    c, c + CT, … (OC of them): GC·(OC + 1) vec4s of registers.
+//
+// At the end the KG key groups' partials are merged through workgroup memory by the threads of
+// key group 0, and written as decode_partial.wgsl writes them.
+//
+// The host prepends, from src/kernels/decode_partial_gpu.rs: the constants WG, GC, DK4, DV4,
+// CT, KG, OC, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's).
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_buf: array<vec4<f32>>;
+@group(0) @binding(2) var k_tex: texture_2d<f32>;
+@group(0) @binding(3) var v_tex: texture_2d<f32>;
+@group(0) @binding(4) var<storage, read_write> o_part: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> ml_part: array<vec2<f32>>;
+
+var<workgroup> q_sh: array<vec4<f32>, GC * DK4>;
+var<workgroup> s_sh: array<f32, GC * WG>;
+// The key groups' (max, sum) and output columns, per row.
+var<workgroup> ml_sh: array<vec2<f32>, GC * KG>;
+var<workgroup> o_sh: array<vec4<f32>, GC * KG * DV4>;
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) t: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.workgroups {
+        return;
+    }
+    let blk = id % p.blocks;
+    let rest = id / p.blocks;
+    let chunk = rest % p.chunks;
+    let bh = rest / p.chunks;
+    let b = bh / p.kv_heads;
+    let hk = bh % p.kv_heads;
+    let g0 = chunk * GC;
+    let rows = p.ratio * p.m;
+
+    // The chunk's query rows, scaled (zeros past the last row).
+    for (var x = t; x < GC * DK4; x += WG) {
+        let g = x / DK4;
+        var v = vec4<f32>(0.0);
+        if g0 + g < rows {
+            let h = hk * p.ratio + (g0 + g) / p.m;
+            let row = (b * p.heads + h) * p.m + (g0 + g) % p.m;
+            v = q_buf[row * DK4 + x % DK4] * p.scale_log2;
+        }
+        q_sh[x] = v;
+    }
+
+    let kg = t / CT;
+    let c0 = t % CT;
+    let busy = kg < KG;
+    var o: array<vec4<f32>, GC * OC>;
+    var m: array<f32, GC>;
+    var l: array<f32, GC>;
+    for (var g = 0u; g < GC; g++) { // unroll
+        m[g] = FLOOR;
+    }
+    let kv_end = min(blk * p.block + p.block, p.len);
+    for (var j0 = blk * p.block; j0 < kv_end; j0 += WG) {
+        workgroupBarrier();
+        // 1. Scores of key j0 + t.
+        let j = j0 + t;
+        var s: array<f32, GC>;
+        if j < kv_end {
+            let r = bh * p.capacity + j;
+            let ky = i32(r / p.k_line);
+            let kx = (r % p.k_line) * DK4;
+            for (var c = 0u; c < DK4; c++) {
+                let kv = textureLoad(k_tex, vec2<i32>(i32(kx + c), ky), 0);
+                for (var g = 0u; g < GC; g++) { // unroll
+                    s[g] += dot(q_sh[g * DK4 + c], kv);
+                }
+            }
+        }
+        for (var g = 0u; g < GC; g++) { // unroll
+            let visible = j < kv_end && g0 + g < rows && j + p.m <= p.len + (g0 + g) % p.m;
+            s_sh[g * WG + t] = select(NEG, s[g], visible);
+        }
+        workgroupBarrier();
+        // 2. Output columns of the keys of this thread's key group.
+        if busy {
+            for (var jj = kg; jj < WG && j0 + jj < kv_end; jj += KG) {
+                let r = bh * p.capacity + j0 + jj;
+                let vy = i32(r / p.v_line);
+                let vx = (r % p.v_line) * DV4;
+                var v: array<vec4<f32>, OC>;
+                for (var k = 0u; k < OC; k++) { // unroll
+                    let c = c0 + CT * k;
+                    if c < DV4 {
+                        v[k] = textureLoad(v_tex, vec2<i32>(i32(vx + c), vy), 0);
+                    }
+                }
+                for (var g = 0u; g < GC; g++) { // unroll
+                    let x = s_sh[g * WG + jj];
+                    if x > m[g] {
+                        let corr = exp2(m[g] - x);
+                        l[g] *= corr;
+                        for (var k = 0u; k < OC; k++) { // unroll
+                            o[g * OC + k] *= corr;
+                        }
+                        m[g] = x;
+                    }
+                    let w = exp2(x - m[g]);
+                    l[g] += w;
+                    for (var k = 0u; k < OC; k++) { // unroll
+                        o[g * OC + k] += w * v[k];
+                    }
+                }
+            }
+        }
+    }
+
+    // Merge the key groups: each writes its partials, key group 0 adds them up.
+    if busy {
+        for (var g = 0u; g < GC; g++) { // unroll
+            if c0 == 0u {
+                ml_sh[g * KG + kg] = vec2<f32>(m[g], l[g]);
+            }
+            for (var k = 0u; k < OC; k++) { // unroll
+                let c = c0 + CT * k;
+                if c < DV4 {
+                    o_sh[(g * KG + kg) * DV4 + c] = o[g * OC + k];
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    if kg == 0u {
+        for (var g = 0u; g < GC; g++) {
+            if g0 + g < rows {
+                var mx = FLOOR;
+                for (var e = 0u; e < KG; e++) {
+                    mx = max(mx, ml_sh[g * KG + e].x);
+                }
+                var sum = 0.0;
+                for (var e = 0u; e < KG; e++) {
+                    let ml = ml_sh[g * KG + e];
+                    sum += ml.y * exp2(ml.x - mx);
+                }
+                let h = hk * p.ratio + (g0 + g) / p.m;
+                let slot = ((b * p.heads + h) * p.m + (g0 + g) % p.m) * p.blocks + blk;
+                for (var k = 0u; k < OC; k++) { // unroll
+                    let c = c0 + CT * k;
+                    if c < DV4 {
+                        var acc = vec4<f32>(0.0);
+                        for (var e = 0u; e < KG; e++) {
+                            acc += o_sh[(g * KG + e) * DV4 + c] * exp2(ml_sh[g * KG + e].x - mx);
+                        }
+                        o_part[slot * DV4 + c] = acc;
+                    }
+                }
+                if c0 == 0u {
+                    ml_part[slot] = vec2<f32>(mx, sum);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! `shaders/decode_partial_gpu.wgsl`: step 1 of a decode step on GPUs. The same problem,
+//! uniform ([`PartialParams`]), bindings and partial results as `decode_partial.rs`, but the
+//! head dimension is split over threads, so no thread keeps a whole Q or output row (the CPU
+//! kernel's rows spill on a GPU). Picked on adapters that are not CPUs; lavapipe keeps
+//! `decode_partial.wgsl`, whose per-thread key runs suit a CPU.
+
+use super::decode_partial::{PartialParams, THREADS};
+use super::wgsl::constants;
+use super::{Dim, Kernel, KernelId, Slot};
+use crate::error::{Error, Result};
+
+/// The kernel.
+pub(crate) struct Shader;
+
+/// The most query rows one workgroup keeps.
+const MAX_ROWS: u32 = 8;
+
+constants! {
+    /// Specialisation of `decode_partial_gpu.wgsl`.
+    pub(crate) struct GpuPartialConsts {
+        /// Threads per workgroup (and keys per tile).
+        threads => "WG",
+        /// Query rows per workgroup.
+        rows => "GC",
+        /// d_k in vec4s, rounded up.
+        dk4 => "DK4",
+        /// d_v in vec4s, rounded up.
+        dv4 => "DV4",
+        /// Threads across the output columns: `min(DV4, WG)`.
+        col_threads => "CT",
+        /// Key groups: `WG / CT`.
+        key_groups => "KG",
+        /// Output vec4 columns per thread: `DV4 / CT`, rounded up.
+        out4 => "OC",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::DecodePartialGpu;
+    const WORKGROUP: [Dim; 3] = [Dim::Const("WG"), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Texture("k_tex"),
+        Slot::Texture("v_tex"),
+        Slot::ReadWrite("o_part"),
+        Slot::ReadWrite("ml_part"),
+    ];
+    type Consts = GpuPartialConsts;
+    type Params = PartialParams;
+}
+
+impl GpuPartialConsts {
+    /// The specialisation for `rows` query rows per K/V head and widths `dk4`, `dv4` (vec4s),
+    /// [`THREADS`] threads: as many rows per workgroup as fit `limit` bytes of workgroup
+    /// memory (a power of two, at most [`MAX_ROWS`]).
+    ///
+    /// # Errors
+    /// [`Error::LimitExceeded`] when even one row does not fit.
+    pub fn new(rows: u32, (dk4, dv4): (u32, u32), limit: u32) -> Result<Self> {
+        let threads = THREADS;
+        let col_threads = dv4.clamp(1, threads);
+        let mut c = GpuPartialConsts {
+            threads,
+            rows: rows.clamp(1, MAX_ROWS).next_power_of_two(),
+            dk4,
+            dv4,
+            col_threads,
+            key_groups: threads / col_threads,
+            out4: dv4.div_ceil(col_threads),
+        };
+        while c.workgroup_bytes() > u64::from(limit) && c.rows > 1 {
+            c.rows /= 2;
+        }
+        if c.workgroup_bytes() > u64::from(limit) {
+            return Err(Error::LimitExceeded {
+                what: "decode workgroup memory".into(),
+                needed: format!("{} bytes", c.workgroup_bytes()),
+                limit: format!("{limit} bytes"),
+                limit_name: "max_compute_workgroup_storage_size",
+            });
+        }
+        Ok(c)
+    }
+
+    /// Workgroup memory used, as the shader declares it.
+    pub fn workgroup_bytes(&self) -> u64 {
+        let (g, kg) = (u64::from(self.rows), u64::from(self.key_groups));
+        g * (16 * u64::from(self.dk4) + 4 * u64::from(self.threads) + 8 * kg)
+            + 16 * g * kg * u64::from(self.dv4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::Attention;
+    use crate::decode::{Decoder, KvCache, KvCacheSpec};
+    use crate::Dtype;
+    use ndarray::Array4;
+
+    #[test]
+    fn rows_fit_workgroup_memory_and_columns_cover_the_head() {
+        let c = GpuPartialConsts::new(32, (32, 32), 16 << 10).unwrap();
+        assert_eq!((c.rows, c.col_threads, c.key_groups, c.out4), (8, 32, 2, 1));
+        assert!(c.workgroup_bytes() <= 16 << 10);
+        let c = GpuPartialConsts::new(8, (64, 64), 16 << 10).unwrap();
+        assert_eq!((c.rows, c.key_groups, c.out4), (4, 1, 1));
+        // d_v = 20 (5 vec4s): 12 key groups of 5 threads; 3 rows round up to 4.
+        let c = GpuPartialConsts::new(3, (2, 5), 16 << 10).unwrap();
+        assert_eq!((c.rows, c.col_threads, c.key_groups), (4, 5, 12));
+        // d_v = 512: two columns per thread.
+        assert_eq!(
+            GpuPartialConsts::new(1, (8, 128), 32 << 10).unwrap().out4,
+            2
+        );
+        assert!(GpuPartialConsts::new(1, (4096, 4096), 16 << 10).is_err());
+    }
+
+    /// The GPU kernel, forced on the test adapter, against the f64 reference: odd lengths and
+    /// widths, GQA, several rows per step, blocks that end inside a tile, an f16 cache.
+    #[test]
+    fn the_gpu_kernel_matches_the_reference() {
+        let ctx = crate::context::test_context();
+        let f = |salt: usize| {
+            move |(a, b, c, d): (usize, usize, usize, usize)| {
+                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin() * 2.0
+            }
+        };
+        for (len, heads, kv_heads, (dk, dv), dtype) in [
+            (300, 6, 2, (6, 9), Dtype::F32),
+            (37, 4, 4, (64, 64), Dtype::F32),
+            (130, 8, 2, (128, 80), Dtype::F16),
+            (7, 2, 1, (20, 256), Dtype::F32),
+        ] {
+            let q = Array4::from_shape_fn((2, heads, len, dk), f(1));
+            let k = Array4::from_shape_fn((2, kv_heads, len, dk), f(2));
+            let v = Array4::from_shape_fn((2, kv_heads, len, dv), f(3));
+            let spec = KvCacheSpec {
+                capacity: len + 3,
+                batch: 2,
+                kv_heads,
+                d_k: dk,
+                d_v: dv,
+                dtype,
+            };
+            let mut cache = KvCache::new(ctx, spec).unwrap();
+            let (k, v) = match dtype {
+                Dtype::F16 => {
+                    let h = |a: &Array4<f32>| a.mapv(half::f16::from_f32);
+                    let (kh, vh) = (h(&k), h(&v));
+                    cache.append(ctx, kh.view(), vh.view()).unwrap();
+                    let f = |a: Array4<half::f16>| a.mapv(half::f16::to_f32);
+                    (f(kh), f(vh))
+                }
+                Dtype::F32 => {
+                    cache.append(ctx, k.view(), v.view()).unwrap();
+                    (k, v)
+                }
+            };
+            let op = Attention::new().causal(true);
+            let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
+                .unwrap()
+                .context;
+            for block in [64, 1024] {
+                let dec = Decoder::new().nan_fill(true).gpu_kernel(true).block(block);
+                let got = dec.step(ctx, &cache, q.view()).unwrap();
+                let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
+                assert!(rel < 1e-5, "len {len} d {dk}/{dv} block {block}: {rel:e}");
+                // One new row against the whole cache.
+                let last = q.slice(ndarray::s![.., .., len - 1.., ..]);
+                let got = dec.step(ctx, &cache, last).unwrap();
+                let want_last = want.slice(ndarray::s![.., .., len - 1.., ..]).to_owned();
+                let (rel, _) = crate::reference::compare(&got.into_dyn(), &want_last.into_dyn());
+                assert!(rel < 1e-5, "len {len} one row, block {block}: {rel:e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Prefill's key split (flash-decoding's, for the real-GPU fused kernel): when a call has too
+//! few `batch · heads · query blocks` to fill a GPU, `flash_blocked.wgsl` (with `SPLIT`)
+//! computes each query block over several key ranges at once, one workgroup per range, each
+//! writing its rows' partial max, sum and unnormalised output; `shaders/flash_combine.wgsl`
+//! merges them into the output (and the log-sum-exp, for a forward saved for the backward).
+//!
+//! **The rule** ([`KeySplit::Auto`]): on an adapter that is not a CPU, a call of fewer than
+//! `2 · ASSUMED_UNITS` workgroups (wgpu reports no compute-unit count; 64 stands in for a large
+//! GPU's) is split into enough ranges to reach `4 · ASSUMED_UNITS` workgroups, each range at
+//! least `MIN_TILES` key tiles (fewer keys per range would spend more on the partials and
+//! the combine than they save). CPU adapters (lavapipe) run a workgroup per host thread and
+//! are filled by far fewer, so they never split unless [`KeySplit::Ranges`] forces it.
+
+use super::flash_tiled::{Flash, FlashOut};
+use super::wgsl::{constants, uniform};
+use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
+use crate::context::Context;
+use crate::error::Result;
+use crate::variant::KeySplit;
+
+/// The kernel.
+pub(crate) struct Shader;
+
+/// Threads per workgroup (the shader's literal).
+const THREADS: usize = 64;
+
+/// Compute units a GPU is assumed to have (wgpu does not report them): 64 is a large one's
+/// (an RX 7900 XTX has 96, an H100 132 SMs, an M2 Max 38 cores).
+pub(crate) const ASSUMED_UNITS: usize = 64;
+
+/// The fewest key tiles one range holds.
+const MIN_TILES: usize = 4;
+
+uniform! {
+    /// The uniform block of `flash_combine.wgsl`.
+    pub(crate) struct SplitCombineParams {
+        /// Output rows: `batch · heads · n_q`.
+        rows: u32,
+        /// Key ranges per row.
+        splits: u32,
+        /// Output width per head (unpadded).
+        dv: u32,
+        n_q: u32,
+        heads: u32,
+        /// The output's layout.
+        o_off: u32,
+        o_batch: u32,
+        o_head: u32,
+        o_row: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+constants! {
+    /// Specialisation of `flash_combine.wgsl`.
+    pub(crate) struct SplitCombineConsts {
+        /// d_v per head in vec4s, rounded up.
+        dv4 => "DV4",
+        /// 1 to write each row's log-sum-exp.
+        lse => "LSE",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::FlashCombine;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(THREADS as u32), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("o_part"),
+        Slot::Read("ml_part"),
+        Slot::ReadWrite("out"),
+        Slot::ReadWrite("lse"),
+    ];
+    type Consts = SplitCombineConsts;
+    type Params = SplitCombineParams;
+}
+
+/// How a split call's keys are cut: `splits` ranges of `keys` keys (a multiple of the tile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeyRanges {
+    pub splits: usize,
+    pub keys: usize,
+}
+
+/// The ranges for `n_kv` keys in tiles of `tile` when `split` asks for `want` ranges: whole
+/// tiles each, at most one range per tile; `None` when that leaves one range.
+fn ranges(n_kv: usize, tile: usize, want: usize) -> Option<KeyRanges> {
+    let want = want.min(n_kv.div_ceil(tile)).max(1);
+    let keys = n_kv.div_ceil(want).next_multiple_of(tile);
+    let splits = n_kv.div_ceil(keys);
+    (splits > 1).then_some(KeyRanges { splits, keys })
+}
+
+/// The split of a call of `workgroups` workgroups over `n_kv` keys in tiles of `tile`, by
+/// `split` on an adapter that is a CPU or not (see the [module docs](self)).
+pub(crate) fn key_ranges(
+    split: KeySplit,
+    cpu: bool,
+    workgroups: usize,
+    n_kv: usize,
+    tile: usize,
+) -> Option<KeyRanges> {
+    match split {
+        KeySplit::Off => None,
+        KeySplit::Ranges(n) => ranges(n_kv, tile, n as usize),
+        KeySplit::Auto if cpu || workgroups >= 2 * ASSUMED_UNITS => None,
+        KeySplit::Auto => {
+            let want = (4 * ASSUMED_UNITS).div_ceil(workgroups.max(1));
+            ranges(n_kv, tile, want.min(n_kv / (MIN_TILES * tile)))
+        }
+    }
+}
+
+impl Flash {
+    /// The key split `flash_blocked` runs this call with in blocks of `rows` × `keys`.
+    pub(crate) fn key_ranges(&self, ctx: &Context, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
+        let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+        let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
+        key_ranges(
+            self.key_split,
+            cpu,
+            workgroups,
+            self.n_kv,
+            keys.max(1) as usize,
+        )
+    }
+
+    /// Records `flash_blocked` split into `split`'s key ranges, then the combine into `out`.
+    ///
+    /// # Errors
+    /// As [`Flash::dispatch_blocked`]; partial buffers or a grid past the device's limits.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn dispatch_blocked_split(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        (rows, keys): (u32, u32),
+        split: KeyRanges,
+        (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        out: FlashOut<'_>,
+        mask: Option<MaskArg<'_>>,
+    ) -> Result<()> {
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let consts = super::flash_blocked::FlashBlockedConsts {
+            split: 1,
+            ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?
+        };
+        let (mut params, workgroups) = self.params(rows as usize, mask_strides)?;
+        params.splits = u32_of("key ranges", split.splits)?;
+        params.split_keys = u32_of("keys per range", split.keys)?;
+        let out_rows = self.batch * self.heads * self.n_q;
+        let slots = out_rows * split.splits;
+        let dv4 = consts.dv4 as usize;
+        u32_of("split partial outputs", slots * dv4 * 4)?;
+        let o_part =
+            crate::gpu::buffer::output(ctx, "split partial outputs", slots * dv4 * 4, false)?;
+        let ml_part = crate::gpu::buffer::output(ctx, "split partial max/sum", slots * 2, false)?;
+        log::debug!(
+            "flash-blocked({rows}x{keys}): keys split into {} ranges of {}",
+            split.splits,
+            split.keys
+        );
+        record::<super::flash_blocked::Shader>(
+            ctx,
+            encoder,
+            &consts,
+            self.f16_bits(),
+            &params,
+            &[
+                q.into(),
+                k.into(),
+                v.into(),
+                (&o_part).into(),
+                mask.into(),
+                (&ml_part).into(),
+            ],
+            workgroups * split.splits as u64,
+        )?;
+        let (out, lse_buf, lse) = out.parts(ctx);
+        let o = self.o;
+        let params = SplitCombineParams {
+            rows: u32_of("rows", out_rows)?,
+            splits: params.splits,
+            dv: u32_of("d_v per head", self.dv_h)?,
+            n_q: u32_of("queries", self.n_q)?,
+            heads: u32_of("heads", self.heads)?,
+            o_off: o.off,
+            o_batch: o.batch,
+            o_head: o.head,
+            o_row: o.row,
+            ..Default::default()
+        };
+        u32_of("combine threads", out_rows * dv4)?;
+        record::<Shader>(
+            ctx,
+            encoder,
+            &SplitCombineConsts {
+                dv4: consts.dv4,
+                lse,
+            },
+            0,
+            &params,
+            &[
+                (&o_part).into(),
+                (&ml_part).into(),
+                out.into(),
+                lse_buf.into(),
+            ],
+            (out_rows * dv4).div_ceil(THREADS) as u64,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rule_splits_only_small_calls_on_gpus_into_whole_tiles() {
+        // One head, 64 rows per block, 4096 keys: 1 workgroup; 256 wanted, 16 ranges of 4 tiles.
+        let r = key_ranges(KeySplit::Auto, false, 1, 4096, 64).unwrap();
+        assert_eq!(
+            r,
+            KeyRanges {
+                splits: 16,
+                keys: 256
+            }
+        );
+        // 32 workgroups: 8 ranges wanted.
+        let r = key_ranges(KeySplit::Auto, false, 32, 4096, 64).unwrap();
+        assert_eq!(
+            r,
+            KeyRanges {
+                splits: 8,
+                keys: 512
+            }
+        );
+        // Enough workgroups, a CPU adapter, too few keys, or Off: none.
+        assert_eq!(key_ranges(KeySplit::Auto, false, 128, 4096, 64), None);
+        assert_eq!(key_ranges(KeySplit::Auto, true, 1, 4096, 64), None);
+        assert_eq!(key_ranges(KeySplit::Auto, false, 1, 300, 64), None);
+        assert_eq!(key_ranges(KeySplit::Off, false, 1, 4096, 64), None);
+        // Forced: on a CPU too, at most one range per tile, never one range.
+        let r = key_ranges(KeySplit::Ranges(3), true, 1000, 300, 64).unwrap();
+        assert_eq!(
+            r,
+            KeyRanges {
+                splits: 3,
+                keys: 128
+            }
+        );
+        let r = key_ranges(KeySplit::Ranges(100), true, 1, 300, 64).unwrap();
+        assert_eq!(
+            r,
+            KeyRanges {
+                splits: 5,
+                keys: 64
+            }
+        );
+        assert_eq!(key_ranges(KeySplit::Ranges(4), true, 1, 37, 64), None);
+        for n in [1, 7, 37, 300, 4097] {
+            for want in 1..20 {
+                if let Some(r) = key_ranges(KeySplit::Ranges(want), false, 1, n, 32) {
+                    assert!(r.keys % 32 == 0 && r.splits > 1 && r.splits * r.keys >= n);
+                    assert!((r.splits - 1) * r.keys < n, "{r:?} {n}");
+                }
+            }
+        }
+    }
+}
