@@ -54,8 +54,10 @@
 // columns < DC4 < QS, so < HALF; p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4;
 // t < VC·DV4 ≤ HALF; `cur` and the staging offset are 0, or 0 and HALF with DBUF ≠ 0, whose
 // pool holds 2·HALF; red < WG, and with SGR ≠ 0, where `red` is one vec4, `red` is never
-// read or written and `rank` clamps the thread number to WG − 1). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel
-// with its checked twin (Context::with_runtime_checks) on sizes that fit no tile.
+// read or written and `rank` clamps the thread number to WG − 1). Every loop runs a bounded
+// count. tests/flash_blocked.rs compares the kernel with its checked twin
+// (Context::with_runtime_checks) on sizes that fit no tile, by default and with each of
+// DBUF, SGR and HMUL alone.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
 // (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, DBUF, SGR, HMUL and the

@@ -185,18 +185,35 @@ fn bad_block_shapes_are_errors() {
     }
 }
 
+/// Runs each case with its block shape unchecked (`unchecked`) and checked (`checked`) and
+/// asserts the same bits.
+fn twins(unchecked: &Context, checked: &Context, runs: &[(Case, FlashVariant)]) {
+    assert!(!unchecked.runtime_checks() && checked.runtime_checks());
+    for (case, v) in runs {
+        let case = case.on(Kernels::Storage, true);
+        let data = case.data(5);
+        let (proj, mask) = (data.projections(), data.mask());
+        let op = case.op().flash_variant(*v);
+        let run = |ctx: &Context| {
+            op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
+                .map(|o| o.context)
+        };
+        match (run(unchecked), run(checked)) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{v} {case} {:?}", unchecked.blocked_options()),
+            (Err(wgpu_attention::Error::LimitExceeded { .. }), Err(_)) => {}
+            (a, b) => panic!("{v} {case}: {:?} vs {:?}", a.err(), b.err()),
+        }
+    }
+}
+
 #[test]
 fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     // flash_blocked runs without naga's runtime checks (its indices are proven in bounds);
-    // the same kernel with them must give the same bits, on sizes that fit no tile.
-    let unchecked = common::ctx();
-    let checked = wgpu_attention::Context::new()
-        .unwrap()
-        .with_tuning(false)
-        .with_runtime_checks(true);
-    // The default inner loops (double buffer, subgroups where they fit), both ways.
-    assert!(!unchecked.runtime_checks() && checked.runtime_checks());
-    let cases = [
+    // the same kernel with them must give the same bits, on sizes that fit no tile. One
+    // block shape per case (each compiles twice on lavapipe, which is what takes time).
+    let checked = |opts| ctx_with(opts).with_runtime_checks(true);
+    // The adapter's default inner loop (on lavapipe: subgroup reductions at 64 × 32).
+    let runs = [
         Case {
             causal: true,
             ..plain(37, 20)
@@ -210,23 +227,54 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
             ..plain(100, 8)
         },
     ];
-    // One block shape per case (each compiles twice on lavapipe, which is what takes time).
-    for (case, v) in cases.iter().zip(BLOCKS) {
-        let case = case.on(Kernels::Storage, true);
-        let data = case.data(5);
-        let (proj, mask) = (data.projections(), data.mask());
-        {
-            let op = case.op().flash_variant(v);
-            let run = |ctx: &wgpu_attention::Context| {
-                op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
-                    .map(|o| o.context)
-            };
-            match (run(unchecked), run(&checked)) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "{v} {case}"),
-                (Err(wgpu_attention::Error::LimitExceeded { .. }), Err(_)) => {}
-                (a, b) => panic!("{v} {case}: {:?} vs {:?}", a.err(), b.err()),
-            }
-        }
+    let runs: Vec<_> = runs.into_iter().zip(BLOCKS).collect();
+    twins(common::ctx(), &checked(BlockedOptions::default()), &runs);
+    // Each option alone: the double buffer, subgroup reductions, f16 arithmetic.
+    let off = BlockedOptions {
+        double_buffer: Some(false),
+        subgroups: Some(false),
+        f16_arithmetic: Some(false),
+    };
+    let on = Some(true);
+    // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
+    let info = common::ctx().adapter_info();
+    let sgr = common::ctx()
+        .device()
+        .features()
+        .contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size >= 8
+        && 128 % info.subgroup_max_size.max(1) == 0;
+    let f16 = Case {
+        dtype: Dtype::F16,
+        ..runs[1].0
+    };
+    let mut each = vec![
+        (
+            BlockedOptions {
+                double_buffer: on,
+                ..off
+            },
+            runs[0],
+        ),
+        (
+            BlockedOptions {
+                f16_arithmetic: on,
+                ..off
+            },
+            (f16, BLOCKS[1]),
+        ),
+    ];
+    if sgr {
+        each.push((
+            BlockedOptions {
+                subgroups: on,
+                ..off
+            },
+            (runs[2].0, BLOCKS[1]),
+        ));
+    }
+    for (opts, run) in each {
+        twins(&ctx_with(opts), &checked(opts), &[run]);
     }
 }
 

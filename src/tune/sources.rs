@@ -181,8 +181,8 @@ fn backward() -> Result<Vec<(String, PipelineKey)>> {
 /// `flash_blocked`'s inner loops ([`Inner`]) as a GPU runs them: double buffer, subgroup
 /// reductions, both, and with f16 operands f16 arithmetic, alone and with both, for blocks
 /// of 64 × 64 and 64 × 32, d = 64 and 128, at each of [`GPU_WORKGROUP_KIB`] (a double buffer
-/// that does not fit is left out, as the kernel leaves it out). Named `…-dbuf`, `…-sgr`,
-/// `…-hmul`, then `-wg<KiB>k` past 32 KiB.
+/// that does not fit is left out, as the kernel leaves it out), and the default GPU loop
+/// with a mask. Named `…-dbuf`, `…-sgr`, `…-hmul`, `-mask`, then `-wg<KiB>k` past 32 KiB.
 fn blocked_inner() -> Vec<(String, PipelineKey)> {
     let mut v = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -197,19 +197,36 @@ fn blocked_inner() -> Vec<(String, PipelineKey)> {
                     if f16 {
                         inners.extend([(0, 0, 1), (1, 1, 1)]);
                     }
-                    for (dbuf, sgr, hmul) in inners {
+                    // What a GPU runs by default with a mask too (32 KiB, f32).
+                    let masked = kib == GPU_WORKGROUP_KIB[0] && !f16;
+                    let inners = inners
+                        .into_iter()
+                        .map(|i| (i, 0))
+                        .chain(masked.then_some(((1, 1, 0), 1)));
+                    for ((dbuf, sgr, hmul), mask) in inners {
                         let inner = Inner { dbuf, sgr, hmul };
-                        let Ok(c) = op.blocked_consts_with(&limits, (rows, keys), 0, inner) else {
+                        let Ok(c) = op.blocked_consts_with(&limits, (rows, keys), mask, inner)
+                        else {
                             continue;
                         };
+                        // The plain loop is written with the other variants.
+                        if c.dbuf + c.sgr + c.hmul == 0 {
+                            continue;
+                        }
                         let key =
                             PipelineKey::of::<flash_blocked::Shader>(&c, c.f16_bits(op.f16_bits()));
                         if seen.insert(key) {
                             let mut stem = format!("flash-blocked-{rows}x{keys}-d{d}-{t}");
-                            for (on, tag) in [(dbuf, "-dbuf"), (sgr, "-sgr"), (hmul, "-hmul")] {
+                            // Named by what the constants became (f16 arithmetic is
+                            // dropped where it would spill).
+                            let tags = [(c.dbuf, "-dbuf"), (c.sgr, "-sgr"), (c.hmul, "-hmul")];
+                            for (on, tag) in tags {
                                 if on != 0 {
                                     stem.push_str(tag);
                                 }
+                            }
+                            if mask != 0 {
+                                stem.push_str("-mask");
                             }
                             if kib != GPU_WORKGROUP_KIB[0] {
                                 stem.push_str(&format!("-wg{kib}k"));
