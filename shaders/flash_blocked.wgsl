@@ -21,6 +21,20 @@
 //    streams through workgroup memory in chunks of VC keys. Per 4 keys: 4 + 4·OC vec4 loads,
 //    64·OC multiply-adds.
 //
+// Inner-loop variants (constants, each off keeps the plain loop above):
+// - DBUF ≠ 0: two chunk buffers; the next Q/K chunk (after the last one: the tile's first V
+//   chunk; after the last V chunk: the next tile's first Q/K chunk) is staged into one while
+//   the other is used, so each chunk costs one barrier instead of two (plus one per tile
+//   before P·V reads `p_sh`).
+// - SGR ≠ 0 (the host checks Features::SUBGROUP, TX a power of 2, every subgroup size the
+//   adapter may use ≥ TX and dividing WG): threads are numbered by `rank` (lane + the sizes
+//   of the subgroups ranked before), so a row group's TX threads are TX aligned lanes of
+//   one subgroup, and the row maxima and sums are reduced by subgroupShuffleXor butterflies
+//   (identical in every lane) instead of going through `red`.
+// - HMUL ≠ 0 (f16 operands, SHADER_F16): H_T = f16, so the chunks and P sit in workgroup
+//   memory as vec4<f16> and Q·Kᵀ (Q pre-scaled by scale·log2 e while staged, 4-term f16
+//   dots) and P·V (f16 products) multiply in f16; scores, m, l and O accumulate in f32.
+//
 // Causal (top-left, PyTorch's is_causal): key tiles past the block's last row are never
 // visited; keys past a row inside a tile weigh 0. Mask (MASK ≠ 0): a bias read through its
 // strides, f32::MIN marks a key masked out; the running max starts at FLOOR, so masked keys
@@ -44,14 +58,19 @@
 // row < n_q and a key < kv_end. Workgroup and private arrays: with BR, BC multiples of 4,
 // WG = (BR/4)·(BC/4), TX = BC/4, VC a multiple of 4 dividing BC (flash_blocked.rs enforces
 // these), ty < BR/4 and tx < TX, so 4·ty + r < BR and tx + TX·e < BC (pool rows < BR + BC,
-// columns < DC4 < QS; p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4; t < VC·DV4;
-// red < WG). Split partials: slot < groups·n_q·splits and c < DV4, and the host sizes the
-// partial buffers to groups·n_q·splits·(DV4 vec4s, 2 f32s). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel
-// with its checked twin (Context::with_runtime_checks) on sizes that fit no tile.
+// columns < DC4 < QS, so < HALF; p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4;
+// t < VC·DV4 ≤ HALF; `cur` and the staging offset are 0, or 0 and HALF with DBUF ≠ 0, whose
+// pool holds 2·HALF; red < WG, and with SGR ≠ 0, where `red` is one vec4, `red` is never
+// read or written and `rank` clamps the thread number to WG − 1). Split partials: slot <
+// groups·n_q·splits and c < DV4, and the host sizes the partial buffers to
+// groups·n_q·splits·(DV4 vec4s, 2 f32s). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel with its checked twin
+// (Context::with_runtime_checks) on sizes that fit no tile, by default and with each of
+// DBUF, SGR and HMUL alone.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
-// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, SPLIT and the
-// element-type aliases Q_T and KV_T (f32 or f16; all arithmetic is f32), shaders/prelude.wgsl, and the
+// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, SPLIT, DBUF, SGR, HMUL and the
+// element-type aliases Q_T, KV_T (f32 or f16) and H_T (f16 with HMUL, else f32: then all
+// arithmetic is f32); lines marked `// if SGR` only with SGR ≠ 0; shaders/prelude.wgsl, the
 // `struct Params` shared with flash_tiled.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -66,11 +85,16 @@
 const QS: u32 = DC4 + 1u;
 // Row stride of the P tile in vec4s.
 const PS: u32 = (BC + 3u) / 4u;
-// The Q and K chunks (BR + BC rows of QS) during step 1, the V chunk (VC rows of DV4) in step 4.
-var<workgroup> pool: array<vec4<f32>, max((BR + BC) * QS, VC * DV4)>;
-var<workgroup> p_sh: array<vec4<f32>, BR * PS>;
-// One vec4 (its 4 rows) per thread: partial row maxima, at the end partial row sums.
-var<workgroup> red: array<vec4<f32>, WG>;
+// One chunk buffer: the Q and K chunks (BR + BC rows of QS) or a V chunk (VC rows of DV4).
+const HALF: u32 = max((BR + BC) * QS, VC * DV4);
+// One chunk buffer, or two (DBUF ≠ 0: the next chunk is staged while this one is used).
+var<workgroup> pool: array<vec4<H_T>, (1u + min(DBUF, 1u)) * HALF>;
+var<workgroup> p_sh: array<vec4<H_T>, BR * PS>;
+// One vec4 (its 4 rows) per thread: partial row maxima, at the end partial row sums
+// (one unused vec4 with SGR ≠ 0, where subgroup shuffles reduce them).
+var<workgroup> red: array<vec4<f32>, max(WG * (1u - min(SGR, 1u)), 1u)>;
+// SGR ≠ 0: threads numbered so far, one subgroup at a time (`rank`).
+var<workgroup> ranked: atomic<u32>; // if SGR
 
 // Values col..col+3 of row `base` of Q (zero past d_k).
 fn load_q(base: u32, col: u32) -> vec4<f32> {
@@ -98,11 +122,66 @@ fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> {
     return v;
 }
 
+// Stages chunk d0 (in vec4s) of the block's Q rows and of the keys j0.. into `pool` at `at`.
+// HMUL ≠ 0: Q comes pre-scaled (scale·log2 e), so the f16 scores stay small.
+fn stage_qk(at: u32, li: u32, row0: u32, j0: u32, d0: u32, q_base: u32, k_base: u32) {
+    for (var t = li; t < (BR + BC) * DC4; t += WG) {
+        let r = t / DC4;
+        let col = (d0 + t % DC4) * 4u;
+        var v = vec4<f32>(0.0);
+        if r < BR {
+            if row0 + r < p.n_q {
+                v = load_q(q_base + (row0 + r) * p.q_row, col);
+                if HMUL != 0u {
+                    v *= p.scale_log2;
+                }
+            }
+        } else if j0 + r - BR < p.n_kv {
+            v = load_kv(true, k_base + (j0 + r - BR) * p.k_row, col, p.dk_h);
+        }
+        pool[at + r * QS + t % DC4] = vec4<H_T>(v);
+    }
+}
+
+// Stages the VC values rows j.. into `pool` at `at`.
+fn stage_v(at: u32, li: u32, j: u32, v_base: u32) {
+    for (var t = li; t < VC * DV4; t += WG) {
+        var v = vec4<f32>(0.0);
+        if j + t / DV4 < p.n_kv {
+            v = load_kv(false, v_base + (j + t / DV4) * p.v_row, (t % DV4) * 4u, p.dv_h);
+        }
+        pool[at + t] = vec4<H_T>(v);
+    }
+}
+
+// SGR ≠ 0: this thread's number in the workgroup, lane + the sizes of the subgroups ranked
+// before its own, so the TX threads of a row group are TX aligned lanes of one subgroup
+// (the host picks SGR only when every subgroup size is a multiple of TX dividing WG).
+fn rank(lane: u32, size: u32) -> u32 { // if SGR
+    var base = 0u;
+    if lane == 0u {
+        base = atomicAdd(&ranked, size);
+    }
+    return min(subgroupBroadcast(base, 0u) + lane, WG - 1u);
+}
+
+// SGR ≠ 0: the max (`is_max`) or sum of `x` over the TX lanes of this thread's row group.
+fn row_reduce(x: vec4<f32>, is_max: bool) -> vec4<f32> { // if SGR
+    var y = x;
+    for (var s = 1u; s < BC / 4u; s *= 2u) {
+        let other = subgroupShuffleXor(y, s);
+        y = select(y + other, max(y, other), is_max);
+    }
+    return y;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
+    @builtin(local_invocation_index) local: u32,
+    @builtin(subgroup_invocation_id) lane: u32, // if SGR
+    @builtin(subgroup_size) sg_size: u32, // if SGR
 ) {
     let id = wg.x + wg.y * nwg.x;
     // Key split (SPLIT ≠ 0, see the header): workgroup id = (g·blocks + block)·splits + part.
@@ -111,6 +190,8 @@ fn main(
         return;
     }
     let part = id % splits;
+    var li = local;
+    li = rank(lane, sg_size); // if SGR
     let tx_n = max(BC / 4u, 1u);
     let ty = li / tx_n;
     let tx = li % tx_n;
@@ -137,47 +218,54 @@ fn main(
     var o: array<vec4<f32>, 4u * OC>;
     var m = vec4<f32>(FLOOR);
     var l = vec4<f32>(0.0);
+    // Where in `pool` the chunk in use sits (0, or HALF every other step with DBUF ≠ 0).
+    var cur = 0u;
+    if DBUF != 0u {
+        stage_qk(0u, li, row0, kv_lo, 0u, q_base, k_base);
+        workgroupBarrier();
+    }
 
     for (var j0 = kv_lo; j0 < kv_end; j0 += BC) {
-        // 1. S = Q·Kᵀ, chunk by chunk of the head dimension.
+        // 1. S = Q·Kᵀ, chunk by chunk of the head dimension. DBUF ≠ 0: the next chunk (or
+        //    the tile's first V chunk) is staged meanwhile, one barrier per chunk.
         var s: array<vec4<f32>, 4>;
         for (var d0 = 0u; d0 < DK4; d0 += DC4) {
-            for (var t = li; t < (BR + BC) * DC4; t += WG) {
-                let r = t / DC4;
-                let col = (d0 + t % DC4) * 4u;
-                var v = vec4<f32>(0.0);
-                if r < BR {
-                    if row0 + r < p.n_q {
-                        v = load_q(q_base + (row0 + r) * p.q_row, col);
-                    }
-                } else if j0 + r - BR < p.n_kv {
-                    v = load_kv(true, k_base + (j0 + r - BR) * p.k_row, col, p.dk_h);
-                }
-                pool[r * QS + t % DC4] = v;
+            if DBUF == 0u {
+                stage_qk(0u, li, row0, j0, d0, q_base, k_base);
+                workgroupBarrier();
+            } else if d0 + DC4 < DK4 {
+                stage_qk(HALF - cur, li, row0, j0, d0 + DC4, q_base, k_base);
+            } else {
+                stage_v(HALF - cur, li, j0, v_base);
             }
-            workgroupBarrier();
             for (var c = 0u; c < DC4; c++) { // unroll
-                var qv: array<vec4<f32>, 4>;
+                var qv: array<vec4<H_T>, 4>;
                 for (var r = 0u; r < 4u; r++) { // unroll
-                    qv[r] = pool[(4u * ty + r) * QS + c];
+                    qv[r] = pool[cur + (4u * ty + r) * QS + c];
                 }
                 for (var e = 0u; e < 4u; e++) { // unroll
-                    let kv = pool[(BR + tx + tx_n * e) * QS + c];
+                    let kv = pool[cur + (BR + tx + tx_n * e) * QS + c];
                     for (var r = 0u; r < 4u; r++) { // unroll
-                        s[r][e] += dot(qv[r], kv);
+                        s[r][e] += f32(dot(qv[r], kv));
                     }
                 }
             }
             workgroupBarrier();
+            if DBUF != 0u {
+                cur = HALF - cur;
+            }
         }
 
-        // 2. Scale, causal, mask; the tile's row maxima, reduced through `red`.
+        // 2. Scale, causal, mask; the tile's row maxima, reduced through `red` or subgroups.
         var mx = vec4<f32>(NEG);
         for (var r = 0u; r < 4u; r++) { // unroll
             let i = row0 + 4u * ty + r;
             for (var e = 0u; e < 4u; e++) { // unroll
                 let j = j0 + tx + tx_n * e;
-                var x = s[r][e] * p.scale_log2;
+                var x = s[r][e];
+                if HMUL == 0u {
+                    x *= p.scale_log2;
+                }
                 if j >= kv_end || (p.causal != 0u && j > i) {
                     x = NEG;
                 } else if MASK != 0u && i < p.n_q {
@@ -187,11 +275,15 @@ fn main(
                 mx[r] = max(mx[r], x);
             }
         }
-        red[li] = mx;
-        workgroupBarrier();
         var m_new = m;
-        for (var t = 0u; t < tx_n; t++) {
-            m_new = max(m_new, red[ty * tx_n + t]);
+        if SGR != 0u {
+            m_new = max(m, row_reduce(mx, true)); // if SGR
+        } else {
+            red[li] = mx;
+            workgroupBarrier();
+            for (var t = 0u; t < tx_n; t++) {
+                m_new = max(m_new, red[ty * tx_n + t]);
+            }
         }
         let corr = exp2(m - m_new);
         m = m_new;
@@ -203,27 +295,30 @@ fn main(
                 let pr = exp2(s[r][e] - m[r]);
                 l[r] += pr;
                 let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = pr;
+                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
             }
             for (var k = 0u; k < OC; k++) { // unroll
                 o[r * OC + k] *= corr[r];
             }
         }
+        if DBUF != 0u {
+            workgroupBarrier();
+        }
 
-        // 4. O += P·V, V chunk by chunk of VC keys (only up to the last key in use).
+        // 4. O += P·V, V chunk by chunk of VC keys (only up to the last key in use). DBUF ≠ 0:
+        //    the next V chunk (or the next tile's first Q/K chunk) is staged meanwhile.
         let count = min(BC, kv_end - j0);
         for (var kc = 0u; kc < count; kc += VC) {
-            for (var t = li; t < VC * DV4; t += WG) {
-                let j = j0 + kc + t / DV4;
-                var v = vec4<f32>(0.0);
-                if j < p.n_kv {
-                    v = load_kv(false, v_base + j * p.v_row, (t % DV4) * 4u, p.dv_h);
-                }
-                pool[t] = v;
+            if DBUF == 0u {
+                stage_v(0u, li, j0 + kc, v_base);
+                workgroupBarrier();
+            } else if kc + VC < count {
+                stage_v(HALF - cur, li, j0 + kc + VC, v_base);
+            } else if j0 + BC < kv_end {
+                stage_qk(HALF - cur, li, row0, j0 + BC, 0u, q_base, k_base);
             }
-            workgroupBarrier();
             for (var kk = 0u; kk < VC; kk += 4u) {
-                var pr: array<vec4<f32>, 4>;
+                var pr: array<vec4<H_T>, 4>;
                 for (var r = 0u; r < 4u; r++) { // unroll
                     pr[r] = p_sh[(4u * ty + r) * PS + (kc + kk) / 4u];
                 }
@@ -231,13 +326,13 @@ fn main(
                     for (var k = 0u; k < OC; k++) { // unroll
                         let c = tx + tx_n * k;
                         if c < DV4 {
-                            let v = pool[(kk + e) * DV4 + c];
+                            let v = pool[cur + (kk + e) * DV4 + c];
                             for (var r = 0u; r < 4u; r++) { // unroll
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(w * v, vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
                                 } else {
-                                    o[r * OC + k] += w * v;
+                                    o[r * OC + k] += vec4<f32>(w * v);
                                 }
                             }
                         }
@@ -245,15 +340,22 @@ fn main(
                 }
             }
             workgroupBarrier();
+            if DBUF != 0u {
+                cur = HALF - cur;
+            }
         }
     }
 
     // The row sums: each thread's partial sums of its own keys, added up.
-    red[li] = l;
-    workgroupBarrier();
     var total = vec4<f32>(0.0);
-    for (var t = 0u; t < tx_n; t++) {
-        total += red[ty * tx_n + t];
+    if SGR != 0u {
+        total = row_reduce(l, false); // if SGR
+    } else {
+        red[li] = l;
+        workgroupBarrier();
+        for (var t = 0u; t < tx_n; t++) {
+            total += red[ty * tx_n + t];
+        }
     }
     if SPLIT != 0u {
         // A partial result: the unnormalised output and (m, l) of each row over this range, at

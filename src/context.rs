@@ -210,6 +210,7 @@ pub struct Context {
     pub(crate) pipelines: PipelineCache,
     pub(crate) pool: crate::gpu::pool::Pool,
     runtime_checks: bool,
+    blocked: crate::kernels::flash_blocked::BlockedOptions,
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
     unused_out: std::sync::OnceLock<wgpu::Buffer>,
     one: std::sync::OnceLock<wgpu::Buffer>,
@@ -356,6 +357,7 @@ impl Context {
             pipelines: PipelineCache::default(),
             pool: crate::gpu::pool::Pool::default(),
             runtime_checks: false,
+            blocked: Default::default(),
             stand_in: std::sync::OnceLock::new(),
             unused_out: std::sync::OnceLock::new(),
             one: std::sync::OnceLock::new(),
@@ -556,6 +558,19 @@ impl Context {
     pub fn with_runtime_checks(mut self, on: bool) -> Self {
         self.runtime_checks = on;
         self
+    }
+
+    /// This context with the GPU family's fused kernel (`FlashVariant::Blocked`) running its
+    /// inner loop as `options` say (double buffer, subgroup reductions, f16 arithmetic; each
+    /// `None` is the adapter's default).
+    pub fn with_blocked_options(mut self, options: crate::BlockedOptions) -> Self {
+        self.blocked = options;
+        self
+    }
+
+    /// The fused GPU kernel's inner-loop options ([`Context::with_blocked_options`]).
+    pub fn blocked_options(&self) -> crate::BlockedOptions {
+        self.blocked
     }
 
     /// Whether every kernel keeps naga's runtime checks ([`Context::with_runtime_checks`]).

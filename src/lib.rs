@@ -42,6 +42,7 @@ pub use error::{Error, Result};
 pub use gpu::pool::MemoryStats;
 /// The half (2) whose `f16` an f16 [`KvCache`] takes.
 pub use half;
+pub use kernels::flash_blocked::BlockedOptions;
 pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;

@@ -7,7 +7,7 @@
 mod common;
 
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{Dtype, FlashVariant, Kernels};
+use wgpu_attention::{BlockedOptions, Context, Dtype, FlashVariant, Kernels};
 
 const BLOCKS: [FlashVariant; 3] = [
     FlashVariant::Blocked { rows: 64, keys: 64 },
@@ -18,7 +18,11 @@ const BLOCKS: [FlashVariant; 3] = [
 /// Runs each case fused with each of `variants` (those that fit the adapter) and collects
 /// the failures.
 fn check(cases: &[Case], variants: &[FlashVariant]) {
-    let ctx = common::ctx();
+    check_on(common::ctx(), cases, variants);
+}
+
+/// [`check`] on `ctx`.
+fn check_on(ctx: &Context, cases: &[Case], variants: &[FlashVariant]) {
     let mut failures = Vec::new();
     let mut ran = 0;
     for (i, case) in cases.iter().enumerate() {
@@ -26,7 +30,11 @@ fn check(cases: &[Case], variants: &[FlashVariant]) {
         for &v in variants {
             let op = case.op().flash_variant(v);
             match verify::run_case_with(ctx, &case, op, 100 + i as u64) {
-                Ok(r) if r.passed() => ran += 1,
+                Ok(r) if r.passed() => {
+                    // The errors, for `--nocapture` (the README's f16 arithmetic bound).
+                    eprintln!("{v} {r}");
+                    ran += 1;
+                }
                 Ok(r) => failures.push(format!("{v} {r}")),
                 // A block that does not fit this adapter (or a d_v too wide for its keys) is
                 // refused with a limit error before anything runs.
@@ -177,17 +185,35 @@ fn bad_block_shapes_are_errors() {
     }
 }
 
+/// Runs each case with its block shape unchecked (`unchecked`) and checked (`checked`) and
+/// asserts the same bits.
+fn twins(unchecked: &Context, checked: &Context, runs: &[(Case, FlashVariant)]) {
+    assert!(!unchecked.runtime_checks() && checked.runtime_checks());
+    for (case, v) in runs {
+        let case = case.on(Kernels::Storage, true);
+        let data = case.data(5);
+        let (proj, mask) = (data.projections(), data.mask());
+        let op = case.op().flash_variant(*v);
+        let run = |ctx: &Context| {
+            op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
+                .map(|o| o.context)
+        };
+        match (run(unchecked), run(checked)) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{v} {case} {:?}", unchecked.blocked_options()),
+            (Err(wgpu_attention::Error::LimitExceeded { .. }), Err(_)) => {}
+            (a, b) => panic!("{v} {case}: {:?} vs {:?}", a.err(), b.err()),
+        }
+    }
+}
+
 #[test]
 fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     // flash_blocked runs without naga's runtime checks (its indices are proven in bounds);
-    // the same kernel with them must give the same bits, on sizes that fit no tile.
-    let unchecked = common::ctx();
-    let checked = wgpu_attention::Context::new()
-        .unwrap()
-        .with_tuning(false)
-        .with_runtime_checks(true);
-    assert!(!unchecked.runtime_checks() && checked.runtime_checks());
-    let cases = [
+    // the same kernel with them must give the same bits, on sizes that fit no tile. One
+    // block shape per case (each compiles twice on lavapipe, which is what takes time).
+    let checked = |opts| ctx_with(opts).with_runtime_checks(true);
+    // The adapter's default inner loop (on lavapipe: subgroup reductions at 64 × 32).
+    let runs = [
         Case {
             causal: true,
             ..plain(37, 20)
@@ -201,22 +227,154 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
             ..plain(100, 8)
         },
     ];
-    // One block shape per case (each compiles twice on lavapipe, which is what takes time).
-    for (case, v) in cases.iter().zip(BLOCKS) {
-        let case = case.on(Kernels::Storage, true);
-        let data = case.data(5);
-        let (proj, mask) = (data.projections(), data.mask());
-        {
-            let op = case.op().flash_variant(v);
-            let run = |ctx: &wgpu_attention::Context| {
-                op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
-                    .map(|o| o.context)
-            };
-            match (run(unchecked), run(&checked)) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "{v} {case}"),
-                (Err(wgpu_attention::Error::LimitExceeded { .. }), Err(_)) => {}
-                (a, b) => panic!("{v} {case}: {:?} vs {:?}", a.err(), b.err()),
-            }
-        }
+    let runs: Vec<_> = runs.into_iter().zip(BLOCKS).collect();
+    twins(common::ctx(), &checked(BlockedOptions::default()), &runs);
+    // Each option alone: the double buffer, subgroup reductions, f16 arithmetic.
+    let off = BlockedOptions {
+        double_buffer: Some(false),
+        subgroups: Some(false),
+        f16_arithmetic: Some(false),
+    };
+    let on = Some(true);
+    // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
+    let info = common::ctx().adapter_info();
+    let sgr = common::ctx()
+        .device()
+        .features()
+        .contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size >= 8
+        && 128 % info.subgroup_max_size.max(1) == 0;
+    let f16 = Case {
+        dtype: Dtype::F16,
+        ..runs[1].0
+    };
+    let mut each = vec![
+        (
+            BlockedOptions {
+                double_buffer: on,
+                ..off
+            },
+            runs[0],
+        ),
+        (
+            BlockedOptions {
+                f16_arithmetic: on,
+                ..off
+            },
+            (f16, BLOCKS[1]),
+        ),
+    ];
+    if sgr {
+        each.push((
+            BlockedOptions {
+                subgroups: on,
+                ..off
+            },
+            (runs[2].0, BLOCKS[1]),
+        ));
+    }
+    for (opts, run) in each {
+        twins(&ctx_with(opts), &checked(opts), &[run]);
+    }
+}
+
+/// A context whose blocked kernel runs its inner loop as `opts` say.
+fn ctx_with(opts: BlockedOptions) -> Context {
+    Context::new()
+        .unwrap()
+        .with_tuning(false)
+        .with_blocked_options(opts)
+}
+
+/// Odd sizes, causal, a mask, GQA with another key count, d_k ≠ d_v, in `dtype`.
+fn inner_loop_cases(dtype: Dtype) -> Vec<Case> {
+    vec![
+        Case {
+            causal: true,
+            batch: Some(2),
+            dtype,
+            ..plain(300, 64)
+        },
+        Case {
+            mask: MaskCase::Bool,
+            causal: true,
+            heads: 2,
+            dtype,
+            ..Case::new(37, 16, 32, 32)
+        },
+        Case {
+            heads: 4,
+            causal: true,
+            mask: MaskCase::Lengths,
+            sdpa: Some((130, 2)),
+            dtype,
+            ..Case::new(7, 16, 4 * 24, 4 * 40)
+        },
+        Case {
+            heads: 2,
+            dtype,
+            ..Case::new(37, 12, 2 * 80, 2 * 128)
+        },
+    ]
+}
+
+#[test]
+fn each_inner_loop_alone_matches_the_reference() {
+    // The default context runs every inner loop the adapter allows (the tests above); here
+    // the plain loop, the double buffer alone and the subgroup reductions alone.
+    let off = BlockedOptions {
+        double_buffer: Some(false),
+        subgroups: Some(false),
+        f16_arithmetic: Some(false),
+    };
+    let cases = inner_loop_cases(Dtype::F32);
+    check_on(&ctx_with(off), &cases, &BLOCKS[..2]);
+    let dbuf = BlockedOptions {
+        double_buffer: Some(true),
+        ..off
+    };
+    check_on(&ctx_with(dbuf), &cases, &BLOCKS[..2]);
+    // Subgroups hold a row group of 64 × 32 blocks (8 lanes) wherever they exist.
+    let ctx = ctx_with(BlockedOptions {
+        subgroups: None,
+        ..off
+    });
+    check_on(&ctx, &cases, &BLOCKS[1..2]);
+}
+
+#[test]
+fn f16_arithmetic_and_f32_arithmetic_on_f16_operands_match_the_reference() {
+    let cases = inner_loop_cases(Dtype::F16);
+    for f16_arithmetic in [Some(true), Some(false)] {
+        let ctx = ctx_with(BlockedOptions {
+            f16_arithmetic,
+            ..Default::default()
+        });
+        check_on(&ctx, &cases, &BLOCKS[..2]);
+    }
+}
+
+#[test]
+fn subgroups_asked_for_where_a_row_group_does_not_fit_are_an_error() {
+    let ctx = ctx_with(BlockedOptions {
+        subgroups: Some(true),
+        ..Default::default()
+    });
+    let info = ctx.adapter_info();
+    // 128 × 128 blocks: row groups of 32 lanes, more than lavapipe's 8.
+    let v = FlashVariant::Blocked {
+        rows: 16,
+        keys: 128,
+    };
+    let case = plain(7, 16).on(Kernels::Storage, true);
+    let result = verify::run_case_with(&ctx, &case, case.op().flash_variant(v), 1);
+    if info.subgroup_min_size < 32 {
+        assert!(
+            matches!(result, Err(wgpu_attention::Error::Unsupported { .. })),
+            "{:?}",
+            result.map(|r| r.to_string())
+        );
+    } else {
+        assert!(result.unwrap().passed());
     }
 }

@@ -41,6 +41,91 @@ constants! {
         lse => "LSE",
         /// 1 to compute one key range and write partial results (`flash_split.rs`).
         split => "SPLIT",
+        /// 1 to double-buffer the chunks: the next one loads while this one is used.
+        dbuf => "DBUF",
+        /// 1 to reduce the row maxima and sums with subgroup shuffles instead of `red`.
+        sgr => "SGR",
+        /// 1 to multiply in f16 (`H_T = f16`, Q pre-scaled); statistics and sums stay f32.
+        hmul => "HMUL",
+    }
+}
+
+/// How the GPU family's fused kernel ([`crate::FlashVariant::Blocked`]) runs its inner loop.
+/// Each choice is a specialisation constant, so every combination is a variant of its own;
+/// `None` leaves the choice to the adapter ([`crate::Context::with_blocked_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BlockedOptions {
+    /// Double-buffer the Q/K and V chunks in workgroup memory (the next chunk loads while the
+    /// current one is used, one barrier per chunk instead of two). `None`: on GPUs, wherever
+    /// the two buffers fit the workgroup memory limit; off on CPU adapters (lavapipe), where
+    /// it measured slower.
+    pub double_buffer: Option<bool>,
+    /// Reduce the running row max and sum with subgroup shuffles instead of a round trip
+    /// through workgroup memory. `None`: where the adapter has `Features::SUBGROUP` and every
+    /// subgroup size it may use holds a row group; `Some(true)` elsewhere is an error.
+    pub subgroups: Option<bool>,
+    /// With f16 operands (`Dtype::F16`), multiply in f16 (`vec4<f16>` for `Q·Kᵀ` and `P·V`;
+    /// the softmax statistics and the output accumulators stay f32). `None`: on GPUs, off on
+    /// CPU adapters (lavapipe), where f16 brings no speed. Ignored with f32 operands.
+    pub f16_arithmetic: Option<bool>,
+}
+
+/// The inner-loop constants [`BlockedOptions`] resolve to on one adapter: `(dbuf, sgr, hmul)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Inner {
+    pub dbuf: u32,
+    pub sgr: u32,
+    pub hmul: u32,
+}
+
+impl Inner {
+    /// What `opts` mean for blocks of `keys` keys on `ctx` (the double buffer is decided by
+    /// [`Flash::blocked_consts_with`], by what fits), with f16 operands when `f16`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when `opts` ask for subgroups the adapter cannot give.
+    pub fn resolve(
+        ctx: &Context,
+        opts: BlockedOptions,
+        (rows, keys): (u32, u32),
+        f16: bool,
+    ) -> Result<Self> {
+        let info = ctx.adapter_info();
+        let tx = keys / 4;
+        // Row groups of TX aligned lanes, and only full subgroups (sizes are powers of 2).
+        let has = ctx.device().features().contains(wgpu::Features::SUBGROUP)
+            && tx.is_power_of_two()
+            && info.subgroup_min_size >= tx
+            && info.subgroup_max_size.is_power_of_two()
+            && ((rows / 4) * tx) % info.subgroup_max_size.max(1) == 0;
+        let sgr = match opts.subgroups {
+            Some(true) if !has => {
+                return Err(Error::Unsupported {
+                    feature: format!(
+                        "subgroup reductions in flash_blocked with {keys} keys per tile \
+                         (wgpu::Features::SUBGROUP, subgroups of at least {tx} lanes)"
+                    ),
+                    adapter: info.name,
+                    hint: "leave BlockedOptions::subgroups unset, or use 32 keys per tile".into(),
+                });
+            }
+            Some(on) => on,
+            None => has,
+        };
+        let hmul = f16
+            && opts
+                .f16_arithmetic
+                .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
+        Ok(Inner {
+            // On CPU adapters the second buffer only costs: lavapipe, n = 1024, d = 64, 16 %
+            // slower at 64 × 64 blocks and 5 % at 64 × 32 (examples/blocked_bench.rs).
+            dbuf: u32::from(
+                opts.double_buffer
+                    .unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
+            ),
+            sgr: u32::from(sgr),
+            hmul: u32::from(hmul),
+        })
     }
 }
 
@@ -57,8 +142,9 @@ impl Kernel for Shader {
         Slot::Read("mask"),
         Slot::ReadWrite("lse"),
     ];
-    /// Bit 0: Q is f16; bit 1: K and V are f16.
-    const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
+    /// Bit 0: Q is f16; bit 1: K and V are f16; bit 2: products in f16 (`HMUL`).
+    const DTYPES: &'static [&'static str] = &["Q_T", "KV_T", "H_T"];
+    const SUBGROUPS_IF: Option<&'static str> = Some("SGR");
     type Consts = FlashBlockedConsts;
     type Params = super::flash_tiled::FlashParams;
 }
@@ -71,6 +157,10 @@ const MAX_CHUNK4: u32 = 8;
 /// more spills on real GPUs (8 at 64 × 32 blocks, d = 256, spilled 326 registers on RDNA3).
 const MAX_OUT4: u32 = 4;
 
+/// The most output vec4 columns per thread with f16 arithmetic (wider falls back to f32
+/// arithmetic: 64 × 32 blocks at d = 128, 4 columns, spilled 18 registers on RDNA3).
+const MAX_HMUL_OUT4: u32 = 2;
+
 impl FlashBlockedConsts {
     /// The specialisation for blocks of `rows` × `keys` and per-head widths `dk4`, `dv4` (in
     /// vec4s) whose workgroup memory fits `limits` (the chunks shrink until it does), or why
@@ -80,10 +170,20 @@ impl FlashBlockedConsts {
     /// [`Error::InvalidArgument`] when `rows` or `keys` is not a positive multiple of 4;
     /// [`Error::LimitExceeded`] when the workgroup has too many threads or its memory does not
     /// fit even with the smallest chunks.
-    pub fn new(
+    pub fn new(limits: &wgpu::Limits, shape: (u32, u32), widths4: (u32, u32)) -> Result<Self> {
+        Self::fit(limits, shape, widths4, Inner::default())
+    }
+
+    /// As [`FlashBlockedConsts::new`], with the inner loop `inner` (with a double buffer,
+    /// the V chunks shrink too until both buffers fit).
+    ///
+    /// # Errors
+    /// As [`FlashBlockedConsts::new`].
+    pub fn fit(
         limits: &wgpu::Limits,
         (rows, keys): (u32, u32),
         (dk4, dv4): (u32, u32),
+        inner: Inner,
     ) -> Result<Self> {
         let what = format!("flash-blocked({rows}x{keys})");
         if rows == 0 || keys == 0 || rows % 4 != 0 || keys % 4 != 0 || dk4 == 0 || dv4 == 0 {
@@ -113,33 +213,48 @@ impl FlashBlockedConsts {
                 limit_name: "registers",
             });
         }
+        // f16 products beside 4 × out4 f32 accumulators: past MAX_HMUL_OUT4 RDNA3 spills.
+        let inner = Inner {
+            hmul: inner.hmul * u32::from(out4 <= MAX_HMUL_OUT4),
+            ..inner
+        };
         let limit = u64::from(limits.max_compute_workgroup_storage_size);
         let mut best = None;
         // Widest chunks first: fewer barriers.
+        let widest_v = (4..=keys)
+            .rev()
+            .step_by(4)
+            .find(|&c| keys % c == 0 && (c * dv4 <= V_CHUNK4 || c == 4))
+            .unwrap_or(4);
         for chunk4 in (1..=MAX_CHUNK4.min(dk4)).rev().filter(|c| dk4 % c == 0) {
-            let v_keys = (4..=keys)
-                .rev()
-                .step_by(4)
-                .find(|&c| keys % c == 0 && (c * dv4 <= V_CHUNK4 || c == 4))
-                .unwrap_or(4);
-            let c = FlashBlockedConsts {
-                rows,
-                keys,
-                threads,
-                dk4,
-                dv4,
-                chunk4,
-                v_keys,
-                out4,
-                mask: 0,
-                skip_zero: 0,
-                lse: 0,
-                split: 0,
-            };
-            if c.workgroup_bytes() <= limit {
-                return Ok(c);
+            // Single-buffered, the widest V chunk only (its buffer is shared with Q/K's).
+            let narrowest_v = if inner.dbuf != 0 { 4 } else { widest_v };
+            for v_keys in (narrowest_v..=widest_v).rev().step_by(4) {
+                if keys % v_keys != 0 {
+                    continue;
+                }
+                let c = FlashBlockedConsts {
+                    rows,
+                    keys,
+                    threads,
+                    dk4,
+                    dv4,
+                    chunk4,
+                    v_keys,
+                    out4,
+                    mask: 0,
+                    skip_zero: 0,
+                    lse: 0,
+                    split: 0,
+                    dbuf: inner.dbuf,
+                    sgr: inner.sgr,
+                    hmul: inner.hmul,
+                };
+                if c.workgroup_bytes() <= limit {
+                    return Ok(c);
+                }
+                best = Some(c);
             }
-            best = Some(c);
         }
         let needed = best.map_or(0, |c| c.workgroup_bytes());
         Err(Error::LimitExceeded {
@@ -152,9 +267,22 @@ impl FlashBlockedConsts {
 
     /// Workgroup memory used, as the shader declares it.
     pub fn workgroup_bytes(&self) -> u64 {
-        let pool = ((self.rows + self.keys) * (self.chunk4 + 1)).max(self.v_keys * self.dv4);
-        let p = self.rows * self.keys.div_ceil(4);
-        16 * u64::from(pool + p + self.threads)
+        let half = ((self.rows + self.keys) * (self.chunk4 + 1)).max(self.v_keys * self.dv4);
+        let pool = u64::from(half) * (1 + u64::from(self.dbuf.min(1)));
+        let p = u64::from(self.rows * self.keys.div_ceil(4));
+        // vec4<f16> is 8 bytes; `red` shrinks to one vec4 and an atomic counter with subgroups.
+        let h_t = if self.hmul != 0 { 8 } else { 16 };
+        let red = if self.sgr != 0 {
+            16 + 4
+        } else {
+            16 * u64::from(self.threads)
+        };
+        h_t * (pool + p) + red
+    }
+
+    /// Which element types are f16 (`f16_bits` of the operands, and `H_T` with `hmul`).
+    pub fn f16_bits(&self, operands: u8) -> u8 {
+        operands | if self.hmul != 0 { 0b100 } else { 0 }
     }
 }
 
@@ -170,10 +298,29 @@ impl Flash {
         shape: (u32, u32),
         has_mask: u32,
     ) -> Result<FlashBlockedConsts> {
+        self.blocked_consts_with(limits, shape, has_mask, Inner::default())
+    }
+
+    /// As [`Flash::blocked_consts`], with the inner loop `inner` (`hmul` only with f16
+    /// operands).
+    ///
+    /// # Errors
+    /// As [`FlashBlockedConsts::new`].
+    pub fn blocked_consts_with(
+        &self,
+        limits: &wgpu::Limits,
+        shape: (u32, u32),
+        has_mask: u32,
+        inner: Inner,
+    ) -> Result<FlashBlockedConsts> {
+        let inner = Inner {
+            hmul: inner.hmul * u32::from(self.f16),
+            ..inner
+        };
         Ok(FlashBlockedConsts {
             mask: has_mask,
             skip_zero: u32::from(self.skip_zero),
-            ..FlashBlockedConsts::new(limits, shape, self.widths4()?)?
+            ..FlashBlockedConsts::fit(limits, shape, self.widths4()?, inner)?
         })
     }
 
@@ -205,16 +352,24 @@ impl Flash {
         }
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
-        let consts = FlashBlockedConsts {
-            lse,
-            ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?
+        let opts = ctx.blocked_options();
+        let inner = Inner::resolve(ctx, opts, (rows, keys), self.f16)?;
+        let limits = ctx.limits();
+        let consts = match self.blocked_consts_with(limits, (rows, keys), has_mask, inner) {
+            // The double buffer does not fit: single-buffered, unless it was asked for.
+            Err(Error::LimitExceeded { .. }) if inner.dbuf != 0 && opts.double_buffer.is_none() => {
+                let inner = Inner { dbuf: 0, ..inner };
+                self.blocked_consts_with(limits, (rows, keys), has_mask, inner)?
+            }
+            c => c?,
         };
+        let consts = FlashBlockedConsts { lse, ..consts };
         let (params, workgroups) = self.params(rows as usize, mask_strides)?;
         record::<Shader>(
             ctx,
             encoder,
             &consts,
-            self.f16_bits(),
+            consts.f16_bits(self.f16_bits()),
             &params,
             &[
                 q.into(),
@@ -280,5 +435,33 @@ mod tests {
             FlashBlockedConsts::new(&l, (64, 32), (64, 64)),
             Err(Error::LimitExceeded { .. })
         ));
+    }
+
+    #[test]
+    fn double_buffers_fit_the_limit_and_f16_arithmetic_skips_wide_outputs() {
+        let l = limits(32 << 10);
+        let all = Inner {
+            dbuf: 1,
+            sgr: 1,
+            hmul: 1,
+        };
+        let c = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), all).unwrap();
+        assert_eq!((c.dbuf, c.hmul, c.chunk4, c.v_keys), (1, 1, 8, 32));
+        assert_eq!(c.workgroup_bytes(), 26644);
+        // d = 128 over 32 keys: 4 output vec4s per thread, f32 arithmetic.
+        let c = FlashBlockedConsts::fit(&l, (64, 32), (32, 32), all).unwrap();
+        assert_eq!(c.hmul, 0);
+        // f32 at 32 KiB: two buffers take narrower chunks than one.
+        let one = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), Inner::default()).unwrap();
+        let dbuf = Inner {
+            dbuf: 1,
+            ..Inner::default()
+        };
+        let two = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), dbuf).unwrap();
+        assert_eq!(
+            (one.chunk4, one.v_keys, two.chunk4, two.v_keys),
+            (4, 32, 2, 16)
+        );
+        assert_eq!(two.workgroup_bytes(), 32 << 10);
     }
 }

@@ -59,6 +59,10 @@ pub(crate) trait Kernel {
     const DTYPES: &'static [&'static str] = &[];
     /// Whether it uses subgroup operations (needs `Features::SUBGROUP`).
     const SUBGROUPS: bool = false;
+    /// The constant that, when not 0, makes it use subgroup operations (its lines marked
+    /// `// if NAME` are dropped otherwise, see [`wgsl::drop_disabled`]); the host then checks
+    /// `Features::SUBGROUP` itself.
+    const SUBGROUPS_IF: Option<&'static str> = None;
     /// Whether every index it computes is proven in bounds (the proof in its WGSL header,
     /// which says `// runtime checks: off` in its first five lines): its module is then
     /// created with naga's runtime checks off, so inner loops carry no clamps, unless the
@@ -107,6 +111,8 @@ pub(crate) struct KernelInfo {
     pub dtypes: &'static [&'static str],
     pub constants: &'static [&'static str],
     pub subgroups: bool,
+    /// [`Kernel::SUBGROUPS_IF`].
+    pub subgroups_if: Option<&'static str>,
     /// [`Kernel::TRUSTED`].
     pub trusted: bool,
     /// The generated `struct Params`.
@@ -127,6 +133,7 @@ impl KernelInfo {
             dtypes: K::DTYPES,
             constants: K::Consts::NAMES,
             subgroups: K::SUBGROUPS,
+            subgroups_if: K::SUBGROUPS_IF,
             trusted: K::TRUSTED,
             params: K::Params::wgsl,
             fields: K::Params::FIELDS,
@@ -222,7 +229,7 @@ registry! {
 }
 
 /// The most constants one kernel has.
-const MAX_CONSTS: usize = 12;
+const MAX_CONSTS: usize = 16;
 
 /// What a cached pipeline is built from, derived from a kernel's description: the kernel,
 /// its constants' values (in its [`Constants::NAMES`] order), and which element types are f16.

@@ -12,7 +12,7 @@ fn parse(info: &KernelInfo, source: &str) -> naga::Module {
     let module = naga::front::wgsl::parse_str(source)
         .unwrap_or_else(|e| panic!("{}: {}", info.file, e.emit_to_string(source)));
     let mut caps = naga::valid::Capabilities::SHADER_FLOAT16;
-    if info.subgroups {
+    if info.subgroups || info.subgroups_if.is_some() {
         caps |= naga::valid::Capabilities::SUBGROUP;
     }
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)

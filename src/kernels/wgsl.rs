@@ -135,8 +135,48 @@ pub(crate) fn compose(
     }
     text.push_str(PRELUDE);
     text.push_str(params);
-    text.push_str(&unroll(source, consts));
+    text.push_str(&unroll(&drop_disabled(source, consts), consts));
     text
+}
+
+/// The marker that keeps a line (or the block it opens) only when a constant is not 0.
+const IF: &str = "// if ";
+
+/// Drops every line that ends in `// if NAME` while constant `NAME` of `consts` is 0 (or
+/// unknown); a line that opens a block (ends in `{` before the marker) goes with its whole
+/// block. For code a device may be unable to compile even when it never runs (subgroup
+/// builtins and operations without `Features::SUBGROUP`).
+pub(crate) fn drop_disabled(source: &str, consts: &[(&str, u32)]) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while !rest.is_empty() {
+        let end = rest.find('\n').map_or(rest.len(), |i| i + 1);
+        let line = &rest[..end];
+        let drop = line
+            .rfind(IF)
+            .filter(|_| !line.trim_start().starts_with("//"))
+            .and_then(|at| {
+                let name = line[at + IF.len()..].trim();
+                let on = consts.iter().any(|(n, v)| *n == name && *v != 0);
+                (!on).then_some(at)
+            });
+        match drop {
+            Some(at) if line[..at].trim_end().ends_with('{') => {
+                // Through the brace that closes the block, and the rest of that line.
+                let close = matching_brace(&rest[end..]).map_or(rest.len(), |i| end + i);
+                let line_end = rest[close..]
+                    .find('\n')
+                    .map_or(rest.len(), |i| close + i + 1);
+                rest = &rest[line_end..];
+            }
+            Some(_) => rest = &rest[end..],
+            None => {
+                out.push_str(line);
+                rest = &rest[end..];
+            }
+        }
+    }
+    out
 }
 
 /// The marker that asks for a loop to be unrolled, at the end of its `for` line.
@@ -232,6 +272,17 @@ mod tests {
         assert_eq!(out.matches("const e = 1u;").count(), 2, "{out}");
         // A bound that is neither a literal nor a known constant stays a loop.
         assert!(out.contains("for (var j = 0u; j < n; j++)"), "{out}");
+    }
+
+    #[test]
+    fn lines_and_blocks_marked_if_a_constant_go_when_it_is_zero() {
+        let src = "a\nfn f() { // if SG\n    x;\n}\nb(y); // if SG\n// a comment // if SG\nc\n";
+        assert_eq!(
+            drop_disabled(src, &[("SG", 0)]),
+            "a\n// a comment // if SG\nc\n"
+        );
+        assert_eq!(drop_disabled(src, &[("SG", 1)]), src);
+        assert_eq!(drop_disabled(src, &[]), "a\n// a comment // if SG\nc\n");
     }
 
     uniform! {

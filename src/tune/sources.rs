@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::kernels::decode_combine::{self, CombineConsts};
 use crate::kernels::decode_partial_gpu::{self, GpuPartialConsts};
 use crate::kernels::flash_backward_dot::BackwardTiles;
-use crate::kernels::flash_blocked::FlashBlockedConsts;
+use crate::kernels::flash_blocked::{FlashBlockedConsts, Inner};
 use crate::kernels::flash_combine::{self, SplitCombineConsts};
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
 use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
@@ -192,6 +192,69 @@ fn backward() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
+/// `flash_blocked`'s inner loops ([`Inner`]) as a GPU runs them: double buffer, subgroup
+/// reductions, both, and with f16 operands f16 arithmetic, alone and with both, for blocks
+/// of 64 × 64 and 64 × 32, d = 64 and 128, at each of [`GPU_WORKGROUP_KIB`] (a double buffer
+/// that does not fit is left out, as the kernel leaves it out), and the default GPU loop
+/// with a mask. Named `…-dbuf`, `…-sgr`, `…-hmul`, `-mask`, then `-wg<KiB>k` past 32 KiB.
+fn blocked_inner() -> Vec<(String, PipelineKey)> {
+    let mut v = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for kib in GPU_WORKGROUP_KIB {
+        let limits = gpu_limits_with(kib);
+        for (rows, keys) in [(64, 64), (64, 32)] {
+            for d in [64, 128] {
+                for f16 in [false, true] {
+                    let op = problem(d, f16);
+                    let t = if f16 { "f16" } else { "f32" };
+                    let mut inners = vec![(1, 0, 0), (0, 1, 0), (1, 1, 0)];
+                    if f16 {
+                        inners.extend([(0, 0, 1), (1, 1, 1)]);
+                    }
+                    // What a GPU runs by default with a mask too (32 KiB, f32).
+                    let masked = kib == GPU_WORKGROUP_KIB[0] && !f16;
+                    let inners = inners
+                        .into_iter()
+                        .map(|i| (i, 0))
+                        .chain(masked.then_some(((1, 1, 0), 1)));
+                    for ((dbuf, sgr, hmul), mask) in inners {
+                        let inner = Inner { dbuf, sgr, hmul };
+                        let Ok(c) = op.blocked_consts_with(&limits, (rows, keys), mask, inner)
+                        else {
+                            continue;
+                        };
+                        // The plain loop is written with the other variants.
+                        if c.dbuf + c.sgr + c.hmul == 0 {
+                            continue;
+                        }
+                        let key =
+                            PipelineKey::of::<flash_blocked::Shader>(&c, c.f16_bits(op.f16_bits()));
+                        if seen.insert(key) {
+                            let mut stem = format!("flash-blocked-{rows}x{keys}-d{d}-{t}");
+                            // Named by what the constants became (f16 arithmetic is
+                            // dropped where it would spill).
+                            let tags = [(c.dbuf, "-dbuf"), (c.sgr, "-sgr"), (c.hmul, "-hmul")];
+                            for (on, tag) in tags {
+                                if on != 0 {
+                                    stem.push_str(tag);
+                                }
+                            }
+                            if mask != 0 {
+                                stem.push_str("-mask");
+                            }
+                            if kib != GPU_WORKGROUP_KIB[0] {
+                                stem.push_str(&format!("-wg{kib}k"));
+                            }
+                            v.push((stem, key));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
 /// The decode step's kernels as a GPU runs them (`decode_partial_gpu`), every
 /// rows-per-workgroup the constants may choose, for d = 64 and 128 (the cache's K and V are
 /// textures: one variant serves f32 and f16 caches); and the combine.
@@ -289,6 +352,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         .chain(decode()?)
         .chain(training())
         .chain(key_split()?)
+        .chain(blocked_inner())
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
     let mut seen = std::collections::HashSet::new();

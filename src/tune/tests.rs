@@ -230,7 +230,7 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
     }
     assert!(!files.contains(&dir.path().join("storage/flash-blocked-64x32-d256-f32.wgsl")));
     // 48 KiB of workgroup memory (NVIDIA, and AMD's 64) widens the Q/K chunks: another
-    // variant; 64 KiB adds none.
+    // variant; 64 KiB adds none but double-buffered ones (two buffers of wider chunks).
     let wide = dir
         .path()
         .join("storage/flash-blocked-64x64-d64-f32-wg48k.wgsl");
@@ -239,7 +239,19 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         .contains("const DC4: u32 = 8u;"));
     assert!(!files
         .iter()
-        .any(|f| f.display().to_string().contains("wg64k")));
+        .map(|f| f.display().to_string())
+        .any(|f| f.contains("wg64k") && !f.contains("-dbuf")));
+    for want in [
+        "storage/flash-blocked-64x64-d64-f32-dbuf-sgr-wg64k.wgsl",
+        "storage/flash-blocked-64x64-d128-f16-dbuf-sgr-hmul.wgsl",
+        "storage/flash-blocked-64x32-d64-f32-sgr.wgsl",
+    ] {
+        assert!(files.contains(&dir.path().join(want)), "{want} missing");
+    }
+    // f16 arithmetic is left out where it would spill (4 output vec4s per thread).
+    assert!(!files
+        .iter()
+        .any(|f| f.ends_with("flash-blocked-64x32-d128-f16-hmul.wgsl")));
     // flash_tiled is lavapipe's: a GPU never runs it unless asked.
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     assert!(

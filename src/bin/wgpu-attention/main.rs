@@ -42,6 +42,10 @@ pub struct AdapterArgs {
     /// Pick the adapter whose name contains this (default: WGPU_ADAPTER_NAME, else the best).
     #[arg(long)]
     adapter: Option<String>,
+    /// With f16 operands, multiply in f16 in the GPU family's fused kernel (flash-blocked):
+    /// true or false (default: true on GPUs, false on CPU adapters).
+    #[arg(long)]
+    f16_arithmetic: Option<bool>,
 }
 
 impl AdapterArgs {
@@ -53,7 +57,11 @@ impl AdapterArgs {
     }
 
     pub fn open(&self) -> Result<Context> {
-        Context::with_options(&self.options())
+        let blocked = wgpu_attention::BlockedOptions {
+            f16_arithmetic: self.f16_arithmetic,
+            ..Default::default()
+        };
+        Context::with_options(&self.options()).map(|c| c.with_blocked_options(blocked))
     }
 }
 
