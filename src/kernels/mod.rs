@@ -11,6 +11,7 @@
 
 pub(crate) mod wgsl;
 
+pub(crate) mod coop_matmul;
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
 pub(crate) mod flash_backward_dot;
@@ -19,6 +20,7 @@ pub(crate) mod flash_backward_kv_subgroup;
 pub(crate) mod flash_backward_q;
 pub(crate) mod flash_backward_q_subgroup;
 pub(crate) mod flash_blocked;
+pub(crate) mod flash_coop;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
 pub(crate) mod fma_peak;
@@ -57,6 +59,10 @@ pub(crate) trait Kernel {
     /// created with naga's runtime checks off, so inner loops carry no clamps, unless the
     /// context asks for them ([`crate::Context::with_runtime_checks`]).
     const TRUSTED: bool = false;
+    /// Whether it uses cooperative matrices (needs `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`
+    /// and subgroups): its source then gets [`coop_matmul::coop_header`], sized by its
+    /// constant `S`.
+    const COOP: bool = false;
     /// Its specialisation constants.
     type Consts: Constants;
     /// Its uniform block.
@@ -102,6 +108,8 @@ pub(crate) struct KernelInfo {
     pub subgroups: bool,
     /// [`Kernel::TRUSTED`].
     pub trusted: bool,
+    /// [`Kernel::COOP`].
+    pub coop: bool,
     /// The generated `struct Params`.
     pub params: fn() -> String,
     /// `(name, WGSL type, offset)` of the uniform's fields.
@@ -121,6 +129,7 @@ impl KernelInfo {
             constants: K::Consts::NAMES,
             subgroups: K::SUBGROUPS,
             trusted: K::TRUSTED,
+            coop: K::COOP,
             params: K::Params::wgsl,
             fields: K::Params::FIELDS,
             params_size: std::mem::size_of::<K::Params>(),
@@ -137,11 +146,23 @@ impl KernelInfo {
             .zip(values.iter().copied())
             .collect();
         let source = wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)());
+        let source = self.with_coop(source, &named);
         // The marker first, so a tool reading the composed file (CI's compiler check) knows.
         match self.trusted {
             true => format!("{TRUSTED_MARKER}\n{source}"),
             false => source,
         }
+    }
+}
+
+impl KernelInfo {
+    /// `source` with the cooperative-matrix header when the kernel is a coop kernel.
+    pub fn with_coop(&self, source: String, named: &[(&str, u32)]) -> String {
+        if !self.coop {
+            return source;
+        }
+        let size = named.iter().find(|(n, _)| *n == "S").map_or(16, |c| c.1);
+        coop_matmul::coop_header(source, size)
     }
 }
 
@@ -203,6 +224,8 @@ registry! {
     FlashBackwardKvSubgroup => flash_backward_kv_subgroup,
     FlashBackwardQSubgroup => flash_backward_q_subgroup,
     FmaPeak => fma_peak,
+    CoopMatmul => coop_matmul,
+    FlashCoop => flash_coop,
     DecodePartial => decode_partial,
     DecodeCombine => decode_combine,
 }
@@ -342,6 +365,9 @@ pub(crate) fn record<K: Kernel>(
     }
     if K::SUBGROUPS {
         ctx.require_subgroups()?;
+    }
+    if K::COOP {
+        ctx.require_coop()?;
     }
     let (x, y) = grid(
         workgroups,

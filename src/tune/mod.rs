@@ -181,6 +181,11 @@ pub fn flash_candidates(
         let device = ctx.adapter_info().device_type;
         v.extend(storage_flash(device, ctx.limits(), (dk4, dv4)).1);
     }
+    // Tensor cores where the device has them: timed like the others, kept if faster.
+    let coop = families.contains(&Kernels::Storage) || families.contains(&Kernels::Coop);
+    if coop && ctx.coop_shape().is_some() {
+        v.push(FlashVariant::Coop);
+    }
     v
 }
 
@@ -190,8 +195,13 @@ pub fn matmul_candidates(ctx: &Context, families: &[Kernels]) -> Vec<MatmulVaria
     if families.contains(&Kernels::Subgroup) && ctx.subgroup_size().is_some() {
         v.extend([1, 2, 4].map(|t| MatmulVariant::Subgroup { rows_per_lane: t }));
     }
-    if families.contains(&Kernels::Storage) {
+    let coop = families.contains(&Kernels::Coop);
+    if families.contains(&Kernels::Storage) || coop {
         v.push(MatmulVariant::Tiled);
+        // Tensor cores where the device has them: timed like the others, kept if faster.
+        if ctx.coop_shape().is_some() {
+            v.push(MatmulVariant::Coop);
+        }
     }
     v
 }
