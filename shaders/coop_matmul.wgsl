@@ -28,7 +28,8 @@
 //
 // In bounds, by construction: a block's rows br + 2S ≤ 64 = TILE and kk + S ≤ BK, so A
 // loads touch at most (TILE − 1)·BK + BK − 1 < TILE·BK; B loads at most
-// (BK − 1)·TILE + TILE − 1 < BK·TILE; stores slot·S·S + S·S ≤ (BLOCKS + 1)·S·S.
+// (BK − 1)·TILE + TILE − 1 < BK·TILE; stores slot·S·S + S·S ≤ (BLOCKS + 1)·S·S. Every
+// load and store starts at a multiple of S elements, with strides of at least 16 bytes.
 
 // flags (as matmul.wgsl)
 const HAS_BIAS: u32 = 1u;

@@ -28,6 +28,8 @@
 // In bounds, by construction (D, BQ, BKV multiples of S): a load or store of an S×S matrix
 // at row r0 + S ≤ rows and column c0 + S ≤ stride touches at most (rows − 1)·stride +
 // stride − 1 < rows·stride elements of its array; the spare rows follow the BQ rows.
+// Every load and store starts at a multiple of S elements and every stride is a multiple of
+// 16 elements (at least 16 bytes), as Vulkan's cooperative-matrix loads want.
 
 const WG: u32 = 128u;
 const SQ: u32 = BQ / S; // matrices per column of a BQ-row block
@@ -51,6 +53,27 @@ var<workgroup> row_m: array<f32, BQ>;
 var<workgroup> row_l: array<f32, BQ>;
 var<workgroup> row_a: array<f32, BQ>;
 var<workgroup> subgroups: u32;
+
+// Keys (or values, `is_v`) j0 … j0 + BKV − 1 into kv_tile as AB_T, zero past the keys and
+// the head width.
+fn stage_kv(is_v: bool, li: u32, j0: u32, base: u32) {
+    let width = select(p.dk_h, p.dv_h, is_v);
+    let stride = select(p.k_row, p.v_row, is_v);
+    for (var t = li; t < BKV * D; t += WG) {
+        let j = j0 + t / D;
+        let col = t % D;
+        var x = 0.0;
+        if j < p.n_kv && col < width {
+            let at = base + j * stride + col;
+            if is_v {
+                x = f32(v_buf[at]);
+            } else {
+                x = f32(k_buf[at]);
+            }
+        }
+        kv_tile[t] = AB_T(x);
+    }
+}
 
 @compute @workgroup_size(128, 1, 1)
 fn main(
@@ -95,15 +118,7 @@ fn main(
     // A `let`, so the key loop stays workgroup-uniform in naga's analysis (locals are not).
     let kv_end = select(p.n_kv, min(p.n_kv, min(row0 + BQ, p.n_q)), p.causal != 0u);
     for (var j0 = 0u; j0 < kv_end; j0 += BKV) {
-        for (var t = li; t < BKV * D; t += WG) {
-            let j = j0 + t / D;
-            let col = t % D;
-            var x = 0.0;
-            if j < p.n_kv && col < p.dk_h {
-                x = f32(k_buf[k_base + j * p.k_row + col]);
-            }
-            kv_tile[t] = AB_T(x);
-        }
+        stage_kv(false, li, j0, k_base);
         workgroupBarrier();
 
         // S = Q·Kᵀ: K read column-major is Kᵀ.
@@ -152,15 +167,7 @@ fn main(
             row_l[li] = row_l[li] * alpha + sum;
         }
         workgroupBarrier();
-        for (var t = li; t < BKV * D; t += WG) {
-            let j = j0 + t / D;
-            let col = t % D;
-            var x = 0.0;
-            if j < p.n_kv && col < p.dv_h {
-                x = f32(v_buf[v_base + j * p.v_row + col]);
-            }
-            kv_tile[t] = AB_T(x);
-        }
+        stage_kv(true, li, j0, v_base);
         for (var t = li; t < BQ * D; t += WG) {
             o_tile[t] *= row_a[t / D];
         }

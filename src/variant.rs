@@ -57,7 +57,10 @@ impl std::str::FromStr for Kernels {
             "coop" => Ok(Kernels::Coop),
             _ => Err(Error::invalid(
                 "kernels",
-                format!("unknown kernel family {s:?}; expected auto, storage, subgroup or coop"),
+                format!(
+                    "unknown kernel family {s:?}; expected auto, storage or subgroup (or coop: \
+                     tensor cores)"
+                ),
             )),
         }
     }

@@ -7,7 +7,9 @@
 mod common;
 
 use ndarray::{Array2, ArrayD, IxDyn};
-use wgpu_attention::{reference, Attention, Dtype, Error, Kernels, MatmulVariant, Projections};
+use wgpu_attention::{
+    reference, Attention, Dtype, Error, FlashVariant, Kernels, MatmulVariant, Projections,
+};
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {
@@ -81,6 +83,7 @@ fn forcing_coop_without_cooperative_matrices_is_a_clear_error() {
     for op in [
         Attention::new().kernels(Kernels::Coop),
         Attention::new().matmul_variant(MatmulVariant::Coop),
+        Attention::new().flash_variant(FlashVariant::Coop),
     ] {
         let e = op.forward(ctx, xs.view(), Some(&proj)).unwrap_err();
         assert!(
