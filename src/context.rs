@@ -12,7 +12,7 @@ use crate::timing::{KernelTime, Profiling, Timing};
 use crate::tune::TuneCache;
 
 mod backend;
-mod coop;
+pub(crate) mod coop;
 use backend::parse_backend_list;
 pub use backend::Backend;
 pub use coop::CoopShape;

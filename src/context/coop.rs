@@ -2,6 +2,8 @@
 //! `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`, which of the adapter's shapes the coop
 //! kernels (`coop_matmul`) are built for, and the error when they cannot run.
 
+pub(crate) mod emulate;
+
 use super::Context;
 use crate::error::{Error, Result};
 
@@ -114,6 +116,10 @@ impl Context {
         let features = self.device.features();
         if !features.contains(wgpu::Features::SUBGROUP) {
             return None;
+        }
+        if let Some(size) = emulate::size() {
+            let f16_inputs = features.contains(wgpu::Features::SHADER_F16);
+            return Some(CoopShape { size, f16_inputs });
         }
         pick(
             &self.coop_properties(),
