@@ -12,8 +12,10 @@ use crate::timing::{KernelTime, Profiling, Timing};
 use crate::tune::TuneCache;
 
 mod backend;
+pub(crate) mod coop;
 use backend::parse_backend_list;
 pub use backend::Backend;
+pub use coop::CoopShape;
 
 /// Which adapter to open.
 ///
@@ -77,6 +79,8 @@ pub struct AdapterSummary {
     pub limits: wgpu::Limits,
     /// Whether it can do f16 and subgroup operations.
     pub features: wgpu::Features,
+    /// The cooperative-matrix shapes it reports (tensor cores; empty on most adapters).
+    pub coop: Vec<wgpu::CooperativeMatrixProperties>,
 }
 
 impl fmt::Display for AdapterSummary {
@@ -110,12 +114,17 @@ impl fmt::Display for AdapterSummary {
             (wgpu::Features::SUBGROUP, "subgroup"),
             (wgpu::Features::TIMESTAMP_QUERY, "timestamp-query"),
             (wgpu::Features::SHADER_F64, "shader-f64"),
+            (
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+                "cooperative-matrix",
+            ),
         ]
         .iter()
         .filter(|(flag, _)| self.features.contains(*flag))
         .map(|(_, name)| *name)
         .collect();
-        write!(f, "  features: {}", feats.join(", "))
+        write!(f, "  features: {}", feats.join(", "))?;
+        coop::write_shapes(f, &self.coop)
     }
 }
 
@@ -157,6 +166,7 @@ pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
             info: a.get_info(),
             limits: a.limits(),
             features: a.features(),
+            coop: a.cooperative_matrix_properties(),
         })
         .collect())
 }
@@ -300,10 +310,12 @@ impl Context {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::SHADER_F16
             | wgpu::Features::PIPELINE_CACHE;
+        let (coop, experimental_features) = coop::request(&adapter);
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),
-            required_features: adapter.features() & wanted,
+            required_features: (adapter.features() & wanted) | coop,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         };
         let (device, queue) =

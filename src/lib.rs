@@ -36,7 +36,7 @@ pub use attention::{
     Attention, Dims, Dtype, Gradients, Layer, LayerSaved, Output, Plan, Projections, Saved,
     SdpaGradients, TensorOutput,
 };
-pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions};
+pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape};
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use error::{Error, Result};
 pub use gpu::pool::MemoryStats;

@@ -4,6 +4,9 @@
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::kernels::coop_matmul;
+use crate::kernels::flash_blocked::FlashBlockedConsts;
+use crate::kernels::flash_coop;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::matmul_blocked;
@@ -26,6 +29,11 @@ pub enum Kernels {
     Storage,
     /// Textures and subgroup shuffles (adapters with a fixed subgroup size).
     Subgroup,
+    /// Cooperative matrices (tensor cores: `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`, see
+    /// [`Context::coop_shape`]): `flash_coop` for the fused pass, `coop_matmul` for the
+    /// projections and the scores, the storage family's softmax and weighted sum for the
+    /// weights. Forcing it elsewhere is [`Error::Unsupported`].
+    Coop,
 }
 
 impl Kernels {
@@ -47,9 +55,13 @@ impl std::str::FromStr for Kernels {
             "auto" => Ok(Kernels::Auto),
             "storage" => Ok(Kernels::Storage),
             "subgroup" => Ok(Kernels::Subgroup),
+            "coop" => Ok(Kernels::Coop),
             _ => Err(Error::invalid(
                 "kernels",
-                format!("unknown kernel family {s:?}; expected auto, storage or subgroup"),
+                format!(
+                    "unknown kernel family {s:?}; expected auto, storage or subgroup (or coop: \
+                     tensor cores)"
+                ),
             )),
         }
     }
@@ -61,6 +73,7 @@ impl std::fmt::Display for Kernels {
             Kernels::Auto => "auto",
             Kernels::Storage => "storage",
             Kernels::Subgroup => "subgroup",
+            Kernels::Coop => "coop",
         })
     }
 }
@@ -89,6 +102,11 @@ pub enum FlashVariant {
         /// Query rows each lane owns.
         rows_per_lane: u32,
     },
+    /// `flash_coop.wgsl`: `Q·Kᵀ` and `P·V` on cooperative matrices (tensor cores), blocks of
+    /// 32 or 16 query rows sized to the workgroup memory; only where
+    /// [`Context::coop_shape`] is `Some`. Calls passing NaN/Inf through
+    /// (`propagate_non_finite`) run `flash_blocked` instead.
+    Coop,
 }
 
 impl FlashVariant {
@@ -97,6 +115,7 @@ impl FlashVariant {
         match self {
             FlashVariant::Subgroup { .. } => Kernels::Subgroup,
             FlashVariant::Tiled { .. } | FlashVariant::Blocked { .. } => Kernels::Storage,
+            FlashVariant::Coop => Kernels::Coop,
         }
     }
 }
@@ -109,6 +128,7 @@ impl std::fmt::Display for FlashVariant {
             FlashVariant::Subgroup { rows_per_lane } => {
                 write!(f, "flash-subgroup(r={rows_per_lane})")
             }
+            FlashVariant::Coop => write!(f, "flash-coop"),
         }
     }
 }
@@ -149,6 +169,9 @@ pub enum MatmulVariant {
         /// Tile rows per lane.
         rows_per_lane: u32,
     },
+    /// `coop_matmul.wgsl`: cooperative matrices (tensor cores), 64 × 64 workgroup tiles;
+    /// only where [`Context::coop_shape`] is `Some`.
+    Coop,
 }
 
 impl std::fmt::Display for MatmulVariant {
@@ -158,6 +181,7 @@ impl std::fmt::Display for MatmulVariant {
             MatmulVariant::Blocked { per_thread } => {
                 write!(f, "matmul-blocked({per_thread}x{per_thread})")
             }
+            MatmulVariant::Coop => write!(f, "matmul-coop(64x64)"),
             MatmulVariant::Subgroup { rows_per_lane } => {
                 write!(f, "matmul-subgroup(t={rows_per_lane})")
             }
@@ -169,7 +193,8 @@ impl std::fmt::Display for MatmulVariant {
 /// buffer may stand in otherwise).
 ///
 /// # Errors
-/// Size limits, and the subgroup variant on an adapter without a fixed subgroup size.
+/// Size limits, the subgroup variant on an adapter without a fixed subgroup size, and the
+/// coop variant without cooperative matrices ([`Error::Unsupported`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record_matmul(
     ctx: &Context,
@@ -198,6 +223,7 @@ pub(crate) fn record_matmul(
                 None => mm.dispatch(ctx, encoder, a, b, bias, c),
             }
         }
+        MatmulVariant::Coop => coop_matmul::dispatch(ctx, encoder, mm, (a, b, bias, c)),
         MatmulVariant::Subgroup { rows_per_lane } => {
             let ops = Operands::pack(ctx, encoder, mm, a, b)?;
             matmul_subgroup::dispatch(
@@ -242,5 +268,18 @@ pub(crate) fn record_flash<'a>(
         FlashVariant::Subgroup { rows_per_lane } => {
             op.dispatch_subgroup(ctx, encoder, rows_per_lane, (q, k, v), out, mask, host)
         }
+        // Keys of weight 0 are not skipped in a cooperative P·V (a NaN there would reach the
+        // row): calls passing non-finite values through take flash_blocked.
+        FlashVariant::Coop if op.skip_zero => {
+            let widths = op.widths4()?;
+            let blocked = [(64, 64), (64, 32), (32, 64), (32, 32)]
+                .into_iter()
+                .find(|&s| FlashBlockedConsts::new(ctx.limits(), s, widths).is_ok());
+            match blocked {
+                Some(shape) => op.dispatch_blocked(ctx, encoder, shape, (q, k, v), out, mask),
+                None => op.dispatch_tiled(ctx, encoder, 16, q, k, v, out, mask),
+            }
+        }
+        FlashVariant::Coop => flash_coop::dispatch(ctx, encoder, op, (q, k, v), out, mask),
     }
 }

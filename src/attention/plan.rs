@@ -58,7 +58,8 @@ impl Attention {
     ///
     /// # Errors
     /// [`crate::Error::Unsupported`] when [`Kernels::Subgroup`] is forced on an adapter
-    /// without a fixed subgroup size; GPU errors while measuring.
+    /// without a fixed subgroup size, or [`Kernels::Coop`] / [`MatmulVariant::Coop`] on one
+    /// without cooperative matrices; GPU errors while measuring.
     pub fn plan(&self, ctx: &Context, dims: &Dims) -> Result<Plan> {
         if let Some(plan) = self.tiny_plan(ctx, dims) {
             return Ok(plan);
@@ -75,16 +76,24 @@ impl Attention {
             }
             forced => vec![forced],
         };
+        if self.kernels == Kernels::Coop {
+            ctx.require_coop()?;
+        }
         let head = (dims.d_k / dims.heads, dims.d_v / dims.heads);
         let flash = match self.flash {
             Some(v) => v,
+            None if self.kernels == Kernels::Coop => FlashVariant::Coop,
             None => tune::flash(ctx, &families, head, (dims.batch * dims.heads, dims.n))?,
         };
         let family = flash.family();
         let matmul = match self.matmul {
             Some(v) => v,
+            None if self.kernels == Kernels::Coop => MatmulVariant::Coop,
             None => tune::matmul(ctx, &[family], dims.batch * dims.n)?,
         };
+        if matmul == MatmulVariant::Coop || flash == FlashVariant::Coop {
+            ctx.require_coop()?;
+        }
         if family == Kernels::Subgroup || matches!(matmul, MatmulVariant::Subgroup { .. }) {
             ctx.require_subgroups()?;
         }

@@ -128,6 +128,8 @@ impl Linear {
             MatmulVariant::Blocked { per_thread } => per_thread / 4,
             // The scalar kernel has no split: its fma chain is the blocked kernel's.
             MatmulVariant::Tiled => 1,
+            // Tensor cores: the three projections one by one.
+            MatmulVariant::Coop => return Ok(false),
         };
         let Some(consts) = matmul_blocked::eligible(mm, tb, a, self.weight()) else {
             return Ok(false);

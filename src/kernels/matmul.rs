@@ -121,7 +121,7 @@ impl Matmul {
     }
 
     /// The uniform block and the number of workgroups to dispatch.
-    fn params(&self) -> Result<(MatmulParams, u64)> {
+    pub(crate) fn params(&self) -> Result<(MatmulParams, u64)> {
         let tiles_m = self.m.div_ceil(TILE as usize);
         let tiles_n = self.n.div_ceil(TILE as usize);
         let groups = self.batch * self.heads;

@@ -13,6 +13,7 @@ pub(crate) mod wgsl;
 
 pub(crate) mod adam;
 pub(crate) mod add;
+pub(crate) mod coop_matmul;
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
 pub(crate) mod decode_partial_gpu;
@@ -23,6 +24,7 @@ pub(crate) mod flash_backward_q;
 pub(crate) mod flash_backward_q_subgroup;
 pub(crate) mod flash_blocked;
 pub(crate) mod flash_combine;
+pub(crate) mod flash_coop;
 pub(crate) mod flash_subgroup;
 pub(crate) mod flash_tiled;
 pub(crate) mod fma_peak;
@@ -68,6 +70,10 @@ pub(crate) trait Kernel {
     /// created with naga's runtime checks off, so inner loops carry no clamps, unless the
     /// context asks for them ([`crate::Context::with_runtime_checks`]).
     const TRUSTED: bool = false;
+    /// Whether it uses cooperative matrices (needs `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`
+    /// and subgroups): its source then gets [`coop_matmul::coop_header`], sized by its
+    /// constant `S`.
+    const COOP: bool = false;
     /// Its specialisation constants.
     type Consts: Constants;
     /// Its uniform block.
@@ -115,6 +121,8 @@ pub(crate) struct KernelInfo {
     pub subgroups_if: Option<&'static str>,
     /// [`Kernel::TRUSTED`].
     pub trusted: bool,
+    /// [`Kernel::COOP`].
+    pub coop: bool,
     /// The generated `struct Params`.
     pub params: fn() -> String,
     /// `(name, WGSL type, offset)` of the uniform's fields.
@@ -135,6 +143,7 @@ impl KernelInfo {
             subgroups: K::SUBGROUPS,
             subgroups_if: K::SUBGROUPS_IF,
             trusted: K::TRUSTED,
+            coop: K::COOP,
             params: K::Params::wgsl,
             fields: K::Params::FIELDS,
             params_size: std::mem::size_of::<K::Params>(),
@@ -151,11 +160,23 @@ impl KernelInfo {
             .zip(values.iter().copied())
             .collect();
         let source = wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)());
+        let source = self.with_coop(source, &named);
         // The marker first, so a tool reading the composed file (CI's compiler check) knows.
         match self.trusted {
             true => format!("{TRUSTED_MARKER}\n{source}"),
             false => source,
         }
+    }
+}
+
+impl KernelInfo {
+    /// `source` with the cooperative-matrix header when the kernel is a coop kernel.
+    pub fn with_coop(&self, source: String, named: &[(&str, u32)]) -> String {
+        if !self.coop {
+            return source;
+        }
+        let size = named.iter().find(|(n, _)| *n == "S").map_or(16, |c| c.1);
+        coop_matmul::coop_header(source, size)
     }
 }
 
@@ -219,6 +240,8 @@ registry! {
     FlashBackwardKvSubgroup => flash_backward_kv_subgroup,
     FlashBackwardQSubgroup => flash_backward_q_subgroup,
     FmaPeak => fma_peak,
+    CoopMatmul => coop_matmul,
+    FlashCoop => flash_coop,
     DecodePartial => decode_partial,
     DecodePartialGpu => decode_partial_gpu,
     DecodeCombine => decode_combine,
@@ -363,6 +386,9 @@ pub(crate) fn record<K: Kernel>(
     }
     if K::SUBGROUPS {
         ctx.require_subgroups()?;
+    }
+    if K::COOP {
+        ctx.require_coop()?;
     }
     let (x, y) = grid(
         workgroups,

@@ -12,8 +12,11 @@ fn parse(info: &KernelInfo, source: &str) -> naga::Module {
     let module = naga::front::wgsl::parse_str(source)
         .unwrap_or_else(|e| panic!("{}: {}", info.file, e.emit_to_string(source)));
     let mut caps = naga::valid::Capabilities::SHADER_FLOAT16;
-    if info.subgroups || info.subgroups_if.is_some() {
+    if info.subgroups || info.subgroups_if.is_some() || info.coop {
         caps |= naga::valid::Capabilities::SUBGROUP;
+    }
+    if info.coop {
+        caps |= naga::valid::Capabilities::COOPERATIVE_MATRIX;
     }
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
         .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
@@ -41,6 +44,7 @@ fn every_kernel_parses_and_validates_with_naga() {
         // The `// unroll` markers are an optimization: the loops must be valid as written.
         let named: Vec<(&str, u32)> = info.constants.iter().map(|n| (*n, ODD)).collect();
         let rolled = wgsl::compose("", info.dtypes, 0, &named, &(info.params)()) + info.source;
+        let rolled = info.with_coop(rolled, &named);
         parse(&info, &rolled);
     }
 }

@@ -185,6 +185,11 @@ pub fn flash_candidates(
         let device = ctx.adapter_info().device_type;
         v.extend(storage_flash(device, ctx.limits(), (dk4, dv4)).1);
     }
+    // Tensor cores where the device has them: timed like the others, kept if faster.
+    let coop = families.contains(&Kernels::Storage) || families.contains(&Kernels::Coop);
+    if coop && ctx.coop_shape().is_some() {
+        v.push(FlashVariant::Coop);
+    }
     v
 }
 
@@ -194,12 +199,17 @@ pub fn matmul_candidates(ctx: &Context, families: &[Kernels]) -> Vec<MatmulVaria
     if families.contains(&Kernels::Subgroup) && ctx.subgroup_size().is_some() {
         v.extend([1, 2, 4].map(|t| MatmulVariant::Subgroup { rows_per_lane: t }));
     }
-    if families.contains(&Kernels::Storage) {
+    let coop = families.contains(&Kernels::Coop);
+    if families.contains(&Kernels::Storage) || coop {
         v.push(MatmulVariant::Tiled);
         // The register-blocked kernel is for GPUs (on a CPU adapter its extra work per
         // workgroup-memory load buys nothing).
         if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
             v.extend(MATMUL_BLOCKED.map(|per_thread| MatmulVariant::Blocked { per_thread }));
+        }
+        // Tensor cores where the device has them: timed like the others, kept if faster.
+        if ctx.coop_shape().is_some() {
+            v.push(MatmulVariant::Coop);
         }
     }
     v

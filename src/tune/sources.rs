@@ -12,6 +12,7 @@ use crate::kernels::decode_partial_gpu::{self, GpuPartialConsts};
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_blocked::{FlashBlockedConsts, Inner};
 use crate::kernels::flash_combine::{self, SplitCombineConsts};
+use crate::kernels::flash_coop;
 use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
 use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
@@ -110,8 +111,16 @@ pub(crate) fn flash_key(
             };
             PipelineKey::of::<flash_subgroup::Shader>(&c, u8::from(op.f16))
         }
+        // Written for the tensor cores' common shape: 16 × 16 × 16, f16 inputs.
+        FlashVariant::Coop => flash_coop::key(op, COOP_SHAPE, limits, mask)?,
     })
 }
+
+/// The cooperative-matrix shape the coop variants are written for (NVIDIA, AMD RDNA3, Intel).
+const COOP_SHAPE: crate::context::CoopShape = crate::context::CoopShape {
+    size: 16,
+    f16_inputs: true,
+};
 
 /// The file stem of `variant` at per-head size `d`.
 fn file_name(variant: FlashVariant, d: usize, f16: bool) -> String {
@@ -119,6 +128,7 @@ fn file_name(variant: FlashVariant, d: usize, f16: bool) -> String {
         FlashVariant::Tiled { keys } => format!("flash-tiled-bk{keys}"),
         FlashVariant::Blocked { rows, keys } => format!("flash-blocked-{rows}x{keys}"),
         FlashVariant::Subgroup { rows_per_lane } => format!("flash-subgroup-r{rows_per_lane}"),
+        FlashVariant::Coop => "flash-coop-16".to_string(),
     };
     format!("{v}-d{d}-{}", if f16 { "f16" } else { "f32" })
 }
@@ -340,7 +350,7 @@ fn key_split() -> Result<Vec<(String, PipelineKey)>> {
 /// `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16 (a
 /// variant that more memory changes is written again, its name ending in `-wg<KiB>k`), and
 /// its unfused kernels ([`unfused`]), the fused backward's ([`backward`]) and the decode
-/// step's ([`decode`]); with a subgroup size, the subgroup family's fused
+/// step's ([`decode`]), the coop kernels (`coop/`, cooperative matrices); with a subgroup size, the subgroup family's fused
 /// variants for d = 64 and 128. Returns the files written.
 ///
 /// # Errors
@@ -355,6 +365,11 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         .chain(blocked_inner())
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
+    files.extend(
+        crate::kernels::coop_matmul::sources()
+            .into_iter()
+            .map(|(stem, key)| ("coop", stem, key)),
+    );
     let mut seen = std::collections::HashSet::new();
     for kib in GPU_WORKGROUP_KIB {
         let limits = gpu_limits_with(kib);
@@ -369,6 +384,9 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
             for f16 in [false, true] {
                 let mut variants: Vec<(&str, FlashVariant)> =
                     storage.iter().map(|&v| ("storage", v)).collect();
+                if d == 64 || d == 128 {
+                    variants.push(("coop", FlashVariant::Coop));
+                }
                 if kib == 32 && subgroup_size.is_some() && (d == 64 || d == 128) {
                     variants.extend(
                         (1..=4).map(|r| ("subgroup", FlashVariant::Subgroup { rows_per_lane: r })),

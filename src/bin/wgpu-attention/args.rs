@@ -31,7 +31,7 @@ pub fn family_or_all(s: &str) -> Result<String, String> {
     }
     s.parse::<wgpu_attention::Kernels>()
         .map(|_| s)
-        .map_err(|_| "expected auto, storage, subgroup or all".into())
+        .map_err(|_| "expected auto, storage, subgroup or all (or coop: tensor cores)".into())
 }
 
 #[cfg(test)]

@@ -149,8 +149,9 @@ struct OpArgs {
     /// Do not compute-and-return the attention weights (no weights.npy).
     #[arg(long)]
     no_weights: bool,
-    /// Kernel family: auto (measured on first use), storage (any adapter) or subgroup
-    /// (textures + subgroup operations, fast on lavapipe).
+    /// Kernel family: auto (measured on first use), storage (any adapter), subgroup
+    /// (textures + subgroup operations, fast on lavapipe) or coop (storage with the matmul on
+    /// cooperative matrices: tensor cores, where the adapter has them).
     #[arg(long, default_value = "auto")]
     kernels: Kernels,
     /// Operand type on the device: f32, or f16 (needs SHADER_F16; operands stored as f16,

@@ -1,0 +1,209 @@
+// Fused attention on cooperative matrices (tensor cores), FlashAttention-2's loop order:
+//
+//     out = softmax(scale·Q·Kᵀ + mask)·V        per (batch, head), one pass, O(n·d) memory
+//
+// Same problem, uniform and bindings as flash_tiled.wgsl (src/kernels/flash_tiled.rs); runs
+// only where the device has `Features::EXPERIMENTAL_COOPERATIVE_MATRIX`. The host prepends
+// (src/kernels/coop_matmul.rs, `coop_header`) the enables, `const S` (one cooperative
+// matrix's side, 8 or 16) and the aliases CA, CB (coop_matSxS<AB_T, A / B>, AB_T f16 or f32)
+// and CC (coop_matSxS<f32, C>); src/kernels/flash_coop.rs the constants D (the head width
+// rounded up to 16), BQ (query rows per workgroup) and BKV (keys per tile), multiples of 16.
+//
+// A workgroup of 128 invocations owns BQ query rows of one (batch, head). Q is staged once
+// in workgroup memory (as AB_T, zero-padded to D columns and BQ rows); then per tile of BKV
+// keys: K is staged, S = Q·Kᵀ is computed on cooperative matrices (f32 accumulation) into a
+// workgroup-memory copy of the scores, one invocation per row takes the row's running max
+// and sum in f32 (scale in log2 units, exp2; causal and the mask applied there) and writes
+// P = exp2(s − m) as AB_T, V is staged over K, the output accumulator O (f32, in workgroup
+// memory) is rescaled per row and O += P·V on cooperative matrices. Tiles of keys wholly
+// above the diagonal are never visited (causal: the loop stops at the block's last row).
+// At the end every invocation writes its share of O / l.
+//
+// Subgroups share out the S×S output matrices of each product: in round r subgroup `sid`
+// takes matrix r·nsg + sid. The subgroup count is read through workgroupUniformLoad so the
+// rounds are workgroup-uniform (barriers, cooperative operations); a subgroup past the last
+// matrix computes the last one again and stores it to S spare rows no one reads (strides
+// are constants: naga 30's SPIR-V writer fails on a computed cooperative-store stride).
+//
+// In bounds, by construction (D, BQ, BKV multiples of S): a load or store of an S×S matrix
+// at row r0 + S ≤ rows and column c0 + S ≤ stride touches at most (rows − 1)·stride +
+// stride − 1 < rows·stride elements of its array; the spare rows follow the BQ rows.
+// Every load and store starts at a multiple of S elements and every stride is a multiple of
+// 16 elements (at least 16 bytes), as Vulkan's cooperative-matrix loads want.
+
+const WG: u32 = 128u;
+const SQ: u32 = BQ / S; // matrices per column of a BQ-row block
+const TS: u32 = SQ * (BKV / S); // matrices of S = Q·Kᵀ
+const TO: u32 = SQ * (D / S); // matrices of O
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
+@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>;
+@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<storage, read> mask: array<f32>;
+@group(0) @binding(6) var<storage, read_write> lse: array<f32>;
+
+var<workgroup> q_tile: array<AB_T, BQ * D>; // [BQ][D]
+var<workgroup> kv_tile: array<AB_T, BKV * D>; // [BKV][D]: K, then V
+var<workgroup> s_tile: array<f32, (BQ + S) * BKV>; // [BQ][BKV] + S spare rows
+var<workgroup> p_tile: array<AB_T, BQ * BKV>; // [BQ][BKV]
+var<workgroup> o_tile: array<f32, (BQ + S) * D>; // [BQ][D] + S spare rows
+var<workgroup> row_m: array<f32, BQ>;
+var<workgroup> row_l: array<f32, BQ>;
+var<workgroup> row_a: array<f32, BQ>;
+var<workgroup> subgroups: u32;
+
+// Keys (or values, `is_v`) j0 … j0 + BKV − 1 into kv_tile as AB_T, zero past the keys and
+// the head width.
+fn stage_kv(is_v: bool, li: u32, j0: u32, base: u32) {
+    let width = select(p.dk_h, p.dv_h, is_v);
+    let stride = select(p.k_row, p.v_row, is_v);
+    for (var t = li; t < BKV * D; t += WG) {
+        let j = j0 + t / D;
+        let col = t % D;
+        var x = 0.0;
+        if j < p.n_kv && col < width {
+            let at = base + j * stride + col;
+            if is_v {
+                x = f32(v_buf[at]);
+            } else {
+                x = f32(k_buf[at]);
+            }
+        }
+        kv_tile[t] = AB_T(x);
+    }
+}
+
+@compute @workgroup_size(128, 1, 1)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sid: u32,
+    @builtin(num_subgroups) nsg_lane: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if id >= p.groups * p.blocks {
+        return;
+    }
+    let g = id / p.blocks;
+    let row0 = (id % p.blocks) * BQ;
+    let b = g / p.heads;
+    let h = g % p.heads;
+    let hk = h / p.kv_ratio;
+    let q_base = p.q_off + b * p.q_batch + h * p.q_head;
+    let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
+    let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
+
+    if li == 0u {
+        subgroups = nsg_lane;
+    }
+    for (var t = li; t < BQ * D; t += WG) {
+        let row = row0 + t / D;
+        let col = t % D;
+        var x = 0.0;
+        if row < p.n_q && col < p.dk_h {
+            x = f32(q_buf[q_base + row * p.q_row + col]);
+        }
+        q_tile[t] = AB_T(x);
+        o_tile[t] = 0.0;
+    }
+    if li < BQ {
+        row_m[li] = FLOOR;
+        row_l[li] = 0.0;
+    }
+    let nsg = max(workgroupUniformLoad(&subgroups), 1u);
+
+    // A `let`, so the key loop stays workgroup-uniform in naga's analysis (locals are not).
+    let kv_end = select(p.n_kv, min(p.n_kv, min(row0 + BQ, p.n_q)), p.causal != 0u);
+    for (var j0 = 0u; j0 < kv_end; j0 += BKV) {
+        stage_kv(false, li, j0, k_base);
+        workgroupBarrier();
+
+        // S = Q·Kᵀ: K read column-major is Kᵀ.
+        for (var r = 0u; r < (TS + nsg - 1u) / nsg; r++) {
+            let t = r * nsg + sid;
+            let tc = min(t, TS - 1u);
+            let ti = tc / (BKV / S);
+            let tj = tc % (BKV / S);
+            var acc = CC();
+            for (var kk = 0u; kk < D; kk += S) {
+                let qa = coopLoadT<CA>(&q_tile[ti * S * D + kk], D);
+                let kb = coopLoad<CB>(&kv_tile[tj * S * D + kk], D);
+                acc = coopMultiplyAdd(qa, kb, acc);
+            }
+            let mine = t < TS;
+            coopStoreT(acc, &s_tile[select(BQ * BKV, ti * S * BKV + tj * S, mine)], BKV);
+        }
+        workgroupBarrier();
+
+        // The rows' running max and sum, in f32; P as AB_T.
+        if li < BQ {
+            let row = row0 + li;
+            var tile_max = NEG;
+            for (var jj = 0u; jj < BKV; jj++) {
+                let j = j0 + jj;
+                var x = s_tile[li * BKV + jj] * p.scale_log2;
+                if j >= kv_end || (p.causal != 0u && j > row) {
+                    x = NEG;
+                } else if MASK != 0u && row < p.n_q {
+                    x = add_bias(x, mask[mask_offset(p.mask, b, h, row, j)], LOG2E);
+                }
+                s_tile[li * BKV + jj] = x;
+                tile_max = max(tile_max, x);
+            }
+            let m_old = row_m[li];
+            let m_new = max(m_old, tile_max);
+            var sum = 0.0;
+            for (var jj = 0u; jj < BKV; jj++) {
+                let pr = exp2(s_tile[li * BKV + jj] - m_new);
+                sum += pr;
+                p_tile[li * BKV + jj] = AB_T(pr);
+            }
+            let alpha = exp2(m_old - m_new);
+            row_a[li] = alpha;
+            row_m[li] = m_new;
+            row_l[li] = row_l[li] * alpha + sum;
+        }
+        workgroupBarrier();
+        stage_kv(true, li, j0, v_base);
+        for (var t = li; t < BQ * D; t += WG) {
+            o_tile[t] *= row_a[t / D];
+        }
+        workgroupBarrier();
+
+        // O += P·V.
+        for (var r = 0u; r < (TO + nsg - 1u) / nsg; r++) {
+            let t = r * nsg + sid;
+            let tc = min(t, TO - 1u);
+            let ti = tc / (D / S);
+            let tj = tc % (D / S);
+            var acc = coopLoadT<CC>(&o_tile[ti * S * D + tj * S], D);
+            for (var kk = 0u; kk < BKV; kk += S) {
+                let pa = coopLoadT<CA>(&p_tile[ti * S * BKV + kk], BKV);
+                let vb = coopLoadT<CB>(&kv_tile[kk * D + tj * S], D);
+                acc = coopMultiplyAdd(pa, vb, acc);
+            }
+            let mine = t < TO;
+            coopStoreT(acc, &o_tile[select(BQ * D, ti * S * D + tj * S, mine)], D);
+        }
+        workgroupBarrier();
+    }
+
+    for (var t = li; t < BQ * D; t += WG) {
+        let i = t / D;
+        let row = row0 + i;
+        let col = t % D;
+        if row < p.n_q && col < p.dv_h {
+            let l = row_l[i];
+            // Nothing visible (every key masked out): zeros, not 0/0.
+            let inv = select(1.0 / l, 0.0, l == 0.0);
+            out[p.o_off + b * p.o_batch + h * p.o_head + row * p.o_row + col] = o_tile[t] * inv;
+        }
+    }
+    if LSE != 0u && li < BQ && row0 + li < p.n_q {
+        let l = row_l[li];
+        lse[g * p.n_q + row0 + li] = select(row_m[li] + log2(l), LSE_EMPTY, l == 0.0);
+    }
+}

@@ -1,0 +1,130 @@
+//! A test hook for the coop kernels on adapters without cooperative matrices (lavapipe):
+//! with `WGPU_ATTENTION_COOP_EMULATE=8` (or `16`), `Context::coop_shape` reports that shape
+//! and every coop kernel's source is rewritten so each invocation holds whole S × S matrices
+//! in private arrays (`coopLoad`, `coopStore`, `coopMultiplyAdd` become plain loops over the
+//! same workgroup arrays, same offsets and strides). Slow, but it runs the kernels' own
+//! staging, rounds, spare slots, softmax and epilogues, so `tests/coop_emulated.rs` can check
+//! them against the reference where no tensor core is at hand. Never set in normal use.
+
+/// The emulated side, when the hook is on.
+pub(crate) fn size() -> Option<u32> {
+    match std::env::var("WGPU_ATTENTION_COOP_EMULATE").as_deref() {
+        Ok("8") => Some(8),
+        Ok("16") => Some(16),
+        _ => None,
+    }
+}
+
+/// Byte offset of the bracket or parenthesis closing the one just before `text`.
+fn closing(text: &str, open: char, close: char) -> usize {
+    let mut depth = 1usize;
+    for (i, c) in text.char_indices() {
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth -= 1;
+            if depth == 0 {
+                return i;
+            }
+        }
+    }
+    text.len()
+}
+
+/// `&NAME[IDX], STRIDE` (the text after a builtin's value argument) → (NAME, IDX, STRIDE).
+fn pointer_args(args: &str) -> (String, String, String) {
+    let rest = args.trim_start().trim_start_matches('&');
+    let open = rest.find('[').unwrap_or(rest.len());
+    let name = rest[..open].trim().to_string();
+    let idx_end = open + 1 + closing(&rest[open + 1..], '[', ']');
+    let idx = rest[open + 1..idx_end].to_string();
+    let stride = rest[idx_end + 1..]
+        .trim_start()
+        .trim_start_matches(',')
+        .trim()
+        .to_string();
+    (name, idx, stride)
+}
+
+/// `source` (a composed coop kernel with side `size`) with the cooperative matrices emulated.
+pub(crate) fn rewrite(source: &str, size: u32) -> String {
+    let mut text: String = source
+        .lines()
+        .filter(|l| {
+            !(l.starts_with("enable wgpu_cooperative_matrix")
+                || l.starts_with("alias CA =")
+                || l.starts_with("alias CB =")
+                || l.starts_with("alias CC ="))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("coopMultiplyAdd(", "emu_mad(");
+    let mut loaded = std::collections::BTreeSet::new();
+    let mut stored = std::collections::BTreeSet::new();
+    for (call, store) in [
+        ("coopLoadT<", false),
+        ("coopLoad<", false),
+        ("coopStoreT(", true),
+        ("coopStore(", true),
+    ] {
+        let row_major = call.contains('T');
+        while let Some(at) = text.find(call) {
+            let after = at + call.len();
+            // Loads: skip the type argument `CA>(`.
+            let args_start = match store {
+                true => after,
+                false => after + text[after..].find('(').map_or(0, |i| i + 1),
+            };
+            let args_end = args_start + closing(&text[args_start..], '(', ')');
+            let args = text[args_start..args_end].to_string();
+            let replacement = if store {
+                let (value, ptr) = args.split_once(',').unwrap_or((&args, ""));
+                let (name, idx, stride) = pointer_args(ptr);
+                stored.insert(name.clone());
+                format!(
+                    "emu_store_{name}({}, {idx}, {stride}, {row_major})",
+                    value.trim()
+                )
+            } else {
+                let (name, idx, stride) = pointer_args(&args);
+                loaded.insert(name.clone());
+                format!("emu_load_{name}({idx}, {stride}, {row_major})")
+            };
+            text.replace_range(at..args_end + 1, &replacement);
+        }
+    }
+    let ss = size * size;
+    text.push_str(&format!(
+        "\nconst EMU_S: u32 = {size}u;\nstruct EmuMat {{ v: array<f32, {ss}> }}\n\
+         alias CA = EmuMat;\nalias CB = EmuMat;\nalias CC = EmuMat;\n\
+         fn emu_mad(a: EmuMat, b: EmuMat, c: EmuMat) -> EmuMat {{\n\
+         \x20   var r = c;\n\
+         \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
+         \x20       var s = r.v[i * EMU_S + j];\n\
+         \x20       for (var k = 0u; k < EMU_S; k++) {{ s = fma(a.v[i * EMU_S + k], b.v[k * EMU_S + j], s); }}\n\
+         \x20       r.v[i * EMU_S + j] = s;\n\
+         \x20   }} }}\n\
+         \x20   return r;\n}}\n"
+    ));
+    // Element (i, j) of a matrix at `off`: row-major i·stride + j, else j·stride + i.
+    let at = "select(off + j * stride + i, off + i * stride + j, row_major)";
+    for name in loaded {
+        text.push_str(&format!(
+            "fn emu_load_{name}(off: u32, stride: u32, row_major: bool) -> EmuMat {{\n\
+             \x20   var m: EmuMat;\n\
+             \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
+             \x20       m.v[i * EMU_S + j] = f32({name}[{at}]);\n\
+             \x20   }} }}\n\
+             \x20   return m;\n}}\n"
+        ));
+    }
+    for name in stored {
+        text.push_str(&format!(
+            "fn emu_store_{name}(m: EmuMat, off: u32, stride: u32, row_major: bool) {{\n\
+             \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
+             \x20       {name}[{at}] = m.v[i * EMU_S + j];\n\
+             \x20   }} }}\n}}\n"
+        ));
+    }
+    text
+}

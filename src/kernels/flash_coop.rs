@@ -1,0 +1,286 @@
+//! `shaders/flash_coop.wgsl`: the fused attention forward of `flash_tiled.rs`'s [`Flash`]
+//! problem (same uniform, same bindings: masks, key lengths through the mask, GQA, causal,
+//! the saved log-sum-exp) with `Q·Kᵀ` and `P·V` on cooperative matrices (tensor cores), f16
+//! (or f32) inputs accumulated in f32, the softmax statistics in f32 from a workgroup-memory
+//! copy of the scores. Runs only where [`Context::coop_shape`] is `Some`.
+
+use super::coop_matmul::F16_AB;
+use super::flash_tiled::{Flash, FlashOut, FlashParams};
+use super::wgsl::constants;
+use super::{record, Dim, Kernel, KernelId, MaskArg, PipelineKey, Slot};
+use crate::context::{Context, CoopShape};
+use crate::error::{Error, Result};
+
+/// The kernel.
+pub(crate) struct Shader;
+
+constants! {
+    /// Specialisation of `flash_coop.wgsl`.
+    pub(crate) struct FlashCoopConsts {
+        /// One cooperative matrix's side (8 or 16).
+        size => "S",
+        /// The head width (max of d_k and d_v) rounded up to 16.
+        d => "D",
+        /// Query rows per workgroup (a multiple of 16).
+        rows => "BQ",
+        /// Keys per tile (a multiple of 16).
+        keys => "BKV",
+        /// 1 when a mask is bound.
+        mask => "MASK",
+        /// 1 to write each row's log-sum-exp.
+        lse => "LSE",
+    }
+}
+
+impl Kernel for Shader {
+    const ID: KernelId = KernelId::FlashCoop;
+    const WORKGROUP: [Dim; 3] = [Dim::Fixed(128), Dim::Fixed(1), Dim::Fixed(1)];
+    const BINDINGS: &'static [Slot] = &[
+        Slot::Read("q_buf"),
+        Slot::Read("k_buf"),
+        Slot::Read("v_buf"),
+        Slot::ReadWrite("out"),
+        Slot::Read("mask"),
+        Slot::ReadWrite("lse"),
+    ];
+    /// Bit 0: Q is f16; bit 1: K and V are f16; bit 2 ([`F16_AB`] >> 1): the cooperative
+    /// matrices' inputs are f16.
+    const DTYPES: &'static [&'static str] = &["Q_T", "KV_T", "AB_T"];
+    const COOP: bool = true;
+    type Consts = FlashCoopConsts;
+    type Params = FlashParams;
+}
+
+/// The block shapes (query rows × keys) tried, largest first; those that are multiples of
+/// the cooperative matrices' side.
+const SHAPES: [(u32, u32); 6] = [(32, 32), (32, 16), (16, 32), (16, 16), (16, 8), (8, 8)];
+
+/// Workgroup memory of the shader at these constants, in bytes.
+fn workgroup_bytes(c: &FlashCoopConsts, f16_inputs: bool) -> u64 {
+    let [s, d, bq, bkv] = [c.size, c.d, c.rows, c.keys].map(u64::from);
+    let ab = if f16_inputs { 2 } else { 4 };
+    ab * (bq * d + bkv * d + bq * bkv) + 4 * ((bq + s) * (bkv + d) + 3 * bq + 1)
+}
+
+/// The constants for `op` with `shape` under `limits`: the largest block of [`SHAPES`] whose
+/// tiles fit the workgroup memory.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when even the smallest does not fit.
+pub(crate) fn consts(
+    op: &Flash,
+    shape: CoopShape,
+    limits: &wgpu::Limits,
+    (mask, lse): (u32, u32),
+) -> Result<FlashCoopConsts> {
+    let d = super::u32_of("head width", op.dk_h.max(op.dv_h).max(1).div_ceil(16) * 16)?;
+    let limit = u64::from(limits.max_compute_workgroup_storage_size);
+    let mut need = 0;
+    let whole = |(rows, keys): &(u32, u32)| rows % shape.size == 0 && keys % shape.size == 0;
+    for (rows, keys) in SHAPES.into_iter().filter(whole) {
+        let c = FlashCoopConsts {
+            size: shape.size,
+            d,
+            rows,
+            keys,
+            mask,
+            lse,
+        };
+        need = workgroup_bytes(&c, shape.f16_inputs);
+        if need <= limit {
+            return Ok(c);
+        }
+    }
+    Err(Error::LimitExceeded {
+        what: format!("flash-coop tiles at head width {d}"),
+        needed: format!("{need} bytes"),
+        limit: format!("{limit} bytes"),
+        limit_name: "max_compute_workgroup_storage_size",
+    })
+}
+
+/// The element-type bits of `op` on `shape`.
+fn f16_bits(op: &Flash, shape: CoopShape) -> u8 {
+    op.f16_bits() | if shape.f16_inputs { F16_AB >> 1 } else { 0 }
+}
+
+/// The pipeline key `op` records on a device with `shape` and `limits` (`shaders --out`).
+///
+/// # Errors
+/// As [`consts`].
+pub(crate) fn key(
+    op: &Flash,
+    shape: CoopShape,
+    limits: &wgpu::Limits,
+    mask: u32,
+) -> Result<PipelineKey> {
+    let c = consts(op, shape, limits, (mask, 0))?;
+    Ok(PipelineKey::of::<Shader>(&c, f16_bits(op, shape)))
+}
+
+/// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` for `op` on cooperative matrices.
+///
+/// # Errors
+/// [`Error::Unsupported`] without a cooperative-matrix shape; [`Error::LimitExceeded`] when
+/// the tiles do not fit or the grid cannot hold the workgroups.
+pub(crate) fn dispatch(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    op: &Flash,
+    (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+    out: FlashOut<'_>,
+    mask: Option<MaskArg<'_>>,
+) -> Result<()> {
+    let shape = ctx.require_coop()?;
+    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+    let (out, lse_buf, lse) = out.parts(ctx);
+    let c = consts(op, shape, ctx.limits(), (has_mask, lse))?;
+    let (params, workgroups) = op.params(c.rows as usize, mask_strides)?;
+    record::<Shader>(
+        ctx,
+        encoder,
+        &c,
+        f16_bits(op, shape),
+        &params,
+        &[
+            q.into(),
+            k.into(),
+            v.into(),
+            out.into(),
+            mask.into(),
+            lse_buf.into(),
+        ],
+        workgroups,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::coop_matmul::{self, CoopConsts};
+
+    /// Every coop kernel as the pipeline cache would build it on each shape a device may
+    /// report (16 f16, 8 f16, 8 and 16 f32 inputs), for d = 64 and 128 (and 40: rounded up),
+    /// f32 and f16 storage, with and without a mask and the saved log-sum-exp, at 32 and
+    /// 64 KiB of workgroup memory: what CI checks without the feature.
+    fn every_key() -> Vec<PipelineKey> {
+        let mut keys: Vec<PipelineKey> = coop_matmul::sources().into_iter().map(|s| s.1).collect();
+        for (size, f16_inputs) in [(16, true), (8, true), (16, false), (8, false)] {
+            let shape = CoopShape { size, f16_inputs };
+            for bits in 0..8u8 {
+                let ab = if f16_inputs { coop_matmul::F16_AB } else { 0 };
+                keys.push(PipelineKey::of::<coop_matmul::Shader>(
+                    &CoopConsts { size },
+                    bits | ab,
+                ));
+            }
+            for d in [40, 64, 128] {
+                for f16 in [false, true] {
+                    let st = super::super::Strides::row_major(d as u32, 0, 0);
+                    let op = Flash {
+                        batch: 1,
+                        heads: 1,
+                        n_q: 1,
+                        n_kv: 1,
+                        dk_h: d,
+                        dv_h: d,
+                        q: st,
+                        k: st,
+                        v: st,
+                        o: st,
+                        causal: false,
+                        scale: 1.0,
+                        kv_ratio: 1,
+                        f16,
+                        skip_zero: false,
+                        key_split: Default::default(),
+                    };
+                    for kib in [32, 64] {
+                        let limits = wgpu::Limits {
+                            max_compute_workgroup_storage_size: kib << 10,
+                            ..wgpu::Limits::default()
+                        };
+                        for flags in [(0, 0), (1, 1)] {
+                            // 16 × 16 f32 inputs at d = 128 need more than 32 KiB.
+                            let Ok(c) = consts(&op, shape, &limits, flags) else {
+                                assert!((size, f16_inputs, d, kib) == (16, false, 128, 32));
+                                continue;
+                            };
+                            keys.push(PipelineKey::of::<Shader>(&c, f16_bits(&op, shape)));
+                        }
+                    }
+                }
+            }
+        }
+        keys
+    }
+
+    #[test]
+    fn every_coop_variant_validates_with_naga_and_translates_to_spirv() {
+        let caps = naga::valid::Capabilities::COOPERATIVE_MATRIX
+            | naga::valid::Capabilities::SUBGROUP
+            | naga::valid::Capabilities::SHADER_FLOAT16;
+        let keys = every_key();
+        assert!(keys.len() > 50, "{}", keys.len());
+        for key in keys {
+            let source = key.source();
+            let what = format!("{:?} {:?} f16={}", key.kernel, key.consts, key.f16);
+            assert!(
+                source.starts_with("enable wgpu_cooperative_matrix;"),
+                "{what}"
+            );
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&source)));
+            let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+                .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+            // What wgpu's Vulkan backend does next (naga's SPIR-V writer rejects, by
+            // panicking, some forms the validator accepts, such as a computed store stride).
+            naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
+                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e:?}"));
+        }
+    }
+
+    #[test]
+    fn blocks_shrink_to_fit_the_workgroup_memory() {
+        let st = super::super::Strides::row_major(128, 0, 0);
+        let mut op = Flash {
+            batch: 1,
+            heads: 1,
+            n_q: 1,
+            n_kv: 1,
+            dk_h: 128,
+            dv_h: 100,
+            q: st,
+            k: st,
+            v: st,
+            o: st,
+            causal: false,
+            scale: 1.0,
+            kv_ratio: 1,
+            f16: false,
+            key_split: Default::default(),
+            skip_zero: false,
+        };
+        let f16 = CoopShape {
+            size: 16,
+            f16_inputs: true,
+        };
+        let kib = |k: u32| wgpu::Limits {
+            max_compute_workgroup_storage_size: k << 10,
+            ..wgpu::Limits::default()
+        };
+        let c = consts(&op, f16, &kib(64), (0, 0)).unwrap();
+        assert_eq!((c.d, c.rows, c.keys), (128, 32, 32));
+        let c = consts(&op, f16, &kib(32), (0, 0)).unwrap();
+        assert_eq!((c.rows, c.keys), (16, 16));
+        assert!(workgroup_bytes(&c, true) <= 32 << 10);
+        op.dk_h = 1000;
+        assert!(matches!(
+            consts(&op, f16, &kib(16), (0, 0)),
+            Err(Error::LimitExceeded { .. })
+        ));
+    }
+}
