@@ -25,11 +25,12 @@
 //
 // Split output (plain epilogue): columns [0, split_k) go to `c` at its strides, [split_k,
 // split_v) to `c1` and [split_v, n) to `c2`, each row-major at its own width (one group);
-// without a split, split_k = split_v = n and `c` is bound three times.
+// without a split (SPLIT = 0, the constant: no per-element branch), split_k = split_v = n and
+// `c` is bound three times.
 //
 // The host prepends: const SG (subgroup size), T (tile rows per lane), MASK (1 when there is
-// a mask), and the element types `alias B_T` (the bias) and `C_T` (f32 or f16; STATS needs
-// f32).
+// a mask), SPLIT (1 for a split output), and the element types `alias B_T` (the bias) and
+// `C_T` (f32 or f16; STATS needs f32).
 //
 // The host prepends, from src/kernels/matmul_subgroup.rs: the constants and element-type aliases
 // named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
@@ -177,7 +178,7 @@ fn main(
                         }
                         // Split output (Q, K, V from one X·[W_Q W_K W_V]): columns past
                         // split_k go to c1, past split_v to c2, each at its own width.
-                        if col < p.split_k {
+                        if SPLIT == 0u || col < p.split_k {
                             c[base + row * p.c_row + col] = C_T(v);
                         } else if col < p.split_v {
                             c1[row * (p.split_v - p.split_k) + col - p.split_k] = C_T(v);

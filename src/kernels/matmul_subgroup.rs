@@ -61,6 +61,9 @@ constants! {
         rows_per_lane => "T",
         /// 1 when a mask is bound.
         mask => "MASK",
+        /// 1 when the columns are split over three outputs (else the epilogue writes `c`
+        /// only, without the per-element branch).
+        split => "SPLIT",
     }
 }
 
@@ -266,6 +269,7 @@ pub(crate) fn dispatch_split(
         sg,
         rows_per_lane,
         mask: has_mask,
+        split: u32::from(split.is_some()),
     };
     record::<Shader>(
         ctx,

@@ -200,6 +200,8 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         "all" => None,
         k => Some(k.parse::<Kernels>()?),
     };
+    // A benchmark times what the tuner finds best, whatever that costs to find.
+    crate::tune_cmd::measure_every_candidate();
     let ctx = args.adapter.open()?;
     if args.model {
         let model = crate::model_bench::Model {

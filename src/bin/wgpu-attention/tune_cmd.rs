@@ -71,10 +71,7 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             ))
         }
     };
-    // Measure every candidate, not only what a call's own time allows (tune::budgeted).
-    if !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
-        std::env::set_var("WGPU_ATTENTION_TUNE", "full");
-    }
+    measure_every_candidate();
     let ctx = args.adapter.open()?;
     if !ctx.tuning() {
         eprintln!("note: WGPU_ATTENTION_TUNE=off: nothing is measured, only compiled");
@@ -119,4 +116,13 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
         None => println!("cache     off (WGPU_ATTENTION_TUNE_CACHE=off): nothing was kept"),
     }
     Ok(true)
+}
+
+/// Lifts the tuner's budget for this process (before any context opens): `tune` and `bench`
+/// measure every candidate, not only what a call's own time allows (`tune::budgeted`), unless
+/// `WGPU_ATTENTION_TUNE=off`.
+pub fn measure_every_candidate() {
+    if !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        std::env::set_var("WGPU_ATTENTION_TUNE", "full");
+    }
 }
