@@ -1,6 +1,6 @@
 //! The KV cache: K and V of every token so far, on the device, appended to in place.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use ndarray::ArrayView4;
@@ -8,9 +8,6 @@ use ndarray::ArrayView4;
 use crate::attention::Dtype;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::kernels::swap_heads::SwapHeads;
-use crate::tensor::{Recorder, Tensor};
 
 /// The sizes of a [`KvCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,29 +90,6 @@ pub struct KvCache {
     /// The submitted-flag of the [`Recorder`] the last append was recorded into, until it is
     /// known to be submitted: the tokens counted in `len` are written only then.
     pending: Option<Arc<AtomicBool>>,
-}
-
-/// Where the new tokens' K or V lie in a device buffer: element `(b, i, h, c)` (batch, token,
-/// K/V head, column) at `off + b·strides[0] + i·strides[1] + h·strides[2] + c`, the rows
-/// layout the projections write.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RowsSource<'a> {
-    pub buffer: &'a wgpu::Buffer,
-    pub strides: [usize; 3],
-    pub off: usize,
-    pub f16: bool,
-}
-
-impl<'a> RowsSource<'a> {
-    /// A dense `(batch, m, heads, width)` buffer.
-    pub fn dense(buffer: &'a wgpu::Buffer, [m, heads, width]: [usize; 3], f16: bool) -> Self {
-        RowsSource {
-            buffer,
-            strides: [m * heads * width, heads * width, width],
-            off: 0,
-            f16,
-        }
-    }
 }
 
 /// One of K and V: its texture, view and line layout.
@@ -380,139 +354,6 @@ impl KvCache {
         Ok(())
     }
 
-    /// [`KvCache::append`] from tensors already on the device, in the rows layout the
-    /// projections write: K `(batch, m, kv_heads, d_k)` and V `(batch, m, kv_heads, d_v)`, of
-    /// the cache's dtype. Recorded into `rec` (a kernel moves the rows into the cache's order,
-    /// then copies place them): nothing goes through the host. The tokens count from now on,
-    /// and are written when `rec` is submitted; until then only operations recorded into the
-    /// same `rec` may use the cache (anything else is an error, and a recorder dropped
-    /// unsubmitted leaves the cache needing [`KvCache::clear`]).
-    ///
-    /// # Errors
-    /// As [`KvCache::append`] (the cache unchanged), and tensors of another context or not
-    /// yet written. Values are not checked for NaN/Inf: tensors are checked when made.
-    pub fn append_record(&mut self, rec: &mut Recorder<'_>, k: &Tensor, v: &Tensor) -> Result<()> {
-        let ctx = rec.ctx;
-        self.check_context(ctx)?;
-        self.check_written(Some(rec))?;
-        let s = self.spec;
-        let mut m = None;
-        for (name, t, d) in [("K", k, s.d_k), ("V", v, s.d_v)] {
-            let rows = match *t.shape() {
-                [b, m, h, w] if [b, h, w] == [s.batch, s.kv_heads, d] => m,
-                ref shape => {
-                    return Err(Error::shape(format!(
-                        "KV cache append: {name} is {shape:?}, the cache takes (batch, m, \
-                         kv_heads, d) = [{}, m, {}, {d}] on the device",
-                        s.batch, s.kv_heads
-                    )))
-                }
-            };
-            if t.dtype() != s.dtype {
-                return Err(Error::invalid(
-                    "KV cache append",
-                    format!("the cache stores {} but {name} is {}", s.dtype, t.dtype()),
-                ));
-            }
-            if m.is_some_and(|m| m != rows) {
-                return Err(Error::shape(format!(
-                    "KV cache append: K has {} tokens and V {rows}",
-                    m.unwrap_or_default()
-                )));
-            }
-            m = Some(rows);
-        }
-        let m = m.unwrap_or_default();
-        self.check_room(m)?;
-        let f16 = s.dtype == Dtype::F16;
-        let what = "KV cache append";
-        let ks = RowsSource::dense(k.input(rec, what)?, [m, s.kv_heads, s.d_k], f16);
-        let vs = RowsSource::dense(v.input(rec, what)?, [m, s.kv_heads, s.d_v], f16);
-        ctx.scoped(|| self.record_append(ctx, rec.encoder(), ks, vs, m))?;
-        self.mark_pending(rec);
-        Ok(())
-    }
-
-    /// Records the append of `m` tokens' K and V from device buffers (see [`RowsSource`]),
-    /// checked to fit; counts them at once.
-    ///
-    /// # Errors
-    /// [`Error::LimitExceeded`] past the capacity (nothing recorded); GPU errors.
-    pub(crate) fn record_append(
-        &mut self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        k: RowsSource<'_>,
-        v: RowsSource<'_>,
-        m: usize,
-    ) -> Result<()> {
-        self.check_room(m)?;
-        let s = self.spec;
-        let f16 = s.dtype == Dtype::F16;
-        let texel = 4 * elem_bytes(s.dtype);
-        for (plane, src, d) in [(&self.k, k, s.d_k), (&self.v, v, s.d_v)] {
-            let swap = SwapHeads {
-                n: [s.batch, m, s.kv_heads],
-                w: d,
-                dw: padded(d),
-                strides: src.strides,
-                off: src.off,
-                src_f16: src.f16,
-                dst_f16: f16,
-            };
-            let staging = match f16 {
-                true => buffer::output_f16(ctx, "KV cache append", swap.dst_len())?,
-                false => buffer::output(ctx, "KV cache append", swap.dst_len(), false)?,
-            };
-            swap.record(ctx, encoder, src.buffer, &staging)?;
-            for bh in 0..s.batch * s.kv_heads {
-                let first = bh * s.capacity + self.len;
-                plane.copy_rows(encoder, &staging, bh * m, first..first + m, texel);
-            }
-        }
-        self.len += m;
-        Ok(())
-    }
-
-    /// Forgets the tokens past the first `len` (a recorded append whose operation failed).
-    pub(crate) fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-    }
-
-    /// The tokens counted so far are written when `rec` is submitted.
-    pub(crate) fn mark_pending(&mut self, rec: &Recorder<'_>) {
-        self.pending = Some(rec.flag());
-    }
-
-    /// `Err` when `m` more tokens do not fit.
-    pub(crate) fn check_room(&self, m: usize) -> Result<()> {
-        if self.len + m > self.spec.capacity {
-            return Err(Error::LimitExceeded {
-                what: "KV cache append".into(),
-                needed: format!("{} tokens ({} held + {m})", self.len + m, self.len),
-                limit: format!("{} tokens", self.spec.capacity),
-                limit_name: "KV cache capacity",
-            });
-        }
-        Ok(())
-    }
-
-    /// `Err` when the last append was recorded into a recorder not yet submitted, unless that
-    /// is `rec`.
-    pub(crate) fn check_written(&self, rec: Option<&Recorder<'_>>) -> Result<()> {
-        let Some(flag) = &self.pending else {
-            return Ok(());
-        };
-        if flag.load(Ordering::Acquire) || rec.is_some_and(|r| r.owns(flag)) {
-            return Ok(());
-        }
-        Err(Error::invalid(
-            "KV cache",
-            "its last append was recorded into a Recorder that was not submitted: submit that \
-             one first (if it was dropped, its tokens are missing: clear() the cache)",
-        ))
-    }
-
     /// `Err` unless the cache was made on `ctx`.
     pub(crate) fn check_context(&self, ctx: &Context) -> Result<()> {
         if self.ctx_id != ctx.id() {
@@ -608,94 +449,8 @@ fn padded_rows<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
     out
 }
 
+mod on_device;
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::decode::Decoder;
-    use ndarray::{s, Array4};
+mod tests;
 
-    #[test]
-    fn lines_hold_whole_rows_aligned_for_copies() {
-        let l = Lines::new("K", 1000, 16, 16, 16384).unwrap();
-        assert_eq!((l.per_line, l.lines), (1008, 1));
-        let l = Lines::new("K", 100_000, 16, 16, 16384).unwrap();
-        assert_eq!((l.per_line, l.lines), (1024, 98));
-        // f16 texels: 32 rows per line at least, wider than 64 texels of 3.
-        assert!(Lines::new("K", 5, 3, 8, 64).is_err());
-        assert!(Lines::new("K", 100_000, 16, 16, 64).is_err());
-    }
-
-    #[test]
-    fn rows_over_several_texture_lines_decode_as_on_one() {
-        // Lines of 32 rows: appends that start and end inside lines, and one that copies two
-        // whole lines at once.
-        let ctx = crate::context::test_context();
-        let spec = KvCacheSpec {
-            capacity: 100,
-            batch: 1,
-            kv_heads: 2,
-            d_k: 6,
-            d_v: 5,
-            dtype: Dtype::F32,
-        };
-        let f = |salt: usize| {
-            move |(a, b, c, d): (usize, usize, usize, usize)| {
-                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin()
-            }
-        };
-        let q = Array4::from_shape_fn((1, 4, 100, 6), f(1));
-        let k = Array4::from_shape_fn((1, 2, 100, 6), f(2));
-        let v = Array4::from_shape_fn((1, 2, 100, 5), f(3));
-        let mut narrow = KvCache::with_side_limit(ctx, spec, 64).unwrap();
-        assert_eq!((narrow.k.lines.per_line, narrow.k.lines.lines), (32, 7));
-        let mut wide = KvCache::new(ctx, spec).unwrap();
-        let dec = Decoder::new().nan_fill(true);
-        let mut at = 0;
-        for m in [3, 70, 1, 26] {
-            let r = s![.., .., at..at + m, ..];
-            narrow.append(ctx, k.slice(r), v.slice(r)).unwrap();
-            wide.append(ctx, k.slice(r), v.slice(r)).unwrap();
-            let a = dec.step(ctx, &narrow, q.slice(r)).unwrap();
-            let b = dec.step(ctx, &wide, q.slice(r)).unwrap();
-            assert_eq!(a, b, "after {m} more");
-            at += m;
-        }
-    }
-
-    #[test]
-    fn every_thread_count_merges_to_the_same_result() {
-        // A GPU runs 64 threads per workgroup, lavapipe one subgroup: the merge must not
-        // depend on it (nor on a count that is not a power of two).
-        let ctx = crate::context::test_context();
-        let spec = KvCacheSpec {
-            capacity: 300,
-            batch: 2,
-            kv_heads: 2,
-            d_k: 6,
-            d_v: 9,
-            dtype: Dtype::F32,
-        };
-        let f = |salt: usize| {
-            move |(a, b, c, d): (usize, usize, usize, usize)| {
-                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin() * 2.0
-            }
-        };
-        let q = Array4::from_shape_fn((2, 6, 300, 6), f(1));
-        let k = Array4::from_shape_fn((2, 2, 300, 6), f(2));
-        let v = Array4::from_shape_fn((2, 2, 300, 9), f(3));
-        let mut cache = KvCache::new(ctx, spec).unwrap();
-        cache.append(ctx, k.view(), v.view()).unwrap();
-        let op = crate::attention::Attention::new().causal(true);
-        let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
-            .unwrap()
-            .context;
-        for threads in [1, 3, 8, 64] {
-            for block in [64, 1024] {
-                let dec = Decoder::new().nan_fill(true).threads(threads).block(block);
-                let got = dec.step(ctx, &cache, q.view()).unwrap();
-                let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
-                assert!(rel < 1e-5, "{threads} threads, blocks of {block}: {rel:e}");
-            }
-        }
-    }
-}
+pub(crate) use on_device::RowsSource;
