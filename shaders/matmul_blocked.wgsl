@@ -7,7 +7,8 @@
 // C may be split over three buffers (X·[W_Q W_K W_V] written as Q, K and V at once, X read
 // once): columns [0, split_k) go to `c` (row stride c_row), [split_k, split_v) to `c1` and
 // [split_v, n) to `c2`, each row-major at its own width. Without a split, split_k = split_v = n
-// and the host binds `c` three times.
+// and `c1`, `c2` are small buffers of their own, never written (WebGPU rejects a writable
+// binding aliasing another).
 //
 // Tiling: 16 × 16 threads, each computing (4·TB) × (4·TB) outputs in registers, as TB × TB
 // blocks of 4 × 4 (rows 64·bi + 4·ty + 0..3, columns 64·bj + 4·tx + 0..3: whole vec4s of

@@ -26,7 +26,7 @@
 // Split output (plain epilogue): columns [0, split_k) go to `c` at its strides, [split_k,
 // split_v) to `c1` and [split_v, n) to `c2`, each row-major at its own width (one group);
 // without a split (SPLIT = 0, the constant: no per-element branch), split_k = split_v = n and
-// `c` is bound three times.
+// `c1`, `c2` are small buffers of their own, never written.
 //
 // The host prepends: const SG (subgroup size), T (tile rows per lane), MASK (1 when there is
 // a mask), SPLIT (1 for a split output), and the element types `alias B_T` (the bias) and
