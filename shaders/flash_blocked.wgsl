@@ -42,7 +42,7 @@
 // weight exactly 0 are left out of the sum (NaN/Inf values there never reach the row).
 // LSE ≠ 0 (a forward saved for the backward pass): each row's log-sum-exp of its log2-domain
 // scores, m + log2(l), is written to `lse[(b·heads + h)·n_q + i]` (LSE_EMPTY for a row with
-// nothing visible); `lse` is bound to `out` and never touched when LSE = 0.
+// nothing visible); without LSE and SPLIT the host binds a stand-in there, never touched.
 // SPLIT ≠ 0 (flash-decoding's split, for calls with too few query blocks to fill a GPU): the
 // keys are cut into `p.splits` ranges of `p.split_keys` (a multiple of BC); each workgroup
 // takes one range of one query block and writes, instead of the output, its rows' partial

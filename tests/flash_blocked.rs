@@ -378,3 +378,29 @@ fn subgroups_asked_for_where_a_row_group_does_not_fit_are_an_error() {
         assert!(result.unwrap().passed());
     }
 }
+
+#[test]
+fn the_unchecked_split_kernel_equals_its_checked_twin_bit_for_bit() {
+    // The key split's partials and their bounds, unchecked and checked: causal with a mask
+    // of key lengths, 300 keys in 3 ranges of 64 × 32 blocks (ranges that start inside the
+    // diagonal, and ranges wholly above it for the first query blocks).
+    let checked = ctx_with(BlockedOptions::default()).with_runtime_checks(true);
+    let case = Case {
+        causal: true,
+        mask: MaskCase::Lengths,
+        ..plain(300, 20)
+    }
+    .on(Kernels::Storage, true);
+    let data = case.data(5);
+    let (proj, mask) = (data.projections(), data.mask());
+    let op = case
+        .op()
+        .flash_variant(BLOCKS[1])
+        .key_split(wgpu_attention::KeySplit::Ranges(3));
+    let run = |ctx: &Context| {
+        op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
+            .unwrap()
+            .context
+    };
+    assert_eq!(run(common::ctx()), run(&checked));
+}

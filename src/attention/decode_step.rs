@@ -125,8 +125,9 @@ impl Layer {
             op.record_output(ctx, encoder, &plan, (batch * m, dims.d_v), context, Some(w))
         });
         // A failure after the append was recorded takes its tokens back out of the count.
-        let (y, width) = recorded.inspect_err(|_| cache.truncate(held))?;
+        // Copies into the cache may sit in `rec` even on a failure: it waits for `rec` either way.
         cache.mark_pending(rec);
+        let (y, width) = recorded.inspect_err(|_| cache.truncate(held))?;
         Ok(rec.tensor(y, vec![batch, m, width]))
     }
 }

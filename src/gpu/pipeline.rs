@@ -121,20 +121,25 @@ impl PipelineCache {
             }
         }
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        if missing.len() < 2 || threads < 2 || cfg!(target_arch = "wasm32") {
-            let ahead = missing.iter().try_for_each(|k| self.get(ctx, *k).map(drop));
-            self.late
-                .fetch_sub(missing.len(), std::sync::atomic::Ordering::Relaxed);
-            return ahead;
+        if missing.is_empty() {
+            return Ok(());
         }
         let _compile = ctx.phases.enter(Phase::Compile);
         let disk = self.disk(ctx);
-        let built = build_parallel(
-            ctx,
-            &missing,
-            threads,
-            disk.as_ref().and_then(|d| d.as_ref()),
-        );
+        let disk = disk.as_ref().and_then(|d| d.as_ref());
+        let built = if missing.len() < 2 || threads < 2 || cfg!(target_arch = "wasm32") {
+            // One after the other, each in its own error scopes (the caller has none here).
+            let built = missing
+                .iter()
+                .map(|&key| (key, ctx.scoped(|| Ok(build(ctx, key, disk)))))
+                .collect();
+            if let Some(d) = disk {
+                d.save();
+            }
+            built
+        } else {
+            build_parallel(ctx, &missing, threads, disk)
+        };
         let mut first_error = None;
         for (key, result) in built {
             match result {
@@ -211,8 +216,8 @@ fn build_parallel(
     built.into_inner().unwrap_or_else(|p| p.into_inner())
 }
 
-/// In the browser there are no threads to compile on (never called: `prepare` compiles one
-/// after the other there).
+/// In the browser there are no threads: never called there ([`PipelineCache::prepare`]
+/// compiles one after the other), but the same in order.
 #[cfg(target_arch = "wasm32")]
 fn build_parallel(
     ctx: &Context,

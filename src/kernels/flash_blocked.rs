@@ -39,7 +39,7 @@ constants! {
         skip_zero => "SKIP_ZERO",
         /// 1 to write each row's log-sum-exp (a forward saved for the backward pass).
         lse => "LSE",
-        /// 1 to compute one key range and write partial results (`flash_split.rs`).
+        /// 1 to compute one key range and write partial results (`flash_combine.rs`).
         split => "SPLIT",
         /// 1 to double-buffer the chunks: the next one loads while this one is used.
         dbuf => "DBUF",

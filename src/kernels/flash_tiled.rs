@@ -161,7 +161,7 @@ pub(crate) struct Flash {
     /// of the sum, so a non-finite value there cannot reach the row (for inputs passed through
     /// with NaN/Inf; finite inputs give the same either way). `flash_tiled` always does this.
     pub skip_zero: bool,
-    /// Whether `flash_blocked` splits the keys (see `flash_split.rs`).
+    /// Whether `flash_blocked` splits the keys (see `flash_combine.rs`).
     pub key_split: crate::variant::KeySplit,
 }
 

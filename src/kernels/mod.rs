@@ -445,9 +445,24 @@ std::thread_local! {
 /// # Errors
 /// `f`'s error.
 pub(crate) fn collect_keys(f: impl FnOnce() -> Result<()>) -> Result<Vec<PipelineKey>> {
-    let outer = COLLECTING.with(|c| c.borrow_mut().replace(Vec::new()));
+    /// Puts the outer state back however `f` ends (a panic caught upstream included), so
+    /// the thread never stays in collecting mode, where `record` records nothing.
+    struct Restore(Option<Option<Vec<PipelineKey>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                COLLECTING.with(|c| *c.borrow_mut() = outer);
+            }
+        }
+    }
+    let mut restore = Restore(Some(
+        COLLECTING.with(|c| c.borrow_mut().replace(Vec::new())),
+    ));
     let result = f();
-    let keys = COLLECTING.with(|c| std::mem::replace(&mut *c.borrow_mut(), outer));
+    let keys = COLLECTING.with(|c| c.borrow_mut().take());
+    if let Some(outer) = restore.0.take() {
+        COLLECTING.with(|c| *c.borrow_mut() = outer);
+    }
     result.map(|()| keys.unwrap_or_default())
 }
 

@@ -335,7 +335,11 @@ where
         ctx,
         format!("{kind} {} {detail}", names.join("+")).trim_end(),
     );
-    let known: Option<Progress<T>> = ctx.tune_cache().get(&key);
+    // A remembered choice this context cannot run (tensor cores turned off since) is none.
+    let known: Option<Progress<T>> = ctx
+        .tune_cache()
+        .get(&key)
+        .filter(|p: &Progress<T>| ordered.contains(&p.best));
     // Measured to the end, or the next candidate alone would cost more than this call's
     // estimated time (so measuring would stop before it: skip making the tuning problem).
     let done =

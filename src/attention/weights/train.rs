@@ -251,18 +251,21 @@ impl Layer {
         let names: Vec<&str> = params.iter().map(|(name, ..)| *name).collect();
         let host = |i: usize| self.host_values(names[i]);
         let moments = adam.moments(ctx, &lens, f16.then_some(&host as &dyn Fn(usize) -> _))?;
-        ctx.scoped(|| {
+        let recorded = ctx.scoped(|| {
             for (((param, grad, _), (_, [m, v], w)), u) in bound.iter().zip(moments).zip(&uniforms)
             {
                 adam::dispatch(ctx, rec.encoder(), u, grad, [param, m, v], w.as_ref())?;
             }
             Ok(())
-        })?;
-        adam.t = t;
-        // The packed copies (Q|K|V in one weight, the subgroup matmul's textures) hold the
-        // old weights: later calls use the updated separate ones.
+        });
+        drop(params);
+        // Even on a failure earlier dispatches may be in `rec`: the packed copies (Q|K|V in one
+        // weight, the subgroup matmul's textures) would hold the old weights, so later calls
+        // use the updated separate ones, and the version moves on.
         self.device.drop_packed();
         self.version.fetch_add(1, Ordering::AcqRel);
+        recorded?;
+        adam.t = t;
         Ok(())
     }
 

@@ -85,9 +85,12 @@ impl KvCache {
         let what = "KV cache append";
         let ks = RowsSource::dense(k.input(rec, what)?, [m, s.kv_heads, s.d_k], f16);
         let vs = RowsSource::dense(v.input(rec, what)?, [m, s.kv_heads, s.d_v], f16);
-        ctx.scoped(|| self.record_append(ctx, rec.encoder(), ks, vs, m))?;
+        let held = self.len;
+        let recorded = ctx.scoped(|| self.record_append(ctx, rec.encoder(), ks, vs, m));
+        // Copies may sit in `rec` even on a failure (rows past the count, rewritten by the next
+        // append): the cache waits for `rec` either way, and counts the tokens only on success.
         self.mark_pending(rec);
-        Ok(())
+        recorded.inspect_err(|_| self.truncate(held))
     }
 
     /// Records the append of `m` tokens' K and V from device buffers (see [`RowsSource`]),
