@@ -222,7 +222,7 @@ pub struct Context {
     runtime_checks: bool,
     blocked: crate::kernels::flash_blocked::BlockedOptions,
     stand_in: std::sync::OnceLock<wgpu::Buffer>,
-    unused_out: std::sync::OnceLock<wgpu::Buffer>,
+    unused_out: std::sync::OnceLock<[wgpu::Buffer; 2]>,
     one: std::sync::OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
@@ -451,14 +451,23 @@ impl Context {
     /// buffer, never bound to anything else: WebGPU rejects a writable binding that aliases
     /// another binding of the same dispatch, even one never written.
     pub(crate) fn unused_out(&self) -> &wgpu::Buffer {
-        self.unused_out.get_or_init(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("unused output"),
-                size: 16,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
+        self.unused_outs().0
+    }
+
+    /// Two such buffers, for a dispatch that leaves two writable bindings untouched (a
+    /// split-output matmul that does not split). Made once per context.
+    pub(crate) fn unused_outs(&self) -> (&wgpu::Buffer, &wgpu::Buffer) {
+        let [a, b] = self.unused_out.get_or_init(|| {
+            [0, 1].map(|_| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("unused output"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
             })
-        })
+        });
+        (a, b)
     }
 
     /// A storage buffer holding the single f32 1.0, made once: a row of ones for any length

@@ -143,8 +143,7 @@ impl Tensor {
     /// [`Error::InvalidArgument`] naming `what` otherwise.
     pub(crate) fn input(&self, rec: &Recorder<'_>, what: &str) -> Result<&wgpu::Buffer> {
         let buffer = self.buffer(rec.ctx, what)?;
-        let ours = Arc::ptr_eq(&self.inner.submitted, &rec.submitted);
-        if !ours && !self.inner.submitted.load(Ordering::Acquire) {
+        if !rec.sees(&self.inner.submitted) {
             return Err(Error::invalid(
                 what,
                 "it comes from another Recorder that was not submitted yet: submit that one first",
@@ -241,9 +240,10 @@ impl<'c> Recorder<'c> {
         Arc::clone(&self.submitted)
     }
 
-    /// Whether `flag` is this recorder's.
-    pub(crate) fn owns(&self, flag: &Arc<AtomicBool>) -> bool {
-        Arc::ptr_eq(flag, &self.submitted)
+    /// Whether work flagged by `flag` (a recorder's [`Recorder::flag`]) is visible to what
+    /// this recorder records: submitted already, or recorded earlier into this one.
+    pub(crate) fn sees(&self, flag: &Arc<AtomicBool>) -> bool {
+        Arc::ptr_eq(flag, &self.submitted) || flag.load(Ordering::Acquire)
     }
 
     /// The encoder, for the operations that record into it.

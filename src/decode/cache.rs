@@ -439,7 +439,7 @@ fn elem_bytes(dtype: Dtype) -> usize {
 }
 
 /// `a` `(batch, heads, m, d)` row-major, each row zero-padded to `width`.
-fn padded_rows<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
+pub(super) fn padded_rows<T: CacheElement>(a: &ArrayView4<'_, T>, width: usize) -> Vec<T> {
     let d = a.dim().3;
     let mut out = Vec::with_capacity(a.len() / d.max(1) * width);
     for row in a.rows() {

@@ -127,7 +127,11 @@ impl Decoder {
         let flat = ctx.scoped(|| {
             // The step's scratch buffers come from the pool, reused only after this submit.
             let _open = ctx.pool.open();
-            let q_buf = buffer::upload(ctx, "decode Q", &padded_rows(&q))?;
+            let q_buf = buffer::upload(
+                ctx,
+                "decode Q",
+                &cache::padded_rows(&q, d_k.next_multiple_of(4)),
+            )?;
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -280,16 +284,4 @@ impl Decoder {
         problem.record(ctx, encoder, &bufs, self.block)?;
         Ok(out)
     }
-}
-
-/// `q` `(batch, heads, m, d)` row-major, each row zero-padded to whole vec4s.
-fn padded_rows(q: &ArrayView4<'_, f32>) -> Vec<f32> {
-    let d = q.dim().3;
-    let width = d.next_multiple_of(4);
-    let mut out = Vec::with_capacity(q.len() / d.max(1) * width);
-    for row in q.rows() {
-        out.extend(row.iter().copied());
-        out.resize(out.len() + width - d, 0.0);
-    }
-    out
 }

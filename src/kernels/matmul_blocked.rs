@@ -169,14 +169,10 @@ pub(crate) fn dispatch(
     let tiles_n = mm.n.div_ceil(tile);
     let groups = mm.batch * mm.heads;
     let (split_k, split_v) = split.unwrap_or((mm.n, mm.n));
-    // Unsplit: all to `c`; the other two outputs get buffers of their own.
-    let spare = match split {
-        None => Some(super::unused_outputs(ctx)?),
-        Some(_) => None,
-    };
-    let (c1, c2) = match &spare {
-        Some((a, b)) => (&**a, &**b),
-        None => (c1, c2),
+    // Unsplit: all to `c`; the other two outputs get the context's unused stand-ins.
+    let (c1, c2) = match split {
+        None => ctx.unused_outs(),
+        Some(_) => (c1, c2),
     };
     // A split's first output is row-major at its own width, like the other two.
     let sc = match split {

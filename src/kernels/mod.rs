@@ -466,19 +466,6 @@ pub(crate) fn collect_keys(f: impl FnOnce() -> Result<()>) -> Result<Vec<Pipelin
     result.map(|()| keys.unwrap_or_default())
 }
 
-/// Two small buffers of their own (from the pool) for the second and third outputs of a
-/// split-output matmul that writes only its first: WebGPU rejects a writable binding that
-/// aliases another of the same dispatch, even one never written.
-///
-/// # Errors
-/// GPU limits (never, for 4 values).
-pub(crate) fn unused_outputs(
-    ctx: &Context,
-) -> Result<(crate::gpu::buffer::Buf, crate::gpu::buffer::Buf)> {
-    let one = || crate::gpu::buffer::output(ctx, "unused split output", 4, false);
-    Ok((one()?, one()?))
-}
-
 /// Converts a size to the u32 the kernels index with.
 pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::LimitExceeded {

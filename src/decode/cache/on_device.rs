@@ -163,7 +163,7 @@ impl KvCache {
         let Some(flag) = &self.pending else {
             return Ok(());
         };
-        if flag.load(Ordering::Acquire) || rec.is_some_and(|r| r.owns(flag)) {
+        if flag.load(Ordering::Acquire) || rec.is_some_and(|r| r.sees(flag)) {
             return Ok(());
         }
         Err(Error::invalid(
