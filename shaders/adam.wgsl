@@ -8,11 +8,15 @@
 // them per step) and λ the weight decay (0: plain Adam). The parameter is P_T (f32, or f16
 // for an f16 layer); with MASTER = 1 an f32 master copy of it is updated (mixed precision: the
 // f16 weight is the master rounded, so steps smaller than f16's spacing still add up), else
-// the parameter itself is the master and `master` is a stand-in left untouched. One
-// invocation per element, 256 per workgroup, linear 2-D grid; any length.
+// the parameter itself is the master and `master` is a stand-in left untouched. With
+// MIRROR = 1 the new value is also written into a second buffer, at the strided place a packed
+// copy keeps it (a layer's W_Q | W_K | W_V in one weight): element i = (r, c) of a parameter
+// `cols` wide goes to mirror[mirror_off + r·mirror_row + c], the same P_T value as `param`;
+// else `mirror` is a stand-in left untouched. One invocation per element, 256 per workgroup,
+// linear 2-D grid; any length.
 //
-// The host prepends, from src/kernels/adam.rs: MASTER, the alias P_T, shaders/prelude.wgsl and
-// `struct Params`.
+// The host prepends, from src/kernels/adam.rs: MASTER, MIRROR, the alias P_T,
+// shaders/prelude.wgsl and `struct Params`.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> grad: array<f32>;
@@ -20,6 +24,7 @@
 @group(0) @binding(3) var<storage, read_write> m: array<f32>;
 @group(0) @binding(4) var<storage, read_write> v: array<f32>;
 @group(0) @binding(5) var<storage, read_write> master: array<f32>;
+@group(0) @binding(6) var<storage, read_write> mirror: array<P_T>;
 
 @compute @workgroup_size(256)
 fn main(
@@ -48,4 +53,7 @@ fn main(
         master[i] = w;
     }
     param[i] = P_T(w);
+    if MIRROR == 1u {
+        mirror[p.mirror_off + (i / p.cols) * p.mirror_row + i % p.cols] = P_T(w);
+    }
 }

@@ -16,19 +16,6 @@ fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
     })
 }
 
-/// The passes of one profiled call.
-fn passes(ctx: &Context, call: impl FnOnce()) -> Vec<&'static str> {
-    ctx.set_profiling(true);
-    call();
-    let kernels = ctx.kernel_times().into_iter().map(|t| t.kernel).collect();
-    ctx.set_profiling(false);
-    kernels
-}
-
-fn count(passes: &[&str], prefix: &str) -> usize {
-    passes.iter().filter(|k| k.starts_with(prefix)).count()
-}
-
 #[test]
 fn one_qkv_matmul_equals_three_projections_bit_for_bit() {
     let ctx = common::ctx();
@@ -91,18 +78,21 @@ fn a_layer_call_runs_one_projection_matmul_and_packs_only_x() {
     for family in Kernels::available(ctx) {
         let op = Attention::new().heads(2).kernels(family);
         let layer = Layer::new(ctx, op, &p).unwrap();
-        let layer_passes = passes(ctx, || drop(layer.forward(ctx, &x).unwrap()));
-        let array_passes = passes(ctx, || {
+        let layer_passes = common::passes(ctx, || drop(layer.forward(ctx, &x).unwrap()));
+        let array_passes = common::passes(ctx, || {
             drop(op.forward(ctx, x.view().into_dyn(), Some(&p)).unwrap())
         });
         // The array API: Q, K, V and W_O, four matmuls (the subgroup family packing both
         // operands of each); the layer: Q, K, V in one, then W_O, packing only X and the
         // context (its weights were packed when it was built).
         let matmuls = (
-            count(&array_passes, "matmul"),
-            count(&layer_passes, "matmul"),
+            common::count(&array_passes, "matmul"),
+            common::count(&layer_passes, "matmul"),
         );
-        let packs = (count(&array_passes, "pack"), count(&layer_passes, "pack"));
+        let packs = (
+            common::count(&array_passes, "pack"),
+            common::count(&layer_passes, "pack"),
+        );
         let both = format!("{family}: array {array_passes:?}, layer {layer_passes:?}");
         assert_eq!(matmuls.0 - matmuls.1, 2, "{both}");
         if family == Kernels::Subgroup {

@@ -6,12 +6,18 @@
 //!
 //! The products are those of the three separate projections, element for element: the same
 //! kernels' arithmetic per output (an `fma` chain along the inner dimension, then the bias).
+//!
+//! The packed copies follow the weights through training: an Adam step writes each new value
+//! of `W_Q`, `W_K`, `W_V` and their biases into the packed weight as well
+//! ([`DeviceWeights::mirror`]), and the textures are packed again from the buffers on the
+//! device ([`DeviceWeights::record_repack`]), in the same encoder.
 
 use super::plan::Plan;
 use super::projections::Projections;
 use super::weights::{DeviceWeights, Linear};
 use crate::context::Context;
 use crate::error::Result;
+use crate::kernels::adam::Mirror;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::matmul_blocked;
 use crate::kernels::matmul_subgroup::{self, Epilogue, Operands};
@@ -34,15 +40,21 @@ fn as_stored(values: impl Iterator<Item = f32>, f16: bool) -> Vec<f32> {
 /// call then packs it, as the array API does).
 fn packed(ctx: &Context, what: &str, host: &[f32], (rows, cols): (usize, usize)) -> Option<Packed> {
     ctx.subgroup_size()?;
-    let pack = Pack {
+    weight_pack((rows, cols), false)
+        .upload(ctx, what, host)
+        .ok()
+}
+
+/// The pack of a row-major `(rows, cols)` weight (f16 when `f16`) into one texture.
+fn weight_pack((rows, cols): (usize, usize), f16: bool) -> Pack {
+    Pack {
         batch: 1,
         heads: 1,
         rows,
         width: cols,
         src: Strides::row_major(cols as u32, 0, 0),
-        f16: false,
-    };
-    pack.upload(ctx, what, host).ok()
+        f16,
+    }
 }
 
 impl DeviceWeights {
@@ -82,6 +94,64 @@ impl DeviceWeights {
             o.packed = packed(ctx, "W_O", &host, w_o.dim());
         }
         Ok(w)
+    }
+
+    /// Where parameter `name` (`W_Q`, `b_K`, …, as [`super::Layer`]'s update names them) sits
+    /// in the packed `W_Q | W_K | W_V` (or its bias), for an update to write there too;
+    /// `None` for `W_O`, `b_O`, or without a packed weight.
+    pub(super) fn mirror(&self, name: &str) -> Option<Mirror<'_>> {
+        let qkv = self.qkv.as_ref()?;
+        let (i, weight) = match name {
+            "W_Q" => (0, true),
+            "W_K" => (1, true),
+            "W_V" => (2, true),
+            "b_Q" => (0, false),
+            "b_K" => (1, false),
+            "b_V" => (2, false),
+            _ => return None,
+        };
+        let parts = [&self.q, &self.k, &self.v];
+        let off = parts[..i].iter().map(|l| l.cols).sum();
+        let cols = parts[i].cols;
+        Some(match weight {
+            true => Mirror {
+                buffer: qkv.weight(),
+                cols,
+                row: qkv.cols,
+                off,
+            },
+            false => Mirror {
+                buffer: qkv.b.as_ref()?,
+                cols,
+                row: 0,
+                off,
+            },
+        })
+    }
+
+    /// Records the packing of the subgroup matmul's textures (`W_Q | W_K | W_V`'s, `W_O`'s)
+    /// again from the weights on the device (f16 under `f16`), into the textures they were
+    /// packed into when the layer was built: after an update, so they hold the new weights.
+    ///
+    /// # Errors
+    /// GPU errors.
+    pub(super) fn record_repack(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        f16: bool,
+    ) -> Result<()> {
+        for l in self.qkv.iter().chain(self.o.as_ref()) {
+            if let Some(texture) = &l.packed {
+                weight_pack((l.rows, l.cols), f16).dispatch_into(
+                    ctx,
+                    encoder,
+                    l.weight(),
+                    texture,
+                )?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -28,8 +28,8 @@ pub(super) struct Linear {
     pub rows: usize,
     /// Output width: the weight's columns.
     pub cols: usize,
-    /// The weight in the subgroup matmul's texture layout, packed once (a layer's; see
-    /// `qkv.rs`), else packed by each call.
+    /// The weight in the subgroup matmul's texture layout, packed when a layer is built and
+    /// again on the device after each of its updates (see `qkv.rs`), else packed by each call.
     pub packed: Option<crate::kernels::pack::Packed>,
 }
 
@@ -91,8 +91,8 @@ pub(super) struct DeviceWeights {
 
 impl DeviceWeights {
     /// Forgets the packed copies of the weights (`W_Q | W_K | W_V` in one, the subgroup
-    /// matmul's textures): after the weights change on the device they are stale, and calls
-    /// go back to the separate weights.
+    /// matmul's textures): after an update that failed part-way they may be stale, and calls
+    /// go back to the separate weights. (A whole update writes them again: `qkv.rs`.)
     pub(super) fn drop_packed(&mut self) {
         self.qkv = None;
         for l in [&mut self.q, &mut self.k, &mut self.v]

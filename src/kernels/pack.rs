@@ -212,16 +212,49 @@ impl Pack {
         what: &str,
         src: &wgpu::Buffer,
     ) -> Result<Packed> {
-        let groups = self.batch * self.heads;
-        let d4 = self.width.div_ceil(4);
-        let layout = PackLayout::new(
-            what,
-            groups,
-            self.rows,
-            d4,
-            ctx.limits().max_texture_dimension_2d,
-        )?;
+        let layout = self.layout(ctx, what)?;
         let (_texture, view) = texture::rgba32f(ctx, what, layout.width, layout.height)?;
+        let packed = Packed { view, layout };
+        self.dispatch_into(ctx, encoder, src, &packed)?;
+        Ok(packed)
+    }
+
+    /// The layout of this pack's texture.
+    fn layout(&self, ctx: &Context, what: &str) -> Result<PackLayout> {
+        PackLayout::new(
+            what,
+            self.batch * self.heads,
+            self.rows,
+            self.width.div_ceil(4),
+            ctx.limits().max_texture_dimension_2d,
+        )
+    }
+
+    /// Records the pack of `src` into `dst`, a texture this pack made before (a packed copy
+    /// of a weight, rewritten after the weight changed on the device). Texels past the
+    /// matrices are left as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `dst` has another layout; limits as
+    /// [`Pack::dispatch`].
+    pub fn dispatch_into(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        dst: &Packed,
+    ) -> Result<()> {
+        let groups = self.batch * self.heads;
+        let layout = self.layout(ctx, "packed operand")?;
+        if layout != dst.layout {
+            return Err(Error::invalid(
+                "pack",
+                format!(
+                    "internal: a texture of layout {:?} repacked as {layout:?}",
+                    dst.layout
+                ),
+            ));
+        }
         let params = PackParams {
             n: u32_of("rows", self.rows)?,
             heads: u32_of("heads", self.heads)?,
@@ -252,10 +285,9 @@ impl Pack {
             &NoConstants,
             u8::from(self.f16),
             &params,
-            &[src.into(), Binding::Texture(&view), src4.into()],
+            &[src.into(), Binding::Texture(&dst.view), src4.into()],
             texels.div_ceil(64),
-        )?;
-        Ok(Packed { view, layout })
+        )
     }
 }
 

@@ -292,18 +292,22 @@ fn decode() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
-/// The training step's elementwise kernels: Adam's update, the MSE loss, and `y += x`.
+/// The training step's elementwise kernels: Adam's update (also mirrored into a layer's packed
+/// `W_Q | W_K | W_V`), the MSE loss, and `y += x`.
 fn training() -> Vec<(String, PipelineKey)> {
     use crate::kernels::{adam, add, mse};
+    let adam = |name: &str, master: u32, mirror: u32| {
+        let consts = adam::AdamConsts { master, mirror };
+        (
+            name.into(),
+            PipelineKey::of::<adam::Shader>(&consts, master as u8),
+        )
+    };
     vec![
-        (
-            "adam".into(),
-            PipelineKey::of::<adam::Shader>(&adam::AdamConsts::default(), 0),
-        ),
-        (
-            "adam-f16".into(),
-            PipelineKey::of::<adam::Shader>(&adam::AdamConsts { master: 1 }, 1),
-        ),
+        adam("adam", 0, 0),
+        adam("adam-f16", 1, 0),
+        adam("adam-mirror", 0, 1),
+        adam("adam-f16-mirror", 1, 1),
         (
             "mse".into(),
             PipelineKey::of::<mse::Shader>(&NoConstants, 0),

@@ -134,3 +134,18 @@ pub fn context_with(lower: impl FnOnce(&mut wgpu_attention::wgpu::Limits)) -> Co
     .expect("a device with lowered limits");
     Context::from_parts(adapter, device, queue).with_tuning(false)
 }
+
+/// The kernels (WGSL file names) of the passes `call` records on `ctx`, in order: profiling
+/// keeps those of whichever call ran last on a context, so `ctx` is the test's own.
+pub fn passes(ctx: &Context, call: impl FnOnce()) -> Vec<&'static str> {
+    ctx.set_profiling(true);
+    call();
+    let kernels = ctx.kernel_times().into_iter().map(|t| t.kernel).collect();
+    ctx.set_profiling(false);
+    kernels
+}
+
+/// How many of `passes` run a kernel whose name starts with `prefix`.
+pub fn count(passes: &[&str], prefix: &str) -> usize {
+    passes.iter().filter(|k| k.starts_with(prefix)).count()
+}

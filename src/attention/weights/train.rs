@@ -5,6 +5,10 @@
 //! [`LayerSaved::record_backward`](crate::LayerSaved::record_backward), a whole training step
 //! is one [`Recorder`] and one submit, and nothing comes back to the host.
 //!
+//! Each update also writes the layer's packed copies of its weights (`W_Q | W_K | W_V` in
+//! one, the subgroup matmul's textures; `qkv.rs`) on the device, in the same encoder, so
+//! forwards after a step run as fast as before it.
+//!
 //! The layer's host copy of its weights (kept for calls past the device's limits, which are
 //! projected on the CPU, and for [`Layer::projections`]) is not updated by a step:
 //! [`Layer::sync_host`] reads the device's weights back into it.
@@ -184,8 +188,9 @@ impl Layer {
     /// One [`Adam`] step on the layer's weights and biases, in place on the device, from the
     /// gradients of [`LayerSaved::backward_tensor`](crate::LayerSaved::backward_tensor) of a
     /// forward of this layer. Recorded and submitted at once; see [`Layer::record_update`].
-    /// Later forwards use the new weights; a [`crate::LayerSaved`] of an earlier forward
-    /// can no longer run its backward.
+    /// Later forwards use the new weights, still with Q, K and V from one matmul: the
+    /// layer's packed copies of its weights are written again on the device in the same
+    /// submit. A [`crate::LayerSaved`] of an earlier forward can no longer run its backward.
     ///
     /// # Errors
     /// As [`Layer::record_update`].
@@ -251,18 +256,33 @@ impl Layer {
         let names: Vec<&str> = params.iter().map(|(name, ..)| *name).collect();
         let host = |i: usize| self.host_values(names[i]);
         let moments = adam.moments(ctx, &lens, f16.then_some(&host as &dyn Fn(usize) -> _))?;
+        let device = &self.device;
         let recorded = ctx.scoped(|| {
-            for (((param, grad, _), (_, [m, v], w)), u) in bound.iter().zip(moments).zip(&uniforms)
-            {
-                adam::dispatch(ctx, rec.encoder(), u, grad, [param, m, v], w.as_ref())?;
+            let steps = bound.iter().zip(moments).zip(&uniforms).zip(&names);
+            for ((((param, grad, _), (_, [m, v], w)), u), name) in steps {
+                let mirror = device.mirror(name);
+                adam::dispatch(
+                    ctx,
+                    rec.encoder(),
+                    u,
+                    grad,
+                    [param, m, v],
+                    w.as_ref(),
+                    mirror,
+                )?;
             }
-            Ok(())
+            // The packed W_Q | W_K | W_V took the new values with the separate weights (each
+            // step's mirror); the textures are packed again from the updated buffers.
+            device.record_repack(ctx, rec.encoder(), f16)
         });
         drop(params);
         // Even on a failure earlier dispatches may be in `rec`: the packed copies (Q|K|V in one
-        // weight, the subgroup matmul's textures) would hold the old weights, so later calls
-        // use the updated separate ones, and the version moves on.
-        self.device.drop_packed();
+        // weight, the subgroup matmul's textures) may hold a mix of old and new weights, so
+        // they are dropped and later calls use the updated separate ones. The version moves
+        // on either way.
+        if recorded.is_err() {
+            self.device.drop_packed();
+        }
         self.version.fetch_add(1, Ordering::AcqRel);
         recorded?;
         adam.t = t;
