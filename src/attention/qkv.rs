@@ -113,19 +113,16 @@ impl DeviceWeights {
         let parts = [&self.q, &self.k, &self.v];
         let off = parts[..i].iter().map(|l| l.cols).sum();
         let cols = parts[i].cols;
-        Some(match weight {
-            true => Mirror {
-                buffer: qkv.weight(),
-                cols,
-                row: qkv.cols,
-                off,
-            },
-            false => Mirror {
-                buffer: qkv.b.as_ref()?,
-                cols,
-                row: 0,
-                off,
-            },
+        // A weight's rows lie qkv.cols apart; a bias is one row.
+        let (buffer, row) = match weight {
+            true => (qkv.weight(), qkv.cols),
+            false => (qkv.b.as_ref()?, 0),
+        };
+        Some(Mirror {
+            buffer,
+            cols,
+            row,
+            off,
         })
     }
 

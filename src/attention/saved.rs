@@ -159,6 +159,33 @@ fn from_rows(flat: Vec<f32>, [b, h, n, w]: [usize; 4]) -> Result<Array4<f32>> {
 }
 
 impl Attention {
+    /// The fused kernel's problem of a saved forward: `batch·heads` groups of `l` queries
+    /// against `kv_heads` of `s_len` keys, at this op's causal flag, scale, dtype and key
+    /// split (the array and tensor forms share it).
+    ///
+    /// # Errors
+    /// Sizes past u32 indexing.
+    fn saved_flash(
+        &self,
+        dims: &super::shape::Dims,
+        [batch, heads, kv_heads, l, s_len]: [usize; 5],
+    ) -> Result<Flash> {
+        let shape = Shape {
+            batch,
+            heads,
+            kv_heads,
+            n_q: l,
+            n_kv: s_len,
+            d_k: dims.d_k,
+            d_v: dims.d_v,
+        };
+        let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
+        flash.key_split = self.key_split;
+        Ok(flash)
+    }
+}
+
+impl Attention {
     /// [`Attention::sdpa_masked`] that also returns what [`Saved::backward`] needs, kept on
     /// the device. Always the fused path: the weights are not returned (`Output::weights` is
     /// `None`), and NaN/Inf inputs are errors even with
@@ -215,17 +242,7 @@ impl Attention {
         ];
         let bias = bias.as_ref().map(|b| b.view());
         fits(ctx, &named, None, bias.as_ref())?;
-        let shape = Shape {
-            batch,
-            heads,
-            kv_heads,
-            n_q: l,
-            n_kv: s_len,
-            d_k: dims.d_k,
-            d_v: dims.d_v,
-        };
-        let mut flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
-        flash.key_split = op.key_split;
+        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len])?;
         let mut plan = op.plan(ctx, &dims)?;
         let f16 = op.f16();
         let qkv = [

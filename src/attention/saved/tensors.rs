@@ -3,7 +3,6 @@
 //! the gradients stay on the device, and both can be recorded into one [`Recorder`].
 
 use super::{BackwardKernels, Saved};
-use crate::attention::dispatch::Shape;
 use crate::attention::split::fits;
 use crate::attention::upload::MaskBuffer;
 use crate::attention::{Attention, Dtype, TensorOutput};
@@ -85,17 +84,7 @@ impl Attention {
             ("row statistics (2·batch·heads·L)", 2 * rows),
         ];
         fits(ctx, &named, None, bias.as_ref())?;
-        let shape = Shape {
-            batch,
-            heads,
-            kv_heads,
-            n_q: l,
-            n_kv: s_len,
-            d_k: dims.d_k,
-            d_v: dims.d_v,
-        };
-        let mut flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
-        flash.key_split = op.key_split;
+        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len])?;
         let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref()))?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
