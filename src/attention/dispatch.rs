@@ -32,6 +32,23 @@ pub(super) struct Shape {
 }
 
 impl Shape {
+    /// Scaled dot-product attention's: `batch·heads` groups of `n_q` queries against
+    /// `kv_heads` groups of `n_kv` keys, at the widths of `dims`.
+    pub(super) fn sdpa(
+        dims: &super::Dims,
+        [batch, heads, kv_heads, n_q, n_kv]: [usize; 5],
+    ) -> Self {
+        Shape {
+            batch,
+            heads,
+            kv_heads,
+            n_q,
+            n_kv,
+            d_k: dims.d_k,
+            d_v: dims.d_v,
+        }
+    }
+
     /// Self-attention's: the keys are the queries' rows.
     pub(super) fn self_attention(dims: &super::Dims) -> Self {
         Shape {

@@ -82,15 +82,7 @@ impl Attention {
         }
         let buffers = [q.input(rec, "Q")?, k.input(rec, "K")?, v.input(rec, "V")?];
         let [b, h, l, _] = qs;
-        let shape = Shape {
-            batch: b,
-            heads: h,
-            kv_heads: ks[1],
-            n_q: l,
-            n_kv: ks[2],
-            d_k: dims.d_k,
-            d_v: dims.d_v,
-        };
+        let shape = Shape::sdpa(&dims, [b, h, ks[1], l, ks[2]]);
         let out = self.record_resident(rec, &dims, shape, &Source::DeviceQkv(buffers), mask)?;
         let e_v = vs[3];
         Ok(self.tensors(rec, out, vec![b, l, h, e_v], [b, h, l, ks[2]]))

@@ -170,15 +170,7 @@ impl Attention {
         dims: &super::shape::Dims,
         [batch, heads, kv_heads, l, s_len]: [usize; 5],
     ) -> Result<Flash> {
-        let shape = Shape {
-            batch,
-            heads,
-            kv_heads,
-            n_q: l,
-            n_kv: s_len,
-            d_k: dims.d_k,
-            d_v: dims.d_v,
-        };
+        let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]);
         let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
         flash.key_split = self.key_split;
         Ok(flash)

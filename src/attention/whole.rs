@@ -84,15 +84,7 @@ impl Attention {
             rows.as_standard_layout().iter().copied().collect()
         };
         let source = Source::Qkv([to_rows(&q), to_rows(&k), to_rows(&v)]);
-        let shape = Shape {
-            batch,
-            heads,
-            kv_heads,
-            n_q: l,
-            n_kv: s_len,
-            d_k: dims.d_k,
-            d_v: dims.d_v,
-        };
+        let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]);
         let (context, weights) = self.run_whole(ctx, &dims, shape, &source, bias).await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let context = ArrayD::from_shape_vec(IxDyn(&[batch, l, heads, e_v]), context)
