@@ -185,7 +185,7 @@ pub fn gpu_attention(
 ) -> Result<(Stats, Vec<(String, f64)>)> {
     let x = x.into_dyn();
     profiled(ctx, warmup, repeats, || {
-        op.forward(ctx, x.view(), None)?;
+        op.run(ctx, crate::Inputs::x(x.view()))?;
         Ok(ctx.kernel_times())
     })
 }
@@ -204,7 +204,7 @@ pub fn gpu_resident(
 ) -> Result<(Stats, Vec<(String, f64)>)> {
     let x = crate::Tensor::from_array(ctx, x.into_dyn(), crate::Dtype::F32)?;
     profiled(ctx, warmup, repeats, || {
-        op.forward_tensor(ctx, &x)?;
+        op.run(ctx, crate::Inputs::x(&x))?;
         ctx.synchronize()?;
         Ok(ctx.kernel_times())
     })
@@ -229,10 +229,14 @@ pub fn gpu_forward_backward(
 ) -> Result<[Timed; 2]> {
     let op = op.return_weights(false);
     let forward = profiled(ctx, warmup, repeats, || {
-        op.sdpa(ctx, q, k, v)?;
+        op.run(ctx, crate::Inputs::qkv(q, k, v))?;
         Ok(ctx.kernel_times())
     })?;
-    let (_, saved) = op.sdpa_saved(ctx, q, k, v, &crate::Mask::none())?;
+    let saved = op
+        .save_for_backward(true)
+        .run(ctx, crate::Inputs::qkv(q, k, v))?
+        .saved
+        .ok_or_else(|| crate::Error::invalid("saved forward", "nothing saved"))?;
     let backward = profiled(ctx, warmup, repeats, || {
         saved.backward(ctx, d_o)?;
         Ok(ctx.kernel_times())

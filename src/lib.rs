@@ -31,10 +31,10 @@ pub mod bench;
 #[doc(hidden)]
 pub mod fuzz;
 
-pub use attention::{Adam, MseLoss, SdpaTensorGradients, TensorGradients};
+pub use attention::{Adam, MseLoss};
 pub use attention::{
-    Attention, Dims, Dtype, Gradients, Layer, LayerSaved, Output, Plan, Projections, Saved,
-    SdpaGradients, TensorOutput,
+    Attention, Device, Dims, Dtype, Gradients, Host, Inputs, Kind, Layer, Operand, Options,
+    Output, Plan, Projections, Saved,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape};
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};

@@ -26,7 +26,7 @@ impl Layer {
     /// # Errors
     /// A layer that is not causal, a cache that does not match it, more tokens than the
     /// cache has room for (the cache is then unchanged), NaN/Inf, and GPU errors.
-    pub fn decode_step(
+    pub fn decode(
         &self,
         ctx: &Context,
         cache: &mut KvCache,

@@ -9,17 +9,17 @@ use ndarray::{Array1, Array2, Array4, ArrayD};
 /// Each field has exactly the shape and orientation of the input it is the gradient of, so it
 /// can be subtracted from that input as is. Weights are in the `X·W` orientation of
 /// [`Projections`]: PyTorch's `nn.Linear(d, d_k).weight.grad` is the transpose of
-/// [`Gradients::w_q`].
+/// [`LayerGradients::w_q`].
 ///
 /// A field is `Some` exactly when its input was given: the weight gradients need
-/// [`Projections`], each bias gradient its bias, [`Gradients::w_o`] the output projection.
-/// Without projections (`Q = K = V = X`), [`Gradients::x`] sums the gradients of X's three
+/// [`Projections`], each bias gradient its bias, [`LayerGradients::w_o`] the output projection.
+/// Without projections (`Q = K = V = X`), [`LayerGradients::x`] sums the gradients of X's three
 /// uses.
 ///
 /// [`Attention::forward`]: crate::Attention::forward
 /// [`Projections`]: crate::Projections
 #[derive(Debug, Clone, PartialEq)]
-pub struct Gradients<T = f32> {
+pub(crate) struct LayerGradients<T = f32> {
     /// `∂ℓ/∂X`: X's shape, `(n, d)` or `(batch, n, d)`.
     pub x: ArrayD<T>,
     /// `∂ℓ/∂W_Q`, `(d, d_k)`; summed over the batch.
@@ -49,7 +49,7 @@ pub struct Gradients<T = f32> {
 ///
 /// [`Attention::sdpa`]: crate::Attention::sdpa
 #[derive(Debug, Clone, PartialEq)]
-pub struct SdpaGradients<T = f32> {
+pub(crate) struct SdpaGradients<T = f32> {
     /// `∂ℓ/∂Q`, `(batch, heads, L, E)`.
     pub q: Array4<T>,
     /// `∂ℓ/∂K`, `(batch, heads_kv, S, E)`.

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use ndarray::{Array1, Array2, ArrayD, ArrayView, AsArray, Dimension, IxDyn};
 
 use super::dispatch::Shape;
-use super::gradients::Gradients;
+use super::gradients::LayerGradients;
 use super::linear_grad::{InputGrad, LinearGrads};
 use super::projections::Projections;
 use super::saved::BackwardKernels;
@@ -31,12 +31,12 @@ use crate::tensor::Tensor;
 use crate::variant;
 
 mod tensors;
-pub use tensors::TensorGradients;
+pub(crate) use tensors::TensorGradients;
 
 /// What a layer's saved forward ([`Attention::forward_saved`], [`Layer::forward_saved`])
 /// keeps on the device for [`LayerSaved::backward`]: X, the weights, the projected Q, K, V,
 /// the context before `W_O`, each row's log-sum-exp and the mask.
-pub struct LayerSaved {
+pub(crate) struct LayerSaved {
     ctx_id: u64,
     op: Attention,
     dims: Dims,
@@ -73,13 +73,13 @@ impl Attention {
     ///
     /// # Errors
     /// As [`Attention::forward_masked`], and [`Error::LimitExceeded`] where that would split.
-    pub fn forward_saved<'a, D: Dimension>(
+    pub(crate) fn forward_saved<'a, D: Dimension>(
         &self,
         ctx: &Context,
         x: impl AsArray<'a, f32, D>,
         proj: Option<&Projections<'_>>,
         mask: &Mask<'_>,
-    ) -> Result<(Output<f32, D>, LayerSaved)> {
+    ) -> Result<(Output, LayerSaved)> {
         let x: ArrayView<'a, f32, D> = x.into();
         let x = x.into_dyn();
         let op = self.return_weights(false).propagate_non_finite(false);
@@ -95,14 +95,14 @@ impl Attention {
         op.saved_forward(ctx, &dims, x, weights, mask)
     }
 
-    fn saved_forward<D: Dimension>(
+    fn saved_forward(
         &self,
         ctx: &Context,
         dims: &Dims,
         x: ndarray::ArrayViewD<'_, f32>,
         weights: Option<DeviceWeights>,
         mask: &Mask<'_>,
-    ) -> Result<(Output<f32, D>, LayerSaved)> {
+    ) -> Result<(Output, LayerSaved)> {
         ctx.check_alive()?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let bias = bias.as_ref().map(|b| b.view());
@@ -140,11 +140,8 @@ impl Attention {
             let (y, _) = self.read_back_blocking(ctx, encoder, y, rows * width, None)?;
             let context_out = ArrayD::from_shape_vec(IxDyn(&saved.out_shape), y)
                 .map_err(|e| Error::shape(e.to_string()))?;
-            let out = Output {
-                context: context_out,
-                weights: None,
-            };
-            Ok((out.into_dimensionality()?, saved))
+            let out = Output::new(context_out, None);
+            Ok((out, saved))
         })
     }
 
@@ -267,12 +264,12 @@ impl Layer {
     ///
     /// # Errors
     /// As [`Attention::forward_saved`], and a context other than the layer's.
-    pub fn forward_saved<'a, D: Dimension>(
+    pub(crate) fn forward_saved<'a, D: Dimension>(
         &self,
         ctx: &Context,
         x: impl AsArray<'a, f32, D>,
         mask: &Mask<'_>,
-    ) -> Result<(Output<f32, D>, LayerSaved)> {
+    ) -> Result<(Output, LayerSaved)> {
         self.check_context(ctx)?;
         let x: ArrayView<'a, f32, D> = x.into();
         let x = x.into_dyn();
@@ -299,17 +296,17 @@ struct DeviceGrads {
 impl LayerSaved {
     /// The gradients of a loss with respect to X and every weight and bias the forward was
     /// given, from `dO = ∂ℓ/∂output` (the output's shape), computed on the device (see
-    /// [`Gradients`] for shapes and orientation).
+    /// [`LayerGradients`] for shapes and orientation).
     ///
     /// # Errors
     /// "backward without a matching forward" ([`Error::InvalidArgument`] or
     /// [`Error::ShapeMismatch`]) for another context or a `dO` not of the output's shape;
     /// NaN/Inf in `dO`; a result that overflowed; GPU errors.
-    pub fn backward<'a, D: Dimension>(
+    pub(crate) fn backward<'a, D: Dimension>(
         &self,
         ctx: &Context,
         d_out: impl AsArray<'a, f32, D>,
-    ) -> Result<Gradients> {
+    ) -> Result<LayerGradients> {
         let d_out: ArrayView<'a, f32, D> = d_out.into();
         self.check_matching(ctx, d_out.shape())?;
         check_finite("dO", &d_out)?;
@@ -450,11 +447,11 @@ impl LayerSaved {
         })
     }
 
-    /// The read-back values as [`Gradients`], checked for overflow.
+    /// The read-back values as [`LayerGradients`], checked for overflow.
     fn assemble(
         &self,
         (values, x_parts, linear): (Vec<Vec<f32>>, usize, Vec<NamedGrads>),
-    ) -> Result<Gradients> {
+    ) -> Result<LayerGradients> {
         let mut values = values.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
             let v = values.next().unwrap_or_default();
@@ -468,7 +465,7 @@ impl LayerSaved {
                 *a += b;
             }
         }
-        let mut g = Gradients {
+        let mut g = LayerGradients {
             x: ArrayD::from_shape_vec(IxDyn(&self.x_shape), dx).map_err(shape_err)?,
             w_q: None,
             w_k: None,

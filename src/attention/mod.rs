@@ -12,13 +12,16 @@
 mod decode_step;
 mod dispatch;
 mod gradients;
+pub(crate) mod inputs;
 mod layer_saved;
 mod linear_grad;
+mod outputs;
 mod plan;
 mod projections;
 mod qkv;
 mod readback;
 mod resident;
+mod run;
 mod saved;
 mod shape;
 mod split;
@@ -26,14 +29,15 @@ mod upload;
 mod weights;
 mod whole;
 
-use ndarray::{Array, ArrayD, ArrayView, ArrayView4, ArrayViewD, AsArray, Dimension, IxDyn};
+use ndarray::{ArrayView4, ArrayViewD};
 
-pub use gradients::{Gradients, SdpaGradients};
-pub use layer_saved::{LayerSaved, TensorGradients};
+pub(crate) use gradients::{LayerGradients, SdpaGradients};
+pub use inputs::{Device, Host, Inputs, Kind, Operand, Options};
+pub use outputs::{Backward, Gradients, Output, Saved};
 pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
-pub use resident::TensorOutput;
-pub use saved::{Saved, SdpaTensorGradients};
+pub(crate) use resident::TensorOutput;
+pub use run::Run;
 pub(crate) use shape::{check_f16_range, check_inputs_finite};
 pub use shape::{check_finite, Dims};
 pub use weights::train::{Adam, MseLoss};
@@ -45,18 +49,6 @@ use crate::gpu::oneshot::block_on;
 use crate::mask::Mask;
 use crate::variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 use shape::named_inputs;
-
-/// What a forward pass returns. `D` is the dimension of the X it was given: an `Array2` X
-/// gives an `Array2` context, an `ArrayD` one an `ArrayD`.
-#[derive(Debug, Clone)]
-pub struct Output<T = f32, D: Dimension = IxDyn> {
-    /// The context vectors, `(n, d_v)` or `(batch, n, d_v)`, heads concatenated along the
-    /// last axis.
-    pub context: Array<T, D>,
-    /// The attention weights, `(n, n)`, `(batch, n, n)`, `(H, n, n)` or `(batch, H, n, n)`
-    /// (a heads axis only when `H > 1`); `None` when the caller opted out.
-    pub weights: Option<ArrayD<T>>,
-}
 
 /// Scaled dot-product self-attention, configured with a builder:
 ///
@@ -82,6 +74,7 @@ pub struct Attention {
     dtype: Dtype,
     propagate: bool,
     key_split: KeySplit,
+    save: bool,
 }
 
 /// The element type the operands are stored in on the device.
@@ -98,19 +91,6 @@ pub enum Dtype {
     F32,
     /// float16 operands, float32 arithmetic.
     F16,
-}
-
-impl<T> Output<T> {
-    /// The context with the dimension type `D` (the X's the caller gave).
-    pub(super) fn into_dimensionality<D: Dimension>(self) -> Result<Output<T, D>> {
-        Ok(Output {
-            context: self
-                .context
-                .into_dimensionality()
-                .map_err(|e| Error::shape(e.to_string()))?,
-            weights: self.weights,
-        })
-    }
 }
 
 impl std::str::FromStr for Dtype {
@@ -143,7 +123,7 @@ impl Default for Attention {
 }
 
 impl Attention {
-    /// One head, no mask, default scale, weights returned.
+    /// One head, no mask, the default scale, weights returned, nothing saved, f32.
     pub fn new() -> Self {
         Attention {
             heads: 1,
@@ -157,63 +137,28 @@ impl Attention {
             dtype: Dtype::F32,
             propagate: false,
             key_split: KeySplit::Auto,
+            save: false,
         }
     }
 
-    /// Which kernel family to use (default [`Kernels::Auto`]).
-    pub fn kernels(mut self, kernels: Kernels) -> Self {
-        self.kernels = kernels;
-        self
-    }
-
-    /// Forces the fused kernel's variant instead of the tuned one (its family then overrides
-    /// [`Attention::kernels`]); for testing and benchmarking every variant.
-    pub fn flash_variant(mut self, variant: FlashVariant) -> Self {
-        self.flash = Some(variant);
-        self
-    }
-
-    /// Whether the real-GPU fused kernel splits the keys over several workgroups (default
-    /// [`KeySplit::Auto`]: on GPUs, for calls too small to fill one; see [`KeySplit`]).
-    pub fn key_split(mut self, split: KeySplit) -> Self {
-        self.key_split = split;
-        self
-    }
-
-    /// Forces the matmul's variant instead of the tuned one.
-    pub fn matmul_variant(mut self, variant: MatmulVariant) -> Self {
-        self.matmul = Some(variant);
-        self
-    }
-
-    /// Number of heads (`d_k` and `d_v` must divide by it).
+    /// Number of heads for X (`d_k` and `d_v` must divide by it). Q, K and V carry their
+    /// own heads.
     pub fn heads(mut self, heads: usize) -> Self {
         self.heads = heads;
         self
     }
 
-    /// Causal mask: query `i` attends to keys `j ≤ i`.
+    /// Causal mask: query `i` attends to keys `j ≤ i` (top-left aligned, PyTorch's
+    /// `is_causal`: with more queries than keys, the queries past the last key see every key).
     pub fn causal(mut self, causal: bool) -> Self {
         self.causal = causal;
         self
     }
 
-    /// The factor applied to `Q·Kᵀ` before the softmax (default `1/sqrt(d_k/H)`).
+    /// The factor applied to `Q·Kᵀ` before the softmax (default `1/sqrt(E)`, the per-head
+    /// width: `1/sqrt(d_k/H)` for X).
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
-        self
-    }
-
-    /// Whether to read back the attention weights (default true).
-    pub fn return_weights(mut self, yes: bool) -> Self {
-        self.return_weights = yes;
-        self
-    }
-
-    /// Pre-fill the GPU outputs with NaN, so any element a kernel failed to write shows up
-    /// (for testing kernels; default false).
-    pub fn nan_fill(mut self, yes: bool) -> Self {
-        self.nan_fill = yes;
         self
     }
 
@@ -223,66 +168,72 @@ impl Attention {
         self
     }
 
-    /// Let NaN and ±Inf in the inputs through instead of rejecting them (default false: an
-    /// `Error::NonFinite` naming the array and index). They then propagate as IEEE arithmetic
-    /// and PyTorch do: a non-finite query, or a non-finite key or value at a key of non-zero
-    /// weight, makes the row's context (and a non-finite score its weights) NaN or Inf. A
-    /// key of weight exactly 0 — masked, hidden by causal, or underflowed — never contributes,
-    /// so its values cannot reach the row, and masked weights stay exactly 0 (PyTorch's fused
-    /// kernels behave so; its math backend lets `0·NaN` through). Results are then not checked
-    /// for overflow either. Masks and the scale are still checked.
-    pub fn propagate_non_finite(mut self, yes: bool) -> Self {
+    /// Whether the attention weights (the softmax probabilities) come back beside the
+    /// context (default true). Off, the fused kernels never write them: faster, and no
+    /// `(L, S)` matrix per head. A saved forward never returns them.
+    pub fn return_weights(mut self, yes: bool) -> Self {
+        self.return_weights = yes;
+        self
+    }
+
+    /// Keeps what the backward needs on the device: the output then carries a [`Saved`]
+    /// whose [`Saved::backward`] gives the gradients (default false). A saved forward always
+    /// runs the fused kernel, returns no weights, and rejects NaN/Inf inputs.
+    pub fn save_for_backward(mut self, yes: bool) -> Self {
+        self.save = yes;
+        self
+    }
+
+    /// The advanced knobs: kernel family and variants, key split, NaN pre-fill, non-finite
+    /// inputs (see [`Options`]).
+    pub fn options(mut self, options: Options) -> Self {
+        self.kernels = options.kernels;
+        self.flash = options.flash_variant;
+        self.matmul = options.matmul_variant;
+        self.key_split = options.key_split;
+        self.nan_fill = options.nan_fill;
+        self.propagate = options.propagate_non_finite;
+        self
+    }
+
+
+    /// Which kernel family to use.
+    pub(crate) fn kernels(mut self, kernels: Kernels) -> Self {
+        self.kernels = kernels;
+        self
+    }
+
+
+    /// Whether NaN/Inf inputs are passed through.
+    pub(crate) fn propagate_non_finite(mut self, yes: bool) -> Self {
         self.propagate = yes;
         self
     }
 
-    /// Whether NaN/Inf inputs are passed through ([`Attention::propagate_non_finite`]).
-    pub fn propagates_non_finite(&self) -> bool {
+    /// Whether NaN/Inf inputs are passed through ([`Options::propagate_non_finite`]).
+    pub(crate) fn propagates_non_finite(&self) -> bool {
         self.propagate
     }
 
     /// Whether the weights are returned.
-    pub fn returns_weights(&self) -> bool {
+    pub(crate) fn returns_weights(&self) -> bool {
         self.return_weights
     }
 
-    /// Computes attention on the GPU.
-    ///
-    /// `x` is `(n, d)` or `(batch, n, d)`: any array or view of those (`&Array2`,
-    /// `ArrayView3`, `ArrayViewD`, …); the context comes back with the same dimension type.
-    /// Without `proj`, `Q = K = V = X`.
-    ///
-    /// # Errors
-    /// Bad shapes or options, non-finite inputs, sizes over the device's limits, and any
-    /// wgpu validation, out-of-memory or device-lost error, as [`Error`] variants.
-    pub fn forward<'a, D: Dimension>(
-        &self,
-        ctx: &Context,
-        x: impl AsArray<'a, f32, D>,
-        proj: Option<&Projections<'_>>,
-    ) -> Result<Output<f32, D>> {
-        self.forward_masked(ctx, x, proj, &Mask::none())
-    }
 
-    /// [`Attention::forward`] without blocking: what the browser (wasm32, WebGPU) calls; the
-    /// blocking API is this, waited for.
-    ///
-    /// # Errors
-    /// As [`Attention::forward`].
-    pub async fn forward_async(
+    /// The forward on arrays X: the context and, unless turned off, the weights.
+    pub(crate) fn forward_masked(
         &self,
         ctx: &Context,
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
+        mask: &Mask<'_>,
     ) -> Result<Output> {
-        self.forward_masked_async(ctx, x, proj, &Mask::none()).await
+        self.forward_with(ctx, x, proj, mask, None)
     }
 
     /// [`Attention::forward_masked`] without blocking.
-    ///
-    /// # Errors
-    /// As [`Attention::forward_masked`].
-    pub async fn forward_masked_async(
+    pub(crate) async fn forward_masked_async(
         &self,
         ctx: &Context,
         x: ArrayViewD<'_, f32>,
@@ -290,25 +241,6 @@ impl Attention {
         mask: &Mask<'_>,
     ) -> Result<Output> {
         self.forward_with_async(ctx, x, proj, mask, None).await
-    }
-
-    /// [`Attention::forward`] with a mask: `softmax(scale·Q·Kᵀ + mask)` per head, the mask
-    /// broadcast to `(batch, heads, n, n)` and combined with causal (see [`crate::mask`] for
-    /// the semantics; a row with nothing to attend to gives zeros).
-    ///
-    /// # Errors
-    /// As [`Attention::forward`], and a mask that does not broadcast, holds NaN or `+inf`,
-    /// or key lengths that do not fit.
-    pub fn forward_masked<'a, D: Dimension>(
-        &self,
-        ctx: &Context,
-        x: impl AsArray<'a, f32, D>,
-        proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-    ) -> Result<Output<f32, D>> {
-        let x: ArrayView<'a, f32, D> = x.into();
-        self.forward_with(ctx, x.into_dyn(), proj, mask, None)?
-            .into_dimensionality()
     }
 
     /// [`Attention::forward_masked`], with the projections' weights already on the device
@@ -351,55 +283,8 @@ impl Attention {
             .await
     }
 
-    /// PyTorch's `scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)`
-    /// for callers who already have Q, K and V, in PyTorch's layout: `q` is
-    /// `(batch, heads, L, E)`, `k` is `(batch, heads, S, E)`, `v` is `(batch, heads, S, E_v)`.
-    /// `L ≠ S` is allowed. Causal is top-left aligned as PyTorch aligns it: query `i` sees
-    /// keys `j ≤ i`, so queries past `S` see every key. The default scale is `1/sqrt(E)`. The
-    /// heads come from the arrays; [`Attention::heads`] is not used. K and V may have fewer
-    /// heads than Q (grouped-query / multi-query attention, PyTorch's `enable_gqa=True`): Q
-    /// head `h` uses K/V head `h / (H_q / H_kv)`, read in place, never copied per Q head.
-    ///
-    /// Returns the context `(batch, heads, L, E_v)` and, unless
-    /// [`Attention::return_weights`] is off, the weights `(batch, heads, L, S)`.
-    ///
-    /// # Errors
-    /// Shapes that do not pair up, empty axes, NaN/Inf, a single head too large for the
-    /// device's limits (larger calls are split by batch, then heads), and GPU errors, as
-    /// [`Error`] variants.
-    pub fn sdpa(
-        &self,
-        ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
-    ) -> Result<Output> {
-        self.sdpa_masked(ctx, q, k, v, &Mask::none())
-    }
-
-    /// [`Attention::sdpa`] without blocking.
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa`].
-    pub async fn sdpa_async(
-        &self,
-        ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
-    ) -> Result<Output> {
-        self.sdpa_masked_async(ctx, q, k, v, &Mask::none()).await
-    }
-
-    /// [`Attention::sdpa`] with PyTorch's `attn_mask`: boolean (`true` = attend) or float
-    /// (added to the scaled scores), broadcast to `(batch, heads, L, S)`, and key lengths;
-    /// combined with causal. See [`crate::mask`] for the semantics; a row with nothing to
-    /// attend to gives zeros.
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa`], and a mask that does not broadcast, holds NaN or `+inf`, or key
-    /// lengths that do not fit.
-    pub fn sdpa_masked(
+    /// PyTorch's `scaled_dot_product_attention` on Q, K, V arrays in its layout, blocking.
+    pub(crate) fn sdpa_masked(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
@@ -411,10 +296,7 @@ impl Attention {
     }
 
     /// [`Attention::sdpa_masked`] without blocking.
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa_masked`].
-    pub async fn sdpa_masked_async(
+    pub(crate) async fn sdpa_masked_async(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,

@@ -9,55 +9,17 @@ use super::upload::Source;
 use super::weights::Layer;
 use super::whole::Recorded;
 use super::{Attention, Dtype};
-use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 use crate::variant::Kernels;
 
-/// What an operation on tensors returns: tensors on the device, read back only when asked.
-#[derive(Debug, Clone)]
-pub struct TensorOutput {
-    /// The context vectors (f32): `(n, d_out)` or `(batch, n, d_out)` for a layer,
-    /// `(batch, L, heads, E_v)` for [`Attention::sdpa_tensor`].
-    pub context: Tensor,
-    /// The attention weights `(batch, heads, n_q, n_kv)` (f32), unless the op does not
-    /// return them.
-    pub weights: Option<Tensor>,
-}
+/// What an operation on tensors returns: tensors on the device.
+pub(crate) type TensorOutput = super::Output<Tensor>;
 
 impl Attention {
-    /// [`Attention::sdpa`] on tensors in the rows layout the kernels read, FlashAttention's:
-    /// `q` is `(batch, L, heads, E)`, `k` is `(batch, S, kv_heads, E)`, `v` is
-    /// `(batch, S, kv_heads, E_v)` (PyTorch's layout with the heads and rows axes swapped;
-    /// GQA when `kv_heads < heads`). The context comes back as `(batch, L, heads, E_v)`, so it
-    /// reshapes to `(batch, L, heads·E_v)` for free. Recorded and submitted at once.
-    ///
-    /// Unlike the array API, a call past the device's limits is an error, not split, and the
-    /// results are not checked for overflow (read them back to check).
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa`], and tensors of another context, of a dtype other than the
-    /// op's, or not yet written.
-    pub fn sdpa_tensor(
-        &self,
-        ctx: &Context,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> Result<TensorOutput> {
-        let mut rec = Recorder::new(ctx);
-        let out = self.sdpa_record(&mut rec, q, k, v, &Mask::none())?;
-        rec.submit()?;
-        Ok(out)
-    }
-
-    /// [`Attention::sdpa_tensor`] with a mask (as [`Attention::sdpa_masked`] takes it),
-    /// recorded into `rec`.
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa_tensor`], and the mask's errors.
-    pub fn sdpa_record(
+    /// Q, K, V tensors in the rows layout, with a mask, recorded into `rec`.
+    pub(crate) fn sdpa_record(
         &self,
         rec: &mut Recorder<'_>,
         q: &Tensor,
@@ -88,24 +50,8 @@ impl Attention {
         Ok(self.tensors(rec, out, vec![b, l, h, e_v], [b, h, l, ks[2]]))
     }
 
-    /// [`Attention::forward`] without projections (Q = K = V = X) on a tensor `x`,
-    /// `(n, d)` or `(batch, n, d)` of the op's dtype; recorded and submitted at once. For
-    /// projections, build a [`Layer`] and call [`Layer::forward_tensor`].
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa_tensor`].
-    pub fn forward_tensor(&self, ctx: &Context, x: &Tensor) -> Result<TensorOutput> {
-        let mut rec = Recorder::new(ctx);
-        let out = self.forward_record(&mut rec, x, &Mask::none())?;
-        rec.submit()?;
-        Ok(out)
-    }
-
-    /// [`Attention::forward_tensor`] with a mask, recorded into `rec`.
-    ///
-    /// # Errors
-    /// As [`Attention::forward_tensor`], and the mask's errors.
-    pub fn forward_record(
+    /// X as a tensor (no projections), with a mask, recorded into `rec`.
+    pub(crate) fn forward_record(
         &self,
         rec: &mut Recorder<'_>,
         x: &Tensor,
@@ -196,6 +142,7 @@ impl Attention {
             output, weights: w, ..
         } = out;
         TensorOutput {
+            saved: None,
             context: rec.tensor(output, context),
             weights: w
                 .filter(|_| self.return_weights)
@@ -219,33 +166,8 @@ impl Attention {
 }
 
 impl Layer {
-    /// [`Layer::forward`] on a tensor `x` (`(n, d)` or `(batch, n, d)`, f32 or f16), the
-    /// result left on the device: nothing is uploaded but nothing read back. Recorded and
-    /// submitted at once; see [`Layer::record`] to chain layers in one submit.
-    ///
-    /// # Errors
-    /// As [`Layer::forward`] and [`Attention::sdpa_tensor`].
-    pub fn forward_tensor(&self, ctx: &Context, x: &Tensor) -> Result<TensorOutput> {
-        let mut rec = Recorder::new(ctx);
-        let out = self.record(&mut rec, x)?;
-        rec.submit()?;
-        Ok(out)
-    }
-
-    /// Records [`Layer::forward_tensor`] into `rec`: its output can feed the next layer
-    /// recorded into the same `rec`, all submitted together.
-    ///
-    /// # Errors
-    /// As [`Layer::forward_tensor`].
-    pub fn record(&self, rec: &mut Recorder<'_>, x: &Tensor) -> Result<TensorOutput> {
-        self.record_masked(rec, x, &Mask::none())
-    }
-
-    /// [`Layer::record`] with a mask.
-    ///
-    /// # Errors
-    /// As [`Layer::record`], and the mask's errors.
-    pub fn record_masked(
+    /// The layer's forward on a tensor X with a mask, recorded into `rec`.
+    pub(crate) fn record_masked(
         &self,
         rec: &mut Recorder<'_>,
         x: &Tensor,

@@ -3,8 +3,8 @@
 //!
 //! [`Attention::sdpa_saved`] runs the fused forward with its row statistics on (each row's
 //! log-sum-exp, written by the forward kernel itself) and returns, beside the output, a
-//! [`Saved`] holding Q, K, V, the output O, the statistics and the mask on the device.
-//! [`Saved::backward`] takes `dO` and runs three kernels in one encoder: `D_i = dO_i·O_i`,
+//! [`SdpaSaved`] holding Q, K, V, the output O, the statistics and the mask on the device.
+//! [`SdpaSaved::backward`] takes `dO` and runs three kernels in one encoder: `D_i = dO_i·O_i`,
 //! then dK and dV (one key per thread, over every query row of every query head that reads
 //! the K/V head), then dQ (one query row per thread); the probabilities are recomputed tile
 //! by tile, no n × n matrix exists anywhere.
@@ -28,7 +28,7 @@ use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels};
 
 mod tensors;
-pub use tensors::SdpaTensorGradients;
+pub(crate) use tensors::SdpaTensorGradients;
 
 /// Keys (dK/dV) and query rows (dQ) per lane of the subgroup family's backward kernels.
 /// Measured on lavapipe at d = 64 (2 shared cores, so runs vary by up to 2×): dK/dV took
@@ -44,8 +44,8 @@ const SUBGROUP_PER_LANE: (u32, u32) = (1, 2);
 /// The log-sum-exp is of the row's scores in the log2 domain, `log2 Σ_j 2^(s_ij·log2 e)`
 /// with `s_ij = scale·q_i·k_j + mask_ij` (so `P_ij = 2^(s_ij·log2 e − lse_i)`); a row with
 /// nothing to attend to stores 3e38, which makes every probability of it exactly 0.
-/// [`Saved::log_sum_exp`] reads it back in natural-log units.
-pub struct Saved {
+/// [`SdpaSaved::log_sum_exp`] reads it back in natural-log units.
+pub(crate) struct SdpaSaved {
     ctx_id: u64,
     op: Attention,
     flash: Flash,
@@ -53,7 +53,7 @@ pub struct Saved {
     k_shape: [usize; 4],
     v_shape: [usize; 4],
     qkv: [wgpu::Buffer; 3],
-    /// Q, K and V when they came as tensors ([`Saved`]'s tensor form), kept alive (their
+    /// Q, K and V when they came as tensors ([`SdpaSaved`]'s tensor form), kept alive (their
     /// pooled buffers are `qkv`).
     _inputs: Option<[Tensor; 3]>,
     /// The output, `(batch, L, heads, E_v)` in rows.
@@ -67,9 +67,9 @@ pub struct Saved {
     kernels: BackwardKernels,
 }
 
-impl std::fmt::Debug for Saved {
+impl std::fmt::Debug for SdpaSaved {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Saved")
+        f.debug_struct("SdpaSaved")
             .field("output", &self.out_shape)
             .field("k", &self.k_shape)
             .field("v", &self.v_shape)
@@ -178,7 +178,7 @@ impl Attention {
 }
 
 impl Attention {
-    /// [`Attention::sdpa_masked`] that also returns what [`Saved::backward`] needs, kept on
+    /// [`Attention::sdpa_masked`] that also returns what [`SdpaSaved::backward`] needs, kept on
     /// the device. Always the fused path: the weights are not returned (`Output::weights` is
     /// `None`), and NaN/Inf inputs are errors even with
     /// [`Attention::propagate_non_finite`] (gradients through them mean nothing).
@@ -201,14 +201,14 @@ impl Attention {
     /// # Errors
     /// As [`Attention::sdpa_masked`], NaN/Inf in Q, K or V, and [`Error::LimitExceeded`]
     /// when a buffer does not fit the device (a saved forward is never split).
-    pub fn sdpa_saved(
+    pub(crate) fn sdpa_saved(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
         mask: &Mask<'_>,
-    ) -> Result<(Output, Saved)> {
+    ) -> Result<(Output, SdpaSaved)> {
         let op = self.return_weights(false).propagate_non_finite(false);
         let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         check_finite("Q", &q)?;
@@ -283,8 +283,9 @@ impl Attention {
         let output = Output {
             context: from_rows(context, [batch, heads, l, e_v])?.into_dyn(),
             weights: None,
+            saved: None,
         };
-        let saved = Saved {
+        let saved = SdpaSaved {
             ctx_id: ctx.id(),
             op,
             flash,
@@ -308,11 +309,7 @@ impl Attention {
     }
 }
 
-impl Saved {
-    /// The shape of the forward's output, `(batch, heads, L, E_v)`: what `dO` must have.
-    pub fn output_shape(&self) -> [usize; 4] {
-        self.out_shape
-    }
+impl SdpaSaved {
 
     /// The gradients of a loss `ℓ` with respect to the forward's Q, K and V, given
     /// `d_o = ∂ℓ/∂output`, computed on the device by the fused backward (f32 arithmetic,
@@ -321,15 +318,15 @@ impl Saved {
     /// with nothing to attend to has zero gradients and adds nothing to any key or value.
     ///
     /// # Errors
-    /// "backward without a matching forward" ([`Error::InvalidArgument`] for a `Saved` from
+    /// "backward without a matching forward" ([`Error::InvalidArgument`] for a `SdpaSaved` from
     /// another [`Context`], [`Error::ShapeMismatch`] for a `d_o` not of the output's shape);
     /// [`Error::NonFinite`] for NaN/Inf in `d_o`; [`Error::Overflow`] for a gradient that
     /// overflowed; GPU errors.
-    pub fn backward(&self, ctx: &Context, d_o: ArrayView4<'_, f32>) -> Result<SdpaGradients> {
+    pub(crate) fn backward(&self, ctx: &Context, d_o: ArrayView4<'_, f32>) -> Result<SdpaGradients> {
         if ctx.id() != self.ctx_id {
             return Err(Error::invalid(
                 "backward",
-                "backward without a matching forward: this Saved was made on another Context; \
+                "backward without a matching forward: this SdpaSaved was made on another Context; \
                  run the forward (sdpa_saved) on the Context the backward runs on",
             ));
         }
@@ -405,12 +402,12 @@ impl Saved {
     /// `logsumexp` of nothing).
     ///
     /// # Errors
-    /// A `Saved` from another [`Context`]; GPU errors.
-    pub fn log_sum_exp(&self, ctx: &Context) -> Result<Array3<f32>> {
+    /// A `SdpaSaved` from another [`Context`]; GPU errors.
+    pub(crate) fn log_sum_exp(&self, ctx: &Context) -> Result<Array3<f32>> {
         if ctx.id() != self.ctx_id {
             return Err(Error::invalid(
                 "log_sum_exp",
-                "this Saved was made on another Context",
+                "this SdpaSaved was made on another Context",
             ));
         }
         let [b, h, l, _] = self.out_shape;

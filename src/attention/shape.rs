@@ -4,6 +4,7 @@
 use ndarray::{ArrayViewD, Dimension};
 
 use super::projections::{check_projections, Projections};
+use super::inputs::{Inputs, Kind, Operands};
 use super::{Attention, Dtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -40,6 +41,31 @@ pub struct Dims {
 }
 
 impl Dims {
+    /// The sizes of `op` on `inputs`, checked: shapes that pair up, heads that divide the
+    /// widths, projections that fit X, a valid scale. What [`Attention::plan`] takes.
+    ///
+    /// # Errors
+    /// As [`Attention::run`]'s shape and option errors.
+    pub fn new<K: Kind>(op: &Attention, inputs: &Inputs<'_, K>) -> Result<Dims> {
+        match &inputs.operands {
+            Operands::X(x) => op.dims(K::shape(x), inputs.projections),
+            Operands::Qkv([q, k, v]) => {
+                let shapes = [K::shape(q), K::shape(k), K::shape(v)];
+                if K::HEADS_SECOND {
+                    op.sdpa_dims(shapes[0], shapes[1], shapes[2])
+                } else {
+                    let swap = |s: &[usize]| match *s {
+                        [b, l, h, e] => Ok([b, h, l, e]),
+                        _ => Err(Error::shape(format!(
+                            "Q, K and V must be (batch, rows, heads, width) on the device, got {s:?}"
+                        ))),
+                    };
+                    op.sdpa_dims(&swap(shapes[0])?, &swap(shapes[1])?, &swap(shapes[2])?)
+                }
+            }
+        }
+    }
+
     /// Shape of the context output.
     pub fn context_shape(&self) -> Vec<usize> {
         let mut s = vec![self.n, self.d_out];
@@ -80,7 +106,7 @@ impl Attention {
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] or [`Error::InvalidArgument`] naming what is wrong.
-    pub fn dims(&self, x_shape: &[usize], proj: Option<&Projections<'_>>) -> Result<Dims> {
+    pub(crate) fn dims(&self, x_shape: &[usize], proj: Option<&Projections<'_>>) -> Result<Dims> {
         let (batched, batch, n, d) = match *x_shape {
             [n, d] => (false, 1, n, d),
             [b, n, d] => (true, b, n, d),
@@ -148,7 +174,7 @@ impl Attention {
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] or [`Error::InvalidArgument`] naming what is wrong.
-    pub fn sdpa_dims(&self, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
+    pub(crate) fn sdpa_dims(&self, q: &[usize], k: &[usize], v: &[usize]) -> Result<Dims> {
         let [b, h, l, e] = *q else {
             return Err(Error::shape(format!(
                 "Q must be (batch, heads, L, E), got {q:?}"

@@ -189,16 +189,13 @@ impl Attention {
                 out
             }
         };
-        Ok(Output {
-            context: context
+        Ok(Output::new(context
                 .into_shape_with_order(IxDyn(&dims.context_shape()))
-                .map_err(shape)?,
-            weights: out
+                .map_err(shape)?, out
                 .weights
                 .map(|w| w.into_shape_with_order(IxDyn(&dims.weights_shape())))
                 .transpose()
-                .map_err(shape)?,
-        })
+                .map_err(shape)?))
     }
 }
 
@@ -252,5 +249,5 @@ fn join_outputs(axis: Axis, a: &Output, b: &Output) -> Result<Output> {
         (Some(wa), Some(wb)) => Some(join(axis, &[wa.view(), wb.view()])?),
         _ => None,
     };
-    Ok(Output { context, weights })
+    Ok(Output::new(context, weights))
 }

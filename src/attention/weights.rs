@@ -229,36 +229,22 @@ impl Layer {
         }
     }
 
-    /// [`Attention::forward`] with this layer's projections, uploading only `x`.
-    ///
-    /// # Errors
-    /// As [`Attention::forward`], and [`Error::InvalidArgument`] when `ctx` is not the
-    /// context the layer was built on.
-    pub fn forward<'a, D: Dimension>(
-        &self,
-        ctx: &Context,
-        x: impl AsArray<'a, f32, D>,
-    ) -> Result<Output<f32, D>> {
-        self.forward_masked(ctx, x, &Mask::none())
-    }
-
     /// [`Attention::forward_masked`] with this layer's projections, uploading only `x` (and
     /// the mask).
     ///
     /// # Errors
     /// As [`Layer::forward`], and the mask's errors.
-    pub fn forward_masked<'a, D: Dimension>(
+    pub(crate) fn forward_masked<'a, D: Dimension>(
         &self,
         ctx: &Context,
         x: impl AsArray<'a, f32, D>,
         mask: &Mask<'_>,
-    ) -> Result<Output<f32, D>> {
+    ) -> Result<Output> {
         self.check_context(ctx)?;
         let x: ArrayView<'a, f32, D> = x.into();
         self.check_host_current(ctx, x.shape(), mask)?;
         let p = self.projections();
         self.op
-            .forward_with(ctx, x.into_dyn(), Some(&p), mask, Some(&self.device))?
-            .into_dimensionality()
+            .forward_with(ctx, x.into_dyn(), Some(&p), mask, Some(&self.device))
     }
 }

@@ -63,6 +63,7 @@ impl Attention {
                 .map(|w| ArrayD::from_shape_vec(IxDyn(&dims.weights_shape()), w))
                 .transpose()
                 .map_err(shape_err)?,
+            saved: None,
         })
     }
 
@@ -96,7 +97,7 @@ impl Attention {
             .map(|w| ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, s_len]), w))
             .transpose()
             .map_err(shape_err)?;
-        Ok(Output { context, weights })
+        Ok(Output::new(context, weights))
     }
 
     /// Plans the call and runs it inside error scopes; under [`Kernels::Auto`], a problem past

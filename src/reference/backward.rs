@@ -23,7 +23,7 @@ use ndarray::{s, Array1, Array2, Array3, Array4, ArrayView2, ArrayView4, ArrayVi
 
 use super::{head, head_weights, project, BiasAt};
 use crate::attention::{check_finite, check_inputs_finite, Attention, Projections};
-use crate::attention::{Gradients, SdpaGradients};
+use crate::attention::{LayerGradients, SdpaGradients};
 use crate::error::{Error, Result};
 use crate::mask::Mask;
 
@@ -73,7 +73,7 @@ fn check_grad_shape(d_o: &[usize], output: &[usize], what: &str) -> Result<()> {
 /// have the context's shape; [`Error::NonFinite`] for NaN or ±Inf in Q, K, V or dO, always
 /// ([`Attention::propagate_non_finite`] applies to the forward only: a gradient through a
 /// non-finite value has no meaning).
-pub fn sdpa_backward(
+pub(crate) fn sdpa_backward(
     op: &Attention,
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
@@ -131,20 +131,20 @@ pub fn sdpa_backward(
 /// The gradients of [`Attention::forward_masked`] (pass [`Mask::none`] for
 /// [`Attention::forward`]) on the CPU in f64: given `dO = ∂ℓ/∂output`, of the output's
 /// shape (`(n, d_out)` or `(batch, n, d_out)`), returns `∂ℓ/∂X` and, with projections, the
-/// gradient of every weight and bias given (see [`Gradients`]). Without projections
+/// gradient of every weight and bias given (see [`LayerGradients`]). Without projections
 /// (`Q = K = V = X`), `∂ℓ/∂X` is the sum of the gradients of X's three uses.
 ///
 /// # Errors
 /// The forward's shape, option and mask errors; [`Error::ShapeMismatch`] when `dO` does not
 /// have the output's shape; [`Error::NonFinite`] for NaN or ±Inf in X, a weight, a bias or
 /// dO, always (as [`sdpa_backward`]).
-pub fn attention_backward(
+pub(crate) fn attention_backward(
     op: &Attention,
     x: ArrayViewD<'_, f32>,
     proj: Option<&Projections<'_>>,
     d_o: ArrayViewD<'_, f32>,
     mask: &Mask<'_>,
-) -> Result<Gradients<f64>> {
+) -> Result<LayerGradients<f64>> {
     let dims = op.dims(x.shape(), proj)?;
     check_grad_shape(d_o.shape(), &dims.context_shape(), "the output")?;
     check_inputs_finite(&x, proj)?;
@@ -171,7 +171,7 @@ pub fn attention_backward(
     let w_o = proj.and_then(|p| p.w_o.as_ref().map(f64_2d));
     let weights = proj.map(|p| (f64_2d(&p.w_q), f64_2d(&p.w_k), f64_2d(&p.w_v)));
 
-    let mut g = Gradients {
+    let mut g = LayerGradients {
         x: Array3::<f64>::zeros((batch, n, d)).into_dyn(),
         w_q: weights.as_ref().map(|_| Array2::zeros((d, d_k))),
         w_k: weights.as_ref().map(|_| Array2::zeros((d, dk_kv))),

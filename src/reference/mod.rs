@@ -4,12 +4,14 @@
 
 use ndarray::{s, Array1, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
-use crate::attention::{check_inputs_finite, Attention, Dims, Output, Projections};
+use crate::attention::inputs::Operands;
+use crate::attention::{check_inputs_finite, Attention, Dims, Gradients, Host, Inputs, Output, Projections};
 use crate::error::{Error, Result};
 use crate::mask::Mask;
 
 mod backward;
-pub use backward::{attention_backward, sdpa_backward};
+#[cfg(test)]
+pub(crate) use backward::{attention_backward, sdpa_backward};
 
 fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)
@@ -121,18 +123,80 @@ fn head(
     (a, context)
 }
 
-/// [`Attention::sdpa`] on the CPU in f64 (weights always returned): per (batch, head),
-/// `softmax(scale·Q·Kᵀ)·V` with PyTorch's top-left causal mask.
+/// [`Attention::run`] on the CPU in f64, with exactly its semantics (the weights always
+/// returned, nothing saved): the same [`Inputs`] (arrays), masks, causal, scale, heads and
+/// grouped-query layout. The oracle every GPU result is checked against.
+///
+/// ```
+/// use wgpu_attention::{reference, Attention, Inputs, ndarray::Array2};
+/// let x = Array2::from_shape_fn((4, 6), |(i, j)| (i as f32 - j as f32) * 0.3);
+/// let out = reference::run(&Attention::new().causal(true), &Inputs::x(&x))?;
+/// let w = out.weights.unwrap();
+/// assert_eq!(w[[0, 0]], 1.0); // the first query sees only the first key
+/// # Ok::<(), wgpu_attention::Error>(())
+/// ```
 ///
 /// # Errors
-/// The same shape, option and finiteness errors as the GPU path.
-pub fn sdpa(
+/// The same shape, option, mask and finiteness errors as the GPU path.
+pub fn run(op: &Attention, inputs: &Inputs<'_, Host>) -> Result<Output<ndarray::ArrayD<f64>>> {
+    let mask = inputs.mask_or_none();
+    match &inputs.operands {
+        Operands::X(x) => attention_masked(op, x.view(), inputs.projections, &mask),
+        Operands::Qkv([q, k, v]) => {
+            let [q, k, v] = four([q, k, v], inputs.projections.is_some())?;
+            sdpa_masked(op, q, k, v, &mask)
+        }
+    }
+}
+
+/// The gradients of [`run`]'s forward on the CPU in f64, given `dO = ∂ℓ/∂output` of the
+/// context's shape: what [`crate::Saved::backward`] computes on the GPU (see
+/// [`Gradients`] for which fields are given). The weights are recomputed from Q and K, as a
+/// fused backward does.
+///
+/// # Errors
+/// The forward's shape, option and mask errors; a `dO` not of the context's shape; NaN or
+/// ±Inf in any input or in dO, always (a gradient through a non-finite value means nothing).
+pub fn backward(
     op: &Attention,
-    q: ArrayView4<'_, f32>,
-    k: ArrayView4<'_, f32>,
-    v: ArrayView4<'_, f32>,
-) -> Result<Output<f64>> {
-    sdpa_masked(op, q, k, v, &Mask::none())
+    inputs: &Inputs<'_, Host>,
+    d_o: ndarray::ArrayViewD<'_, f32>,
+) -> Result<Gradients<ndarray::ArrayD<f64>>> {
+    let mask = inputs.mask_or_none();
+    match &inputs.operands {
+        Operands::X(x) => {
+            Ok(backward::attention_backward(op, x.view(), inputs.projections, d_o, &mask)?.into())
+        }
+        Operands::Qkv([q, k, v]) => {
+            let [q, k, v] = four([q, k, v], inputs.projections.is_some())?;
+            let [d_o] = four([&d_o], false)?;
+            Ok(backward::sdpa_backward(op, q, k, v, d_o, &mask)?.into())
+        }
+    }
+}
+
+/// Q, K, V (or dO) as 4-d views; projections with them are an error.
+fn four<'a, const N: usize>(
+    a: [&ndarray::ArrayViewD<'a, f32>; N],
+    projected: bool,
+) -> Result<[ArrayView4<'a, f32>; N]> {
+    if projected {
+        return Err(Error::invalid(
+            "inputs",
+            "projections apply to X, not to Q, K and V: give Inputs::x(x)",
+        ));
+    }
+    let mut out = Vec::with_capacity(N);
+    for a in a {
+        out.push(a.clone().into_dimensionality::<ndarray::Ix4>().map_err(|_| {
+            Error::shape(format!(
+                "Q, K, V and dO must be 4-d (batch, heads, rows, width), got {:?}",
+                a.shape()
+            ))
+        })?);
+    }
+    out.try_into()
+        .map_err(|_| Error::shape("operand count".to_string()))
 }
 
 /// [`Attention::sdpa_masked`] on the CPU in f64: [`sdpa`] with `mask` added to the scaled
@@ -140,13 +204,13 @@ pub fn sdpa(
 ///
 /// # Errors
 /// As [`sdpa`], and the mask's errors.
-pub fn sdpa_masked(
+pub(crate) fn sdpa_masked(
     op: &Attention,
     q: ArrayView4<'_, f32>,
     k: ArrayView4<'_, f32>,
     v: ArrayView4<'_, f32>,
     mask: &Mask<'_>,
-) -> Result<Output<f64>> {
+) -> Result<Output<ndarray::ArrayD<f64>>> {
     let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
     if !op.propagates_non_finite() {
         crate::attention::check_finite("Q", &q)?;
@@ -172,35 +236,19 @@ pub fn sdpa_masked(
             context.slice_mut(s![bi, hi, .., ..]).assign(&c);
         }
     }
-    Ok(Output {
-        context: context.into_dyn(),
-        weights: Some(weights.into_dyn()),
-    })
-}
-
-/// Attention on the CPU in f64, with exactly the semantics of [`Attention::forward`]
-/// (weights always returned).
-///
-/// # Errors
-/// The same shape, option and finiteness errors as the GPU path.
-pub fn attention(
-    op: &Attention,
-    x: ArrayViewD<'_, f32>,
-    proj: Option<&Projections<'_>>,
-) -> Result<Output<f64>> {
-    attention_masked(op, x, proj, &Mask::none())
+    Ok(Output::new(context.into_dyn(), Some(weights.into_dyn())))
 }
 
 /// [`attention`] with `mask` added to the scaled scores, as [`Attention::forward_masked`].
 ///
 /// # Errors
 /// As [`attention`], and the mask's errors.
-pub fn attention_masked(
+pub(crate) fn attention_masked(
     op: &Attention,
     x: ArrayViewD<'_, f32>,
     proj: Option<&Projections<'_>>,
     mask: &Mask<'_>,
-) -> Result<Output<f64>> {
+) -> Result<Output<ndarray::ArrayD<f64>>> {
     let dims = op.dims(x.shape(), proj)?;
     if !op.propagates_non_finite() {
         check_inputs_finite(&x, proj)?;
@@ -269,6 +317,7 @@ pub fn attention_masked(
     Ok(Output {
         context,
         weights: Some(weights),
+        saved: None,
     })
 }
 

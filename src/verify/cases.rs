@@ -104,13 +104,15 @@ impl Case {
         let mut op = Attention::new()
             .heads(self.heads)
             .causal(self.causal)
-            .nan_fill(true);
+            .options(crate::Options {
+                kernels: self.kernels,
+                nan_fill: true,
+                ..crate::Options::default()
+            });
         if let Some(s) = self.scale {
             op = op.scale(s);
         }
-        op.return_weights(!self.fused)
-            .kernels(self.kernels)
-            .dtype(self.dtype)
+        op.return_weights(!self.fused).dtype(self.dtype)
     }
 
     /// Draws the case's arrays from `seed`.

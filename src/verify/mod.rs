@@ -8,7 +8,8 @@ use std::fmt;
 
 pub use cases::{random_cases, standard_cases, Case, CaseData, MaskCase, MaskData};
 
-use crate::attention::{Attention, Dtype};
+use crate::attention::{Attention, Dtype, Host, Inputs, Projections};
+use crate::mask::Mask;
 use crate::context::Context;
 use crate::error::Result;
 use crate::reference;
@@ -40,6 +41,19 @@ impl CaseResult {
     /// Both relative errors within the tolerance (NaN anywhere fails).
     pub fn passed(&self) -> bool {
         self.context_rel <= self.tolerance && self.weights_rel <= self.tolerance
+    }
+}
+
+/// X's inputs with the projections and mask, if any.
+fn inputs<'a>(
+    x: Inputs<'a, Host>,
+    proj: Option<&'a Projections<'a>>,
+    mask: &'a Mask<'a>,
+) -> Inputs<'a, Host> {
+    let x = x.mask(mask);
+    match proj {
+        Some(p) => x.projections(p),
+        None => x,
     }
 }
 
@@ -96,9 +110,9 @@ pub async fn run_case_with_async(
     let mask = data.mask();
     let (gpu, cpu, bound) = match &data.qkv {
         None => (
-            op.forward_masked_async(ctx, data.x.view(), proj.as_ref(), &mask)
+            op.run_async(ctx, inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask))
                 .await?,
-            reference::attention_masked(&op, data.x.view(), proj.as_ref(), &mask)?,
+            reference::run(&op, &inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask))?,
             reference::logit_bound(&op, data.x.view(), proj.as_ref())?,
         ),
         Some([q, k, v]) => {
@@ -108,8 +122,8 @@ pub async fn run_case_with_async(
             let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
             let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
             (
-                op.sdpa_masked_async(ctx, q, k, v, &mask).await?,
-                reference::sdpa_masked(&op, q, k, v, &mask)?,
+                op.run_async(ctx, Inputs::qkv(q, k, v).mask(&mask)).await?,
+                reference::run(&op, &Inputs::qkv(q, k, v).mask(&mask))?,
                 bound,
             )
         }

@@ -3,25 +3,24 @@
 //! Both can be recorded into one [`Recorder`] with the rest of a training step (a loss, an
 //! optimiser's update: see [`crate::Adam`]) and submitted together.
 
-use ndarray::{Array1, Array2};
 
 use super::{DeviceGrads, LayerSaved, SavedParts};
 use crate::attention::upload::MaskBuffer;
-use crate::attention::{Attention, Dtype, Gradients, Layer, TensorOutput};
+use crate::attention::{Attention, Dtype, Layer, TensorOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::add;
 use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 
-/// The gradients of [`LayerSaved::backward_tensor`]: [`Gradients`]' fields as f32 tensors on
+/// The gradients of [`LayerSaved::backward_tensor`]: [`LayerGradients`]' fields as f32 tensors on
 /// the device, of the same shapes (X's, `(d, d_k)`, `(d_k,)`, …), `Some` exactly where
-/// [`Gradients`] has them. [`TensorGradients::to_gradients`] reads them back.
+/// [`LayerGradients`] has them. [`TensorGradients::to_gradients`] reads them back.
 ///
 /// Unlike [`LayerSaved::backward`], the values are not checked for overflow (reading them
 /// back checks).
 #[derive(Debug, Clone)]
-pub struct TensorGradients {
+pub(crate) struct TensorGradients {
     /// `∂ℓ/∂X`.
     pub x: Tensor,
     /// `∂ℓ/∂W_Q`.
@@ -42,49 +41,6 @@ pub struct TensorGradients {
     pub b_o: Option<Tensor>,
 }
 
-impl TensorGradients {
-    /// Reads every gradient back.
-    ///
-    /// # Errors
-    /// [`Error::Overflow`] for a gradient that overflowed; a recorder not yet submitted;
-    /// another context; GPU errors.
-    pub fn to_gradients(&self, ctx: &Context) -> Result<Gradients> {
-        let read = |t: &Tensor, what: &str| -> Result<Vec<f32>> {
-            let a = t.to_array(ctx)?;
-            let v: Vec<f32> = a.iter().copied().collect();
-            crate::error::check_overflow(what, Dtype::F32, &v)?;
-            Ok(v)
-        };
-        let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
-        let two = |t: &Option<Tensor>, what: &str| -> Result<Option<Array2<f32>>> {
-            t.as_ref()
-                .map(|t| match *t.shape() {
-                    [r, c] => Array2::from_shape_vec((r, c), read(t, what)?).map_err(shape_err),
-                    ref s => Err(Error::shape(format!("{what}: shape {s:?}"))),
-                })
-                .transpose()
-        };
-        let one = |t: &Option<Tensor>, what: &str| -> Result<Option<Array1<f32>>> {
-            t.as_ref()
-                .map(|t| Ok(Array1::from_vec(read(t, what)?)))
-                .transpose()
-        };
-        let x = self.x.to_array(ctx)?;
-        crate::error::check_overflow("gradient dX", Dtype::F32, x.as_slice().unwrap_or(&[]))?;
-        Ok(Gradients {
-            x,
-            w_q: two(&self.w_q, "W_Q")?,
-            w_k: two(&self.w_k, "W_K")?,
-            w_v: two(&self.w_v, "W_V")?,
-            b_q: one(&self.b_q, "b_Q")?,
-            b_k: one(&self.b_k, "b_K")?,
-            b_v: one(&self.b_v, "b_V")?,
-            w_o: two(&self.w_o, "W_O")?,
-            b_o: one(&self.b_o, "b_O")?,
-        })
-    }
-}
-
 impl Attention {
     /// [`Attention::forward_saved`] without projections (Q = K = V = X) on a tensor `x`
     /// (`(n, d)` or `(batch, n, d)`, of the op's dtype), recorded into `rec`: the output is a
@@ -94,7 +50,7 @@ impl Attention {
     /// # Errors
     /// As [`Attention::forward_saved`], and a tensor of another context, of another dtype
     /// than the op's, or not yet written.
-    pub fn record_saved(
+    pub(crate) fn record_saved(
         &self,
         rec: &mut Recorder<'_>,
         x: &Tensor,
@@ -142,40 +98,15 @@ impl Attention {
             None => saved.context.clone(),
         };
         Ok((
-            TensorOutput {
-                context,
-                weights: None,
-            },
+            TensorOutput::new(context, None),
             saved,
         ))
     }
 }
 
 impl Layer {
-    /// [`Layer::forward_saved`] on a tensor `x` (`(n, d)` or `(batch, n, d)`, f32 or f16):
-    /// the output stays on the device, and the [`LayerSaved`] keeps X, Q, K, V and the row
-    /// statistics there for [`LayerSaved::backward_tensor`]. Recorded and submitted at once;
-    /// [`Layer::record_saved`] records it into a [`Recorder`].
-    ///
-    /// # Errors
-    /// As [`Layer::forward_saved`], and a tensor of another context or not yet written.
-    pub fn forward_saved_tensor(
-        &self,
-        ctx: &Context,
-        x: &Tensor,
-        mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, LayerSaved)> {
-        let mut rec = Recorder::new(ctx);
-        let out = self.record_saved(&mut rec, x, mask)?;
-        rec.submit()?;
-        Ok(out)
-    }
-
-    /// [`Layer::forward_saved_tensor`] recorded into `rec`.
-    ///
-    /// # Errors
-    /// As [`Layer::forward_saved_tensor`].
-    pub fn record_saved(
+    /// The saved forward of the layer on a tensor X, recorded into `rec`.
+    pub(crate) fn record_saved(
         &self,
         rec: &mut Recorder<'_>,
         x: &Tensor,
@@ -197,7 +128,7 @@ impl LayerSaved {
     /// As [`LayerSaved::backward`] (but `d_out` is not scanned for NaN/Inf, and the results
     /// are not checked for overflow), an f16 `d_out`, a tensor of another context or not yet
     /// written.
-    pub fn backward_tensor(&self, ctx: &Context, d_out: &Tensor) -> Result<TensorGradients> {
+    pub(crate) fn backward_tensor(&self, ctx: &Context, d_out: &Tensor) -> Result<TensorGradients> {
         let mut rec = Recorder::new(ctx);
         let grads = self.record_backward(&mut rec, d_out)?;
         rec.submit()?;
@@ -209,7 +140,7 @@ impl LayerSaved {
     ///
     /// # Errors
     /// As [`LayerSaved::backward_tensor`].
-    pub fn record_backward(
+    pub(crate) fn record_backward(
         &self,
         rec: &mut Recorder<'_>,
         d_out: &Tensor,

@@ -1,8 +1,8 @@
-//! [`Attention::sdpa_saved`] and [`Saved::backward`] on [`Tensor`]s in the rows layout the
+//! [`Attention::sdpa_saved`] and [`SdpaSaved::backward`] on [`Tensor`]s in the rows layout the
 //! kernels read (as [`Attention::sdpa_tensor`] takes them): the output, the saved state and
 //! the gradients stay on the device, and both can be recorded into one [`Recorder`].
 
-use super::{BackwardKernels, Saved};
+use super::{BackwardKernels, SdpaSaved};
 use crate::attention::split::fits;
 use crate::attention::upload::MaskBuffer;
 use crate::attention::{Attention, Dtype, TensorOutput};
@@ -14,13 +14,13 @@ use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 use crate::variant::{self, Kernels};
 
-/// The gradients of [`Saved::backward_tensor`], f32 tensors in the rows layout of the
+/// The gradients of [`SdpaSaved::backward_tensor`], f32 tensors in the rows layout of the
 /// forward's tensors: `q` `(batch, L, heads, E)`, `k` `(batch, S, kv_heads, E)`, `v`
 /// `(batch, S, kv_heads, E_v)` (a shared K/V head's gradient sums its query heads'). Not
 /// checked for overflow (reading them back does not check either: compare with
-/// [`Saved::backward`] when in doubt).
+/// [`SdpaSaved::backward`] when in doubt).
 #[derive(Debug, Clone)]
-pub struct SdpaTensorGradients {
+pub(crate) struct SdpaTensorGradients {
     /// `∂ℓ/∂Q`.
     pub q: Tensor,
     /// `∂ℓ/∂K`.
@@ -43,20 +43,20 @@ impl Attention {
     /// [`Attention::sdpa_saved`] on tensors (`q` `(batch, L, heads, E)`, `k`
     /// `(batch, S, kv_heads, E)`, `v` `(batch, S, kv_heads, E_v)`, of the op's dtype),
     /// recorded into `rec`: the output `(batch, L, heads, E_v)` is a tensor of `rec`, and
-    /// the [`Saved`] can record its backward into `rec` too ([`Saved::record_backward`]).
+    /// the [`SdpaSaved`] can record its backward into `rec` too ([`SdpaSaved::record_backward`]).
     ///
     /// # Errors
     /// As [`Attention::sdpa_saved`] (NaN/Inf are not scanned for: a tensor was checked when
     /// it was made), and tensors of another context, of another dtype than the op's, or not
     /// yet written.
-    pub fn sdpa_record_saved(
+    pub(crate) fn sdpa_record_saved(
         &self,
         rec: &mut Recorder<'_>,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, Saved)> {
+    ) -> Result<(TensorOutput, SdpaSaved)> {
         let ctx = rec.ctx;
         let op = self.return_weights(false).propagate_non_finite(false);
         let (qs, ks, vs) = (
@@ -123,7 +123,7 @@ impl Attention {
         let [q_buf, k_buf, v_buf]: [wgpu::Buffer; 3] = buffers
             .try_into()
             .map_err(|_| Error::invalid("sdpa", "internal: three inputs"))?;
-        let saved = Saved {
+        let saved = SdpaSaved {
             ctx_id: ctx.id(),
             op,
             flash,
@@ -138,53 +138,33 @@ impl Attention {
             kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
         };
         Ok((
-            TensorOutput {
-                context: o,
-                weights: None,
-            },
+            TensorOutput::new(o, None),
             saved,
         ))
     }
 
-    /// [`Attention::sdpa_record_saved`] recorded and submitted at once.
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa_record_saved`].
-    pub fn sdpa_saved_tensor(
-        &self,
-        ctx: &Context,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, Saved)> {
-        let mut rec = Recorder::new(ctx);
-        let out = self.sdpa_record_saved(&mut rec, q, k, v, mask)?;
-        rec.submit()?;
-        Ok(out)
-    }
 }
 
-impl Saved {
-    /// [`Saved::backward`] on a tensor `d_o` (f32, the output's rows layout
+impl SdpaSaved {
+    /// [`SdpaSaved::backward`] on a tensor `d_o` (f32, the output's rows layout
     /// `(batch, L, heads, E_v)`), the gradients left on the device: the same kernels as
-    /// [`Saved::backward`], so the same values bit for bit. Recorded and submitted at once.
+    /// [`SdpaSaved::backward`], so the same values bit for bit. Recorded and submitted at once.
     ///
     /// # Errors
-    /// As [`Saved::backward`] (but `d_o` is not scanned for NaN/Inf nor the results for
+    /// As [`SdpaSaved::backward`] (but `d_o` is not scanned for NaN/Inf nor the results for
     /// overflow), an f16 `d_o`, a tensor of another context or not yet written.
-    pub fn backward_tensor(&self, ctx: &Context, d_o: &Tensor) -> Result<SdpaTensorGradients> {
+    pub(crate) fn backward_tensor(&self, ctx: &Context, d_o: &Tensor) -> Result<SdpaTensorGradients> {
         let mut rec = Recorder::new(ctx);
         let grads = self.record_backward(&mut rec, d_o)?;
         rec.submit()?;
         Ok(grads)
     }
 
-    /// [`Saved::backward_tensor`] recorded into `rec` (which may hold the forward, earlier).
+    /// [`SdpaSaved::backward_tensor`] recorded into `rec` (which may hold the forward, earlier).
     ///
     /// # Errors
-    /// As [`Saved::backward_tensor`].
-    pub fn record_backward(
+    /// As [`SdpaSaved::backward_tensor`].
+    pub(crate) fn record_backward(
         &self,
         rec: &mut Recorder<'_>,
         d_o: &Tensor,
@@ -193,7 +173,7 @@ impl Saved {
         if ctx.id() != self.ctx_id {
             return Err(Error::invalid(
                 "backward",
-                "backward without a matching forward: this Saved was made on another Context; \
+                "backward without a matching forward: this SdpaSaved was made on another Context; \
                  run the forward on the Context the backward runs on",
             ));
         }

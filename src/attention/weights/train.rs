@@ -1,5 +1,5 @@
 //! Training a [`Layer`] on the device: [`Adam`] keeps its moments beside the layer's weights
-//! and updates them in place (`shaders/adam.wgsl`) from a backward's [`TensorGradients`];
+//! and updates them in place (`shaders/adam.wgsl`) from a backward's [`Gradients`];
 //! [`MseLoss`] computes a mean squared error's gradient (and the loss, read only when asked)
 //! on the device (`shaders/mse.wgsl`). With [`Layer::record_saved`] and
 //! [`LayerSaved::record_backward`](crate::LayerSaved::record_backward), a whole training step
@@ -19,7 +19,7 @@ use ndarray::{Array1, Array2};
 
 use super::{Layer, Linear};
 use crate::attention::split::fits;
-use crate::attention::TensorGradients;
+use crate::attention::Gradients;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
@@ -36,19 +36,21 @@ use crate::tensor::{Recorder, Tensor};
 /// rounded to f16 into the layer, so steps smaller than f16's spacing are not lost.
 ///
 /// ```no_run
-/// # use wgpu_attention::{Adam, Attention, Context, Dtype, Layer, Mask, MseLoss, Projections, Recorder, Tensor};
+/// # use wgpu_attention::{Adam, Attention, Context, Dtype, Inputs, Layer, MseLoss, Projections, Recorder, Tensor};
 /// # let ctx = Context::new()?;
 /// # let w = ndarray::Array2::<f32>::eye(8);
 /// # let (x, target) = (ndarray::Array3::<f32>::zeros((4, 5, 8)), ndarray::Array3::<f32>::zeros((4, 5, 8)));
 /// let p = Projections::new(w.view(), w.view(), w.view());
-/// let mut layer = Layer::new(&ctx, Attention::new().heads(2).causal(true), &p)?;
+/// let op = Attention::new().heads(2).causal(true).save_for_backward(true);
+/// let mut layer = Layer::new(&ctx, op, &p)?;
 /// let mut adam = Adam::new(1e-2);
 /// let x = Tensor::from_array(&ctx, x.view().into_dyn(), Dtype::F32)?; // uploaded once
 /// let target = Tensor::from_array(&ctx, target.view().into_dyn(), Dtype::F32)?;
 /// for step in 1..=100 {
 ///     let mut rec = Recorder::new(&ctx);
-///     let (y, saved) = layer.record_saved(&mut rec, &x, &Mask::none())?;
+///     let y = layer.record(&mut rec, Inputs::x(&x))?;
 ///     let loss = MseLoss::record(&mut rec, &y.context, &target)?;
+///     let saved = y.saved.expect("the layer's op saves for the backward");
 ///     let grads = saved.record_backward(&mut rec, &loss.grad)?;
 ///     layer.record_update(&mut rec, &mut adam, &grads)?;
 ///     rec.submit()?; // one submit per step, nothing read back
@@ -198,7 +200,7 @@ impl Layer {
         &mut self,
         ctx: &Context,
         adam: &mut Adam,
-        grads: &TensorGradients,
+        grads: &Gradients<Tensor>,
     ) -> Result<()> {
         let mut rec = Recorder::new(ctx);
         self.record_update(&mut rec, adam, grads)?;
@@ -217,7 +219,7 @@ impl Layer {
         &mut self,
         rec: &mut Recorder<'_>,
         adam: &mut Adam,
-        grads: &TensorGradients,
+        grads: &Gradients<Tensor>,
     ) -> Result<()> {
         let ctx = rec.ctx;
         self.check_context(ctx)?;
@@ -290,7 +292,7 @@ impl Layer {
     }
 
     /// The layer's parameters beside their gradients, checked.
-    fn params<'a>(&'a self, g: &'a TensorGradients) -> Result<Vec<Param<'a>>> {
+    fn params<'a>(&'a self, g: &'a Gradients<Tensor>) -> Result<Vec<Param<'a>>> {
         let w = &self.device;
         let mut out = Vec::new();
         let linears = [

@@ -1,0 +1,215 @@
+//! The verbs: [`Attention::run`], [`Attention::run_async`] and [`Attention::record`] (and a
+//! [`Layer`]'s `run` and `record`). Each takes [`Inputs`] of one [`Kind`] and hands the call
+//! to the path of that kind: arrays are uploaded, computed and read back in one call (split
+//! when past the device's limits); tensors are recorded into a [`Recorder`] and stay on the
+//! device.
+
+use ndarray::{ArrayViewD, Ix4};
+
+use super::inputs::{Device, Host, Inputs, Kind, Operands};
+use super::outputs::{Output, Saved};
+use super::weights::Layer;
+use super::Attention;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::tensor::{Recorder, Tensor};
+
+/// How a call runs for each [`Kind`] of operand.
+#[doc(hidden)]
+pub trait Run: Kind {
+    /// Runs `op` on `inputs` now.
+    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Self>) -> Result<Output<Self::Value>>;
+    /// Runs `layer` on `inputs` now.
+    fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Self>) -> Result<Output<Self::Value>>;
+}
+
+/// Q, K and V arrays as the 4-d views the sdpa path takes.
+fn four<'a>(a: &ArrayViewD<'a, f32>, name: &str) -> Result<ndarray::ArrayView4<'a, f32>> {
+    a.clone().into_dimensionality::<Ix4>().map_err(|_| {
+        Error::shape(format!(
+            "{name} must be 4-d (batch, heads, rows, width), got shape {:?}",
+            a.shape()
+        ))
+    })
+}
+
+fn no_projections<K: Kind>(inputs: &Inputs<'_, K>, why: &str) -> Result<()> {
+    match inputs.projections {
+        Some(_) => Err(Error::invalid("inputs", why.to_string())),
+        None => Ok(()),
+    }
+}
+
+const QKV_PROJECTED: &str = "projections apply to X, not to Q, K and V: give Inputs::x(x)";
+const LAYER_PROJECTED: &str =
+    "a Layer projects with its own weights: give Inputs::x(x) without projections";
+
+impl Run for Host {
+    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Host>) -> Result<Output> {
+        let mask = inputs.mask_or_none();
+        match &inputs.operands {
+            Operands::X(x) if op.save => {
+                let (out, saved) = op.forward_saved(ctx, x.view(), inputs.projections, &mask)?;
+                Ok(out.with_saved(saved.into()))
+            }
+            Operands::X(x) => op.forward_masked(ctx, x.view(), inputs.projections, &mask),
+            Operands::Qkv([q, k, v]) => {
+                no_projections(inputs, QKV_PROJECTED)?;
+                let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
+                if op.save {
+                    let (out, saved) = op.sdpa_saved(ctx, q, k, v, &mask)?;
+                    Ok(out.with_saved(saved.into()))
+                } else {
+                    op.sdpa_masked(ctx, q, k, v, &mask)
+                }
+            }
+        }
+    }
+
+    fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Host>) -> Result<Output> {
+        no_projections(inputs, LAYER_PROJECTED)?;
+        let mask = inputs.mask_or_none();
+        let Operands::X(x) = &inputs.operands else {
+            return Err(Error::invalid("inputs", "a Layer takes X: give Inputs::x(x)"));
+        };
+        if layer.op().save {
+            let (out, saved) = layer.forward_saved(ctx, x.view(), &mask)?;
+            Ok(out.with_saved(saved.into()))
+        } else {
+            layer.forward_masked(ctx, x.view(), &mask)
+        }
+    }
+}
+
+impl Run for Device {
+    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Device>) -> Result<Output<Tensor>> {
+        let mut rec = Recorder::new(ctx);
+        let out = op.record(&mut rec, inputs.clone())?;
+        rec.submit()?;
+        Ok(out)
+    }
+
+    fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Device>) -> Result<Output<Tensor>> {
+        let mut rec = Recorder::new(ctx);
+        let out = layer.record(&mut rec, inputs.clone())?;
+        rec.submit()?;
+        Ok(out)
+    }
+}
+
+impl Attention {
+    /// Computes attention now, blocking until the results are ready.
+    ///
+    /// With arrays (`Inputs::x(&x)`, `Inputs::qkv(&q, &k, &v)`), the operands are uploaded,
+    /// computed and read back as `ArrayD<f32>`; a call past the device's limits is split by
+    /// batch and heads. With tensors, the call is recorded and submitted at once and its
+    /// results stay on the device; a call past the limits is an error.
+    ///
+    /// ```
+    /// use wgpu_attention::{Attention, Context, Inputs, ndarray::Array2};
+    /// # fn main() -> wgpu_attention::Result<()> {
+    /// let ctx = Context::new()?;
+    /// let x = Array2::from_shape_fn((5, 8), |(i, j)| ((i * 8 + j) as f32 * 0.1).sin());
+    /// let out = Attention::new().causal(true).run(&ctx, Inputs::x(&x))?;
+    /// assert_eq!(out.context.shape(), &[5, 8]);
+    /// assert_eq!(out.weights.unwrap().shape(), &[5, 5]);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Bad shapes or options, non-finite inputs, masks that do not broadcast, sizes over the
+    /// device's limits, tensors of another context or dtype, and any wgpu validation,
+    /// out-of-memory or device-lost error, as [`Error`] variants.
+    pub fn run<K: Run>(&self, ctx: &Context, inputs: Inputs<'_, K>) -> Result<Output<K::Value>> {
+        K::run(self, ctx, &inputs)
+    }
+
+    /// [`Attention::run`] on arrays without blocking: what the browser (wasm32, WebGPU)
+    /// calls; `run` is this, waited for.
+    ///
+    /// # Errors
+    /// As [`Attention::run`]; saving for the backward is not offered here (use `run`).
+    pub async fn run_async(&self, ctx: &Context, inputs: Inputs<'_, Host>) -> Result<Output> {
+        if self.save {
+            return Err(Error::invalid(
+                "save_for_backward",
+                "a saved forward runs with Attention::run, not run_async",
+            ));
+        }
+        let mask = inputs.mask_or_none();
+        match &inputs.operands {
+            Operands::X(x) => {
+                self.forward_masked_async(ctx, x.view(), inputs.projections, &mask)
+                    .await
+            }
+            Operands::Qkv([q, k, v]) => {
+                no_projections(&inputs, QKV_PROJECTED)?;
+                let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
+                self.sdpa_masked_async(ctx, q, k, v, &mask).await
+            }
+        }
+    }
+
+    /// Records attention on tensors into `rec`: nothing runs until [`Recorder::submit`], so
+    /// several calls (layers, a loss, a backward) share one encoder and one submit. The
+    /// results are tensors, written when `rec` is submitted.
+    ///
+    /// # Errors
+    /// As [`Attention::run`] on tensors; projections (use a [`Layer`]).
+    pub fn record(&self, rec: &mut Recorder<'_>, inputs: Inputs<'_, Device>) -> Result<Output<Tensor>> {
+        let mask = inputs.mask_or_none();
+        match &inputs.operands {
+            Operands::X(x) => {
+                no_projections(
+                    &inputs,
+                    "projections on tensors stay on the device in a Layer: build one with Layer::new",
+                )?;
+                if self.save {
+                    let (out, saved) = self.record_saved(rec, x, &mask)?;
+                    Ok(out.with_saved(saved.into()))
+                } else {
+                    self.forward_record(rec, x, &mask)
+                }
+            }
+            Operands::Qkv([q, k, v]) => {
+                no_projections(&inputs, QKV_PROJECTED)?;
+                if self.save {
+                    let (out, saved) = self.sdpa_record_saved(rec, q, k, v, &mask)?;
+                    Ok(out.with_saved(saved.into()))
+                } else {
+                    self.sdpa_record(rec, q, k, v, &mask)
+                }
+            }
+        }
+    }
+}
+
+impl Layer {
+    /// Runs the layer now on X (`Inputs::x`, with a mask if any): arrays come back as
+    /// arrays, tensors stay on the device. With [`Attention::save_for_backward`] on the
+    /// layer's op, the output carries the [`Saved`] state for [`Saved::backward`].
+    ///
+    /// # Errors
+    /// As [`Attention::run`]; Q, K, V or projections in `inputs` (the layer has its own).
+    pub fn run<K: Run>(&self, ctx: &Context, inputs: Inputs<'_, K>) -> Result<Output<K::Value>> {
+        K::run_layer(self, ctx, &inputs)
+    }
+
+    /// Records the layer on a tensor X into `rec` (see [`Attention::record`]).
+    ///
+    /// # Errors
+    /// As [`Layer::run`].
+    pub fn record(&self, rec: &mut Recorder<'_>, inputs: Inputs<'_, Device>) -> Result<Output<Tensor>> {
+        no_projections(&inputs, LAYER_PROJECTED)?;
+        let mask = inputs.mask_or_none();
+        let Operands::X(x) = &inputs.operands else {
+            return Err(Error::invalid("inputs", "a Layer takes X: give Inputs::x(x)"));
+        };
+        if self.op().save {
+            let (out, saved) = self.record_saved(rec, x, &mask)?;
+            Ok(out.with_saved(Saved::from(saved)))
+        } else {
+            self.record_masked(rec, x, &mask)
+        }
+    }
+}
