@@ -317,7 +317,7 @@ mod tests {
         });
         for causal in [false, true] {
             let op = Attention::new().heads(2).causal(causal);
-            let r = crate::reference::attention(&op, x.view().into_dyn(), None).unwrap();
+            let r = crate::reference::run(&op, &crate::Inputs::x(&x)).unwrap();
             let c = cpu_attention_f32(x.view(), 2, causal).into_dyn();
             let (rel, _) = crate::reference::compare(&c, &r.context);
             assert!(rel < 1e-5, "causal={causal}: rel {rel}");

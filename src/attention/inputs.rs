@@ -184,8 +184,9 @@ impl<'a, K: Kind> Inputs<'a, K> {
     /// Projects X first: `Q = X·W_Q (+b_Q)`, `K = X·W_K (+b_K)`, `V = X·W_V (+b_V)`, and the
     /// context through `W_O (+b_O)` when given. With Q, K and V this is an error. On tensors,
     /// build a [`crate::Layer`] (its weights stay on the device).
-    pub fn projections(mut self, projections: &'a Projections<'a>) -> Self {
-        self.projections = Some(projections);
+    /// Takes `&Projections` or an `Option<&Projections>`.
+    pub fn projections(mut self, projections: impl Into<Option<&'a Projections<'a>>>) -> Self {
+        self.projections = projections.into();
         self
     }
 

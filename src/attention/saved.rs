@@ -468,8 +468,11 @@ mod tests {
         let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
         let op = Attention::new()
             .causal(true)
-            .nan_fill(true)
-            .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 });
+            .options(crate::Options {
+                nan_fill: true,
+                flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
+                ..crate::Options::default()
+            });
         let odd = BackwardTiles {
             owners: 8,
             split: 3,

@@ -143,7 +143,7 @@ mod tests {
         let k = Array4::from_shape_fn((b, kvh, n, d), f(2));
         let v = Array4::from_shape_fn((b, kvh, n, d + 1), f(3));
         let op = Attention::new().causal(true);
-        let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
+        let want = crate::reference::run(&op, &crate::Inputs::qkv(&q, &k, &v))
             .unwrap()
             .context;
         let mut cache = CpuKvCache::new(n, b, kvh, d, d + 1);

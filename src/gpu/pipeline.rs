@@ -300,7 +300,7 @@ mod tests {
         }
         for (what, op, x, p) in calls {
             let late = ctx.pipelines.late.load(Ordering::Relaxed);
-            op.forward(&ctx, x.view(), p).unwrap();
+            op.run(&ctx, crate::Inputs::x(x).projections(p)).unwrap();
             let now = ctx.pipelines.late.load(Ordering::Relaxed);
             assert_eq!(
                 now,
@@ -320,9 +320,7 @@ mod tests {
             .with_tuning(false)
             .with_tune_cache(TuneCache::at(Some(dir.path().join("tune.json"))));
         let x = ndarray::Array2::from_shape_fn((5, 4), |(i, j)| (i + j) as f32 * 0.1);
-        Attention::new()
-            .forward(&ctx, x.view().into_dyn(), None)
-            .unwrap();
+        Attention::new().run(&ctx, crate::Inputs::x(&x)).unwrap();
         let info = ctx.adapter_info();
         let supported = ctx
             .device()

@@ -158,7 +158,7 @@ mod tests {
                 }
             };
             let op = Attention::new().causal(true);
-            let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
+            let want = crate::reference::run(&op, &crate::Inputs::qkv(&q, &k, &v))
                 .unwrap()
                 .context;
             for block in [64, 1024] {

@@ -1,6 +1,6 @@
 //! The CPU oracle: the same definition as the GPU path, written plainly with `ndarray` and
 //! accumulated in f64. Slow on purpose; obviously right is the point. The gradients of both
-//! ops are here too ([`sdpa_backward`], [`attention_backward`]).
+//! ops are here too ([`backward`]).
 
 use ndarray::{s, Array1, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
@@ -11,7 +11,7 @@ use crate::mask::Mask;
 
 mod backward;
 #[cfg(test)]
-pub(crate) use backward::{attention_backward, sdpa_backward};
+pub(crate) use backward::sdpa_backward;
 
 fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)

@@ -61,11 +61,14 @@ fn auto_kernels_after_tuning_match_the_reference() {
         let op = Attention::new()
             .heads(2)
             .causal(true)
-            .kernels(Kernels::Auto)
-            .return_weights(weights)
-            .nan_fill(true);
-        let gpu = op.forward(&ctx, x.view().into_dyn(), None).unwrap();
-        let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+            .options(crate::Options {
+                kernels: Kernels::Auto,
+                nan_fill: true,
+                ..crate::Options::default()
+            })
+            .return_weights(weights);
+        let gpu = op.run(&ctx, crate::Inputs::x(&x)).unwrap();
+        let cpu = reference::run(&op, &crate::Inputs::x(&x)).unwrap();
         let (rel, _) = reference::compare(&gpu.context, &cpu.context);
         assert!(rel < 1e-5, "weights={weights}: rel {rel}");
     }
@@ -94,7 +97,8 @@ fn every_candidate_variant_matches_the_reference() {
     for case in &cases {
         let data = case.data(5);
         let proj = data.projections();
-        let reference = reference::attention(&case.op(), data.x.view(), proj.as_ref()).unwrap();
+        let inputs = crate::Inputs::x(&data.x).projections(proj.as_ref());
+        let reference = reference::run(&case.op(), &inputs).unwrap();
         let bound = verify::tolerance(
             reference::logit_bound(&case.op(), data.x.view(), proj.as_ref()).unwrap(),
         );
@@ -106,9 +110,14 @@ fn every_candidate_variant_matches_the_reference() {
                 let op = case
                     .op()
                     .return_weights(weights)
-                    .flash_variant(fv)
-                    .matmul_variant(mv);
-                let gpu = op.forward(ctx, data.x.view(), proj.as_ref()).unwrap();
+                    .options(crate::Options {
+                        kernels: case.kernels,
+                        flash_variant: Some(fv),
+                        matmul_variant: Some(mv),
+                        nan_fill: true,
+                        ..crate::Options::default()
+                    });
+                let gpu = op.run(ctx, inputs.clone()).unwrap();
                 let (rel, _) = reference::compare(&gpu.context, &reference.context);
                 let wrel = match (&gpu.weights, &reference.weights) {
                     (Some(g), Some(r)) => reference::compare(g, r).0,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Once, OnceLock};
 
 use ndarray::Array4;
-use wgpu_attention::{reference, verify, Attention, Context, Mask};
+use wgpu_attention::{reference, verify, Attention, Context, Inputs, Mask, Options};
 
 /// Where the tests' autotuner cache lives: in Cargo's temporary directory for the tests
 /// (`target/tmp`), never the user's `~/.cache/wgpu-attention`.
@@ -95,13 +95,17 @@ pub fn sdpa_failures(
     let ctx = ctx();
     let (b, h, l, _) = q.dim();
     let (s, ev) = (k.dim().2, v.dim().3);
-    let want = reference::sdpa_masked(&base, q.view(), k.view(), v.view(), mask).unwrap();
+    let inputs = Inputs::qkv(q, k, v).mask(mask);
+    let want = reference::run(&base, &inputs).unwrap();
     let mut failures = Vec::new();
     for (kernels, fused) in verify::paths(ctx) {
-        let op = base.kernels(kernels).return_weights(!fused);
-        let got = op
-            .sdpa_masked(ctx, q.view(), k.view(), v.view(), mask)
-            .unwrap();
+        let op = base
+            .options(Options {
+                kernels,
+                ..Options::default()
+            })
+            .return_weights(!fused);
+        let got = op.run(ctx, inputs.clone()).unwrap();
         assert_eq!(got.context.shape(), &[b, h, l, ev]);
         let (rel, _) = reference::compare(&got.context, &want.context);
         let wrel = match &got.weights {

@@ -76,7 +76,7 @@ fn every_thread_count_merges_to_the_same_result() {
     let mut cache = KvCache::new(ctx, spec).unwrap();
     cache.append(ctx, k.view(), v.view()).unwrap();
     let op = crate::attention::Attention::new().causal(true);
-    let want = crate::reference::sdpa(&op, q.view(), k.view(), v.view())
+    let want = crate::reference::run(&op, &crate::Inputs::qkv(&q, &k, &v))
         .unwrap()
         .context;
     for threads in [1, 3, 8, 64] {
