@@ -1,4 +1,33 @@
-#![doc = include_str!("../README.md")]
+//! Scaled dot-product attention in WGSL compute shaders on [`wgpu`], on any Vulkan, Metal,
+//! DX12 or GL adapter (and lavapipe, Mesa's software Vulkan, where there is no GPU), checked
+//! against an f64 CPU [`reference`].
+//!
+//! Three steps: describe the op ([`Attention`]), give it [`Inputs`] (arrays, or device
+//! [`Tensor`]s), and run it now ([`Attention::run`], [`Attention::run_async`]) or record it
+//! into a [`Recorder`] ([`Attention::record`]). Every forward returns one [`Output`]; a saved
+//! forward's [`Saved::backward`] returns one [`Gradients`]. A [`Layer`] keeps its projection
+//! weights on the device; a [`KvCache`] and a [`Decoder`] generate token by token.
+//!
+//! ```
+//! use wgpu_attention::ndarray::Array4;
+//! use wgpu_attention::{Attention, Context, Inputs, Mask};
+//!
+//! # fn main() -> wgpu_attention::Result<()> {
+//! let ctx = Context::new()?;
+//! // PyTorch's scaled_dot_product_attention(q, k, v, is_causal=True): (batch, heads, L, E).
+//! let q = Array4::from_shape_fn((1, 2, 5, 8), |(_, h, i, e)| ((h * 40 + i * 8 + e) as f32 * 0.1).sin());
+//! let (k, v) = (q.clone(), q.mapv(|x| 2.0 * x));
+//! let lengths = Mask::none().with_kv_lengths(&[4]); // the fifth key is padding
+//! let out = Attention::new().causal(true).run(&ctx, Inputs::qkv(&q, &k, &v).mask(&lengths))?;
+//! assert_eq!(out.context.shape(), &[1, 2, 5, 8]);
+//! let weights = out.weights.unwrap(); // (batch, heads, L, S)
+//! assert_eq!(weights[[0, 0, 4, 4]], 0.0);
+//! # Ok(()) }
+//! ```
+//!
+//! Guides (shapes and mask semantics, the command line, decoding, training, kernels and
+//! tuning, architecture, testing) are in the repository's `docs/`; `README.md` has the
+//! set-up and current results.
 #![warn(missing_docs)]
 
 // The public surface: the context, the op and its inputs and outputs, masks, errors,
@@ -53,3 +82,30 @@ pub use tune::TuneCache;
 pub use variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;
+
+// Every Rust example of the README and the guides is a doctest: `cargo test` runs them.
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/library.md")]
+    struct Library;
+    #[doc = include_str!("../docs/semantics.md")]
+    struct Semantics;
+    #[doc = include_str!("../docs/cli.md")]
+    struct CommandLine;
+    #[doc = include_str!("../docs/decoding.md")]
+    struct Decoding;
+    #[doc = include_str!("../docs/training.md")]
+    struct Training;
+    #[doc = include_str!("../docs/browser.md")]
+    struct Browser;
+    #[doc = include_str!("../docs/kernels.md")]
+    struct Kernels;
+    #[doc = include_str!("../docs/architecture.md")]
+    struct Architecture;
+    #[doc = include_str!("../docs/testing.md")]
+    struct Testing;
+    #[doc = include_str!("../docs/RESULTS.md")]
+    struct Results;
+}
