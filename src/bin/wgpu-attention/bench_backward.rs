@@ -2,7 +2,7 @@
 
 use ndarray::Array4;
 use wgpu_attention::bench::{self, Stats};
-use wgpu_attention::{Attention, Context, Error, Kernels, Result};
+use wgpu_attention::{Attention, Context, Error, Inputs, Kernels, Options, Result};
 
 /// The problems to time: `n` keys and queries, per-head width `d / heads`.
 pub struct Sweep<'a> {
@@ -52,7 +52,10 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
         let (q, k, v, d_o) = (wave(1), wave(2), wave(3), wave(5));
         let flop = 2.0 * (n * n * 2 * sweep.d * sweep.batch) as f64;
         for &family in families {
-            let op = Attention::new().causal(sweep.causal).kernels(family);
+            let op = Attention::new().causal(sweep.causal).options(Options {
+                kernels: family,
+                ..Options::default()
+            });
             let arrays = [q.view(), k.view(), v.view(), d_o.view()];
             match bench::gpu_forward_backward(ctx, &op, arrays, sweep.warmup, sweep.repeats) {
                 Ok([(fwd, _), (bwd, bwd_kernels)]) => {
@@ -117,8 +120,12 @@ fn cpu_ratio(
         }
         Ok(start.zip(process_cpu_seconds()).map(|(a, b)| b - a))
     };
-    let fwd = timed(&mut || op.sdpa(ctx, q, k, v).map(drop))?;
-    let (_, saved) = op.sdpa_saved(ctx, q, k, v, &wgpu_attention::Mask::none())?;
+    let fwd = timed(&mut || op.run(ctx, Inputs::qkv(q, k, v)).map(drop))?;
+    let saved = op
+        .save_for_backward(true)
+        .run(ctx, Inputs::qkv(q, k, v))?
+        .saved
+        .ok_or_else(|| Error::invalid("saved forward", "nothing saved"))?;
     let bwd = timed(&mut || saved.backward(ctx, d_o).map(drop))?;
     Ok(match (fwd, bwd) {
         (Some(f), Some(b)) if f > 0.0 && b > 0.0 => Some(b / f),

@@ -9,7 +9,7 @@ use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::plot;
 use wgpu_attention::Profiling;
-use wgpu_attention::{reference, Attention, Error, Kernels, Result};
+use wgpu_attention::{reference, Attention, Dims, Error, Inputs, Kernels, Options, Result};
 
 use crate::AdapterArgs;
 
@@ -192,10 +192,13 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     // family `auto` resolves to is that of the sweep's largest call (a tiny call, under
     // TINY_ROWS rows, plans the kernels cheapest to compile instead: not what a sweep times).
     let rows = args.n.iter().max().copied().unwrap_or(1) * args.batch;
-    let head_dims = Attention::new().heads(args.heads).dims(
-        &[rows.max(wgpu_attention::attention::TINY_ROWS + 1), args.d],
-        None,
-    )?;
+    // Dims::new takes inputs, not a shape: X is one zero broadcast to the shape (no copy).
+    let zero = ndarray::arr1(&[0.0f32]);
+    let rows = rows.max(wgpu_attention::attention::TINY_ROWS + 1);
+    let x = zero
+        .broadcast((rows, args.d))
+        .ok_or_else(|| Error::shape("cannot broadcast one zero to X's shape"))?;
+    let head_dims = Dims::new(&Attention::new().heads(args.heads), &Inputs::x(x))?;
     let choice = match args.kernels.as_str() {
         "all" => None,
         k => Some(k.parse::<Kernels>()?),
@@ -304,7 +307,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         let x = Array3::from_shape_fn((args.batch, n, args.d), |(b, i, j)| {
             (((b * 31 + i * 7 + j * 13) % 23) as f32 / 23.0 - 0.5) * 2.0
         });
-        let dims = Attention::new().heads(args.heads).dims(x.shape(), None)?;
+        let dims = Dims::new(&Attention::new().heads(args.heads), &Inputs::x(&x))?;
         let flop = dims.attention_flops();
         let mut here = Vec::new();
         let cpu_ms = if args.no_cpu {
@@ -331,7 +334,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
             progress.set_message(format!("cpu f64 reference n={n}"));
             let op = Attention::new().heads(args.heads).causal(args.causal);
             let (stats, _) = bench::measure(0, args.repeats.min(3), || {
-                reference::attention(&op, x.view().into_dyn(), None)
+                reference::run(&op, &Inputs::x(x.view()))
             })?;
             progress.inc(1);
             let mut r = attention_record(args, n, flop, "cpu f64 reference".into(), stats);
@@ -350,7 +353,10 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
                 let op = Attention::new()
                     .heads(args.heads)
                     .causal(args.causal)
-                    .kernels(family)
+                    .options(Options {
+                        kernels: family,
+                        ..Options::default()
+                    })
                     .return_weights(weights);
                 let plan = op.plan(&ctx, &dims)?;
                 let path = format!(

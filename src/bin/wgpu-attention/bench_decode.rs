@@ -6,7 +6,7 @@
 use ndarray::{s, Array4};
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::decode::cpu::CpuKvCache;
-use wgpu_attention::{Attention, Context, Decoder, Dtype, KvCache, KvCacheSpec, Result};
+use wgpu_attention::{Attention, Context, Decoder, Dtype, Inputs, KvCache, KvCacheSpec, Result};
 
 /// What `--decode` measures.
 pub struct DecodeBench<'a> {
@@ -134,7 +134,8 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
             let last = s![.., .., len - 1..len, ..];
             let prefix = s![.., .., ..len, ..];
             let (whole, _) = bench::measure(b.warmup, b.repeats, || {
-                whole_op.sdpa(ctx, q.slice(last), k.slice(prefix), v.slice(prefix))?;
+                let qkv = Inputs::qkv(q.slice(last), k.slice(prefix), v.slice(prefix));
+                whole_op.run(ctx, qkv)?;
                 Ok(())
             })?;
             let cpu_stats = if b.no_cpu {

@@ -1,16 +1,18 @@
 //! `--grad-output G.npy` on `run` and `sdpa`: the gradient of every input, given
 //! `dO = ∂loss/∂output`, written beside the outputs as `grad_<flag>.npy`.
 //!
-//! Both come from the device: `sdpa`'s from the fused backward (`Attention::sdpa_saved`, then
-//! `Saved::backward`), `run`'s from the layer's (`Attention::forward_saved`, then
-//! `LayerSaved::backward`: the fused backward and the projections' matmuls).
+//! Both come from the device: a saved forward (`Attention::save_for_backward`, then
+//! `Attention::run`), then `Saved::backward`: for `sdpa` the fused backward, for `run` the
+//! fused backward and the projections' matmuls.
 //! dO is read and checked before the device is opened, so a bad `dO` fails fast.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD};
-use wgpu_attention::{npy, Attention, Context, Dtype, Error, Mask, Output, Projections, Result};
+use wgpu_attention::{
+    npy, Attention, Context, Dims, Dtype, Error, Inputs, Mask, Output, Projections, Result,
+};
 
 /// The `--grad-output` flag, shared by `run` and `sdpa`.
 #[derive(Args, Clone, Default)]
@@ -68,79 +70,95 @@ impl GradArgs {
     }
 
     /// `sdpa` with `d_o`: the forward's output and `grad_q`, `grad_k`, `grad_v` from the GPU's
-    /// fused backward; the output from a plain forward when it must hold the weights.
-    pub fn sdpa_on_gpu(
+    /// fused backward; the output from a plain forward when it must hold the weights
+    /// (`weights`: whether `op` returns them).
+    pub fn sdpa_on_gpu<'a>(
         ctx: &Context,
-        op: &Attention,
-        [q, k, v]: [ArrayView4<'_, f32>; 3],
-        mask: &Mask<'_>,
+        (op, weights): (&Attention, bool),
+        [q, k, v]: [ArrayView4<'a, f32>; 3],
+        mask: &'a Mask<'a>,
         d_o: &Array4<f32>,
     ) -> Result<(Output, Grads)> {
-        let (out, saved) = op.sdpa_saved(ctx, q, k, v, mask)?;
-        let g = saved.backward(ctx, d_o.view())?;
-        let out = match op.returns_weights() {
-            true => op.sdpa_masked(ctx, q, k, v, mask)?,
+        let inputs = Inputs::qkv(q, k, v).mask(mask);
+        let out = op.save_for_backward(true).run(ctx, inputs.clone())?;
+        let g = saved(&out)?.backward(ctx, d_o.view())?;
+        let out = match weights {
+            true => op.run(ctx, inputs)?,
             false => out,
         };
-        let grads = vec![
-            ("q", g.q.into_dyn()),
-            ("k", g.k.into_dyn()),
-            ("v", g.v.into_dyn()),
-        ];
-        Ok((out, Grads(grads, "GPU")))
+        let grads = [("q", g.q), ("k", g.k), ("v", g.v)];
+        let grads = grads.into_iter().filter_map(|(n, a)| Some((n, a?)));
+        Ok((out, Grads(grads.collect(), "GPU")))
     }
 
     /// `run`'s dO, read and checked against the output's shape; `None` without
     /// `--grad-output`.
-    pub fn run_grad_output(
+    pub fn run_grad_output<'a>(
         &self,
         op: &Attention,
-        x_shape: &[usize],
-        proj: Option<&Projections<'_>>,
+        x: ArrayViewD<'a, f32>,
+        proj: Option<&'a Projections<'a>>,
     ) -> Result<Option<ArrayD<f32>>> {
         let Some(path) = &self.grad_output else {
             return Ok(None);
         };
-        let want = op.dims(x_shape, proj)?.context_shape();
+        let inputs = Inputs::x(x);
+        let inputs = match proj {
+            Some(p) => inputs.projections(p),
+            None => inputs,
+        };
+        let want = Dims::new(op, &inputs)?.context_shape();
         read_grad_output(path, &want, "output").map(Some)
     }
 
-    /// `run` with `d_o`: the forward's output and the gradients from the device
-    /// (`forward_saved`, `LayerSaved::backward`): `grad_x`, and with `from_flags` (weights
-    /// given as `--wq …`, not `--weights`) one per projection flag given. The output comes
-    /// from a plain forward when it must hold the weights.
-    pub fn run_on_gpu(
+    /// `run` with `d_o`: the forward's output and the gradients from the device (a saved
+    /// forward, then `Saved::backward`): `grad_x`, and with `from_flags` (weights given as
+    /// `--wq …`, not `--weights`) one per projection flag given. The output comes from a
+    /// plain forward when it must hold the weights (`weights`: whether `op` returns them).
+    pub fn run_on_gpu<'a>(
         ctx: &Context,
-        op: &Attention,
-        (x, proj): (ArrayViewD<'_, f32>, Option<&Projections<'_>>),
-        mask: &Mask<'_>,
+        (op, weights): (&Attention, bool),
+        (x, proj): (ArrayViewD<'a, f32>, Option<&'a Projections<'a>>),
+        mask: &'a Mask<'a>,
         d_o: &ArrayD<f32>,
         from_flags: bool,
     ) -> Result<(Output, Grads)> {
-        let (out, saved) = op.forward_saved(ctx, x.view(), proj, mask)?;
-        let g = saved.backward(ctx, d_o)?;
-        let out = match op.returns_weights() {
-            true => op.forward_masked(ctx, x, proj, mask)?,
+        let inputs = Inputs::x(x).mask(mask);
+        let inputs = match proj {
+            Some(p) => inputs.projections(p),
+            None => inputs,
+        };
+        let out = op.save_for_backward(true).run(ctx, inputs.clone())?;
+        let g = saved(&out)?.backward(ctx, d_o)?;
+        let out = match weights {
+            true => op.run(ctx, inputs)?,
             false => out,
         };
-        let mut grads = vec![("x", g.x)];
+        let x =
+            g.x.ok_or_else(|| Error::invalid("backward", "no gradient of X"))?;
+        let mut grads = vec![("x", x)];
         if from_flags {
-            let two = |a: Option<ndarray::Array2<f32>>| a.map(|a| a.into_dyn());
-            let one = |a: Option<ndarray::Array1<f32>>| a.map(|a| a.into_dyn());
             let named = [
-                ("wq", two(g.w_q)),
-                ("wk", two(g.w_k)),
-                ("wv", two(g.w_v)),
-                ("bq", one(g.b_q)),
-                ("bk", one(g.b_k)),
-                ("bv", one(g.b_v)),
-                ("wo", two(g.w_o)),
-                ("bo", one(g.b_o)),
+                ("wq", g.w_q),
+                ("wk", g.w_k),
+                ("wv", g.w_v),
+                ("bq", g.b_q),
+                ("bk", g.b_k),
+                ("bv", g.b_v),
+                ("wo", g.w_o),
+                ("bo", g.b_o),
             ];
             grads.extend(named.into_iter().filter_map(|(n, a)| Some((n, a?))));
         }
         Ok((out, Grads(grads, "GPU")))
     }
+}
+
+/// What a saved forward kept for its backward.
+fn saved(out: &Output) -> Result<&wgpu_attention::Saved> {
+    out.saved
+        .as_ref()
+        .ok_or_else(|| Error::invalid("saved forward", "nothing saved"))
 }
 
 /// Writes each gradient as `dir/grad_<flag>.npy` (float16 with `--dtype f16`, else float32)

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use wgpu_attention::{
-    demo, list_adapters, verify, Attention, Backend, Context, ContextOptions, Dtype, Error,
+    demo, list_adapters, verify, Attention, Backend, Context, ContextOptions, Dtype, Error, Inputs,
     Projections, Result,
 };
 
@@ -213,7 +213,7 @@ fn demo_cmd(
     );
     let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
     let op = Attention::new();
-    let out = op.forward(&ctx, inputs.x.view().into_dyn(), Some(&proj))?;
+    let out = op.run(&ctx, Inputs::x(&inputs.x).projections(&proj))?;
     print_timings(&ctx, timings);
     let weights = out
         .weights
@@ -234,8 +234,7 @@ fn demo_cmd(
         wgpu_attention::npy::write(&dir.join("weights.npy"), weights)?;
         wgpu_attention::npy::write(&dir.join("context.npy"), &out.context)?;
     }
-    let reference =
-        wgpu_attention::reference::attention(&op, inputs.x.view().into_dyn(), Some(&proj))?;
+    let reference = wgpu_attention::reference::run(&op, &Inputs::x(&inputs.x).projections(&proj))?;
     let (rel_c, max_c) = wgpu_attention::reference::compare(&out.context, &reference.context);
     let (rel_w, max_w) = wgpu_attention::reference::compare(
         weights,

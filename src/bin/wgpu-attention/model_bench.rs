@@ -8,7 +8,7 @@
 use ndarray::{Array2, Array3};
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::{reference, Attention, Context, Dtype, Layer, Projections, Recorder};
-use wgpu_attention::{Error, Result, Tensor};
+use wgpu_attention::{Error, Inputs, Result, Tensor};
 
 /// The workload's sizes.
 pub struct Model {
@@ -44,12 +44,6 @@ pub fn run(ctx: &Context, m: &Model) -> Result<()> {
     let ws: Vec<[Array2<f32>; 4]> = (0..2)
         .map(|l| [0, 1, 2, 3].map(|i| weight(d, l * 4 + i)))
         .collect();
-    let projections: Vec<Projections<'_>> = ws
-        .iter()
-        .map(|[q, k, v, o]| {
-            Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
-        })
-        .collect();
     let op = Attention::new()
         .heads(heads)
         .causal(true)
@@ -58,19 +52,28 @@ pub fn run(ctx: &Context, m: &Model) -> Result<()> {
         ((b * 13 + i * 7 + j * 3) as f32 * 0.01).sin()
     });
 
-    let array_way = || -> Result<Array3<f32>> {
-        let h = op.forward(ctx, &x, Some(&projections[0]))?.context;
-        Ok(op.forward(ctx, &h, Some(&projections[1]))?.context)
+    // Inputs ties X's borrow to the projections' (ndarray's views are invariant), so each
+    // call takes its own Projections of the same weights.
+    let layer_projections = |[q, k, v, o]: &[Array2<f32>; 4]| {
+        Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
     };
-    let layers = projections
+    let array_way = || -> Result<Array3<f32>> {
+        let (p0, p1) = (layer_projections(&ws[0]), layer_projections(&ws[1]));
+        let h = op.run(ctx, Inputs::x(&x).projections(&p0))?;
+        let y = op.run(ctx, Inputs::x(&h.context).projections(&p1))?;
+        y.context
+            .into_dimensionality()
+            .map_err(|e| Error::shape(e.to_string()))
+    };
+    let layers = ws
         .iter()
-        .map(|p| Layer::new(ctx, op, p))
+        .map(|w| Layer::new(ctx, op, &layer_projections(w)))
         .collect::<Result<Vec<_>>>()?;
     let resident_way = || -> Result<Array3<f32>> {
         let xt = Tensor::from_array(ctx, x.view().into_dyn(), Dtype::F32)?;
         let mut rec = Recorder::new(ctx);
-        let h = layers[0].record(&mut rec, &xt)?.context;
-        let y = layers[1].record(&mut rec, &h)?.context;
+        let h = layers[0].record(&mut rec, Inputs::x(&xt))?.context;
+        let y = layers[1].record(&mut rec, Inputs::x(&h))?.context;
         rec.submit()?;
         y.to_array(ctx)?
             .into_dimensionality()

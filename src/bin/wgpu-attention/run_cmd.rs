@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use clap::Args;
 use ndarray::{ArrayD, Ix1, Ix2};
-use wgpu_attention::{npy, Attention, Dtype, Error, Kernels, Mask, Projections, Result};
+use wgpu_attention::{
+    npy, Attention, Dims, Dtype, Error, Inputs, Kernels, Mask, Options, Projections, Result,
+};
 
 use crate::{checkpoint_cmd, grad_cmd, AdapterArgs};
 
@@ -40,7 +42,7 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
     let (q, k, v) = (read_4d(&args.q)?, read_4d(&args.k)?, read_4d(&args.v)?);
     let op = args.op.op();
     // Check the problem before opening a device, so bad input fails fast.
-    let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+    let dims = Dims::new(&op, &Inputs::qkv(&q, &k, &v))?;
     let (mask_array, lengths) = args.op.read_mask()?;
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
     let (b, h, l, _) = q.dim();
@@ -50,13 +52,11 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
     let qkv = [q.view(), k.view(), v.view()];
     let (out, grads) = match &d_o {
         Some(d_o) => {
-            let (out, grads) = grad_cmd::GradArgs::sdpa_on_gpu(&ctx, &op, qkv, &mask, d_o)?;
+            let op = (&op, !args.op.no_weights);
+            let (out, grads) = grad_cmd::GradArgs::sdpa_on_gpu(&ctx, op, qkv, &mask, d_o)?;
             (out, Some(grads))
         }
-        None => (
-            op.sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)?,
-            None,
-        ),
+        None => (op.run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask))?, None),
     };
     crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;
@@ -181,9 +181,12 @@ impl OpArgs {
         let op = Attention::new()
             .causal(self.causal)
             .return_weights(!self.no_weights)
-            .kernels(self.kernels)
             .dtype(self.dtype)
-            .propagate_non_finite(self.propagate_nan);
+            .options(Options {
+                kernels: self.kernels,
+                propagate_non_finite: self.propagate_nan,
+                ..Options::default()
+            });
         match self.scale {
             Some(s) => op.scale(s),
             None => op,
@@ -285,27 +288,27 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let op = args.op.op().heads(heads);
     // Check the problem before opening a device, so bad input fails fast.
-    let dims = op.dims(x.shape(), proj.as_ref())?;
+    let inputs = Inputs::x(&x);
+    let inputs = match &proj {
+        Some(p) => inputs.projections(p),
+        None => inputs,
+    };
+    let dims = Dims::new(&op, &inputs)?;
     let (mask_array, lengths) = args.op.read_mask()?;
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
     mask.check([dims.batch, dims.heads, dims.n, dims.n])?;
-    let d_o = args
-        .op
-        .grad
-        .run_grad_output(&op, x.shape(), proj.as_ref())?;
+    let d_o = args.op.grad.run_grad_output(&op, x.view(), proj.as_ref())?;
     let ctx = args.op.adapter.open()?;
     let start = Instant::now();
     let (out, grads) = match &d_o {
         Some(d_o) => {
             let call = (x.view(), proj.as_ref());
             let from_flags = layer.is_none();
-            let (out, g) = grad_cmd::GradArgs::run_on_gpu(&ctx, &op, call, &mask, d_o, from_flags)?;
+            let op = (&op, !args.op.no_weights);
+            let (out, g) = grad_cmd::GradArgs::run_on_gpu(&ctx, op, call, &mask, d_o, from_flags)?;
             (out, Some(g))
         }
-        None => (
-            op.forward_masked(&ctx, x.view(), proj.as_ref(), &mask)?,
-            None,
-        ),
+        None => (op.run(&ctx, inputs.mask(&mask))?, None),
     };
     let elapsed = start.elapsed();
     crate::print_timings(&ctx, args.op.timings);

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 use ndarray::Array3;
-use wgpu_attention::{Attention, Error, Kernels, Result};
+use wgpu_attention::{Attention, Dims, Error, Inputs, Kernels, Options, Result};
 
 use crate::AdapterArgs;
 
@@ -89,12 +89,19 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             let op = Attention::new()
                 .heads(heads)
                 .causal(args.causal)
-                .kernels(args.kernels)
+                .options(Options {
+                    kernels: args.kernels,
+                    ..Options::default()
+                })
                 .return_weights(weights);
             let start = Instant::now();
             let before = ctx.phase_times();
-            let dims = op.dims(x.shape(), proj.as_ref())?;
-            op.forward(&ctx, x.view().into_dyn(), proj.as_ref())?;
+            let inputs = match &proj {
+                Some(p) => Inputs::x(&x).projections(p),
+                None => Inputs::x(&x),
+            };
+            let dims = Dims::new(&op, &inputs)?;
+            op.run(&ctx, inputs)?;
             let spent = ctx.phase_times().since(&before);
             // What the call ran, now that its choices are made (and remembered).
             let plan = op.plan(&ctx, &dims)?;
