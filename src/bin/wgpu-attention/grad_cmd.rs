@@ -102,11 +102,7 @@ impl GradArgs {
         let Some(path) = &self.grad_output else {
             return Ok(None);
         };
-        let inputs = Inputs::x(x);
-        let inputs = match proj {
-            Some(p) => inputs.projections(p),
-            None => inputs,
-        };
+        let inputs = Inputs::x(x).projections(proj);
         let want = Dims::new(op, &inputs)?.context_shape();
         read_grad_output(path, &want, "output").map(Some)
     }
@@ -123,11 +119,7 @@ impl GradArgs {
         d_o: &ArrayD<f32>,
         from_flags: bool,
     ) -> Result<(Output, Grads)> {
-        let inputs = Inputs::x(x).mask(mask);
-        let inputs = match proj {
-            Some(p) => inputs.projections(p),
-            None => inputs,
-        };
+        let inputs = Inputs::x(x).projections(proj).mask(mask);
         let out = op.save_for_backward(true).run(ctx, inputs.clone())?;
         let g = saved(&out)?.backward(ctx, d_o)?;
         let out = match weights {

@@ -20,6 +20,11 @@ pub struct Model {
     pub warmup: usize,
 }
 
+/// One layer's projections (`W_Q`, `W_K`, `W_V`, `W_O`) as views of `w`.
+fn layer_projections([q, k, v, o]: &[Array2<f32>; 4]) -> Projections<'_> {
+    Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
+}
+
 fn weight(d: usize, salt: usize) -> Array2<f32> {
     let s = 1.0 / (d as f32).sqrt();
     Array2::from_shape_fn((d, d), |(i, j)| {
@@ -54,9 +59,6 @@ pub fn run(ctx: &Context, m: &Model) -> Result<()> {
 
     // Inputs ties X's borrow to the projections' (ndarray's views are invariant), so each
     // call takes its own Projections of the same weights.
-    let layer_projections = |[q, k, v, o]: &[Array2<f32>; 4]| {
-        Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
-    };
     let array_way = || -> Result<Array3<f32>> {
         let (p0, p1) = (layer_projections(&ws[0]), layer_projections(&ws[1]));
         let h = op.run(ctx, Inputs::x(&x).projections(&p0))?;

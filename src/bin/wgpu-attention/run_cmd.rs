@@ -288,11 +288,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let op = args.op.op().heads(heads);
     // Check the problem before opening a device, so bad input fails fast.
-    let inputs = Inputs::x(&x);
-    let inputs = match &proj {
-        Some(p) => inputs.projections(p),
-        None => inputs,
-    };
+    let inputs = Inputs::x(&x).projections(proj.as_ref());
     let dims = Dims::new(&op, &inputs)?;
     let (mask_array, lengths) = args.op.read_mask()?;
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
