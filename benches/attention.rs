@@ -11,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ndarray::Array3;
-use wgpu_attention::{bench, reference, Attention, Context, Kernels};
+use wgpu_attention::{bench, reference, Attention, Context, Dims, Inputs, Kernels, Options};
 
 fn open() -> Context {
     let ctx = Context::new().expect("benches need an adapter");
@@ -48,11 +48,14 @@ fn attention(c: &mut Criterion) {
     for &n in &[256usize, 1024] {
         let x = Array3::from_shape_fn((1, n, d), |(_, i, j)| ((i * d + j) as f32 * 0.013).sin());
         let op = Attention::new();
-        let dims = op.dims(x.shape(), None).unwrap();
+        let dims = Dims::new(&op, &Inputs::x(&x)).unwrap();
         group.throughput(Throughput::Elements(dims.attention_flops() as u64));
         let fused = op.return_weights(false);
         for variant in bench::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16) {
-            let op = fused.flash_variant(variant);
+            let op = fused.options(Options {
+                flash_variant: Some(variant),
+                ..Options::default()
+            });
             // The storage kernels are ~40x slower on lavapipe: keep them to the small size.
             if n > 256
                 && matches!(variant, wgpu_attention::FlashVariant::Tiled { .. })
@@ -61,18 +64,18 @@ fn attention(c: &mut Criterion) {
                 continue;
             }
             group.bench_with_input(BenchmarkId::new(format!("gpu {variant}"), n), &x, |b, x| {
-                b.iter(|| op.forward(&ctx, x.view().into_dyn(), None).unwrap())
+                b.iter(|| op.run(&ctx, Inputs::x(x)).unwrap())
             });
         }
         group.bench_with_input(BenchmarkId::new("gpu auto +weights", n), &x, |b, x| {
-            b.iter(|| op.forward(&ctx, x.view().into_dyn(), None).unwrap())
+            b.iter(|| op.run(&ctx, Inputs::x(x)).unwrap())
         });
         group.bench_with_input(BenchmarkId::new("cpu f32 ndarray", n), &x, |b, x| {
             b.iter(|| bench::cpu_attention_f32(x.view(), 1, false))
         });
         if n <= 256 {
             group.bench_with_input(BenchmarkId::new("cpu f64 reference", n), &x, |b, x| {
-                b.iter(|| reference::attention(&op, x.view().into_dyn(), None).unwrap())
+                b.iter(|| reference::run(&op, &Inputs::x(x)).unwrap())
             });
         }
     }

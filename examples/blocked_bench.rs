@@ -7,7 +7,8 @@
 
 use ndarray::{Array3, ArrayView3};
 use wgpu_attention::{
-    Attention, BlockedOptions, Context, Dtype, FlashVariant, Kernels, Result, Tensor,
+    Attention, BlockedOptions, Context, Dtype, FlashVariant, Inputs, Kernels, Options, Result,
+    Tensor,
 };
 
 /// Three runs of `op` on X resident in the op's dtype (after `warmup` untimed ones), in ms:
@@ -22,7 +23,7 @@ fn time(
     let mut ms = Vec::new();
     for i in 0..warmup + 3 {
         let t = std::time::Instant::now();
-        op.forward_tensor(ctx, &x)?;
+        op.run(ctx, Inputs::x(&x))?;
         ctx.synchronize()?;
         if i >= warmup {
             ms.push(t.elapsed().as_secs_f64() * 1e3);
@@ -97,8 +98,11 @@ fn main() -> Result<()> {
             let ctx = Context::new()?.with_tuning(false).with_blocked_options(o);
             let op = Attention::new()
                 .return_weights(false)
-                .kernels(Kernels::Storage)
-                .flash_variant(v)
+                .options(Options {
+                    kernels: Kernels::Storage,
+                    flash_variant: Some(v),
+                    ..Options::default()
+                })
                 .dtype(dtype);
             rows.push((
                 format!("{v} {name}"),

@@ -21,7 +21,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use wgpu_attention::{
-    plot, Adam, Attention, Context, Dtype, Layer, Mask, MseLoss, Projections, Recorder, Result,
+    plot, Adam, Attention, Context, Dtype, Inputs, Layer, MseLoss, Projections, Recorder, Result,
     Tensor,
 };
 
@@ -70,13 +70,14 @@ fn main() -> Result<()> {
     ];
     let init = [0, 1, 2, 3].map(|_| normal(&mut rng, (D, D), 0.1));
     let teacher_layer = Layer::new(&ctx, op, &proj(&teacher))?;
-    let mut student = Layer::new(&ctx, op, &proj(&init))?;
+    // The student keeps what its backward needs at each forward.
+    let mut student = Layer::new(&ctx, op.save_for_backward(true), &proj(&init))?;
     // The data set, uploaded once, and the teacher's outputs, computed on the device.
     let mut data = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         let x = Array3::from_shape_simple_fn((BATCH, N, D), || StandardNormal.sample(&mut rng));
         let x = Tensor::from_array(&ctx, x.view().into_dyn(), Dtype::F32)?;
-        let target = teacher_layer.forward_tensor(&ctx, &x)?.context;
+        let target = teacher_layer.run(&ctx, Inputs::x(&x))?.context;
         data.push((x, target));
     }
     let mut adam = Adam::new(1e-2);
@@ -86,7 +87,11 @@ fn main() -> Result<()> {
     for t in 1..=steps {
         let (x, target) = &data[(t - 1) % BATCHES];
         let mut rec = Recorder::new(&ctx);
-        let (y, saved) = student.record_saved(&mut rec, x, &Mask::none())?;
+        let y = student.record(&mut rec, Inputs::x(x))?;
+        let saved = y
+            .saved
+            .as_ref()
+            .ok_or_else(|| wgpu_attention::Error::invalid("student", "nothing saved"))?;
         let mse = MseLoss::record(&mut rec, &y.context, target)?;
         let grads = saved.record_backward(&mut rec, &mse.grad)?;
         student.record_update(&mut rec, &mut adam, &grads)?;
@@ -110,8 +115,12 @@ fn main() -> Result<()> {
     // The attention maps of one new sequence, teacher above, student below.
     student.sync_host(&ctx)?;
     let x = Array3::from_shape_simple_fn((1, N, D), || StandardNormal.sample(&mut rng));
-    let maps = [&teacher_layer, &student]
-        .map(|layer| -> Result<_> { Ok(layer.forward(&ctx, &x)?.weights.unwrap_or_default()) });
+    // A saved forward returns no weights: the student's trained weights (read back above)
+    // in a layer that does not save.
+    let trained = Layer::new(&ctx, op, &student.projections())?;
+    let maps = [&teacher_layer, &trained].map(|layer| -> Result<_> {
+        Ok(layer.run(&ctx, Inputs::x(&x))?.weights.unwrap_or_default())
+    });
     let [t_map, s_map] = maps;
     let both = ndarray::concatenate(Axis(0), &[t_map?.view(), s_map?.view()])
         .map_err(|e| wgpu_attention::Error::shape(e.to_string()))?;
