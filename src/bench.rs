@@ -213,7 +213,7 @@ pub fn gpu_resident(
 /// Wall-clock statistics and the kernels' median times (empty when profiling is off).
 pub type Timed = (Stats, Vec<(String, f64)>);
 
-/// The fused forward and the fused backward of `sdpa` with `op` on `q`, `k`, `v` and
+/// The fused forward and the fused backward of `op` on `q`, `k`, `v` (`Inputs::qkv`) and
 /// `d_o`, each timed as [`gpu_attention`] is: the plain fused forward (no weights), and
 /// [`crate::Saved::backward`] on a forward saved once (dO's upload, the three backward
 /// kernels, the gradients' readback).

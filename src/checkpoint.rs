@@ -20,8 +20,9 @@
 //! The number of heads is not stored in the weights: give it with [`crate::Attention::heads`]
 //! (`--heads`), or read it from the `config.json` beside the checkpoint with
 //! [`heads_from_config`]. Grouped-query checkpoints (K and V narrower than Q) run through
-//! [`crate::Attention::forward`] as they are, each K/V head shared by its group of query
-//! heads ([`LayerWeights::check_kv_heads`] checks the count against the config);
+//! [`crate::Attention::run`] (with `Inputs::x(&x).projections(&p)`) and [`crate::Layer`] as
+//! they are, each K/V head shared by its group of query heads
+//! ([`LayerWeights::check_kv_heads`] checks the count against the config);
 //! [`LayerWeights::repeat_kv_heads`] makes the equivalent multi-head layer.
 
 use std::path::Path;
@@ -117,8 +118,8 @@ impl LayerWeights {
         Ok(kv)
     }
 
-    /// The equivalent multi-head layer for `heads` query heads (`forward` runs the grouped
-    /// one as it is; this is for tools that want every head's K and V): a
+    /// The equivalent multi-head layer for `heads` query heads ([`crate::Attention::run`]
+    /// runs the grouped one as it is; this is for tools that want every head's K and V): a
     /// grouped-query layer (fewer K/V heads than query heads, see
     /// [`LayerWeights::kv_heads`]) has each K/V head's columns of `W_K`, `W_V`, `b_K`, `b_V`
     /// repeated for the `heads / kv_heads` query heads that share it (query head `h` uses
@@ -154,7 +155,7 @@ impl LayerWeights {
 
     /// The K/V heads these weights hold for `heads` query heads ([`LayerWeights::kv_heads`]),
     /// checked against `kv_heads` when it is given (`config.json`'s `num_key_value_heads`).
-    /// [`crate::Attention::forward`] runs a grouped-query layer as it is, K/V heads shared.
+    /// [`crate::Attention::run`] runs a grouped-query layer as it is, K/V heads shared.
     ///
     /// # Errors
     /// As [`LayerWeights::kv_heads`], and [`Error::InvalidArgument`] when `kv_heads` is given

@@ -21,8 +21,8 @@ pub use coop::CoopShape;
 
 /// An open device: the adapter, its device and queue, and the compiled kernels.
 ///
-/// Create one and reuse it; every [`crate::Attention::forward`] call on it shares the
-/// pipeline cache.
+/// Create one and reuse it; every call on it ([`crate::Attention::run`],
+/// [`crate::Layer::run`], …) shares the pipeline cache.
 pub struct Context {
     pub(crate) adapter: wgpu::Adapter,
     pub(crate) device: wgpu::Device,

@@ -9,7 +9,7 @@ use crate::attention::{Attention, Projections};
 use crate::mask::Mask;
 
 /// The `.npy` readers: an array, a mask and lengths parsed from the same bytes; what parses
-/// goes on to the shape checks of `forward` and the mask's broadcast.
+/// goes on to the shape checks of a call on X and the mask's broadcast.
 pub fn npy(data: &[u8]) {
     if let Ok(a) = crate::npy::parse(data) {
         let _ = Attention::new().dims(a.shape(), None);

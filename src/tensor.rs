@@ -3,25 +3,31 @@
 //!
 //! A [`Tensor`] is a buffer on one [`Context`]'s device with a shape and a [`Dtype`]: made from
 //! an `ndarray` once ([`Tensor::from_array`]), passed from operation to operation without
-//! leaving the device ([`crate::Attention::forward_tensor`], [`crate::Attention::sdpa_tensor`],
-//! [`crate::Layer::forward_tensor`], and their `record` forms), and read back only when asked
-//! ([`Tensor::to_array`]). Cloning a tensor clones the handle, not the data.
+//! leaving the device ([`crate::Attention::run`] on tensors, `Inputs::x(&x)` or
+//! `Inputs::qkv(&q, &k, &v)`, and [`crate::Layer::run`] on `Inputs::x(&x)` return an
+//! `Output<Tensor>`; [`crate::Attention::record`] and [`crate::Layer::record`] record the
+//! same into a [`Recorder`]), and read back only when asked ([`Tensor::to_array`]). Cloning
+//! a tensor clones the handle, not the data.
 //!
-//! ```no_run
-//! # use wgpu_attention::{Attention, Context, Dtype, Layer, Projections, Recorder, Tensor};
-//! # let ctx = Context::new()?;
-//! # let w = ndarray::Array2::<f32>::eye(64);
-//! # let x = ndarray::Array3::<f32>::zeros((2, 10, 64));
+//! ```
+//! use wgpu_attention::ndarray::{Array2, Array3};
+//! use wgpu_attention::{Attention, Context, Dtype, Inputs, Layer, Projections};
+//! use wgpu_attention::{Recorder, Tensor};
+//! # fn main() -> wgpu_attention::Result<()> {
+//! let ctx = Context::new()?;
+//! let w = Array2::<f32>::eye(16);
+//! let x = Array3::from_shape_fn((2, 5, 16), |(b, i, j)| ((b * 80 + i * 16 + j) as f32).cos());
 //! let p = Projections::new(w.view(), w.view(), w.view());
 //! let op = Attention::new().heads(4).causal(true).return_weights(false);
 //! let (l1, l2) = (Layer::new(&ctx, op, &p)?, Layer::new(&ctx, op, &p)?);
 //! let x = Tensor::from_array(&ctx, x.view().into_dyn(), Dtype::F32)?; // uploaded once
 //! let mut rec = Recorder::new(&ctx);
-//! let h = l1.record(&mut rec, &x)?.context; // stays on the device
-//! let y = l2.record(&mut rec, &h)?.context;
+//! let h = l1.record(&mut rec, Inputs::x(&x))?.context; // stays on the device
+//! let y = l2.record(&mut rec, Inputs::x(&h))?.context;
 //! rec.submit()?; // both layers, one encoder, one submit
 //! let y = y.to_array(&ctx)?; // the only readback
-//! # Ok::<(), wgpu_attention::Error>(())
+//! assert_eq!(y.shape(), &[2, 5, 16]);
+//! # Ok(()) }
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,4 @@
-//! A layer generating token by token: [`Layer::decode_step`] projects the new tokens with the
+//! A layer generating token by token: [`Layer::decode`] projects the new tokens with the
 //! layer's weights, appends their K and V to the layer's [`KvCache`], attends their queries to
 //! the whole cache ([`Decoder::step`]: flash-decoding), and applies `W_O`: all on the device,
 //! recorded into one encoder ([`Layer::decode_record`]), with one readback at the end (none
@@ -16,7 +16,7 @@ use crate::tensor::{Recorder, Tensor};
 impl Layer {
     /// The layer's output for `x_new`, `(batch, m, d)`: the next `m` tokens of each sequence,
     /// attending causally to every token already in `cache` and to each other (new token `i`
-    /// sees the cache and new tokens `≤ i`), as a causal [`Layer::forward`] over the whole
+    /// sees the cache and new tokens `≤ i`), as a causal [`Layer::run`] over the whole
     /// sequence gives for its last `m` rows. Their K and V are appended to `cache`, so the
     /// next call continues the sequence. A prompt is a first call with many tokens (prefill).
     ///
@@ -45,14 +45,14 @@ impl Layer {
             .map_err(|e| Error::shape(e.to_string()))
     }
 
-    /// [`Layer::decode_step`] on a tensor `x_new` `(batch, m, d)` already on the device,
+    /// [`Layer::decode`] on a tensor `x_new` `(batch, m, d)` already on the device,
     /// recorded into `rec`: the projections, the append of K and V to `cache`, the step and
     /// `W_O` run in one encoder, and the output `(batch, m, d_out)` (f32) stays on the device,
     /// so the next layer can be recorded after it and a whole model's step is one submit. The
     /// cache counts the new tokens at once (see [`KvCache::append_record`]).
     ///
     /// # Errors
-    /// As [`Layer::decode_step`] (the cache unchanged), and a tensor of another context or
+    /// As [`Layer::decode`] (the cache unchanged), and a tensor of another context or
     /// not yet written.
     pub fn decode_record(
         &self,

@@ -1,10 +1,12 @@
-//! What a backward pass returns: the gradient of a scalar loss with respect to every input
-//! of a forward call, each in the shape and orientation of the input it belongs to.
+//! What a backward pass computes, in the typed forms the internal backwards return before
+//! they become the public [`crate::Gradients`]: the gradient of a scalar loss with respect
+//! to every input of a forward call, each in the shape and orientation of its input.
 
 use ndarray::{Array1, Array2, Array4, ArrayD};
 
-/// The gradients of a loss `ℓ` with respect to the inputs of [`Attention::forward`]
-/// (or `forward_masked`), given `dO = ∂ℓ/∂output`.
+/// The gradients of a loss `ℓ` with respect to the inputs of a forward on X
+/// ([`Attention::run`] with `Inputs::x`), given `dO = ∂ℓ/∂output`; it becomes a
+/// [`crate::Gradients`] with `x` and the projections' fields.
 ///
 /// Each field has exactly the shape and orientation of the input it is the gradient of, so it
 /// can be subtracted from that input as is. Weights are in the `X·W` orientation of
@@ -16,7 +18,7 @@ use ndarray::{Array1, Array2, Array4, ArrayD};
 /// Without projections (`Q = K = V = X`), [`LayerGradients::x`] sums the gradients of X's three
 /// uses.
 ///
-/// [`Attention::forward`]: crate::Attention::forward
+/// [`Attention::run`]: crate::Attention::run
 /// [`Projections`]: crate::Projections
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LayerGradients<T = f32> {
@@ -40,14 +42,15 @@ pub(crate) struct LayerGradients<T = f32> {
     pub b_o: Option<Array1<T>>,
 }
 
-/// The gradients of a loss with respect to the inputs of [`Attention::sdpa`] (or
-/// `sdpa_masked`), given `dO = ∂ℓ/∂context` of shape `(batch, heads, L, E_v)`.
+/// The gradients of a loss with respect to the inputs of a forward on Q, K and V
+/// ([`Attention::run`] with `Inputs::qkv`), given `dO = ∂ℓ/∂context` of shape
+/// `(batch, heads, L, E_v)`; it becomes a [`crate::Gradients`] with `q`, `k` and `v`.
 ///
 /// With grouped-query attention (K and V with `H_kv < H` heads), the gradient of a shared
 /// K/V head is the sum over the `H / H_kv` query heads that read it, so [`SdpaGradients::k`]
 /// and [`SdpaGradients::v`] have K's and V's shapes.
 ///
-/// [`Attention::sdpa`]: crate::Attention::sdpa
+/// [`Attention::run`]: crate::Attention::run
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SdpaGradients<T = f32> {
     /// `∂ℓ/∂Q`, `(batch, heads, L, E)`.

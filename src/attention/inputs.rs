@@ -101,8 +101,7 @@ impl<'a> Operand<'a> for &'a Tensor {
 /// ```
 /// use wgpu_attention::{Inputs, Mask, ndarray::{Array2, Array4}};
 /// let x = Array2::<f32>::zeros((7, 16));
-/// let lengths = [5];
-/// let mask = Mask::key_lengths(&lengths);
+/// let mask = Mask::none().with_kv_lengths(&[5]); // keys past the 5th are masked
 /// let self_attention = Inputs::x(&x).mask(&mask);
 /// let q = Array4::<f32>::zeros((1, 2, 7, 8));
 /// let sdpa = Inputs::qkv(&q, &q, &q);

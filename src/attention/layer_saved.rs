@@ -5,6 +5,10 @@
 //! attention backward (`kernels/flash_backward_*`: dQ, dK, dV), and the projections'
 //! backward (`dW = Xᵀ·dQ` …, `dX = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ`, summed in place). Nothing
 //! comes back to the host before the gradients themselves.
+//!
+//! A forward on X with [`Attention::save_for_backward`] on ([`Attention::run`],
+//! [`Layer::run`], [`Layer::record`]) comes here; the public [`crate::Saved`] wraps the
+//! [`LayerSaved`], and [`crate::Saved::backward`] runs its backward.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

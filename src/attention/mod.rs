@@ -1,10 +1,12 @@
-//! The attention op. This file holds the public face: the [`Attention`] builder, its
-//! options and outputs, and the entry points `forward` and `sdpa`, which check their inputs
-//! and hand over to the steps, one file each, in the order a call runs:
+//! The attention op. This file holds the public face: the [`Attention`] builder and its
+//! options. A call goes in through [`Attention::run`], [`Attention::run_async`] or
+//! [`Attention::record`] (and [`Layer::run`], [`Layer::record`]) with [`Inputs`] and comes
+//! back as an [`Output`] (`run.rs`, `inputs.rs`, `outputs.rs`); arrays of X or of Q, K, V
+//! are checked here and handed over to the steps, one file each, in the order a call runs:
 //!
 //! - `shape.rs`: the sizes of the call ([`Dims`]) and its inputs checked;
-//! - `split.rs`: whole when it fits the device, else split (a `forward` call is projected on
-//!   the CPU first, then split as `sdpa` is);
+//! - `split.rs`: whole when it fits the device, else split (a call on X is projected on
+//!   the CPU first, then split as one on Q, K, V is);
 //! - `whole.rs`: a call that fits, start to end: `plan.rs` (which kernels and variants), then
 //!   one encoder with `upload.rs` (Q, K, V, or X and the projections' matmuls), `dispatch.rs`
 //!   (the attention kernels and the output projection), and `readback.rs`.
@@ -61,6 +63,11 @@ use shape::named_inputs;
 /// Head `h` uses columns `[h·d_k/H, (h+1)·d_k/H)` of Q and K and the matching slice of V, as
 /// PyTorch's multi-head attention splits them. With `causal`, query `i` attends to keys
 /// `j ≤ i` (top-left aligned, PyTorch's `is_causal`).
+///
+/// The builder describes the op; a call gives it [`Inputs`] (X, or Q, K and V as PyTorch's
+/// `scaled_dot_product_attention` takes them, and a mask) and runs it with
+/// [`Attention::run`], [`Attention::run_async`] or [`Attention::record`] (tensors, into a
+/// [`crate::Recorder`]). Each returns an [`Output`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Attention {
     heads: usize,
@@ -80,7 +87,7 @@ pub struct Attention {
 /// The element type the operands are stored in on the device.
 ///
 /// With [`Dtype::F16`] (needs `Features::SHADER_F16`), X, the projection weights and biases
-/// (or Q, K, V for [`Attention::sdpa`]) are rounded to f16 and uploaded as f16, and the
+/// (or Q, K, V given with [`Inputs::qkv`]) are rounded to f16 and uploaded as f16, and the
 /// projected Q, K, V are stored as f16: half the memory and bandwidth. Every product, softmax
 /// and sum is computed and accumulated in f32, and the context and weights come back as f32.
 /// Inputs beyond f16's range (±65,504) are an error, as is a result that overflowed.

@@ -235,6 +235,25 @@ impl Saved {
     /// FlashAttention-2 backward. `d_o` is an array (gradients come back as arrays) or a
     /// tensor (they stay on the device); see [`Gradients`] for which are given.
     ///
+    /// ```
+    /// use wgpu_attention::{Attention, Context, Inputs, ndarray::Array4};
+    /// # fn main() -> wgpu_attention::Result<()> {
+    /// let ctx = Context::new()?;
+    /// let q = Array4::from_shape_fn((1, 2, 5, 8), |(_, h, i, e)| {
+    ///     ((h * 40 + i * 8 + e) as f32).sin()
+    /// });
+    /// let (k, v) = (q.mapv(|x| 0.5 * x), q.mapv(|x| x + 1.0));
+    /// let op = Attention::new().causal(true).save_for_backward(true);
+    /// let out = op.run(&ctx, Inputs::qkv(&q, &k, &v))?;
+    /// let saved = out.saved.expect("the op saves for the backward");
+    /// let d_o = out.context.mapv(|o| 2.0 * o); // ℓ = Σ O², so dO = 2·O
+    /// let grads = saved.backward(&ctx, d_o.view())?;
+    /// assert_eq!(grads.q.unwrap().shape(), q.shape());
+    /// assert_eq!(grads.v.unwrap().shape(), v.shape());
+    /// assert!(grads.x.is_none()); // the forward had Q, K, V, not X
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// A `dO` not of the output's shape, NaN/Inf in `dO`, another context, a layer updated
     /// since the forward, a result that overflowed, and GPU errors.
@@ -262,7 +281,8 @@ impl Saved {
     }
 
     /// Each query row's log-sum-exp of its scaled, masked scores (natural log), `(batch,
-    /// heads, L)`; a row with nothing to attend to gives `+inf`.
+    /// heads, L)`; a row with nothing to attend to gives `-inf` (PyTorch's `logsumexp` of
+    /// nothing).
     ///
     /// # Errors
     /// A forward on X (only Q, K, V forwards keep it in this form), and GPU errors.

@@ -60,7 +60,7 @@ impl Attention {
         self.record_forward(rec, x, None, mask)
     }
 
-    /// Records `forward` on tensor `x` with the projections on the device, if any.
+    /// Records the forward on tensor `x` with the projections on the device, if any.
     pub(super) fn record_forward(
         &self,
         rec: &mut Recorder<'_>,

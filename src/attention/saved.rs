@@ -1,13 +1,15 @@
 //! A forward pass that keeps what its backward pass needs, and that backward pass: the fused
 //! FlashAttention-2 backward on the device (`kernels/flash_backward_*.rs`).
 //!
-//! [`Attention::sdpa_saved`] runs the fused forward with its row statistics on (each row's
-//! log-sum-exp, written by the forward kernel itself) and returns, beside the output, a
-//! [`SdpaSaved`] holding Q, K, V, the output O, the statistics and the mask on the device.
-//! [`SdpaSaved::backward`] takes `dO` and runs three kernels in one encoder: `D_i = dO_i·O_i`,
-//! then dK and dV (one key per thread, over every query row of every query head that reads
-//! the K/V head), then dQ (one query row per thread); the probabilities are recomputed tile
-//! by tile, no n × n matrix exists anywhere.
+//! A forward on Q, K and V with [`Attention::save_for_backward`] on ([`Attention::run`] on
+//! arrays comes here, to [`Attention::sdpa_saved`]) runs the fused forward with its row
+//! statistics on (each row's log-sum-exp, written by the forward kernel itself) and returns,
+//! beside the output, a [`SdpaSaved`] (the public [`crate::Saved`] wraps it) holding Q, K,
+//! V, the output O, the statistics and the mask on the device. [`SdpaSaved::backward`]
+//! (behind [`crate::Saved::backward`]) takes `dO` and runs three kernels in one encoder:
+//! `D_i = dO_i·O_i`, then dK and dV (one key per thread, over every query row of every query
+//! head that reads the K/V head), then dQ (one query row per thread); the probabilities are
+//! recomputed tile by tile, no n × n matrix exists anywhere.
 
 use ndarray::{Array3, Array4, ArrayView4};
 
@@ -179,24 +181,11 @@ impl Attention {
 
 impl Attention {
     /// [`Attention::sdpa_masked`] that also returns what [`SdpaSaved::backward`] needs, kept on
-    /// the device. Always the fused path: the weights are not returned (`Output::weights` is
-    /// `None`), and NaN/Inf inputs are errors even with
-    /// [`Attention::propagate_non_finite`] (gradients through them mean nothing).
-    ///
-    /// ```no_run
-    /// # use wgpu_attention::{Attention, Context, Mask, ndarray::Array4};
-    /// # fn main() -> wgpu_attention::Result<()> {
-    /// let ctx = Context::new()?;
-    /// let q = Array4::<f32>::ones((1, 2, 5, 8));
-    /// let (k, v) = (q.clone(), q.clone());
-    /// let (out, saved) = Attention::new().causal(true)
-    ///     .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())?;
-    /// let d_o = out.context.mapv(|x| 2.0 * x); // ℓ = Σ O², so dO = 2·O
-    /// let d_o = d_o.into_dimensionality::<wgpu_attention::ndarray::Ix4>().unwrap();
-    /// let grads = saved.backward(&ctx, d_o.view())?;
-    /// assert_eq!(grads.q.shape(), q.shape());
-    /// # Ok(()) }
-    /// ```
+    /// the device: what [`Attention::run`] on Q, K, V arrays runs with
+    /// [`Attention::save_for_backward`] on (an example is at [`crate::Saved::backward`]).
+    /// Always the fused path: the weights are not returned (`Output::weights` is `None`), and
+    /// NaN/Inf inputs are errors even with [`crate::Options::propagate_non_finite`]
+    /// (gradients through them mean nothing).
     ///
     /// # Errors
     /// As [`Attention::sdpa_masked`], NaN/Inf in Q, K or V, and [`Error::LimitExceeded`]

@@ -169,7 +169,8 @@ impl Attention {
         })
     }
 
-    /// Checks the shapes of an [`Attention::sdpa`] call; the returned [`Dims`] describe it
+    /// Checks the shapes of a call on Q, K, V (PyTorch's layout; [`Dims::new`] for
+    /// `Inputs::qkv`); the returned [`Dims`] describe it
     /// with `n = L` and widths over all heads.
     ///
     /// # Errors

@@ -1,8 +1,10 @@
-//! Splitting past the device's limits. A call whose buffers fit runs whole; an `sdpa` call
+//! Splitting past the device's limits (calls on arrays only: a call on tensors past them is
+//! an error). A call whose buffers fit runs whole; a call on Q, K, V (the `sdpa_*` path)
 //! that does not is split into halves of the batch, then of the K/V heads (each with its
 //! group of query heads), then of the query rows, and the parts' outputs joined back in place.
-//! A `forward` call that does not fit is projected on the CPU and split the same way: one
-//! path, `sdpa`'s, for both. What cannot be split small enough is the limit's error.
+//! A call on X (the `forward_*` path) that does not fit is projected on the CPU and split the
+//! same way: one path, Q, K, V's, for both. What cannot be split small enough is the limit's
+//! error.
 
 use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD, Axis, IxDyn};
 
@@ -120,9 +122,9 @@ impl Attention {
         join_outputs(Axis(2), &outs[0], &outs[1])
     }
 
-    /// A checked `forward` call too large for the device: Q, K and V projected on the CPU (f32,
-    /// matrixmultiply) into `sdpa`'s layout, attended by [`Attention::sdpa_in_parts`], the
-    /// output projection applied to the joined context.
+    /// A checked call on X too large for the device: Q, K and V projected on the CPU (f32,
+    /// matrixmultiply) into the layout of a call on Q, K, V, attended by
+    /// [`Attention::sdpa_in_parts`], the output projection applied to the joined context.
     pub(super) async fn forward_in_parts(
         &self,
         ctx: &Context,

@@ -1,6 +1,7 @@
-//! Upload: the call's operands onto the device. Q, K and V come from the host (`sdpa`), or
-//! from X and the projections, projected on the device in the same encoder (`forward`); with
-//! neither, Q = K = V = X is uploaded once. Masks go up in the kernels' layout.
+//! Upload: the call's operands onto the device. Q, K and V come from the host (a call on Q,
+//! K, V), or from X and the projections, projected on the device in the same encoder (a call
+//! on X with projections); with neither, Q = K = V = X is uploaded once. Masks go up in the
+//! kernels' layout.
 
 use std::borrow::Cow;
 
@@ -92,7 +93,7 @@ impl Device<'_> {
 
 impl Attention {
     /// Uploads `source` (recording the projections into `encoder` when it has them) as
-    /// `rows · d` values of X or the Q, K and V of `sdpa`.
+    /// `rows · d` values of X or the Q, K and V of a call on Q, K, V.
     pub(super) fn upload<'a>(
         &self,
         ctx: &Context,

@@ -120,22 +120,32 @@ impl DeviceWeights {
 }
 
 /// An attention layer whose projection weights live on the device: uploaded once, when the
-/// layer is built, so each [`Layer::forward`] uploads only X (the array API,
-/// [`Attention::forward`], uploads every weight on every call). The op's options (heads,
-/// causal, scale, dtype, kernels, …) are fixed with it. Results are those of
-/// [`Attention::forward`] with the same op and projections, bit for bit.
+/// layer is built, so each [`Layer::run`] uploads only X ([`Attention::run`] with
+/// `Inputs::x(&x).projections(&p)` uploads every weight on every call). The op's options
+/// (heads, causal, scale, dtype, saving for the backward, [`crate::Options`]) are fixed
+/// with it. Results are those of [`Attention::run`] with the same op and projections, bit
+/// for bit. On tensors, [`Layer::record`] keeps the whole forward on the device, and with
+/// [`Attention::save_for_backward`] on, the output's [`crate::Saved`] gives the gradients
+/// that [`Layer::update`] applies.
 ///
-/// ```no_run
-/// # use wgpu_attention::{Attention, Context, Layer, Projections};
-/// # let ctx = Context::new()?;
-/// # let (w_q, w_k, w_v) = (ndarray::Array2::<f32>::eye(8), ndarray::Array2::<f32>::eye(8), ndarray::Array2::<f32>::eye(8));
-/// # let xs = vec![ndarray::Array2::<f32>::zeros((5, 8)); 3];
+/// ```
+/// use wgpu_attention::{Attention, Context, Inputs, Layer, Projections, ndarray::Array2};
+/// # fn main() -> wgpu_attention::Result<()> {
+/// let ctx = Context::new()?;
+/// let (w_q, w_k, w_v) = (Array2::eye(8), Array2::eye(8) * 0.5, Array2::eye(8) * 2.0);
 /// let p = Projections::new(w_q.view(), w_k.view(), w_v.view());
-/// let layer = Layer::new(&ctx, Attention::new().heads(2).causal(true), &p)?;
+/// let op = Attention::new().heads(2).causal(true);
+/// let layer = Layer::new(&ctx, op, &p)?; // the weights are uploaded here
+/// let xs: Vec<Array2<f32>> = (0..3)
+///     .map(|t| Array2::from_shape_fn((5, 8), |(i, j)| ((t * 40 + i * 8 + j) as f32).sin()))
+///     .collect();
 /// for x in &xs {
-///     let out = layer.forward(&ctx, x)?; // uploads X only; out.context is an Array2
+///     let out = layer.run(&ctx, Inputs::x(x))?; // uploads X only
+///     assert_eq!(out.context.shape(), &[5, 8]);
+///     let each_call = op.run(&ctx, Inputs::x(x).projections(&p))?; // uploads the weights too
+///     assert_eq!(out.context, each_call.context);
 /// }
-/// # Ok::<(), wgpu_attention::Error>(())
+/// # Ok(()) }
 /// ```
 pub struct Layer {
     op: Attention,
@@ -163,8 +173,8 @@ impl std::fmt::Debug for Layer {
 }
 
 impl Layer {
-    /// Builds the layer on `ctx`: checks the projections (as [`Attention::dims`] does for an
-    /// X of their input width), keeps a host copy (for calls past the device's limits, which
+    /// Builds the layer on `ctx`: checks the projections (as [`crate::Dims::new`] does for
+    /// an X of their input width), keeps a host copy (for calls past the device's limits, which
     /// are split and projected on the CPU) and uploads them.
     ///
     /// # Errors
@@ -233,7 +243,7 @@ impl Layer {
     /// the mask).
     ///
     /// # Errors
-    /// As [`Layer::forward`], and the mask's errors.
+    /// As [`Layer::run`], and the mask's errors.
     pub(crate) fn forward_masked<'a, D: Dimension>(
         &self,
         ctx: &Context,

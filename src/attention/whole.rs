@@ -1,7 +1,8 @@
 //! A call whose buffers fit the device, start to end: the plan, then one encoder with the
 //! upload, the dispatch sequence and the copies out, one submit, the readback, and the
-//! outputs shaped as the caller's API returns them. `forward` and `sdpa` differ only in
-//! where Q, K and V come from ([`Source`]) and in the layout they return.
+//! outputs shaped as the caller's API returns them. A call on X (`forward_*`) and one on Q,
+//! K, V (`sdpa_*`) differ only in where Q, K and V come from ([`Source`]) and in the layout
+//! they return.
 
 use ndarray::{ArrayD, ArrayView4, ArrayViewD, IxDyn};
 
@@ -23,7 +24,7 @@ use crate::variant::Kernels;
 type Flat = (Vec<f32>, Option<Vec<f32>>);
 
 impl Attention {
-    /// A checked `forward` call: whole when it fits, else projected on the CPU and split.
+    /// A checked call on X: whole when it fits, else projected on the CPU and split.
     pub(super) async fn forward_checked(
         &self,
         ctx: &Context,
@@ -67,7 +68,7 @@ impl Attention {
         })
     }
 
-    /// An `sdpa` call whose buffers fit.
+    /// A call on Q, K, V whose buffers fit.
     pub(super) async fn sdpa_whole(
         &self,
         ctx: &Context,

@@ -140,7 +140,7 @@ fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
     wgpu::Instance::new(desc)
 }
 
-/// How to get an adapter when there is none: part of every [`Error::NoAdapter`].
+/// How to get an adapter when there is none: part of every [`crate::Error::NoAdapter`].
 pub const NO_ADAPTER_HINT: &str =
     "Install a GPU driver with Vulkan, Metal or DX12 support; with no GPU, \
 install a software Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers`). \
@@ -149,7 +149,7 @@ Run `wgpu-attention devices` to see what wgpu finds.";
 /// Every adapter wgpu finds for the given options, best first.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
+/// [`crate::Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
 pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
     Ok(select(options)?
         .into_iter()

@@ -87,8 +87,8 @@ pub struct KvCache {
     k: Plane,
     v: Plane,
     ctx_id: u64,
-    /// The submitted-flag of the [`Recorder`] the last append was recorded into, until it is
-    /// known to be submitted: the tokens counted in `len` are written only then.
+    /// The submitted-flag of the [`crate::Recorder`] the last append was recorded into, until
+    /// it is known to be submitted: the tokens counted in `len` are written only then.
     pending: Option<Arc<AtomicBool>>,
 }
 
@@ -265,7 +265,7 @@ impl KvCache {
     }
 
     /// Appends `m` tokens' K `(batch, kv_heads, m, d_k)` and V `(batch, kv_heads, m, d_v)`
-    /// (PyTorch's layout, as [`crate::Attention::sdpa`] takes them), written into the device
+    /// (PyTorch's layout, as [`crate::Inputs::qkv`] takes them), written into the device
     /// buffers with one `write_buffer` each; nothing is read back. `T` is `f32` for an f32
     /// cache and [`half::f16`] for an f16 one. An empty append (`m = 0`) does nothing.
     ///

@@ -14,7 +14,8 @@
 //! one-token steps gives, row for row, the output of a causal forward over all the tokens.
 //!
 //! **Grouped-query attention**: `heads` may be any multiple of the cache's `kv_heads`; query
-//! head `h` reads K/V head `h / (heads / kv_heads)`, as [`crate::Attention::sdpa`] does.
+//! head `h` reads K/V head `h / (heads / kv_heads)`, as [`crate::Attention::run`] does on
+//! `Inputs::qkv`.
 //!
 //! **How it runs** (flash-decoding): `decode_partial.wgsl` splits the keys into blocks; one
 //! workgroup per (batch, K/V head, chunk of its query rows, key block) computes each row's

@@ -66,7 +66,8 @@ impl<T> Future for Receiver<T> {
 
 /// Runs an async core function to its end on this thread: the native blocking API. Every
 /// wait inside it polls the device itself, so nothing but this thread has to drive it. Not
-/// for the browser, which cannot block: there, await the `_async` functions.
+/// for the browser, which cannot block: there, await [`crate::Attention::run_async`] (and
+/// the crate's other `_async` functions).
 pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     pollster::block_on(f)
 }

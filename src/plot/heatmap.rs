@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 ///
 /// `weights` is laid out as [`crate::Attention`] returns it for `heads` heads: `(n, m)` or
 /// `(batch, n, m)` for one head, `(H, n, m)` or `(batch, H, n, m)` for `H > 1` (a 4-D array
-/// with `H = 1`, as `sdpa` returns, works too). Each head gets a panel (four to a row),
-/// titled `head 0`, `head 1`, …; of a batch, the first sequence is drawn and the title says
+/// with `H = 1`, as a call on Q, K, V returns, works too). Each head gets a panel (four to a
+/// row), titled `head 0`, `head 1`, …; of a batch, the first sequence is drawn and the title says
 /// so. All panels share one colour scale, from 0 (or the smallest value, if negative) to
 /// the largest, shown by a colour bar. `labels` (the tokens) name the rows and the columns;
 /// without them, indices do. Cells carry their values up to 12 a side (9 with several heads);

@@ -62,17 +62,17 @@ fn check_grad_shape(d_o: &[usize], output: &[usize], what: &str) -> Result<()> {
     )))
 }
 
-/// The gradients of [`Attention::sdpa_masked`] on the CPU in f64: given `dO = ∂ℓ/∂context`
-/// of shape `(batch, heads, L, E_v)`, returns `∂ℓ/∂Q`, `∂ℓ/∂K` and `∂ℓ/∂V` in the shapes of
-/// Q, K and V (see [`SdpaGradients`]). Every option of the forward applies: causal, the
-/// mask and key lengths, grouped-query heads, the scale. The weights are recomputed from
-/// Q and K, as a fused backward does.
+/// [`super::backward()`] on Q, K and V: the gradients of [`Attention::sdpa_masked`] on the CPU
+/// in f64. Given `dO = ∂ℓ/∂context` of shape `(batch, heads, L, E_v)`, returns `∂ℓ/∂Q`,
+/// `∂ℓ/∂K` and `∂ℓ/∂V` in the shapes of Q, K and V (see [`SdpaGradients`]). Every option of
+/// the forward applies: causal, the mask and key lengths, grouped-query heads, the scale. The
+/// weights are recomputed from Q and K, as a fused backward does.
 ///
 /// # Errors
 /// The forward's shape, option and mask errors; [`Error::ShapeMismatch`] when `dO` does not
 /// have the context's shape; [`Error::NonFinite`] for NaN or ±Inf in Q, K, V or dO, always
-/// ([`Attention::propagate_non_finite`] applies to the forward only: a gradient through a
-/// non-finite value has no meaning).
+/// ([`crate::Options::propagate_non_finite`] applies to the forward only: a gradient through
+/// a non-finite value has no meaning).
 pub(crate) fn sdpa_backward(
     op: &Attention,
     q: ArrayView4<'_, f32>,
@@ -128,8 +128,8 @@ pub(crate) fn sdpa_backward(
     })
 }
 
-/// The gradients of [`Attention::forward_masked`] (pass [`Mask::none`] for
-/// [`Attention::forward`]) on the CPU in f64: given `dO = ∂ℓ/∂output`, of the output's
+/// [`super::backward()`] on X: the gradients of [`Attention::forward_masked`] (pass
+/// [`Mask::none`] for no mask) on the CPU in f64. Given `dO = ∂ℓ/∂output`, of the output's
 /// shape (`(n, d_out)` or `(batch, n, d_out)`), returns `∂ℓ/∂X` and, with projections, the
 /// gradient of every weight and bias given (see [`LayerGradients`]). Without projections
 /// (`Q = K = V = X`), `∂ℓ/∂X` is the sum of the gradients of X's three uses.

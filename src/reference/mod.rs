@@ -1,6 +1,6 @@
 //! The CPU oracle: the same definition as the GPU path, written plainly with `ndarray` and
 //! accumulated in f64. Slow on purpose; obviously right is the point. The gradients of both
-//! ops are here too ([`backward`]).
+//! ops are here too ([`backward()`]).
 
 use ndarray::{s, Array1, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
@@ -199,11 +199,11 @@ fn four<'a, const N: usize>(
         .map_err(|_| Error::shape("operand count".to_string()))
 }
 
-/// [`Attention::sdpa_masked`] on the CPU in f64: [`sdpa`] with `mask` added to the scaled
-/// scores (see [`crate::mask`]).
+/// [`run`] on Q, K and V (PyTorch's layout, `(batch, heads, L, E)`), with `mask` added to the
+/// scaled scores (see [`crate::mask`]): the CPU peer of [`Attention::sdpa_masked`].
 ///
 /// # Errors
-/// As [`sdpa`], and the mask's errors.
+/// As [`run`].
 pub(crate) fn sdpa_masked(
     op: &Attention,
     q: ArrayView4<'_, f32>,
@@ -239,10 +239,11 @@ pub(crate) fn sdpa_masked(
     Ok(Output::new(context.into_dyn(), Some(weights.into_dyn())))
 }
 
-/// [`attention`] with `mask` added to the scaled scores, as [`Attention::forward_masked`].
+/// [`run`] on X (`(n, d)` or `(batch, n, d)`), projected when `proj` is given, with `mask`
+/// added to the scaled scores: the CPU peer of [`Attention::forward_masked`].
 ///
 /// # Errors
-/// As [`attention`], and the mask's errors.
+/// As [`run`].
 pub(crate) fn attention_masked(
     op: &Attention,
     x: ArrayViewD<'_, f32>,
@@ -325,7 +326,7 @@ pub(crate) fn attention_masked(
 /// which sets how much f32 rounding the softmax can amplify.
 ///
 /// # Errors
-/// The shape errors of [`attention`] for `x` and `proj`.
+/// The shape errors of [`run`] for `Inputs::x(x).projections(proj)`.
 pub fn logit_bound(
     op: &Attention,
     x: ArrayViewD<'_, f32>,

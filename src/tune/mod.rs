@@ -243,7 +243,7 @@ pub(crate) struct Progress<T> {
     pub cost: f64,
 }
 
-/// [`fastest`] under a budget, from `from` (`None`: from the start; the first candidate, the
+/// `fastest` under a budget, from `from` (`None`: from the start; the first candidate, the
 /// default the call would compile and run anyway, is measured and sets the estimate). The
 /// call's own estimated time is the best time at the start × `scale` (the call's work over
 /// the bucket's). Before each further candidate, its cost is predicted as the last measured

@@ -38,7 +38,7 @@ pub(crate) fn gpu_limits() -> wgpu::Limits {
     gpu_limits_with(32)
 }
 
-/// [`gpu_limits`] with `kib` KiB of workgroup memory.
+/// `gpu_limits` with `kib` KiB of workgroup memory.
 fn gpu_limits_with(kib: u32) -> wgpu::Limits {
     wgpu::Limits {
         max_compute_workgroup_storage_size: kib << 10,
@@ -320,7 +320,7 @@ fn training() -> Vec<(String, PipelineKey)> {
 }
 
 /// The key split of prefill on GPUs: `flash_blocked` writing partials (blocks of 64 × 64, as
-/// [`BLOCKED_SHAPES`] starts) for d = 64 and 128, f32 and f16, and the combine, with and
+/// [`super::BLOCKED_SHAPES`] starts) for d = 64 and 128, f32 and f16, and the combine, with and
 /// without the log-sum-exp.
 fn key_split() -> Result<Vec<(String, PipelineKey)>> {
     let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);

@@ -47,8 +47,9 @@ pub struct Case {
     pub mask: MaskCase,
     /// The operands' element type on the device.
     pub dtype: Dtype,
-    /// Run as [`Attention::sdpa`] instead: Q `(batch, heads, n, d_k/heads)` against `n_kv`
-    /// keys in `kv_heads` K/V heads (`(n_kv, kv_heads)`; grouped-query when fewer heads).
+    /// Run on Q, K, V ([`Attention::run`] with `Inputs::qkv`) instead of X: Q
+    /// `(batch, heads, n, d_k/heads)` against `n_kv` keys in `kv_heads` K/V heads
+    /// (`(n_kv, kv_heads)`; grouped-query when fewer heads).
     pub sdpa: Option<(usize, usize)>,
 }
 
@@ -267,7 +268,8 @@ pub struct CaseData {
     pub output: Option<(Array2<f32>, Option<Array1<f32>>)>,
     /// The mask's arrays.
     pub mask: MaskData,
-    /// Q, K, V of an [`Attention::sdpa`] case.
+    /// Q, K, V of a case run on them ([`Case::sdpa`]: [`Attention::run`] with
+    /// `Inputs::qkv`).
     pub qkv: Option<[ndarray::Array4<f32>; 3]>,
 }
 

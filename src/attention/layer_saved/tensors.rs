@@ -1,7 +1,9 @@
 //! The saved forward and the backward of a layer on [`Tensor`]s: X goes in as a tensor, the
 //! output and every gradient come out as tensors on the device, and nothing is read back.
 //! Both can be recorded into one [`Recorder`] with the rest of a training step (a loss, an
-//! optimiser's update: see [`crate::Adam`]) and submitted together.
+//! optimiser's update: see [`crate::Adam`]) and submitted together. [`Attention::record`] and
+//! [`Layer::record`] (and `run` on tensors) with [`Attention::save_for_backward`] on come
+//! here, and [`crate::Saved::backward`] on a tensor `dO` and [`crate::Saved::record_backward`].
 
 
 use super::{DeviceGrads, LayerSaved, SavedParts};
@@ -13,9 +15,12 @@ use crate::kernels::add;
 use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 
-/// The gradients of [`LayerSaved::backward_tensor`]: [`LayerGradients`]' fields as f32 tensors on
-/// the device, of the same shapes (X's, `(d, d_k)`, `(d_k,)`, …), `Some` exactly where
-/// [`LayerGradients`] has them. [`TensorGradients::to_gradients`] reads them back.
+/// The gradients of [`LayerSaved::backward_tensor`]: [`LayerGradients`]' fields as f32
+/// tensors on the device, of the same shapes (X's, `(d, d_k)`, `(d_k,)`, …), `Some` exactly
+/// where [`LayerGradients`] has them. They become a [`crate::Gradients<Tensor>`], whose
+/// [`crate::Gradients::to_arrays`] reads them back.
+///
+/// [`LayerGradients`]: crate::attention::LayerGradients
 ///
 /// Unlike [`LayerSaved::backward`], the values are not checked for overflow (reading them
 /// back checks).
@@ -45,7 +50,8 @@ impl Attention {
     /// [`Attention::forward_saved`] without projections (Q = K = V = X) on a tensor `x`
     /// (`(n, d)` or `(batch, n, d)`, of the op's dtype), recorded into `rec`: the output is a
     /// tensor of `rec`, and the [`LayerSaved`] can record its backward into `rec` too
-    /// ([`LayerSaved::record_backward`]). For projections, see [`Layer::record_saved`].
+    /// ([`LayerSaved::record_backward`]). For projections, see [`Layer::record_saved`]
+    /// (publicly: [`Layer::record`] with the op saving for the backward).
     ///
     /// # Errors
     /// As [`Attention::forward_saved`], and a tensor of another context, of another dtype

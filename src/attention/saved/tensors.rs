@@ -1,6 +1,8 @@
 //! [`Attention::sdpa_saved`] and [`SdpaSaved::backward`] on [`Tensor`]s in the rows layout the
-//! kernels read (as [`Attention::sdpa_tensor`] takes them): the output, the saved state and
-//! the gradients stay on the device, and both can be recorded into one [`Recorder`].
+//! kernels read (as [`Attention::record`] takes them in `Inputs::qkv`): the output, the saved
+//! state and the gradients stay on the device, and both can be recorded into one
+//! [`Recorder`]. [`Attention::record`] with [`Attention::save_for_backward`] on comes here,
+//! and [`crate::Saved::backward`] on a tensor `dO` and [`crate::Saved::record_backward`].
 
 use super::{BackwardKernels, SdpaSaved};
 use crate::attention::split::fits;

@@ -1,9 +1,10 @@
 //! Training a [`Layer`] on the device: [`Adam`] keeps its moments beside the layer's weights
 //! and updates them in place (`shaders/adam.wgsl`) from a backward's [`Gradients`];
 //! [`MseLoss`] computes a mean squared error's gradient (and the loss, read only when asked)
-//! on the device (`shaders/mse.wgsl`). With [`Layer::record_saved`] and
-//! [`LayerSaved::record_backward`](crate::LayerSaved::record_backward), a whole training step
-//! is one [`Recorder`] and one submit, and nothing comes back to the host.
+//! on the device (`shaders/mse.wgsl`). With [`Layer::record`] (its op saving for the
+//! backward, [`crate::Attention::save_for_backward`]) and [`crate::Saved::record_backward`],
+//! a whole training step is one [`Recorder`] and one submit, and nothing comes back to the
+//! host.
 //!
 //! Each update also writes the layer's packed copies of its weights (`W_Q | W_K | W_V` in
 //! one, the subgroup matmul's textures; `qkv.rs`) on the device, in the same encoder, so
@@ -35,18 +36,23 @@ use crate::tensor::{Recorder, Tensor};
 /// keeps f32 master weights (from the layer's host copy) and writes each step's result
 /// rounded to f16 into the layer, so steps smaller than f16's spacing are not lost.
 ///
-/// ```no_run
-/// # use wgpu_attention::{Adam, Attention, Context, Dtype, Inputs, Layer, MseLoss, Projections, Recorder, Tensor};
-/// # let ctx = Context::new()?;
-/// # let w = ndarray::Array2::<f32>::eye(8);
-/// # let (x, target) = (ndarray::Array3::<f32>::zeros((4, 5, 8)), ndarray::Array3::<f32>::zeros((4, 5, 8)));
+/// ```
+/// use wgpu_attention::ndarray::{Array2, Array3};
+/// use wgpu_attention::{Adam, Attention, Context, Dtype, Inputs, Layer, MseLoss, Projections};
+/// use wgpu_attention::{Recorder, Tensor};
+/// # fn main() -> wgpu_attention::Result<()> {
+/// let ctx = Context::new()?;
+/// let w = Array2::<f32>::eye(8);
+/// let x = Array3::from_shape_fn((2, 5, 8), |(b, i, j)| ((b * 40 + i * 8 + j) as f32).sin());
+/// let target = Array3::<f32>::zeros((2, 5, 8));
 /// let p = Projections::new(w.view(), w.view(), w.view());
 /// let op = Attention::new().heads(2).causal(true).save_for_backward(true);
 /// let mut layer = Layer::new(&ctx, op, &p)?;
 /// let mut adam = Adam::new(1e-2);
 /// let x = Tensor::from_array(&ctx, x.view().into_dyn(), Dtype::F32)?; // uploaded once
 /// let target = Tensor::from_array(&ctx, target.view().into_dyn(), Dtype::F32)?;
-/// for step in 1..=100 {
+/// let mut losses = Vec::new();
+/// for step in 1..=20 {
 ///     let mut rec = Recorder::new(&ctx);
 ///     let y = layer.record(&mut rec, Inputs::x(&x))?;
 ///     let loss = MseLoss::record(&mut rec, &y.context, &target)?;
@@ -54,11 +60,12 @@ use crate::tensor::{Recorder, Tensor};
 ///     let grads = saved.record_backward(&mut rec, &loss.grad)?;
 ///     layer.record_update(&mut rec, &mut adam, &grads)?;
 ///     rec.submit()?; // one submit per step, nothing read back
-///     if step % 50 == 0 {
-///         println!("step {step}: loss {}", loss.value(&ctx)?); // reads a few floats
+///     if step % 10 == 0 {
+///         losses.push(loss.value(&ctx)?); // reads a few floats
 ///     }
 /// }
-/// # Ok::<(), wgpu_attention::Error>(())
+/// assert!(losses[1] < losses[0], "{losses:?}");
+/// # Ok(()) }
 /// ```
 #[derive(Debug)]
 pub struct Adam {
@@ -188,11 +195,12 @@ type Param<'a> = (&'static str, &'a wgpu::Buffer, Vec<usize>, &'a Tensor);
 
 impl Layer {
     /// One [`Adam`] step on the layer's weights and biases, in place on the device, from the
-    /// gradients of [`LayerSaved::backward_tensor`](crate::LayerSaved::backward_tensor) of a
-    /// forward of this layer. Recorded and submitted at once; see [`Layer::record_update`].
-    /// Later forwards use the new weights, still with Q, K and V from one matmul: the
-    /// layer's packed copies of its weights are written again on the device in the same
-    /// submit. A [`crate::LayerSaved`] of an earlier forward can no longer run its backward.
+    /// gradients of a saved forward of this layer ([`crate::Saved::backward`] on a tensor
+    /// `dO`, or [`crate::Saved::record_backward`]). Recorded and submitted at once; see
+    /// [`Layer::record_update`]. Later forwards use the new weights, still with Q, K and V
+    /// from one matmul: the layer's packed copies of its weights are written again on the
+    /// device in the same submit. The [`crate::Saved`] of an earlier forward can no longer
+    /// run its backward.
     ///
     /// # Errors
     /// As [`Layer::record_update`].
