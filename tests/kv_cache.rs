@@ -1,5 +1,5 @@
 //! The KV cache and the decode step: a prefill through the cache and one-token steps give,
-//! row for row, the causal forward over the same tokens (f64 reference and `Attention::sdpa`);
+//! row for row, the causal forward over the same tokens (f64 reference and `Attention::run`);
 //! grouped-query heads, odd sizes and lengths, f16 storage, forced key blocks; and every bad
 //! append or step is an error that leaves the cache exactly as it was.
 
@@ -7,7 +7,9 @@ mod common;
 
 use ndarray::{s, Array4, ArrayView4, Axis};
 use wgpu_attention::half::f16;
-use wgpu_attention::{reference, Attention, Context, Decoder, Dtype, Error, KvCache, KvCacheSpec};
+use wgpu_attention::{
+    reference, Attention, Context, Decoder, Dtype, Error, Inputs, KvCache, KvCacheSpec,
+};
 
 /// Deterministic Q `(b, h, n, dk)`, K `(b, kvh, n, dk)`, V `(b, kvh, n, dv)` in [-amp, amp].
 fn qkv(
@@ -80,9 +82,7 @@ fn through_cache(
 fn causal_reference(arrays: &[Array4<f32>; 3]) -> ndarray::ArrayD<f64> {
     let [q, k, v] = arrays;
     let op = Attention::new().causal(true);
-    reference::sdpa(&op, q.view(), k.view(), v.view())
-        .unwrap()
-        .context
+    reference::run(&op, &Inputs::qkv(q, k, v)).unwrap().context
 }
 
 fn assert_close(got: &Array4<f32>, want: &ndarray::ArrayD<f64>, tol: f64, what: &str) {
@@ -105,7 +105,7 @@ fn prefill_then_one_token_steps_equal_the_causal_forward() {
     let gpu = Attention::new()
         .causal(true)
         .return_weights(false)
-        .sdpa(common::ctx(), q.view(), k.view(), v.view())
+        .run(common::ctx(), Inputs::qkv(q, k, v))
         .unwrap()
         .context;
     let diff = (&got.clone().into_dyn() - &gpu).mapv(f32::abs);
@@ -417,15 +417,15 @@ fn a_layer_decoding_with_its_cache_equals_its_causal_forward() {
     let x = ndarray::Array3::from_shape_fn((2, n, d), |(b, i, j)| {
         ((b * 3 + i * 5 + j) as f32 * 0.07).cos()
     });
-    let want = layer.forward(ctx, &x).unwrap().context;
+    let want = layer.run(ctx, Inputs::x(&x)).unwrap().context;
     let mut cache = KvCache::new(ctx, spec(2, 2, n, (2, 2), Dtype::F32)).unwrap();
     let mut got = vec![layer
-        .decode_step(ctx, &mut cache, x.slice(s![.., ..prompt, ..]))
+        .decode(ctx, &mut cache, x.slice(s![.., ..prompt, ..]))
         .unwrap()];
     for t in prompt..n {
         got.push(
             layer
-                .decode_step(ctx, &mut cache, x.slice(s![.., t..t + 1, ..]))
+                .decode(ctx, &mut cache, x.slice(s![.., t..t + 1, ..]))
                 .unwrap(),
         );
     }
@@ -436,19 +436,19 @@ fn a_layer_decoding_with_its_cache_equals_its_causal_forward() {
     assert_eq!(cache.len(), n);
     // A full cache refuses more, unchanged; a layer that is not causal is refused.
     let e = layer
-        .decode_step(ctx, &mut cache, x.slice(s![.., ..1, ..]))
+        .decode(ctx, &mut cache, x.slice(s![.., ..1, ..]))
         .unwrap_err();
     assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
     assert_eq!(cache.len(), n);
     let plain = wgpu_attention::Layer::new(ctx, op.causal(false), &p).unwrap();
     let mut fresh = KvCache::new(ctx, spec(2, 2, n, (2, 2), Dtype::F32)).unwrap();
     let e = plain
-        .decode_step(ctx, &mut fresh, x.slice(s![.., ..1, ..]))
+        .decode(ctx, &mut fresh, x.slice(s![.., ..1, ..]))
         .unwrap_err();
     assert!(e.to_string().contains("not causal"), "{e}");
     let mut wrong = KvCache::new(ctx, spec(2, 4, n, (2, 2), Dtype::F32)).unwrap();
     let e = layer
-        .decode_step(ctx, &mut wrong, x.slice(s![.., ..1, ..]))
+        .decode(ctx, &mut wrong, x.slice(s![.., ..1, ..]))
         .unwrap_err();
     assert!(e.to_string().contains("K/V heads"), "{e}");
 }

@@ -7,7 +7,7 @@ mod common;
 
 use ndarray::{Array1, Array2, Array3};
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, Error, Kernels, Layer, Mask, Projections,
+    reference, Attention, Context, Dtype, Error, Inputs, Kernels, Layer, Mask, Options, Projections,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -43,17 +43,18 @@ fn layer_calls_equal_the_array_api_bit_for_bit_on_every_path() {
                 let op = Attention::new()
                     .heads(4)
                     .causal(true)
-                    .kernels(family)
                     .return_weights(weights)
                     .dtype(dtype)
-                    .nan_fill(true);
+                    .options(Options {
+                        kernels: family,
+                        nan_fill: true,
+                        ..Options::default()
+                    });
                 let layer = Layer::new(ctx, op, &p).unwrap();
                 for _ in 0..2 {
-                    let got = layer
-                        .forward_masked(ctx, x.view().into_dyn(), &mask)
-                        .unwrap();
+                    let got = layer.run(ctx, Inputs::x(&x).mask(&mask)).unwrap();
                     let want = op
-                        .forward_masked(ctx, x.view().into_dyn(), Some(&p), &mask)
+                        .run(ctx, Inputs::x(&x).projections(&p).mask(&mask))
                         .unwrap();
                     if got.context != want.context || got.weights != want.weights {
                         failures.push(format!("{family} weights={weights} {dtype}"));
@@ -66,10 +67,8 @@ fn layer_calls_equal_the_array_api_bit_for_bit_on_every_path() {
     // And the array API itself against the reference, so the equality means something.
     let op = Attention::new().heads(4).causal(true);
     let layer = Layer::new(ctx, op, &p).unwrap();
-    let got = layer
-        .forward_masked(ctx, x.view().into_dyn(), &mask)
-        .unwrap();
-    let want = reference::attention_masked(&op, x.view().into_dyn(), Some(&p), &mask).unwrap();
+    let got = layer.run(ctx, Inputs::x(&x).mask(&mask)).unwrap();
+    let want = reference::run(&op, &Inputs::x(&x).projections(&p).mask(&mask)).unwrap();
     let (rel, _) = reference::compare(&got.context, &want.context);
     assert!(rel < 1e-5, "rel {rel:e}");
 }
@@ -84,13 +83,13 @@ fn a_layer_checks_its_weights_once_and_its_context_every_call() {
     // X of the wrong width, and NaN in X, as the array API says.
     let bad = Array2::<f32>::zeros((3, 5));
     assert!(matches!(
-        layer.forward(ctx, bad.view().into_dyn()),
+        layer.run(ctx, Inputs::x(&bad)),
         Err(Error::ShapeMismatch { .. })
     ));
     let mut nan = Array2::<f32>::zeros((3, 6));
     nan[[1, 2]] = f32::NAN;
     assert!(matches!(
-        layer.forward(ctx, nan.view().into_dyn()),
+        layer.run(ctx, Inputs::x(&nan)),
         Err(Error::NonFinite { .. })
     ));
     // Bad weights are refused when the layer is built.
@@ -107,6 +106,6 @@ fn a_layer_checks_its_weights_once_and_its_context_every_call() {
     // Another context: an error, not a wgpu validation panic or a wrong answer.
     let other = Context::new().unwrap().with_tuning(false);
     let x = Array2::<f32>::ones((3, 6));
-    let err = layer.forward(&other, x.view().into_dyn()).unwrap_err();
+    let err = layer.run(&other, Inputs::x(&x)).unwrap_err();
     assert!(err.to_string().contains("another Context"), "{err}");
 }

@@ -1,4 +1,4 @@
-//! The projected layer's gradients on the device (`forward_saved` + `LayerSaved::backward`)
+//! The projected layer's gradients on the device (a saved `run` + `Saved::backward`)
 //! against the f64 reference backward: every weight and bias, `W_O` and `b_O`, grouped-query
 //! K/V, causal with key lengths, on every kernel family and the GPU family's blocked kernel,
 //! the parameter-free layer (Q = K = V = X), f16, a `Layer`'s saved forward, and the errors.
@@ -7,8 +7,8 @@ mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, FlashVariant, Gradients, Kernels, Layer, Mask,
-    Projections,
+    reference, Attention, Context, Dtype, FlashVariant, Gradients, Inputs, Kernels, Layer, Mask,
+    Options, Projections, Saved,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -18,7 +18,9 @@ fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
 }
 
 /// The largest relative error of any gradient against the reference's, by name.
-fn worst(got: &Gradients, want: &Gradients<f64>) -> (f64, String) {
+fn worst(got: &Gradients, want: &Gradients<ArrayD<f64>>) -> (f64, String) {
+    // A forward on X always gives dX.
+    assert!(got.x.is_some() && want.x.is_some(), "no dX");
     let mut worst = (0.0f64, String::new());
     let mut check = |name: &str, g: Option<ArrayD<f32>>, r: Option<ArrayD<f64>>| {
         let rel = match (g, r) {
@@ -33,19 +35,15 @@ fn worst(got: &Gradients, want: &Gradients<f64>) -> (f64, String) {
             worst = (rel, name.to_string());
         }
     };
-    let d2 = |a: &Option<Array2<f32>>| a.clone().map(|a| a.into_dyn());
-    let r2 = |a: &Option<Array2<f64>>| a.clone().map(|a| a.into_dyn());
-    let d1 = |a: &Option<Array1<f32>>| a.clone().map(|a| a.into_dyn());
-    let r1 = |a: &Option<Array1<f64>>| a.clone().map(|a| a.into_dyn());
-    check("x", Some(got.x.clone()), Some(want.x.clone()));
-    check("w_q", d2(&got.w_q), r2(&want.w_q));
-    check("w_k", d2(&got.w_k), r2(&want.w_k));
-    check("w_v", d2(&got.w_v), r2(&want.w_v));
-    check("w_o", d2(&got.w_o), r2(&want.w_o));
-    check("b_q", d1(&got.b_q), r1(&want.b_q));
-    check("b_k", d1(&got.b_k), r1(&want.b_k));
-    check("b_v", d1(&got.b_v), r1(&want.b_v));
-    check("b_o", d1(&got.b_o), r1(&want.b_o));
+    check("x", got.x.clone(), want.x.clone());
+    check("w_q", got.w_q.clone(), want.w_q.clone());
+    check("w_k", got.w_k.clone(), want.w_k.clone());
+    check("w_v", got.w_v.clone(), want.w_v.clone());
+    check("w_o", got.w_o.clone(), want.w_o.clone());
+    check("b_q", got.b_q.clone(), want.b_q.clone());
+    check("b_k", got.b_k.clone(), want.b_k.clone());
+    check("b_v", got.b_v.clone(), want.b_v.clone());
+    check("b_o", got.b_o.clone(), want.b_o.clone());
     worst
 }
 
@@ -80,6 +78,13 @@ impl Weights {
     }
 }
 
+/// The saved state of a saved forward that must have succeeded.
+fn saved_of(out: wgpu_attention::Result<wgpu_attention::Output>) -> Saved {
+    out.unwrap()
+        .saved
+        .expect("a saved forward carries its Saved")
+}
+
 fn x(batch: usize, n: usize, d: usize) -> Array3<f32> {
     Array3::from_shape_fn((batch, n, d), |(b, i, j)| {
         ((b * 3 + i * 5 + j) as f32 * 0.07).cos()
@@ -95,29 +100,33 @@ fn every_gradient_of_the_projected_layer_matches_the_reference_on_every_family()
     let d_out = Array3::from_shape_fn((2, 37, 5), |(b, i, j)| ((b + i * 3 + j) as f32 * 0.2).sin());
     let lengths = [30usize, 37];
     let mask = Mask::none().with_kv_lengths(&lengths);
-    let base = Attention::new().heads(4).causal(true).nan_fill(true);
-    let want = reference::attention_backward(
-        &base,
-        x.view().into_dyn(),
-        Some(&p),
-        d_out.view().into_dyn(),
-        &mask,
-    )
-    .unwrap();
+    let base = Attention::new().heads(4).causal(true);
+    let inputs = Inputs::x(&x).projections(&p).mask(&mask);
+    let want = reference::backward(&base, &inputs, d_out.view().into_dyn()).unwrap();
     let mut ops: Vec<(String, Attention)> = Kernels::available(ctx)
         .into_iter()
-        .map(|k| (k.to_string(), base.kernels(k)))
+        .map(|k| {
+            let options = Options {
+                kernels: k,
+                nan_fill: true,
+                ..Options::default()
+            };
+            (k.to_string(), base.options(options))
+        })
         .collect();
     let blocked = FlashVariant::Blocked { rows: 32, keys: 64 };
-    ops.push((blocked.to_string(), base.flash_variant(blocked)));
+    let options = Options {
+        flash_variant: Some(blocked),
+        nan_fill: true,
+        ..Options::default()
+    };
+    ops.push((blocked.to_string(), base.options(options)));
     let mut failures = Vec::new();
     for (name, op) in ops {
-        let (out, saved) = op.forward_saved(ctx, &x, Some(&p), &mask).unwrap();
+        let out = op.save_for_backward(true).run(ctx, inputs.clone()).unwrap();
+        let saved = out.saved.clone().unwrap();
         // The saved forward's output is the plain forward's.
-        let plain = op
-            .return_weights(false)
-            .forward_masked(ctx, &x, Some(&p), &mask)
-            .unwrap();
+        let plain = op.return_weights(false).run(ctx, inputs.clone()).unwrap();
         assert_eq!(out.context, plain.context, "{name}");
         let got = saved.backward(ctx, &d_out).unwrap();
         let (rel, which) = worst(&got, &want);
@@ -133,16 +142,12 @@ fn the_parameter_free_layer_sums_the_three_uses_of_x() {
     let ctx = common::ctx();
     let x = x(1, 7, 8);
     let d_out = Array3::from_shape_fn((1, 7, 8), |(_, i, j)| ((i * 8 + j) as f32 * 0.3).cos());
-    let op = Attention::new().heads(2).nan_fill(true);
-    let want = reference::attention_backward(
-        &op,
-        x.view().into_dyn(),
-        None,
-        d_out.view().into_dyn(),
-        &Mask::none(),
-    )
-    .unwrap();
-    let (_, saved) = op.forward_saved(ctx, &x, None, &Mask::none()).unwrap();
+    let op = Attention::new().heads(2).options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let want = reference::backward(&op, &Inputs::x(&x), d_out.view().into_dyn()).unwrap();
+    let saved = saved_of(op.save_for_backward(true).run(ctx, Inputs::x(&x)));
     let got = saved.backward(ctx, &d_out).unwrap();
     let (rel, which) = worst(&got, &want);
     assert!(rel < 1e-4, "{which}: {rel:e}");
@@ -157,16 +162,10 @@ fn f16_and_a_layers_saved_forward_match_within_their_bounds() {
     let x = x(1, 19, 12);
     let d_out = Array3::from_shape_fn((1, 19, 5), |(_, i, j)| ((i + j * 7) as f32 * 0.1).sin());
     let op = Attention::new().heads(4).causal(true);
-    let want = reference::attention_backward(
-        &op,
-        x.view().into_dyn(),
-        Some(&p),
-        d_out.view().into_dyn(),
-        &Mask::none(),
-    )
-    .unwrap();
-    let layer = Layer::new(ctx, op, &p).unwrap();
-    let (_, saved) = layer.forward_saved(ctx, &x, &Mask::none()).unwrap();
+    let want =
+        reference::backward(&op, &Inputs::x(&x).projections(&p), d_out.view().into_dyn()).unwrap();
+    let layer = Layer::new(ctx, op.save_for_backward(true), &p).unwrap();
+    let saved = saved_of(layer.run(ctx, Inputs::x(&x)));
     let (rel, which) = worst(&saved.backward(ctx, &d_out).unwrap(), &want);
     assert!(rel < 1e-4, "layer: {which} {rel:e}");
     if ctx
@@ -174,8 +173,8 @@ fn f16_and_a_layers_saved_forward_match_within_their_bounds() {
         .features()
         .contains(wgpu_attention::wgpu::Features::SHADER_F16)
     {
-        let op = op.dtype(Dtype::F16);
-        let (_, saved) = op.forward_saved(ctx, &x, Some(&p), &Mask::none()).unwrap();
+        let op = op.dtype(Dtype::F16).save_for_backward(true);
+        let saved = saved_of(op.run(ctx, Inputs::x(&x).projections(&p)));
         let (rel, which) = worst(&saved.backward(ctx, &d_out).unwrap(), &want);
         assert!(rel < 2e-2, "f16: {which} {rel:e}");
         assert!(rel > 1e-5, "f16 should show f16's error, got {rel:e}");
@@ -189,7 +188,10 @@ fn backward_without_a_matching_forward_is_an_error() {
     let p = ws.projections();
     let x = x(1, 5, 12);
     let op = Attention::new().heads(4);
-    let (_, saved) = op.forward_saved(ctx, &x, Some(&p), &Mask::none()).unwrap();
+    let saved = saved_of(
+        op.save_for_backward(true)
+            .run(ctx, Inputs::x(&x).projections(&p)),
+    );
     let says = |r: wgpu_attention::Result<Gradients>, what: &str| {
         let e = r.unwrap_err().to_string();
         assert!(e.contains(what), "{e:?} should say {what:?}");

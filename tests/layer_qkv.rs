@@ -7,7 +7,8 @@ mod common;
 
 use ndarray::{Array1, Array2, Array3};
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, Kernels, Layer, MatmulVariant, Projections,
+    reference, Attention, Context, Dtype, Inputs, Kernels, Layer, MatmulVariant, Options,
+    Projections,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -35,11 +36,18 @@ fn one_qkv_matmul_equals_three_projections_bit_for_bit() {
         });
         let mut ops = Vec::new();
         for family in Kernels::available(ctx) {
-            ops.push(Attention::new().kernels(family));
+            ops.push(Attention::new().options(Options {
+                kernels: family,
+                ..Options::default()
+            }));
         }
         for per_thread in [4, 8] {
             let v = MatmulVariant::Blocked { per_thread };
-            ops.push(Attention::new().kernels(Kernels::Storage).matmul_variant(v));
+            ops.push(Attention::new().options(Options {
+                kernels: Kernels::Storage,
+                matmul_variant: Some(v),
+                ..Options::default()
+            }));
         }
         for base in ops {
             for dtype in [Dtype::F32, Dtype::F16] {
@@ -49,9 +57,9 @@ fn one_qkv_matmul_equals_three_projections_bit_for_bit() {
                     .dtype(dtype)
                     .return_weights(true);
                 let layer = Layer::new(ctx, op, &p).unwrap();
-                let got = layer.forward(ctx, &x).unwrap();
-                let want = op.forward(ctx, x.view().into_dyn(), Some(&p)).unwrap();
-                if got.context != want.context.into_dimensionality().unwrap() {
+                let got = layer.run(ctx, Inputs::x(&x)).unwrap();
+                let want = op.run(ctx, Inputs::x(&x).projections(&p)).unwrap();
+                if got.context != want.context {
                     failures.push(format!("d={d} {op:?}"));
                 }
             }
@@ -59,9 +67,9 @@ fn one_qkv_matmul_equals_three_projections_bit_for_bit() {
         // And against the f64 reference, so the equality means something.
         let op = Attention::new().heads(heads).causal(true);
         let layer = Layer::new(ctx, op, &p).unwrap();
-        let got = layer.forward(ctx, &x).unwrap();
-        let want = reference::attention(&op, x.view().into_dyn(), Some(&p)).unwrap();
-        let (rel, max) = reference::compare(&got.context.into_dyn(), &want.context);
+        let got = layer.run(ctx, Inputs::x(&x)).unwrap();
+        let want = reference::run(&op, &Inputs::x(&x).projections(&p)).unwrap();
+        let (rel, max) = reference::compare(&got.context, &want.context);
         assert!(rel < 1e-5, "d={d}: rel {rel:e} max {max:e}");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -76,11 +84,14 @@ fn a_layer_call_runs_one_projection_matmul_and_packs_only_x() {
     let p = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), None);
     let x = Array3::from_shape_fn((1, 40, d), |(_, i, j)| ((i + 2 * j) as f32 * 0.1).sin());
     for family in Kernels::available(ctx) {
-        let op = Attention::new().heads(2).kernels(family);
+        let op = Attention::new().heads(2).options(Options {
+            kernels: family,
+            ..Options::default()
+        });
         let layer = Layer::new(ctx, op, &p).unwrap();
-        let layer_passes = common::passes(ctx, || drop(layer.forward(ctx, &x).unwrap()));
+        let layer_passes = common::passes(ctx, || drop(layer.run(ctx, Inputs::x(&x)).unwrap()));
         let array_passes = common::passes(ctx, || {
-            drop(op.forward(ctx, x.view().into_dyn(), Some(&p)).unwrap())
+            drop(op.run(ctx, Inputs::x(&x).projections(&p)).unwrap())
         });
         // The array API: Q, K, V and W_O, four matmuls (the subgroup family packing both
         // operands of each); the layer: Q, K, V in one, then W_O, packing only X and the

@@ -5,7 +5,7 @@
 //!   matches the reference; what cannot be split small enough is a clear error.
 
 use ndarray::{Array2, Array3};
-use wgpu_attention::{reference, Attention, Error, Kernels, Mask, Projections};
+use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Mask, Options, Projections};
 
 mod common;
 use common::context_with;
@@ -15,18 +15,25 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
     let ctx = context_with(|l| l.max_texture_dimension_2d = 64);
     let n = 3000;
     let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.37).sin());
+    let options = Options {
+        nan_fill: true,
+        ..Options::default()
+    };
     let auto = Attention::new()
         .causal(true)
         .return_weights(false)
-        .nan_fill(true);
-    let out = auto.forward(&ctx, x.view().into_dyn(), None).unwrap();
-    let want = reference::attention(&auto, x.view().into_dyn(), None).unwrap();
+        .options(options);
+    let out = auto.run(&ctx, Inputs::x(&x)).unwrap();
+    let want = reference::run(&auto, &Inputs::x(&x)).unwrap();
     let (rel, _) = reference::compare(&out.context, &want.context);
     assert!(rel < 1e-5, "rel {rel}");
 
     if ctx.subgroup_size().is_some() {
-        let forced = auto.kernels(Kernels::Subgroup);
-        match forced.forward(&ctx, x.view().into_dyn(), None) {
+        let forced = auto.options(Options {
+            kernels: Kernels::Subgroup,
+            ..options
+        });
+        match forced.run(&ctx, Inputs::x(&x)) {
             Err(e @ Error::LimitExceeded { .. }) => {
                 assert!(e.to_string().contains("max_texture_dimension_2d"), "{e}")
             }
@@ -39,13 +46,13 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
 fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
     // 16 Ki floats per binding: 64 KiB.
     let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
-    let check = |op: Attention, x: ndarray::ArrayViewD<'_, f32>, proj: Option<&Projections<'_>>| {
-        let gpu = op.forward(&ctx, x.view(), proj).unwrap();
+    let check = |op: Attention, inputs: Inputs<'_>| {
+        let gpu = op.run(&ctx, inputs.clone()).unwrap();
         assert!(
             gpu.context.is_standard_layout(),
             "joined parts come back row-major"
         );
-        let cpu = reference::attention(&op, x, proj).unwrap();
+        let cpu = reference::run(&op, &inputs).unwrap();
         let (rel, _) = reference::compare(&gpu.context, &cpu.context);
         assert!(rel < 1e-5, "context rel {rel}");
         let (wrel, _) =
@@ -56,11 +63,7 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
     let x = Array3::from_shape_fn((3, 64, 8), |(b, i, j)| {
         ((b * 7 + i * 3 + j) as f32 * 0.3).sin()
     });
-    check(
-        Attention::new().heads(2).causal(true),
-        x.view().into_dyn(),
-        None,
-    );
+    check(Attention::new().heads(2).causal(true), Inputs::x(&x));
     // One sequence, weights 4·100·100 = 40,000 floats: split by heads twice, with projections.
     let x = Array2::from_shape_fn((100, 6), |(i, j)| ((i * 6 + j) as f32 * 0.11).cos());
     let wq = Array2::from_shape_fn((6, 8), |(i, j)| ((i + j) as f32 * 0.5).sin());
@@ -76,58 +79,50 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         bk.view(),
         bv.view(),
     );
-    check(Attention::new().heads(4), x.view().into_dyn(), Some(&proj));
+    check(Attention::new().heads(4), Inputs::x(&x).projections(&proj));
     // With an output projection, which mixes the heads: applied after the parts are joined.
     let wo = Array2::from_shape_fn((12, 5), |(i, j)| ((i * 5 + j) as f32 * 0.19).sin());
     let bo = ndarray::Array1::from_elem(5, 0.05f32);
     let with_out = proj.with_output(wo.view(), Some(bo.view()));
     check(
         Attention::new().heads(4),
-        x.view().into_dyn(),
-        Some(&with_out),
+        Inputs::x(&x).projections(&with_out),
     );
     // Grouped-query projections (2 K/V heads for 4 query heads), projected on the CPU and
     // split as sdpa splits them.
     let wk2 = Array2::from_shape_fn((6, 4), |(i, j)| ((i * j) as f32 * 0.3).cos());
     let wv2 = Array2::from_shape_fn((6, 6), |(i, j)| ((i + 3 * j) as f32 * 0.2).sin());
     let gqa = Projections::new(wq.view(), wk2.view(), wv2.view()).with_output(wo.view(), None);
-    check(Attention::new().heads(4), x.view().into_dyn(), Some(&gqa));
+    check(Attention::new().heads(4), Inputs::x(&x).projections(&gqa));
     // A layer's resident weights take the same split (projected on the CPU from its copy).
     let layer = wgpu_attention::Layer::new(&ctx, Attention::new().heads(4), &gqa).unwrap();
-    let got = layer.forward(&ctx, x.view().into_dyn()).unwrap();
+    let got = layer.run(&ctx, Inputs::x(&x)).unwrap();
     let want =
-        reference::attention(&Attention::new().heads(4), x.view().into_dyn(), Some(&gqa)).unwrap();
+        reference::run(&Attention::new().heads(4), &Inputs::x(&x).projections(&gqa)).unwrap();
     assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
     // Without projections the heads are column blocks of X.
     let x = Array2::from_shape_fn((100, 8), |(i, j)| ((i * 8 + j) as f32 * 0.07).sin());
-    check(
-        Attention::new().heads(4).causal(true),
-        x.view().into_dyn(),
-        None,
-    );
+    check(Attention::new().heads(4).causal(true), Inputs::x(&x));
 
     // One head of one sequence whose 300 × 300 weights alone exceed the limit: split into
     // blocks of query rows (causal offset per block), with projections and W_O too.
     let x = Array2::from_shape_fn((300, 8), |(i, j)| ((i * 8 + j) as f32 * 0.13).sin());
-    check(Attention::new(), x.view().into_dyn(), None);
-    check(Attention::new().causal(true), x.view().into_dyn(), None);
+    check(Attention::new(), Inputs::x(&x));
+    check(Attention::new().causal(true), Inputs::x(&x));
     let x6 = Array2::from_shape_fn((300, 6), |(i, j)| ((i * 6 + j) as f32 * 0.17).cos());
     check(
         Attention::new().causal(true),
-        x6.view().into_dyn(),
-        Some(&with_out),
+        Inputs::x(&x6).projections(&with_out),
     );
     // The fused path has no n × n buffer, so the same problem runs whole without the weights.
     let out = Attention::new()
         .return_weights(false)
-        .forward(&ctx, x.view().into_dyn(), None)
+        .run(&ctx, Inputs::x(&x))
         .unwrap();
     assert_eq!(out.context.shape(), &[300, 8]);
     // What no split can help: X itself over the limit (17,000 floats), named.
     let x = Array2::from_shape_fn((4250, 4), |(i, j)| (i + j) as f32 * 0.01);
-    let err = Attention::new()
-        .forward(&ctx, x.view().into_dyn(), None)
-        .unwrap_err();
+    let err = Attention::new().run(&ctx, Inputs::x(&x)).unwrap_err();
     assert!(
         matches!(
             err,
@@ -154,8 +149,8 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     let v = ndarray::Array4::from_shape_fn((2, 3, 70, 6), f(0.017));
     for causal in [false, true] {
         let op = Attention::new().causal(causal);
-        let got = op.sdpa(&ctx, q.view(), k.view(), v.view()).unwrap();
-        let want = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
+        let got = op.run(&ctx, Inputs::qkv(&q, &k, &v)).unwrap();
+        let want = reference::run(&op, &Inputs::qkv(&q, &k, &v)).unwrap();
         assert!(got.context.is_standard_layout());
         assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
         let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
@@ -167,8 +162,8 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     let k = ndarray::Array4::from_shape_fn((1, 2, 80, 8), f(0.023));
     let v = ndarray::Array4::from_shape_fn((1, 2, 80, 6), f(0.029));
     let op = Attention::new().causal(true);
-    let got = op.sdpa(&ctx, q.view(), k.view(), v.view()).unwrap();
-    let want = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
+    let got = op.run(&ctx, Inputs::qkv(&q, &k, &v)).unwrap();
+    let want = reference::run(&op, &Inputs::qkv(&q, &k, &v)).unwrap();
     assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
     assert!(
         reference::compare(
@@ -182,13 +177,14 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), f(0.1));
     let k1 = ndarray::Array4::from_shape_fn((1, 1, 230, 4), f(0.3));
     let keep = ndarray::Array2::from_shape_fn((200, 230), |(i, j)| (i * 7 + j) % 9 != 0).into_dyn();
+    // Borrowed from an array that outlives the loops: `Inputs::mask` takes `&'a Mask<'a>`.
+    let masks = [Mask::none(), Mask::boolean(keep.view())];
     for causal in [false, true] {
-        for mask in [Mask::none(), Mask::boolean(keep.view())] {
+        for mask in &masks {
             let op = Attention::new().causal(causal);
-            let got = op
-                .sdpa_masked(&ctx, q1.view(), k1.view(), k1.view(), &mask)
-                .unwrap();
-            let want = reference::sdpa_masked(&op, q1.view(), k1.view(), k1.view(), &mask).unwrap();
+            let inputs = Inputs::qkv(&q1, &k1, &k1).mask(mask);
+            let got = op.run(&ctx, inputs.clone()).unwrap();
+            let want = reference::run(&op, &inputs).unwrap();
             assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
             let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
             assert!(reference::compare(&w, &ww).0 < 1e-5, "causal={causal}");
@@ -198,7 +194,7 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     let q2 = ndarray::Array4::from_shape_fn((1, 1, 1, 1), f(0.1));
     let k2 = ndarray::Array4::from_shape_fn((1, 1, 20_000, 1), f(0.1));
     let err = Attention::new()
-        .sdpa(&ctx, q2.view(), k2.view(), k2.view())
+        .run(&ctx, Inputs::qkv(&q2, &k2, &k2))
         .unwrap_err();
     assert!(
         err.to_string().contains("max_storage_buffer_binding_size"),
@@ -225,23 +221,23 @@ fn masked_calls_over_the_storage_binding_limit_are_split_with_their_masks() {
     .into_dyn();
     let per_head =
         ndarray::Array3::from_shape_fn((4, 1, 70), |(h, _, j)| (h + j) as f32 * -0.1).into_dyn();
-    for mask in [
+    let masks = [
         Mask::boolean(full.view()),
         Mask::additive(per_head.view()).with_kv_lengths(&[70, 9]),
-    ] {
+    ];
+    for mask in &masks {
         for fused in [false, true] {
             let op = Attention::new().causal(true).return_weights(!fused);
-            let got = op
-                .sdpa_masked(&ctx, q.view(), k.view(), v.view(), &mask)
-                .unwrap();
-            let want = reference::sdpa_masked(&op, q.view(), k.view(), v.view(), &mask).unwrap();
+            let inputs = Inputs::qkv(&q, &k, &v).mask(mask);
+            let got = op.run(&ctx, inputs.clone()).unwrap();
+            let want = reference::run(&op, &inputs).unwrap();
             assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
             if let Some(w) = &got.weights {
                 assert!(reference::compare(w, want.weights.as_ref().unwrap()).0 < 1e-5);
             }
         }
     }
-    // forward_masked splits the same way.
+    // A masked forward on X splits the same way.
     let x = ndarray::Array3::from_shape_fn((2, 60, 8), |(a, b, c)| {
         ((a * 31 + b * 5 + c) as f32 * 0.07).sin()
     })
@@ -249,10 +245,9 @@ fn masked_calls_over_the_storage_binding_limit_are_split_with_their_masks() {
     let m = ndarray::Array4::from_shape_fn((2, 2, 60, 60), |(a, b, c, d)| (a + b + c * d) % 3 != 1)
         .into_dyn();
     let op = Attention::new().heads(2);
-    let got = op
-        .forward_masked(&ctx, x.view(), None, &Mask::boolean(m.view()))
-        .unwrap();
-    let want = reference::attention_masked(&op, x.view(), None, &Mask::boolean(m.view())).unwrap();
+    let mask = Mask::boolean(m.view());
+    let got = op.run(&ctx, Inputs::x(&x).mask(&mask)).unwrap();
+    let want = reference::run(&op, &Inputs::x(&x).mask(&mask)).unwrap();
     assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
     let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
     assert!(reference::compare(&w, &ww).0 < 1e-5);

@@ -4,7 +4,7 @@
 mod common;
 
 use ndarray::Array3;
-use wgpu_attention::{reference, Attention, Context};
+use wgpu_attention::{reference, Attention, Context, Inputs};
 
 fn rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -24,7 +24,7 @@ fn ten_thousand_forward_passes_keep_memory_flat() {
     ];
     let run = |count: usize| {
         for i in 0..count {
-            ops[i % 2].forward(ctx, x.view().into_dyn(), None).unwrap();
+            ops[i % 2].run(ctx, Inputs::x(&x)).unwrap();
         }
     };
     run(500); // warm-up: pipelines, allocator pools
@@ -56,8 +56,8 @@ fn one_context_from_several_threads_gives_each_its_answer() {
                     });
                     let op = Attention::new().heads(3).causal(t % 2 == 0);
                     for _ in 0..20 {
-                        let gpu = op.forward(ctx, x.view().into_dyn(), None).unwrap();
-                        let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+                        let gpu = op.run(ctx, Inputs::x(&x)).unwrap();
+                        let cpu = reference::run(&op, &Inputs::x(&x)).unwrap();
                         let (rel, _) = reference::compare(&gpu.context, &cpu.context);
                         assert!(rel < 1e-5, "thread {t}: rel {rel}");
                         let (wrel, _) = reference::compare(
