@@ -1,6 +1,6 @@
 //! Scaled dot-product attention in WGSL compute shaders on [`wgpu`], on any Vulkan, Metal,
 //! DX12 or GL adapter (and lavapipe, Mesa's software Vulkan, where there is no GPU), checked
-//! against an f64 CPU [`reference`].
+//! against an f64 CPU [`reference`](mod@reference).
 //!
 //! Three steps: describe the op ([`Attention`]), give it [`Inputs`] (arrays, or device
 //! [`Tensor`]s), and run it now ([`Attention::run`], [`Attention::run_async`]) or record it
@@ -62,8 +62,8 @@ pub mod fuzz;
 
 pub use attention::{Adam, MseLoss};
 pub use attention::{
-    Attention, Device, Dims, Dtype, Gradients, Host, Inputs, Kind, Layer, Operand, Options,
-    Output, Plan, Projections, Saved,
+    Attention, Device, Dims, Dtype, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output,
+    Plan, Projections, Saved,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape};
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};

@@ -68,13 +68,13 @@ impl Layer {
         let dims = op.dims(x_new.shape(), Some(&self.projections()))?;
         if x_new.shape().len() != 3 {
             return Err(Error::shape(format!(
-                "decode_step: X must be (batch, m, d), got {:?}",
+                "Layer::decode: X must be (batch, m, d), got {:?}",
                 x_new.shape()
             )));
         }
         if !dims.causal {
             return Err(Error::invalid(
-                "decode_step",
+                "Layer::decode",
                 "the layer is not causal: decoding attends each new token to the tokens before \
                  it; build the Layer with Attention::causal(true)",
             ));
@@ -85,7 +85,7 @@ impl Layer {
             != (dims.batch, dims.kv_heads, dk_h, dv_h, op.dtype)
         {
             return Err(Error::shape(format!(
-                "decode_step: the cache holds batch {}, {} K/V heads of widths {}/{} in {}; the \
+                "Layer::decode: the cache holds batch {}, {} K/V heads of widths {}/{} in {}; the \
                  layer and X need batch {}, {} K/V heads of widths {}/{} in {}",
                 spec.batch,
                 spec.kv_heads,

@@ -117,7 +117,7 @@ impl<'a> Operand<'a> for &'a Tensor {
 #[derive(Clone)]
 pub struct Inputs<'a, K: Kind = Host> {
     pub(crate) operands: Operands<'a, K>,
-    pub(crate) projections: Option<&'a Projections<'a>>,
+    pub(crate) projections: Option<Projections<'a>>,
     pub(crate) mask: Option<&'a Mask<'a>>,
 }
 
@@ -184,8 +184,8 @@ impl<'a, K: Kind> Inputs<'a, K> {
     /// context through `W_O (+b_O)` when given. With Q, K and V this is an error. On tensors,
     /// build a [`crate::Layer`] (its weights stay on the device).
     /// Takes `&Projections` or an `Option<&Projections>`.
-    pub fn projections(mut self, projections: impl Into<Option<&'a Projections<'a>>>) -> Self {
-        self.projections = projections.into();
+    pub fn projections(mut self, projections: impl ProjectionsArg<'a>) -> Self {
+        self.projections = projections.projections();
         self
     }
 
@@ -199,6 +199,25 @@ impl<'a, K: Kind> Inputs<'a, K> {
     /// The mask, or none.
     pub(crate) fn mask_or_none(&self) -> Mask<'a> {
         self.mask.cloned().unwrap_or_else(Mask::none)
+    }
+}
+
+/// What [`Inputs::projections`] takes: `&Projections`, or `Option<&Projections>`. The
+/// projections' own views may outlive the borrow of X.
+pub trait ProjectionsArg<'a> {
+    /// The projections, their views reborrowed for the inputs' lifetime.
+    fn projections(self) -> Option<Projections<'a>>;
+}
+
+impl<'a, 'p: 'a> ProjectionsArg<'a> for &'a Projections<'p> {
+    fn projections(self) -> Option<Projections<'a>> {
+        Some(self.reborrow())
+    }
+}
+
+impl<'a, 'p: 'a> ProjectionsArg<'a> for Option<&'a Projections<'p>> {
+    fn projections(self) -> Option<Projections<'a>> {
+        self.map(Projections::reborrow)
     }
 }
 
@@ -246,5 +265,25 @@ impl Default for Options {
             nan_fill: false,
             propagate_non_finite: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array2;
+
+    #[test]
+    fn projections_may_outlive_the_borrow_of_x() {
+        let w = Array2::<f32>::eye(4);
+        let p = Projections::new(w.view(), w.view(), w.view());
+        for rows in 1..3 {
+            let x = Array2::<f32>::zeros((rows, 4)); // dropped each turn, p lives on
+            let inputs = Inputs::x(&x).projections(&p);
+            assert_eq!(inputs.projections.map(|p| p.w_q.dim()), Some((4, 4)));
+            let none: Option<&Projections<'_>> = None;
+            assert!(Inputs::x(&x).projections(none).projections.is_none());
+        }
+        assert_eq!(p.w_k.dim(), (4, 4));
     }
 }

@@ -349,7 +349,7 @@ impl LayerSaved {
             return Err(Error::invalid(
                 "backward",
                 "backward without a matching forward: this LayerSaved was made on another \
-                 Context; run forward_saved on the Context the backward runs on",
+                 Context; run the saved forward on the Context the backward runs on",
             ));
         }
         if d_out != self.out_shape.as_slice() {
@@ -364,7 +364,7 @@ impl LayerSaved {
                 return Err(Error::invalid(
                     "backward",
                     "backward without a matching forward: the layer's weights were updated \
-                     after this forward; run forward_saved again",
+                     after this forward; run the saved forward again",
                 ));
             }
         }

@@ -34,7 +34,7 @@ mod whole;
 use ndarray::{ArrayView4, ArrayViewD};
 
 pub(crate) use gradients::{LayerGradients, SdpaGradients};
-pub use inputs::{Device, Host, Inputs, Kind, Operand, Options};
+pub use inputs::{Device, Host, Inputs, Kind, Operand, Options, ProjectionsArg};
 pub use outputs::{Backward, Gradients, Output, Saved};
 pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
@@ -203,13 +203,11 @@ impl Attention {
         self
     }
 
-
     /// Which kernel family to use.
     pub(crate) fn kernels(mut self, kernels: Kernels) -> Self {
         self.kernels = kernels;
         self
     }
-
 
     /// Whether NaN/Inf inputs are passed through.
     pub(crate) fn propagate_non_finite(mut self, yes: bool) -> Self {
@@ -226,7 +224,6 @@ impl Attention {
     pub(crate) fn returns_weights(&self) -> bool {
         self.return_weights
     }
-
 
     /// The forward on arrays X: the context and, unless turned off, the weights.
     pub(crate) fn forward_masked(

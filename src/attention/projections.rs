@@ -48,6 +48,23 @@ pub type OwnedBiases = (
 pub type OwnedOutput = (ndarray::Array2<f32>, Option<ndarray::Array1<f32>>);
 
 impl<'a> Projections<'a> {
+    /// The same views, borrowed for a shorter lifetime.
+    pub(crate) fn reborrow<'b>(&self) -> Projections<'b>
+    where
+        'a: 'b,
+    {
+        Projections {
+            w_q: self.w_q.reborrow(),
+            w_k: self.w_k.reborrow(),
+            w_v: self.w_v.reborrow(),
+            b_q: self.b_q.map(|b| b.reborrow()),
+            b_k: self.b_k.map(|b| b.reborrow()),
+            b_v: self.b_v.map(|b| b.reborrow()),
+            w_o: self.w_o.map(|w| w.reborrow()),
+            b_o: self.b_o.map(|b| b.reborrow()),
+        }
+    }
+
     /// Views of owned weights, biases (all three or none) and output projection.
     pub fn of(
         (w_q, w_k, w_v): &'a OwnedWeights,

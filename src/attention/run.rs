@@ -18,9 +18,14 @@ use crate::tensor::{Recorder, Tensor};
 #[doc(hidden)]
 pub trait Run: Kind {
     /// Runs `op` on `inputs` now.
-    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Self>) -> Result<Output<Self::Value>>;
+    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Self>)
+        -> Result<Output<Self::Value>>;
     /// Runs `layer` on `inputs` now.
-    fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Self>) -> Result<Output<Self::Value>>;
+    fn run_layer(
+        layer: &Layer,
+        ctx: &Context,
+        inputs: &Inputs<'_, Self>,
+    ) -> Result<Output<Self::Value>>;
 }
 
 /// Q, K and V arrays as the 4-d views the sdpa path takes.
@@ -49,10 +54,11 @@ impl Run for Host {
         let mask = inputs.mask_or_none();
         match &inputs.operands {
             Operands::X(x) if op.save => {
-                let (out, saved) = op.forward_saved(ctx, x.view(), inputs.projections, &mask)?;
+                let (out, saved) =
+                    op.forward_saved(ctx, x.view(), inputs.projections.as_ref(), &mask)?;
                 Ok(out.with_saved(saved.into()))
             }
-            Operands::X(x) => op.forward_masked(ctx, x.view(), inputs.projections, &mask),
+            Operands::X(x) => op.forward_masked(ctx, x.view(), inputs.projections.as_ref(), &mask),
             Operands::Qkv([q, k, v]) => {
                 no_projections(inputs, QKV_PROJECTED)?;
                 let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
@@ -70,7 +76,10 @@ impl Run for Host {
         no_projections(inputs, LAYER_PROJECTED)?;
         let mask = inputs.mask_or_none();
         let Operands::X(x) = &inputs.operands else {
-            return Err(Error::invalid("inputs", "a Layer takes X: give Inputs::x(x)"));
+            return Err(Error::invalid(
+                "inputs",
+                "a Layer takes X: give Inputs::x(x)",
+            ));
         };
         if layer.op().save {
             let (out, saved) = layer.forward_saved(ctx, x.view(), &mask)?;
@@ -89,7 +98,11 @@ impl Run for Device {
         Ok(out)
     }
 
-    fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Device>) -> Result<Output<Tensor>> {
+    fn run_layer(
+        layer: &Layer,
+        ctx: &Context,
+        inputs: &Inputs<'_, Device>,
+    ) -> Result<Output<Tensor>> {
         let mut rec = Recorder::new(ctx);
         let out = layer.record(&mut rec, inputs.clone())?;
         rec.submit()?;
@@ -125,7 +138,7 @@ impl Attention {
     }
 
     /// [`Attention::run`] on arrays without blocking: what the browser (wasm32, WebGPU)
-    /// calls; `run` is this, waited for.
+    /// calls. For arrays without saving, `run` is this, waited for.
     ///
     /// # Errors
     /// As [`Attention::run`]; saving for the backward is not offered here (use `run`).
@@ -139,7 +152,7 @@ impl Attention {
         let mask = inputs.mask_or_none();
         match &inputs.operands {
             Operands::X(x) => {
-                self.forward_masked_async(ctx, x.view(), inputs.projections, &mask)
+                self.forward_masked_async(ctx, x.view(), inputs.projections.as_ref(), &mask)
                     .await
             }
             Operands::Qkv([q, k, v]) => {
@@ -156,7 +169,11 @@ impl Attention {
     ///
     /// # Errors
     /// As [`Attention::run`] on tensors; projections (use a [`Layer`]).
-    pub fn record(&self, rec: &mut Recorder<'_>, inputs: Inputs<'_, Device>) -> Result<Output<Tensor>> {
+    pub fn record(
+        &self,
+        rec: &mut Recorder<'_>,
+        inputs: Inputs<'_, Device>,
+    ) -> Result<Output<Tensor>> {
         let mask = inputs.mask_or_none();
         match &inputs.operands {
             Operands::X(x) => {
@@ -199,11 +216,18 @@ impl Layer {
     ///
     /// # Errors
     /// As [`Layer::run`].
-    pub fn record(&self, rec: &mut Recorder<'_>, inputs: Inputs<'_, Device>) -> Result<Output<Tensor>> {
+    pub fn record(
+        &self,
+        rec: &mut Recorder<'_>,
+        inputs: Inputs<'_, Device>,
+    ) -> Result<Output<Tensor>> {
         no_projections(&inputs, LAYER_PROJECTED)?;
         let mask = inputs.mask_or_none();
         let Operands::X(x) = &inputs.operands else {
-            return Err(Error::invalid("inputs", "a Layer takes X: give Inputs::x(x)"));
+            return Err(Error::invalid(
+                "inputs",
+                "a Layer takes X: give Inputs::x(x)",
+            ));
         };
         if self.op().save {
             let (out, saved) = self.record_saved(rec, x, &mask)?;

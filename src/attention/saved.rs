@@ -299,7 +299,6 @@ impl Attention {
 }
 
 impl SdpaSaved {
-
     /// The gradients of a loss `ℓ` with respect to the forward's Q, K and V, given
     /// `d_o = ∂ℓ/∂output`, computed on the device by the fused backward (f32 arithmetic,
     /// f32 results; see the module documentation). With grouped-query attention the
@@ -311,12 +310,16 @@ impl SdpaSaved {
     /// another [`Context`], [`Error::ShapeMismatch`] for a `d_o` not of the output's shape);
     /// [`Error::NonFinite`] for NaN/Inf in `d_o`; [`Error::Overflow`] for a gradient that
     /// overflowed; GPU errors.
-    pub(crate) fn backward(&self, ctx: &Context, d_o: ArrayView4<'_, f32>) -> Result<SdpaGradients> {
+    pub(crate) fn backward(
+        &self,
+        ctx: &Context,
+        d_o: ArrayView4<'_, f32>,
+    ) -> Result<SdpaGradients> {
         if ctx.id() != self.ctx_id {
             return Err(Error::invalid(
                 "backward",
                 "backward without a matching forward: this SdpaSaved was made on another Context; \
-                 run the forward (sdpa_saved) on the Context the backward runs on",
+                 run the saved forward on the Context the backward runs on",
             ));
         }
         if d_o.shape() != self.out_shape {
@@ -455,13 +458,11 @@ mod tests {
         };
         let keep = ndarray::Array2::from_shape_fn((37, 45), |(i, j)| (i + 2 * j) % 7 != 0);
         let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
-        let op = Attention::new()
-            .causal(true)
-            .options(crate::Options {
-                nan_fill: true,
-                flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
-                ..crate::Options::default()
-            });
+        let op = Attention::new().causal(true).options(crate::Options {
+            nan_fill: true,
+            flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
+            ..crate::Options::default()
+        });
         let odd = BackwardTiles {
             owners: 8,
             split: 3,

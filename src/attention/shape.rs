@@ -3,8 +3,8 @@
 
 use ndarray::{ArrayViewD, Dimension};
 
-use super::projections::{check_projections, Projections};
 use super::inputs::{Inputs, Kind, Operands};
+use super::projections::{check_projections, Projections};
 use super::{Attention, Dtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -48,17 +48,19 @@ impl Dims {
     /// As [`Attention::run`]'s shape and option errors.
     pub fn new<K: Kind>(op: &Attention, inputs: &Inputs<'_, K>) -> Result<Dims> {
         match &inputs.operands {
-            Operands::X(x) => op.dims(K::shape(x), inputs.projections),
+            Operands::X(x) => op.dims(K::shape(x), inputs.projections.as_ref()),
             Operands::Qkv([q, k, v]) => {
                 let shapes = [K::shape(q), K::shape(k), K::shape(v)];
                 if K::HEADS_SECOND {
                     op.sdpa_dims(shapes[0], shapes[1], shapes[2])
                 } else {
-                    let swap = |s: &[usize]| match *s {
+                    let swap = |s: &[usize]| {
+                        match *s {
                         [b, l, h, e] => Ok([b, h, l, e]),
                         _ => Err(Error::shape(format!(
                             "Q, K and V must be (batch, rows, heads, width) on the device, got {s:?}"
                         ))),
+                    }
                     };
                     op.sdpa_dims(&swap(shapes[0])?, &swap(shapes[1])?, &swap(shapes[2])?)
                 }

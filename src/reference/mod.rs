@@ -5,7 +5,9 @@
 use ndarray::{s, Array1, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
 use crate::attention::inputs::Operands;
-use crate::attention::{check_inputs_finite, Attention, Dims, Gradients, Host, Inputs, Output, Projections};
+use crate::attention::{
+    check_inputs_finite, Attention, Dims, Gradients, Host, Inputs, Output, Projections,
+};
 use crate::error::{Error, Result};
 use crate::mask::Mask;
 
@@ -141,7 +143,7 @@ fn head(
 pub fn run(op: &Attention, inputs: &Inputs<'_, Host>) -> Result<Output<ndarray::ArrayD<f64>>> {
     let mask = inputs.mask_or_none();
     match &inputs.operands {
-        Operands::X(x) => attention_masked(op, x.view(), inputs.projections, &mask),
+        Operands::X(x) => attention_masked(op, x.view(), inputs.projections.as_ref(), &mask),
         Operands::Qkv([q, k, v]) => {
             let [q, k, v] = four([q, k, v], inputs.projections.is_some())?;
             sdpa_masked(op, q, k, v, &mask)
@@ -164,9 +166,14 @@ pub fn backward(
 ) -> Result<Gradients<ndarray::ArrayD<f64>>> {
     let mask = inputs.mask_or_none();
     match &inputs.operands {
-        Operands::X(x) => {
-            Ok(backward::attention_backward(op, x.view(), inputs.projections, d_o, &mask)?.into())
-        }
+        Operands::X(x) => Ok(backward::attention_backward(
+            op,
+            x.view(),
+            inputs.projections.as_ref(),
+            d_o,
+            &mask,
+        )?
+        .into()),
         Operands::Qkv([q, k, v]) => {
             let [q, k, v] = four([q, k, v], inputs.projections.is_some())?;
             let [d_o] = four([&d_o], false)?;
@@ -188,12 +195,16 @@ fn four<'a, const N: usize>(
     }
     let mut out = Vec::with_capacity(N);
     for a in a {
-        out.push(a.clone().into_dimensionality::<ndarray::Ix4>().map_err(|_| {
-            Error::shape(format!(
-                "Q, K, V and dO must be 4-d (batch, heads, rows, width), got {:?}",
-                a.shape()
-            ))
-        })?);
+        out.push(
+            a.clone()
+                .into_dimensionality::<ndarray::Ix4>()
+                .map_err(|_| {
+                    Error::shape(format!(
+                        "Q, K, V and dO must be 4-d (batch, heads, rows, width), got {:?}",
+                        a.shape()
+                    ))
+                })?,
+        );
     }
     out.try_into()
         .map_err(|_| Error::shape("operand count".to_string()))
