@@ -5,7 +5,9 @@ use ndarray::{s, Array2, ArrayView2, Axis};
 use serde::Serialize;
 use wasm_bindgen::JsError;
 use web_time::Instant;
-use wgpu_attention::{bench::cpu_attention_f32, ndarray, Attention, Context, Projections};
+use wgpu_attention::{
+    bench::cpu_attention_f32, ndarray, Attention, Context, Dims, Inputs, Projections,
+};
 
 use crate::{js, json};
 
@@ -58,13 +60,13 @@ pub(crate) async fn point(
     let (op, proj, flop) = match kind {
         "attention" => {
             let op = Attention::new().return_weights(false);
-            let dims = op.dims(x.shape(), None).map_err(js)?;
+            let dims = Dims::new(&op, &Inputs::x(&x)).map_err(js)?;
             (op, None, dims.attention_flops())
         }
         "layer" => {
             let op = Attention::new().heads(HEADS).return_weights(false);
             let p = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), None);
-            let dims = op.dims(x.shape(), Some(&p)).map_err(js)?;
+            let dims = Dims::new(&op, &Inputs::x(&x).projections(&p)).map_err(js)?;
             let out_proj = 2.0 * (n * D * D) as f64;
             let flop = dims.attention_flops() + dims.projection_flops() + out_proj;
             (op, Some(p), flop)
@@ -75,18 +77,13 @@ pub(crate) async fn point(
             )))
         }
     };
-    let xd = x.view().into_dyn();
+    let inputs = Inputs::x(&x).projections(proj.as_ref());
     // One run first: it compiles the kernels.
-    let gpu_out = op
-        .forward_async(ctx, xd.view(), proj.as_ref())
-        .await
-        .map_err(js)?;
+    let gpu_out = op.run_async(ctx, inputs.clone()).await.map_err(js)?;
     let mut gpu = Vec::with_capacity(repeats);
     for _ in 0..repeats {
         let t = Instant::now();
-        op.forward_async(ctx, xd.view(), proj.as_ref())
-            .await
-            .map_err(js)?;
+        op.run_async(ctx, inputs.clone()).await.map_err(js)?;
         gpu.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let mut cpu = Vec::with_capacity(repeats);
@@ -155,7 +152,7 @@ mod tests {
         let p =
             Projections::new(w[0].view(), w[1].view(), w[2].view()).with_output(w[3].view(), None);
         let op = Attention::new().heads(HEADS);
-        let r = wgpu_attention::reference::attention(&op, x.view().into_dyn(), Some(&p)).unwrap();
+        let r = wgpu_attention::reference::run(&op, &Inputs::x(&x).projections(&p)).unwrap();
         let c = cpu_layer_f32(
             x.view(),
             [w[0].view(), w[1].view(), w[2].view(), w[3].view()],

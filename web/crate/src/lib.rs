@@ -9,7 +9,9 @@ use std::rc::Rc;
 use serde::Serialize;
 use wasm_bindgen::prelude::*;
 use wgpu_attention::verify::{self, Case};
-use wgpu_attention::{demo, ndarray, reference, wgpu, Attention, Context, Dtype, Projections};
+use wgpu_attention::{
+    demo, ndarray, reference, wgpu, Attention, Context, Dtype, Inputs, Projections,
+};
 
 /// The verify sweep's random cases and seed: the CLI's defaults (`verify --trials 20 --seed 0`).
 const TRIALS: usize = 20;
@@ -200,7 +202,7 @@ impl Session {
         wasm_bindgen_futures::future_to_promise(async move {
             let x = ndarray::Array2::from_shape_fn((5, 8), |(i, j)| (i * 8 + j) as f32 * 0.05);
             let op = Attention::new().dtype(Dtype::F16);
-            let text = match op.forward_async(&ctx, x.view().into_dyn(), None).await {
+            let text = match op.run_async(&ctx, Inputs::x(&x)).await {
                 Ok(out) if out.context.iter().all(|v| v.is_finite()) => "runs".to_string(),
                 Ok(_) => "ran, but returned non-finite values".to_string(),
                 Err(e) => e.to_string(),
@@ -243,14 +245,11 @@ async fn run_demo(ctx: &Context, sentence: &str, seed: u64) -> Result<String, Js
     let inputs = demo::inputs(sentence, seed).map_err(js)?;
     let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
     let op = Attention::new();
-    let x = inputs.x.view().into_dyn();
+    let x = Inputs::x(&inputs.x).projections(&proj);
     let t = web_time::Instant::now();
-    let out = op
-        .forward_async(ctx, x.view(), Some(&proj))
-        .await
-        .map_err(js)?;
+    let out = op.run_async(ctx, x.clone()).await.map_err(js)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let cpu = reference::attention(&op, x, Some(&proj)).map_err(js)?;
+    let cpu = reference::run(&op, &x).map_err(js)?;
     let (Some(w), Some(cw)) = (&out.weights, &cpu.weights) else {
         return Err(JsError::new("the demo returned no weights"));
     };
