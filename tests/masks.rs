@@ -1,12 +1,21 @@
 //! Masks, as PyTorch's and JAX's attention take them: boolean (true = attend) and float
 //! (added to the scaled scores) masks of every broadcast shape, key lengths, their
 //! combinations with causal, and rows with nothing to attend to (zeros, never NaN); on every
-//! kernel path against the f64 reference, through `sdpa_masked` and `forward_masked`.
+//! kernel path against the f64 reference, through `Attention::run` on Q, K, V and on X.
 
 mod common;
 
 use ndarray::{Array1, Array2, ArrayD, IxDyn};
-use wgpu_attention::{reference, verify, Attention, Error, Mask, Projections};
+use wgpu_attention::{reference, verify, Attention, Error, Inputs, Mask, Options, Projections};
+
+/// What every test here runs with: outputs pre-filled with NaN, so an element no kernel
+/// wrote shows up.
+fn nan_fill() -> Options {
+    Options {
+        nan_fill: true,
+        ..Options::default()
+    }
+}
 
 /// A deterministic pseudo-random boolean of shape `shape`, about `keep` of it true.
 fn bool_mask(shape: &[usize], keep: f64, salt: u64) -> ArrayD<bool> {
@@ -38,7 +47,7 @@ fn boolean_masks_of_every_broadcast_shape_match_the_reference_on_every_path() {
     {
         let m = bool_mask(&shape, 0.7, i as u64 + 1);
         for causal in [false, true] {
-            let base = Attention::new().causal(causal).nan_fill(true);
+            let base = Attention::new().causal(causal).options(nan_fill());
             let label = format!("bool {shape:?} causal={causal}");
             let mask = Mask::boolean(m.view());
             failures.extend(common::sdpa_failures(base, &qkv, &mask, &label));
@@ -70,7 +79,7 @@ fn float_masks_add_to_the_scaled_scores_with_minus_infinity_masking_out() {
     m.slice_mut(ndarray::s![1, 9, ..]).fill(f32::MIN);
     for causal in [false, true] {
         for scale in [None, Some(2.5f32)] {
-            let mut base = Attention::new().causal(causal).nan_fill(true);
+            let mut base = Attention::new().causal(causal).options(nan_fill());
             if let Some(sc) = scale {
                 base = base.scale(sc);
             }
@@ -94,13 +103,17 @@ fn rows_with_nothing_to_attend_to_are_zeros_on_every_path() {
     m[[0, 0]] = false;
     let mask = Mask::boolean(m.view()).with_kv_lengths(&[0, 4]);
     for causal in [false, true] {
-        let base = Attention::new().causal(causal).nan_fill(true);
-        let want = reference::sdpa_masked(&base, q.view(), k.view(), v.view(), &mask).unwrap();
+        let base = Attention::new().causal(causal).options(nan_fill());
+        let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+        let want = reference::run(&base, &inputs).unwrap();
         for (kernels, fused) in verify::paths(ctx) {
-            let op = base.kernels(kernels).return_weights(!fused);
-            let got = op
-                .sdpa_masked(ctx, q.view(), k.view(), v.view(), &mask)
-                .unwrap();
+            let op = base
+                .options(Options {
+                    kernels,
+                    ..nan_fill()
+                })
+                .return_weights(!fused);
+            let got = op.run(ctx, inputs.clone()).unwrap();
             let what = format!("{kernels} fused={fused} causal={causal}");
             let (rel, _) = reference::compare(&got.context, &want.context);
             assert!(rel < 1e-5, "{what}: context rel {rel:e}");
@@ -145,7 +158,7 @@ fn key_lengths_alone_and_with_grouped_query_heads_match_the_reference() {
     let qkv = [q, k, v];
     let mut failures = Vec::new();
     for causal in [false, true] {
-        let base = Attention::new().causal(causal).nan_fill(true);
+        let base = Attention::new().causal(causal).options(nan_fill());
         let lengths = Mask::none().with_kv_lengths(&[26, 1, 13]);
         failures.extend(common::sdpa_failures(base, &qkv, &lengths, "lengths"));
         let m = bool_mask(&[4, 1, s], 0.6, 9);
@@ -160,26 +173,20 @@ fn a_mask_of_all_true_changes_nothing_and_all_false_gives_zeros() {
     let ctx = common::ctx();
     let [q, k, v] = common::sdpa_arrays(1, 2, 11, 13, 4, 4);
     let op = Attention::new();
-    let plain = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
+    let plain = op.run(ctx, Inputs::qkv(&q, &k, &v)).unwrap();
     let ones = ArrayD::from_elem(IxDyn(&[11, 13]), true);
     let masked = op
-        .sdpa_masked(
+        .run(
             ctx,
-            q.view(),
-            k.view(),
-            v.view(),
-            &Mask::boolean(ones.view()),
+            Inputs::qkv(&q, &k, &v).mask(&Mask::boolean(ones.view())),
         )
         .unwrap();
     assert_eq!(plain.context, masked.context);
     let zeros = ArrayD::from_elem(IxDyn(&[1]), false);
     let none = op
-        .sdpa_masked(
+        .run(
             ctx,
-            q.view(),
-            k.view(),
-            v.view(),
-            &Mask::boolean(zeros.view()),
+            Inputs::qkv(&q, &k, &v).mask(&Mask::boolean(zeros.view())),
         )
         .unwrap();
     assert!(none.context.iter().all(|&x| x == 0.0));
@@ -187,7 +194,7 @@ fn a_mask_of_all_true_changes_nothing_and_all_false_gives_zeros() {
 }
 
 #[test]
-fn forward_masked_with_projections_and_heads_matches_the_reference() {
+fn a_masked_forward_on_x_with_projections_and_heads_matches_the_reference() {
     let ctx = common::ctx();
     let (batch, n, d) = (2, 37, 12);
     let x = ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {
@@ -204,18 +211,24 @@ fn forward_masked_with_projections_and_heads_matches_the_reference() {
         Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), Some(bo.view()));
     let m = bool_mask(&[batch, 2, n, n], 0.5, 3);
     let f = ArrayD::from_shape_fn(IxDyn(&[n, n]), |ix| (ix[0] as f32 - ix[1] as f32) * 0.05);
-    for mask in [
+    // Borrowed from an array that outlives the loops: `Inputs::mask` takes `&'a Mask<'a>`.
+    let masks = [
         Mask::boolean(m.view()),
         Mask::additive(f.view()).with_kv_lengths(&[30, 2]),
-    ] {
+    ];
+    for mask in &masks {
         for causal in [false, true] {
-            let base = Attention::new().heads(2).causal(causal).nan_fill(true);
-            let want = reference::attention_masked(&base, x.view(), Some(&proj), &mask).unwrap();
+            let base = Attention::new().heads(2).causal(causal).options(nan_fill());
+            let inputs = Inputs::x(&x).projections(&proj).mask(mask);
+            let want = reference::run(&base, &inputs).unwrap();
             for (kernels, fused) in verify::paths(ctx) {
-                let op = base.kernels(kernels).return_weights(!fused);
-                let got = op
-                    .forward_masked(ctx, x.view(), Some(&proj), &mask)
-                    .unwrap();
+                let op = base
+                    .options(Options {
+                        kernels,
+                        ..nan_fill()
+                    })
+                    .return_weights(!fused);
+                let got = op.run(ctx, inputs.clone()).unwrap();
                 let (rel, _) = reference::compare(&got.context, &want.context);
                 assert!(
                     rel < 1e-5,
@@ -235,12 +248,11 @@ fn bad_masks_are_errors_that_say_what_is_wrong() {
     let ctx = common::ctx();
     let [q, k, v] = common::sdpa_arrays(2, 2, 5, 7, 4, 3);
     let op = Attention::new();
-    let run = |mask: &Mask<'_>| {
-        op.sdpa_masked(ctx, q.view(), k.view(), v.view(), mask)
-            .unwrap_err()
-    };
+    // Takes the inputs whole: with `Inputs::mask(&'a Mask<'a>)` a closure cannot pair a
+    // mask it is given with the Q, K, V it borrows.
+    let run = |inputs: Inputs<'_>| op.run(ctx, inputs).unwrap_err();
     let wrong = ArrayD::from_elem(IxDyn(&[5, 6]), true);
-    let e = run(&Mask::boolean(wrong.view()));
+    let e = run(Inputs::qkv(&q, &k, &v).mask(&Mask::boolean(wrong.view())));
     assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
     assert!(
         e.to_string().contains("[5, 6]") && e.to_string().contains("n_kv"),
@@ -248,29 +260,27 @@ fn bad_masks_are_errors_that_say_what_is_wrong() {
     );
     let five = ArrayD::from_elem(IxDyn(&[1, 2, 2, 5, 7]), true);
     assert!(matches!(
-        run(&Mask::boolean(five.view())),
+        run(Inputs::qkv(&q, &k, &v).mask(&Mask::boolean(five.view()))),
         Error::ShapeMismatch { .. }
     ));
     let mut nan = ArrayD::zeros(IxDyn(&[5, 7]));
     nan[[3, 4]] = f32::NAN;
-    let e = run(&Mask::additive(nan.view()));
+    let e = run(Inputs::qkv(&q, &k, &v).mask(&Mask::additive(nan.view())));
     assert!(
         matches!(&e, Error::NonFinite { index, .. } if index == &[3, 4]),
         "{e}"
     );
     nan[[3, 4]] = f32::INFINITY;
     assert!(matches!(
-        run(&Mask::additive(nan.view())),
+        run(Inputs::qkv(&q, &k, &v).mask(&Mask::additive(nan.view()))),
         Error::NonFinite { .. }
     ));
-    let e = run(&Mask::none().with_kv_lengths(&[7]));
+    let e = run(Inputs::qkv(&q, &k, &v).mask(&Mask::none().with_kv_lengths(&[7])));
     assert!(e.to_string().contains("one per batch index"), "{e}");
-    let e = run(&Mask::none().with_kv_lengths(&[7, 8]));
+    let e = run(Inputs::qkv(&q, &k, &v).mask(&Mask::none().with_kv_lengths(&[7, 8])));
     assert!(e.to_string().contains("kv_lengths[1] = 8"), "{e}");
-    // The same checks guard forward_masked, before any GPU work.
-    let x = ArrayD::zeros(IxDyn(&[4, 6]));
-    let e = op
-        .forward_masked(ctx, x.view(), None, &Mask::boolean(wrong.view()))
-        .unwrap_err();
+    // The same checks guard a masked forward on X, before any GPU work.
+    let x = ArrayD::<f32>::zeros(IxDyn(&[4, 6]));
+    let e = run(Inputs::x(&x).mask(&Mask::boolean(wrong.view())));
     assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
 }

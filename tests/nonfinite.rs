@@ -6,7 +6,16 @@
 mod common;
 
 use ndarray::{s, ArrayD, IxDyn};
-use wgpu_attention::{reference, verify, Attention, Error, Mask};
+use wgpu_attention::{reference, verify, Attention, Error, Inputs, Mask, Options};
+
+/// NaN and Inf let through (`Options::propagate_non_finite`), on `kernels`.
+fn propagate(kernels: wgpu_attention::Kernels) -> Options {
+    Options {
+        kernels,
+        propagate_non_finite: true,
+        ..Options::default()
+    }
+}
 
 /// Elements are non-finite in the same places, and the finite ones agree to `tol`.
 fn agrees(got: &ArrayD<f32>, want: &ArrayD<f64>, tol: f64) -> Result<(), String> {
@@ -43,19 +52,22 @@ fn nan_and_inf_propagate_as_the_reference_says_on_every_path() {
     let ctx = common::ctx();
     let x = x();
     let keep = ArrayD::from_shape_fn(IxDyn(&[23, 23]), |ix| (ix[0] * 3 + ix[1]) % 5 != 0);
-    for mask in [Mask::none(), Mask::boolean(keep.view())] {
+    // Borrowed from an array that outlives the loops: `Inputs::mask` takes `&'a Mask<'a>`.
+    let masks = [Mask::none(), Mask::boolean(keep.view())];
+    for mask in &masks {
         for causal in [false, true] {
             let base = Attention::new()
                 .heads(2)
                 .causal(causal)
-                .propagate_non_finite(true);
-            let want = reference::attention_masked(&base, x.view(), None, &mask).unwrap();
+                .options(propagate(wgpu_attention::Kernels::Auto));
+            let inputs = Inputs::x(&x).mask(mask);
+            let want = reference::run(&base, &inputs).unwrap();
             // The reference itself: some rows poisoned, some not.
             let bad = want.context.iter().filter(|v| !v.is_finite()).count();
             assert!(bad > 0 && bad < want.context.len(), "{bad}");
             for (kernels, fused) in verify::paths(ctx) {
-                let op = base.kernels(kernels).return_weights(!fused);
-                let got = op.forward_masked(ctx, x.view(), None, &mask).unwrap();
+                let op = base.options(propagate(kernels)).return_weights(!fused);
+                let got = op.run(ctx, inputs.clone()).unwrap();
                 let what = format!("{kernels} fused={fused} causal={causal}");
                 agrees(&got.context, &want.context, 1e-5).unwrap_or_else(|e| panic!("{what}: {e}"));
                 if let Some(w) = &got.weights {
@@ -80,12 +92,9 @@ fn a_nan_value_at_a_key_of_weight_zero_never_reaches_a_row() {
     for (kernels, fused) in verify::paths(ctx) {
         let op = Attention::new()
             .causal(true)
-            .propagate_non_finite(true)
-            .kernels(kernels)
+            .options(propagate(kernels))
             .return_weights(!fused);
-        let got = op
-            .sdpa_masked(ctx, q.view(), k.view(), v.view(), &mask)
-            .unwrap();
+        let got = op.run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask)).unwrap();
         let what = format!("{kernels} fused={fused}");
         let rows_ok = got.context.slice(s![.., .., ..39, ..]);
         assert!(
@@ -110,7 +119,7 @@ fn a_nan_value_at_a_key_of_weight_zero_never_reaches_a_row() {
 fn without_the_opt_in_the_same_inputs_are_named_errors() {
     let ctx = common::ctx();
     let x = x();
-    let e = Attention::new().forward(ctx, x.view(), None).unwrap_err();
+    let e = Attention::new().run(ctx, Inputs::x(&x)).unwrap_err();
     assert!(
         matches!(&e, Error::NonFinite { index, .. } if index == &[0, 5, 3]),
         "{e}"

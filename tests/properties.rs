@@ -6,7 +6,7 @@ mod common;
 
 use ndarray::{Array1, Array2, ArrayD, IxDyn};
 use proptest::prelude::*;
-use wgpu_attention::{reference, verify, Attention, Error, Kernels, Projections};
+use wgpu_attention::{reference, verify, Attention, Error, Inputs, Kernels, Options, Projections};
 
 fn values(shape: &[usize], salt: usize) -> ArrayD<f32> {
     let len = shape.iter().product();
@@ -77,14 +77,14 @@ proptest! {
             .heads(heads)
             .causal(causal)
             .return_weights(weights_out)
-            .kernels(family)
-            .nan_fill(true);
+            .options(Options { kernels: family, nan_fill: true, ..Options::default() });
         if let Some(s) = scale {
             op = op.scale(s);
         }
 
-        let gpu = op.forward(common::ctx(), x.view(), proj.as_ref());
-        let cpu = reference::attention(&op, x.view(), proj.as_ref());
+        let inputs = Inputs::x(&x).projections(proj.as_ref());
+        let gpu = op.run(common::ctx(), inputs.clone());
+        let cpu = reference::run(&op, &inputs);
         match (gpu, cpu) {
             (Ok(g), Ok(c)) => {
                 OK_CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -9,7 +9,7 @@ mod common;
 
 use ndarray::{Array1, Array2, Array3};
 use wgpu_attention::{
-    Adam, Attention, Context, Dtype, Kernels, Layer, Mask, Projections, Recorder, Tensor,
+    Adam, Attention, Context, Dtype, Inputs, Kernels, Layer, Options, Projections, Recorder, Tensor,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -78,12 +78,40 @@ fn bits<D: ndarray::Dimension>(a: &ndarray::Array<f32, D>) -> Vec<u32> {
     a.iter().map(|v| v.to_bits()).collect()
 }
 
-/// `steps` training steps, each one recorder: the saved forward, its backward from a fixed
-/// dO, and the update (which repacks after the forward read the packed copies).
-fn train(ctx: &Context, layer: &mut Layer, adam: &mut Adam, x: &Tensor, d_out: &Tensor) {
+/// Every weight and bias, as bits.
+fn weight_bits(p: &Projections<'_>) -> Vec<u32> {
+    let ws = [Some(p.w_q), Some(p.w_k), Some(p.w_v), p.w_o];
+    let bs = [p.b_q, p.b_k, p.b_v, p.b_o];
+    let ws = ws.iter().flatten().flat_map(|w| w.iter());
+    let bs = bs.iter().flatten().flat_map(|b| b.iter());
+    ws.chain(bs).map(|v| v.to_bits()).collect()
+}
+
+/// The layer that saves for the backward beside `layer`: its op with
+/// `save_for_backward(true)`, built from the same weights. A layer's op is fixed when it is
+/// built and a saved op's forward is always the fused one without weights, so the layer whose
+/// plain forwards these tests check cannot make the gradients itself: its twin does, and both
+/// take every update, so they stay at the same weights (checked).
+fn twin(ctx: &Context, layer: &Layer) -> Layer {
+    let op = layer.op().save_for_backward(true);
+    Layer::new(ctx, op, &layer.projections()).unwrap()
+}
+
+/// A training step in one recorder: the saved forward (of `twin`, at `layer`'s weights), its
+/// backward from a fixed dO, and the updates of both (each repacking after the forward read
+/// the packed copies).
+fn train(
+    ctx: &Context,
+    [layer, twin]: [&mut Layer; 2],
+    [adam, twin_adam]: [&mut Adam; 2],
+    x: &Tensor,
+    d_out: &Tensor,
+) {
     let mut rec = Recorder::new(ctx);
-    let (_, saved) = layer.record_saved(&mut rec, x, &Mask::none()).unwrap();
+    let out = twin.record(&mut rec, Inputs::x(x)).unwrap();
+    let saved = out.saved.expect("a saved forward carries its Saved");
     let grads = saved.record_backward(&mut rec, d_out).unwrap();
+    twin.record_update(&mut rec, twin_adam, &grads).unwrap();
     layer.record_update(&mut rec, adam, &grads).unwrap();
     rec.submit().unwrap();
 }
@@ -104,7 +132,13 @@ fn after_updates_a_layer_forward_is_a_fresh_layers_on_the_updated_weights_bit_fo
             ((b + 2 * i + j) as f32 * 0.4).sin()
         });
         let d_t = Tensor::from_array(ctx, dy.view().into_dyn(), Dtype::F32).unwrap();
-        let families = [Attention::new(), Attention::new().kernels(Kernels::Storage)];
+        let families = [
+            Attention::new(),
+            Attention::new().options(Options {
+                kernels: Kernels::Storage,
+                ..Options::default()
+            }),
+        ];
         // With the weights returned (unfused) and without (the fused kernels).
         let bases = families
             .iter()
@@ -113,19 +147,25 @@ fn after_updates_a_layer_forward_is_a_fresh_layers_on_the_updated_weights_bit_fo
             for &dtype in &dtypes {
                 let op = base.heads(ws.heads).causal(true).dtype(dtype);
                 let mut layer = Layer::new(ctx, op, &ws.projections()).unwrap();
+                let mut twin = twin(ctx, &layer);
                 let x_t = Tensor::from_array(ctx, x_host.view().into_dyn(), dtype).unwrap();
                 let mut adam = Adam::new(1e-2).weight_decay(0.01);
-                let before = layer.forward(ctx, &x_host).unwrap().context;
+                let mut twin_adam = Adam::new(1e-2).weight_decay(0.01);
+                let before = layer.run(ctx, Inputs::x(&x_host)).unwrap().context;
                 let mut done = 0;
                 for steps in [1, 3] {
                     while done < steps {
-                        train(ctx, &mut layer, &mut adam, &x_t, &d_t);
+                        let layers = [&mut layer, &mut twin];
+                        train(ctx, layers, [&mut adam, &mut twin_adam], &x_t, &d_t);
                         done += 1;
                     }
-                    let got = layer.forward(ctx, &x_host).unwrap().context;
+                    let got = layer.run(ctx, Inputs::x(&x_host)).unwrap().context;
                     layer.sync_host(ctx).unwrap();
+                    twin.sync_host(ctx).unwrap();
+                    let (t, l) = (twin.projections(), layer.projections());
+                    assert_eq!(weight_bits(&t), weight_bits(&l), "{op:?}: the twin drifted");
                     let fresh = Layer::new(ctx, op, &layer.projections()).unwrap();
-                    let want = fresh.forward(ctx, &x_host).unwrap().context;
+                    let want = fresh.run(ctx, Inputs::x(&x_host)).unwrap().context;
                     let what = format!("d={d} {op:?} after {steps} updates");
                     assert_ne!(
                         bits(&got),
@@ -153,16 +193,18 @@ fn after_an_update_a_layer_call_still_runs_one_projection_matmul_and_packs_only_
     let d_t = Tensor::from_array(ctx, dy.view().into_dyn(), Dtype::F32).unwrap();
     let x_t = Tensor::from_array(ctx, x_host.view().into_dyn(), Dtype::F32).unwrap();
     for family in Kernels::available(ctx) {
-        let op = Attention::new().heads(2).kernels(family);
+        let op = Attention::new().heads(2).options(Options {
+            kernels: family,
+            ..Options::default()
+        });
         let mut layer = Layer::new(ctx, op, &ws.projections()).unwrap();
-        let built = common::passes(ctx, || drop(layer.forward(ctx, &x_host).unwrap()));
+        let built = common::passes(ctx, || drop(layer.run(ctx, Inputs::x(&x_host)).unwrap()));
         let mut adam = Adam::new(1e-2);
-        let (_, saved) = layer
-            .forward_saved_tensor(ctx, &x_t, &Mask::none())
-            .unwrap();
-        let grads = saved.backward_tensor(ctx, &d_t).unwrap();
+        // The gradients at the layer's weights, from its saving twin (see `twin`).
+        let out = twin(ctx, &layer).run(ctx, Inputs::x(&x_t)).unwrap();
+        let grads = out.saved.unwrap().backward(ctx, &d_t).unwrap();
         let update = common::passes(ctx, || layer.update(ctx, &mut adam, &grads).unwrap());
-        let after = common::passes(ctx, || drop(layer.forward(ctx, &x_host).unwrap()));
+        let after = common::passes(ctx, || drop(layer.run(ctx, Inputs::x(&x_host)).unwrap()));
         let all = format!("{family}: built {built:?}, update {update:?}, after {after:?}");
         // The same passes as before any update (Q, K and V in one matmul; on the subgroup
         // family no weight packed), the weights' textures having been packed again by the
