@@ -16,11 +16,6 @@ use wgpu_attention::{
     Recorder, Result, Tensor,
 };
 
-/// One layer's projections (`W_Q`, `W_K`, `W_V`, `W_O`) as views of `w`.
-fn projections([q, k, v, o]: &[Array2<f32>; 4]) -> Projections<'_> {
-    Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
-}
-
 fn weight(d: usize, salt: usize) -> Array2<f32> {
     let s = 1.0 / (d as f32).sqrt();
     Array2::from_shape_fn((d, d), |(i, j)| {
@@ -52,9 +47,15 @@ fn main() -> Result<()> {
         .heads(heads)
         .causal(true)
         .return_weights(false);
-    let layers = ws
+    let projections: Vec<Projections<'_>> = ws
         .iter()
-        .map(|w| Layer::new(&ctx, op, &projections(w)))
+        .map(|[q, k, v, o]| {
+            Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
+        })
+        .collect();
+    let layers = projections
+        .iter()
+        .map(|p| Layer::new(&ctx, op, p))
         .collect::<Result<Vec<_>>>()?;
     let x = Array3::from_shape_fn((1, prompt, d), |(_, i, j)| {
         ((i * 7 + j * 3) as f32 * 0.01).sin()
@@ -98,10 +99,10 @@ fn main() -> Result<()> {
     // The array API in a loop: the whole sequence through both layers at every step.
     let mut seq = x.clone();
     let forward = |seq: &Array3<f32>| -> Result<Array3<f32>> {
-        // Inputs borrows X and the projections for one lifetime: fresh projections per call.
-        let (p0, p1) = (projections(&ws[0]), projections(&ws[1]));
-        let h = op.run(&ctx, Inputs::x(seq).projections(&p0))?.context;
-        op.run(&ctx, Inputs::x(&h).projections(&p1))?
+        let h = op
+            .run(&ctx, Inputs::x(seq).projections(&projections[0]))?
+            .context;
+        op.run(&ctx, Inputs::x(&h).projections(&projections[1]))?
             .context
             .into_dimensionality()
             .map_err(|e| wgpu_attention::Error::shape(e.to_string()))

@@ -20,11 +20,6 @@ pub struct Model {
     pub warmup: usize,
 }
 
-/// One layer's projections (`W_Q`, `W_K`, `W_V`, `W_O`) as views of `w`.
-fn layer_projections([q, k, v, o]: &[Array2<f32>; 4]) -> Projections<'_> {
-    Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
-}
-
 fn weight(d: usize, salt: usize) -> Array2<f32> {
     let s = 1.0 / (d as f32).sqrt();
     Array2::from_shape_fn((d, d), |(i, j)| {
@@ -49,6 +44,12 @@ pub fn run(ctx: &Context, m: &Model) -> Result<()> {
     let ws: Vec<[Array2<f32>; 4]> = (0..2)
         .map(|l| [0, 1, 2, 3].map(|i| weight(d, l * 4 + i)))
         .collect();
+    let projections: Vec<Projections<'_>> = ws
+        .iter()
+        .map(|[q, k, v, o]| {
+            Projections::new(q.view(), k.view(), v.view()).with_output(o.view(), None)
+        })
+        .collect();
     let op = Attention::new()
         .heads(heads)
         .causal(true)
@@ -57,19 +58,16 @@ pub fn run(ctx: &Context, m: &Model) -> Result<()> {
         ((b * 13 + i * 7 + j * 3) as f32 * 0.01).sin()
     });
 
-    // Inputs ties X's borrow to the projections' (ndarray's views are invariant), so each
-    // call takes its own Projections of the same weights.
     let array_way = || -> Result<Array3<f32>> {
-        let (p0, p1) = (layer_projections(&ws[0]), layer_projections(&ws[1]));
-        let h = op.run(ctx, Inputs::x(&x).projections(&p0))?;
-        let y = op.run(ctx, Inputs::x(&h.context).projections(&p1))?;
+        let h = op.run(ctx, Inputs::x(&x).projections(&projections[0]))?;
+        let y = op.run(ctx, Inputs::x(&h.context).projections(&projections[1]))?;
         y.context
             .into_dimensionality()
             .map_err(|e| Error::shape(e.to_string()))
     };
-    let layers = ws
+    let layers = projections
         .iter()
-        .map(|w| Layer::new(ctx, op, &layer_projections(w)))
+        .map(|p| Layer::new(ctx, op, p))
         .collect::<Result<Vec<_>>>()?;
     let resident_way = || -> Result<Array3<f32>> {
         let xt = Tensor::from_array(ctx, x.view().into_dyn(), Dtype::F32)?;

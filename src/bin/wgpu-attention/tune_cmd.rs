@@ -96,9 +96,6 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
                 .return_weights(weights);
             let start = Instant::now();
             let before = ctx.phase_times();
-            // Inputs borrows X and the projections for one lifetime (ndarray's views are
-            // invariant): projections of this iteration's own.
-            let proj = layer.as_ref().map(|(l, _)| l.projections());
             let inputs = Inputs::x(&x).projections(proj.as_ref());
             let dims = Dims::new(&op, &inputs)?;
             op.run(&ctx, inputs)?;
