@@ -1,11 +1,22 @@
-//! `Attention::sdpa`: PyTorch's `scaled_dot_product_attention` for callers with Q, K, V in
-//! `(batch, heads, L, E)` layout, L ≠ S included, on every kernel family, with and without
-//! the weights, against the f64 reference; and its bad shapes.
+//! `Attention::run` on `Inputs::qkv`: PyTorch's `scaled_dot_product_attention` for callers
+//! with Q, K, V in `(batch, heads, L, E)` layout, L ≠ S included, on every kernel family, with
+//! and without the weights, against the f64 reference; and its bad shapes.
 
 mod common;
 
 use ndarray::Array4;
-use wgpu_attention::{reference, Attention, Error, Kernels, Mask, Projections};
+use wgpu_attention::{
+    reference, Attention, Dims, Error, Inputs, Kernels, Mask, Options, Projections,
+};
+
+/// Outputs pre-filled with NaN, so an element no kernel wrote shows up; on `kernels`.
+fn nan_fill(kernels: Kernels) -> Options {
+    Options {
+        kernels,
+        nan_fill: true,
+        ..Options::default()
+    }
+}
 
 #[test]
 fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
@@ -18,7 +29,9 @@ fn sdpa_matches_the_reference_with_l_unequal_s_on_every_path() {
         let qkv = common::sdpa_arrays(b, h, l, s, e, ev);
         for causal in [false, true] {
             for scale in [None, Some(0.3f32)] {
-                let mut base = Attention::new().causal(causal).nan_fill(true);
+                let mut base = Attention::new()
+                    .causal(causal)
+                    .options(nan_fill(Kernels::Auto));
                 if let Some(sc) = scale {
                     base = base.scale(sc);
                 }
@@ -36,7 +49,7 @@ fn sdpa_causal_rows_past_s_see_every_key() {
     let [q, k, v] = common::sdpa_arrays(1, 1, 6, 3, 4, 2);
     let out = Attention::new()
         .causal(true)
-        .sdpa(common::ctx(), q.view(), k.view(), v.view())
+        .run(common::ctx(), Inputs::qkv(&q, &k, &v))
         .unwrap();
     let w = out.weights.unwrap();
     assert_eq!(w[[0, 0, 0, 1]], 0.0);
@@ -51,7 +64,7 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
     let ctx = common::ctx();
     let [q, k, v] = common::sdpa_arrays(2, 2, 5, 7, 4, 3);
     let err = |q: &Array4<f32>, k: &Array4<f32>, v: &Array4<f32>, op: Attention| {
-        op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap_err()
+        op.run(ctx, Inputs::qkv(q, k, v)).unwrap_err()
     };
     let [_, k_wide, _] = common::sdpa_arrays(2, 2, 5, 7, 6, 3);
     assert!(err(&q, &k_wide, &v, Attention::new())
@@ -82,7 +95,11 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
     let e = err(&q, &k, &v, Attention::new().scale(f32::INFINITY));
     assert!(e.to_string().contains("scale"), "{e}");
     if ctx.subgroup_size().is_none() {
-        let e = err(&q, &k, &v, Attention::new().kernels(Kernels::Subgroup));
+        let subgroup = Options {
+            kernels: Kernels::Subgroup,
+            ..Options::default()
+        };
+        let e = err(&q, &k, &v, Attention::new().options(subgroup));
         assert!(e.to_string().contains("subgroup"), "{e}");
     }
 }
@@ -95,7 +112,9 @@ fn grouped_query_attention_ratios_1_2_4_8_match_the_reference_on_every_path() {
         let [_, k, v] = common::sdpa_arrays(2, kv_heads, 19, 23, 8, 6);
         let qkv = [q, k, v];
         for causal in [false, true] {
-            let base = Attention::new().causal(causal).nan_fill(true);
+            let base = Attention::new()
+                .causal(causal)
+                .options(nan_fill(Kernels::Auto));
             let label = format!("kv_heads={kv_heads} causal={causal}");
             failures.extend(common::sdpa_failures(base, &qkv, &Mask::none(), &label));
         }
@@ -114,8 +133,8 @@ fn reference_gqa_equals_k_and_v_repeated_per_q_head() {
         })
     };
     let op = Attention::new();
-    let grouped = reference::sdpa(&op, q.view(), k.view(), v.view()).unwrap();
-    let repeated = reference::sdpa(&op, q.view(), repeat(&k).view(), repeat(&v).view()).unwrap();
+    let grouped = reference::run(&op, &Inputs::qkv(&q, &k, &v)).unwrap();
+    let repeated = reference::run(&op, &Inputs::qkv(&q, &repeat(&k), &repeat(&v))).unwrap();
     assert_eq!(grouped.context, repeated.context);
 }
 
@@ -152,11 +171,15 @@ fn forward_runs_grouped_query_projections_as_such_on_every_path() {
     mha.b_k = Some(bk_mha.view());
     let lengths = [30usize, 37];
     let mask = Mask::none().with_kv_lengths(&lengths);
-    let base = Attention::new().heads(heads).causal(true).nan_fill(true);
-    let dims = base.dims(x.shape(), Some(&p)).unwrap();
+    let base = Attention::new()
+        .heads(heads)
+        .causal(true)
+        .options(nan_fill(Kernels::Auto));
+    let inputs = Inputs::x(&x).projections(&p).mask(&mask);
+    let dims = Dims::new(&base, &inputs).unwrap();
     assert_eq!((dims.kv_heads, dims.d_v), (kv, 8));
-    let want = reference::attention_masked(&base, x.view().into_dyn(), Some(&p), &mask).unwrap();
-    let same = reference::attention_masked(&base, x.view().into_dyn(), Some(&mha), &mask).unwrap();
+    let want = reference::run(&base, &inputs).unwrap();
+    let same = reference::run(&base, &Inputs::x(&x).projections(&mha).mask(&mask)).unwrap();
     let (rel, _) = reference::compare(&same.context.mapv(|v| v as f32), &want.context);
     assert!(
         rel < 1e-6,
@@ -165,10 +188,8 @@ fn forward_runs_grouped_query_projections_as_such_on_every_path() {
     let mut failures = Vec::new();
     for family in Kernels::available(ctx) {
         for weights in [false, true] {
-            let op = base.kernels(family).return_weights(weights);
-            let got = op
-                .forward_masked(ctx, x.view().into_dyn(), Some(&p), &mask)
-                .unwrap();
+            let op = base.options(nan_fill(family)).return_weights(weights);
+            let got = op.run(ctx, inputs.clone()).unwrap();
             let (rel, _) = reference::compare(&got.context, &want.context);
             let wrel = got.weights.map_or(0.0, |w| {
                 reference::compare(&w, want.weights.as_ref().unwrap()).0
@@ -182,6 +203,6 @@ fn forward_runs_grouped_query_projections_as_such_on_every_path() {
     // A K narrower than Q by a ratio that does not divide the heads is an error.
     let wk3 = w(d, 4, 5);
     let bad = Projections::new(wq.view(), wk3.view(), wv.view());
-    let err = base.dims(x.shape(), Some(&bad)).unwrap_err();
+    let err = Dims::new(&base, &Inputs::x(&x).projections(&bad)).unwrap_err();
     assert!(err.to_string().contains("W_K"), "{err}");
 }

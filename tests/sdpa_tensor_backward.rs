@@ -1,11 +1,14 @@
-//! `sdpa`'s saved forward and backward on tensors (`Attention::sdpa_record_saved`,
-//! `Saved::backward_tensor`): bit for bit the array forms on every kernel family and f16,
-//! grouped-query heads, L ≠ S, causal, a mask and key lengths; one recorder for both; errors.
+//! The saved forward on Q, K, V and its backward on tensors (`Attention::record` with
+//! `save_for_backward`, `Saved::backward` and `Saved::record_backward` on a tensor dO): bit for
+//! bit the array forms on every kernel family and f16, grouped-query heads, L ≠ S, causal, a
+//! mask and key lengths; one recorder for both; errors.
 
 mod common;
 
-use ndarray::{Array2, Array4, ArrayD};
-use wgpu_attention::{Attention, Dtype, FlashVariant, Kernels, Mask, Recorder, Tensor};
+use ndarray::{Array, Array2, Array4, ArrayD, Dimension, Ix4};
+use wgpu_attention::{
+    Attention, Dtype, FlashVariant, Inputs, Kernels, Mask, Options, Recorder, Saved, Tensor,
+};
 
 fn arr(shape: (usize, usize, usize, usize), salt: f32) -> Array4<f32> {
     Array4::from_shape_fn(shape, |(a, b, c, d)| {
@@ -14,12 +17,21 @@ fn arr(shape: (usize, usize, usize, usize), salt: f32) -> Array4<f32> {
 }
 
 /// `(batch, heads, rows, width)` into the rows layout `(batch, rows, heads, width)`.
-fn rows(a: &Array4<f32>) -> ArrayD<f32> {
+fn rows<D: Dimension>(a: &Array<f32, D>) -> ArrayD<f32> {
     a.view()
+        .into_dimensionality::<Ix4>()
+        .unwrap()
         .permuted_axes([0, 2, 1, 3])
         .as_standard_layout()
         .into_owned()
         .into_dyn()
+}
+
+/// The saved state of a saved forward that must have succeeded.
+fn saved_of<T>(out: wgpu_attention::Result<wgpu_attention::Output<T>>) -> Saved {
+    out.unwrap()
+        .saved
+        .expect("a saved forward carries its Saved")
 }
 
 fn bits<'a>(a: impl IntoIterator<Item = &'a f32>) -> Vec<u32> {
@@ -37,14 +49,30 @@ fn the_tensor_sdpa_backward_is_the_array_backward_bit_for_bit() {
     );
     let d_o = arr((2, 4, 37, 12), 0.07);
     let keep = Array2::from_shape_fn((37, 45), |(i, j)| (i + 2 * j) % 7 != 0);
-    let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
-    let base = Attention::new().causal(true).nan_fill(true);
+    let nan_fill = Options {
+        nan_fill: true,
+        ..Options::default()
+    };
+    let base = Attention::new()
+        .causal(true)
+        .options(nan_fill)
+        .save_for_backward(true);
     let mut ops: Vec<(String, Attention, Dtype)> = Kernels::available(ctx)
         .into_iter()
-        .map(|k| (k.to_string(), base.kernels(k), Dtype::F32))
+        .map(|kernels| {
+            let op = base.options(Options {
+                kernels,
+                ..nan_fill
+            });
+            (kernels.to_string(), op, Dtype::F32)
+        })
         .collect();
     let blocked = FlashVariant::Blocked { rows: 32, keys: 32 };
-    ops.push((blocked.to_string(), base.flash_variant(blocked), Dtype::F32));
+    let options = Options {
+        flash_variant: Some(blocked),
+        ..nan_fill
+    };
+    ops.push((blocked.to_string(), base.options(options), Dtype::F32));
     if ctx
         .device()
         .features()
@@ -53,24 +81,26 @@ fn the_tensor_sdpa_backward_is_the_array_backward_bit_for_bit() {
         ops.push(("f16".into(), base.dtype(Dtype::F16), Dtype::F16));
     }
     for (name, op, dtype) in ops {
-        let (out, saved) = op
-            .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
-            .unwrap();
+        // Made here, not before the loop: `Inputs::mask` takes `&'a Mask<'a>`, which ties the
+        // mask's lifetime to the borrow of this iteration's tensors.
+        let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
+        let out = op.run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask)).unwrap();
+        let saved = out.saved.clone().unwrap();
         let want = saved.backward(ctx, d_o.view()).unwrap();
         let t = |a: &Array4<f32>, dt| Tensor::from_array(ctx, rows(a).view(), dt).unwrap();
         let (q_t, k_t, v_t) = (t(&q, dtype), t(&k, dtype), t(&v, dtype));
         let d_t = t(&d_o, Dtype::F32);
         // Forward and backward in one recorder, one submit.
         let mut rec = Recorder::new(ctx);
-        let (out_t, saved_t) = op
-            .sdpa_record_saved(&mut rec, &q_t, &k_t, &v_t, &mask)
+        let out_t = op
+            .record(&mut rec, Inputs::qkv(&q_t, &k_t, &v_t).mask(&mask))
             .unwrap();
+        let saved_t = out_t.saved.clone().unwrap();
         let g = saved_t.record_backward(&mut rec, &d_t).unwrap();
         rec.submit().unwrap();
-        let out4 = out.context.into_dimensionality::<ndarray::Ix4>().unwrap();
         assert_eq!(
             bits(&out_t.context.to_array(ctx).unwrap()),
-            bits(&rows(&out4)),
+            bits(&rows(&out.context)),
             "{name}: output"
         );
         for (got, want, what) in [
@@ -79,17 +109,17 @@ fn the_tensor_sdpa_backward_is_the_array_backward_bit_for_bit() {
             (&g.v, &want.v, "dV"),
         ] {
             assert_eq!(
-                bits(&got.to_array(ctx).unwrap()),
-                bits(&rows(want)),
+                bits(&got.as_ref().unwrap().to_array(ctx).unwrap()),
+                bits(&rows(want.as_ref().unwrap())),
                 "{name}: {what}"
             );
         }
         // The separate-submit forms give the same.
-        let (_, s2) = op.sdpa_saved_tensor(ctx, &q_t, &k_t, &v_t, &mask).unwrap();
-        let g2 = s2.backward_tensor(ctx, &d_t).unwrap();
+        let s2 = saved_of(op.run(ctx, Inputs::qkv(&q_t, &k_t, &v_t).mask(&mask)));
+        let g2 = s2.backward(ctx, &d_t).unwrap();
         assert_eq!(
-            bits(&g2.k.to_array(ctx).unwrap()),
-            bits(&rows(&want.k)),
+            bits(&g2.k.as_ref().unwrap().to_array(ctx).unwrap()),
+            bits(&rows(want.k.as_ref().unwrap())),
             "{name}: dK, two submits"
         );
     }
@@ -100,10 +130,8 @@ fn tensor_sdpa_backward_errors_name_what_was_wrong() {
     let ctx = common::ctx();
     let t = |shape, dt| Tensor::from_array(ctx, arr(shape, 0.3).into_dyn().view(), dt).unwrap();
     let q = t((1, 5, 2, 8), Dtype::F32);
-    let op = Attention::new();
-    let (_, saved) = op
-        .sdpa_saved_tensor(ctx, &q, &q, &q, &Mask::none())
-        .unwrap();
+    let op = Attention::new().save_for_backward(true);
+    let saved = saved_of(op.run(ctx, Inputs::qkv(&q, &q, &q)));
     let says = |e: wgpu_attention::Error, what: &str| {
         let e = e.to_string();
         assert!(e.contains(what), "{e:?} should say {what:?}");
@@ -111,14 +139,11 @@ fn tensor_sdpa_backward_errors_name_what_was_wrong() {
     // dO in the heads-first layout, not the rows layout.
     let wrong = t((1, 2, 5, 8), Dtype::F32);
     says(
-        saved.backward_tensor(ctx, &wrong).unwrap_err(),
+        saved.backward(ctx, &wrong).unwrap_err(),
         "without a matching forward",
     );
     let other = wgpu_attention::Context::new().unwrap().with_tuning(false);
-    says(
-        saved.backward_tensor(&other, &q).unwrap_err(),
-        "another Context",
-    );
+    says(saved.backward(&other, &q).unwrap_err(), "another Context");
     // A K of 3 dimensions; a K of another dtype than the op's.
     let flat = Tensor::from_array(
         ctx,
@@ -126,9 +151,7 @@ fn tensor_sdpa_backward_errors_name_what_was_wrong() {
         Dtype::F32,
     )
     .unwrap();
-    assert!(op
-        .sdpa_saved_tensor(ctx, &q, &flat, &q, &Mask::none())
-        .is_err());
+    assert!(op.run(ctx, Inputs::qkv(&q, &flat, &q)).is_err());
     if ctx
         .device()
         .features()
@@ -136,10 +159,9 @@ fn tensor_sdpa_backward_errors_name_what_was_wrong() {
     {
         let half = t((1, 5, 2, 8), Dtype::F16);
         says(
-            op.sdpa_saved_tensor(ctx, &q, &half, &q, &Mask::none())
-                .unwrap_err(),
+            op.run(ctx, Inputs::qkv(&q, &half, &q)).unwrap_err(),
             "dtype",
         );
-        says(saved.backward_tensor(ctx, &half).unwrap_err(), "f32");
+        says(saved.backward(ctx, &half).unwrap_err(), "f32");
     }
 }

@@ -47,7 +47,9 @@ fn info_log_has_each_calls_timings() {
 
 use wgpu_attention::attention::TINY_ROWS;
 use wgpu_attention::ndarray::{Array1, Array2, Array3, ArrayD, Dimension, IxDyn};
-use wgpu_attention::{reference, Attention, Dims, Kernels, Mask, MatmulVariant, Projections};
+use wgpu_attention::{
+    reference, Attention, Dims, Inputs, Kernels, Mask, MatmulVariant, Options, Projections,
+};
 
 fn smooth(shape: &[usize], salt: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(shape), |i| {
@@ -59,13 +61,14 @@ fn smooth(shape: &[usize], salt: usize) -> ArrayD<f32> {
 #[test]
 fn tiny_calls_plan_the_variants_cheapest_to_compile() {
     let ctx = common::ctx();
-    let dims = |batch: usize, n: usize| Dims {
-        batch,
-        n,
-        ..Attention::new()
-            .heads(4)
-            .dims(&[batch, n, 32], None)
-            .unwrap()
+    let dims = |batch: usize, n: usize| {
+        // Dims are read from inputs: an X of that shape.
+        let x = ArrayD::<f32>::zeros(IxDyn(&[batch, n, 32]));
+        Dims {
+            batch,
+            n,
+            ..Dims::new(&Attention::new().heads(4), &Inputs::x(&x)).unwrap()
+        }
     };
     let lavapipe_like = ctx.subgroup_size().is_some()
         && ctx.adapter_info().device_type == wgpu_attention::wgpu::DeviceType::Cpu;
@@ -83,7 +86,11 @@ fn tiny_calls_plan_the_variants_cheapest_to_compile() {
             assert_eq!(plan.matmul, MatmulVariant::Tiled);
         }
         // A forced family or variant is obeyed whatever the size.
-        let forced = op.kernels(Kernels::Storage).plan(ctx, &dims(1, 5)).unwrap();
+        let storage = Options {
+            kernels: Kernels::Storage,
+            ..Options::default()
+        };
+        let forced = op.options(storage).plan(ctx, &dims(1, 5)).unwrap();
         assert_eq!(forced.family(), Kernels::Storage);
         assert_eq!(forced.fused, !weights);
     }
@@ -131,12 +138,15 @@ fn tiny_calls_match_the_reference_with_and_without_weights() {
                         .heads(heads)
                         .causal(causal)
                         .return_weights(weights)
-                        .nan_fill(true);
+                        .options(Options {
+                            nan_fill: true,
+                            ..Options::default()
+                        });
                     let case =
                         format!("batch {batch} n {n} causal {causal} mask {m} weights {weights}");
-                    let got = op.forward_masked(ctx, x.view(), Some(&proj), mask).unwrap();
-                    let want =
-                        reference::attention_masked(&op, x.view(), Some(&proj), mask).unwrap();
+                    let inputs = Inputs::x(&x).projections(&proj).mask(mask);
+                    let got = op.run(ctx, inputs.clone()).unwrap();
+                    let want = reference::run(&op, &inputs).unwrap();
                     let (rel, max) = reference::compare(&got.context, &want.context);
                     assert!(
                         rel < 1e-5 && max < 1e-4,
