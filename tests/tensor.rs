@@ -7,8 +7,18 @@ mod common;
 
 use ndarray::{Array1, Array2, Array3, Array4, ArrayD, IxDyn};
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, Kernels, Layer, Mask, Projections, Recorder, Tensor,
+    reference, Attention, Context, Dtype, Inputs, Kernels, Layer, Mask, Options, Output,
+    Projections, Recorder, Tensor,
 };
+
+/// Outputs pre-filled with NaN, so an element no kernel wrote shows up; on `kernels`.
+fn nan_fill(kernels: Kernels) -> Options {
+    Options {
+        kernels,
+        nan_fill: true,
+        ..Options::default()
+    }
+}
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
     Array2::from_shape_fn((r, c), |(i, j)| {
@@ -49,7 +59,6 @@ fn a_layer_on_tensors_equals_the_array_api_bit_for_bit() {
     p.b_q = Some(bq.view());
     let x = x3(2, n, d).into_dyn();
     let lengths = [30usize, 37];
-    let mask = Mask::none().with_kv_lengths(&lengths);
     let mut failures = Vec::new();
     for family in Kernels::available(ctx) {
         for weights in [false, true] {
@@ -62,24 +71,27 @@ fn a_layer_on_tensors_equals_the_array_api_bit_for_bit() {
                 let op = Attention::new()
                     .heads(4)
                     .causal(true)
-                    .kernels(family)
                     .return_weights(weights)
                     .dtype(op_dtype)
-                    .nan_fill(true);
+                    .options(nan_fill(family));
                 let layer = Layer::new(ctx, op, &p).unwrap();
                 let xt = tensor(ctx, &x, x_dtype);
+                // Made here, not before the loops: `Inputs::mask` takes `&'a Mask<'a>`, which
+                // ties the mask's lifetime to the borrow of this iteration's tensor.
+                let mask = Mask::none().with_kv_lengths(&lengths);
                 let mut rec = Recorder::new(ctx);
-                let got = layer.record_masked(&mut rec, &xt, &mask).unwrap();
+                let got = layer.record(&mut rec, Inputs::x(&xt).mask(&mask)).unwrap();
                 rec.submit().unwrap();
                 // The array API sees X as the device holds it.
                 let x_dev = xt.to_array(ctx).unwrap();
-                let want = layer.forward_masked(ctx, x_dev.view(), &mask).unwrap();
+                let want = layer.run(ctx, Inputs::x(&x_dev).mask(&mask)).unwrap();
                 let context = got.context.to_array(ctx).unwrap();
                 let w_got = got.weights.map(|t| t.to_array(ctx).unwrap());
                 if op_dtype != x_dtype {
                     // An f32 X under an f16 op is read as f32 (the array API rounds it to
                     // f16 first): close to the reference, not equal to the array API.
-                    let r = reference::attention_masked(&op, x.view(), Some(&p), &mask).unwrap();
+                    let r =
+                        reference::run(&op, &Inputs::x(&x).projections(&p).mask(&mask)).unwrap();
                     let (rel, _) = reference::compare(&context, &r.context);
                     let (rel_a, _) = reference::compare(&want.context, &r.context);
                     if rel > 1e-2 || rel_a > 1e-2 {
@@ -115,22 +127,22 @@ fn layers_chain_on_the_device_in_one_submit() {
     let x = x3(3, 7, d).into_dyn();
     let xt = tensor(ctx, &x, Dtype::F32);
     let mut rec = Recorder::new(ctx);
-    let h = l1.record(&mut rec, &xt).unwrap().context;
-    let y = l2.record(&mut rec, &h).unwrap().context;
+    let h = l1.record(&mut rec, Inputs::x(&xt)).unwrap().context;
+    let y = l2.record(&mut rec, Inputs::x(&h)).unwrap().context;
     let err = y.to_array(ctx).unwrap_err().to_string();
     assert!(err.contains("never submitted"), "{err}");
     rec.submit().unwrap();
     let got = y.to_array(ctx).unwrap();
     // The same two layers through the array API, with a readback in between.
-    let mid = l1.forward(ctx, x.view()).unwrap().context;
-    let want = l2.forward(ctx, mid.view()).unwrap().context;
+    let mid = l1.run(ctx, Inputs::x(&x)).unwrap().context;
+    let want = l2.run(ctx, Inputs::x(&mid)).unwrap().context;
     assert_eq!(got, want);
     // And against the f64 reference of the composition.
-    let r1 = reference::attention(&op, x.view(), Some(&p1))
+    let r1 = reference::run(&op, &Inputs::x(&x).projections(&p1))
         .unwrap()
         .context;
     let r1 = r1.mapv(|v| v as f32);
-    let r2 = reference::attention(&op, r1.view(), Some(&p2))
+    let r2 = reference::run(&op, &Inputs::x(&r1).projections(&p2))
         .unwrap()
         .context;
     let (rel, abs) = reference::compare(&got, &r2);
@@ -158,20 +170,22 @@ fn sdpa_on_tensors_takes_the_rows_layout_and_equals_the_array_api() {
             .into_dyn()
     };
     let mask = Array4::from_shape_fn((1, 1, l, s), |(_, _, i, j)| (i + j) % 5 != 0);
-    let m = Mask::boolean(mask.view().into_dyn());
     for family in Kernels::available(ctx) {
-        let op = Attention::new().causal(true).kernels(family).nan_fill(true);
+        let op = Attention::new().causal(true).options(nan_fill(family));
+        // Made here, not before the loop: `Inputs::mask` takes `&'a Mask<'a>`, which ties the
+        // mask's lifetime to the borrow of this iteration's tensors.
+        let m = Mask::boolean(mask.view().into_dyn());
         let mut rec = Recorder::new(ctx);
         let (qt, kt, vt) = (
             tensor(ctx, &rows(&q), Dtype::F32),
             tensor(ctx, &rows(&k), Dtype::F32),
             tensor(ctx, &rows(&v), Dtype::F32),
         );
-        let got = op.sdpa_record(&mut rec, &qt, &kt, &vt, &m).unwrap();
-        rec.submit().unwrap();
-        let want = op
-            .sdpa_masked(ctx, q.view(), k.view(), v.view(), &m)
+        let got = op
+            .record(&mut rec, Inputs::qkv(&qt, &kt, &vt).mask(&m))
             .unwrap();
+        rec.submit().unwrap();
+        let want = op.run(ctx, Inputs::qkv(&q, &k, &v).mask(&m)).unwrap();
         let context = got.context.to_array(ctx).unwrap();
         assert_eq!(context.shape(), &[b, l, h, e_v]);
         let context = context.permuted_axes(IxDyn(&[0, 2, 1, 3]));
@@ -188,11 +202,11 @@ fn sdpa_on_tensors_takes_the_rows_layout_and_equals_the_array_api() {
 fn forward_on_a_tensor_without_projections_equals_forward() {
     let ctx = common::ctx();
     let x = x3(1, 37, 8).into_dyn();
-    let op = Attention::new().heads(2).nan_fill(true);
+    let op = Attention::new().heads(2).options(nan_fill(Kernels::Auto));
     let got = op
-        .forward_tensor(ctx, &tensor(ctx, &x, Dtype::F32))
+        .run(ctx, Inputs::x(&tensor(ctx, &x, Dtype::F32)))
         .unwrap();
-    let want = op.forward(ctx, x.view(), None).unwrap();
+    let want = op.run(ctx, Inputs::x(&x)).unwrap();
     assert_eq!(got.context.to_array(ctx).unwrap(), want.context);
     assert_eq!(
         got.weights.unwrap().to_array(ctx).unwrap(),
@@ -205,36 +219,30 @@ fn misuse_is_a_clear_error() {
     let ctx = common::ctx();
     let x = x3(1, 5, 8).into_dyn();
     let says = |r: wgpu_attention::Result<_>, what: &str| {
-        let e = r
-            .map(|_: wgpu_attention::TensorOutput| ())
-            .unwrap_err()
-            .to_string();
+        let e = r.map(|_: Output<Tensor>| ()).unwrap_err().to_string();
         assert!(e.contains(what), "{e:?} should say {what:?}");
     };
     let xt = tensor(ctx, &x, Dtype::F32);
     // dtype other than the op's
     says(
-        Attention::new().dtype(Dtype::F16).forward_tensor(ctx, &xt),
+        Attention::new().dtype(Dtype::F16).run(ctx, Inputs::x(&xt)),
         "the op's dtype is f16",
     );
     // wrong rank for sdpa's rows layout
     says(
-        Attention::new().sdpa_tensor(ctx, &xt, &xt, &xt),
+        Attention::new().run(ctx, Inputs::qkv(&xt, &xt, &xt)),
         "(batch, rows, heads, width)",
     );
     // an input from a recorder not yet submitted
     let op = Attention::new();
     let mut first = Recorder::new(ctx);
-    let pending = op.forward_tensor(ctx, &xt).unwrap().context;
-    let unsubmitted = op
-        .forward_record(&mut first, &pending, &Mask::none())
-        .unwrap()
-        .context;
-    says(op.forward_tensor(ctx, &unsubmitted), "not submitted yet");
+    let pending = op.run(ctx, Inputs::x(&xt)).unwrap().context;
+    let unsubmitted = op.record(&mut first, Inputs::x(&pending)).unwrap().context;
+    says(op.run(ctx, Inputs::x(&unsubmitted)), "not submitted yet");
     drop(first);
     // a tensor of another context
     let other = Context::new().unwrap().with_tuning(false);
-    says(op.forward_tensor(&other, &xt), "another Context");
+    says(op.run(&other, Inputs::x(&xt)), "another Context");
     // bad uploads
     let empty = ArrayD::<f32>::zeros(IxDyn(&[0, 4]));
     assert!(Tensor::from_array(ctx, empty.view(), Dtype::F32).is_err());
@@ -253,20 +261,20 @@ fn a_loop_of_calls_allocates_nothing_after_the_first_and_memory_can_be_released(
     let layer = Layer::new(&ctx, Attention::new().heads(2), &p).unwrap();
     let x = x3(2, 37, d);
     let xt = tensor(&ctx, &x.clone().into_dyn(), Dtype::F32);
-    layer.forward(&ctx, x.view().into_dyn()).unwrap();
-    drop(layer.forward_tensor(&ctx, &xt).unwrap());
+    layer.run(&ctx, Inputs::x(&x)).unwrap();
+    drop(layer.run(&ctx, Inputs::x(&xt)).unwrap());
     let after_first = ctx.memory();
     assert!(after_first.allocations > 0 && after_first.free_bytes > 0);
     assert_eq!(after_first.in_use_bytes, 0, "{after_first:?}");
     for _ in 0..3 {
-        layer.forward(&ctx, x.view().into_dyn()).unwrap();
-        let out = layer.forward_tensor(&ctx, &xt).unwrap();
+        layer.run(&ctx, Inputs::x(&x)).unwrap();
+        let out = layer.run(&ctx, Inputs::x(&xt)).unwrap();
         out.context.to_array(&ctx).unwrap();
     }
     let after = ctx.memory();
     assert_eq!(after.allocations, after_first.allocations, "{after:?}");
     // A tensor held keeps its buffer; the rest can be released.
-    let held = layer.forward_tensor(&ctx, &xt).unwrap();
+    let held = layer.run(&ctx, Inputs::x(&xt)).unwrap();
     assert!(ctx.memory().in_use_bytes > 0);
     ctx.release_memory();
     assert_eq!(ctx.memory().free_bytes, 0);
@@ -284,16 +292,32 @@ fn arrays_go_in_as_users_hold_them_and_come_back_the_same_dimension() {
     let op = Attention::new().heads(2);
     let x3 = x3(2, 7, d);
     let x2 = x3.index_axis(ndarray::Axis(0), 1).to_owned();
-    // &Array2 in, Array2 out; ArrayView3 in, Array3 out; ArrayD in, ArrayD out.
-    let c2: Array2<f32> = op.forward(ctx, &x2, Some(&p)).unwrap().context;
-    let c3: Array3<f32> = op.forward(ctx, x3.view(), Some(&p)).unwrap().context;
+    // &Array2, ArrayView3 and ArrayD in; the context comes back as an ArrayD of X's
+    // dimension (2, 3, 3: `into_dimensionality` checks it).
+    let c2: Array2<f32> = op
+        .run(ctx, Inputs::x(&x2).projections(&p))
+        .unwrap()
+        .context
+        .into_dimensionality()
+        .unwrap();
+    let c3: Array3<f32> = op
+        .run(ctx, Inputs::x(x3.view()).projections(&p))
+        .unwrap()
+        .context
+        .into_dimensionality()
+        .unwrap();
     let cd: ArrayD<f32> = op
-        .forward(ctx, x3.view().into_dyn(), Some(&p))
+        .run(ctx, Inputs::x(x3.view().into_dyn()).projections(&p))
         .unwrap()
         .context;
     assert_eq!(c3.clone().into_dyn(), cd);
     let layer = Layer::new(ctx, op, &p).unwrap();
-    let l3: Array3<f32> = layer.forward(ctx, &x3).unwrap().context;
+    let l3: Array3<f32> = layer
+        .run(ctx, Inputs::x(&x3))
+        .unwrap()
+        .context
+        .into_dimensionality()
+        .unwrap();
     assert_eq!(l3, c3);
     let (rel, _) = reference::compare(
         &c2.into_dyn(),
