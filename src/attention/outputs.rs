@@ -273,7 +273,11 @@ impl Saved {
     ///
     /// # Errors
     /// As [`Saved::backward`].
-    pub fn record_backward(&self, rec: &mut Recorder<'_>, d_o: &Tensor) -> Result<Gradients<Tensor>> {
+    pub fn record_backward(
+        &self,
+        rec: &mut Recorder<'_>,
+        d_o: &Tensor,
+    ) -> Result<Gradients<Tensor>> {
         Ok(match &*self.0 {
             SavedKind::Sdpa(s) => s.record_backward(rec, d_o)?.into(),
             SavedKind::Layer(s) => s.record_backward(rec, d_o)?.into(),
@@ -301,7 +305,8 @@ impl Saved {
 #[doc(hidden)]
 pub trait Backward: Kind {
     /// Runs the backward of `saved` from `d_o`.
-    fn backward(saved: &Saved, ctx: &Context, d_o: Self::Ref<'_>) -> Result<Gradients<Self::Value>>;
+    fn backward(saved: &Saved, ctx: &Context, d_o: Self::Ref<'_>)
+        -> Result<Gradients<Self::Value>>;
 }
 
 impl Backward for Host {

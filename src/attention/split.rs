@@ -191,13 +191,15 @@ impl Attention {
                 out
             }
         };
-        Ok(Output::new(context
+        Ok(Output::new(
+            context
                 .into_shape_with_order(IxDyn(&dims.context_shape()))
-                .map_err(shape)?, out
-                .weights
+                .map_err(shape)?,
+            out.weights
                 .map(|w| w.into_shape_with_order(IxDyn(&dims.weights_shape())))
                 .transpose()
-                .map_err(shape)?))
+                .map_err(shape)?,
+        ))
     }
 }
 

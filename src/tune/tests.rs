@@ -107,16 +107,13 @@ fn every_candidate_variant_matches_the_reference() {
         for (i, &fv) in flash.iter().enumerate() {
             for weights in [false, true] {
                 let mv = matmul[i % matmul.len()];
-                let op = case
-                    .op()
-                    .return_weights(weights)
-                    .options(crate::Options {
-                        kernels: case.kernels,
-                        flash_variant: Some(fv),
-                        matmul_variant: Some(mv),
-                        nan_fill: true,
-                        ..crate::Options::default()
-                    });
+                let op = case.op().return_weights(weights).options(crate::Options {
+                    kernels: case.kernels,
+                    flash_variant: Some(fv),
+                    matmul_variant: Some(mv),
+                    nan_fill: true,
+                    ..crate::Options::default()
+                });
                 let gpu = op.run(ctx, inputs.clone()).unwrap();
                 let (rel, _) = reference::compare(&gpu.context, &reference.context);
                 let wrel = match (&gpu.weights, &reference.weights) {

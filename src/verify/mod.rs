@@ -9,9 +9,9 @@ use std::fmt;
 pub use cases::{random_cases, standard_cases, Case, CaseData, MaskCase, MaskData};
 
 use crate::attention::{Attention, Dtype, Host, Inputs, Projections};
-use crate::mask::Mask;
 use crate::context::Context;
 use crate::error::Result;
+use crate::mask::Mask;
 use crate::reference;
 use crate::variant::Kernels;
 

@@ -5,7 +5,6 @@
 //! [`Layer::record`] (and `run` on tensors) with [`Attention::save_for_backward`] on come
 //! here, and [`crate::Saved::backward`] on a tensor `dO` and [`crate::Saved::record_backward`].
 
-
 use super::{DeviceGrads, LayerSaved, SavedParts};
 use crate::attention::upload::MaskBuffer;
 use crate::attention::{Attention, Dtype, Layer, TensorOutput};
@@ -103,10 +102,7 @@ impl Attention {
             Some(y) => wrap(y, saved.out_shape.clone()),
             None => saved.context.clone(),
         };
-        Ok((
-            TensorOutput::new(context, None),
-            saved,
-        ))
+        Ok((TensorOutput::new(context, None), saved))
     }
 }
 

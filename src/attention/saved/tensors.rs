@@ -139,12 +139,8 @@ impl Attention {
             mask: mask_buf,
             kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
         };
-        Ok((
-            TensorOutput::new(o, None),
-            saved,
-        ))
+        Ok((TensorOutput::new(o, None), saved))
     }
-
 }
 
 impl SdpaSaved {
@@ -155,7 +151,11 @@ impl SdpaSaved {
     /// # Errors
     /// As [`SdpaSaved::backward`] (but `d_o` is not scanned for NaN/Inf nor the results for
     /// overflow), an f16 `d_o`, a tensor of another context or not yet written.
-    pub(crate) fn backward_tensor(&self, ctx: &Context, d_o: &Tensor) -> Result<SdpaTensorGradients> {
+    pub(crate) fn backward_tensor(
+        &self,
+        ctx: &Context,
+        d_o: &Tensor,
+    ) -> Result<SdpaTensorGradients> {
         let mut rec = Recorder::new(ctx);
         let grads = self.record_backward(&mut rec, d_o)?;
         rec.submit()?;
