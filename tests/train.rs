@@ -7,8 +7,8 @@ mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
 use wgpu_attention::{
-    Adam, Attention, Context, Dtype, FlashVariant, Gradients, Kernels, Layer, Mask, MseLoss,
-    Projections, Recorder, Tensor,
+    Adam, Attention, Context, Dtype, FlashVariant, Gradients, Inputs, Kernels, Layer, Mask,
+    MseLoss, Options, Output, Projections, Recorder, Saved, Tensor,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -63,19 +63,43 @@ fn bits(a: &ArrayD<f32>) -> Vec<u32> {
     a.iter().map(|v| v.to_bits()).collect()
 }
 
-/// Every field of two `Gradients` equal bit for bit.
+/// Every field of two `Gradients` equal bit for bit (dX always given: a forward on X).
 fn same(got: &Gradients, want: &Gradients, what: &str) {
-    assert_eq!(bits(&got.x), bits(&want.x), "{what}: dX");
-    let two = |a: &Option<Array2<f32>>| a.clone().map(|a| bits(&a.into_dyn()));
-    let one = |a: &Option<Array1<f32>>| a.clone().map(|a| bits(&a.into_dyn()));
-    assert_eq!(two(&got.w_q), two(&want.w_q), "{what}: dW_Q");
-    assert_eq!(two(&got.w_k), two(&want.w_k), "{what}: dW_K");
-    assert_eq!(two(&got.w_v), two(&want.w_v), "{what}: dW_V");
-    assert_eq!(two(&got.w_o), two(&want.w_o), "{what}: dW_O");
-    assert_eq!(one(&got.b_q), one(&want.b_q), "{what}: db_Q");
-    assert_eq!(one(&got.b_k), one(&want.b_k), "{what}: db_K");
-    assert_eq!(one(&got.b_v), one(&want.b_v), "{what}: db_V");
-    assert_eq!(one(&got.b_o), one(&want.b_o), "{what}: db_O");
+    assert!(got.x.is_some(), "{what}: no dX");
+    let b = |a: &Option<ArrayD<f32>>| a.as_ref().map(bits);
+    assert_eq!(b(&got.x), b(&want.x), "{what}: dX");
+    assert_eq!(b(&got.w_q), b(&want.w_q), "{what}: dW_Q");
+    assert_eq!(b(&got.w_k), b(&want.w_k), "{what}: dW_K");
+    assert_eq!(b(&got.w_v), b(&want.w_v), "{what}: dW_V");
+    assert_eq!(b(&got.w_o), b(&want.w_o), "{what}: dW_O");
+    assert_eq!(b(&got.b_q), b(&want.b_q), "{what}: db_Q");
+    assert_eq!(b(&got.b_k), b(&want.b_k), "{what}: db_K");
+    assert_eq!(b(&got.b_v), b(&want.b_v), "{what}: db_V");
+    assert_eq!(b(&got.b_o), b(&want.b_o), "{what}: db_O");
+}
+
+/// The saved state of a saved forward that must have succeeded.
+fn saved_of<T>(out: wgpu_attention::Result<Output<T>>) -> Saved {
+    out.unwrap()
+        .saved
+        .expect("a saved forward carries its Saved")
+}
+
+/// Outputs pre-filled with NaN, so an element no kernel wrote shows up.
+fn nan_fill() -> Options {
+    Options {
+        nan_fill: true,
+        ..Options::default()
+    }
+}
+
+/// Every weight and bias, as bits.
+fn weight_bits(p: &Projections<'_>) -> Vec<u32> {
+    let ws = [Some(p.w_q), Some(p.w_k), Some(p.w_v), p.w_o];
+    let bs = [p.b_q, p.b_k, p.b_v, p.b_o];
+    let ws = ws.iter().flatten().flat_map(|w| w.iter());
+    let bs = bs.iter().flatten().flat_map(|b| b.iter());
+    ws.chain(bs).map(|v| v.to_bits()).collect()
 }
 
 #[test]
@@ -86,39 +110,55 @@ fn the_tensor_backward_is_the_array_backward_bit_for_bit_on_every_family() {
     let x = x(2, 37, 12);
     let d_out = Array3::from_shape_fn((2, 37, 5), |(b, i, j)| ((b + i * 3 + j) as f32 * 0.2).sin());
     let keep = Array2::from_shape_fn((37, 37), |(i, j)| (i + 2 * j) % 5 != 0);
-    let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[30, 37]);
-    let base = Attention::new().heads(4).causal(true).nan_fill(true);
+    let base = Attention::new()
+        .heads(4)
+        .causal(true)
+        .options(nan_fill())
+        .save_for_backward(true);
     let mut ops: Vec<(String, Attention)> = Kernels::available(ctx)
         .into_iter()
-        .map(|k| (k.to_string(), base.kernels(k)))
+        .map(|kernels| {
+            let op = base.options(Options {
+                kernels,
+                ..nan_fill()
+            });
+            (kernels.to_string(), op)
+        })
         .collect();
     let blocked = FlashVariant::Blocked { rows: 32, keys: 64 };
-    ops.push((blocked.to_string(), base.flash_variant(blocked)));
+    let options = Options {
+        flash_variant: Some(blocked),
+        ..nan_fill()
+    };
+    ops.push((blocked.to_string(), base.options(options)));
     if has_f16(ctx) {
         ops.push(("f16".into(), base.dtype(Dtype::F16)));
     }
     for (name, op) in ops {
+        // Made here, not before the loop: `Inputs::mask` takes `&'a Mask<'a>`, which ties the
+        // mask's lifetime to the borrow of this iteration's tensor.
+        let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[30, 37]);
         let layer = Layer::new(ctx, op, &p).unwrap();
-        let (out, saved) = layer.forward_saved(ctx, &x, &mask).unwrap();
-        let want = saved.backward(ctx, &d_out).unwrap();
+        let out = layer.run(ctx, Inputs::x(&x).mask(&mask)).unwrap();
+        let want = out.saved.as_ref().unwrap().backward(ctx, &d_out).unwrap();
         let dtype = if name == "f16" {
             Dtype::F16
         } else {
             Dtype::F32
         };
         let x_t = tensor(ctx, &x, dtype);
-        let (out_t, saved_t) = layer.forward_saved_tensor(ctx, &x_t, &mask).unwrap();
+        let out_t = layer.run(ctx, Inputs::x(&x_t).mask(&mask)).unwrap();
         assert_eq!(
             bits(&out_t.context.to_array(ctx).unwrap()),
-            bits(&out.context.into_dyn()),
+            bits(&out.context),
             "{name}: output"
         );
         let d_t = tensor(ctx, &d_out, Dtype::F32);
-        let got = saved_t.backward_tensor(ctx, &d_t).unwrap();
-        assert_eq!(got.x.shape(), &[2, 37, 12]);
+        let got = out_t.saved.unwrap().backward(ctx, &d_t).unwrap();
+        assert_eq!(got.x.as_ref().unwrap().shape(), &[2, 37, 12]);
         assert_eq!(got.w_k.as_ref().unwrap().shape(), &[12, 4]);
         assert_eq!(got.b_o.as_ref().unwrap().shape(), &[5]);
-        same(&got.to_gradients(ctx).unwrap(), &want, &name);
+        same(&got.to_arrays(ctx).unwrap(), &want, &name);
     }
 }
 
@@ -127,22 +167,30 @@ fn the_parameter_free_tensor_backward_sums_dq_dk_dv_as_the_host_does() {
     let ctx = common::ctx();
     let x = x(2, 7, 8);
     let d_out = Array3::from_shape_fn((2, 7, 8), |(b, i, j)| ((b + i * 8 + j) as f32 * 0.3).cos());
-    let op = Attention::new().heads(2).causal(true).nan_fill(true);
-    let (out, saved) = op.forward_saved(ctx, &x, None, &Mask::none()).unwrap();
-    let want = saved.backward(ctx, &d_out).unwrap();
+    let op = Attention::new()
+        .heads(2)
+        .causal(true)
+        .options(nan_fill())
+        .save_for_backward(true);
+    let out = op.run(ctx, Inputs::x(&x)).unwrap();
+    let want = out.saved.as_ref().unwrap().backward(ctx, &d_out).unwrap();
     // Forward, backward and nothing else in one recorder and one submit.
     let mut rec = Recorder::new(ctx);
     let x_t = tensor(ctx, &x, Dtype::F32);
-    let (out_t, saved_t) = op.record_saved(&mut rec, &x_t, &Mask::none()).unwrap();
+    let out_t = op.record(&mut rec, Inputs::x(&x_t)).unwrap();
+    let saved_t = out_t.saved.as_ref().unwrap();
     let d_t = tensor(ctx, &d_out, Dtype::F32);
     let got = saved_t.record_backward(&mut rec, &d_t).unwrap();
-    assert!(got.x.to_array(ctx).is_err(), "read before the submit");
+    assert!(
+        got.x.as_ref().unwrap().to_array(ctx).is_err(),
+        "read before the submit"
+    );
     rec.submit().unwrap();
     assert_eq!(
         bits(&out_t.context.to_array(ctx).unwrap()),
-        bits(&out.context.into_dyn())
+        bits(&out.context)
     );
-    let got = got.to_gradients(ctx).unwrap();
+    let got = got.to_arrays(ctx).unwrap();
     assert!(got.w_q.is_none() && got.b_o.is_none());
     same(&got, &want, "parameter-free");
 }
@@ -151,42 +199,34 @@ fn the_parameter_free_tensor_backward_sums_dq_dk_dv_as_the_host_does() {
 fn tensor_backward_errors_name_what_was_wrong() {
     let ctx = common::ctx();
     let ws = Weights::new();
-    let layer = Layer::new(ctx, Attention::new().heads(4), &ws.projections()).unwrap();
+    let op = Attention::new().heads(4).save_for_backward(true);
+    let layer = Layer::new(ctx, op, &ws.projections()).unwrap();
     let x_t = tensor(ctx, &x(1, 5, 12), Dtype::F32);
-    let (_, saved) = layer
-        .forward_saved_tensor(ctx, &x_t, &Mask::none())
-        .unwrap();
-    let says = |r: wgpu_attention::Result<wgpu_attention::TensorGradients>, what: &str| {
+    let saved = saved_of(layer.run(ctx, Inputs::x(&x_t)));
+    let says = |r: wgpu_attention::Result<Gradients<Tensor>>, what: &str| {
         let e = r.unwrap_err().to_string();
         assert!(e.contains(what), "{e:?} should say {what:?}");
     };
     let wrong = tensor(ctx, &Array3::zeros((1, 5, 4)), Dtype::F32);
-    says(
-        saved.backward_tensor(ctx, &wrong),
-        "without a matching forward",
-    );
+    says(saved.backward(ctx, &wrong), "without a matching forward");
     let other = Context::new().unwrap().with_tuning(false);
     let d = tensor(ctx, &Array3::zeros((1, 5, 5)), Dtype::F32);
-    says(saved.backward_tensor(&other, &d), "another Context");
+    says(saved.backward(&other, &d), "another Context");
     if has_f16(ctx) {
         let d16 = tensor(ctx, &Array3::zeros((1, 5, 5)), Dtype::F16);
-        says(saved.backward_tensor(ctx, &d16), "f32");
+        says(saved.backward(ctx, &d16), "f32");
     }
     // dO from a recorder never submitted.
     let mut rec = Recorder::new(ctx);
-    let (y, _) = layer.record_saved(&mut rec, &x_t, &Mask::none()).unwrap();
-    says(saved.backward_tensor(ctx, &y.context), "submit");
+    let y = layer.record(&mut rec, Inputs::x(&x_t)).unwrap();
+    says(saved.backward(ctx, &y.context), "submit");
     drop(rec);
     // X of another context; X of the wrong width.
     let x_other = tensor(&other, &x(1, 5, 12), Dtype::F32);
-    let e = layer
-        .forward_saved_tensor(ctx, &x_other, &Mask::none())
-        .unwrap_err();
+    let e = layer.run(ctx, Inputs::x(&x_other)).unwrap_err();
     assert!(e.to_string().contains("another Context"), "{e}");
     let narrow = tensor(ctx, &x(1, 5, 7), Dtype::F32);
-    assert!(layer
-        .forward_saved_tensor(ctx, &narrow, &Mask::none())
-        .is_err());
+    assert!(layer.run(ctx, Inputs::x(&narrow)).is_err());
 }
 
 /// A CPU Adam in f32 (AdamW's decoupled decay), for one parameter.
@@ -226,11 +266,19 @@ fn adam_on_the_device_matches_a_cpu_adam_and_the_next_forward_uses_the_new_weigh
         .with_output(host[3].view(), None);
     p.b_v = Some(bias.view());
     let mut layer = Layer::new(ctx, op, &p).unwrap();
+    // A layer's op is fixed when it is built, and a saved op's forward is the fused one
+    // without weights: the gradients come from a twin of the layer that saves, at the same
+    // weights (both take every update; checked below), and the layer's own forwards stay
+    // plain ones.
+    let mut twin = Layer::new(ctx, op.save_for_backward(true), &p).unwrap();
     let hyper = (3e-2f32, 0.8f32, 0.99f32, 1e-6f32, 0.01f32);
-    let mut adam = Adam::new(hyper.0)
-        .betas(hyper.1, hyper.2)
-        .eps(hyper.3)
-        .weight_decay(hyper.4);
+    let new_adam = || {
+        Adam::new(hyper.0)
+            .betas(hyper.1, hyper.2)
+            .eps(hyper.3)
+            .weight_decay(hyper.4)
+    };
+    let (mut adam, mut twin_adam) = (new_adam(), new_adam());
     let mut cpu: Vec<CpuAdam> = (0..5)
         .map(|i| {
             let len = if i == 4 { d } else { d * d };
@@ -244,28 +292,33 @@ fn adam_on_the_device_matches_a_cpu_adam_and_the_next_forward_uses_the_new_weigh
     let x_t = tensor(ctx, &x, Dtype::F32);
     let d_out = Array3::from_shape_fn((2, n, d), |(b, i, j)| ((b + 2 * i + j) as f32 * 0.4).sin());
     let d_t = tensor(ctx, &d_out, Dtype::F32);
-    let before = layer.forward(ctx, &x).unwrap().context;
+    let before = layer.run(ctx, Inputs::x(&x)).unwrap().context;
     for t in 1..=3 {
-        let (_, saved) = layer
-            .forward_saved_tensor(ctx, &x_t, &Mask::none())
-            .unwrap();
-        let grads = saved.backward_tensor(ctx, &d_t).unwrap();
-        let g = grads.to_gradients(ctx).unwrap();
+        let saved = saved_of(twin.run(ctx, Inputs::x(&x_t)));
+        let grads = saved.backward(ctx, &d_t).unwrap();
+        let g = grads.to_arrays(ctx).unwrap();
         let flat =
-            |a: &Option<Array2<f32>>| a.as_ref().unwrap().iter().copied().collect::<Vec<_>>();
+            |a: &Option<ArrayD<f32>>| a.as_ref().unwrap().iter().copied().collect::<Vec<_>>();
         let gs = [flat(&g.w_q), flat(&g.w_k), flat(&g.w_v), flat(&g.w_o)];
         for (i, (wm, gm)) in host.iter_mut().zip(&gs).enumerate() {
             cpu[i].step(wm.as_slice_mut().unwrap(), gm, t, hyper);
         }
-        let gb: Vec<f32> = g.b_v.as_ref().unwrap().to_vec();
+        let gb: Vec<f32> = flat(&g.b_v);
         cpu[4].step(bias.as_slice_mut().unwrap(), &gb, t, hyper);
         layer.update(ctx, &mut adam, &grads).unwrap();
+        twin.update(ctx, &mut twin_adam, &grads).unwrap();
         // The saved forward read the old weights: its backward now refuses.
-        let e = saved.backward_tensor(ctx, &d_t).unwrap_err().to_string();
+        let e = saved.backward(ctx, &d_t).unwrap_err().to_string();
         assert!(e.contains("updated"), "{e}");
     }
     assert_eq!(adam.steps(), 3);
     layer.sync_host(ctx).unwrap();
+    twin.sync_host(ctx).unwrap();
+    assert_eq!(
+        weight_bits(&twin.projections()),
+        weight_bits(&layer.projections()),
+        "the twin drifted"
+    );
     let p = layer.projections();
     let got = [&p.w_q, &p.w_k, &p.w_v, p.w_o.as_ref().unwrap()];
     let close = |g: &ndarray::ArrayView2<'_, f32>, want: &Array2<f32>, what: &str| {
@@ -280,10 +333,10 @@ fn adam_on_the_device_matches_a_cpu_adam_and_the_next_forward_uses_the_new_weigh
         assert!((a - b).abs() <= 1e-6 + 1e-5 * b.abs(), "b_V: {a} vs {b}");
     }
     // The next forward uses the device's new weights: it is the array API's with them.
-    let after = layer.forward(ctx, &x).unwrap().context;
+    let after = layer.run(ctx, Inputs::x(&x)).unwrap().context;
     assert_ne!(after, before);
     let want = op
-        .forward(ctx, &x, Some(&layer.projections()))
+        .run(ctx, Inputs::x(&x).projections(&layer.projections()))
         .unwrap()
         .context;
     assert_eq!(after, want);
@@ -336,15 +389,20 @@ fn a_training_loop_on_the_device_learns_and_holds_memory_flat() {
     let small: Vec<Array2<f32>> = ws.w.iter().map(|w| w * 0.3).collect();
     let p = Projections::new(small[0].view(), small[1].view(), small[2].view())
         .with_output(small[3].view(), None);
-    let mut student = Layer::new(&ctx, Attention::new().heads(4).causal(true), &p).unwrap();
+    let op = Attention::new()
+        .heads(4)
+        .causal(true)
+        .save_for_backward(true);
+    let mut student = Layer::new(&ctx, op, &p).unwrap();
     let x_t = tensor(&ctx, &x(3, 11, 12), Dtype::F32);
-    let target = teacher.forward_tensor(&ctx, &x_t).unwrap().context;
+    let target = teacher.run(&ctx, Inputs::x(&x_t)).unwrap().context;
     let mut adam = Adam::new(2e-2);
     let mut losses = Vec::new();
     let mut allocations = Vec::new();
     for _ in 0..40 {
         let mut rec = Recorder::new(&ctx);
-        let (y, saved) = student.record_saved(&mut rec, &x_t, &Mask::none()).unwrap();
+        let y = student.record(&mut rec, Inputs::x(&x_t)).unwrap();
+        let saved = y.saved.unwrap();
         let loss = MseLoss::record(&mut rec, &y.context, &target).unwrap();
         let grads = saved.record_backward(&mut rec, &loss.grad).unwrap();
         student.record_update(&mut rec, &mut adam, &grads).unwrap();
@@ -361,13 +419,12 @@ fn bad_updates_are_errors_that_change_nothing() {
     let ctx = common::ctx();
     let ws = Weights::new();
     let p = ws.projections();
-    let mut layer = Layer::new(ctx, Attention::new().heads(4), &p).unwrap();
+    let op = Attention::new().heads(4).save_for_backward(true);
+    let mut layer = Layer::new(ctx, op, &p).unwrap();
     let x_t = tensor(ctx, &x(1, 5, 12), Dtype::F32);
     let d = tensor(ctx, &Array3::from_elem((1, 5, 5), 0.1), Dtype::F32);
-    let (_, saved) = layer
-        .forward_saved_tensor(ctx, &x_t, &Mask::none())
-        .unwrap();
-    let grads = saved.backward_tensor(ctx, &d).unwrap();
+    let saved = saved_of(layer.run(ctx, Inputs::x(&x_t)));
+    let grads = saved.backward(ctx, &d).unwrap();
     let says = |r: wgpu_attention::Result<()>, what: &str| {
         let e = r.unwrap_err().to_string();
         assert!(e.contains(what), "{e:?} should say {what:?}");
@@ -382,12 +439,10 @@ fn bad_updates_are_errors_that_change_nothing() {
     );
     // Gradients of another layer (no biases, no W_O).
     let bare = Projections::new(ws.w[0].view(), ws.w[1].view(), ws.w[2].view());
-    let other = Layer::new(ctx, Attention::new().heads(4), &bare).unwrap();
-    let (_, s2) = other
-        .forward_saved_tensor(ctx, &x_t, &Mask::none())
-        .unwrap();
+    let other = Layer::new(ctx, op, &bare).unwrap();
+    let s2 = saved_of(other.run(ctx, Inputs::x(&x_t)));
     let d2 = tensor(ctx, &Array3::from_elem((1, 5, 12), 0.1), Dtype::F32);
-    let g2 = s2.backward_tensor(ctx, &d2).unwrap();
+    let g2 = s2.backward(ctx, &d2).unwrap();
     says(layer.update(ctx, &mut Adam::new(0.1), &g2), "another layer");
     // One Adam, two layers.
     let mut adam = Adam::new(0.1);
@@ -395,7 +450,7 @@ fn bad_updates_are_errors_that_change_nothing() {
     other.update(ctx, &mut adam, &g2).unwrap();
     says(layer.update(ctx, &mut adam, &grads), "one Adam per layer");
     // Nothing changed: the saved forward still runs its backward.
-    assert!(saved.backward_tensor(ctx, &d).is_ok());
+    assert!(saved.backward(ctx, &d).is_ok());
 }
 
 #[test]
@@ -407,22 +462,23 @@ fn a_split_call_after_an_update_needs_the_host_copy_synced() {
     let op = Attention::new().heads(4).causal(true).return_weights(false);
     let mut layer = Layer::new(&ctx, op, &ws.projections()).unwrap();
     let small = tensor(&ctx, &x(1, 5, 12), Dtype::F32);
-    let (_, saved) = layer
-        .forward_saved_tensor(&ctx, &small, &Mask::none())
-        .unwrap();
+    // The gradients at the layer's weights, from a twin that saves (a layer's op is fixed
+    // when it is built, and this one's forwards must stay plain ones, which split).
+    let twin = Layer::new(&ctx, op.save_for_backward(true), &ws.projections()).unwrap();
+    let saved = saved_of(twin.run(&ctx, Inputs::x(&small)));
     let d = tensor(&ctx, &Array3::from_elem((1, 5, 5), 0.5), Dtype::F32);
-    let grads = saved.backward_tensor(&ctx, &d).unwrap();
+    let grads = saved.backward(&ctx, &d).unwrap();
     layer.update(&ctx, &mut Adam::new(0.1), &grads).unwrap();
     let big = x(2, 800, 12);
-    let e = layer.forward(&ctx, &big).unwrap_err().to_string();
+    let e = layer.run(&ctx, Inputs::x(&big)).unwrap_err().to_string();
     assert!(e.contains("sync_host"), "{e}");
     // A call that fits runs on the device's weights without a sync.
-    assert!(layer.forward(&ctx, &x(1, 5, 12)).is_ok());
+    assert!(layer.run(&ctx, Inputs::x(&x(1, 5, 12))).is_ok());
     layer.sync_host(&ctx).unwrap();
     assert_ne!(layer.projections().w_q, ws.projections().w_q);
-    let got = layer.forward(&ctx, &big).unwrap().context;
+    let got = layer.run(&ctx, Inputs::x(&big)).unwrap().context;
     let want = op
-        .forward(&ctx, &big, Some(&layer.projections()))
+        .run(&ctx, Inputs::x(&big).projections(&layer.projections()))
         .unwrap()
         .context;
     assert_eq!(got, want);
@@ -439,7 +495,11 @@ fn an_f16_layer_trains_on_f32_master_weights() {
     let (d, n, lr) = (12, 7, 1e-4f32);
     let w0: Vec<Array2<f32>> = (0..3).map(|s| w(d, d, s + 2).mapv(|v| v + 0.5)).collect();
     let p = Projections::new(w0[0].view(), w0[1].view(), w0[2].view());
-    let mut layer = Layer::new(ctx, Attention::new().heads(2).dtype(Dtype::F16), &p).unwrap();
+    let op = Attention::new()
+        .heads(2)
+        .dtype(Dtype::F16)
+        .save_for_backward(true);
+    let mut layer = Layer::new(ctx, op, &p).unwrap();
     let mut adam = Adam::new(lr);
     let mut cpu = CpuAdam {
         m: vec![0.0; d * d],
@@ -449,10 +509,8 @@ fn an_f16_layer_trains_on_f32_master_weights() {
     let x_t = tensor(ctx, &x(1, n, d), Dtype::F16);
     let d_t = tensor(ctx, &Array3::from_elem((1, n, d), 0.3), Dtype::F32);
     for t in 1..=10 {
-        let (_, saved) = layer
-            .forward_saved_tensor(ctx, &x_t, &Mask::none())
-            .unwrap();
-        let grads = saved.backward_tensor(ctx, &d_t).unwrap();
+        let saved = saved_of(layer.run(ctx, Inputs::x(&x_t)));
+        let grads = saved.backward(ctx, &d_t).unwrap();
         let g = grads.w_q.as_ref().unwrap().to_array(ctx).unwrap();
         let g: Vec<f32> = g.iter().copied().collect();
         cpu.step(&mut master, &g, t, (lr, 0.9, 0.999, 1e-8, 0.0));
