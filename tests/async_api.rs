@@ -4,7 +4,9 @@
 mod common;
 
 use ndarray::{Array2, Array4};
-use wgpu_attention::{reference, verify, Attention, Context, Error, Kernels, Mask, Projections};
+use wgpu_attention::{
+    reference, verify, Attention, Context, Error, Inputs, Kernels, Mask, Options, Projections,
+};
 
 fn filled(rows: usize, cols: usize, salt: usize) -> Array2<f32> {
     Array2::from_shape_fn((rows, cols), |(i, j)| {
@@ -27,17 +29,18 @@ fn forward_async_equals_forward_and_the_reference() {
     let (wq, wk, wv) = (filled(13, 10, 1), filled(13, 10, 2), filled(13, 6, 3));
     let proj = Projections::new(wq.view(), wk.view(), wv.view());
     for kernels in Kernels::available(ctx) {
-        let op = Attention::new()
-            .heads(2)
-            .causal(true)
-            .nan_fill(true)
-            .kernels(kernels);
+        let op = Attention::new().heads(2).causal(true).options(Options {
+            kernels,
+            nan_fill: true,
+            ..Options::default()
+        });
         let xd = x.view().into_dyn();
-        let a = pollster::block_on(op.forward_async(ctx, xd.view(), Some(&proj))).unwrap();
-        let s = op.forward(ctx, xd.view(), Some(&proj)).unwrap();
+        let inputs = Inputs::x(xd.view()).projections(&proj);
+        let a = pollster::block_on(op.run_async(ctx, inputs.clone())).unwrap();
+        let s = op.run(ctx, inputs.clone()).unwrap();
         assert_eq!(a.context, s.context, "{kernels:?}");
         assert_eq!(a.weights, s.weights, "{kernels:?}");
-        let r = reference::attention(&op, xd, Some(&proj)).unwrap();
+        let r = reference::run(&op, &inputs).unwrap();
         let (rel, max) = reference::compare(&a.context, &r.context);
         assert!(
             rel < 1e-5 && max < 1e-4,
@@ -57,14 +60,15 @@ fn sdpa_masked_async_equals_sdpa_masked_with_gqa_and_large_logits() {
     });
     let v = Array4::from_shape_fn((1, 2, 9, 5), |(_, h, i, j)| (h + i + j) as f32 * 0.1);
     let mask = Mask::none().with_kv_lengths(&[6]);
-    let op = Attention::new().nan_fill(true);
-    let a =
-        pollster::block_on(op.sdpa_masked_async(ctx, q.view(), k.view(), v.view(), &mask)).unwrap();
-    let s = op
-        .sdpa_masked(ctx, q.view(), k.view(), v.view(), &mask)
-        .unwrap();
+    let op = Attention::new().options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+    let a = pollster::block_on(op.run_async(ctx, inputs.clone())).unwrap();
+    let s = op.run(ctx, inputs.clone()).unwrap();
     assert_eq!(a.context, s.context);
-    let r = reference::sdpa_masked(&op, q.view(), k.view(), v.view(), &mask).unwrap();
+    let r = reference::run(&op, &inputs).unwrap();
     let (rel, _) = reference::compare(&a.context, &r.context);
     assert!(rel < 1e-5, "rel {rel}");
 }
@@ -73,13 +77,12 @@ fn sdpa_masked_async_equals_sdpa_masked_with_gqa_and_large_logits() {
 fn async_calls_return_the_same_errors() {
     let ctx = common::ctx();
     let x = Array2::from_elem((5, 4), f32::NAN);
-    let err = pollster::block_on(Attention::new().forward_async(ctx, x.view().into_dyn(), None))
-        .unwrap_err();
+    let err = pollster::block_on(Attention::new().run_async(ctx, Inputs::x(&x))).unwrap_err();
     assert!(matches!(err, Error::NonFinite { .. }), "{err}");
     let q = Array4::<f32>::zeros((1, 3, 4, 8));
     let k = Array4::<f32>::zeros((1, 2, 4, 8));
-    let err = pollster::block_on(Attention::new().sdpa_async(ctx, q.view(), k.view(), k.view()))
-        .unwrap_err();
+    let err =
+        pollster::block_on(Attention::new().run_async(ctx, Inputs::qkv(&q, &k, &k))).unwrap_err();
     assert!(err.to_string().contains("head"), "{err}");
 }
 

@@ -1,5 +1,5 @@
-//! The fused GPU backward (`Attention::sdpa_saved` → `Saved::backward`) against the f64
-//! reference (`reference::sdpa_backward`): every gradient, on odd sizes, L ≠ S, causal,
+//! The fused GPU backward (`Attention::save_for_backward` + `run` → `Saved::backward`)
+//! against the f64 reference (`reference::backward`): every gradient, on odd sizes, L ≠ S, causal,
 //! boolean and float masks, key lengths, grouped-query heads, a custom scale, large logits,
 //! fully masked rows and f16, each with NaN-prefilled outputs and through each fused forward
 //! (flash_tiled, flash_blocked, flash_subgroup) that saves the row statistics; and the
@@ -8,7 +8,9 @@
 mod common;
 
 use ndarray::{Array4, ArrayD, IxDyn};
-use wgpu_attention::{reference, Attention, Context, Dtype, Error, FlashVariant, Mask};
+use wgpu_attention::{
+    reference, Attention, Context, Dims, Dtype, Error, FlashVariant, Inputs, Mask, Options,
+};
 
 /// The fused forwards that can save the statistics, each forced.
 fn variants() -> Vec<FlashVariant> {
@@ -34,7 +36,7 @@ fn grad_output(shape: [usize; 4]) -> Array4<f32> {
 fn lse_reference(op: &Attention, q: &Array4<f32>, k: &Array4<f32>, mask: &Mask<'_>) -> ArrayD<f64> {
     let (b, h, l, e) = q.dim();
     let (h_kv, s) = (k.dim().1, k.dim().2);
-    let dims = op.sdpa_dims(q.shape(), k.shape(), k.shape()).unwrap();
+    let dims = Dims::new(op, &Inputs::qkv(q, k, k)).unwrap();
     let (scale, causal) = (f64::from(dims.scale), dims.causal);
     let bias = mask
         .bias([b, h, l, s])
@@ -67,28 +69,35 @@ fn lse_reference(op: &Attention, q: &Array4<f32>, k: &Array4<f32>, mask: &Mask<'
 /// Runs the saved forward and the backward of `op` on every variant and checks the
 /// output, the saved log-sum-exp and every gradient against the reference to `tol`
 /// (relative, ‖got − want‖ / ‖want‖).
-fn check(op: Attention, [q, k, v]: &[Array4<f32>; 3], mask: &Mask<'_>, tol: f64, label: &str) {
-    check_as(
-        op,
-        Dtype::F32,
-        &[q.clone(), k.clone(), v.clone()],
-        mask,
-        tol,
-        label,
-    );
+fn check<'a>(op: Attention, qkv: &'a [Array4<f32>; 3], mask: &'a Mask<'a>, tol: f64, label: &str) {
+    check_as(op, Dtype::F32, qkv, mask, tol, label);
+}
+
+/// `mask` resolved to the additive bias it stands for on `(batch, heads, L, S)`
+/// ([`Mask::bias`], `None` when nothing is masked), for the reference: it reads a mask only
+/// through `Mask::bias`, so this is the same mask to it. Needed because `Inputs::mask` takes
+/// `&'a Mask<'a>` and `Mask` is invariant in `'a`: the caller's mask cannot go into `Inputs`
+/// beside the rounded arrays made in [`check_as`].
+fn resolved(mask: &Mask<'_>, target: [usize; 4]) -> Option<Array4<f32>> {
+    mask.bias(target).unwrap()
 }
 
 /// [`check`] with the operands stored as `dtype` on the device.
-fn check_as(
+fn check_as<'a>(
     op: Attention,
     dtype: Dtype,
-    [q, k, v]: &[Array4<f32>; 3],
-    mask: &Mask<'_>,
+    [q, k, v]: &'a [Array4<f32>; 3],
+    mask: &'a Mask<'a>,
     tol: f64,
     label: &str,
 ) {
     let ctx = common::ctx();
-    let op = op.nan_fill(true).dtype(dtype);
+    let op = op
+        .options(Options {
+            nan_fill: true,
+            ..Options::default()
+        })
+        .dtype(dtype);
     // What the device holds under f16: the reference sees the same rounded inputs.
     let round = |a: &Array4<f32>| match dtype {
         Dtype::F16 => a.mapv(|x| half::f16::from_f32(x).to_f32()),
@@ -97,15 +106,26 @@ fn check_as(
     let (qr, kr, vr) = (round(q), round(k), round(v));
     let (b, h, l, _) = q.dim();
     let d_o = grad_output([b, h, l, v.dim().3]);
-    let want =
-        reference::sdpa_backward(&op, qr.view(), kr.view(), vr.view(), d_o.view(), mask).unwrap();
-    let want_out = reference::sdpa_masked(&op, qr.view(), kr.view(), vr.view(), mask).unwrap();
+    let bias = resolved(mask, [b, h, l, k.dim().2]);
+    let ref_mask = match &bias {
+        Some(bias) => Mask::additive(bias.view().into_dyn()),
+        None => Mask::none(),
+    };
+    let rounded = Inputs::qkv(&qr, &kr, &vr).mask(&ref_mask);
+    let want = reference::backward(&op, &rounded, d_o.view().into_dyn()).unwrap();
+    let want_out = reference::run(&op, &rounded).unwrap();
     let want_lse = lse_reference(&op, &qr, &kr, mask);
     for variant in variants() {
-        let op = op.flash_variant(variant);
-        let (out, saved) = op
-            .sdpa_saved(ctx, q.view(), k.view(), v.view(), mask)
+        let op = op.options(Options {
+            nan_fill: true,
+            flash_variant: Some(variant),
+            ..Options::default()
+        });
+        let out = op
+            .save_for_backward(true)
+            .run(ctx, Inputs::qkv(q, k, v).mask(mask))
             .unwrap_or_else(|e| panic!("{label} {variant}: {e}"));
+        let saved = out.saved.clone().unwrap();
         assert!(out.weights.is_none());
         let (rel, _) = reference::compare(&out.context, &want_out.context);
         assert!(rel < tol, "{label} {variant}: output {rel:e}");
@@ -125,9 +145,9 @@ fn check_as(
             ("dK", &g.k, &want.k),
             ("dV", &g.v, &want.v),
         ] {
+            let (got, want) = (got.as_ref().unwrap(), want.as_ref().unwrap());
             assert_eq!(got.shape(), want.shape(), "{label} {name}");
-            let (rel, max_abs) =
-                reference::compare(&got.clone().into_dyn(), &want.clone().into_dyn());
+            let (rel, max_abs) = reference::compare(got, want);
             assert!(
                 rel < tol,
                 "{label} {variant}: {name} relative error {rel:e} (max abs {max_abs:e})"
@@ -185,55 +205,64 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
         _ => ((i + 2 * j) as f32 * 0.3).sin(),
     });
     let mask = Mask::additive(bias.view().into_dyn());
-    check(
-        Attention::new(),
-        &[q.clone(), k.clone(), v.clone()],
-        &mask,
-        1e-5,
-        "float mask",
-    );
+    let qkv = [q.clone(), k.clone(), v.clone()];
+    check(Attention::new(), &qkv, &mask, 1e-5, "float mask");
     let ctx = common::ctx();
-    let (_, saved) = Attention::new()
-        .nan_fill(true)
-        .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
+    let saved = Attention::new()
+        .options(Options {
+            nan_fill: true,
+            ..Options::default()
+        })
+        .save_for_backward(true)
+        .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
+        .unwrap()
+        .saved
         .unwrap();
     let g = saved
         .backward(ctx, grad_output([2, 1, 9, 5]).view())
         .unwrap();
     assert!(g
         .q
+        .as_ref()
+        .unwrap()
         .slice(ndarray::s![.., .., 4, ..])
         .iter()
         .all(|&x| x == 0.0));
     // Keys no row sees get exactly nothing.
     assert!(g
         .k
+        .as_ref()
+        .unwrap()
         .slice(ndarray::s![.., .., 1, ..])
         .iter()
         .all(|&x| x == 0.0));
     assert!(g
         .v
+        .as_ref()
+        .unwrap()
         .slice(ndarray::s![.., .., 5, ..])
         .iter()
         .all(|&x| x == 0.0));
     // Key length 0: every row of batch index 1 sees nothing.
     let mask = Mask::none().with_kv_lengths(&[11, 0]);
-    check(
-        Attention::new().causal(true),
-        &[q.clone(), k.clone(), v.clone()],
-        &mask,
-        1e-5,
-        "lengths",
-    );
-    let (_, saved) = Attention::new()
-        .nan_fill(true)
-        .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
+    check(Attention::new().causal(true), &qkv, &mask, 1e-5, "lengths");
+    let saved = Attention::new()
+        .options(Options {
+            nan_fill: true,
+            ..Options::default()
+        })
+        .save_for_backward(true)
+        .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
+        .unwrap()
+        .saved
         .unwrap();
     let g = saved
         .backward(ctx, grad_output([2, 1, 9, 5]).view())
         .unwrap();
     for a in [&g.q, &g.k, &g.v] {
         assert!(a
+            .as_ref()
+            .unwrap()
             .slice(ndarray::s![1, .., .., ..])
             .iter()
             .all(|&x| x == 0.0));
@@ -273,10 +302,14 @@ fn the_saved_forward_returns_what_the_plain_one_does() {
         let op = Attention::new()
             .causal(true)
             .return_weights(false)
-            .flash_variant(variant);
-        let plain = op.sdpa(ctx, q.view(), k.view(), v.view()).unwrap();
-        let (saved, _) = op
-            .sdpa_saved(ctx, q.view(), k.view(), v.view(), &Mask::none())
+            .options(Options {
+                flash_variant: Some(variant),
+                ..Options::default()
+            });
+        let plain = op.run(ctx, Inputs::qkv(&q, &k, &v)).unwrap();
+        let saved = op
+            .save_for_backward(true)
+            .run(ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
             .unwrap();
         assert_eq!(plain.context, saved.context, "{variant}");
     }
@@ -284,9 +317,11 @@ fn the_saved_forward_returns_what_the_plain_one_does() {
 
 fn saved_forward(ctx: &Context) -> (Array4<f32>, wgpu_attention::Saved) {
     let [q, k, v] = common::sdpa_arrays(1, 2, 5, 6, 4, 3);
-    let (out, saved) = Attention::new()
-        .sdpa_saved(ctx, q.view(), k.view(), v.view(), &Mask::none())
+    let out = Attention::new()
+        .save_for_backward(true)
+        .run(ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
         .unwrap();
+    let saved = out.saved.unwrap();
     (out.context.into_dimensionality().unwrap(), saved)
 }
 
@@ -328,7 +363,7 @@ fn a_backward_without_a_matching_forward_is_an_error() {
     assert!(err.to_string().contains("another Context"), "{err}");
     // The right dO still works after the errors.
     let g = saved.backward(ctx, out.view()).unwrap();
-    assert_eq!(g.v.shape(), &[1, 2, 6, 3]);
+    assert_eq!(g.v.unwrap().shape(), &[1, 2, 6, 3]);
 }
 
 #[test]
@@ -337,8 +372,12 @@ fn the_saved_forward_rejects_non_finite_inputs_even_when_propagating() {
     let [mut q, k, v] = common::sdpa_arrays(1, 1, 3, 3, 4, 4);
     q[[0, 0, 1, 1]] = f32::NAN;
     let err = Attention::new()
-        .propagate_non_finite(true)
-        .sdpa_saved(ctx, q.view(), k.view(), v.view(), &Mask::none())
+        .options(Options {
+            propagate_non_finite: true,
+            ..Options::default()
+        })
+        .save_for_backward(true)
+        .run(ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
         .unwrap_err();
     assert!(matches!(err, Error::NonFinite { .. }), "{err}");
 }
@@ -355,9 +394,15 @@ fn each_family_runs_its_own_backward_kernels() {
             FlashVariant::Subgroup { .. } => "flash_backward_kv_subgroup.wgsl",
             _ => "flash_backward_kv.wgsl",
         };
-        let (_, saved) = Attention::new()
-            .flash_variant(variant)
-            .sdpa_saved(&ctx, q.view(), k.view(), v.view(), &Mask::none())
+        let saved = Attention::new()
+            .options(Options {
+                flash_variant: Some(variant),
+                ..Options::default()
+            })
+            .save_for_backward(true)
+            .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
+            .unwrap()
+            .saved
             .unwrap();
         saved.backward(&ctx, d_o.view()).unwrap();
         let names: Vec<&str> = ctx.kernel_times().iter().map(|t| t.kernel).collect();

@@ -1,15 +1,17 @@
-//! The f64 backward reference (`reference::sdpa_backward`, `reference::attention_backward`)
-//! against central finite differences of the f64 forward reference, on every option the
-//! forward takes; and its errors. No GPU needed.
+//! The f64 backward reference (`reference::backward`, on Q, K, V and on X) against central
+//! finite differences of the f64 forward reference, on every option the forward takes; and
+//! its errors. No GPU needed.
 //!
 //! The loss is `ℓ = Σ dO ∘ output` for a random `dO`, so `∂ℓ/∂input` is exactly what the
 //! backward returns for that `dO`. Each input element `x` is moved to the f32 values `x ± h`
 //! and the difference quotient divides by their exact distance, so f32 inputs lose nothing.
 
-use ndarray::{Array1, Array2, Array4, ArrayD, ArrayView2, ArrayViewD, Ix2, IxDyn};
+use ndarray::{Array2, Array4, ArrayD, ArrayView2, Ix2, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use wgpu_attention::{reference, Attention, Error, Mask, Projections};
+use wgpu_attention::{
+    reference, Attention, Dims, Error, Gradients, Inputs, Mask, Options, Projections,
+};
 
 /// The finite-difference step.
 const H: f32 = 1e-3;
@@ -77,42 +79,53 @@ fn loss(output: &ArrayD<f64>, d_o: &ArrayD<f32>) -> f64 {
         .sum()
 }
 
-fn view4(a: &ArrayD<f32>) -> ndarray::ArrayView4<'_, f32> {
-    a.view().into_dimensionality().unwrap()
+/// `mask` resolved to the additive bias it stands for on `target` = `(batch, heads, L, S)`
+/// ([`Mask::bias`]; `None` when nothing is masked). The reference reads a mask only through
+/// `Mask::bias`, so [`mask_of`] this bias is the same mask to it. Needed because
+/// `Inputs::mask` takes `&'a Mask<'a>` and `Mask` is invariant in `'a` (it holds
+/// `ArrayView`s): a caller's mask cannot go into `Inputs` beside arrays that live shorter
+/// than it does (the moved copies of [`numeric_grad`]), while a mask made from this bias at
+/// each call borrows no longer than they live.
+fn resolve(mask: &Mask<'_>, target: [usize; 4]) -> Option<Array4<f32>> {
+    mask.bias(target).unwrap()
 }
 
-/// `sdpa_backward` against finite differences of `sdpa_masked` for Q, K and V of the given
-/// shapes. Returns the analytic gradients for further checks.
+/// The mask [`resolve`] resolved.
+fn mask_of(bias: &Option<Array4<f32>>) -> Mask<'_> {
+    match bias {
+        Some(bias) => Mask::additive(bias.view().into_dyn()),
+        None => Mask::none(),
+    }
+}
+
+/// `reference::backward` against finite differences of `reference::run` for Q, K and V of
+/// the given shapes. Returns the analytic gradients for further checks.
 fn check_sdpa(
     op: Attention,
     [b, h, h_kv, l, s, e, ev]: [usize; 7],
     mask: &Mask<'_>,
-) -> wgpu_attention::SdpaGradients<f64> {
+) -> Gradients<ArrayD<f64>> {
     let params = vec![
         random(&[b, h, l, e], 1),
         random(&[b, h_kv, s, e], 2),
         random(&[b, h_kv, s, ev], 3),
     ];
     let d_o = random(&[b, h, l, ev], 4);
+    let bias = resolve(mask, [b, h, l, s]);
     let f = |p: &[ArrayD<f32>]| {
-        let out = reference::sdpa_masked(&op, view4(&p[0]), view4(&p[1]), view4(&p[2]), mask);
+        let mask = mask_of(&bias);
+        let out = reference::run(&op, &Inputs::qkv(&p[0], &p[1], &p[2]).mask(&mask));
         loss(&out.unwrap().context, &d_o)
     };
-    let g = reference::sdpa_backward(
-        &op,
-        view4(&params[0]),
-        view4(&params[1]),
-        view4(&params[2]),
-        view4(&d_o),
-        mask,
-    )
-    .unwrap();
+    let mask = mask_of(&bias);
+    let inputs = Inputs::qkv(&params[0], &params[1], &params[2]).mask(&mask);
+    let g = reference::backward(&op, &inputs, d_o.view()).unwrap();
     for (i, (name, analytic)) in [("dQ", &g.q), ("dK", &g.k), ("dV", &g.v)]
         .into_iter()
         .enumerate()
     {
         let numeric = numeric_grad(&params, i, &f);
-        assert_agrees(name, &analytic.clone().into_dyn(), &numeric);
+        assert_agrees(name, analytic.as_ref().unwrap(), &numeric);
     }
     g
 }
@@ -159,27 +172,21 @@ fn sdpa_rows_with_nothing_to_attend_to_have_zero_gradients() {
     let keep = Array4::from_shape_fn((2, 1, 3, 4), |(_, _, i, _)| i != 2).into_dyn();
     let mask = Mask::boolean(keep.view()).with_kv_lengths(&[4, 0]);
     let g = check_sdpa(Attention::new(), [2, 2, 1, 3, 4, 3, 3], &mask);
-    assert!(g.q.iter().chain(&g.k).chain(&g.v).all(|v| v.is_finite()));
-    assert!(g
-        .q
+    let (q, k, v) = (g.q.unwrap(), g.k.unwrap(), g.v.unwrap());
+    assert!(q.iter().chain(&k).chain(&v).all(|v| v.is_finite()));
+    assert!(q
         .slice(ndarray::s![1, .., .., ..])
         .iter()
         .all(|&v| v == 0.0));
-    assert!(g
-        .k
+    assert!(k
         .slice(ndarray::s![1, .., .., ..])
         .iter()
         .all(|&v| v == 0.0));
-    assert!(g
-        .v
+    assert!(v
         .slice(ndarray::s![1, .., .., ..])
         .iter()
         .all(|&v| v == 0.0));
-    assert!(g
-        .q
-        .slice(ndarray::s![0, .., 2, ..])
-        .iter()
-        .all(|&v| v == 0.0));
+    assert!(q.slice(ndarray::s![0, .., 2, ..]).iter().all(|&v| v == 0.0));
 }
 
 /// Which inputs a layer has; the parameters are `[X, W_Q, W_K, W_V, b_Q, b_K, b_V, W_O, b_O]`
@@ -227,14 +234,17 @@ impl Layer {
         p
     }
 
-    /// Runs `f` on X and the projections held in `p` (laid out as [`Layer::params`]).
+    /// Runs `f` on the inputs of X and the projections held in `p` (laid out as
+    /// [`Layer::params`]), masked by [`mask_of`] `bias`.
     fn with<R>(
         &self,
         p: &[ArrayD<f32>],
-        f: impl FnOnce(ArrayViewD<'_, f32>, Option<&Projections<'_>>) -> R,
+        bias: &Option<Array4<f32>>,
+        f: impl FnOnce(&Inputs<'_>) -> R,
     ) -> R {
+        let mask = mask_of(bias);
         if !self.proj {
-            return f(p[0].view(), None);
+            return f(&Inputs::x(&p[0]).mask(&mask));
         }
         let w =
             |i: usize| -> ArrayView2<'_, f32> { p[i].view().into_dimensionality::<Ix2>().unwrap() };
@@ -249,15 +259,18 @@ impl Layer {
             let b_o = self.b_o.then(|| v(next + 1));
             proj = proj.with_output(w(next), b_o);
         }
-        f(p[0].view(), Some(&proj))
+        f(&Inputs::x(&p[0]).projections(&proj).mask(&mask))
     }
 }
 
 fn check_layer(op: Attention, layer: Layer, mask: &Mask<'_>) {
     let named = layer.params();
     let params: Vec<ArrayD<f32>> = named.iter().map(|(_, a)| a.clone()).collect();
-    let out_shape = layer.with(&params, |x, proj| {
-        reference::attention_masked(&op, x, proj, mask)
+    // The mask resolved on the problem's (batch, heads, n, n), as the reference resolves it.
+    let dims = layer.with(&params, &None, |inputs| Dims::new(&op, inputs).unwrap());
+    let bias = resolve(mask, [dims.batch, dims.heads, dims.n, dims.n]);
+    let out_shape = layer.with(&params, &bias, |inputs| {
+        reference::run(&op, inputs)
             .unwrap()
             .context
             .shape()
@@ -265,32 +278,25 @@ fn check_layer(op: Attention, layer: Layer, mask: &Mask<'_>) {
     });
     let d_o = random(&out_shape, 19);
     let f = |p: &[ArrayD<f32>]| {
-        layer.with(p, |x, proj| {
-            loss(
-                &reference::attention_masked(&op, x, proj, mask)
-                    .unwrap()
-                    .context,
-                &d_o,
-            )
+        layer.with(p, &bias, |inputs| {
+            loss(&reference::run(&op, inputs).unwrap().context, &d_o)
         })
     };
     let g = layer
-        .with(&params, |x, proj| {
-            reference::attention_backward(&op, x, proj, d_o.view(), mask)
+        .with(&params, &bias, |inputs| {
+            reference::backward(&op, inputs, d_o.view())
         })
         .unwrap();
-    let dyn2 = |a: &Option<Array2<f64>>| a.clone().map(|a| a.into_dyn());
-    let dyn1 = |a: &Option<Array1<f64>>| a.clone().map(|a| a.into_dyn());
     let analytic: Vec<ArrayD<f64>> = [
-        Some(g.x.clone()),
-        dyn2(&g.w_q),
-        dyn2(&g.w_k),
-        dyn2(&g.w_v),
-        dyn1(&g.b_q),
-        dyn1(&g.b_k),
-        dyn1(&g.b_v),
-        dyn2(&g.w_o),
-        dyn1(&g.b_o),
+        Some(g.x.expect("dX is always given")),
+        g.w_q,
+        g.w_k,
+        g.w_v,
+        g.b_q,
+        g.b_k,
+        g.b_v,
+        g.w_o,
+        g.b_o,
     ]
     .into_iter()
     .flatten()
@@ -397,15 +403,8 @@ fn backward_errors_name_what_is_wrong() {
     ];
     let op = Attention::new();
     let sdpa = |d_o: &ArrayD<f32>, q: &ArrayD<f32>, k: &ArrayD<f32>| {
-        reference::sdpa_backward(
-            &op,
-            view4(q),
-            view4(k),
-            view4(&v),
-            view4(d_o),
-            &Mask::none(),
-        )
-        .unwrap_err()
+        reference::backward(&op, &Inputs::qkv(q, k, &v).mask(&Mask::none()), d_o.view())
+            .unwrap_err()
     };
     // dO of the wrong shape (E instead of E_v).
     let e = sdpa(&random(&[1, 2, 3, 4], 4), &q, &k);
@@ -422,13 +421,14 @@ fn backward_errors_name_what_is_wrong() {
     );
     let mut bad_q = q.clone();
     bad_q[[0, 0, 1, 1]] = f32::INFINITY;
-    let e = reference::sdpa_backward(
-        &op.propagate_non_finite(true),
-        view4(&bad_q),
-        view4(&k),
-        view4(&v),
-        view4(&random(&[1, 2, 3, 3], 4)),
-        &Mask::none(),
+    let propagating = op.options(Options {
+        propagate_non_finite: true,
+        ..Options::default()
+    });
+    let e = reference::backward(
+        &propagating,
+        &Inputs::qkv(&bad_q, &k, &v).mask(&Mask::none()),
+        random(&[1, 2, 3, 3], 4).view(),
     )
     .unwrap_err();
     assert!(
@@ -440,13 +440,11 @@ fn backward_errors_name_what_is_wrong() {
     assert!(e.to_string().contains("same width E"), "{e}");
     // A mask that does not broadcast.
     let keep = ArrayD::from_elem(IxDyn(&[2, 5]), true);
-    let e = reference::sdpa_backward(
+    let mask = Mask::boolean(keep.view());
+    let e = reference::backward(
         &op,
-        view4(&q),
-        view4(&k),
-        view4(&v),
-        view4(&random(&[1, 2, 3, 3], 4)),
-        &Mask::boolean(keep.view()),
+        &Inputs::qkv(&q, &k, &v).mask(&mask),
+        random(&[1, 2, 3, 3], 4).view(),
     )
     .unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { .. }), "{e}");
@@ -457,12 +455,10 @@ fn backward_errors_name_what_is_wrong() {
     let w2 = w.view().into_dimensionality::<Ix2>().unwrap();
     let proj =
         Projections::new(w2, w2, w2).with_output(w_o.view().into_dimensionality().unwrap(), None);
-    let e = reference::attention_backward(
+    let e = reference::backward(
         &op,
-        x.view(),
-        Some(&proj),
+        &Inputs::x(&x).projections(&proj),
         random(&[3, 4], 8).view(),
-        &Mask::none(),
     )
     .unwrap_err();
     assert!(
@@ -472,8 +468,7 @@ fn backward_errors_name_what_is_wrong() {
     );
     let mut d_o = random(&[3, 2], 8);
     d_o[[2, 1]] = f32::NEG_INFINITY;
-    let e = reference::attention_backward(&op, x.view(), Some(&proj), d_o.view(), &Mask::none())
-        .unwrap_err();
+    let e = reference::backward(&op, &Inputs::x(&x).projections(&proj), d_o.view()).unwrap_err();
     assert!(
         matches!(&e, Error::NonFinite { array, .. } if array == "dO"),
         "{e}"
@@ -481,24 +476,20 @@ fn backward_errors_name_what_is_wrong() {
     let mut bad_w = w.clone();
     bad_w[[0, 0]] = f32::NAN;
     let bad = Projections::new(w2, bad_w.view().into_dimensionality().unwrap(), w2);
-    let e = reference::attention_backward(
+    let e = reference::backward(
         &op,
-        x.view(),
-        Some(&bad),
+        &Inputs::x(&x).projections(&bad),
         random(&[3, 4], 8).view(),
-        &Mask::none(),
     )
     .unwrap_err();
     assert!(
         matches!(&e, Error::NonFinite { array, .. } if array == "W_K"),
         "{e}"
     );
-    let e = reference::attention_backward(
+    let e = reference::backward(
         &op.heads(3),
-        x.view(),
-        None,
+        &Inputs::x(&x).mask(&Mask::none()),
         random(&[3, 4], 8).view(),
-        &Mask::none(),
     )
     .unwrap_err();
     assert!(

@@ -4,12 +4,13 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD, IxDyn};
-use wgpu_attention::{Attention, Error, Projections};
+use wgpu_attention::{Attention, Error, Inputs, Projections};
 
 fn forward_err(x: &ArrayD<f32>, proj: Option<&Projections<'_>>, op: Attention) -> Error {
     // The reference must reject exactly what the GPU path rejects.
-    let cpu = wgpu_attention::reference::attention(&op, x.view(), proj).unwrap_err();
-    let gpu = op.forward(common::ctx(), x.view(), proj).unwrap_err();
+    let inputs = Inputs::x(x).projections(proj);
+    let cpu = wgpu_attention::reference::run(&op, &inputs).unwrap_err();
+    let gpu = op.run(common::ctx(), inputs).unwrap_err();
     assert_eq!(cpu.to_string(), gpu.to_string());
     gpu
 }
@@ -137,7 +138,7 @@ fn problems_over_the_device_limits_are_errors_not_panics() {
     let n = (limit / 4) as usize + 1;
     let x = ArrayD::<f32>::zeros(IxDyn(&[n, 1]));
     let e = Attention::new()
-        .forward(common::ctx(), x.view(), None)
+        .run(common::ctx(), Inputs::x(&x))
         .unwrap_err();
     assert!(matches!(e, Error::LimitExceeded { .. }), "{e}");
     assert!(

@@ -8,7 +8,8 @@ mod common;
 
 use ndarray::{Array2, ArrayD, IxDyn};
 use wgpu_attention::{
-    reference, Attention, Dtype, Error, FlashVariant, Kernels, MatmulVariant, Projections,
+    reference, Attention, Dtype, Error, FlashVariant, Inputs, Kernels, MatmulVariant, Options,
+    Projections,
 };
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
@@ -49,13 +50,21 @@ fn coop_kernels_match_the_reference_where_the_adapter_has_cooperative_matrices()
                     let base = Attention::new()
                         .heads(2)
                         .causal(causal)
-                        .nan_fill(true)
+                        .options(Options {
+                            nan_fill: true,
+                            ..Options::default()
+                        })
                         .return_weights(weights);
-                    let want = reference::attention(&base, xs.view(), Some(&proj)).unwrap();
+                    let inputs = Inputs::x(&xs).projections(&proj);
+                    let want = reference::run(&base, &inputs).unwrap();
                     let got = base
-                        .kernels(Kernels::Coop)
+                        .options(Options {
+                            kernels: Kernels::Coop,
+                            nan_fill: true,
+                            ..Options::default()
+                        })
                         .dtype(dtype)
-                        .forward(ctx, xs.view(), Some(&proj))
+                        .run(ctx, inputs.clone())
                         .unwrap();
                     let (rel, max) = reference::compare(&got.context, &want.context);
                     let what = format!("{shape} b={batch} n={n} d={d} causal={causal} {dtype:?}");
@@ -80,12 +89,22 @@ fn forcing_coop_without_cooperative_matrices_is_a_clear_error() {
     let xs = x(1, 9, 8);
     let eye = Array2::<f32>::eye(8);
     let proj = Projections::new(eye.view(), eye.view(), eye.view());
-    for op in [
-        Attention::new().kernels(Kernels::Coop),
-        Attention::new().matmul_variant(MatmulVariant::Coop),
-        Attention::new().flash_variant(FlashVariant::Coop),
+    for options in [
+        Options {
+            kernels: Kernels::Coop,
+            ..Options::default()
+        },
+        Options {
+            matmul_variant: Some(MatmulVariant::Coop),
+            ..Options::default()
+        },
+        Options {
+            flash_variant: Some(FlashVariant::Coop),
+            ..Options::default()
+        },
     ] {
-        let e = op.forward(ctx, xs.view(), Some(&proj)).unwrap_err();
+        let op = Attention::new().options(options);
+        let e = op.run(ctx, Inputs::x(&xs).projections(&proj)).unwrap_err();
         assert!(
             matches!(&e, Error::Unsupported { feature, .. }
                 if feature.contains("EXPERIMENTAL_COOPERATIVE_MATRIX")),

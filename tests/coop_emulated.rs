@@ -8,7 +8,9 @@
 mod common;
 
 use ndarray::{Array2, ArrayD, IxDyn};
-use wgpu_attention::{reference, Attention, Context, Kernels, Mask, Projections};
+use wgpu_attention::{
+    reference, Attention, Context, Dims, Inputs, Kernels, Mask, Options, Projections,
+};
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {
@@ -64,17 +66,20 @@ fn emulated_coop_kernels_match_the_reference() {
                     let base = Attention::new()
                         .heads(heads)
                         .causal(causal)
-                        .nan_fill(true)
+                        .options(Options {
+                            nan_fill: true,
+                            ..Options::default()
+                        })
                         .return_weights(weights);
-                    let want =
-                        reference::attention_masked(&base, xs.view(), Some(&proj), &mask).unwrap();
-                    let op = base.kernels(Kernels::Coop);
-                    let plan = op
-                        .plan(&ctx, &op.dims(xs.shape(), Some(&proj)).unwrap())
-                        .unwrap();
-                    let got = op
-                        .forward_masked(&ctx, xs.view(), Some(&proj), &mask)
-                        .unwrap();
+                    let inputs = Inputs::x(&xs).projections(&proj).mask(&mask);
+                    let want = reference::run(&base, &inputs).unwrap();
+                    let op = base.options(Options {
+                        kernels: Kernels::Coop,
+                        nan_fill: true,
+                        ..Options::default()
+                    });
+                    let plan = op.plan(&ctx, &Dims::new(&op, &inputs).unwrap()).unwrap();
+                    let got = op.run(&ctx, inputs.clone()).unwrap();
                     let (rel, max) = reference::compare(&got.context, &want.context);
                     let what = format!(
                         "{plan} b={batch} n={n} d={d} h={heads} causal={causal} mask={masked}"

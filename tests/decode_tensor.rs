@@ -9,8 +9,8 @@ mod common;
 use ndarray::{s, Array2, Array3, Array4, Axis};
 use wgpu_attention::half::f16;
 use wgpu_attention::{
-    reference, Attention, Context, Decoder, Dtype, Error, KvCache, KvCacheSpec, Layer, Projections,
-    Recorder, Tensor,
+    reference, Attention, Context, Decoder, Dtype, Error, Inputs, KvCache, KvCacheSpec, Layer,
+    Projections, Recorder, Tensor,
 };
 
 fn wave(shape: (usize, usize, usize, usize), salt: usize, amp: f32) -> Array4<f32> {
@@ -128,8 +128,8 @@ fn two_layers_decoded_in_one_submit_equal_step_by_step_calls() {
     let mut at = 0;
     for m in [prompt, 1, 1, 4] {
         let xs = x.slice(s![.., at..at + m, ..]);
-        let h = layers[0].decode_step(ctx, &mut a1, xs).unwrap();
-        let want = layers[1].decode_step(ctx, &mut a2, h.view()).unwrap();
+        let h = layers[0].decode(ctx, &mut a1, xs).unwrap();
+        let want = layers[1].decode(ctx, &mut a2, h.view()).unwrap();
 
         let xt = Tensor::from_array(ctx, xs.into_dyn(), Dtype::F32).unwrap();
         let mut rec = Recorder::new(ctx);
@@ -141,12 +141,12 @@ fn two_layers_decoded_in_one_submit_equal_step_by_step_calls() {
         at += m;
     }
     // The whole sequence through the caches is the causal forward of the two layers.
-    let h = layers[0].forward(ctx, &x).unwrap().context;
-    let full = layers[1].forward(ctx, &h).unwrap().context;
+    let h = layers[0].run(ctx, Inputs::x(&x)).unwrap().context;
+    let full = layers[1].run(ctx, Inputs::x(&h)).unwrap().context;
     let mut t3 = cache_for(ctx, n, Dtype::F32);
     let mut t4 = cache_for(ctx, n, Dtype::F32);
-    let h = layers[0].decode_step(ctx, &mut t3, x.view()).unwrap();
-    let y = layers[1].decode_step(ctx, &mut t4, h.view()).unwrap();
+    let h = layers[0].decode(ctx, &mut t3, x.view()).unwrap();
+    let y = layers[1].decode(ctx, &mut t4, h.view()).unwrap();
     let (rel, _) = reference::compare(&y.into_dyn(), &full.mapv(f64::from).into_dyn());
     assert!(rel < 1e-5, "prefill through the caches vs forward: {rel:e}");
     // X without its batch axis is refused, the cache unchanged.
@@ -178,13 +178,13 @@ fn an_f16_layer_decodes_as_its_causal_forward() {
     let x = Array3::from_shape_fn((2, n, d), |(b, i, j)| {
         ((b * 3 + i * 5 + j) as f32 * 0.07).cos()
     });
-    let want = layer.forward(ctx, &x).unwrap().context;
+    let want = layer.run(ctx, Inputs::x(&x)).unwrap().context;
     let mut cache = cache_for(ctx, n, Dtype::F16);
     let mut parts = vec![layer
-        .decode_step(ctx, &mut cache, x.slice(s![.., ..prompt, ..]))
+        .decode(ctx, &mut cache, x.slice(s![.., ..prompt, ..]))
         .unwrap()];
     for t in prompt..n {
-        let step = layer.decode_step(ctx, &mut cache, x.slice(s![.., t..t + 1, ..]));
+        let step = layer.decode(ctx, &mut cache, x.slice(s![.., t..t + 1, ..]));
         parts.push(step.unwrap());
     }
     let views: Vec<_> = parts.iter().map(|a| a.view()).collect();
@@ -193,7 +193,7 @@ fn an_f16_layer_decodes_as_its_causal_forward() {
     assert!(rel < 2e-3, "f16 decode vs f16 forward: {rel:e}");
     // X past f16's range is refused before anything is appended.
     let big = Array3::from_elem((2, 1, d), 1e6f32);
-    let e = layer.decode_step(ctx, &mut cache, big.view()).unwrap_err();
+    let e = layer.decode(ctx, &mut cache, big.view()).unwrap_err();
     assert!(e.to_string().contains("f16"), "{e}");
     assert_eq!(cache.len(), n);
 }

@@ -7,7 +7,9 @@ mod common;
 
 use ndarray::{Array2, ArrayD, IxDyn};
 use wgpu_attention::wgpu;
-use wgpu_attention::{reference, verify, Attention, Context, Dtype, Error, Mask, Projections};
+use wgpu_attention::{
+    reference, verify, Attention, Context, Dtype, Error, Inputs, Mask, Options, Projections,
+};
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {
@@ -35,7 +37,8 @@ fn f16_operands_are_within_1e_2_of_the_reference_on_every_path() {
     let proj = Projections::new(wq.view(), wk.view(), wv.view());
     let with_out = proj.with_output(wo.view(), Some(bo.view()));
     let lengths = [70, 33];
-    for (label, p, mask) in [
+    // Iterated by reference: `Inputs` borrows each mask for as long as the projections.
+    let cases = [
         ("QKV=X", None, Mask::none()),
         ("projections", Some(&proj), Mask::none()),
         (
@@ -43,18 +46,26 @@ fn f16_operands_are_within_1e_2_of_the_reference_on_every_path() {
             Some(&with_out),
             Mask::none().with_kv_lengths(&lengths),
         ),
-    ] {
+    ];
+    for (label, p, mask) in &cases {
         for causal in [false, true] {
-            let base = Attention::new().heads(2).causal(causal).nan_fill(true);
-            let want = reference::attention_masked(&base, xs.view(), p, &mask).unwrap();
+            let base = Attention::new().heads(2).causal(causal).options(Options {
+                nan_fill: true,
+                ..Options::default()
+            });
+            let inputs = Inputs::x(&xs).projections(*p).mask(mask);
+            let want = reference::run(&base, &inputs).unwrap();
             for (kernels, fused) in verify::paths(ctx) {
-                let op = base.kernels(kernels).return_weights(!fused);
+                let op = base
+                    .options(Options {
+                        kernels,
+                        nan_fill: true,
+                        ..Options::default()
+                    })
+                    .return_weights(!fused);
                 let what = format!("{label} {kernels} fused={fused} causal={causal}");
-                let f32_out = op.forward_masked(ctx, xs.view(), p, &mask).unwrap();
-                let f16_out = op
-                    .dtype(Dtype::F16)
-                    .forward_masked(ctx, xs.view(), p, &mask)
-                    .unwrap();
+                let f32_out = op.run(ctx, inputs.clone()).unwrap();
+                let f16_out = op.dtype(Dtype::F16).run(ctx, inputs.clone()).unwrap();
                 let (rel32, _) = reference::compare(&f32_out.context, &want.context);
                 let (rel16, _) = reference::compare(&f16_out.context, &want.context);
                 assert!(rel16 < 1e-2, "{what}: f16 context rel {rel16:e}");
@@ -80,15 +91,17 @@ fn f16_sdpa_with_grouped_query_heads_is_within_1e_2() {
     let keep = ArrayD::from_shape_fn(IxDyn(&[19, 29]), |ix| (ix[0] + ix[1]) % 4 != 0);
     let mask = Mask::boolean(keep.view());
     let base = Attention::new().causal(true);
-    let want = reference::sdpa_masked(&base, q.view(), k.view(), v.view(), &mask).unwrap();
+    let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+    let want = reference::run(&base, &inputs).unwrap();
     for (kernels, fused) in verify::paths(ctx) {
         let op = base
-            .kernels(kernels)
+            .options(Options {
+                kernels,
+                ..Options::default()
+            })
             .return_weights(!fused)
             .dtype(Dtype::F16);
-        let got = op
-            .sdpa_masked(ctx, q.view(), k.view(), v.view(), &mask)
-            .unwrap();
+        let got = op.run(ctx, inputs.clone()).unwrap();
         let (rel, _) = reference::compare(&got.context, &want.context);
         assert!(rel < 1e-2 && rel > 1e-5, "{kernels} fused={fused}: {rel:e}");
     }
@@ -101,7 +114,7 @@ fn f16_errors_are_clear() {
     // An input past f16's range, named with its index.
     let mut big = x(1, 5, 4);
     big[[0, 3, 2]] = 7e4;
-    let e = op.forward(ctx, big.view(), None).unwrap_err();
+    let e = op.run(ctx, Inputs::x(&big)).unwrap_err();
     assert!(
         e.to_string().contains("X[0, 3, 2]") && e.to_string().contains("65504"),
         "{e}"
@@ -110,7 +123,9 @@ fn f16_errors_are_clear() {
     let huge = ArrayD::from_elem(IxDyn(&[1, 4, 8]), 250.0f32);
     let wide = Array2::from_elem((8, 8), 250.0f32);
     let proj = Projections::new(wide.view(), wide.view(), wide.view());
-    let e = op.forward(ctx, huge.view(), Some(&proj)).unwrap_err();
+    let e = op
+        .run(ctx, Inputs::x(&huge).projections(&proj))
+        .unwrap_err();
     assert!(
         matches!(
             e,
@@ -124,7 +139,7 @@ fn f16_errors_are_clear() {
     assert!(e.to_string().contains("overflowed"), "{e}");
     // The same problem in f32 is fine.
     assert!(Attention::new()
-        .forward(ctx, huge.view(), Some(&proj))
+        .run(ctx, Inputs::x(&huge).projections(&proj))
         .is_ok());
     assert_eq!("F16".parse::<Dtype>().unwrap(), Dtype::F16);
     assert!("bf16".parse::<Dtype>().is_err());
@@ -144,11 +159,11 @@ fn a_device_without_shader_f16_says_so() {
     let x = x(1, 5, 4);
     let e = Attention::new()
         .dtype(Dtype::F16)
-        .forward(&ctx, x.view(), None)
+        .run(&ctx, Inputs::x(&x))
         .unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     assert!(e.to_string().contains("SHADER_F16"), "{e}");
     assert!(e.to_string().contains("--dtype f32"), "{e}");
     // f32 still runs there.
-    assert!(Attention::new().forward(&ctx, x.view(), None).is_ok());
+    assert!(Attention::new().run(&ctx, Inputs::x(&x)).is_ok());
 }

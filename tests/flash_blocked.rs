@@ -7,13 +7,33 @@
 mod common;
 
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{BlockedOptions, Context, Dtype, FlashVariant, Kernels};
+use wgpu_attention::{
+    Attention, BlockedOptions, Context, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Options,
+};
 
 const BLOCKS: [FlashVariant; 3] = [
     FlashVariant::Blocked { rows: 64, keys: 64 },
     FlashVariant::Blocked { rows: 64, keys: 32 },
     FlashVariant::Blocked { rows: 32, keys: 64 },
 ];
+
+/// `case.op()` with its fused kernel forced to `v` and its keys split as `split`: the
+/// options `Case::op` sets (the case's kernels, NaN-filled outputs) and these two, in one
+/// `Options` (`Attention::options` sets every knob at once).
+fn forced_split(case: &Case, v: FlashVariant, split: KeySplit) -> Attention {
+    case.op().options(Options {
+        kernels: case.kernels,
+        nan_fill: true,
+        flash_variant: Some(v),
+        key_split: split,
+        ..Options::default()
+    })
+}
+
+/// `case.op()` with its fused kernel forced to `v` (see [`forced_split`]).
+fn forced(case: &Case, v: FlashVariant) -> Attention {
+    forced_split(case, v, KeySplit::Auto)
+}
 
 /// Runs each case fused with each of `variants` (those that fit the adapter) and collects
 /// the failures.
@@ -28,7 +48,7 @@ fn check_on(ctx: &Context, cases: &[Case], variants: &[FlashVariant]) {
     for (i, case) in cases.iter().enumerate() {
         let case = case.on(Kernels::Storage, true);
         for &v in variants {
-            let op = case.op().flash_variant(v);
+            let op = forced(&case, v);
             match verify::run_case_with(ctx, &case, op, 100 + i as u64) {
                 Ok(r) if r.passed() => {
                     // The errors, for `--nocapture` (the README's f16 arithmetic bound).
@@ -177,7 +197,7 @@ fn bad_block_shapes_are_errors() {
         FlashVariant::Blocked { rows: 30, keys: 32 },
         FlashVariant::Blocked { rows: 0, keys: 32 },
     ] {
-        let err = verify::run_case_with(ctx, &case, case.op().flash_variant(v), 1).unwrap_err();
+        let err = verify::run_case_with(ctx, &case, forced(&case, v), 1).unwrap_err();
         assert!(
             matches!(err, wgpu_attention::Error::InvalidArgument { .. }),
             "{v}: {err}"
@@ -193,10 +213,13 @@ fn twins(unchecked: &Context, checked: &Context, runs: &[(Case, FlashVariant)]) 
         let case = case.on(Kernels::Storage, true);
         let data = case.data(5);
         let (proj, mask) = (data.projections(), data.mask());
-        let op = case.op().flash_variant(*v);
+        let op = forced(&case, *v);
         let run = |ctx: &Context| {
-            op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
-                .map(|o| o.context)
+            op.run(
+                ctx,
+                Inputs::x(&data.x).projections(proj.as_ref()).mask(&mask),
+            )
+            .map(|o| o.context)
         };
         match (run(unchecked), run(checked)) {
             (Ok(a), Ok(b)) => assert_eq!(a, b, "{v} {case} {:?}", unchecked.blocked_options()),
@@ -367,7 +390,7 @@ fn subgroups_asked_for_where_a_row_group_does_not_fit_are_an_error() {
         keys: 128,
     };
     let case = plain(7, 16).on(Kernels::Storage, true);
-    let result = verify::run_case_with(&ctx, &case, case.op().flash_variant(v), 1);
+    let result = verify::run_case_with(&ctx, &case, forced(&case, v), 1);
     if info.subgroup_min_size < 32 {
         assert!(
             matches!(result, Err(wgpu_attention::Error::Unsupported { .. })),
@@ -393,14 +416,14 @@ fn the_unchecked_split_kernel_equals_its_checked_twin_bit_for_bit() {
     .on(Kernels::Storage, true);
     let data = case.data(5);
     let (proj, mask) = (data.projections(), data.mask());
-    let op = case
-        .op()
-        .flash_variant(BLOCKS[1])
-        .key_split(wgpu_attention::KeySplit::Ranges(3));
+    let op = forced_split(&case, BLOCKS[1], KeySplit::Ranges(3));
     let run = |ctx: &Context| {
-        op.forward_masked(ctx, data.x.view(), proj.as_ref(), &mask)
-            .unwrap()
-            .context
+        op.run(
+            ctx,
+            Inputs::x(&data.x).projections(proj.as_ref()).mask(&mask),
+        )
+        .unwrap()
+        .context
     };
     assert_eq!(run(common::ctx()), run(&checked));
 }

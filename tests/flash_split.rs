@@ -8,7 +8,9 @@ mod common;
 
 use ndarray::Array4;
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{reference, Attention, Dtype, FlashVariant, Kernels, KeySplit, Mask};
+use wgpu_attention::{
+    reference, Attention, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
+};
 
 /// 4 × 4 blocks (widths ≤ 16): even 7 keys are two tiles, so every size splits.
 const TINY: FlashVariant = FlashVariant::Blocked { rows: 4, keys: 4 };
@@ -23,11 +25,15 @@ fn check(cases: &[Case], variants: &[FlashVariant], ranges: &[u32]) {
         let case = case.on(Kernels::Storage, true);
         for &v in variants {
             for &n in ranges {
-                let op = case
-                    .op()
-                    .nan_fill(true)
-                    .flash_variant(v)
-                    .key_split(KeySplit::Ranges(n));
+                // What `Case::op` sets (the case's kernels, NaN-filled outputs), and the
+                // variant and the split, in one `Options`.
+                let op = case.op().options(Options {
+                    kernels: case.kernels,
+                    nan_fill: true,
+                    flash_variant: Some(v),
+                    key_split: KeySplit::Ranges(n),
+                    ..Options::default()
+                });
                 match verify::run_case_with(ctx, &case, op, 200 + i as u64) {
                     Ok(r) if r.passed() => {}
                     Ok(r) => failures.push(format!("{v} split {n}: {r}")),
@@ -118,17 +124,18 @@ fn split_equals_unsplit_within_rounding() {
     let keep = ndarray::Array2::from_shape_fn((37, 300), |(i, j)| (i + 3 * j) % 5 != 0);
     let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[300, 123]);
     for causal in [false, true] {
-        let op = Attention::new()
-            .causal(causal)
-            .return_weights(false)
-            .nan_fill(true)
-            .kernels(Kernels::Storage)
-            .flash_variant(GPU);
+        let op = Attention::new().causal(causal).return_weights(false);
         let run = |split| {
-            op.key_split(split)
-                .sdpa_masked(ctx, q.view(), k.view(), v.view(), &mask)
-                .unwrap()
-                .context
+            op.options(Options {
+                nan_fill: true,
+                kernels: Kernels::Storage,
+                flash_variant: Some(GPU),
+                key_split: split,
+                ..Options::default()
+            })
+            .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
+            .unwrap()
+            .context
         };
         let whole = run(KeySplit::Off);
         for n in [2, 5, 10] {
@@ -158,22 +165,22 @@ fn a_split_saved_forward_keeps_the_log_sum_exp_for_the_backward() {
     let v = Array4::from_shape_fn((2, 2, 45, 12), f(0.41));
     let d_o = Array4::from_shape_fn((2, 4, 37, 12), f(0.07));
     for causal in [false, true] {
-        let op = Attention::new()
-            .causal(causal)
-            .nan_fill(true)
-            .flash_variant(FlashVariant::Blocked { rows: 8, keys: 8 })
-            .key_split(KeySplit::Ranges(4));
-        let want =
-            reference::sdpa_backward(&op, q.view(), k.view(), v.view(), d_o.view(), &mask).unwrap();
-        let (out, saved) = op
-            .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
-            .unwrap();
-        let forward = reference::sdpa_masked(&op, q.view(), k.view(), v.view(), &mask).unwrap();
+        let op = Attention::new().causal(causal).options(Options {
+            nan_fill: true,
+            flash_variant: Some(FlashVariant::Blocked { rows: 8, keys: 8 }),
+            key_split: KeySplit::Ranges(4),
+            ..Options::default()
+        });
+        let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+        let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
+        let out = op.save_for_backward(true).run(ctx, inputs.clone()).unwrap();
+        let saved = out.saved.clone().unwrap();
+        let forward = reference::run(&op, &inputs).unwrap();
         let (rel, _) = reference::compare(&out.context, &forward.context);
         assert!(rel < 1e-5, "causal={causal} forward: {rel:e}");
         let g = saved.backward(ctx, d_o.view()).unwrap();
         for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
-            let (rel, _) = reference::compare(&got.clone().into_dyn(), &want.clone().into_dyn());
+            let (rel, _) = reference::compare(got.as_ref().unwrap(), want.as_ref().unwrap());
             assert!(rel < 1e-5, "causal={causal}: {rel:e}");
         }
     }

@@ -5,7 +5,7 @@ mod common;
 
 use ndarray::{array, Array2};
 use wgpu_attention::Context;
-use wgpu_attention::{Attention, Projections};
+use wgpu_attention::{Attention, Inputs, Options, Projections};
 
 fn close(got: &Array2<f32>, want: &Array2<f32>, what: &str) {
     // The seed prints its inputs to 4 decimals too: a weight rounded by up to 5e-5 times
@@ -26,8 +26,11 @@ fn close(got: &Array2<f32>, want: &Array2<f32>, what: &str) {
 fn check_against_printout(ctx: &Context, x: &Array2<f32>, w: [&Array2<f32>; 3]) {
     let proj = Projections::new(w[0].view(), w[1].view(), w[2].view());
     let out = Attention::new()
-        .nan_fill(true)
-        .forward(ctx, x.view().into_dyn(), Some(&proj))
+        .options(Options {
+            nan_fill: true,
+            ..Options::default()
+        })
+        .run(ctx, Inputs::x(x).projections(&proj))
         .unwrap();
     let weights = out.weights.unwrap().into_dimensionality().unwrap();
     let context = out.context.into_dimensionality().unwrap();

@@ -7,7 +7,7 @@ mod common;
 
 use ndarray::{Array2, Array3, Axis, Ix2, Ix4};
 use wgpu_attention::verify::{self, Case};
-use wgpu_attention::{reference, Attention};
+use wgpu_attention::{reference, Attention, Inputs, Options};
 
 /// Runs every case on every path: each kernel family, with weights and fused.
 fn check(cases: &[Case], seed: u64) {
@@ -50,8 +50,11 @@ fn causal_rows_sum_to_one_and_never_look_ahead() {
     });
     let out = Attention::new()
         .causal(true)
-        .nan_fill(true)
-        .forward(common::ctx(), x.view().into_dyn(), None)
+        .options(Options {
+            nan_fill: true,
+            ..Options::default()
+        })
+        .run(common::ctx(), Inputs::x(&x))
         .unwrap();
     let w = out
         .weights
@@ -85,11 +88,12 @@ fn causal_rows_sum_to_one_and_never_look_ahead() {
 fn logits_in_the_thousands_give_finite_correct_weights() {
     // Q = K = V = X with entries ~±40 and d = 8: logits of several thousand.
     let x = Array2::from_shape_fn((29, 8), |(i, j)| 40.0 * ((i * 8 + j) as f32 * 0.91).cos());
-    let op = Attention::new().nan_fill(true);
-    let gpu = op
-        .forward(common::ctx(), x.view().into_dyn(), None)
-        .unwrap();
-    let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+    let op = Attention::new().options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let gpu = op.run(common::ctx(), Inputs::x(&x)).unwrap();
+    let cpu = reference::run(&op, &Inputs::x(&x)).unwrap();
     let bound = reference::logit_bound(&op, x.view().into_dyn(), None).unwrap();
     assert!(
         bound > 1000.0,
@@ -109,11 +113,12 @@ fn more_than_65535_workgroups_in_one_dispatch() {
     let x = Array2::from_shape_fn((300, 256), |(i, j)| {
         ((i * 13 + j * 7) % 17) as f32 * 0.1 - 0.8
     });
-    let op = Attention::new().heads(256).nan_fill(true);
-    let gpu = op
-        .forward(common::ctx(), x.view().into_dyn(), None)
-        .unwrap();
-    let cpu = reference::attention(&op, x.view().into_dyn(), None).unwrap();
+    let op = Attention::new().heads(256).options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let gpu = op.run(common::ctx(), Inputs::x(&x)).unwrap();
+    let cpu = reference::run(&op, &Inputs::x(&x)).unwrap();
     let w = gpu.weights.unwrap();
     assert_eq!(w.shape(), &[256, 300, 300]);
     let (rel, _) = reference::compare(&w, cpu.weights.as_ref().unwrap());
@@ -125,13 +130,14 @@ fn more_than_65535_workgroups_in_one_dispatch() {
 #[test]
 fn opting_out_of_weights_returns_none_and_the_same_context() {
     let x = Array3::from_shape_fn((2, 19, 12), |(b, i, j)| ((b + 2 * i + 3 * j) as f32).sin());
-    let op = Attention::new().heads(3).causal(true).nan_fill(true);
-    let with = op
-        .forward(common::ctx(), x.view().into_dyn(), None)
-        .unwrap();
+    let op = Attention::new().heads(3).causal(true).options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let with = op.run(common::ctx(), Inputs::x(&x)).unwrap();
     let without = op
         .return_weights(false)
-        .forward(common::ctx(), x.view().into_dyn(), None)
+        .run(common::ctx(), Inputs::x(&x))
         .unwrap();
     assert!(without.weights.is_none());
     assert_eq!(with.context, without.context);
@@ -146,11 +152,14 @@ fn transposed_and_strided_views_are_accepted() {
     let lin_v = Array2::from_shape_fn((4, 5), |(i, j)| (i * j) as f32 * 0.05);
     let x = Array2::from_shape_fn((9, 5), |(i, j)| ((i + j) as f32 * 0.3).sin());
     let p = wgpu_attention::Projections::new(lin_q.t(), lin_q.t(), lin_v.t());
-    let op = Attention::new().nan_fill(true);
+    let op = Attention::new().options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
     let gpu = op
-        .forward(common::ctx(), x.view().into_dyn(), Some(&p))
+        .run(common::ctx(), Inputs::x(&x).projections(&p))
         .unwrap();
-    let cpu = reference::attention(&op, x.view().into_dyn(), Some(&p)).unwrap();
+    let cpu = reference::run(&op, &Inputs::x(&x).projections(&p)).unwrap();
     let (rel, _) = reference::compare(&gpu.context, &cpu.context);
     assert!(rel < 1e-5, "{rel}");
     assert_eq!(
@@ -168,7 +177,7 @@ fn fused_path_handles_32768_keys_with_memory_linear_in_n() {
     for causal in [false, true] {
         let op = Attention::new().causal(causal).return_weights(false);
         let out = op
-            .forward(common::ctx(), x.view().into_dyn(), None)
+            .run(common::ctx(), Inputs::x(&x))
             .unwrap()
             .context
             .into_dimensionality::<Ix2>()
