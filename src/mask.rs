@@ -45,6 +45,20 @@ enum Kind<'a> {
 }
 
 impl<'a> Mask<'a> {
+    /// The same mask, its views borrowed for a shorter lifetime.
+    pub(crate) fn reborrow<'b>(&self) -> Mask<'b>
+    where
+        'a: 'b,
+    {
+        Mask {
+            attn: self.attn.as_ref().map(|k| match k {
+                Kind::Bool(m) => Kind::Bool(m.clone().reborrow()),
+                Kind::Additive(m) => Kind::Additive(m.clone().reborrow()),
+            }),
+            kv_lengths: self.kv_lengths.clone(),
+        }
+    }
+
     /// No mask.
     pub fn none() -> Self {
         Self::default()

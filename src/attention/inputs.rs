@@ -118,7 +118,7 @@ impl<'a> Operand<'a> for &'a Tensor {
 pub struct Inputs<'a, K: Kind = Host> {
     pub(crate) operands: Operands<'a, K>,
     pub(crate) projections: Option<Projections<'a>>,
-    pub(crate) mask: Option<&'a Mask<'a>>,
+    pub(crate) mask: Option<Mask<'a>>,
 }
 
 /// X alone, or Q, K and V.
@@ -191,14 +191,14 @@ impl<'a, K: Kind> Inputs<'a, K> {
 
     /// A boolean or additive mask, or key lengths, combined with causal (see [`Mask`] for
     /// the semantics and how it broadcasts).
-    pub fn mask(mut self, mask: &'a Mask<'a>) -> Self {
-        self.mask = Some(mask);
+    pub fn mask<'m: 'a>(mut self, mask: &'a Mask<'m>) -> Self {
+        self.mask = Some(mask.reborrow());
         self
     }
 
     /// The mask, or none.
     pub(crate) fn mask_or_none(&self) -> Mask<'a> {
-        self.mask.cloned().unwrap_or_else(Mask::none)
+        self.mask.clone().unwrap_or_else(Mask::none)
     }
 }
 

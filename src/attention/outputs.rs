@@ -203,6 +203,8 @@ impl Gradients<Tensor> {
 #[derive(Clone)]
 pub struct Saved(Arc<SavedKind>);
 
+// Always behind the `Arc` of a `Saved`: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum SavedKind {
     Sdpa(SdpaSaved),
     Layer(LayerSaved),

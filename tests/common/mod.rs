@@ -85,7 +85,8 @@ pub fn sdpa_arrays(
 }
 
 /// Runs `base` with `mask` on every path (each family, with weights and fused) and compares
-/// it with the reference; returns one line per path that disagrees, prefixed with `label`.
+/// it with the reference, outputs NaN-prefilled; returns one line per path that disagrees,
+/// prefixed with `label`. `base`'s own [`Options`] are replaced by each path's.
 pub fn sdpa_failures(
     base: Attention,
     [q, k, v]: &[Array4<f32>; 3],
@@ -102,6 +103,7 @@ pub fn sdpa_failures(
         let op = base
             .options(Options {
                 kernels,
+                nan_fill: true,
                 ..Options::default()
             })
             .return_weights(!fused);
