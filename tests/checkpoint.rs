@@ -15,7 +15,7 @@ use ndarray::{Array1, Array2, ArrayD, IxDyn};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use wgpu_attention::checkpoint::{self, Biases, HeadCounts, Layout};
-use wgpu_attention::{reference, Attention};
+use wgpu_attention::{reference, Attention, Dims, Inputs, Options};
 
 /// A tensor to store: dtype, shape, f32 values (converted to the dtype's bytes).
 struct T(Dtype, Vec<usize>, Vec<f32>);
@@ -91,9 +91,13 @@ fn forward_matches(layer: &checkpoint::LayerWeights, heads: usize, d: usize) {
     let ctx = common::ctx();
     let x = x(13, d);
     let proj = layer.projections();
-    let op = Attention::new().heads(heads).causal(true).nan_fill(true);
-    let got = op.forward(ctx, x.view(), Some(&proj)).unwrap();
-    let want = reference::attention(&op, x.view(), Some(&proj)).unwrap();
+    let op = Attention::new().heads(heads).causal(true).options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let inputs = Inputs::x(&x).projections(&proj);
+    let got = op.run(ctx, inputs.clone()).unwrap();
+    let want = reference::run(&op, &inputs).unwrap();
     let (rel, _) = reference::compare(&got.context, &want.context);
     assert!(rel < 1e-5, "rel {rel:e}");
 }
@@ -292,7 +296,10 @@ fn bad_checkpoints_are_errors_that_list_what_the_file_has() {
     let layer = checkpoint::load(&path, "l").unwrap();
     let e = Attention::new()
         .heads(3)
-        .forward(common::ctx(), x(3, 6).view(), Some(&layer.projections()))
+        .run(
+            common::ctx(),
+            Inputs::x(&x(3, 6)).projections(&layer.projections()),
+        )
         .unwrap_err();
     assert!(e.to_string().contains("divide"), "{e}");
 }
@@ -338,10 +345,9 @@ fn cli_run_takes_weights_and_prefix() {
     );
     let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
     let layer = checkpoint::load(&path, "attn").unwrap();
-    let want = reference::attention(
+    let want = reference::run(
         &Attention::new().heads(2),
-        xs.view(),
-        Some(&layer.projections()),
+        &Inputs::x(&xs).projections(&layer.projections()),
     )
     .unwrap();
     assert!(reference::compare(&context, &want.context).0 < 1e-5);
@@ -395,7 +401,7 @@ fn query_and_value_biases_without_a_key_bias() {
     let op = Attention::new().heads(2);
     let xs = x(7, d);
     let run = |p: &wgpu_attention::Projections<'_>| {
-        reference::attention(&op, xs.view(), Some(p))
+        reference::run(&op, &Inputs::x(&xs).projections(p))
             .unwrap()
             .context
     };
@@ -440,16 +446,11 @@ fn grouped_query_layers_run_as_such_and_repeat_to_the_same_multi_head_layer() {
     // As loaded, K is half Q's width: the op runs it as grouped-query attention, 2 K/V heads,
     // and matches the reference; a head count the widths do not allow is refused.
     let op = Attention::new().heads(4);
-    assert_eq!(
-        op.dims(&[5, d], Some(&layer.projections()))
-            .unwrap()
-            .kv_heads,
-        2
-    );
-    assert!(Attention::new()
-        .heads(3)
-        .dims(&[5, d], Some(&layer.projections()))
-        .is_err());
+    let x5 = Array2::<f32>::zeros((5, d));
+    let proj = layer.projections();
+    let inputs = Inputs::x(&x5).projections(&proj);
+    assert_eq!(Dims::new(&op, &inputs).unwrap().kv_heads, 2);
+    assert!(Dims::new(&Attention::new().heads(3), &inputs).is_err());
     forward_matches(&layer, 4, d);
     assert_eq!(layer.check_kv_heads(4, Some(2)).unwrap(), 2);
     let r = layer.clone().repeat_kv_heads(4, Some(2)).unwrap();
@@ -570,7 +571,7 @@ fn cli_run_takes_heads_from_config_json_and_applies_only_the_named_modules_outpu
         );
         let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
         let op = Attention::new().heads(heads);
-        let want = reference::attention(&op, xs.view(), Some(&layer.projections())).unwrap();
+        let want = reference::run(&op, &Inputs::x(&xs).projections(&layer.projections())).unwrap();
         assert!(
             reference::compare(&context, &want.context).0 < 1e-5,
             "{prefix} {extra:?}"

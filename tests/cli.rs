@@ -4,7 +4,7 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
-use wgpu_attention::{reference, Attention, Projections};
+use wgpu_attention::{reference, Attention, Inputs, Projections};
 
 use common::{cli, ok};
 
@@ -65,7 +65,7 @@ fn run_writes_context_and_weights_that_match_the_reference() {
         bv.view(),
     );
     let op = Attention::new().heads(2).causal(true);
-    let cpu = reference::attention(&op, x.view().into_dyn(), Some(&proj)).unwrap();
+    let cpu = reference::run(&op, &Inputs::x(&x).projections(&proj)).unwrap();
     let (rel, _) = reference::compare(&context, &cpu.context);
     assert!(rel < 1e-5, "context rel err {rel}");
     let (rel, _) = reference::compare(&weights, cpu.weights.as_ref().unwrap());
@@ -90,8 +90,7 @@ fn run_no_weights_writes_only_context_and_honours_scale() {
     ]));
     assert!(!dir.path().join("out/weights.npy").exists());
     let context: ArrayD<f32> = ndarray_npy::read_npy(p("out/context.npy")).unwrap();
-    let cpu =
-        reference::attention(&Attention::new().scale(-0.25), x.view().into_dyn(), None).unwrap();
+    let cpu = reference::run(&Attention::new().scale(-0.25), &Inputs::x(&x)).unwrap();
     let (rel, _) = reference::compare(&context, &cpu.context);
     assert!(rel < 1e-5, "{rel}");
 }
@@ -206,13 +205,7 @@ fn sdpa_writes_pytorch_layout_outputs_that_match_the_reference() {
     let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
     let weights: ArrayD<f32> = ndarray_npy::read_npy(p("o/weights.npy")).unwrap();
     let v32 = v.mapv(|x| x as f32);
-    let want = reference::sdpa(
-        &Attention::new().causal(true),
-        q.view(),
-        k.view(),
-        v32.view(),
-    )
-    .unwrap();
+    let want = reference::run(&Attention::new().causal(true), &Inputs::qkv(&q, &k, &v32)).unwrap();
     assert_eq!(context.shape(), &[2, 2, 9, 5]);
     assert_eq!(weights.shape(), &[2, 2, 9, 13]);
     assert!(reference::compare(&context, &want.context).0 < 1e-5);
@@ -276,8 +269,11 @@ fn run_with_an_output_projection_matches_the_reference() {
     assert_eq!(context.shape(), &[2, 9, 5]);
     let proj =
         Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), Some(bo.view()));
-    let want =
-        reference::attention(&Attention::new().heads(2), x.view().into_dyn(), Some(&proj)).unwrap();
+    let want = reference::run(
+        &Attention::new().heads(2),
+        &Inputs::x(&x).projections(&proj),
+    )
+    .unwrap();
     assert!(reference::compare(&context, &want.context).0 < 1e-5);
 }
 
@@ -318,7 +314,7 @@ fn sdpa_and_run_take_a_mask_and_key_lengths_from_npy_files() {
     let context: ArrayD<f32> = ndarray_npy::read_npy(p("o/context.npy")).unwrap();
     let weights: ArrayD<f32> = ndarray_npy::read_npy(p("o/weights.npy")).unwrap();
     let m = wgpu_attention::Mask::boolean(mask.view()).with_kv_lengths(&[13, 6]);
-    let want = reference::sdpa_masked(&Attention::new(), q.view(), k.view(), v.view(), &m).unwrap();
+    let want = reference::run(&Attention::new(), &Inputs::qkv(&q, &k, &v).mask(&m)).unwrap();
     assert!(reference::compare(&context, &want.context).0 < 1e-5);
     assert!(reference::compare(&weights, want.weights.as_ref().unwrap()).0 < 1e-5);
     assert!(weights
@@ -350,13 +346,8 @@ fn sdpa_and_run_take_a_mask_and_key_lengths_from_npy_files() {
         &p("r"),
     ]));
     let context: ArrayD<f32> = ndarray_npy::read_npy(p("r/context.npy")).unwrap();
-    let want = reference::attention_masked(
-        &Attention::new(),
-        x.view().into_dyn(),
-        None,
-        &wgpu_attention::Mask::additive(fm.view()),
-    )
-    .unwrap();
+    let fm_mask = wgpu_attention::Mask::additive(fm.view());
+    let want = reference::run(&Attention::new(), &Inputs::x(&x).mask(&fm_mask)).unwrap();
     assert!(reference::compare(&context, &want.context).0 < 1e-5);
 
     // Bad values: an int mask, a mask that does not broadcast, float or negative lengths,
@@ -412,7 +403,7 @@ fn dtype_f16_reads_and_writes_float16_npy_and_verify_reports_its_accuracy() {
     let context = wgpu_attention::npy::read(std::path::Path::new(&p("o/context.npy"))).unwrap();
     let q16 = wgpu_attention::npy::read(std::path::Path::new(&p("q16.npy"))).unwrap();
     let q16 = q16.into_dimensionality::<ndarray::Ix4>().unwrap();
-    let want = reference::sdpa(&Attention::new(), q16.view(), k.view(), k.view()).unwrap();
+    let want = reference::run(&Attention::new(), &Inputs::qkv(&q16, &k, &k)).unwrap();
     let (rel, _) = reference::compare(&context, &want.context);
     assert!(rel < 1e-2, "{rel:e}");
 

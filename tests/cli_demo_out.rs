@@ -4,7 +4,7 @@
 mod common;
 
 use common::{cli, ok};
-use wgpu_attention::{demo, npy, Attention, Projections};
+use wgpu_attention::{demo, npy, Attention, Inputs, Projections};
 
 #[test]
 fn demo_out_writes_the_weights_and_context_it_prints() {
@@ -19,7 +19,7 @@ fn demo_out_writes_the_weights_and_context_it_prints() {
     let inputs = demo::inputs(demo::DEFAULT_SENTENCE, 42).unwrap();
     let proj = Projections::new(inputs.w_q.view(), inputs.w_k.view(), inputs.w_v.view());
     let lib = Attention::new()
-        .forward(common::ctx(), inputs.x.view().into_dyn(), Some(&proj))
+        .run(common::ctx(), Inputs::x(&inputs.x).projections(&proj))
         .unwrap();
     let lib = lib.weights.unwrap();
     let max = weights

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use ndarray::{Array1, Array2, Array3, ArrayD, Ix2};
-use wgpu_attention::{npy, reference, Attention, Mask, Projections};
+use wgpu_attention::{npy, reference, Attention, Inputs, Mask, Projections};
 
 use common::{cli, ok};
 
@@ -102,11 +102,11 @@ fn sdpa_writes_grad_q_k_v_equal_to_the_reference() {
     let keep = keep.into_dyn();
     let mask = Mask::boolean(keep.view()).with_kv_lengths(&[7, 4]);
     let op = Attention::new().causal(true).scale(0.6);
-    let g =
-        reference::sdpa_backward(&op, view4(&q), view4(&k), view4(&v), view4(&d_o), &mask).unwrap();
-    assert_matches(&out, "q", g.q.into_dyn());
-    assert_matches(&out, "k", g.k.into_dyn());
-    assert_matches(&out, "v", g.v.into_dyn());
+    let inputs = Inputs::qkv(view4(&q), view4(&k), view4(&v)).mask(&mask);
+    let g = reference::backward(&op, &inputs, d_o.view()).unwrap();
+    assert_matches(&out, "q", g.q.unwrap());
+    assert_matches(&out, "k", g.k.unwrap());
+    assert_matches(&out, "v", g.v.unwrap());
 }
 
 #[test]
@@ -175,15 +175,15 @@ fn run_writes_one_gradient_per_flag_given_plus_grad_x() {
     let proj = Projections::new(w(0), w(1), w(2))
         .with_bias(b(3), b(4), b(5))
         .with_output(w(6), Some(b(7)));
-    let g = reference::attention_backward(&op, x.view().into_dyn(), Some(&proj), d_o.view(), &mask)
-        .unwrap();
-    assert_matches(&out, "x", g.x);
+    let inputs = Inputs::x(&x).projections(&proj).mask(&mask);
+    let g = reference::backward(&op, &inputs, d_o.view()).unwrap();
+    assert_matches(&out, "x", g.x.unwrap());
     let grads2 = [("wq", g.w_q), ("wk", g.w_k), ("wv", g.w_v), ("wo", g.w_o)];
     for (flag, a) in grads2 {
-        assert_matches(&out, flag, a.unwrap().into_dyn());
+        assert_matches(&out, flag, a.unwrap());
     }
     for (flag, a) in [("bq", g.b_q), ("bk", g.b_k), ("bv", g.b_v), ("bo", g.b_o)] {
-        assert_matches(&out, flag, a.unwrap().into_dyn());
+        assert_matches(&out, flag, a.unwrap());
     }
 
     // No weights: grad_x only, (2, 5, 4) like X.
@@ -202,10 +202,8 @@ fn run_writes_one_gradient_per_flag_given_plus_grad_x() {
     let out = dir.path().join("bare");
     assert_eq!(grad_files(&out), ["grad_x.npy".to_string()].into());
     let op = Attention::new().causal(true);
-    let g =
-        reference::attention_backward(&op, x.view().into_dyn(), None, d_o.view(), &Mask::none())
-            .unwrap();
-    assert_matches(&out, "x", g.x);
+    let g = reference::backward(&op, &Inputs::x(&x), d_o.view()).unwrap();
+    assert_matches(&out, "x", g.x.unwrap());
 }
 
 #[test]
@@ -314,15 +312,9 @@ fn run_with_a_checkpoint_writes_grad_x_only() {
     let layer =
         wgpu_attention::checkpoint::load(&dir.path().join("mha.safetensors"), "attn").unwrap();
     let op = Attention::new().heads(2);
-    let g = reference::attention_backward(
-        &op,
-        x.view(),
-        Some(&layer.projections()),
-        d_o.view(),
-        &Mask::none(),
-    )
-    .unwrap();
-    assert_matches(&out, "x", g.x);
+    let proj = layer.projections();
+    let g = reference::backward(&op, &Inputs::x(&x).projections(&proj), d_o.view()).unwrap();
+    assert_matches(&out, "x", g.x.unwrap());
 }
 
 #[test]

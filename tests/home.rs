@@ -7,7 +7,7 @@
 mod common;
 
 use ndarray::Array2;
-use wgpu_attention::{Attention, Context, Kernels};
+use wgpu_attention::{Attention, Context, Inputs, Kernels, Options};
 
 /// Every file under `dir`, relative to it.
 fn files(dir: &std::path::Path) -> Vec<String> {
@@ -41,9 +41,12 @@ fn tuning_from_the_tests_and_their_cli_runs_writes_nothing_into_home() {
     let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.01).sin());
     let ctx = Context::new().unwrap().with_tuning(true);
     Attention::new()
-        .kernels(Kernels::Auto)
+        .options(Options {
+            kernels: Kernels::Auto,
+            ..Options::default()
+        })
         .return_weights(false)
-        .forward(&ctx, x.view().into_dyn(), None)
+        .run(&ctx, Inputs::x(&x))
         .unwrap();
     let x_path = work.path().join("x.npy");
     ndarray_npy::write_npy(&x_path, &x).unwrap();

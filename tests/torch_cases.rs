@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use ndarray::{Array4, ArrayD};
-use wgpu_attention::{checkpoint, npy, reference, verify, Attention};
+use wgpu_attention::{checkpoint, npy, reference, verify, Attention, Inputs, Options};
 
 fn cases() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch");
@@ -76,13 +76,20 @@ fn every_pytorch_case_agrees_on_every_path() {
             .join("kv_lengths.npy")
             .exists()
             .then(|| npy::read_lengths(&dir.join("kv_lengths.npy")).unwrap());
-        let mut mask = mask_array.as_ref().map(|m| m.mask()).unwrap_or_default();
-        if let Some(l) = &lengths {
-            mask = mask.with_kv_lengths(l);
-        }
         for (kernels, fused) in verify::paths(ctx) {
+            // Inputs::mask takes `&'a Mask<'a>`, one lifetime with the operands' borrows: a
+            // mask of this path's own, so it lives no longer than the arrays loaded below.
+            let mut mask = mask_array.as_ref().map(|m| m.mask()).unwrap_or_default();
+            if let Some(l) = &lengths {
+                mask = mask.with_kv_lengths(l);
+            }
             let label = format!("{name} {kernels} fused={fused}");
-            let base = Attention::new().kernels(kernels).return_weights(!fused);
+            let base = Attention::new()
+                .options(Options {
+                    kernels,
+                    ..Options::default()
+                })
+                .return_weights(!fused);
             let got = match meta["kind"].as_str().unwrap() {
                 "sdpa" => {
                     let mut op = base.causal(meta["causal"].as_bool().unwrap());
@@ -90,7 +97,7 @@ fn every_pytorch_case_agrees_on_every_path() {
                         op = op.scale(s as f32);
                     }
                     let [q, k, v] = ["q", "k", "v"].map(|n| four(load(dir, n).unwrap()));
-                    op.sdpa_masked(ctx, q.view(), k.view(), v.view(), &mask)
+                    op.run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
                 }
                 _ => {
                     let prefix = meta["prefix"].as_str().unwrap();
@@ -108,12 +115,9 @@ fn every_pytorch_case_agrees_on_every_path() {
                     layer.check_kv_heads(heads, kv_heads).unwrap();
                     let x = load(dir, "x").unwrap();
                     let causal = meta["causal"].as_bool().unwrap_or(false);
-                    base.heads(heads).causal(causal).forward_masked(
-                        ctx,
-                        x.view(),
-                        Some(&layer.projections()),
-                        &mask,
-                    )
+                    let proj = layer.projections();
+                    let inputs = Inputs::x(&x).projections(&proj).mask(&mask);
+                    base.heads(heads).causal(causal).run(ctx, inputs)
                 }
             };
             let got = match got {
