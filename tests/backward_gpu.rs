@@ -69,25 +69,23 @@ fn lse_reference(op: &Attention, q: &Array4<f32>, k: &Array4<f32>, mask: &Mask<'
 /// Runs the saved forward and the backward of `op` on every variant and checks the
 /// output, the saved log-sum-exp and every gradient against the reference to `tol`
 /// (relative, ‖got − want‖ / ‖want‖).
-fn check<'a>(op: Attention, qkv: &'a [Array4<f32>; 3], mask: &'a Mask<'a>, tol: f64, label: &str) {
-    check_as(op, Dtype::F32, qkv, mask, tol, label);
-}
-
-/// `mask` resolved to the additive bias it stands for on `(batch, heads, L, S)`
-/// ([`Mask::bias`], `None` when nothing is masked), for the reference: it reads a mask only
-/// through `Mask::bias`, so this is the same mask to it. Needed because `Inputs::mask` takes
-/// `&'a Mask<'a>` and `Mask` is invariant in `'a`: the caller's mask cannot go into `Inputs`
-/// beside the rounded arrays made in [`check_as`].
-fn resolved(mask: &Mask<'_>, target: [usize; 4]) -> Option<Array4<f32>> {
-    mask.bias(target).unwrap()
+fn check(op: Attention, [q, k, v]: &[Array4<f32>; 3], mask: &Mask<'_>, tol: f64, label: &str) {
+    check_as(
+        op,
+        Dtype::F32,
+        &[q.clone(), k.clone(), v.clone()],
+        mask,
+        tol,
+        label,
+    );
 }
 
 /// [`check`] with the operands stored as `dtype` on the device.
-fn check_as<'a>(
+fn check_as(
     op: Attention,
     dtype: Dtype,
-    [q, k, v]: &'a [Array4<f32>; 3],
-    mask: &'a Mask<'a>,
+    [q, k, v]: &[Array4<f32>; 3],
+    mask: &Mask<'_>,
     tol: f64,
     label: &str,
 ) {
@@ -106,12 +104,7 @@ fn check_as<'a>(
     let (qr, kr, vr) = (round(q), round(k), round(v));
     let (b, h, l, _) = q.dim();
     let d_o = grad_output([b, h, l, v.dim().3]);
-    let bias = resolved(mask, [b, h, l, k.dim().2]);
-    let ref_mask = match &bias {
-        Some(bias) => Mask::additive(bias.view().into_dyn()),
-        None => Mask::none(),
-    };
-    let rounded = Inputs::qkv(&qr, &kr, &vr).mask(&ref_mask);
+    let rounded = Inputs::qkv(&qr, &kr, &vr).mask(mask);
     let want = reference::backward(&op, &rounded, d_o.view().into_dyn()).unwrap();
     let want_out = reference::run(&op, &rounded).unwrap();
     let want_lse = lse_reference(&op, &qr, &kr, mask);
@@ -205,8 +198,13 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
         _ => ((i + 2 * j) as f32 * 0.3).sin(),
     });
     let mask = Mask::additive(bias.view().into_dyn());
-    let qkv = [q.clone(), k.clone(), v.clone()];
-    check(Attention::new(), &qkv, &mask, 1e-5, "float mask");
+    check(
+        Attention::new(),
+        &[q.clone(), k.clone(), v.clone()],
+        &mask,
+        1e-5,
+        "float mask",
+    );
     let ctx = common::ctx();
     let saved = Attention::new()
         .options(Options {
@@ -245,7 +243,13 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
         .all(|&x| x == 0.0));
     // Key length 0: every row of batch index 1 sees nothing.
     let mask = Mask::none().with_kv_lengths(&[11, 0]);
-    check(Attention::new().causal(true), &qkv, &mask, 1e-5, "lengths");
+    check(
+        Attention::new().causal(true),
+        &[q.clone(), k.clone(), v.clone()],
+        &mask,
+        1e-5,
+        "lengths",
+    );
     let saved = Attention::new()
         .options(Options {
             nan_fill: true,

@@ -9,9 +9,7 @@
 use ndarray::{Array2, Array4, ArrayD, ArrayView2, Ix2, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use wgpu_attention::{
-    reference, Attention, Dims, Error, Gradients, Inputs, Mask, Options, Projections,
-};
+use wgpu_attention::{reference, Attention, Error, Gradients, Inputs, Mask, Options, Projections};
 
 /// The finite-difference step.
 const H: f32 = 1e-3;
@@ -79,25 +77,6 @@ fn loss(output: &ArrayD<f64>, d_o: &ArrayD<f32>) -> f64 {
         .sum()
 }
 
-/// `mask` resolved to the additive bias it stands for on `target` = `(batch, heads, L, S)`
-/// ([`Mask::bias`]; `None` when nothing is masked). The reference reads a mask only through
-/// `Mask::bias`, so [`mask_of`] this bias is the same mask to it. Needed because
-/// `Inputs::mask` takes `&'a Mask<'a>` and `Mask` is invariant in `'a` (it holds
-/// `ArrayView`s): a caller's mask cannot go into `Inputs` beside arrays that live shorter
-/// than it does (the moved copies of [`numeric_grad`]), while a mask made from this bias at
-/// each call borrows no longer than they live.
-fn resolve(mask: &Mask<'_>, target: [usize; 4]) -> Option<Array4<f32>> {
-    mask.bias(target).unwrap()
-}
-
-/// The mask [`resolve`] resolved.
-fn mask_of(bias: &Option<Array4<f32>>) -> Mask<'_> {
-    match bias {
-        Some(bias) => Mask::additive(bias.view().into_dyn()),
-        None => Mask::none(),
-    }
-}
-
 /// `reference::backward` against finite differences of `reference::run` for Q, K and V of
 /// the given shapes. Returns the analytic gradients for further checks.
 fn check_sdpa(
@@ -111,14 +90,11 @@ fn check_sdpa(
         random(&[b, h_kv, s, ev], 3),
     ];
     let d_o = random(&[b, h, l, ev], 4);
-    let bias = resolve(mask, [b, h, l, s]);
     let f = |p: &[ArrayD<f32>]| {
-        let mask = mask_of(&bias);
-        let out = reference::run(&op, &Inputs::qkv(&p[0], &p[1], &p[2]).mask(&mask));
+        let out = reference::run(&op, &Inputs::qkv(&p[0], &p[1], &p[2]).mask(mask));
         loss(&out.unwrap().context, &d_o)
     };
-    let mask = mask_of(&bias);
-    let inputs = Inputs::qkv(&params[0], &params[1], &params[2]).mask(&mask);
+    let inputs = Inputs::qkv(&params[0], &params[1], &params[2]).mask(mask);
     let g = reference::backward(&op, &inputs, d_o.view()).unwrap();
     for (i, (name, analytic)) in [("dQ", &g.q), ("dK", &g.k), ("dV", &g.v)]
         .into_iter()
@@ -235,16 +211,10 @@ impl Layer {
     }
 
     /// Runs `f` on the inputs of X and the projections held in `p` (laid out as
-    /// [`Layer::params`]), masked by [`mask_of`] `bias`.
-    fn with<R>(
-        &self,
-        p: &[ArrayD<f32>],
-        bias: &Option<Array4<f32>>,
-        f: impl FnOnce(&Inputs<'_>) -> R,
-    ) -> R {
-        let mask = mask_of(bias);
+    /// [`Layer::params`]), masked by `mask`.
+    fn with<R>(&self, p: &[ArrayD<f32>], mask: &Mask<'_>, f: impl FnOnce(&Inputs<'_>) -> R) -> R {
         if !self.proj {
-            return f(&Inputs::x(&p[0]).mask(&mask));
+            return f(&Inputs::x(&p[0]).mask(mask));
         }
         let w =
             |i: usize| -> ArrayView2<'_, f32> { p[i].view().into_dimensionality::<Ix2>().unwrap() };
@@ -259,17 +229,14 @@ impl Layer {
             let b_o = self.b_o.then(|| v(next + 1));
             proj = proj.with_output(w(next), b_o);
         }
-        f(&Inputs::x(&p[0]).projections(&proj).mask(&mask))
+        f(&Inputs::x(&p[0]).projections(&proj).mask(mask))
     }
 }
 
 fn check_layer(op: Attention, layer: Layer, mask: &Mask<'_>) {
     let named = layer.params();
     let params: Vec<ArrayD<f32>> = named.iter().map(|(_, a)| a.clone()).collect();
-    // The mask resolved on the problem's (batch, heads, n, n), as the reference resolves it.
-    let dims = layer.with(&params, &None, |inputs| Dims::new(&op, inputs).unwrap());
-    let bias = resolve(mask, [dims.batch, dims.heads, dims.n, dims.n]);
-    let out_shape = layer.with(&params, &bias, |inputs| {
+    let out_shape = layer.with(&params, mask, |inputs| {
         reference::run(&op, inputs)
             .unwrap()
             .context
@@ -278,12 +245,12 @@ fn check_layer(op: Attention, layer: Layer, mask: &Mask<'_>) {
     });
     let d_o = random(&out_shape, 19);
     let f = |p: &[ArrayD<f32>]| {
-        layer.with(p, &bias, |inputs| {
+        layer.with(p, mask, |inputs| {
             loss(&reference::run(&op, inputs).unwrap().context, &d_o)
         })
     };
     let g = layer
-        .with(&params, &bias, |inputs| {
+        .with(&params, mask, |inputs| {
             reference::backward(&op, inputs, d_o.view())
         })
         .unwrap();
@@ -457,7 +424,7 @@ fn backward_errors_name_what_is_wrong() {
         Projections::new(w2, w2, w2).with_output(w_o.view().into_dimensionality().unwrap(), None);
     let e = reference::backward(
         &op,
-        &Inputs::x(&x).projections(&proj),
+        &Inputs::x(&x).projections(&proj).mask(&Mask::none()),
         random(&[3, 4], 8).view(),
     )
     .unwrap_err();
@@ -468,7 +435,12 @@ fn backward_errors_name_what_is_wrong() {
     );
     let mut d_o = random(&[3, 2], 8);
     d_o[[2, 1]] = f32::NEG_INFINITY;
-    let e = reference::backward(&op, &Inputs::x(&x).projections(&proj), d_o.view()).unwrap_err();
+    let e = reference::backward(
+        &op,
+        &Inputs::x(&x).projections(&proj).mask(&Mask::none()),
+        d_o.view(),
+    )
+    .unwrap_err();
     assert!(
         matches!(&e, Error::NonFinite { array, .. } if array == "dO"),
         "{e}"
@@ -478,7 +450,7 @@ fn backward_errors_name_what_is_wrong() {
     let bad = Projections::new(w2, bad_w.view().into_dimensionality().unwrap(), w2);
     let e = reference::backward(
         &op,
-        &Inputs::x(&x).projections(&bad),
+        &Inputs::x(&x).projections(&bad).mask(&Mask::none()),
         random(&[3, 4], 8).view(),
     )
     .unwrap_err();

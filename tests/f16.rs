@@ -37,8 +37,7 @@ fn f16_operands_are_within_1e_2_of_the_reference_on_every_path() {
     let proj = Projections::new(wq.view(), wk.view(), wv.view());
     let with_out = proj.with_output(wo.view(), Some(bo.view()));
     let lengths = [70, 33];
-    // Iterated by reference: `Inputs` borrows each mask for as long as the projections.
-    let cases = [
+    for (label, p, mask) in [
         ("QKV=X", None, Mask::none()),
         ("projections", Some(&proj), Mask::none()),
         (
@@ -46,14 +45,13 @@ fn f16_operands_are_within_1e_2_of_the_reference_on_every_path() {
             Some(&with_out),
             Mask::none().with_kv_lengths(&lengths),
         ),
-    ];
-    for (label, p, mask) in &cases {
+    ] {
         for causal in [false, true] {
             let base = Attention::new().heads(2).causal(causal).options(Options {
                 nan_fill: true,
                 ..Options::default()
             });
-            let inputs = Inputs::x(&xs).projections(*p).mask(mask);
+            let inputs = Inputs::x(&xs).projections(p).mask(&mask);
             let want = reference::run(&base, &inputs).unwrap();
             for (kernels, fused) in verify::paths(ctx) {
                 let op = base
