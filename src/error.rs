@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::Dtype;
+use crate::dtype::Dtype;
 
 /// Everything that can go wrong, with what a caller needs to act on it.
 ///

@@ -47,6 +47,8 @@ pub mod tensor;
 pub mod verify;
 
 // The machinery behind it, free to change: GPU plumbing, kernels, the tuner, timing.
+mod dtype;
+mod finite;
 mod gpu;
 mod kernels;
 mod phases;
@@ -62,11 +64,12 @@ pub mod fuzz;
 
 pub use attention::{Adam, MseLoss};
 pub use attention::{
-    Attention, Device, Dims, Dtype, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output,
-    Plan, Projections, Saved,
+    Attention, Device, Dims, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output, Plan,
+    Projections, Saved,
 };
 pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape};
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
+pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use gpu::pool::MemoryStats;
 /// The half (2) whose `f16` an f16 [`KvCache`] takes.

@@ -35,9 +35,10 @@ use std::sync::Arc;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
-use crate::attention::{check_finite, Dtype};
 use crate::context::Context;
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
+use crate::finite::check_finite;
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::pool::OpenGuard;
 use crate::gpu::readback;

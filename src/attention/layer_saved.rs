@@ -15,12 +15,13 @@ use std::sync::Arc;
 
 use ndarray::{Array1, Array2, ArrayD, ArrayView, AsArray, Dimension, IxDyn};
 
+use super::check_finite;
 use super::dispatch::Shape;
 use super::gradients::LayerGradients;
 use super::linear_grad::{InputGrad, LinearGrads};
 use super::projections::Projections;
 use super::saved::BackwardKernels;
-use super::shape::{check_finite, named_inputs, Dims};
+use super::shape::{named_inputs, Dims};
 use super::split::fits;
 use super::upload::{upload_as, MaskBuffer};
 use super::weights::{DeviceWeights, Layer};

@@ -33,6 +33,8 @@ mod whole;
 
 use ndarray::{ArrayView4, ArrayViewD};
 
+pub use crate::dtype::Dtype;
+pub use crate::finite::check_finite;
 pub(crate) use gradients::{LayerGradients, SdpaGradients};
 pub use inputs::{Device, Host, Inputs, Kind, Operand, Options, ProjectionsArg};
 pub use outputs::{Backward, Gradients, Output, Saved};
@@ -40,8 +42,8 @@ pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub(crate) use resident::TensorOutput;
 pub use run::Run;
+pub use shape::Dims;
 pub(crate) use shape::{check_f16_range, check_inputs_finite};
-pub use shape::{check_finite, Dims};
 pub use weights::train::{Adam, MseLoss};
 pub use weights::Layer;
 
@@ -84,22 +86,8 @@ pub struct Attention {
     save: bool,
 }
 
-/// The element type the operands are stored in on the device.
-///
-/// With [`Dtype::F16`] (needs `Features::SHADER_F16`), X, the projection weights and biases
-/// (or Q, K, V given with [`Inputs::qkv`]) are rounded to f16 and uploaded as f16, and the
-/// projected Q, K, V are stored as f16: half the memory and bandwidth. Every product, softmax
-/// and sum is computed and accumulated in f32, and the context and weights come back as f32.
-/// Inputs beyond f16's range (±65,504) are an error, as is a result that overflowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Dtype {
-    /// float32 everywhere.
-    #[default]
-    F32,
-    /// float16 operands, float32 arithmetic.
-    F16,
-}
-
+// `Dtype` itself lives in `crate::dtype`, below `crate::error`, whose `Overflow` reports it;
+// parsing one gives an `Error`, so it is here.
 impl std::str::FromStr for Dtype {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -111,15 +99,6 @@ impl std::str::FromStr for Dtype {
                 format!("unknown dtype {other:?}: expected f32 or f16"),
             )),
         }
-    }
-}
-
-impl std::fmt::Display for Dtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Dtype::F32 => "f32",
-            Dtype::F16 => "f16",
-        })
     }
 }
 

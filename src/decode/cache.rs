@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use ndarray::ArrayView4;
 
-use crate::attention::Dtype;
 use crate::context::Context;
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 
 /// The sizes of a [`KvCache`].

@@ -43,9 +43,9 @@ use ndarray::{Array4, ArrayView4};
 pub(crate) use cache::RowsSource;
 pub use cache::{CacheElement, KvCache, KvCacheSpec};
 
-use crate::attention::check_finite;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::finite::check_finite;
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
 use crate::kernels::decode_partial::{Decode, DecodeBuffers};
@@ -177,7 +177,7 @@ impl Decoder {
         let problem = self.problem(cache, [batch, heads, m, d_k], "Q (batch, heads, m, d_k) is")?;
         let source = q.input(rec, "decode Q")?;
         let out = ctx.scoped(|| {
-            let f16 = q.dtype() == crate::Dtype::F16;
+            let f16 = q.dtype() == crate::dtype::Dtype::F16;
             self.record_rows(ctx, rec.encoder(), cache, &problem, source, f16)
         })?;
         Ok(rec.tensor(out, vec![batch, m, heads, cache.spec().d_v]))

@@ -6,8 +6,8 @@
 use std::sync::atomic::Ordering;
 
 use super::{elem_bytes, padded, KvCache};
-use crate::attention::Dtype;
 use crate::context::Context;
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
 use crate::kernels::swap_heads::SwapHeads;
