@@ -10,12 +10,12 @@ use crate::attention::{Attention, Dims};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
+use crate::gpu::timing::{self, KernelTime, Profiling};
 use crate::kernels::fma_peak;
-use crate::timing::{self, KernelTime, Profiling};
 use crate::tune::MatmulProblem;
 use crate::variant::{Kernels, MatmulVariant};
 
-pub use crate::timing::{kernel_medians, measure, Stats};
+pub use crate::gpu::timing::{kernel_medians, measure, Stats};
 /// Writes the fully specialised WGSL of every kernel variant the tuner may pick on a GPU to
 /// `dir/<family>/<variant>.wgsl` (`wgpu-attention shaders`): the storage family's fused and
 /// unfused kernels; the subgroup family's fused variants with `subgroup_size`. Returns the files written.

@@ -1,48 +1,42 @@
-//! Device creation, limits and error capture (adapter choice: `adapter.rs`): everything a forward pass
-//! needs from wgpu, created once and shared.
+//! The user's entry point: a [`Context`] is an open device (the device layer,
+//! `gpu::Device`: wgpu's device, queue and limits, error scopes, the buffer pool and
+//! the pipeline cache) and the settings every call on it reads (the fused kernel's
+//! inner-loop options, the tuner's cache and switch). Adapter choice: `adapter.rs`.
 
 use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
-use crate::gpu::pipeline::PipelineCache;
-use crate::phases::{Phase, PhaseTimes, Phases};
-use crate::timing::{KernelTime, Profiling, Timing};
-use crate::tune::TuneCache;
+use crate::gpu::timing::{KernelTime, Profiling};
+use crate::gpu::Device;
+use crate::kernels::flash_blocked::BlockedOptions;
+use crate::phases::{Phase, PhaseTimes};
+use crate::settings::{Settings, TuneCache};
 
 mod adapter;
 mod backend;
-pub(crate) mod coop;
+pub use crate::gpu::coop::CoopShape;
 use adapter::select_async;
 pub use adapter::{list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT};
 pub use backend::Backend;
-pub use coop::CoopShape;
 
 /// An open device: the adapter, its device and queue, and the compiled kernels.
 ///
 /// Create one and reuse it; every call on it ([`crate::Attention::run`],
 /// [`crate::Layer::run`], …) shares the pipeline cache.
 pub struct Context {
-    pub(crate) adapter: wgpu::Adapter,
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) limits: wgpu::Limits,
-    pub(crate) pipelines: PipelineCache,
-    pub(crate) pool: crate::gpu::pool::Pool,
-    runtime_checks: bool,
-    blocked: crate::kernels::flash_blocked::BlockedOptions,
-    stand_in: std::sync::OnceLock<wgpu::Buffer>,
-    unused_out: std::sync::OnceLock<[wgpu::Buffer; 2]>,
-    one: std::sync::OnceLock<wgpu::Buffer>,
-    subgroup_size: Option<u32>,
-    lost: Arc<Mutex<Option<String>>>,
-    pub(crate) timing: Timing,
-    pub(crate) phases: Phases,
-    tune: TuneCache,
-    tuning: bool,
-    /// Unique in the process: what a resource made on this context is checked against.
-    id: u64,
+    /// The device layer: every kernel and buffer goes through it (see the `Deref` below).
+    dev: Device,
+    settings: Settings,
+}
+
+/// A context is its device to the rest of the crate: `ctx.device`, `ctx.pool`,
+/// `ctx.scoped(…)` and the kernels' `&Device` arguments reach it through this.
+#[doc(hidden)]
+impl std::ops::Deref for Context {
+    type Target = Device;
+    fn deref(&self) -> &Device {
+        &self.dev
+    }
 }
 
 impl fmt::Debug for Context {
@@ -115,111 +109,37 @@ impl Context {
     /// # Errors
     /// As [`Context::from_adapter`].
     pub async fn from_adapter_async(adapter: wgpu::Adapter) -> Result<Self> {
-        let start = crate::phases::Instant::now();
-        let limits = adapter.limits();
-        let wanted = wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::SHADER_F16
-            | wgpu::Features::PIPELINE_CACHE;
-        let (coop, experimental_features) = coop::request(&adapter);
-        let desc = wgpu::DeviceDescriptor {
-            label: Some("wgpu-attention"),
-            required_features: (adapter.features() & wanted) | coop,
-            required_limits: limits.clone(),
-            experimental_features,
-            ..Default::default()
-        };
-        let (device, queue) =
-            adapter
-                .request_device(&desc)
-                .await
-                .map_err(|e| Error::RequestDevice {
-                    adapter: adapter.get_info().name,
-                    message: e.to_string(),
-                })?;
-        let ctx = Self::from_parts(adapter, device, queue);
-        ctx.phases.add(Phase::Adapter, start.elapsed());
-        Ok(ctx)
+        Ok(Self::compose(Device::from_adapter_async(adapter).await?))
     }
 
     /// Wraps a device the caller already owns (its limits are taken from the device).
     pub fn from_parts(adapter: wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Self {
-        let lost = Arc::new(Mutex::new(None));
-        let lost_cb = Arc::clone(&lost);
-        device.set_device_lost_callback(move |reason, message| {
-            if let Ok(mut l) = lost_cb.lock() {
-                *l = Some(format!("{reason:?}: {message}"));
-            }
-        });
-        // Errors outside our error scopes must not panic the caller's process; each forward
-        // pass runs inside scopes, so anything landing here is reported on the next call.
-        device.on_uncaptured_error(Arc::new(|_e: wgpu::Error| {}));
-        let limits = device.limits();
-        // Subgroup kernels are compiled for one size, so they need it fixed and known.
-        let info = adapter.get_info();
-        let subgroup_size = (device.features().contains(wgpu::Features::SUBGROUP)
-            && info.subgroup_min_size == info.subgroup_max_size)
-            .then_some(info.subgroup_min_size);
-        log::info!(
-            "adapter: {} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
-            info.name,
-            info.backend,
-            info.device_type,
-            info.driver,
-            info.driver_info,
-            subgroup_size.map_or("not fixed/none".to_string(), |s| s.to_string()),
-            device.features()
-        );
-        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        Self {
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            adapter,
-            device,
-            queue,
-            limits,
-            pipelines: PipelineCache::default(),
-            pool: crate::gpu::pool::Pool::default(),
-            runtime_checks: false,
-            blocked: Default::default(),
-            stand_in: std::sync::OnceLock::new(),
-            unused_out: std::sync::OnceLock::new(),
-            one: std::sync::OnceLock::new(),
-            subgroup_size,
-            lost,
-            timing: Timing::default(),
-            phases: Phases::default(),
-            tune: TuneCache::from_env(),
-            // The tuner times runs by blocking on the device, which the browser cannot do:
-            // there every kernel is its family's default.
-            tuning: crate::tune::enabled() && cfg!(not(target_arch = "wasm32")),
-        }
+        Self::compose(Device::from_parts(adapter, device, queue))
+    }
+
+    /// `dev` with the default settings (see [`Settings::from_env`]); compiled pipelines are
+    /// kept beside the tuning cache.
+    fn compose(mut dev: Device) -> Self {
+        let settings = Settings::from_env();
+        dev.pipelines.keep_in(settings.tune.dir());
+        Context { dev, settings }
     }
 
     /// The adapter's name, backend, device type and driver.
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
-        self.adapter.get_info()
-    }
-
-    /// The adapter's name for messages; the browser gives none, so there it is its backend.
-    fn adapter_name(&self) -> String {
-        let info = self.adapter.get_info();
-        if info.name.is_empty() {
-            format!("{:?} adapter", info.backend)
-        } else {
-            info.name
-        }
+        self.dev.adapter_info()
     }
 
     /// The device's limits (the adapter's full limits unless the caller made the device).
     pub fn limits(&self) -> &wgpu::Limits {
-        &self.limits
+        self.dev.limits()
     }
 
     /// The subgroup size kernels can be compiled for: `Some` when the device has
     /// `Features::SUBGROUP` and the adapter reports one fixed size (8 on lavapipe, 32 on
     /// NVIDIA), `None` otherwise (the subgroup kernels are then unavailable).
     pub fn subgroup_size(&self) -> Option<u32> {
-        self.subgroup_size
+        self.dev.subgroup_size()
     }
 
     /// Turns per-kernel timing on or off. While on, each forward pass leaves its kernels'
@@ -229,69 +149,14 @@ impl Context {
     /// timing it with the wall clock. Meant for benchmarks: it serializes the passes, and with
     /// several threads sharing the context, the times of one call may be another's.
     pub fn set_profiling(&self, on: bool) -> Profiling {
-        let timestamps = self
-            .device
-            .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY)
-            && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
-        self.timing.set(on, timestamps)
+        self.dev.set_profiling(on)
     }
 
     /// Replaces the autotuner's cache (by default the one [`TuneCache::from_env`] names).
     pub fn with_tune_cache(mut self, cache: TuneCache) -> Self {
-        self.tune = cache;
+        self.dev.pipelines.keep_in(cache.dir());
+        self.settings.tune = cache;
         self
-    }
-
-    /// A small zeroed storage buffer (one vec4) bound wherever a kernel's binding has nothing
-    /// to read: a matmul without a bias, a row statistic that is not used. Made once per
-    /// context; kernels only read it.
-    pub(crate) fn stand_in(&self) -> &wgpu::Buffer {
-        self.stand_in.get_or_init(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("stand-in"),
-                size: 16,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            })
-        })
-    }
-
-    /// A small storage buffer bound to a writable binding a kernel leaves untouched in this
-    /// dispatch (a fused kernel's row statistics when they are not saved). It is its own
-    /// buffer, never bound to anything else: WebGPU rejects a writable binding that aliases
-    /// another binding of the same dispatch, even one never written.
-    pub(crate) fn unused_out(&self) -> &wgpu::Buffer {
-        self.unused_outs().0
-    }
-
-    /// Two such buffers, for a dispatch that leaves two writable bindings untouched (a
-    /// split-output matmul that does not split). Made once per context.
-    pub(crate) fn unused_outs(&self) -> (&wgpu::Buffer, &wgpu::Buffer) {
-        let [a, b] = self.unused_out.get_or_init(|| {
-            [0, 1].map(|_| {
-                self.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("unused output"),
-                    size: 16,
-                    usage: wgpu::BufferUsages::STORAGE,
-                    mapped_at_creation: false,
-                })
-            })
-        });
-        (a, b)
-    }
-
-    /// A storage buffer holding the single f32 1.0, made once: a row of ones for any length
-    /// when read through zero strides (column sums as a matmul).
-    ///
-    /// # Errors
-    /// GPU errors on its first use.
-    pub(crate) fn one(&self) -> Result<&wgpu::Buffer> {
-        if let Some(b) = self.one.get() {
-            return Ok(b);
-        }
-        let b = crate::gpu::buffer::upload(self, "one", &[1.0])?;
-        Ok(self.one.get_or_init(|| b))
     }
 
     /// Whether the device can run the f16 kernels (`Features::SHADER_F16`), or the error
@@ -300,49 +165,25 @@ impl Context {
     /// # Errors
     /// [`Error::Unsupported`] naming the adapter, the missing feature and the alternative.
     pub fn require_f16(&self) -> Result<()> {
-        if self.device.features().contains(wgpu::Features::SHADER_F16) {
-            return Ok(());
-        }
-        Err(Error::Unsupported {
-            feature: "f16 operands (wgpu::Features::SHADER_F16)".into(),
-            adapter: self.adapter_name(),
-            hint: "use Dtype::F32 (CLI --dtype f32), or an adapter that has shader-f16 \
-                   (`wgpu-attention devices` lists features); a device made by the caller \
-                   must request SHADER_F16"
-                .into(),
-        })
-    }
-
-    /// The subgroup size, or the error saying the subgroup kernels cannot run here.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] without `Features::SUBGROUP` and a fixed subgroup size.
-    pub(crate) fn require_subgroups(&self) -> Result<u32> {
-        self.subgroup_size.ok_or_else(|| Error::Unsupported {
-            feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
-                      size)"
-                .into(),
-            adapter: self.adapter_name(),
-            hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
-        })
+        self.dev.require_f16()
     }
 
     /// Turns the autotuner's measuring on or off for this context (default: on unless
     /// `WGPU_ATTENTION_TUNE=off`). Off, remembered choices are still used and everything else
     /// takes its family's default variant.
     pub fn with_tuning(mut self, on: bool) -> Self {
-        self.tuning = on;
+        self.settings.tuning = on;
         self
     }
 
     /// Whether the autotuner may measure.
     pub fn tuning(&self) -> bool {
-        self.tuning
+        self.settings.tuning
     }
 
     /// The autotuner's remembered choices (see [`TuneCache`]).
     pub fn tune_cache(&self) -> &TuneCache {
-        &self.tune
+        &self.settings.tune
     }
 
     /// Where this context's wall time went since it was opened (or since
@@ -368,19 +209,14 @@ impl Context {
         self.timing.times()
     }
 
-    /// This context's id, unique in the process.
-    pub(crate) fn id(&self) -> u64 {
-        self.id
-    }
-
     /// The wgpu device, for callers who record their own work beside ours.
     pub fn device(&self) -> &wgpu::Device {
-        &self.device
+        self.dev.device()
     }
 
     /// The wgpu queue.
     pub fn queue(&self) -> &wgpu::Queue {
-        &self.queue
+        self.dev.queue()
     }
 
     /// Creates every kernel with naga's runtime bounds checks on, including the kernels whose
@@ -388,26 +224,26 @@ impl Context {
     /// `runtime checks: off`): for testing them against their checked twins. Set it before
     /// the first call (compiled kernels are kept per context).
     pub fn with_runtime_checks(mut self, on: bool) -> Self {
-        self.runtime_checks = on;
+        self.dev.runtime_checks = on;
         self
     }
 
     /// This context with the GPU family's fused kernel (`FlashVariant::Blocked`) running its
     /// inner loop as `options` say (double buffer, subgroup reductions, f16 arithmetic; each
     /// `None` is the adapter's default).
-    pub fn with_blocked_options(mut self, options: crate::BlockedOptions) -> Self {
-        self.blocked = options;
+    pub fn with_blocked_options(mut self, options: BlockedOptions) -> Self {
+        self.settings.blocked = options;
         self
     }
 
     /// The fused GPU kernel's inner-loop options ([`Context::with_blocked_options`]).
-    pub fn blocked_options(&self) -> crate::BlockedOptions {
-        self.blocked
+    pub fn blocked_options(&self) -> BlockedOptions {
+        self.settings.blocked
     }
 
     /// Whether every kernel keeps naga's runtime checks ([`Context::with_runtime_checks`]).
     pub fn runtime_checks(&self) -> bool {
-        self.runtime_checks
+        self.dev.runtime_checks()
     }
 
     /// Waits until everything submitted to the device so far has run (as
@@ -416,7 +252,7 @@ impl Context {
     /// # Errors
     /// [`Error::Poll`] when the wait fails or times out, [`Error::DeviceLost`].
     pub fn synchronize(&self) -> Result<()> {
-        crate::gpu::readback::wait_all(self)
+        self.dev.synchronize()
     }
 
     /// What the buffer pool holds: intermediates and readback staging are reused across
@@ -435,33 +271,20 @@ impl Context {
     /// # Errors
     /// [`Error::DeviceLost`] with the driver's reason.
     pub fn check_alive(&self) -> Result<()> {
-        // Let a pending device-lost callback run (it fires from poll), without waiting.
-        let _ = self.device.poll(wgpu::PollType::Poll);
-        match self.lost.lock().ok().and_then(|l| l.clone()) {
-            Some(msg) => Err(Error::DeviceLost(msg)),
-            None => Ok(()),
-        }
+        self.dev.check_alive()
     }
 
-    /// Runs `f` inside validation and out-of-memory error scopes and turns anything they
-    /// capture into `Err`.
-    pub(crate) fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        crate::gpu::oneshot::block_on(self.scoped_async(async { f() }))
+    /// The cooperative-matrix configurations the adapter reports (empty without
+    /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` on the device).
+    pub fn coop_properties(&self) -> Vec<wgpu::CooperativeMatrixProperties> {
+        self.dev.coop_properties()
     }
 
-    /// [`Context::scoped`] around a future (the async core's calls).
-    pub(crate) async fn scoped_async<T>(&self, f: impl Future<Output = Result<T>>) -> Result<T> {
-        self.check_alive()?;
-        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let out = f.await;
-        let v = validation.pop().await;
-        let o = oom.pop().await;
-        if let Some(e) = o.or(v) {
-            return Err(e.into());
-        }
-        self.check_alive()?;
-        out
+    /// The shape the coop kernels run with here: `Some` when the device has
+    /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and `Features::SUBGROUP` and the adapter
+    /// reports one of the shapes they are built for ([`CoopShape`]).
+    pub fn coop_shape(&self) -> Option<CoopShape> {
+        self.dev.coop_shape()
     }
 }
 

@@ -48,12 +48,12 @@ pub mod verify;
 
 // The machinery behind it, free to change: GPU plumbing, kernels, the tuner, timing.
 mod dtype;
-mod finite;
 mod gpu;
 mod kernels;
 mod phases;
-mod timing;
+mod settings;
 mod tune;
+mod values;
 mod variant;
 
 // For the binary and the benches only: not part of the API, and may change at any time.
@@ -72,6 +72,7 @@ pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 pub use gpu::pool::MemoryStats;
+pub use gpu::timing::{KernelTime, Profiling};
 /// The half (2) whose `f16` an f16 [`KvCache`] takes.
 pub use half;
 pub use kernels::flash_blocked::BlockedOptions;
@@ -79,9 +80,8 @@ pub use mask::Mask;
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;
 pub use phases::PhaseTimes;
+pub use settings::TuneCache;
 pub use tensor::{Recorder, Tensor};
-pub use timing::{KernelTime, Profiling};
-pub use tune::TuneCache;
 pub use variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;

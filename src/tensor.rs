@@ -38,11 +38,11 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use crate::context::Context;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::finite::check_finite;
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::pool::OpenGuard;
 use crate::gpu::readback;
-use crate::timing;
+use crate::gpu::timing;
+use crate::values::check_finite;
 
 /// An array on the device (see the [module](self)).
 #[derive(Clone, Debug)]
@@ -77,7 +77,7 @@ impl Tensor {
         let f16 = dtype == Dtype::F16;
         if f16 {
             ctx.require_f16()?;
-            crate::attention::check_f16_range("tensor", &a)?;
+            crate::values::check_f16_range("tensor", &a)?;
         }
         let data: Vec<f32> = a.iter().copied().collect();
         let buffer = ctx.scoped(|| buffer::upload_as(ctx, "tensor", &data, f16))?;

@@ -6,6 +6,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::coop_matmul;
 use crate::kernels::flash_blocked::FlashBlockedConsts;
+pub use crate::kernels::flash_combine::KeySplit;
 use crate::kernels::flash_coop;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
@@ -133,24 +134,6 @@ impl std::fmt::Display for FlashVariant {
     }
 }
 
-/// Whether the real-GPU fused kernel ([`FlashVariant::Blocked`]) splits the keys of each
-/// query block over several workgroups (flash-decoding's split: each writes a partial max,
-/// sum and output over its key range, and one combine merges them), so that a call with few
-/// `batch · heads · query blocks` still fills a GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KeySplit {
-    /// Split on adapters that are not CPUs when the call has fewer than
-    /// 2 · 64 workgroups (wgpu reports no compute-unit count: 64 stands in for a large GPU),
-    /// into ranges of at least 4 key tiles (see the README's kernel families).
-    #[default]
-    Auto,
-    /// Never split.
-    Off,
-    /// Split into this many key ranges (fewer when the keys are fewer tiles), on any adapter
-    /// (tests and measurements).
-    Ranges(u32),
-}
-
 /// Which kernel computes a matmul.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum MatmulVariant {
@@ -263,7 +246,8 @@ pub(crate) fn record_flash<'a>(
     match variant {
         FlashVariant::Tiled { keys } => op.dispatch_tiled(ctx, encoder, keys, q, k, v, out, mask),
         FlashVariant::Blocked { rows, keys } => {
-            op.dispatch_blocked(ctx, encoder, (rows, keys), (q, k, v), out, mask)
+            let opts = ctx.blocked_options();
+            op.dispatch_blocked(ctx, encoder, (rows, keys), opts, (q, k, v), out, mask)
         }
         FlashVariant::Subgroup { rows_per_lane } => {
             op.dispatch_subgroup(ctx, encoder, rows_per_lane, (q, k, v), out, mask, host)
@@ -276,7 +260,10 @@ pub(crate) fn record_flash<'a>(
                 .into_iter()
                 .find(|&s| FlashBlockedConsts::new(ctx.limits(), s, widths).is_ok());
             match blocked {
-                Some(shape) => op.dispatch_blocked(ctx, encoder, shape, (q, k, v), out, mask),
+                Some(shape) => {
+                    let opts = ctx.blocked_options();
+                    op.dispatch_blocked(ctx, encoder, shape, opts, (q, k, v), out, mask)
+                }
                 None => op.dispatch_tiled(ctx, encoder, 16, q, k, v, out, mask),
             }
         }

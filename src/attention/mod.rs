@@ -34,7 +34,7 @@ mod whole;
 use ndarray::{ArrayView4, ArrayViewD};
 
 pub use crate::dtype::Dtype;
-pub use crate::finite::check_finite;
+pub use crate::values::check_finite;
 pub(crate) use gradients::{LayerGradients, SdpaGradients};
 pub use inputs::{Device, Host, Inputs, Kind, Operand, Options, ProjectionsArg};
 pub use outputs::{Backward, Gradients, Output, Saved};
@@ -42,8 +42,8 @@ pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub(crate) use resident::TensorOutput;
 pub use run::Run;
+pub(crate) use shape::check_inputs_finite;
 pub use shape::Dims;
-pub(crate) use shape::{check_f16_range, check_inputs_finite};
 pub use weights::train::{Adam, MseLoss};
 pub use weights::Layer;
 

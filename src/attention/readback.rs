@@ -5,7 +5,7 @@ use super::Attention;
 use crate::context::Context;
 use crate::error::{check_overflow, Result};
 use crate::gpu::readback;
-use crate::timing;
+use crate::gpu::timing;
 
 impl Attention {
     /// [`Attention::read_back`], blocking: for the paths that have no async form (saved

@@ -20,13 +20,13 @@ use super::upload::MaskBuffer;
 use super::{check_finite, Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::timing;
 use crate::gpu::{buffer, readback};
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::pack::PackLayout;
 use crate::mask::Mask;
 use crate::tensor::Tensor;
-use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels};
 
 mod tensors;

@@ -1,16 +1,14 @@
 //! Shapes and validation: the sizes of a call ([`Dims`]), checked against every option, and
 //! the inputs' values (finite, within f16's range when stored as f16).
 
-use ndarray::{ArrayViewD, Dimension};
+use ndarray::ArrayViewD;
 
 use super::inputs::{Inputs, Kind, Operands};
 use super::projections::{check_projections, Projections};
 use super::{check_finite, Attention, Dtype};
 use crate::context::Context;
 use crate::error::{Error, Result};
-
-/// f16's largest finite value.
-const F16_MAX: f32 = 65504.0;
+use crate::values::check_f16_range;
 
 /// The sizes of one problem, checked.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -266,21 +264,6 @@ impl Attention {
         }
         Ok(())
     }
-}
-
-/// `Err` naming the array and the first finite value past f16's range (±65,504) in it.
-pub(crate) fn check_f16_range(name: &str, a: &ArrayViewD<'_, f32>) -> Result<()> {
-    let out_of_range = |v: &f32| v.is_finite() && v.abs() > F16_MAX;
-    if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| out_of_range(v)) {
-        return Err(Error::invalid(
-            "input",
-            format!(
-                "{name}{:?} = {v:e} is beyond f16's range (±{F16_MAX}); use f32",
-                idx.slice()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Every input array of a forward call, named: X, then the weights, then the biases.

@@ -17,7 +17,7 @@ use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::Buf;
-use crate::timing;
+use crate::gpu::timing;
 use crate::variant::Kernels;
 
 /// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.

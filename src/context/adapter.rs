@@ -4,9 +4,9 @@
 use std::fmt;
 
 use super::backend::parse_backend_list;
-use super::coop;
 use super::Backend;
 use crate::error::Result;
+use crate::gpu::coop;
 
 /// Which adapter to open.
 ///

@@ -45,12 +45,12 @@ pub use cache::{CacheElement, KvCache, KvCacheSpec};
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::finite::check_finite;
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
 use crate::kernels::decode_partial::{Decode, DecodeBuffers};
 use crate::kernels::swap_heads::SwapHeads;
 use crate::tensor::{Recorder, Tensor};
+use crate::values::check_finite;
 
 /// A decode step's options: the scale and, for measurements, the key block.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -138,10 +138,10 @@ impl Decoder {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("decode"),
                 });
-            crate::timing::begin(ctx);
+            crate::gpu::timing::begin(ctx);
             let out = self.record(ctx, &mut encoder, cache, &problem, &q_buf)?;
             let pending = readback::copy_out(ctx, &mut encoder, &out, out_len);
-            crate::timing::submit_and_read(ctx, encoder, vec![pending])
+            crate::gpu::timing::submit_and_read(ctx, encoder, vec![pending])
         })?;
         let flat = flat.into_iter().next().unwrap_or_default();
         crate::error::check_overflow("decode output", cache.spec().dtype, &flat)?;

@@ -1,7 +1,7 @@
 //! Storage buffers: uploads of host arrays and allocations for results, each checked against
 //! the device's limits first so an oversize problem is an `Err`, not a wgpu panic.
 
-use crate::context::Context;
+use super::Device;
 use crate::error::{Error, Result};
 pub(crate) use crate::gpu::pool::Buf;
 
@@ -15,7 +15,7 @@ fn mib(bytes: u64) -> String {
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] naming the buffer, its size and the limit.
-pub(crate) fn check_len(ctx: &Context, what: &str, len: usize) -> Result<u64> {
+pub(crate) fn check_len(ctx: &Device, what: &str, len: usize) -> Result<u64> {
     let bytes = (len as u64).max(1) * F32;
     let limits = ctx.limits();
     if bytes > limits.max_storage_buffer_binding_size {
@@ -50,7 +50,7 @@ pub(crate) fn check_len(ctx: &Context, what: &str, len: usize) -> Result<u64> {
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+pub(crate) fn upload(ctx: &Device, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
     check_len(ctx, label, data.len())?;
     // wgpu rejects zero-sized bindings; a one-element dummy stands in for "no data".
     let contents: &[f32] = if data.is_empty() { &[0.0] } else { data };
@@ -68,7 +68,7 @@ pub(crate) fn upload(ctx: &Context, label: &str, data: &[f32]) -> Result<wgpu::B
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
 pub(crate) fn upload_as(
-    ctx: &Context,
+    ctx: &Device,
     label: &str,
     data: &[f32],
     f16: bool,
@@ -92,7 +92,7 @@ pub(crate) fn upload_as(
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<Buf> {
+pub(crate) fn output_f16(ctx: &Device, label: &str, len: usize) -> Result<Buf> {
     check_len(ctx, label, len)?;
     Ok(pooled(
         ctx,
@@ -103,7 +103,7 @@ pub(crate) fn output_f16(ctx: &Context, label: &str, len: usize) -> Result<Buf> 
 
 /// A storage buffer of at least `bytes` from the context's pool, which kernels write and
 /// copies read: a size class up, so nothing may read its length from the buffer.
-fn pooled(ctx: &Context, label: &str, bytes: u64) -> Buf {
+fn pooled(ctx: &Device, label: &str, bytes: u64) -> Buf {
     let limits = ctx.limits();
     let max = limits
         .max_storage_buffer_binding_size
@@ -120,7 +120,7 @@ fn pooled(ctx: &Context, label: &str, bytes: u64) -> Buf {
 /// A buffer holding `bytes` (a multiple of 4 long), written while mapped at creation. Unlike
 /// wgpu's `create_buffer_init`, a device that is gone is an `Err` here, not a panic.
 fn init(
-    ctx: &Context,
+    ctx: &Device,
     label: &str,
     bytes: &[u8],
     usage: wgpu::BufferUsages,
@@ -149,7 +149,7 @@ fn init(
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> Result<Buf> {
+pub(crate) fn output(ctx: &Device, label: &str, len: usize, nan_fill: bool) -> Result<Buf> {
     let bytes = check_len(ctx, label, len)?;
     if !nan_fill {
         return Ok(pooled(ctx, label, bytes));
@@ -181,7 +181,7 @@ pub(crate) fn output(ctx: &Context, label: &str, len: usize, nan_fill: bool) -> 
 /// # Errors
 /// As [`upload`].
 pub(crate) fn uniform<P: bytemuck::Pod>(
-    ctx: &Context,
+    ctx: &Device,
     label: &str,
     params: &P,
 ) -> Result<wgpu::Buffer> {

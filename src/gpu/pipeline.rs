@@ -1,22 +1,52 @@
-//! Compiled compute pipelines, created on first use and cached per [`Context`] under the
-//! typed [`PipelineKey`] a kernel's description derives (see [`crate::kernels`]); and, where
-//! the device has `Features::PIPELINE_CACHE`, the driver's compiled code kept on disk beside
-//! the tuning results (wgpu's `PipelineCache`), so a new process need not compile again.
+//! Compiled compute pipelines, created on first use and cached per device under an opaque
+//! [`PipelineHash`] the layer above computes from its own key (the kernels' typed
+//! `PipelineKey`, see [`crate::kernels`]), which also says how to build one
+//! ([`PipelineRecipe`]); and, where the device has `Features::PIPELINE_CACHE`, the driver's
+//! compiled code kept on disk beside the tuning results (wgpu's `PipelineCache`), so a new
+//! process need not compile again.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::context::Context;
+use super::Device;
 use crate::error::Result;
-use crate::kernels::PipelineKey;
 use crate::phases::Phase;
 
-/// The cache: one pipeline per key, built once per context.
+/// A pipeline's identity in the cache: equal for pipelines built the same way. Computed by
+/// the layer above from its own key; 128 bits, so distinct keys do not meet in practice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct PipelineHash(pub u128);
+
+/// What a compute pipeline is built from.
+pub(crate) struct PipelineSource {
+    /// The label of the pipeline and its module.
+    pub label: &'static str,
+    /// The entry point.
+    pub entry: &'static str,
+    /// The full WGSL text.
+    pub wgsl: String,
+    /// Whether every index the shader computes is proven in bounds, so its module may be
+    /// created without naga's runtime checks (unless the device keeps them).
+    pub trusted: bool,
+}
+
+/// A key the cache can hold: its hash, and how to build its pipeline (asked only on a miss).
+pub(crate) trait PipelineRecipe {
+    /// The key's identity in the cache.
+    fn pipeline_hash(&self) -> PipelineHash;
+    /// What to compile.
+    fn describe(&self) -> PipelineSource;
+}
+
+/// The cache: one pipeline per key, built once per device.
 #[derive(Default)]
 pub(crate) struct PipelineCache {
-    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<PipelineHash, Arc<wgpu::ComputePipeline>>>,
     disk: Mutex<Option<Option<Disk>>>,
+    /// The directory the driver's cache is kept in (the tuning cache's, see
+    /// [`PipelineCache::keep_in`]); `None`: not kept.
+    dir: Option<PathBuf>,
     /// The signatures of calls whose pipelines were compiled ahead ([`PipelineCache::prepare`]).
     prepared: Mutex<HashSet<String>>,
     /// Pipelines compiled while recording, not ahead (tests: the dry run missed them).
@@ -30,9 +60,9 @@ struct Disk {
 }
 
 impl Disk {
-    /// The cache in the tuning cache's directory, named for the adapter and driver (wgpu's
-    /// key), loaded if it exists; `None` without the feature, a key or a directory.
-    fn open(ctx: &Context) -> Option<Self> {
+    /// The cache in `dir`, named for the adapter and driver (wgpu's key), loaded if it
+    /// exists; `None` without the feature, a key or a directory.
+    fn open(ctx: &Device, dir: Option<&Path>) -> Option<Self> {
         if !ctx
             .device
             .features()
@@ -42,7 +72,7 @@ impl Disk {
         }
         let info = ctx.adapter.get_info();
         let key = wgpu::util::pipeline_cache_key(&info)?;
-        let dir = ctx.tune_cache().dir()?;
+        let dir = dir?;
         let path = dir.join(format!("{key}.bin"));
         let data = std::fs::read(&path).ok();
         // SAFETY: the data was written by `PipelineCache::get_data` for this key (an adapter
@@ -84,13 +114,20 @@ impl Disk {
 }
 
 impl PipelineCache {
+    /// Keeps the driver's compiled code in `dir` (the tuning cache's directory; `None`: not
+    /// kept). Set before the first compile.
+    pub(crate) fn keep_in(&mut self, dir: Option<&Path>) {
+        self.dir = dir.map(Path::to_path_buf);
+    }
+
     /// The pipeline for `key`, compiling it on first use (inside the caller's error scope).
     pub(crate) fn get(
         &self,
-        ctx: &Context,
-        key: PipelineKey,
+        ctx: &Device,
+        key: &impl PipelineRecipe,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
-        if let Some(p) = self.lock().get(&key) {
+        let hash = key.pipeline_hash();
+        if let Some(p) = self.lock().get(&hash) {
             return Ok(Arc::clone(p));
         }
         let _compile = ctx.phases.enter(Phase::Compile);
@@ -100,7 +137,7 @@ impl PipelineCache {
         if let Some(Some(d)) = disk.as_ref() {
             d.save();
         }
-        Ok(self.insert(key, pipeline))
+        Ok(self.insert(hash, pipeline))
     }
 
     /// Compiles every pipeline of `keys` not made yet, on as many threads as the host has
@@ -110,13 +147,14 @@ impl PipelineCache {
     ///
     /// # Errors
     /// The first compile error (validation, out of memory, a lost device).
-    pub(crate) fn prepare(&self, ctx: &Context, keys: &[PipelineKey]) -> Result<()> {
-        let mut missing: Vec<PipelineKey> = Vec::new();
+    pub(crate) fn prepare<K: PipelineRecipe + Sync>(&self, ctx: &Device, keys: &[K]) -> Result<()> {
+        let mut missing: Vec<(PipelineHash, &K)> = Vec::new();
         {
             let map = self.lock();
             for k in keys {
-                if !map.contains_key(k) && !missing.contains(k) {
-                    missing.push(*k);
+                let hash = k.pipeline_hash();
+                if !map.contains_key(&hash) && !missing.iter().any(|(h, _)| *h == hash) {
+                    missing.push((hash, k));
                 }
             }
         }
@@ -131,7 +169,7 @@ impl PipelineCache {
             // One after the other, each in its own error scopes (the caller has none here).
             let built = missing
                 .iter()
-                .map(|&key| (key, ctx.scoped(|| Ok(build(ctx, key, disk)))))
+                .map(|&(hash, key)| (hash, ctx.scoped(|| Ok(build(ctx, key, disk)))))
                 .collect();
             if let Some(d) = disk {
                 d.save();
@@ -141,9 +179,9 @@ impl PipelineCache {
             build_parallel(ctx, &missing, threads, disk)
         };
         let mut first_error = None;
-        for (key, result) in built {
+        for (hash, result) in built {
             match result {
-                Ok(p) => drop(self.insert(key, p)),
+                Ok(p) => drop(self.insert(hash, p)),
                 Err(e) => first_error = first_error.or(Some(e)),
             }
         }
@@ -159,29 +197,29 @@ impl PipelineCache {
             .insert(signature)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineHash, Arc<wgpu::ComputePipeline>>> {
         self.pipelines
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Caches `pipeline` under `key`, unless another thread did first (then that one).
+    /// Caches `pipeline` under `hash`, unless another thread did first (then that one).
     fn insert(
         &self,
-        key: PipelineKey,
+        hash: PipelineHash,
         pipeline: wgpu::ComputePipeline,
     ) -> Arc<wgpu::ComputePipeline> {
         let mut map = self.lock();
-        Arc::clone(map.entry(key).or_insert_with(|| Arc::new(pipeline)))
+        Arc::clone(map.entry(hash).or_insert_with(|| Arc::new(pipeline)))
     }
 
     /// The disk cache, opened on first use.
-    fn disk(&self, ctx: &Context) -> std::sync::MutexGuard<'_, Option<Option<Disk>>> {
+    fn disk(&self, ctx: &Device) -> std::sync::MutexGuard<'_, Option<Option<Disk>>> {
         let mut disk = self
             .disk
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        disk.get_or_insert_with(|| Disk::open(ctx));
+        disk.get_or_insert_with(|| Disk::open(ctx, self.dir.as_deref()));
         disk
     }
 }
@@ -189,24 +227,24 @@ impl PipelineCache {
 /// Compiles the pipelines of `keys` on up to `threads` threads, each inside its own error
 /// scopes; saves the disk cache once at the end.
 #[cfg(not(target_arch = "wasm32"))]
-fn build_parallel(
-    ctx: &Context,
-    keys: &[PipelineKey],
+fn build_parallel<K: PipelineRecipe + Sync>(
+    ctx: &Device,
+    keys: &[(PipelineHash, &K)],
     threads: usize,
     disk: Option<&Disk>,
-) -> Vec<(PipelineKey, Result<wgpu::ComputePipeline>)> {
+) -> Vec<(PipelineHash, Result<wgpu::ComputePipeline>)> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let built = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..threads.min(keys.len()) {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&key) = keys.get(i) else {
+                let Some(&(hash, key)) = keys.get(i) else {
                     break;
                 };
                 let result = ctx.scoped(|| Ok(build(ctx, key, disk)));
                 let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
-                built.push((key, result));
+                built.push((hash, result));
             });
         }
     });
@@ -219,26 +257,26 @@ fn build_parallel(
 /// In the browser there are no threads: never called there ([`PipelineCache::prepare`]
 /// compiles one after the other), but the same in order.
 #[cfg(target_arch = "wasm32")]
-fn build_parallel(
-    ctx: &Context,
-    keys: &[PipelineKey],
+fn build_parallel<K: PipelineRecipe + Sync>(
+    ctx: &Device,
+    keys: &[(PipelineHash, &K)],
     _threads: usize,
     disk: Option<&Disk>,
-) -> Vec<(PipelineKey, Result<wgpu::ComputePipeline>)> {
+) -> Vec<(PipelineHash, Result<wgpu::ComputePipeline>)> {
     keys.iter()
-        .map(|&key| (key, ctx.scoped(|| Ok(build(ctx, key, disk)))))
+        .map(|&(hash, key)| (hash, ctx.scoped(|| Ok(build(ctx, key, disk)))))
         .collect()
 }
 
-/// Compiles the pipeline of `key` (counted in the context's phase clock).
-fn build(ctx: &Context, key: PipelineKey, disk: Option<&Disk>) -> wgpu::ComputePipeline {
+/// Compiles the pipeline of `key` (counted in the device's phase clock).
+fn build(ctx: &Device, key: &impl PipelineRecipe, disk: Option<&Disk>) -> wgpu::ComputePipeline {
     ctx.phases.count_pipeline();
-    let info = key.kernel.info();
+    let source = key.describe();
     let desc = wgpu::ShaderModuleDescriptor {
-        label: Some(info.file),
-        source: wgpu::ShaderSource::Wgsl(key.source().into()),
+        label: Some(source.label),
+        source: wgpu::ShaderSource::Wgsl(source.wgsl.into()),
     };
-    let module = if info.trusted && !ctx.runtime_checks() {
+    let module = if source.trusted && !ctx.runtime_checks() {
         // SAFETY: a trusted kernel's every index is proven in bounds (its WGSL header
         // gives the proof, from invariants its Rust description enforces) and its loops
         // are bounded; `tests/flash_blocked.rs` checks it against its checked twin.
@@ -251,10 +289,10 @@ fn build(ctx: &Context, key: PipelineKey, disk: Option<&Disk>) -> wgpu::ComputeP
     };
     ctx.device
         .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(info.file),
+            label: Some(source.label),
             layout: None,
             module: &module,
-            entry_point: Some(info.entry),
+            entry_point: Some(source.entry),
             compilation_options: Default::default(),
             cache: disk.map(|d| &d.cache),
         })

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::context::Context;
+use super::Device;
 use crate::error::{Error, Result};
 use crate::gpu::oneshot;
 use crate::phases::Phase;
@@ -22,7 +22,7 @@ pub struct Pending {
 
 /// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool.
 pub fn copy_out(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     len: usize,
@@ -33,7 +33,7 @@ pub fn copy_out(
 /// [`copy_out`] of `len` values stored as f16 when `f16` (as `buffer::upload_as` and
 /// `buffer::output_f16` lay them out: a multiple of four halves), read back as f32.
 pub fn copy_out_as(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     len: usize,
@@ -59,7 +59,7 @@ pub fn copy_out_as(
 ///
 /// # Errors
 /// As [`finish`].
-pub fn read_as(ctx: &Context, src: &wgpu::Buffer, len: usize, f16: bool) -> Result<Vec<f32>> {
+pub fn read_as(ctx: &Device, src: &wgpu::Buffer, len: usize, f16: bool) -> Result<Vec<f32>> {
     let mut encoder = ctx
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -77,7 +77,7 @@ pub fn read_as(ctx: &Context, src: &wgpu::Buffer, len: usize, f16: bool) -> Resu
 /// # Errors
 /// [`Error::Poll`] when the wait fails or times out, [`Error::DeviceLost`] when the device
 /// was lost meanwhile.
-pub fn wait(ctx: &Context, submission: wgpu::SubmissionIndex) -> Result<()> {
+pub fn wait(ctx: &Device, submission: wgpu::SubmissionIndex) -> Result<()> {
     ctx.device
         .poll(wgpu::PollType::Wait {
             submission_index: Some(submission),
@@ -91,7 +91,7 @@ pub fn wait(ctx: &Context, submission: wgpu::SubmissionIndex) -> Result<()> {
 ///
 /// # Errors
 /// As [`wait`].
-pub fn wait_all(ctx: &Context) -> Result<()> {
+pub fn wait_all(ctx: &Device) -> Result<()> {
     ctx.device
         .poll(wgpu::PollType::Wait {
             submission_index: None,
@@ -106,7 +106,7 @@ pub fn wait_all(ctx: &Context) -> Result<()> {
 /// # Errors
 /// [`Error::Poll`] when the wait fails or times out, [`Error::Readback`] when mapping fails.
 pub fn finish(
-    ctx: &Context,
+    ctx: &Device,
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -118,7 +118,7 @@ pub fn finish(
 /// poll took the callback and has yet to call it (threads sharing a context poll each other's
 /// callbacks).
 #[cfg(not(target_arch = "wasm32"))]
-fn take_mapped<T>(ctx: &Context, rx: &oneshot::Receiver<T>) -> Result<T> {
+fn take_mapped<T>(ctx: &Device, rx: &oneshot::Receiver<T>) -> Result<T> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         if let Some(r) = rx.try_take() {
@@ -138,7 +138,7 @@ fn take_mapped<T>(ctx: &Context, rx: &oneshot::Receiver<T>) -> Result<T> {
 /// # Errors
 /// As [`finish`].
 pub async fn finish_async(
-    ctx: &Context,
+    ctx: &Device,
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {

@@ -1,7 +1,7 @@
 //! `rgba32float` textures that kernels fill with `textureStore` and read with `textureLoad`
 //! (four f32 values per texel), checked against the device's texture limits first.
 
-use crate::context::Context;
+use super::Device;
 use crate::error::{Error, Result};
 
 /// A 2-D `rgba32float` texture of `width × height` texels, writable as a storage texture or
@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 /// # Errors
 /// [`Error::LimitExceeded`] when a side exceeds `max_texture_dimension_2d`.
 pub fn rgba32f(
-    ctx: &Context,
+    ctx: &Device,
     label: &str,
     width: u32,
     height: u32,

@@ -3,8 +3,8 @@
 
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -72,7 +72,7 @@ pub(crate) struct Mirror<'a> {
 /// # Errors
 /// A mirror past u32 indexing; GPU errors.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     params: &AdamParams,
     grad: &wgpu::Buffer,

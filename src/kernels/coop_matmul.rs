@@ -2,13 +2,13 @@
 //! bindings) on cooperative matrices (tensor cores): 64 × 64 output tiles per workgroup of
 //! 128 invocations, each subgroup a 2 × 2 square of `S × S` matrices, inputs converted to f16
 //! (or f32 where the adapter's only shape is f32) in workgroup memory, accumulated in f32.
-//! Runs only where [`Context::coop_shape`] is `Some`.
+//! Runs only where [`crate::Context::coop_shape`] is `Some`.
 
 use super::matmul::{Matmul, MatmulParams};
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -53,8 +53,8 @@ pub(crate) fn coop_header(source: String, size: u32) -> String {
          alias CA = {ty}<AB_T, A>;\nalias CB = {ty}<AB_T, B>;\nalias CC = {ty}<f32, C>;\n"
     );
     // The test hook of tests/coop_emulated.rs (never set in normal use).
-    match crate::context::coop::emulate::size() {
-        Some(_) => crate::context::coop::emulate::rewrite(&text, n),
+    match crate::gpu::coop::emulate::size() {
+        Some(_) => crate::gpu::coop::emulate::rewrite(&text, n),
         None => text,
     }
 }
@@ -65,7 +65,7 @@ pub(crate) fn coop_header(source: String, size: u32) -> String {
 /// [`crate::Error::Unsupported`] where the device has no usable cooperative-matrix shape;
 /// size limits.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     (a, b, bias, c): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

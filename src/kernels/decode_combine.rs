@@ -3,8 +3,8 @@
 
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -51,7 +51,7 @@ impl Kernel for Shader {
 /// # Errors
 /// A size over u32 indexing or the grid.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     (rows, blocks, dv): (usize, usize, usize),
     (o_part, ml_part): (&wgpu::Buffer, &wgpu::Buffer),

@@ -6,8 +6,8 @@
 use super::flash_tiled::{Flash, FlashParams};
 use super::wgsl::NoConstants;
 use super::{record, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -58,7 +58,7 @@ impl BackwardTiles {
     };
 
     /// The shape for `ctx`'s adapter.
-    pub fn for_adapter(ctx: &Context) -> Self {
+    pub fn for_adapter(ctx: &Device) -> Self {
         match ctx.adapter_info().device_type {
             wgpu::DeviceType::Cpu => Self::CPU,
             _ => Self::GPU,
@@ -143,7 +143,7 @@ impl Flash {
     /// A size that does not fit the grid.
     pub fn dispatch_backward_dot(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         d_o: &wgpu::Buffer,
         o: &wgpu::Buffer,

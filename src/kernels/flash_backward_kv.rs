@@ -6,8 +6,8 @@ use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::{Flash, FlashParams};
 use super::wgsl::constants;
 use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -87,7 +87,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_backward_kv(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         tiles: BackwardTiles,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

@@ -8,8 +8,8 @@ use super::flash_tiled::{Flash, FlashParams};
 use super::pack::Pack;
 use super::wgsl::constants;
 use super::{record, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -61,7 +61,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_backward_subgroup(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         (kv_per_lane, q_per_lane): (u32, u32),
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

@@ -7,8 +7,8 @@ use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::Flash;
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -87,7 +87,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_backward_q(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         tiles: BackwardTiles,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

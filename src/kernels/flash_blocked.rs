@@ -8,8 +8,8 @@
 use super::flash_tiled::{Flash, FlashOut};
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -85,7 +85,7 @@ impl Inner {
     /// # Errors
     /// [`Error::Unsupported`] when `opts` ask for subgroups the adapter cannot give.
     pub fn resolve(
-        ctx: &Context,
+        ctx: &Device,
         opts: BlockedOptions,
         (rows, keys): (u32, u32),
         f16: bool,
@@ -325,16 +325,18 @@ impl Flash {
     }
 
     /// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` with `flash_blocked.wgsl`, blocks of
-    /// `rows` query rows × `keys` keys.
+    /// `rows` query rows × `keys` keys, its inner loop as `opts` say (the context's
+    /// [`crate::Context::blocked_options`]).
     ///
     /// # Errors
     /// As [`FlashBlockedConsts::new`]; a size that does not fit the grid.
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_blocked(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         (rows, keys): (u32, u32),
+        opts: BlockedOptions,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
         out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
@@ -352,7 +354,6 @@ impl Flash {
         }
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
-        let opts = ctx.blocked_options();
         let inner = Inner::resolve(ctx, opts, (rows, keys), self.f16)?;
         let limits = ctx.limits();
         let consts = match self.blocked_consts_with(limits, (rows, keys), has_mask, inner) {

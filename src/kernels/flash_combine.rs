@@ -14,9 +14,8 @@
 use super::flash_tiled::{Flash, FlashOut};
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
-use crate::context::Context;
 use crate::error::Result;
-use crate::variant::KeySplit;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -92,6 +91,24 @@ fn ranges(n_kv: usize, tile: usize, want: usize) -> Option<KeyRanges> {
     (splits > 1).then_some(KeyRanges { splits, keys })
 }
 
+/// Whether the real-GPU fused kernel ([`crate::FlashVariant::Blocked`]) splits the keys of each
+/// query block over several workgroups (flash-decoding's split: each writes a partial max,
+/// sum and output over its key range, and one combine merges them), so that a call with few
+/// `batch · heads · query blocks` still fills a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeySplit {
+    /// Split on adapters that are not CPUs when the call has fewer than
+    /// 2 · 64 workgroups (wgpu reports no compute-unit count: 64 stands in for a large GPU),
+    /// into ranges of at least 4 key tiles (see the README's kernel families).
+    #[default]
+    Auto,
+    /// Never split.
+    Off,
+    /// Split into this many key ranges (fewer when the keys are fewer tiles), on any adapter
+    /// (tests and measurements).
+    Ranges(u32),
+}
+
 /// The split of a call of `workgroups` workgroups over `n_kv` keys in tiles of `tile`, by
 /// `split` on an adapter that is a CPU or not (see the [module docs](self)).
 pub(crate) fn key_ranges(
@@ -114,7 +131,7 @@ pub(crate) fn key_ranges(
 
 impl Flash {
     /// The key split `flash_blocked` runs this call with in blocks of `rows` × `keys`.
-    pub(crate) fn key_ranges(&self, ctx: &Context, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
+    pub(crate) fn key_ranges(&self, ctx: &Device, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
         let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
         let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
         key_ranges(
@@ -133,7 +150,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatch_blocked_split(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         (rows, keys): (u32, u32),
         split: KeyRanges,

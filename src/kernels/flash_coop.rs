@@ -2,14 +2,15 @@
 //! problem (same uniform, same bindings: masks, key lengths through the mask, GQA, causal,
 //! the saved log-sum-exp) with `Q·Kᵀ` and `P·V` on cooperative matrices (tensor cores), f16
 //! (or f32) inputs accumulated in f32, the softmax statistics in f32 from a workgroup-memory
-//! copy of the scores. Runs only where [`Context::coop_shape`] is `Some`.
+//! copy of the scores. Runs only where [`crate::Context::coop_shape`] is `Some`.
 
 use super::coop_matmul::F16_AB;
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, MaskArg, PipelineKey, Slot};
-use crate::context::{Context, CoopShape};
 use crate::error::{Error, Result};
+use crate::gpu::coop::CoopShape;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -124,7 +125,7 @@ pub(crate) fn key(
 /// [`Error::Unsupported`] without a cooperative-matrix shape; [`Error::LimitExceeded`] when
 /// the tiles do not fit or the grid cannot hold the workgroups.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     op: &Flash,
     (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

@@ -7,8 +7,8 @@ use super::flash_tiled::{Flash, FlashOut, FlashParams};
 use super::pack::Pack;
 use super::wgsl::constants;
 use super::{record, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -62,7 +62,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_subgroup(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         rows_per_lane: u32,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

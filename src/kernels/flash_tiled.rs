@@ -7,8 +7,8 @@
 
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -118,7 +118,7 @@ impl<'a> FlashOut<'a> {
     /// The context buffer, the buffer bound as `lse` (when unsaved, the context's stand-in
     /// for an untouched output: not the context itself, since WebGPU rejects a writable
     /// binding aliasing another) and the `LSE` constant.
-    pub fn parts(self, ctx: &'a Context) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
+    pub fn parts(self, ctx: &'a Device) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
         match self.lse {
             Some(lse) => (self.context, lse, 1),
             None => (self.context, ctx.unused_out(), 0),
@@ -162,7 +162,7 @@ pub(crate) struct Flash {
     /// with NaN/Inf; finite inputs give the same either way). `flash_tiled` always does this.
     pub skip_zero: bool,
     /// Whether `flash_blocked` splits the keys (see `flash_combine.rs`).
-    pub key_split: crate::variant::KeySplit,
+    pub key_split: super::flash_combine::KeySplit,
 }
 
 impl Flash {
@@ -231,7 +231,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_tiled(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         keys: u32,
         q: &wgpu::Buffer,

@@ -3,8 +3,8 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -32,7 +32,7 @@ impl Kernel for Shader {
 /// Records `invocations` invocations of `iters` iterations each, writing one value each to
 /// `out`.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     invocations: u32,
     iters: u32,

@@ -5,8 +5,8 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -159,7 +159,7 @@ impl Matmul {
     /// stand in otherwise).
     pub fn dispatch(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,

@@ -6,8 +6,8 @@
 use super::matmul::{Matmul, F16_A, F16_B};
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -156,7 +156,7 @@ pub(crate) fn eligible(
 /// `c2` are unused (pass `c`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     consts: MatmulBlockedConsts,

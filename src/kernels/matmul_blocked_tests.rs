@@ -7,6 +7,7 @@ use super::*;
 use crate::gpu::{buffer, readback};
 use crate::kernels::matmul::{ACCUMULATE, F16_C, HAS_BIAS, SKIP_UPPER};
 use crate::variant::{self, MatmulVariant};
+use crate::Context;
 
 fn ctx() -> Context {
     Context::new().unwrap().with_tuning(false)

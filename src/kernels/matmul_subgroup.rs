@@ -7,8 +7,8 @@ use super::matmul::{Matmul, F16_A, F16_B, F16_C, HAS_BIAS, SKIP_UPPER};
 use super::pack::{Pack, Packed};
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -112,7 +112,7 @@ impl Operands {
     /// # Errors
     /// No fixed subgroup size; texture limits.
     pub fn pack(
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         mm: &Matmul,
         a: &wgpu::Buffer,
@@ -145,7 +145,7 @@ impl Operands {
     /// # Errors
     /// No fixed subgroup size; texture limits.
     pub fn pack_a(
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         mm: &Matmul,
         a: &wgpu::Buffer,
@@ -179,7 +179,7 @@ impl Operands {
 /// otherwise).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     rows_per_lane: u32,
@@ -209,7 +209,7 @@ pub(crate) fn dispatch(
 /// each row-major at its own width (Q, K, V from one `X·[W_Q W_K W_V]`); without, all to `c`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch_split(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     rows_per_lane: u32,

@@ -41,9 +41,10 @@ pub(crate) mod weighted_sum;
 #[cfg(test)]
 mod tests;
 
-use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::timing;
+use crate::gpu::pipeline::{PipelineHash, PipelineRecipe, PipelineSource};
+use crate::gpu::timing;
+use crate::gpu::Device;
 use wgsl::{Constants, Uniform};
 
 /// What a kernel's Rust file states about its WGSL file.
@@ -284,6 +285,32 @@ impl PipelineKey {
     }
 }
 
+/// The device layer caches pipelines under a hash of the key and builds them from the
+/// kernel's description; it knows nothing of kernels.
+impl PipelineRecipe for PipelineKey {
+    fn pipeline_hash(&self) -> PipelineHash {
+        use std::hash::{Hash, Hasher};
+        // Two 64-bit SipHashes of the key, each behind its own prefix: 128 bits.
+        let half = |salt: u8| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            salt.hash(&mut h);
+            self.hash(&mut h);
+            h.finish()
+        };
+        PipelineHash(u128::from(half(0)) << 64 | u128::from(half(1)))
+    }
+
+    fn describe(&self) -> PipelineSource {
+        let info = self.kernel.info();
+        PipelineSource {
+            label: info.file,
+            entry: info.entry,
+            wgsl: self.source(),
+            trusted: info.trusted,
+        }
+    }
+}
+
 /// Splits `count` workgroups into an `(x, y)` grid under the per-dimension limit; kernels
 /// recover the linear id as `x + y · num_workgroups.x` and drop ids past `count`.
 ///
@@ -347,7 +374,7 @@ pub(crate) struct MaskArg<'a> {
 impl<'a> MaskArg<'a> {
     /// What a kernel binds and is built with for `mask`: the buffer (the context's stand-in
     /// when there is none), the strides, and the `MASK` constant.
-    pub fn parts(ctx: &'a Context, mask: Option<MaskArg<'a>>) -> (&'a wgpu::Buffer, [u32; 4], u32) {
+    pub fn parts(ctx: &'a Device, mask: Option<MaskArg<'a>>) -> (&'a wgpu::Buffer, [u32; 4], u32) {
         match mask {
             Some(m) => (m.buffer, m.strides, 1),
             None => (ctx.stand_in(), [0; 4], 0),
@@ -363,7 +390,7 @@ impl<'a> MaskArg<'a> {
 /// [`Error::LimitExceeded`] when the grid cannot hold `workgroups`; an internal
 /// [`Error::InvalidArgument`] when `resources` do not match the kernel's bindings.
 pub(crate) fn record<K: Kernel>(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     consts: &K::Consts,
     f16: u8,
@@ -401,7 +428,7 @@ pub(crate) fn record<K: Kernel>(
         return Ok(());
     }
     log::debug!("{label} {consts:?}: {workgroups} workgroups as {x}x{y}");
-    let pipeline = ctx.pipelines.get(ctx, key)?;
+    let pipeline = ctx.pipelines.get(ctx, &key)?;
     let uniform = crate::gpu::buffer::uniform(ctx, label, params)?;
     let mut entries = vec![wgpu::BindGroupEntry {
         binding: 0,

@@ -4,9 +4,9 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Binding, Dim, Kernel, KernelId, Slot, Strides};
-use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::texture;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -148,7 +148,7 @@ impl Pack {
     /// # Errors
     /// [`Error::LimitExceeded`] when the texture cannot hold it; [`Error::ShapeMismatch`]
     /// when the strides reach past `src`.
-    pub fn upload(&self, ctx: &Context, what: &str, src: &[f32]) -> Result<Packed> {
+    pub fn upload(&self, ctx: &Device, what: &str, src: &[f32]) -> Result<Packed> {
         let groups = self.batch * self.heads;
         let layout = PackLayout::new(
             what,
@@ -207,7 +207,7 @@ impl Pack {
     /// [`Error::LimitExceeded`] when the texture cannot hold it.
     pub fn dispatch(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         what: &str,
         src: &wgpu::Buffer,
@@ -220,7 +220,7 @@ impl Pack {
     }
 
     /// The layout of this pack's texture.
-    fn layout(&self, ctx: &Context, what: &str) -> Result<PackLayout> {
+    fn layout(&self, ctx: &Device, what: &str) -> Result<PackLayout> {
         PackLayout::new(
             what,
             self.batch * self.heads,
@@ -239,7 +239,7 @@ impl Pack {
     /// [`Pack::dispatch`].
     pub fn dispatch_into(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         dst: &Packed,

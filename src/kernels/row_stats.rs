@@ -3,8 +3,8 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -29,7 +29,7 @@ impl Kernel for Shader {
 /// Records `stats[row] ← (max, sum)` over the `tiles` partial `(max, sum)` pairs of each of
 /// `rows` rows.
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     rows: usize,
     tiles: usize,

@@ -3,8 +3,8 @@
 
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -44,7 +44,7 @@ impl Kernel for Shader {
 /// `batch · heads` score matrices of `n_q × n_kv`; causal hides keys past each query.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     (batch, heads): (usize, usize),
     (n_q, n_kv): (usize, usize),

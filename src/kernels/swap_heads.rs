@@ -6,8 +6,8 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -88,7 +88,7 @@ impl SwapHeads {
     /// [`Error::LimitExceeded`] past u32 indexing; GPU errors.
     pub fn record(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         dst: &wgpu::Buffer,

@@ -3,8 +3,8 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
-use crate::context::Context;
 use crate::error::Result;
+use crate::gpu::Device;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -92,7 +92,7 @@ impl WeightedSum {
     /// Records `context ← weights · V` per (batch, head).
     pub fn dispatch(
         &self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
         weights: &wgpu::Buffer,
         v: &wgpu::Buffer,

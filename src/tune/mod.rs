@@ -12,22 +12,19 @@
 //! `WGPU_ATTENTION_TUNE=off` (or [`Context::with_tuning`]) skips measuring: remembered
 //! choices are still used, anything else takes its family's default variant.
 
-mod cache;
 pub(crate) mod sources;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-pub use cache::TuneCache;
-
 use crate::context::Context;
 use crate::error::Result;
 use crate::gpu::buffer;
+use crate::gpu::timing;
 use crate::kernels::flash_blocked::FlashBlockedConsts;
 use crate::kernels::flash_tiled::Flash;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::{KernelId, Strides};
 use crate::phases::Phase;
-use crate::timing;
 use crate::variant::{self, FlashVariant, Kernels, MatmulVariant};
 
 /// Problems with fewer rows are not worth measuring for: they take the remembered choice if
@@ -39,12 +36,6 @@ pub const FLASH_MAX_BUCKET_N: usize = 4096;
 pub const FLASH_MAX_BUCKET_GROUPS: usize = 64;
 /// Side of the anchored square matmul.
 pub const MATMUL_ANCHOR: usize = 512;
-
-/// Whether measuring is on by default (`WGPU_ATTENTION_TUNE` is not `off`); see
-/// [`Context::with_tuning`].
-pub fn enabled() -> bool {
-    !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("off"))
-}
 
 /// FNV-1a of every kernel's source: a tuned choice is only reused for the same kernels.
 /// Computed once per process (every call's plan looks a choice up).

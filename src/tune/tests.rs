@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use ndarray::Array3;
 
-use crate::tune::{self, fastest, fastest_within, Bucket, TuneCache, MIN_TUNED_N};
+use crate::settings::TuneCache;
+use crate::tune::{self, fastest, fastest_within, Bucket, MIN_TUNED_N};
 use crate::verify::{self, Case};
 use crate::{reference, Attention, Context, Kernels};
 

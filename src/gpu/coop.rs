@@ -4,7 +4,7 @@
 
 pub(crate) mod emulate;
 
-use super::Context;
+use super::Device;
 use crate::error::{Error, Result};
 
 /// The cooperative-matrix shape the coop kernels use on a device: square `size × size ×
@@ -41,7 +41,7 @@ pub(crate) fn request(adapter: &wgpu::Adapter) -> (wgpu::Features, wgpu::Experim
     if wanted() && adapter.features().contains(feature) {
         // SAFETY: only the cooperative-matrix feature is requested through this token; our
         // coop kernels run only where the adapter reports the shape they are built for
-        // (`Context::coop_shape`), and every load and store they make is within their
+        // (`Device::coop_shape`), and every load and store they make is within their
         // workgroup tiles (the proof is in each shader's header).
         (feature, unsafe { wgpu::ExperimentalFeatures::enabled() })
     } else {
@@ -95,10 +95,10 @@ pub(crate) fn write_shapes(
     write!(f, "\n  cooperative matrices: {}", shapes.join(", "))
 }
 
-impl Context {
+impl Device {
     /// The cooperative-matrix configurations the adapter reports (empty without
     /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` on the device).
-    pub fn coop_properties(&self) -> Vec<wgpu::CooperativeMatrixProperties> {
+    pub(crate) fn coop_properties(&self) -> Vec<wgpu::CooperativeMatrixProperties> {
         if !self
             .device
             .features()
@@ -112,7 +112,7 @@ impl Context {
     /// The shape the coop kernels run with here: `Some` when the device has
     /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and `Features::SUBGROUP` and the adapter
     /// reports one of the shapes they are built for ([`CoopShape`]).
-    pub fn coop_shape(&self) -> Option<CoopShape> {
+    pub(crate) fn coop_shape(&self) -> Option<CoopShape> {
         let features = self.device.features();
         if !features.contains(wgpu::Features::SUBGROUP) {
             return None;

@@ -13,7 +13,7 @@ use web_time::Instant;
 
 use serde::Serialize;
 
-use crate::context::Context;
+use super::Device;
 use crate::error::Result;
 use crate::gpu::readback::{self, Pending};
 
@@ -29,7 +29,7 @@ pub struct KernelTime {
     pub ms: f64,
 }
 
-/// How per-kernel times are taken while profiling ([`Context::set_profiling`]).
+/// How per-kernel times are taken while profiling ([`crate::Context::set_profiling`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profiling {
     /// Not profiling.
@@ -84,7 +84,7 @@ impl Timing {
 }
 
 /// Starts timing the passes recorded from now on, when profiling is on.
-pub(crate) fn begin(ctx: &Context) {
+pub(crate) fn begin(ctx: &Device) {
     let timing = &ctx.timing;
     if let Ok(mut t) = timing.times.lock() {
         t.clear();
@@ -99,7 +99,7 @@ pub(crate) fn begin(ctx: &Context) {
 /// Records the resolve of the timestamps taken since [`begin`]: what to read back and the
 /// passes' labels.
 pub(crate) fn end(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
 ) -> Option<(Pending, Vec<&'static str>)> {
     let profiler = ctx.timing.profiler.lock().ok()?.take()?;
@@ -107,7 +107,7 @@ pub(crate) fn end(
 }
 
 /// Stores the timestamps read back for `labels` as the last submission's times.
-pub(crate) fn store(ctx: &Context, words: &[f32], labels: &[&'static str]) {
+pub(crate) fn store(ctx: &Device, words: &[f32], labels: &[&'static str]) {
     let t = times(words, labels, ctx.queue.get_timestamp_period());
     if let Ok(mut times) = ctx.timing.times.lock() {
         *times = t;
@@ -121,7 +121,7 @@ pub(crate) fn store(ctx: &Context, words: &[f32], labels: &[&'static str]) {
 /// # Errors
 /// As [`readback::finish_async`].
 pub(crate) async fn submit_and_read_async(
-    ctx: &Context,
+    ctx: &Device,
     mut encoder: wgpu::CommandEncoder,
     mut pending: Vec<readback::Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -142,7 +142,7 @@ pub(crate) async fn submit_and_read_async(
 /// # Errors
 /// As [`submit_and_read_async`].
 pub(crate) fn submit_and_read(
-    ctx: &Context,
+    ctx: &Device,
     encoder: wgpu::CommandEncoder,
     pending: Vec<readback::Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -155,7 +155,7 @@ pub(crate) fn submit_and_read(
 /// # Errors
 /// GPU errors while waiting (wall-clock mode).
 pub(crate) fn pass(
-    ctx: &Context,
+    ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     label: &'static str,
     body: impl FnOnce(&mut wgpu::ComputePass<'_>),
@@ -192,7 +192,7 @@ pub(crate) fn pass(
 
 /// Submits what `encoder` holds so far, waits for it, and leaves a fresh encoder in its place
 /// (wall-clock profiling).
-fn submit_and_wait(ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+fn submit_and_wait(ctx: &Device, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
     let fresh = ctx
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -209,7 +209,7 @@ fn submit_and_wait(ctx: &Context, encoder: &mut wgpu::CommandEncoder) -> Result<
 /// # Errors
 /// Whatever `f` or the GPU returns.
 pub(crate) fn timed_submit(
-    ctx: &Context,
+    ctx: &Device,
     f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
 ) -> Result<(f64, Vec<KernelTime>)> {
     ctx.scoped(|| {
@@ -321,7 +321,7 @@ struct Profiler {
 }
 
 impl Profiler {
-    fn new(ctx: &Context) -> Self {
+    fn new(ctx: &Device) -> Self {
         let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("kernel timestamps"),
             ty: wgpu::QueryType::Timestamp,
@@ -350,7 +350,7 @@ impl Profiler {
     /// Records the resolve and the copy out; returns what to read back and the labels.
     fn resolve(
         self,
-        ctx: &Context,
+        ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
     ) -> Option<(Pending, Vec<&'static str>)> {
         let count = 2 * self.labels.len() as u32;

@@ -1,7 +1,13 @@
-//! NaN and infinities in host arrays: the check every entry point makes on what it is given
-//! (the op, tensors, decoding, the reference), below all of them.
+//! Checks on the values of host arrays that every entry point makes on what it is given (the
+//! op, tensors, decoding, the reference), below all of them: NaN and infinities, and f16's
+//! range for operands stored as f16.
+
+use ndarray::{ArrayViewD, Dimension};
 
 use crate::error::{Error, Result};
+
+/// f16's largest finite value.
+const F16_MAX: f32 = 65504.0;
 
 /// `Err(NonFinite)` naming the array and the first NaN or infinity in it.
 ///
@@ -30,4 +36,19 @@ pub fn check_finite<D: ndarray::Dimension>(
                 .to_vec(),
         }),
     }
+}
+
+/// `Err` naming the array and the first finite value past f16's range (±65,504) in it.
+pub(crate) fn check_f16_range(name: &str, a: &ArrayViewD<'_, f32>) -> Result<()> {
+    let out_of_range = |v: &f32| v.is_finite() && v.abs() > F16_MAX;
+    if let Some((idx, v)) = a.indexed_iter().find(|(_, v)| out_of_range(v)) {
+        return Err(Error::invalid(
+            "input",
+            format!(
+                "{name}{:?} = {v:e} is beyond f16's range (±{F16_MAX}); use f32",
+                idx.slice()
+            ),
+        ));
+    }
+    Ok(())
 }

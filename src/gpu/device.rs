@@ -1,0 +1,306 @@
+//! The device layer's core: an open wgpu device with its queue and limits, the error scopes
+//! every call runs in, the buffer pool, the pipeline cache, the profiling state and the phase
+//! clock, created once and shared. Kernels take a `&Device`; the user's [`crate::Context`] is
+//! a `Device` and the settings it carries (it dereferences to its device).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::coop;
+use super::pipeline::PipelineCache;
+use super::pool::Pool;
+use super::timing::{Profiling, Timing};
+use crate::error::{Error, Result};
+use crate::phases::{Phase, Phases};
+
+/// An open device: the adapter, its device and queue, the compiled kernels and the buffers
+/// kept for reuse. Unnamed outside the crate (a [`crate::Context`] dereferences to it).
+pub struct Device {
+    pub(crate) adapter: wgpu::Adapter,
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) pipelines: PipelineCache,
+    pub(crate) pool: Pool,
+    pub(crate) timing: Timing,
+    pub(crate) phases: Phases,
+    /// Whether every kernel keeps naga's runtime checks (see
+    /// [`crate::Context::with_runtime_checks`]).
+    pub(crate) runtime_checks: bool,
+    stand_in: OnceLock<wgpu::Buffer>,
+    unused_out: OnceLock<[wgpu::Buffer; 2]>,
+    one: OnceLock<wgpu::Buffer>,
+    subgroup_size: Option<u32>,
+    lost: Arc<Mutex<Option<String>>>,
+    /// Unique in the process: what a resource made on this device is checked against.
+    id: u64,
+}
+
+impl Device {
+    /// Opens a device on `adapter` with the adapter's full limits and the optional features
+    /// the kernels use where it has them (subgroups, timestamp queries, f16, the pipeline
+    /// cache, cooperative matrices).
+    ///
+    /// # Errors
+    /// [`Error::RequestDevice`] when the adapter refuses.
+    pub(crate) async fn from_adapter_async(adapter: wgpu::Adapter) -> Result<Self> {
+        let start = crate::phases::Instant::now();
+        let limits = adapter.limits();
+        let wanted = wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::PIPELINE_CACHE;
+        let (coop, experimental_features) = coop::request(&adapter);
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgpu-attention"),
+            required_features: (adapter.features() & wanted) | coop,
+            required_limits: limits.clone(),
+            experimental_features,
+            ..Default::default()
+        };
+        let (device, queue) =
+            adapter
+                .request_device(&desc)
+                .await
+                .map_err(|e| Error::RequestDevice {
+                    adapter: adapter.get_info().name,
+                    message: e.to_string(),
+                })?;
+        let dev = Self::from_parts(adapter, device, queue);
+        dev.phases.add(Phase::Adapter, start.elapsed());
+        Ok(dev)
+    }
+
+    /// Wraps a device the caller already owns (its limits are taken from the device).
+    pub(crate) fn from_parts(
+        adapter: wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+    ) -> Self {
+        let lost = Arc::new(Mutex::new(None));
+        let lost_cb = Arc::clone(&lost);
+        device.set_device_lost_callback(move |reason, message| {
+            if let Ok(mut l) = lost_cb.lock() {
+                *l = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        // Errors outside our error scopes must not panic the caller's process; each forward
+        // pass runs inside scopes, so anything landing here is reported on the next call.
+        device.on_uncaptured_error(Arc::new(|_e: wgpu::Error| {}));
+        let limits = device.limits();
+        // Subgroup kernels are compiled for one size, so they need it fixed and known.
+        let info = adapter.get_info();
+        let subgroup_size = (device.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size == info.subgroup_max_size)
+            .then_some(info.subgroup_min_size);
+        log::info!(
+            "adapter: {} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
+            info.name,
+            info.backend,
+            info.device_type,
+            info.driver,
+            info.driver_info,
+            subgroup_size.map_or("not fixed/none".to_string(), |s| s.to_string()),
+            device.features()
+        );
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Self {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            adapter,
+            device,
+            queue,
+            limits,
+            pipelines: PipelineCache::default(),
+            pool: Pool::default(),
+            runtime_checks: false,
+            stand_in: OnceLock::new(),
+            unused_out: OnceLock::new(),
+            one: OnceLock::new(),
+            subgroup_size,
+            lost,
+            timing: Timing::default(),
+            phases: Phases::default(),
+        }
+    }
+
+    /// The adapter's name, backend, device type and driver.
+    pub(crate) fn adapter_info(&self) -> wgpu::AdapterInfo {
+        self.adapter.get_info()
+    }
+
+    /// The adapter's name for messages; the browser gives none, so there it is its backend.
+    pub(crate) fn adapter_name(&self) -> String {
+        let info = self.adapter.get_info();
+        if info.name.is_empty() {
+            format!("{:?} adapter", info.backend)
+        } else {
+            info.name
+        }
+    }
+
+    /// The device's limits.
+    pub(crate) fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    /// The subgroup size kernels can be compiled for (see [`crate::Context::subgroup_size`]).
+    pub(crate) fn subgroup_size(&self) -> Option<u32> {
+        self.subgroup_size
+    }
+
+    /// The wgpu device.
+    pub(crate) fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    /// The wgpu queue.
+    pub(crate) fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    /// Whether every kernel keeps naga's runtime checks.
+    pub(crate) fn runtime_checks(&self) -> bool {
+        self.runtime_checks
+    }
+
+    /// This device's id, unique in the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Turns per-kernel timing on or off (see [`crate::Context::set_profiling`]).
+    pub(crate) fn set_profiling(&self, on: bool) -> Profiling {
+        let timestamps = self
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+            && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
+        self.timing.set(on, timestamps)
+    }
+
+    /// A small zeroed storage buffer (one vec4) bound wherever a kernel's binding has nothing
+    /// to read: a matmul without a bias, a row statistic that is not used. Made once per
+    /// device; kernels only read it.
+    pub(crate) fn stand_in(&self) -> &wgpu::Buffer {
+        self.stand_in.get_or_init(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("stand-in"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// A small storage buffer bound to a writable binding a kernel leaves untouched in this
+    /// dispatch (a fused kernel's row statistics when they are not saved). It is its own
+    /// buffer, never bound to anything else: WebGPU rejects a writable binding that aliases
+    /// another binding of the same dispatch, even one never written.
+    pub(crate) fn unused_out(&self) -> &wgpu::Buffer {
+        self.unused_outs().0
+    }
+
+    /// Two such buffers, for a dispatch that leaves two writable bindings untouched (a
+    /// split-output matmul that does not split). Made once per device.
+    pub(crate) fn unused_outs(&self) -> (&wgpu::Buffer, &wgpu::Buffer) {
+        let [a, b] = self.unused_out.get_or_init(|| {
+            [0, 1].map(|_| {
+                self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("unused output"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                })
+            })
+        });
+        (a, b)
+    }
+
+    /// A storage buffer holding the single f32 1.0, made once: a row of ones for any length
+    /// when read through zero strides (column sums as a matmul).
+    ///
+    /// # Errors
+    /// GPU errors on its first use.
+    pub(crate) fn one(&self) -> Result<&wgpu::Buffer> {
+        if let Some(b) = self.one.get() {
+            return Ok(b);
+        }
+        let b = super::buffer::upload(self, "one", &[1.0])?;
+        Ok(self.one.get_or_init(|| b))
+    }
+
+    /// Whether the device can run the f16 kernels (`Features::SHADER_F16`), or the error
+    /// saying it cannot.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the adapter, the missing feature and the alternative.
+    pub(crate) fn require_f16(&self) -> Result<()> {
+        if self.device.features().contains(wgpu::Features::SHADER_F16) {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            feature: "f16 operands (wgpu::Features::SHADER_F16)".into(),
+            adapter: self.adapter_name(),
+            hint: "use Dtype::F32 (CLI --dtype f32), or an adapter that has shader-f16 \
+                   (`wgpu-attention devices` lists features); a device made by the caller \
+                   must request SHADER_F16"
+                .into(),
+        })
+    }
+
+    /// The subgroup size, or the error saying the subgroup kernels cannot run here.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] without `Features::SUBGROUP` and a fixed subgroup size.
+    pub(crate) fn require_subgroups(&self) -> Result<u32> {
+        self.subgroup_size.ok_or_else(|| Error::Unsupported {
+            feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
+                      size)"
+                .into(),
+            adapter: self.adapter_name(),
+            hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
+        })
+    }
+
+    /// Waits until everything submitted to the device so far has run.
+    ///
+    /// # Errors
+    /// [`Error::Poll`] when the wait fails or times out, [`Error::DeviceLost`].
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        super::readback::wait_all(self)
+    }
+
+    /// `Err(DeviceLost)` once the device has been lost; a lost device stays unusable.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`] with the driver's reason.
+    pub(crate) fn check_alive(&self) -> Result<()> {
+        // Let a pending device-lost callback run (it fires from poll), without waiting.
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        match self.lost.lock().ok().and_then(|l| l.clone()) {
+            Some(msg) => Err(Error::DeviceLost(msg)),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and turns anything they
+    /// capture into `Err`.
+    pub(crate) fn scoped<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        super::oneshot::block_on(self.scoped_async(async { f() }))
+    }
+
+    /// [`Device::scoped`] around a future (the async core's calls).
+    pub(crate) async fn scoped_async<T>(&self, f: impl Future<Output = Result<T>>) -> Result<T> {
+        self.check_alive()?;
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f.await;
+        let v = validation.pop().await;
+        let o = oom.pop().await;
+        if let Some(e) = o.or(v) {
+            return Err(e.into());
+        }
+        self.check_alive()?;
+        out
+    }
+}
