@@ -252,8 +252,9 @@ registry! {
     Mse => mse,
 }
 
-/// The most constants one kernel has.
-const MAX_CONSTS: usize = 16;
+/// The most constants one kernel may have: the slots of a [`PipelineKey`]. A
+/// [`constants!`](wgsl::constants) table with more does not compile.
+pub(crate) const MAX_CONSTS: usize = 16;
 
 /// What a cached pipeline is built from, derived from a kernel's description: the kernel,
 /// its constants' values (in its [`Constants::NAMES`] order), and which element types are f16.
@@ -267,6 +268,8 @@ pub(crate) struct PipelineKey {
 impl PipelineKey {
     /// The key of kernel `K` built with `consts` and element types `f16`.
     pub fn of<K: Kernel>(consts: &K::Consts, f16: u8) -> Self {
+        // Any `Constants`, not only the `constants!` tables: too many is a compile error.
+        const { assert!(<K::Consts as Constants>::NAMES.len() <= MAX_CONSTS) };
         let mut values = [0; MAX_CONSTS];
         for (slot, v) in values.iter_mut().zip(consts.values()) {
             *slot = v;

@@ -80,7 +80,8 @@ pub(crate) trait Constants: Copy + std::fmt::Debug {
 }
 
 /// Declares a kernel's constants as a struct of named `u32` fields, each with its WGSL name:
-/// `constants! { pub(crate) struct FooConsts { rows => "R", mask => "MASK" } }`.
+/// `constants! { pub(crate) struct FooConsts { rows => "R", mask => "MASK" } }`. A table with
+/// more constants than a pipeline key holds ([`super::MAX_CONSTS`]) does not compile.
 macro_rules! constants {
     ($(#[$meta:meta])* $vis:vis struct $name:ident {
         $($(#[$fmeta:meta])* $field:ident => $wgsl:literal),* $(,)?
@@ -97,6 +98,18 @@ macro_rules! constants {
                 vec![$(self.$field),*]
             }
         }
+
+        // Every value must find a slot in the pipeline key: checked where the table is
+        // declared, at compile time.
+        const _: () = assert!(
+            <$name as $crate::kernels::wgsl::Constants>::NAMES.len()
+                <= $crate::kernels::MAX_CONSTS,
+            concat!(
+                "constants! table `",
+                stringify!($name),
+                "` has more constants than a PipelineKey holds: raise kernels::MAX_CONSTS"
+            )
+        );
     };
 }
 pub(crate) use constants;
