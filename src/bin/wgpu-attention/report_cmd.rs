@@ -652,7 +652,8 @@ fn first_calls(args: &ReportArgs, out: &Path, progress: &ProgressBar) -> Result<
             if cold {
                 progress.set_message("first call, cold caches");
                 let _ = std::fs::remove_dir_all(&cold_dir);
-                std::fs::create_dir_all(&cold_dir)
+                // Mesa creates no parent directories for its cache.
+                std::fs::create_dir_all(cold_dir.join("mesa"))
                     .map_err(|e| Error::io(&cold_dir, format!("cannot create: {e}")))?;
                 cmd.env("WGPU_ATTENTION_TUNE_CACHE", cold_dir.join("tune.json"))
                     .env("MESA_SHADER_CACHE_DIR", cold_dir.join("mesa"))
@@ -713,13 +714,11 @@ fn first_call_child(args: &ReportArgs, which: usize) -> Result<bool> {
             ((i * 7 + j * 13) as f32 * 0.01).sin()
         });
         let op = Attention::new().return_weights(false);
-        // The plan's family, for the row's name.
+        let mut call = time_call(&ctx, "", || op.run(&ctx, Inputs::x(&x)).map(drop))?;
+        // The plan's family, for the row's name (after the calls: planning may compile).
         let plan = op.plan(&ctx, &Dims::new(&op, &Inputs::x(&x))?)?;
-        time_call(
-            &ctx,
-            &format!("X 1 × {n} × {d}, one head, fused ({})", plan.family()),
-            || op.run(&ctx, Inputs::x(&x)).map(drop),
-        )?
+        call.call = format!("X 1 × {n} × {d}, one head, fused ({})", plan.family());
+        call
     };
     let run = FirstCall {
         caches: String::new(),
