@@ -866,8 +866,9 @@ fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "# Results\n");
     let _ = writeln!(
         s,
-        "Measured by `wgpu-attention report --out DIR{}` on {date} at {} UTC; every table on \
-         this page is that command's output, `results.json` beside it has every row.{}\n",
+        "Measured by `wgpu-attention report --out DIR{}` on {date} at {} UTC: the sections \
+         Forward to First call are that command's output (it writes every row to \
+         `DIR/results.json` too).{}\n",
         if r.quick { " --quick" } else { "" },
         r.date_utc.get(11..16).unwrap_or(""),
         if r.quick {
