@@ -91,7 +91,7 @@ pub enum Error {
     /// The device ran out of memory.
     #[error(
         "GPU out of memory: {0}; make the problem smaller (batch, heads or rows per call), \
-         skip the n × n weights with return_weights(false) (CLI --no-weights), or free GPU memory"
+         skip the n × n weights with return_weights(false) (CLI --context-only), or free GPU memory"
     )]
     OutOfMemory(String),
 
@@ -329,7 +329,7 @@ mod tests {
         );
         says(
             Error::OutOfMemory("buffer".into()),
-            &["out of memory", "--no-weights"],
+            &["out of memory", "--context-only"],
         );
         says(Error::DeviceLost("reset".into()), &["lost", "new Context"]);
         says(Error::Poll("timeout".into()), &["timeout", "new Context"]);

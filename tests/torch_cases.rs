@@ -150,7 +150,7 @@ fn cli_runs_minilm_self_attention_with_heads_from_its_config_json() {
             "run",
             "--prefix",
             "encoder.layer.0.attention.self",
-            "--no-weights",
+            "--context-only",
         ])
         .args(["--weights", &arg(dir.join("layer.safetensors"))])
         .args(["--x", &arg(dir.join("x.npy"))])

@@ -11,12 +11,12 @@ use wgpu_attention::plot;
 use wgpu_attention::Profiling;
 use wgpu_attention::{reference, Attention, Dims, Error, Inputs, Kernels, Options, Result};
 
-use crate::AdapterArgs;
+use crate::GpuArgs;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Sequence lengths to sweep.
-    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 1024, 4096], value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    /// Sequence lengths to sweep, comma-separated [default: 256,1024,4096].
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096", hide_default_value = true, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     n: Vec<usize>,
     /// Model width d (Q = K = V = X, so d_k = d_v = d; projections excluded).
     #[arg(long, default_value_t = 64, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
@@ -74,8 +74,8 @@ pub struct BenchArgs {
     /// Heads (= K/V heads) for --decode; d is --d.
     #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     decode_heads: usize,
-    /// Batch sizes for --decode.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8], value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    /// Batch sizes for --decode, comma-separated [default: 1,8].
+    #[arg(long, value_delimiter = ',', default_value = "1,8", hide_default_value = true, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     decode_batch: Vec<usize>,
     /// Keys per block of the decode kernel's split (default: chosen per step).
     #[arg(long, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
@@ -84,7 +84,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "f32")]
     decode_dtype: wgpu_attention::Dtype,
     #[command(flatten)]
-    adapter: AdapterArgs,
+    adapter: GpuArgs,
 }
 
 /// One measured line.

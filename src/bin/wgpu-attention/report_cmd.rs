@@ -22,7 +22,7 @@ use wgpu_attention::{
 
 use crate::bench_backward::{Outcome, TorchPeer, TorchRow};
 use crate::bench_cmd::Record;
-use crate::AdapterArgs;
+use crate::GpuArgs;
 
 #[derive(Args)]
 pub struct ReportArgs {
@@ -49,7 +49,7 @@ pub struct ReportArgs {
     #[arg(long, hide = true)]
     first_call_child: Option<usize>,
     #[command(flatten)]
-    adapter: AdapterArgs,
+    adapter: GpuArgs,
 }
 
 /// The sizes of each section.
@@ -640,10 +640,10 @@ fn first_calls(args: &ReportArgs, out: &Path, progress: &ProgressBar) -> Result<
             if args.quick {
                 cmd.arg("--quick");
             }
-            if let Some(b) = args.adapter.backend {
+            if let Some(b) = args.adapter.adapter.backend {
                 cmd.args(["--backend", &b.to_string()]);
             }
-            if let Some(a) = &args.adapter.adapter {
+            if let Some(a) = &args.adapter.adapter.adapter {
                 cmd.args(["--adapter", a]);
             }
             if let Some(f) = args.adapter.f16_arithmetic {
