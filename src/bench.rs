@@ -279,7 +279,12 @@ pub fn families(ctx: &Context, choice: Option<Kernels>, dims: &Dims) -> Result<V
 
 /// The CPU's model name (from `/proc/cpuinfo` where there is one) and its thread count.
 pub fn cpu_name() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
+    format!("{}, {} threads", cpu_model(), cpu_threads())
+}
+
+/// The CPU's model name from `/proc/cpuinfo`, else the architecture's name.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
             s.lines()
@@ -287,9 +292,12 @@ pub fn cpu_name() -> String {
                 .and_then(|l| l.split_once(':'))
                 .map(|(_, v)| v.trim().to_string())
         })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("{model}, {threads} threads")
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// The threads this process may run at once.
+pub fn cpu_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Rejects benchmark sizes that are empty.

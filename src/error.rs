@@ -53,7 +53,7 @@ pub enum Error {
     /// An input held NaN or infinity.
     #[error(
         "{array} holds a non-finite value ({value}) at index {index:?}; replace it, or let \
-         NaN/Inf through with Attention::propagate_non_finite(true) (CLI --propagate-nan)"
+         NaN/Inf through with Options {{ propagate_non_finite: true }} (CLI --propagate-nan)"
     )]
     NonFinite {
         /// Which array.
@@ -91,7 +91,7 @@ pub enum Error {
     /// The device ran out of memory.
     #[error(
         "GPU out of memory: {0}; make the problem smaller (batch, heads or rows per call), \
-         skip the n × n weights with return_weights(false) (CLI --no-weights), or free GPU memory"
+         skip the n × n weights with return_weights(false) (CLI --context-only), or free GPU memory"
     )]
     OutOfMemory(String),
 
@@ -329,7 +329,7 @@ mod tests {
         );
         says(
             Error::OutOfMemory("buffer".into()),
-            &["out of memory", "--no-weights"],
+            &["out of memory", "--context-only"],
         );
         says(Error::DeviceLost("reset".into()), &["lost", "new Context"]);
         says(Error::Poll("timeout".into()), &["timeout", "new Context"]);

@@ -373,7 +373,7 @@ fn every_remaining_flag_with_a_bad_value_is_a_one_line_error() {
         (run(&["--heads", "-2"]), "'-2'"),
         (run(&["--dtype", "bf16"]), "f32 or f16"),
         (run(&["--causal=maybe"]), "--causal"),
-        (run(&["--no-weights=1"]), "--no-weights"),
+        (run(&["--context-only=1"]), "--context-only"),
         (run(&["--propagate-nan=x"]), "--propagate-nan"),
         (run(&["--out", &under_file]), "file/o"),
         (run(&["--bo", &b3]), "--wo"),

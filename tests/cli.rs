@@ -82,7 +82,7 @@ fn run_no_weights_writes_only_context_and_honours_scale() {
         "run",
         "--x",
         &p("x.npy"),
-        "--no-weights",
+        "--context-only",
         "--scale",
         "-0.25",
         "--out",

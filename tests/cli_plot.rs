@@ -83,13 +83,13 @@ fn run_plot_draws_a_panel_per_head_and_refuses_no_weights() {
 
     // Refused before any output is written.
     let stderr = fails(&run(&[
-        "--no-weights",
+        "--context-only",
         "--out",
         &p("o2"),
         "--plot",
         &p("n.png"),
     ]));
-    assert!(stderr.contains("--no-weights"), "{stderr}");
+    assert!(stderr.contains("--context-only"), "{stderr}");
     assert!(!dir.path().join("o2").exists());
     // An unwritable plot path is an error, not a panic.
     let stderr = fails(&run(&["--out", &p("o3"), "--plot", &p("no/dir/w.png")]));

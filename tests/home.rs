@@ -56,7 +56,7 @@ fn tuning_from_the_tests_and_their_cli_runs_writes_nothing_into_home() {
                 "run",
                 "--x",
                 x_path.to_str().unwrap(),
-                "--no-weights",
+                "--context-only",
                 "--out",
             ])
             .arg(work.path().join("out"))

@@ -76,13 +76,11 @@ fn every_pytorch_case_agrees_on_every_path() {
             .join("kv_lengths.npy")
             .exists()
             .then(|| npy::read_lengths(&dir.join("kv_lengths.npy")).unwrap());
+        let mut mask = mask_array.as_ref().map(|m| m.mask()).unwrap_or_default();
+        if let Some(l) = &lengths {
+            mask = mask.with_kv_lengths(l);
+        }
         for (kernels, fused) in verify::paths(ctx) {
-            // Inputs::mask takes `&'a Mask<'a>`, one lifetime with the operands' borrows: a
-            // mask of this path's own, so it lives no longer than the arrays loaded below.
-            let mut mask = mask_array.as_ref().map(|m| m.mask()).unwrap_or_default();
-            if let Some(l) = &lengths {
-                mask = mask.with_kv_lengths(l);
-            }
             let label = format!("{name} {kernels} fused={fused}");
             let base = Attention::new()
                 .options(Options {
@@ -152,7 +150,7 @@ fn cli_runs_minilm_self_attention_with_heads_from_its_config_json() {
             "run",
             "--prefix",
             "encoder.layer.0.attention.self",
-            "--no-weights",
+            "--context-only",
         ])
         .args(["--weights", &arg(dir.join("layer.safetensors"))])
         .args(["--x", &arg(dir.join("x.npy"))])

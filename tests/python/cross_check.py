@@ -119,7 +119,7 @@ def check(label, args, out, reference):
     t_ctx, t_w, x_ctx, x_w, n_empty = reference(np.float64)
     f_ctx, f_w = reference(np.float32)[:2]
     ctx = np.load(f"{out}/context.npy")
-    no_weights = "--no-weights" in args
+    no_weights = "--context-only" in args
     if no_weights:
         w, t_w, f_w, x_w = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, bool)
         w_ok = not os.path.exists(f"{out}/weights.npy")
@@ -282,7 +282,7 @@ def main():
             args = [BIN, "sdpa", "--out", f"{tmp}/out{i}"] + save("q", q, i) + save("k", k, i) + save("v", v, i)
             causal, scale = c.get("causal", False), c.get("scale")
             mask, lengths, more = options(c, i)
-            args += more + (["--no-weights"] if c.get("no_weights") else [])
+            args += more + (["--context-only"] if c.get("no_weights") else [])
             label = f"case {i} sdpa {c['what']} q{q.shape} kv{k.shape[1:3]}"
             passed += check(label, args, f"{tmp}/out{i}", lambda dt: sdpa_reference(
                 q, k, v, causal, scale, mask, lengths, dt))

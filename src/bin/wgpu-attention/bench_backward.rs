@@ -1,6 +1,7 @@
 //! `bench --backward`: the fused backward beside the fused forward on the same shapes.
 
 use ndarray::Array4;
+use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::{Attention, Context, Error, Inputs, Kernels, Options, Result};
 
@@ -21,27 +22,48 @@ pub fn kernels(k: &[(String, f64)]) -> String {
     parts.join(", ")
 }
 
-/// Prints, per family and n, the fused forward's and the backward's median times, their
+/// One family's fused forward and backward at one `n`.
+#[derive(Serialize)]
+pub struct Row {
+    pub family: String,
+    pub n: usize,
+    /// The forward's FLOP (2·n²·(d_k + d_v)·batch); the backward is counted as 2.5× that.
+    pub forward_flop: f64,
+    pub forward: Stats,
+    pub forward_gflops: f64,
+    pub backward: Stats,
+    pub backward_gflops: f64,
+    /// Backward median over forward median (wall clock).
+    pub backward_over_forward: f64,
+    /// The same ratio in CPU time of every thread of the process ([`cpu_ratio`]).
+    pub cpu_backward_over_forward: Option<f64>,
+    pub backward_kernels_ms: Vec<(String, f64)>,
+}
+
+/// What one (n, family) of a [`Sweep`] gave: a row, or why it was skipped.
+pub enum Outcome {
+    Row(Row),
+    /// Past the device's limits: the family, n and the error.
+    Skipped(Kernels, usize, Error),
+}
+
+/// Measures, per n and family, the fused forward's and the backward's median times, their
 /// GFLOP/s (forward: 2·n²·(d_k + d_v) per batch index; backward: 2.5× that, as
 /// FlashAttention's papers count it), the ratio backward / forward, and the same ratio of
 /// CPU time (every thread of the process; on lavapipe the kernels' work, steadier than the
-/// wall clock when other processes share the machine).
+/// wall clock when other processes share the machine). `each` sees every outcome as it is
+/// measured.
 ///
 /// # Errors
-/// GPU errors; a problem past the device's limits is reported as skipped.
-pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<()> {
+/// GPU errors; a problem past the device's limits is an [`Outcome::Skipped`].
+pub fn measure(
+    ctx: &Context,
+    sweep: &Sweep<'_>,
+    families: &[Kernels],
+    mut each: impl FnMut(&Outcome),
+) -> Result<Vec<Outcome>> {
     let e = sweep.d / sweep.heads;
-    println!(
-        "\nbackward (sdpa, {} heads of width {e}, batch {}{}; forward FLOP = 2·n²·(d_k+d_v)·batch, \
-         backward FLOP = 2.5× forward; wall clock per call, median of {}):",
-        sweep.heads,
-        sweep.batch,
-        if sweep.causal { ", causal" } else { "" },
-        sweep.repeats
-    );
-    println!(
-        "family      n   forward ms  GFLOP/s   backward ms  GFLOP/s   bwd/fwd  cpu bwd/fwd   backward kernels (ms)"
-    );
+    let mut outcomes = Vec::new();
     for &n in sweep.n {
         let shape = (sweep.batch, sweep.heads, n, e);
         let wave = |salt: usize| {
@@ -57,32 +79,71 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
                 ..Options::default()
             });
             let arrays = [q.view(), k.view(), v.view(), d_o.view()];
-            match bench::gpu_forward_backward(ctx, &op, arrays, sweep.warmup, sweep.repeats) {
-                Ok([(fwd, _), (bwd, bwd_kernels)]) => {
-                    let gflops = |f: f64, s: &Stats| f / (s.median_ms * 1e6);
-                    let cpu = match cpu_ratio(ctx, &op, arrays, sweep.repeats)? {
-                        Some(r) => format!("{r:.2}x"),
-                        None => "-".into(),
-                    };
-                    println!(
-                        "{:<9} {n:>6} {:>10.2} {:>8.2} {:>12.2} {:>8.2} {:>8.2}x {cpu:>11}   {}",
-                        family.to_string(),
-                        fwd.median_ms,
-                        gflops(flop, &fwd),
-                        bwd.median_ms,
-                        gflops(2.5 * flop, &bwd),
-                        bwd.median_ms / fwd.median_ms,
-                        kernels(&bwd_kernels)
-                    );
-                }
-                Err(e @ Error::LimitExceeded { .. }) => {
-                    println!("{family:<9} {n:>6}   skipped: {e}");
-                }
-                Err(e) => return Err(e),
-            }
+            let outcome =
+                match bench::gpu_forward_backward(ctx, &op, arrays, sweep.warmup, sweep.repeats) {
+                    Ok([(fwd, _), (bwd, bwd_kernels)]) => {
+                        let gflops = |f: f64, s: &Stats| f / (s.median_ms * 1e6);
+                        Outcome::Row(Row {
+                            family: family.to_string(),
+                            n,
+                            forward_flop: flop,
+                            forward: fwd,
+                            forward_gflops: gflops(flop, &fwd),
+                            backward: bwd,
+                            backward_gflops: gflops(2.5 * flop, &bwd),
+                            backward_over_forward: bwd.median_ms / fwd.median_ms,
+                            cpu_backward_over_forward: cpu_ratio(ctx, &op, arrays, sweep.repeats)?,
+                            backward_kernels_ms: bwd_kernels,
+                        })
+                    }
+                    Err(e @ Error::LimitExceeded { .. }) => Outcome::Skipped(family, n, e),
+                    Err(e) => return Err(e),
+                };
+            each(&outcome);
+            outcomes.push(outcome);
         }
     }
-    torch_peer(sweep);
+    Ok(outcomes)
+}
+
+/// Prints [`measure`]'s table, then PyTorch's CPU SDPA on the same shapes ([`torch_peer`]).
+///
+/// # Errors
+/// As [`measure`].
+pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<()> {
+    let e = sweep.d / sweep.heads;
+    println!(
+        "\nbackward (sdpa, {} heads of width {e}, batch {}{}; forward FLOP = 2·n²·(d_k+d_v)·batch, \
+         backward FLOP = 2.5× forward; wall clock per call, median of {}):",
+        sweep.heads,
+        sweep.batch,
+        if sweep.causal { ", causal" } else { "" },
+        sweep.repeats
+    );
+    println!(
+        "family      n   forward ms  GFLOP/s   backward ms  GFLOP/s   bwd/fwd  cpu bwd/fwd   backward kernels (ms)"
+    );
+    measure(ctx, sweep, families, |outcome| match outcome {
+        Outcome::Row(r) => {
+            let cpu = match r.cpu_backward_over_forward {
+                Some(r) => format!("{r:.2}x"),
+                None => "-".into(),
+            };
+            println!(
+                "{:<9} {:>6} {:>10.2} {:>8.2} {:>12.2} {:>8.2} {:>8.2}x {cpu:>11}   {}",
+                r.family,
+                r.n,
+                r.forward.median_ms,
+                r.forward_gflops,
+                r.backward.median_ms,
+                r.backward_gflops,
+                r.backward_over_forward,
+                kernels(&r.backward_kernels_ms)
+            );
+        }
+        Outcome::Skipped(family, n, e) => println!("{family:<9} {n:>6}   skipped: {e}"),
+    })?;
+    print_torch_peer(sweep);
     Ok(())
 }
 
@@ -133,54 +194,115 @@ fn cpu_ratio(
     })
 }
 
-/// PyTorch's CPU SDPA forward and autograd backward on the same shapes, when `python3` has
-/// `torch` (`benches/torch_peer.py`); a line saying why otherwise.
-fn torch_peer(sweep: &Sweep<'_>) {
+/// PyTorch's CPU SDPA on one n: forward and autograd backward medians, and its thread count.
+#[derive(Serialize)]
+pub struct TorchRow {
+    pub n: usize,
+    pub forward_ms: f64,
+    /// `None` when only the forward was timed.
+    pub backward_ms: Option<f64>,
+    pub threads: usize,
+}
+
+/// What `benches/torch_peer.py` gave.
+pub enum TorchPeer {
+    /// PyTorch's version, and a row per n.
+    Rows(String, Vec<TorchRow>),
+    /// No `python3`, or no `torch` in it: why.
+    Unavailable(String),
+    /// The script failed: its last line of stderr.
+    Failed(String),
+}
+
+/// PyTorch's CPU SDPA at each of `n` (`heads` heads of width `e`, `batch`, `repeats` timed
+/// calls after one warm-up), when `python3` has `torch` (`benches/torch_peer.py`): the
+/// forward with autograd recording and the backward, or with `forward_only` the forward alone
+/// under `torch.inference_mode()`.
+pub fn torch_peer(
+    n: &[usize],
+    (heads, e, batch): (usize, usize, usize),
+    (causal, forward_only): (bool, bool),
+    repeats: usize,
+) -> TorchPeer {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
-    let n: Vec<String> = sweep.n.iter().map(|n| n.to_string()).collect();
+    let n: Vec<String> = n.iter().map(|n| n.to_string()).collect();
     let mut cmd = std::process::Command::new("python3");
     cmd.arg(script)
         .args(["--n", &n.join(",")])
-        .args(["--heads", &sweep.heads.to_string()])
-        .args(["--e", &(sweep.d / sweep.heads).to_string()])
-        .args(["--batch", &sweep.batch.to_string()])
-        .args(["--repeats", &sweep.repeats.to_string()]);
-    if sweep.causal {
+        .args(["--heads", &heads.to_string()])
+        .args(["--e", &e.to_string()])
+        .args(["--batch", &batch.to_string()])
+        .args(["--repeats", &repeats.to_string()]);
+    if causal {
         cmd.arg("--causal");
+    }
+    if forward_only {
+        cmd.arg("--forward-only");
     }
     let out = match cmd.output() {
         Ok(out) if out.status.success() => out,
         Ok(out) if out.status.code() == Some(3) => {
-            println!("pytorch-cpu: not available (python3 has no torch)");
-            return;
+            return TorchPeer::Unavailable("python3 has no torch".into());
         }
         Ok(out) => {
             let err = String::from_utf8_lossy(&out.stderr);
-            println!("pytorch-cpu: failed: {}", err.lines().last().unwrap_or(""));
+            return TorchPeer::Failed(err.lines().last().unwrap_or("").to_string());
+        }
+        Err(e) => return TorchPeer::Unavailable(e.to_string()),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let version = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("# torch "))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let rows = stdout
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [n, fwd, bwd, threads] = f[..] else {
+                return None;
+            };
+            Some(TorchRow {
+                n: n.parse().ok()?,
+                forward_ms: fwd.parse().ok()?,
+                backward_ms: bwd.parse().ok(),
+                threads: threads.parse().ok()?,
+            })
+        })
+        .collect();
+    TorchPeer::Rows(version, rows)
+}
+
+/// Prints [`torch_peer`] on `sweep`'s shapes as rows of the backward table, or a line saying
+/// why there are none.
+fn print_torch_peer(sweep: &Sweep<'_>) {
+    let shape = (sweep.heads, sweep.d / sweep.heads, sweep.batch);
+    let rows = match torch_peer(sweep.n, shape, (sweep.causal, false), sweep.repeats) {
+        TorchPeer::Rows(_, rows) => rows,
+        TorchPeer::Unavailable(why) => {
+            println!("pytorch-cpu: not available ({why})");
             return;
         }
-        Err(e) => {
-            println!("pytorch-cpu: not available ({e})");
+        TorchPeer::Failed(line) => {
+            println!("pytorch-cpu: failed: {line}");
             return;
         }
     };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let f: Vec<f64> = line
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        if let [n, fwd, bwd, threads] = f[..] {
-            let flop = 2.0 * n * n * 2.0 * sweep.d as f64 * sweep.batch as f64;
-            println!(
-                "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x {:>11}   PyTorch {} CPU threads, autograd",
-                "torch-cpu",
-                flop / (fwd * 1e6),
-                2.5 * flop / (bwd * 1e6),
-                bwd / fwd,
-                "-",
-                threads
-            );
-        }
+    for r in rows {
+        let Some(bwd) = r.backward_ms else { continue };
+        let (n, fwd) = (r.n as f64, r.forward_ms);
+        let flop = 2.0 * n * n * 2.0 * sweep.d as f64 * sweep.batch as f64;
+        println!(
+            "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x {:>11}   PyTorch {} CPU threads, autograd",
+            "torch-cpu",
+            flop / (fwd * 1e6),
+            2.5 * flop / (bwd * 1e6),
+            bwd / fwd,
+            "-",
+            r.threads
+        );
     }
 }
 

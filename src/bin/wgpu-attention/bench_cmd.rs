@@ -11,12 +11,12 @@ use wgpu_attention::plot;
 use wgpu_attention::Profiling;
 use wgpu_attention::{reference, Attention, Dims, Error, Inputs, Kernels, Options, Result};
 
-use crate::AdapterArgs;
+use crate::GpuArgs;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Sequence lengths to sweep.
-    #[arg(long, value_delimiter = ',', default_values_t = [256usize, 1024, 4096], value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    /// Sequence lengths to sweep, comma-separated [default: 256,1024,4096].
+    #[arg(long, value_delimiter = ',', default_value = "256,1024,4096", hide_default_value = true, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     n: Vec<usize>,
     /// Model width d (Q = K = V = X, so d_k = d_v = d; projections excluded).
     #[arg(long, default_value_t = 64, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
@@ -74,8 +74,8 @@ pub struct BenchArgs {
     /// Heads (= K/V heads) for --decode; d is --d.
     #[arg(long, default_value_t = 8, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     decode_heads: usize,
-    /// Batch sizes for --decode.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 8], value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
+    /// Batch sizes for --decode, comma-separated [default: 1,8].
+    #[arg(long, value_delimiter = ',', default_value = "1,8", hide_default_value = true, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
     decode_batch: Vec<usize>,
     /// Keys per block of the decode kernel's split (default: chosen per step).
     #[arg(long, value_parser = crate::args::at_least_one, allow_negative_numbers = true)]
@@ -84,27 +84,27 @@ pub struct BenchArgs {
     #[arg(long, default_value = "f32")]
     decode_dtype: wgpu_attention::Dtype,
     #[command(flatten)]
-    adapter: AdapterArgs,
+    adapter: GpuArgs,
 }
 
 /// One measured line.
 #[derive(Serialize)]
-struct Record {
-    kind: &'static str,
-    path: String,
-    n: usize,
-    d: usize,
-    heads: usize,
-    batch: usize,
-    causal: bool,
-    flop: f64,
+pub struct Record {
+    pub kind: &'static str,
+    pub path: String,
+    pub n: usize,
+    pub d: usize,
+    pub heads: usize,
+    pub batch: usize,
+    pub causal: bool,
+    pub flop: f64,
     #[serde(flatten)]
-    stats: Stats,
-    gflops: f64,
-    gpu_over_cpu_speedup: Option<f64>,
-    gpu_over_reference_speedup: Option<f64>,
-    share_of_fma_peak: Option<f64>,
-    kernels_ms: Vec<(String, f64)>,
+    pub stats: Stats,
+    pub gflops: f64,
+    pub gpu_over_cpu_speedup: Option<f64>,
+    pub gpu_over_reference_speedup: Option<f64>,
+    pub share_of_fma_peak: Option<f64>,
+    pub kernels_ms: Vec<(String, f64)>,
 }
 
 #[derive(Serialize)]
@@ -117,23 +117,61 @@ struct Report<'a> {
     records: &'a [Record],
 }
 
-/// An attention measurement of `n` under `args`, without ratios or kernel times yet.
-fn attention_record(args: &BenchArgs, n: usize, flop: f64, path: String, stats: Stats) -> Record {
-    Record {
-        kind: "attention",
-        path,
-        n,
-        d: args.d,
-        heads: args.heads,
-        batch: args.batch,
-        causal: args.causal,
-        flop,
-        stats,
-        gflops: flop / (stats.median_ms * 1e6),
-        gpu_over_cpu_speedup: None,
-        gpu_over_reference_speedup: None,
-        share_of_fma_peak: None,
-        kernels_ms: Vec::new(),
+/// What one n of the attention sweep measures (`bench`'s flags that shape it).
+pub struct Sweep {
+    pub d: usize,
+    pub heads: usize,
+    pub batch: usize,
+    pub causal: bool,
+    pub warmup: usize,
+    pub repeats: usize,
+    /// Only the fused path, not the weights path too.
+    pub fused_only: bool,
+    /// Also the fused kernels on a resident tensor.
+    pub resident: bool,
+    /// No CPU baselines (f32 ndarray, f64 reference).
+    pub no_cpu: bool,
+}
+
+impl Sweep {
+    fn of(args: &BenchArgs) -> Self {
+        Sweep {
+            d: args.d,
+            heads: args.heads,
+            batch: args.batch,
+            causal: args.causal,
+            warmup: args.warmup,
+            repeats: args.repeats,
+            fused_only: args.fused_only,
+            resident: args.resident,
+            no_cpu: args.no_cpu,
+        }
+    }
+
+    /// The progress steps of one n on `families`.
+    pub fn steps(&self, families: usize) -> usize {
+        let ways = 1 + usize::from(!self.fused_only) + usize::from(self.resident);
+        families * ways + usize::from(!self.no_cpu) * 2
+    }
+
+    /// An attention measurement of `n`, without ratios or kernel times yet.
+    fn record(&self, n: usize, flop: f64, path: String, stats: Stats) -> Record {
+        Record {
+            kind: "attention",
+            path,
+            n,
+            d: self.d,
+            heads: self.heads,
+            batch: self.batch,
+            causal: self.causal,
+            flop,
+            stats,
+            gflops: flop / (stats.median_ms * 1e6),
+            gpu_over_cpu_speedup: None,
+            gpu_over_reference_speedup: None,
+            share_of_fma_peak: None,
+            kernels_ms: Vec::new(),
+        }
     }
 }
 
@@ -238,9 +276,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         }
     );
 
-    let ways = 1 + usize::from(!args.fused_only) + usize::from(args.resident);
-    let mut steps = families.len() * args.n.len() * ways;
-    steps += usize::from(!args.no_cpu) * args.n.len() * 2;
+    let mut steps = Sweep::of(args).steps(families.len()) * args.n.len();
     steps += usize::from(args.matmul > 0) * families.len() + 1;
     let progress = ProgressBar::new(steps as u64);
     progress.set_style(
@@ -262,33 +298,14 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         ));
         say(HEADER.to_string());
         for &family in &families {
-            let variant = bench::tuned_matmul(&ctx, &[family], m)?;
-            progress.set_message(format!("{variant}"));
-            let flop = 2.0 * (m * m * m) as f64;
-            let (stats, kernels_ms) =
-                bench::matmul(&ctx, variant, (m, m, m), args.warmup, args.repeats)?;
-            progress.inc(1);
-            // The kernel's own share, from its GPU time where there is one.
-            let kernel_ms = kernels_ms
-                .iter()
-                .find(|(k, _)| k.starts_with("matmul"))
-                .map_or(stats.median_ms, |(_, ms)| *ms);
-            let r = Record {
-                kind: "matmul",
-                path: variant.to_string(),
-                n: m,
-                d: m,
-                heads: 1,
-                batch: 1,
-                causal: false,
-                flop,
-                stats,
-                gflops: flop / (stats.median_ms * 1e6),
-                gpu_over_cpu_speedup: None,
-                gpu_over_reference_speedup: None,
-                share_of_fma_peak: Some(flop / (kernel_ms * 1e6) / peak),
-                kernels_ms,
-            };
+            let r = matmul_record(
+                &ctx,
+                family,
+                m,
+                (args.warmup, args.repeats),
+                peak,
+                &progress,
+            )?;
             say(line(&r));
             records.push(r);
         }
@@ -303,99 +320,11 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
         if args.causal { ", causal" } else { "" }
     ));
     say(HEADER.to_string());
+    let sweep = Sweep::of(args);
     for &n in &args.n {
-        let x = Array3::from_shape_fn((args.batch, n, args.d), |(b, i, j)| {
-            (((b * 31 + i * 7 + j * 13) % 23) as f32 / 23.0 - 0.5) * 2.0
-        });
-        let dims = Dims::new(&Attention::new().heads(args.heads), &Inputs::x(&x))?;
-        let flop = dims.attention_flops();
-        let mut here = Vec::new();
-        let cpu_ms = if args.no_cpu {
-            None
-        } else {
-            progress.set_message(format!("cpu n={n}"));
-            let (stats, _) = bench::measure(args.warmup.min(1), args.repeats, || {
-                Ok(bench::cpu_attention_f32(x.view(), args.heads, args.causal))
-            })?;
-            progress.inc(1);
-            here.push(attention_record(
-                args,
-                n,
-                flop,
-                "cpu f32 ndarray".into(),
-                stats,
-            ));
-            Some(stats.median_ms)
-        };
-        // The f64 oracle the tests check against: slower, but the definition.
-        let reference_ms = if args.no_cpu || n > REFERENCE_MAX_N {
-            None
-        } else {
-            progress.set_message(format!("cpu f64 reference n={n}"));
-            let op = Attention::new().heads(args.heads).causal(args.causal);
-            let (stats, _) = bench::measure(0, args.repeats.min(3), || {
-                reference::run(&op, &Inputs::x(x.view()))
-            })?;
-            progress.inc(1);
-            let mut r = attention_record(args, n, flop, "cpu f64 reference".into(), stats);
-            r.gpu_over_cpu_speedup = cpu_ms.map(|c| c / stats.median_ms);
-            here.push(r);
-            Some(stats.median_ms)
-        };
-        for &family in &families {
-            // (weights returned, inputs resident): the array API fused and with weights, then
-            // with --resident the fused kernels alone on a tensor already on the device.
-            let ways = [(false, false), (true, false), (false, true)];
-            for (weights, resident) in ways {
-                if (weights && args.fused_only) || (resident && !args.resident) {
-                    continue;
-                }
-                let op = Attention::new()
-                    .heads(args.heads)
-                    .causal(args.causal)
-                    .options(Options {
-                        kernels: family,
-                        ..Options::default()
-                    })
-                    .return_weights(weights);
-                let plan = op.plan(&ctx, &dims)?;
-                let path = format!(
-                    "gpu {family} {}",
-                    match (weights, resident) {
-                        (_, true) => "resident",
-                        (true, _) => "+weights",
-                        _ => "fused",
-                    }
-                );
-                progress.set_message(format!("{path} n={n}"));
-                let result = if resident {
-                    bench::gpu_resident(&ctx, &op, x.view(), args.warmup, args.repeats)
-                } else {
-                    bench::gpu_attention(&ctx, &op, x.view(), args.warmup, args.repeats)
-                };
-                progress.inc(1);
-                match result {
-                    Ok((stats, kernels_ms)) => {
-                        let kernel_total: f64 = kernels_ms.iter().map(|(_, ms)| ms).sum();
-                        let ms = if kernels_ms.is_empty() {
-                            stats.median_ms
-                        } else {
-                            kernel_total
-                        };
-                        here.push(Record {
-                            gpu_over_cpu_speedup: cpu_ms.map(|c| c / stats.median_ms),
-                            gpu_over_reference_speedup: reference_ms.map(|c| c / stats.median_ms),
-                            share_of_fma_peak: Some(flop / (ms * 1e6) / peak),
-                            kernels_ms,
-                            ..attention_record(args, n, flop, path, stats)
-                        });
-                    }
-                    Err(e @ Error::LimitExceeded { .. }) => {
-                        say(format!("{path:<32} {n:>6}   skipped ({plan}): {e}"));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+        let (here, skipped) = attention_at(&ctx, &sweep, n, &families, peak, &progress)?;
+        for s in skipped {
+            say(s);
         }
         for r in &here {
             say(line(r));
@@ -475,4 +404,156 @@ fn decode(args: &BenchArgs) -> Result<bool> {
         },
     )?;
     Ok(true)
+}
+
+/// Times the square matmul `m × m × m` with the variant the tuner picks in `family`; the
+/// share of the FMA ceiling `peak` from the matmul kernel's own time where there is one.
+///
+/// # Errors
+/// Size limits and GPU errors.
+pub fn matmul_record(
+    ctx: &wgpu_attention::Context,
+    family: Kernels,
+    m: usize,
+    (warmup, repeats): (usize, usize),
+    peak: f64,
+    progress: &ProgressBar,
+) -> Result<Record> {
+    let variant = bench::tuned_matmul(ctx, &[family], m)?;
+    progress.set_message(format!("{variant}"));
+    let flop = 2.0 * (m * m * m) as f64;
+    let (stats, kernels_ms) = bench::matmul(ctx, variant, (m, m, m), warmup, repeats)?;
+    progress.inc(1);
+    // The kernel's own share, from its GPU time where there is one.
+    let kernel_ms = kernels_ms
+        .iter()
+        .find(|(k, _)| k.starts_with("matmul"))
+        .map_or(stats.median_ms, |(_, ms)| *ms);
+    Ok(Record {
+        kind: "matmul",
+        path: variant.to_string(),
+        n: m,
+        d: m,
+        heads: 1,
+        batch: 1,
+        causal: false,
+        flop,
+        stats,
+        gflops: flop / (stats.median_ms * 1e6),
+        gpu_over_cpu_speedup: None,
+        gpu_over_reference_speedup: None,
+        share_of_fma_peak: Some(flop / (kernel_ms * 1e6) / peak),
+        kernels_ms,
+    })
+}
+
+/// Measures self-attention (`Q = K = V = X`) at `n` under `sweep`: the CPU baselines (f32
+/// ndarray, then the f64 reference up to [`REFERENCE_MAX_N`]) unless `no_cpu`, then per
+/// family the fused path, the weights path (unless `fused_only`) and the resident path (with
+/// `resident`), each with its ratios to the CPU baselines and its share of the FMA ceiling
+/// `peak`. One `progress` step each. Returns the records and a line for each path skipped
+/// for the device's limits.
+///
+/// # Errors
+/// GPU errors other than the device's limits.
+pub fn attention_at(
+    ctx: &wgpu_attention::Context,
+    sweep: &Sweep,
+    n: usize,
+    families: &[Kernels],
+    peak: f64,
+    progress: &ProgressBar,
+) -> Result<(Vec<Record>, Vec<String>)> {
+    let x = Array3::from_shape_fn((sweep.batch, n, sweep.d), |(b, i, j)| {
+        (((b * 31 + i * 7 + j * 13) % 23) as f32 / 23.0 - 0.5) * 2.0
+    });
+    let dims = Dims::new(&Attention::new().heads(sweep.heads), &Inputs::x(&x))?;
+    let flop = dims.attention_flops();
+    let (mut here, mut skipped) = (Vec::new(), Vec::new());
+    let cpu_ms = if sweep.no_cpu {
+        None
+    } else {
+        progress.set_message(format!("cpu n={n}"));
+        let (stats, _) = bench::measure(sweep.warmup.min(1), sweep.repeats, || {
+            Ok(bench::cpu_attention_f32(
+                x.view(),
+                sweep.heads,
+                sweep.causal,
+            ))
+        })?;
+        progress.inc(1);
+        here.push(sweep.record(n, flop, "cpu f32 ndarray".into(), stats));
+        Some(stats.median_ms)
+    };
+    // The f64 oracle the tests check against: slower, but the definition.
+    let reference_ms = if sweep.no_cpu || n > REFERENCE_MAX_N {
+        None
+    } else {
+        progress.set_message(format!("cpu f64 reference n={n}"));
+        let op = Attention::new().heads(sweep.heads).causal(sweep.causal);
+        let (stats, _) = bench::measure(0, sweep.repeats.min(3), || {
+            reference::run(&op, &Inputs::x(x.view()))
+        })?;
+        progress.inc(1);
+        let mut r = sweep.record(n, flop, "cpu f64 reference".into(), stats);
+        r.gpu_over_cpu_speedup = cpu_ms.map(|c| c / stats.median_ms);
+        here.push(r);
+        Some(stats.median_ms)
+    };
+    for &family in families {
+        // (weights returned, inputs resident): the array API fused and with weights, then
+        // with --resident the fused kernels alone on a tensor already on the device.
+        let ways = [(false, false), (true, false), (false, true)];
+        for (weights, resident) in ways {
+            if (weights && sweep.fused_only) || (resident && !sweep.resident) {
+                continue;
+            }
+            let op = Attention::new()
+                .heads(sweep.heads)
+                .causal(sweep.causal)
+                .options(Options {
+                    kernels: family,
+                    ..Options::default()
+                })
+                .return_weights(weights);
+            let plan = op.plan(ctx, &dims)?;
+            let path = format!(
+                "gpu {family} {}",
+                match (weights, resident) {
+                    (_, true) => "resident",
+                    (true, _) => "+weights",
+                    _ => "fused",
+                }
+            );
+            progress.set_message(format!("{path} n={n}"));
+            let result = if resident {
+                bench::gpu_resident(ctx, &op, x.view(), sweep.warmup, sweep.repeats)
+            } else {
+                bench::gpu_attention(ctx, &op, x.view(), sweep.warmup, sweep.repeats)
+            };
+            progress.inc(1);
+            match result {
+                Ok((stats, kernels_ms)) => {
+                    let kernel_total: f64 = kernels_ms.iter().map(|(_, ms)| ms).sum();
+                    let ms = if kernels_ms.is_empty() {
+                        stats.median_ms
+                    } else {
+                        kernel_total
+                    };
+                    here.push(Record {
+                        gpu_over_cpu_speedup: cpu_ms.map(|c| c / stats.median_ms),
+                        gpu_over_reference_speedup: reference_ms.map(|c| c / stats.median_ms),
+                        share_of_fma_peak: Some(flop / (ms * 1e6) / peak),
+                        kernels_ms,
+                        ..sweep.record(n, flop, path, stats)
+                    });
+                }
+                Err(e @ Error::LimitExceeded { .. }) => {
+                    skipped.push(format!("{path:<32} {n:>6}   skipped ({plan}): {e}"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok((here, skipped))
 }

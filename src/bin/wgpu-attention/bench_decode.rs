@@ -4,6 +4,7 @@
 //! a one-thread f32 CPU decode.
 
 use ndarray::{s, Array4};
+use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::decode::cpu::CpuKvCache;
 use wgpu_attention::{Attention, Context, Decoder, Dtype, Inputs, KvCache, KvCacheSpec, Result};
@@ -38,36 +39,69 @@ fn tokens(batch: usize, heads: usize, n: usize, d: usize) -> [Array4<f32>; 3] {
     ]
 }
 
-fn row(
-    (batch, len): (usize, usize),
-    path: &str,
-    stats: &Stats,
-    (whole, cpu): (Option<f64>, Option<f64>),
-    kernels: &[(String, f64)],
-) {
-    let ratio =
-        |base: Option<f64>| base.map_or("-".into(), |b| format!("{:.2}x", b / stats.median_ms));
+/// One path at one (batch, cache length).
+#[derive(Serialize)]
+pub struct Row {
+    pub batch: usize,
+    pub cache_len: usize,
+    pub path: &'static str,
+    #[serde(flatten)]
+    pub stats: Stats,
+    pub steps_per_s: f64,
+    pub tokens_per_s: f64,
+    /// The whole-call sdpa's median over this row's (above 1: this row is faster).
+    pub vs_whole: Option<f64>,
+    /// The CPU decode's median over this row's.
+    pub vs_cpu: Option<f64>,
+    pub kernels_ms: Vec<(String, f64)>,
+}
+
+impl Row {
+    fn new(
+        (batch, cache_len): (usize, usize),
+        path: &'static str,
+        stats: Stats,
+        (whole, cpu): (Option<f64>, Option<f64>),
+        kernels_ms: Vec<(String, f64)>,
+    ) -> Self {
+        let ratio = |base: Option<f64>| base.map(|b| b / stats.median_ms);
+        Row {
+            batch,
+            cache_len,
+            path,
+            stats,
+            steps_per_s: 1e3 / stats.median_ms,
+            tokens_per_s: batch as f64 * 1e3 / stats.median_ms,
+            vs_whole: ratio(whole),
+            vs_cpu: ratio(cpu),
+            kernels_ms,
+        }
+    }
+}
+
+fn print_row(r: &Row) {
+    let ratio = |r: Option<f64>| r.map_or("-".into(), |r| format!("{r:.2}x"));
     println!(
-        "{batch:>5} {len:>7}  {path:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}  {}",
-        stats.median_ms,
-        stats.min_ms,
-        stats.max_ms,
-        1e3 / stats.median_ms,
-        batch as f64 * 1e3 / stats.median_ms,
-        ratio(whole),
-        ratio(cpu),
-        crate::bench_backward::kernels(kernels),
+        "{:>5} {:>7}  {:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}  {}",
+        r.batch,
+        r.cache_len,
+        r.path,
+        r.stats.median_ms,
+        r.stats.min_ms,
+        r.stats.max_ms,
+        r.steps_per_s,
+        r.tokens_per_s,
+        ratio(r.vs_whole),
+        ratio(r.vs_cpu),
+        crate::bench_backward::kernels(&r.kernels_ms),
     );
 }
 
 /// Runs the decode benchmark and prints its table.
 ///
 /// # Errors
-/// GPU errors, and sizes the device cannot hold.
+/// As [`measure`].
 pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
-    let steps = b.warmup + b.repeats.max(1);
-    let capacity = b.lengths.iter().max().unwrap_or(&1) + steps;
-    let scale = 1.0 / (b.d as f32).sqrt();
     println!(
         "decode: {} heads (= K/V heads), d = {}, {} K and V (the CPU peer f32); one new token \
          per sequence per step (append its K and V, attend its query to the whole cache, read \
@@ -82,6 +116,26 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
     println!(
         "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu  kernels (ms)"
     );
+    measure(ctx, b, print_row)?;
+    println!(
+        "\nvs whole / vs cpu: that path's median over this row's (above 1: this row is faster); \
+         the GPU decode's K/V block size is chosen per step (see the decode module; \
+         --decode-block forces one)."
+    );
+    Ok(())
+}
+
+/// Measures the three paths at each batch and cache length: the rows in order (KV-cache
+/// decode, whole-call sdpa, then the CPU decode unless `no_cpu`), each also given to `each`
+/// as soon as its (batch, length) is measured.
+///
+/// # Errors
+/// GPU errors, and sizes the device cannot hold.
+pub fn measure(ctx: &Context, b: &DecodeBench<'_>, mut each: impl FnMut(&Row)) -> Result<Vec<Row>> {
+    let steps = b.warmup + b.repeats.max(1);
+    let capacity = b.lengths.iter().max().unwrap_or(&1) + steps;
+    let scale = 1.0 / (b.d as f32).sqrt();
+    let mut rows = Vec::new();
     for &batch in b.batches {
         let [q, k, v] = tokens(batch, b.heads, capacity, b.d);
         let spec = KvCacheSpec {
@@ -158,17 +212,22 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
             };
             let (w, c) = (Some(whole.median_ms), cpu_stats.map(|s| s.median_ms));
             let at = (batch, len);
-            row(at, "gpu kv-cache decode", &gpu, (w, c), &kernels);
-            row(at, "gpu whole-call sdpa", &whole, (None, c), &[]);
-            if let Some(cs) = &cpu_stats {
-                row(at, "cpu f32 one thread", cs, (w, None), &[]);
+            let mut here = vec![
+                Row::new(at, "gpu kv-cache decode", gpu, (w, c), kernels),
+                Row::new(at, "gpu whole-call sdpa", whole, (None, c), Vec::new()),
+            ];
+            if let Some(cs) = cpu_stats {
+                here.push(Row::new(
+                    at,
+                    "cpu f32 one thread",
+                    cs,
+                    (w, None),
+                    Vec::new(),
+                ));
             }
+            here.iter().for_each(&mut each);
+            rows.extend(here);
         }
     }
-    println!(
-        "\nvs whole / vs cpu: that path's median over this row's (above 1: this row is faster); \
-         the GPU decode's K/V block size is chosen per step (see the decode module; \
-         --decode-block forces one)."
-    );
-    Ok(())
+    Ok(rows)
 }

@@ -72,11 +72,11 @@ impl GradArgs {
     /// `sdpa` with `d_o`: the forward's output and `grad_q`, `grad_k`, `grad_v` from the GPU's
     /// fused backward; the output from a plain forward when it must hold the weights
     /// (`weights`: whether `op` returns them).
-    pub fn sdpa_on_gpu<'a>(
+    pub fn sdpa_on_gpu(
         ctx: &Context,
         (op, weights): (&Attention, bool),
-        [q, k, v]: [ArrayView4<'a, f32>; 3],
-        mask: &'a Mask<'a>,
+        [q, k, v]: [ArrayView4<'_, f32>; 3],
+        mask: &Mask<'_>,
         d_o: &Array4<f32>,
     ) -> Result<(Output, Grads)> {
         let inputs = Inputs::qkv(q, k, v).mask(mask);
@@ -93,11 +93,11 @@ impl GradArgs {
 
     /// `run`'s dO, read and checked against the output's shape; `None` without
     /// `--grad-output`.
-    pub fn run_grad_output<'a>(
+    pub fn run_grad_output(
         &self,
         op: &Attention,
-        x: ArrayViewD<'a, f32>,
-        proj: Option<&'a Projections<'a>>,
+        x: ArrayViewD<'_, f32>,
+        proj: Option<&Projections<'_>>,
     ) -> Result<Option<ArrayD<f32>>> {
         let Some(path) = &self.grad_output else {
             return Ok(None);
@@ -111,11 +111,11 @@ impl GradArgs {
     /// forward, then `Saved::backward`): `grad_x`, and with `from_flags` (weights given as
     /// `--wq …`, not `--weights`) one per projection flag given. The output comes from a
     /// plain forward when it must hold the weights (`weights`: whether `op` returns them).
-    pub fn run_on_gpu<'a>(
+    pub fn run_on_gpu(
         ctx: &Context,
         (op, weights): (&Attention, bool),
-        (x, proj): (ArrayViewD<'a, f32>, Option<&'a Projections<'a>>),
-        mask: &'a Mask<'a>,
+        (x, proj): (ArrayViewD<'_, f32>, Option<&Projections<'_>>),
+        mask: &Mask<'_>,
         d_o: &ArrayD<f32>,
         from_flags: bool,
     ) -> Result<(Output, Grads)> {

@@ -9,6 +9,7 @@ mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;
 mod model_bench;
+mod report_cmd;
 mod run_cmd;
 mod shaders_cmd;
 mod tune_cmd;
@@ -42,10 +43,6 @@ pub struct AdapterArgs {
     /// Pick the adapter whose name contains this (default: WGPU_ADAPTER_NAME, else the best).
     #[arg(long)]
     adapter: Option<String>,
-    /// With f16 operands, multiply in f16 in the GPU family's fused kernel (flash-blocked):
-    /// true or false (default: true on GPUs, false on CPU adapters).
-    #[arg(long)]
-    f16_arithmetic: Option<bool>,
 }
 
 impl AdapterArgs {
@@ -57,11 +54,28 @@ impl AdapterArgs {
     }
 
     pub fn open(&self) -> Result<Context> {
+        Context::with_options(&self.options())
+    }
+}
+
+/// The adapter, and how the kernels of the commands that compute attention may run on it.
+#[derive(Args, Clone, Default)]
+pub struct GpuArgs {
+    #[command(flatten)]
+    pub adapter: AdapterArgs,
+    /// With f16 operands, multiply in f16 in the GPU family's fused kernel (flash-blocked):
+    /// true or false (default: true on GPUs, false on CPU adapters).
+    #[arg(long)]
+    pub f16_arithmetic: Option<bool>,
+}
+
+impl GpuArgs {
+    pub fn open(&self) -> Result<Context> {
         let blocked = wgpu_attention::BlockedOptions {
             f16_arithmetic: self.f16_arithmetic,
             ..Default::default()
         };
-        Context::with_options(&self.options()).map(|c| c.with_blocked_options(blocked))
+        self.adapter.open().map(|c| c.with_blocked_options(blocked))
     }
 }
 
@@ -91,10 +105,13 @@ enum Command {
         #[arg(long, default_value = "f32")]
         dtype: Dtype,
         #[command(flatten)]
-        adapter: AdapterArgs,
+        adapter: GpuArgs,
     },
     /// Time the GPU against the CPU over a sweep of sizes, with per-kernel times and GFLOP/s.
     Bench(bench_cmd::BenchArgs),
+    /// Measure the tables the docs show (forward, backward, decode, matmul, first call) on
+    /// this adapter, beside the CPU paths, and write DIR/results.md and DIR/results.json.
+    Report(report_cmd::ReportArgs),
     /// Warm the tuning cache and the pipeline cache for a list of shapes ahead of time (each
     /// n with and without the weights returned), printing what was chosen and where the
     /// cache is.
@@ -137,7 +154,7 @@ pub fn print_timings(ctx: &Context, on: bool) {
     }
 }
 
-fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &AdapterArgs) -> Result<bool> {
+fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &GpuArgs) -> Result<bool> {
     let ctx = adapter.open()?;
     if dtype == Dtype::F16 {
         ctx.require_f16()?;
@@ -320,6 +337,7 @@ fn dispatch(command: &Command) -> Result<bool> {
             adapter,
         } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
+        Command::Report(args) => report_cmd::report_cmd(args),
         Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
         Command::Tune(args) => tune_cmd::tune_cmd(args),
         Command::Demo {

@@ -10,7 +10,7 @@ use wgpu_attention::{
     npy, Attention, Dims, Dtype, Error, Inputs, Kernels, Mask, Options, Projections, Result,
 };
 
-use crate::{checkpoint_cmd, grad_cmd, AdapterArgs};
+use crate::{checkpoint_cmd, grad_cmd, GpuArgs};
 
 #[derive(Args)]
 pub struct SdpaArgs {
@@ -52,7 +52,7 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
     let qkv = [q.view(), k.view(), v.view()];
     let (out, grads) = match &d_o {
         Some(d_o) => {
-            let op = (&op, !args.op.no_weights);
+            let op = (&op, !args.op.context_only);
             let (out, grads) = grad_cmd::GradArgs::sdpa_on_gpu(&ctx, op, qkv, &mask, d_o)?;
             (out, Some(grads))
         }
@@ -146,9 +146,10 @@ struct OpArgs {
     /// L[b] keys.
     #[arg(long)]
     kv_lengths: Option<PathBuf>,
-    /// Do not compute-and-return the attention weights (no weights.npy).
+    /// Return only the context, not the attention weights (no weights.npy): the fused
+    /// kernel, which never forms the n × n weights.
     #[arg(long)]
-    no_weights: bool,
+    context_only: bool,
     /// Kernel family: auto (measured on first use), storage (any adapter), subgroup
     /// (textures + subgroup operations, fast on lavapipe) or coop (storage with the matmul on
     /// cooperative matrices: tensor cores, where the adapter has them).
@@ -172,7 +173,7 @@ struct OpArgs {
     #[command(flatten)]
     grad: grad_cmd::GradArgs,
     #[command(flatten)]
-    adapter: AdapterArgs,
+    adapter: GpuArgs,
 }
 
 impl OpArgs {
@@ -180,7 +181,7 @@ impl OpArgs {
     fn op(&self) -> Attention {
         let op = Attention::new()
             .causal(self.causal)
-            .return_weights(!self.no_weights)
+            .return_weights(!self.context_only)
             .dtype(self.dtype)
             .options(Options {
                 kernels: self.kernels,
@@ -245,10 +246,10 @@ fn with_lengths<'a>(mask: Option<&'a npy::MaskArray>, lengths: Option<&[usize]>)
 
 pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(path) = &args.plot {
-        if args.op.no_weights {
+        if args.op.context_only {
             return Err(Error::invalid(
                 "--plot",
-                "draws the attention weights, which --no-weights turns off",
+                "draws the attention weights, which --context-only turns off",
             ));
         }
         wgpu_attention::plot::Format::from_path(path)?;
@@ -300,7 +301,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(d_o) => {
             let call = (x.view(), proj.as_ref());
             let from_flags = layer.is_none();
-            let op = (&op, !args.op.no_weights);
+            let op = (&op, !args.op.context_only);
             let (out, g) = grad_cmd::GradArgs::run_on_gpu(&ctx, op, call, &mask, d_o, from_flags)?;
             (out, Some(g))
         }

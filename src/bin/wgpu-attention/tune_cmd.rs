@@ -9,7 +9,7 @@ use clap::Args;
 use ndarray::Array3;
 use wgpu_attention::{Attention, Dims, Error, Inputs, Kernels, Options, Result};
 
-use crate::AdapterArgs;
+use crate::GpuArgs;
 
 #[derive(Args)]
 pub struct TuneArgs {
@@ -39,7 +39,7 @@ pub struct TuneArgs {
     #[arg(long, default_value = "auto")]
     kernels: Kernels,
     #[command(flatten)]
-    adapter: AdapterArgs,
+    adapter: GpuArgs,
 }
 
 pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
