@@ -5,9 +5,9 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::coop_matmul;
-use crate::kernels::flash_blocked::FlashBlockedConsts;
+pub use crate::kernels::flash::FlashVariant;
+use crate::kernels::flash::{self, FusedIo};
 pub use crate::kernels::flash_combine::KeySplit;
-use crate::kernels::flash_coop;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::matmul_blocked;
@@ -79,37 +79,6 @@ impl std::fmt::Display for Kernels {
     }
 }
 
-/// How the fused pass is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum FlashVariant {
-    /// `flash_tiled.wgsl`: one query row per thread, K/V tiles of `keys` rows in workgroup
-    /// memory.
-    Tiled {
-        /// Keys per tile.
-        keys: u32,
-    },
-    /// `flash_blocked.wgsl`, for GPUs: a workgroup owns `rows` query rows and walks the keys
-    /// in tiles of `keys`; each thread computes 4 × 4 scores and 4 rows of a slice of the
-    /// output in registers (FlashAttention-2's loop order). Both multiples of 4.
-    Blocked {
-        /// Query rows per workgroup.
-        rows: u32,
-        /// Keys per tile.
-        keys: u32,
-    },
-    /// `flash_subgroup.wgsl`: one subgroup per workgroup, `rows_per_lane` query rows per
-    /// lane, K/V from textures.
-    Subgroup {
-        /// Query rows each lane owns.
-        rows_per_lane: u32,
-    },
-    /// `flash_coop.wgsl`: `Q·Kᵀ` and `P·V` on cooperative matrices (tensor cores), blocks of
-    /// 32 or 16 query rows sized to the workgroup memory; only where
-    /// [`Context::coop_shape`] is `Some`. Calls passing NaN/Inf through
-    /// (`propagate_non_finite`) run `flash_blocked` instead.
-    Coop,
-}
-
 impl FlashVariant {
     /// The family the variant belongs to ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
     pub fn family(self) -> Kernels {
@@ -117,19 +86,6 @@ impl FlashVariant {
             FlashVariant::Subgroup { .. } => Kernels::Subgroup,
             FlashVariant::Tiled { .. } | FlashVariant::Blocked { .. } => Kernels::Storage,
             FlashVariant::Coop => Kernels::Coop,
-        }
-    }
-}
-
-impl std::fmt::Display for FlashVariant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FlashVariant::Tiled { keys } => write!(f, "flash-tiled(bk={keys})"),
-            FlashVariant::Blocked { rows, keys } => write!(f, "flash-blocked({rows}x{keys})"),
-            FlashVariant::Subgroup { rows_per_lane } => {
-                write!(f, "flash-subgroup(r={rows_per_lane})")
-            }
-            FlashVariant::Coop => write!(f, "flash-coop"),
         }
     }
 }
@@ -225,9 +181,10 @@ pub(crate) fn record_matmul(
 }
 
 /// Records the fused pass `out ← softmax(scale·Q·Kᵀ + mask)·V` with `variant` (and each
-/// row's log-sum-exp, when `out` asks for it); `host`, the
-/// contents of K = V when they are one host array, lets the subgroup variant pack them on the
-/// CPU.
+/// row's log-sum-exp, when `out` asks for it) through its kernel in the fused family
+/// ([`crate::kernels::flash`]), `flash_blocked` with the context's inner-loop options;
+/// `host`, the contents of K = V when they are one host array, lets the subgroup variant
+/// pack them on the CPU.
 ///
 /// # Errors
 /// As the variant's kernel: size limits, no fixed subgroup size for the subgroup variant.
@@ -242,31 +199,13 @@ pub(crate) fn record_flash<'a>(
     mask: Option<MaskArg<'_>>,
     host: Option<&[f32]>,
 ) -> Result<()> {
-    let out = out.into();
-    match variant {
-        FlashVariant::Tiled { keys } => op.dispatch_tiled(ctx, encoder, keys, q, k, v, out, mask),
-        FlashVariant::Blocked { rows, keys } => {
-            let opts = ctx.blocked_options();
-            op.dispatch_blocked(ctx, encoder, (rows, keys), opts, (q, k, v), out, mask)
-        }
-        FlashVariant::Subgroup { rows_per_lane } => {
-            op.dispatch_subgroup(ctx, encoder, rows_per_lane, (q, k, v), out, mask, host)
-        }
-        // Keys of weight 0 are not skipped in a cooperative P·V (a NaN there would reach the
-        // row): calls passing non-finite values through take flash_blocked.
-        FlashVariant::Coop if op.skip_zero => {
-            let widths = op.widths4()?;
-            let blocked = [(64, 64), (64, 32), (32, 64), (32, 32)]
-                .into_iter()
-                .find(|&s| FlashBlockedConsts::new(ctx.limits(), s, widths).is_ok());
-            match blocked {
-                Some(shape) => {
-                    let opts = ctx.blocked_options();
-                    op.dispatch_blocked(ctx, encoder, shape, opts, (q, k, v), out, mask)
-                }
-                None => op.dispatch_tiled(ctx, encoder, 16, q, k, v, out, mask),
-            }
-        }
-        FlashVariant::Coop => flash_coop::dispatch(ctx, encoder, op, (q, k, v), out, mask),
-    }
+    let io = FusedIo {
+        q,
+        k,
+        v,
+        out: out.into(),
+        mask,
+        host,
+    };
+    flash::record(ctx, encoder, op, variant, ctx.blocked_options(), io)
 }

@@ -113,6 +113,9 @@ impl Device {
     /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and `Features::SUBGROUP` and the adapter
     /// reports one of the shapes they are built for ([`CoopShape`]).
     pub(crate) fn coop_shape(&self) -> Option<CoopShape> {
+        if let Some(shape) = self.dry_run_coop() {
+            return shape;
+        }
         let features = self.device.features();
         if !features.contains(wgpu::Features::SUBGROUP) {
             return None;

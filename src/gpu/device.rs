@@ -32,8 +32,26 @@ pub struct Device {
     one: OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
+    /// What a dry-run device ([`Device::dry_run`]) stands for where wgpu's noop adapter cannot
+    /// say it: its type (wgpu 30's noop adapter reports a CPU whatever it is given) and its
+    /// cooperative-matrix shape (it reports none).
+    stands_for: Option<(wgpu::DeviceType, Option<coop::CoopShape>)>,
     /// Unique in the process: what a resource made on this device is checked against.
     id: u64,
+}
+
+/// What a dry-run device ([`Device::dry_run`]) stands for.
+#[derive(Debug, Clone)]
+pub(crate) struct DryRun {
+    /// Its limits.
+    pub limits: wgpu::Limits,
+    /// Its type (a GPU's kernels differ from a CPU adapter's).
+    pub device_type: wgpu::DeviceType,
+    /// The smallest and largest subgroup it may run (equal: a fixed size, which the subgroup
+    /// kernels need).
+    pub subgroups: (u32, u32),
+    /// Its cooperative-matrix shape, if any.
+    pub coop: Option<coop::CoopShape>,
 }
 
 impl Device {
@@ -118,14 +136,58 @@ impl Device {
             one: OnceLock::new(),
             subgroup_size,
             lost,
+            stands_for: None,
             timing: Timing::default(),
             phases: Phases::default(),
         }
     }
 
-    /// The adapter's name, backend, device type and driver.
+    /// A device on wgpu's noop backend that stands for `what` (with subgroups and f16): it
+    /// runs nothing, so it is only for dry runs ([`crate::kernels::collect_keys`]): which
+    /// pipelines the kernels build on such a device, without one at hand.
+    ///
+    /// # Errors
+    /// [`Error::NoAdapter`] without the noop backend (the browser), [`Error::RequestDevice`].
+    pub(crate) fn dry_run(what: &DryRun) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::NOOP;
+        desc.backend_options.noop = wgpu::NoopBackendOptions {
+            enable: true,
+            limits: Some(what.limits.clone()),
+            features: Some(wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16),
+            device_type: Some(what.device_type),
+            subgroup_min_size: Some(what.subgroups.0),
+            subgroup_max_size: Some(what.subgroups.1),
+        };
+        let instance = wgpu::Instance::new(desc);
+        super::oneshot::block_on(async {
+            let adapter = instance
+                .enumerate_adapters(wgpu::Backends::NOOP)
+                .await
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::NoAdapter {
+                    wanted: "wgpu's noop backend (a dry run)".into(),
+                    hint: "dry runs need a native build".into(),
+                })?;
+            let mut dev = Self::from_adapter_async(adapter).await?;
+            dev.stands_for = Some((what.device_type, what.coop));
+            Ok(dev)
+        })
+    }
+
+    /// The adapter's name, backend, device type and driver (a dry run's device type).
     pub(crate) fn adapter_info(&self) -> wgpu::AdapterInfo {
-        self.adapter.get_info()
+        let mut info = self.adapter.get_info();
+        if let Some((device_type, _)) = self.stands_for {
+            info.device_type = device_type;
+        }
+        info
+    }
+
+    /// The cooperative-matrix shape a dry-run device stands for (`Some(None)`: none).
+    pub(crate) fn dry_run_coop(&self) -> Option<Option<coop::CoopShape>> {
+        self.stands_for.map(|(_, coop)| coop)
     }
 
     /// The adapter's name for messages; the browser gives none, so there it is its backend.

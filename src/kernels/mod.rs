@@ -17,16 +17,12 @@ pub(crate) mod coop_matmul;
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
 pub(crate) mod decode_partial_gpu;
+pub(crate) mod flash;
 pub(crate) mod flash_backward_dot;
 pub(crate) mod flash_backward_kv;
 pub(crate) mod flash_backward_kv_subgroup;
 pub(crate) mod flash_backward_q;
 pub(crate) mod flash_backward_q_subgroup;
-pub(crate) mod flash_blocked;
-pub(crate) mod flash_combine;
-pub(crate) mod flash_coop;
-pub(crate) mod flash_subgroup;
-pub(crate) mod flash_tiled;
 pub(crate) mod fma_peak;
 pub(crate) mod matmul;
 pub(crate) mod matmul_blocked;
@@ -37,6 +33,10 @@ pub(crate) mod row_stats;
 pub(crate) mod softmax;
 pub(crate) mod swap_heads;
 pub(crate) mod weighted_sum;
+
+// The fused forward kernels live in `flash/`, behind one trait; their modules keep their
+// kernels' names here, as the registry below and the other kernels name them.
+pub(crate) use flash::{flash_blocked, flash_combine, flash_coop, flash_subgroup, flash_tiled};
 
 #[cfg(test)]
 mod tests;
@@ -285,6 +285,13 @@ impl PipelineKey {
     pub fn source(&self) -> String {
         let info = self.kernel.info();
         info.source_with(&self.consts[..info.constants.len()], self.f16)
+    }
+
+    /// The value of the kernel's constant `name` (its WGSL name) in this key, if it has one.
+    pub fn constant(&self, name: &str) -> Option<u32> {
+        let info = self.kernel.info();
+        let i = info.constants.iter().position(|&n| n == name)?;
+        Some(self.consts[i])
     }
 }
 

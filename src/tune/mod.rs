@@ -20,7 +20,8 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::timing;
-use crate::kernels::flash_blocked::FlashBlockedConsts;
+use crate::gpu::Device;
+use crate::kernels::flash::{self, Caps, Fused};
 use crate::kernels::flash_tiled::Flash;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::{KernelId, Strides};
@@ -94,7 +95,7 @@ pub fn default_flash_on(
 /// whose memory fits as candidates). On anything else: `flash_blocked` alone, whose every
 /// variant compiles without spills for RDNA3 where `flash_tiled` spills hundreds of
 /// registers (README, "What a real GPU compiler says"); the default is the first of
-/// [`BLOCKED_SHAPES`] that fits the workgroup memory, the threads and the output registers
+/// [`flash::BLOCKED_SHAPES`] that fits the workgroup memory, the threads and the output registers
 /// per thread. Only when none fits (a head wider than 256, a small device) is `flash_tiled`
 /// used there, and a log line says so once per width.
 pub fn storage_flash(
@@ -136,52 +137,44 @@ pub fn default_matmul(family: Kernels) -> MatmulVariant {
     }
 }
 
-/// The block shapes (query rows × keys) of `flash_blocked.wgsl` the tuner tries on GPUs.
-pub const BLOCKED_SHAPES: [(u32, u32); 3] = [(64, 64), (64, 32), (32, 64)];
-
 /// `flash_tiled.wgsl`'s candidates whose tiles fit `limits`.
 pub(crate) fn tiled_candidates(limits: &wgpu::Limits, dk4: u32, dv4: u32) -> Vec<FlashVariant> {
-    let limit = u64::from(limits.max_compute_workgroup_storage_size);
-    [16u32, 32, 64]
-        .into_iter()
-        .filter(|&k| u64::from(k) * u64::from(dk4 + dv4) * 16 <= limit)
-        .map(|keys| FlashVariant::Tiled { keys })
-        .collect()
+    flash::Tiled.variants(&Caps::limits(limits), (dk4, dv4))
 }
 
-/// `flash_blocked.wgsl`'s candidates (of [`BLOCKED_SHAPES`]) that fit `limits`.
+/// `flash_blocked.wgsl`'s candidates (of [`flash::BLOCKED_SHAPES`]) that fit `limits`.
 pub(crate) fn blocked_candidates(limits: &wgpu::Limits, dk4: u32, dv4: u32) -> Vec<FlashVariant> {
-    BLOCKED_SHAPES
-        .into_iter()
-        .filter(|&s| FlashBlockedConsts::new(limits, s, (dk4, dv4)).is_ok())
-        .map(|(rows, keys)| FlashVariant::Blocked { rows, keys })
-        .collect()
+    flash::Blocked.variants(&Caps::limits(limits), (dk4, dv4))
 }
 
-/// The candidates of the fused kernel in `families`, for per-head widths in vec4s.
+/// The candidates of the fused kernel in `families`, for per-head widths in vec4s: each
+/// kernel's of the fused family ([`flash::FAMILY`]) that `ctx` can run, in the family's
+/// order, where its family is asked for: the subgroup kernel's; of the storage kernels, those
+/// [`storage_flash`] offers on this device (`flash_blocked` on GPUs, `flash_tiled` on CPU
+/// adapters); tensor cores where the device has them (with the storage family or alone),
+/// timed like the others and kept if faster.
 pub fn flash_candidates(
-    ctx: &Context,
+    ctx: &Device,
     families: &[Kernels],
     dk4: u32,
     dv4: u32,
 ) -> Vec<FlashVariant> {
-    let mut v = Vec::new();
-    if families.contains(&Kernels::Subgroup) && ctx.subgroup_size().is_some() {
-        // More rows per lane share each loaded key: 4 is ~10% faster than 2 at d = 64 on
-        // lavapipe, but LLVM takes ~4–5 s to compile 3 or 4 there (once: Mesa caches it).
-        v.extend([1, 2, 3, 4].map(|r| FlashVariant::Subgroup { rows_per_lane: r }));
-    }
-    if families.contains(&Kernels::Storage) {
-        // flash_tiled on a CPU adapter (lavapipe), flash_blocked on GPUs.
-        let device = ctx.adapter_info().device_type;
-        v.extend(storage_flash(device, ctx.limits(), (dk4, dv4)).1);
-    }
-    // Tensor cores where the device has them: timed like the others, kept if faster.
-    let coop = families.contains(&Kernels::Storage) || families.contains(&Kernels::Coop);
-    if coop && ctx.coop_shape().is_some() {
-        v.push(FlashVariant::Coop);
-    }
-    v
+    let storage = match families.contains(&Kernels::Storage) {
+        true => storage_flash(ctx.adapter_info().device_type, ctx.limits(), (dk4, dv4)).1,
+        false => Vec::new(),
+    };
+    let caps = Caps::of(ctx);
+    let wanted = |v: &FlashVariant| match v.family() {
+        Kernels::Subgroup => families.contains(&Kernels::Subgroup),
+        Kernels::Storage => storage.contains(v),
+        Kernels::Coop => families.contains(&Kernels::Storage) || families.contains(&Kernels::Coop),
+        Kernels::Auto => false,
+    };
+    flash::FAMILY
+        .iter()
+        .flat_map(|kernel| kernel.variants(&caps, (dk4, dv4)))
+        .filter(wanted)
+        .collect()
 }
 
 /// The candidates of the matmul in `families`.

@@ -5,24 +5,24 @@
 
 use std::path::{Path, PathBuf};
 
-use super::storage_flash;
 use crate::error::{Error, Result};
+use crate::gpu::coop::CoopShape;
+use crate::gpu::device::{Device, DryRun};
 use crate::kernels::decode_combine::{self, CombineConsts};
 use crate::kernels::decode_partial_gpu::{self, GpuPartialConsts};
+use crate::kernels::flash::{self, FlashVariant, FusedIo};
 use crate::kernels::flash_backward_dot::BackwardTiles;
-use crate::kernels::flash_blocked::{FlashBlockedConsts, Inner};
-use crate::kernels::flash_combine::{self, SplitCombineConsts};
-use crate::kernels::flash_coop;
-use crate::kernels::flash_subgroup::{self, FlashSubgroupConsts};
-use crate::kernels::flash_tiled::{self, Flash, FlashTiledConsts};
+use crate::kernels::flash_blocked::BlockedOptions;
+use crate::kernels::flash_combine::KeySplit;
+use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::{F16_A, F16_B, F16_C};
 use crate::kernels::matmul_blocked::{self, MatmulBlockedConsts};
 use crate::kernels::softmax::SoftmaxConsts;
 use crate::kernels::swap_heads;
 use crate::kernels::wgsl::NoConstants;
-use crate::kernels::{flash_backward_dot, flash_backward_kv, flash_backward_q};
-use crate::kernels::{flash_blocked, matmul, softmax, weighted_sum, PipelineKey, Strides};
-use crate::variant::FlashVariant;
+use crate::kernels::{collect_keys, flash_backward_dot, flash_backward_kv, flash_backward_q};
+use crate::kernels::{matmul, softmax, weighted_sum, KernelId, MaskArg, PipelineKey, Strides};
+use crate::variant::Kernels;
 
 /// Per-head sizes written (d_k = d_v).
 pub(crate) const HEAD_SIZES: [usize; 6] = [32, 64, 80, 96, 128, 256];
@@ -66,61 +66,144 @@ fn problem(d: usize, f16: bool) -> Flash {
         scale: 1.0,
         kv_ratio: 1,
         f16,
-        key_split: crate::variant::KeySplit::Auto,
+        key_split: KeySplit::Off,
         skip_zero: false,
     }
 }
 
-/// The pipeline key `variant` records for `op` (with a mask when `mask` is 1), on a device
-/// with `limits` and subgroup size `sg` (subgroup variants only).
-///
-/// # Errors
-/// The variant does not fit `limits`.
-pub(crate) fn flash_key(
-    op: &Flash,
-    variant: FlashVariant,
-    limits: &wgpu::Limits,
-    sg: u32,
-    mask: u32,
-) -> Result<PipelineKey> {
-    let (dk4, dv4) = op.widths4()?;
-    Ok(match variant {
-        FlashVariant::Tiled { keys } => {
-            let c = FlashTiledConsts {
-                keys,
-                dk4,
-                dv4,
-                mask,
-                lse: 0,
-            };
-            PipelineKey::of::<flash_tiled::Shader>(&c, op.f16_bits())
-        }
-        FlashVariant::Blocked { rows, keys } => {
-            let c = op.blocked_consts(limits, (rows, keys), mask)?;
-            PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits())
-        }
-        FlashVariant::Subgroup { rows_per_lane } => {
-            let c = FlashSubgroupConsts {
-                sg,
-                rows_per_lane,
-                dk4,
-                dv4,
-                mask,
-                skip_zero: u32::from(op.skip_zero),
-                lse: 0,
-            };
-            PipelineKey::of::<flash_subgroup::Shader>(&c, u8::from(op.f16))
-        }
-        // Written for the tensor cores' common shape: 16 × 16 × 16, f16 inputs.
-        FlashVariant::Coop => flash_coop::key(op, COOP_SHAPE, limits, mask)?,
-    })
-}
-
 /// The cooperative-matrix shape the coop variants are written for (NVIDIA, AMD RDNA3, Intel).
-const COOP_SHAPE: crate::context::CoopShape = crate::context::CoopShape {
+const COOP_SHAPE: CoopShape = CoopShape {
     size: 16,
     f16_inputs: true,
 };
+
+/// A dry-run device standing for a GPU with `kib` KiB of workgroup memory and 256 threads:
+/// subgroups of 16 to 64 lanes (no fixed size, so the subgroup kernels are not its; wide
+/// enough for `flash_blocked`'s subgroup reductions) and tensor cores of [`COOP_SHAPE`].
+fn gpu(kib: u32) -> Result<Device> {
+    Device::dry_run(&DryRun {
+        limits: gpu_limits_with(kib),
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        subgroups: (16, 64),
+        coop: Some(COOP_SHAPE),
+    })
+}
+
+/// A dry-run device standing for a GPU whose subgroups have `sg` lanes (the subgroup
+/// kernels' variants), with the least workgroup memory of [`GPU_WORKGROUP_KIB`].
+fn subgroup_gpu(sg: u32) -> Result<Device> {
+    Device::dry_run(&DryRun {
+        limits: gpu_limits_with(GPU_WORKGROUP_KIB[0]),
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        subgroups: (sg, sg),
+        coop: None,
+    })
+}
+
+/// `flash_blocked`'s plain inner loop: no double buffer, no subgroup reductions, f32
+/// arithmetic (the variants with them are [`blocked_inner`]'s).
+const PLAIN: BlockedOptions = BlockedOptions {
+    double_buffer: Some(false),
+    subgroups: Some(false),
+    f16_arithmetic: Some(false),
+};
+
+/// What a recording reads and writes: stand-in buffers on a dry-run device.
+struct Bindings {
+    q: wgpu::Buffer,
+    kv: wgpu::Buffer,
+    out: wgpu::Buffer,
+    lse: wgpu::Buffer,
+    mask: wgpu::Buffer,
+}
+
+impl Bindings {
+    fn new(dev: &Device) -> Self {
+        let buffer = |label| {
+            dev.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        Bindings {
+            q: buffer("Q"),
+            kv: buffer("K = V"),
+            out: buffer("O"),
+            lse: buffer("lse"),
+            mask: buffer("mask"),
+        }
+    }
+}
+
+/// The pipelines the dispatcher records for `variant` of `op` on the dry-run device `dev`,
+/// `flash_blocked` with `opts`, with a mask bound when `mask` and the row statistics saved
+/// when `lse`: what a GPU like `dev` would build ([`collect_keys`]).
+///
+/// # Errors
+/// As the variant's kernel: the variant does not fit `dev`.
+fn recorded(
+    dev: &Device,
+    op: &Flash,
+    variant: FlashVariant,
+    opts: BlockedOptions,
+    (mask, lse): (bool, bool),
+) -> Result<Vec<PipelineKey>> {
+    let b = Bindings::new(dev);
+    collect_keys(|| {
+        let mut encoder = dev
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let io = FusedIo {
+            q: &b.q,
+            k: &b.kv,
+            v: &b.kv,
+            out: FlashOut {
+                context: &b.out,
+                lse: lse.then_some(&b.lse),
+            },
+            mask: mask.then_some(MaskArg {
+                buffer: &b.mask,
+                strides: [0; 4],
+            }),
+            host: None,
+        };
+        flash::record(dev, &mut encoder, op, variant, opts, io)
+    })
+}
+
+/// The pipeline of kernel `kernel` among `keys` (a recording may also pack operands, or
+/// combine a key split).
+///
+/// # Errors
+/// An internal error when the recording did not build it.
+fn built(keys: &[PipelineKey], kernel: KernelId) -> Result<PipelineKey> {
+    keys.iter()
+        .copied()
+        .find(|k| k.kernel == kernel)
+        .ok_or_else(|| {
+            Error::invalid(
+                "shaders",
+                format!("internal: the dry run built no {}", kernel.file()),
+            )
+        })
+}
+
+/// The pipeline `variant` of `op` builds with its own kernel on `dev` (see [`recorded`]).
+///
+/// # Errors
+/// As [`recorded`].
+fn fused_key(
+    dev: &Device,
+    op: &Flash,
+    variant: FlashVariant,
+    opts: BlockedOptions,
+    mask: bool,
+) -> Result<PipelineKey> {
+    let keys = recorded(dev, op, variant, opts, (mask, false))?;
+    built(&keys, flash::kernel_of(variant).kernel())
+}
 
 /// The file stem of `variant` at per-head size `d`.
 fn file_name(variant: FlashVariant, d: usize, f16: bool) -> String {
@@ -174,7 +257,7 @@ fn unfused() -> Vec<(String, PipelineKey)> {
 /// The fused backward's storage kernels as a GPU runs them ([`BackwardTiles::GPU`], shrunk to
 /// the least workgroup memory of [`GPU_WORKGROUP_KIB`]) for d = 64 and 128, f32 and f16,
 /// with and without a mask; and `flash_blocked` saving its row statistics for them.
-fn backward() -> Result<Vec<(String, PipelineKey)>> {
+fn backward(dev: &Device) -> Result<Vec<(String, PipelineKey)>> {
     let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
     let mut v = Vec::new();
     for d in [64, 128] {
@@ -189,11 +272,9 @@ fn backward() -> Result<Vec<(String, PipelineKey)>> {
                 let key = PipelineKey::of::<flash_backward_q::Shader>(&c, op.f16_bits());
                 v.push((format!("flash-backward-q-d{d}-{t}-mask{mask}"), key));
             }
-            let c = FlashBlockedConsts {
-                lse: 1,
-                ..op.blocked_consts(&limits, (64, 64), 0)?
-            };
-            let key = PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits());
+            let blocked = FlashVariant::Blocked { rows: 64, keys: 64 };
+            let keys = recorded(dev, &op, blocked, PLAIN, (false, true))?;
+            let key = built(&keys, KernelId::FlashBlocked)?;
             v.push((format!("flash-blocked-64x64-d{d}-{t}-lse"), key));
         }
     }
@@ -202,67 +283,70 @@ fn backward() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
-/// `flash_blocked`'s inner loops ([`Inner`]) as a GPU runs them: double buffer, subgroup
-/// reductions, both, and with f16 operands f16 arithmetic, alone and with both, for blocks
-/// of 64 × 64 and 64 × 32, d = 64 and 128, at each of [`GPU_WORKGROUP_KIB`] (a double buffer
-/// that does not fit is left out, as the kernel leaves it out), and the default GPU loop
-/// with a mask. Named `…-dbuf`, `…-sgr`, `…-hmul`, `-mask`, then `-wg<KiB>k` past 32 KiB.
-fn blocked_inner() -> Vec<(String, PipelineKey)> {
+/// `flash_blocked`'s inner loops as a GPU runs them: double buffer, subgroup reductions,
+/// both, and with f16 operands f16 arithmetic, alone and with both, for blocks of 64 × 64
+/// and 64 × 32, d = 64 and 128, on each of `gpus` (a double buffer that does not fit is left
+/// out, as the kernel leaves it out), and the default GPU loop with a mask. Named `…-dbuf`,
+/// `…-sgr`, `…-hmul`, `-mask`, then `-wg<KiB>k` past 32 KiB.
+///
+/// # Errors
+/// As [`recorded`], but for the variants that do not fit, which are left out.
+fn blocked_inner(gpus: &[(u32, Device)]) -> Result<Vec<(String, PipelineKey)>> {
     let mut v = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for kib in GPU_WORKGROUP_KIB {
-        let limits = gpu_limits_with(kib);
+    for (kib, dev) in gpus {
+        let kib = *kib;
         for (rows, keys) in [(64, 64), (64, 32)] {
             for d in [64, 128] {
                 for f16 in [false, true] {
                     let op = problem(d, f16);
                     let t = if f16 { "f16" } else { "f32" };
-                    let mut inners = vec![(1, 0, 0), (0, 1, 0), (1, 1, 0)];
+                    let mut inners = vec![(true, false, false), (false, true, false)];
+                    inners.push((true, true, false));
                     if f16 {
-                        inners.extend([(0, 0, 1), (1, 1, 1)]);
+                        inners.extend([(false, false, true), (true, true, true)]);
                     }
                     // What a GPU runs by default with a mask too (32 KiB, f32).
                     let masked = kib == GPU_WORKGROUP_KIB[0] && !f16;
                     let inners = inners
                         .into_iter()
-                        .map(|i| (i, 0))
-                        .chain(masked.then_some(((1, 1, 0), 1)));
+                        .map(|i| (i, false))
+                        .chain(masked.then_some(((true, true, false), true)));
                     for ((dbuf, sgr, hmul), mask) in inners {
-                        let inner = Inner { dbuf, sgr, hmul };
-                        let Ok(c) = op.blocked_consts_with(&limits, (rows, keys), mask, inner)
-                        else {
+                        let opts = BlockedOptions {
+                            double_buffer: Some(dbuf),
+                            subgroups: Some(sgr),
+                            f16_arithmetic: Some(hmul),
+                        };
+                        let variant = FlashVariant::Blocked { rows, keys };
+                        let Ok(key) = fused_key(dev, &op, variant, opts, mask) else {
                             continue;
                         };
-                        // The plain loop is written with the other variants.
-                        if c.dbuf + c.sgr + c.hmul == 0 {
+                        // Named by what the constants became (f16 arithmetic is dropped
+                        // where it would spill); the plain loop is written with the other
+                        // variants.
+                        let on = |name| key.constant(name).is_some_and(|c| c != 0);
+                        let tags = [(on("DBUF"), "-dbuf"), (on("SGR"), "-sgr")];
+                        let tags = tags.into_iter().chain([(on("HMUL"), "-hmul")]);
+                        let tags: Vec<&str> = tags.filter(|t| t.0).map(|t| t.1).collect();
+                        if tags.is_empty() || !seen.insert(key) {
                             continue;
                         }
-                        let key =
-                            PipelineKey::of::<flash_blocked::Shader>(&c, c.f16_bits(op.f16_bits()));
-                        if seen.insert(key) {
-                            let mut stem = format!("flash-blocked-{rows}x{keys}-d{d}-{t}");
-                            // Named by what the constants became (f16 arithmetic is
-                            // dropped where it would spill).
-                            let tags = [(c.dbuf, "-dbuf"), (c.sgr, "-sgr"), (c.hmul, "-hmul")];
-                            for (on, tag) in tags {
-                                if on != 0 {
-                                    stem.push_str(tag);
-                                }
-                            }
-                            if mask != 0 {
-                                stem.push_str("-mask");
-                            }
-                            if kib != GPU_WORKGROUP_KIB[0] {
-                                stem.push_str(&format!("-wg{kib}k"));
-                            }
-                            v.push((stem, key));
+                        let mut stem = format!("flash-blocked-{rows}x{keys}-d{d}-{t}");
+                        stem.extend(tags);
+                        if mask {
+                            stem.push_str("-mask");
                         }
+                        if kib != GPU_WORKGROUP_KIB[0] {
+                            stem.push_str(&format!("-wg{kib}k"));
+                        }
+                        v.push((stem, key));
                     }
                 }
             }
         }
     }
-    v
+    Ok(v)
 }
 
 /// The decode step's kernels as a GPU runs them (`decode_partial_gpu`), every
@@ -319,54 +403,65 @@ fn training() -> Vec<(String, PipelineKey)> {
     ]
 }
 
-/// The key split of prefill on GPUs: `flash_blocked` writing partials (blocks of 64 × 64, as
-/// [`super::BLOCKED_SHAPES`] starts) for d = 64 and 128, f32 and f16, and the combine, with and
-/// without the log-sum-exp.
-fn key_split() -> Result<Vec<(String, PipelineKey)>> {
-    let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
+/// The key split of prefill on GPUs, as the dispatcher records it on `dev` for a call
+/// split into two key ranges: `flash_blocked` writing partials (blocks of 64 × 64, as
+/// [`crate::kernels::flash::BLOCKED_SHAPES`] starts) for d = 64 and 128, f32 and f16, and
+/// the combine, with and without the log-sum-exp.
+///
+/// # Errors
+/// As [`recorded`].
+fn key_split(dev: &Device) -> Result<Vec<(String, PipelineKey)>> {
+    let blocked = FlashVariant::Blocked { rows: 64, keys: 64 };
+    let split = |d, f16| Flash {
+        n_kv: 256,
+        key_split: KeySplit::Ranges(2),
+        ..problem(d, f16)
+    };
     let mut v = Vec::new();
     for d in [64, 128] {
         for f16 in [false, true] {
-            let op = problem(d, f16);
             let t = if f16 { "f16" } else { "f32" };
-            let c = FlashBlockedConsts {
-                split: 1,
-                ..op.blocked_consts(&limits, (64, 64), 0)?
-            };
-            let key = PipelineKey::of::<flash_blocked::Shader>(&c, op.f16_bits());
+            let keys = recorded(dev, &split(d, f16), blocked, PLAIN, (false, false))?;
+            let key = built(&keys, KernelId::FlashBlocked)?;
             v.push((format!("flash-blocked-64x64-d{d}-{t}-split"), key));
         }
-        for lse in [0, 1] {
-            let c = SplitCombineConsts {
-                dv4: d as u32 / 4,
-                lse,
-            };
-            let key = PipelineKey::of::<flash_combine::Shader>(&c, 0);
-            v.push((format!("flash-combine-d{d}-lse{lse}"), key));
+        for lse in [false, true] {
+            let keys = recorded(dev, &split(d, false), blocked, PLAIN, (false, lse))?;
+            let key = built(&keys, KernelId::FlashCombine)?;
+            v.push((format!("flash-combine-d{d}-lse{}", u8::from(lse)), key));
         }
     }
     Ok(v)
 }
 
-/// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`:
-/// the storage family's fused variants as [`storage_flash`] offers them on a GPU with 256
-/// threads and each of [`GPU_WORKGROUP_KIB`] of workgroup memory (`flash_blocked`;
-/// `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256, f32 and f16 (a
-/// variant that more memory changes is written again, its name ending in `-wg<KiB>k`), and
-/// its unfused kernels ([`unfused`]), the fused backward's ([`backward`]) and the decode
-/// step's ([`decode`]), the coop kernels (`coop/`, cooperative matrices); with a subgroup size, the subgroup family's fused
-/// variants for d = 64 and 128. Returns the files written.
+/// Writes every kernel variant the tuner may pick on a GPU to `dir/<family>/<variant>.wgsl`.
+/// The fused kernels' are what the tuner offers ([`super::flash_candidates`], over the fused
+/// family) and the dispatcher records on dry-run devices standing for GPUs with 256 threads
+/// and each of [`GPU_WORKGROUP_KIB`] of workgroup memory: the storage family's
+/// (`flash_blocked`; `flash_tiled` is lavapipe's) for head sizes 32, 64, 80, 96, 128 and 256,
+/// f32 and f16 (a variant that more memory changes is written again, its name ending in
+/// `-wg<KiB>k`), with a mask and with NaN/Inf pass-through at d = 64 and 128, `flash_blocked`'s
+/// inner loops ([`blocked_inner`]), its key split ([`key_split`]) and its saved statistics;
+/// the coop kernel's at d = 64 and 128 (`coop/`, cooperative matrices); with a subgroup size,
+/// the subgroup family's at d = 64 and 128. Then the storage family's unfused kernels
+/// ([`unfused`]), the fused backward's ([`backward`]), the decode step's ([`decode`]) and the
+/// training step's ([`training`]), and the coop matmul's. Returns the files written.
 ///
 /// # Errors
 /// [`Error::Io`] when the directory or a file cannot be written.
 pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBuf>> {
+    let gpus = GPU_WORKGROUP_KIB
+        .into_iter()
+        .map(|kib| Ok((kib, gpu(kib)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let least = &gpus[0].1;
     let mut files: Vec<(&str, String, PipelineKey)> = unfused()
         .into_iter()
-        .chain(backward()?)
+        .chain(backward(least)?)
         .chain(decode()?)
         .chain(training())
-        .chain(key_split()?)
-        .chain(blocked_inner())
+        .chain(key_split(least)?)
+        .chain(blocked_inner(&gpus)?)
         .map(|(stem, key)| ("storage", stem, key))
         .collect();
     files.extend(
@@ -374,9 +469,10 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
             .into_iter()
             .map(|(stem, key)| ("coop", stem, key)),
     );
+    let subgroup = subgroup_size.map(subgroup_gpu).transpose()?;
     let mut seen = std::collections::HashSet::new();
-    for kib in GPU_WORKGROUP_KIB {
-        let limits = gpu_limits_with(kib);
+    for (kib, dev) in &gpus {
+        let kib = *kib;
         let suffix = if kib == 32 {
             String::new()
         } else {
@@ -384,35 +480,41 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         };
         for d in HEAD_SIZES {
             let w4 = d.div_ceil(4) as u32;
-            let (_, storage) = storage_flash(wgpu::DeviceType::DiscreteGpu, &limits, (w4, w4));
+            let common = d == 64 || d == 128;
             for f16 in [false, true] {
-                let mut variants: Vec<(&str, FlashVariant)> =
-                    storage.iter().map(|&v| ("storage", v)).collect();
-                if d == 64 || d == 128 {
-                    variants.push(("coop", FlashVariant::Coop));
+                // What the tuner offers the storage family here (tensor cores with it), then
+                // the subgroup family on a device of the given subgroup size.
+                let mut variants: Vec<(&Device, FlashVariant)> =
+                    super::flash_candidates(dev, &[Kernels::Storage], w4, w4)
+                        .into_iter()
+                        .filter(|v| v.family() == Kernels::Storage || common)
+                        .map(|v| (dev, v))
+                        .collect();
+                if let Some(sub) = subgroup.as_ref().filter(|_| kib == 32 && common) {
+                    let offered = super::flash_candidates(sub, &[Kernels::Subgroup], w4, w4);
+                    variants.extend(offered.into_iter().map(|v| (sub, v)));
                 }
-                if kib == 32 && subgroup_size.is_some() && (d == 64 || d == 128) {
-                    variants.extend(
-                        (1..=4).map(|r| ("subgroup", FlashVariant::Subgroup { rows_per_lane: r })),
-                    );
-                }
-                for (family, variant) in variants {
-                    let sg = subgroup_size.unwrap_or(0);
-                    let key = flash_key(&problem(d, f16), variant, &limits, sg, 0)?;
+                for (dev, variant) in variants {
+                    let family = match variant.family() {
+                        Kernels::Subgroup => "subgroup",
+                        Kernels::Coop => "coop",
+                        _ => "storage",
+                    };
+                    let key = fused_key(dev, &problem(d, f16), variant, PLAIN, false)?;
                     if seen.insert(key) {
                         let stem = file_name(variant, d, f16) + &suffix;
                         files.push((family, stem, key));
                     }
                     // With a mask, and with NaN/Inf pass-through (keys of weight 0 skipped),
                     // as masked and `propagate_non_finite` calls build them: at the common
-                    // head sizes, f32, the default limits.
-                    if family == "storage" && kib == 32 && !f16 && (d == 64 || d == 128) {
+                    // head sizes, f32, the least memory.
+                    if family == "storage" && kib == 32 && !f16 && common {
                         for (skip_zero, tag) in [(false, "mask"), (true, "mask-skip0")] {
                             let op = Flash {
                                 skip_zero,
                                 ..problem(d, f16)
                             };
-                            let key = flash_key(&op, variant, &limits, sg, 1)?;
+                            let key = fused_key(dev, &op, variant, PLAIN, true)?;
                             if seen.insert(key) {
                                 files.push((
                                     family,

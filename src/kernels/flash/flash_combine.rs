@@ -12,10 +12,10 @@
 //! are filled by far fewer, so they never split unless [`KeySplit::Ranges`] forces it.
 
 use super::flash_tiled::{Flash, FlashOut};
-use super::wgsl::{constants, uniform};
-use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
 use crate::gpu::Device;
+use crate::kernels::wgsl::{constants, uniform};
+use crate::kernels::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 
 /// The kernel.
 pub(crate) struct Shader;

@@ -4,11 +4,11 @@
 //! storage and workgroup memory are slow. Same [`Flash`] problem as `flash_tiled.rs`.
 
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
-use super::pack::Pack;
-use super::wgsl::constants;
-use super::{record, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 use crate::error::Result;
 use crate::gpu::Device;
+use crate::kernels::pack::Pack;
+use crate::kernels::wgsl::constants;
+use crate::kernels::{record, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 
 /// The kernel.
 pub(crate) struct Shader;

@@ -6,10 +6,10 @@
 //! uniform as `flash_tiled.rs`.
 
 use super::flash_tiled::{Flash, FlashOut};
-use super::wgsl::constants;
-use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
+use crate::kernels::wgsl::constants;
+use crate::kernels::{record, Dim, Kernel, KernelId, MaskArg, Slot};
 
 /// The kernel.
 pub(crate) struct Shader;

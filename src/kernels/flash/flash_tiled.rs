@@ -5,10 +5,10 @@
 //! The [`Flash`] problem and its uniform are shared with `flash_subgroup.rs`: both kernels
 //! compute `softmax(scale·Q·Kᵀ + mask)·V` per (batch, head) in one pass.
 
-use super::wgsl::{constants, uniform};
-use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
+use crate::kernels::wgsl::{constants, uniform};
+use crate::kernels::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -89,6 +89,16 @@ impl Kernel for Shader {
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
     type Consts = FlashTiledConsts;
     type Params = FlashParams;
+}
+
+/// The workgroup memory of K/V tiles of `keys` rows at per-head widths `(dk4, dv4)` in vec4s.
+fn tile_bytes(keys: u32, (dk4, dv4): (u32, u32)) -> u64 {
+    u64::from(keys) * u64::from(dk4 + dv4) * 16
+}
+
+/// Whether K/V tiles of `keys` rows fit `limits` at per-head widths `widths4` (in vec4s).
+pub(crate) fn tiles_fit(limits: &wgpu::Limits, keys: u32, widths4: (u32, u32)) -> bool {
+    tile_bytes(keys, widths4) <= u64::from(limits.max_compute_workgroup_storage_size)
 }
 
 /// Where a fused kernel writes: the context and, for a forward saved for the backward pass,
@@ -243,7 +253,7 @@ impl Flash {
         let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
         let (dk4, dv4) = self.widths4()?;
-        let needed = u64::from(keys) * u64::from(dk4 + dv4) * 16;
+        let needed = tile_bytes(keys, (dk4, dv4));
         let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
         if needed > limit {
             return Err(Error::LimitExceeded {

@@ -4,13 +4,13 @@
 //! (or f32) inputs accumulated in f32, the softmax statistics in f32 from a workgroup-memory
 //! copy of the scores. Runs only where [`crate::Context::coop_shape`] is `Some`.
 
-use super::coop_matmul::F16_AB;
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
-use super::wgsl::constants;
-use super::{record, Dim, Kernel, KernelId, MaskArg, PipelineKey, Slot};
 use crate::error::{Error, Result};
 use crate::gpu::coop::CoopShape;
 use crate::gpu::Device;
+use crate::kernels::coop_matmul::F16_AB;
+use crate::kernels::wgsl::constants;
+use crate::kernels::{record, Dim, Kernel, KernelId, MaskArg, Slot};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -74,7 +74,7 @@ pub(crate) fn consts(
     limits: &wgpu::Limits,
     (mask, lse): (u32, u32),
 ) -> Result<FlashCoopConsts> {
-    let d = super::u32_of("head width", op.dk_h.max(op.dv_h).max(1).div_ceil(16) * 16)?;
+    let d = crate::kernels::u32_of("head width", op.dk_h.max(op.dv_h).max(1).div_ceil(16) * 16)?;
     let limit = u64::from(limits.max_compute_workgroup_storage_size);
     let mut need = 0;
     let whole = |(rows, keys): &(u32, u32)| rows % shape.size == 0 && keys % shape.size == 0;
@@ -103,20 +103,6 @@ pub(crate) fn consts(
 /// The element-type bits of `op` on `shape`.
 fn f16_bits(op: &Flash, shape: CoopShape) -> u8 {
     op.f16_bits() | if shape.f16_inputs { F16_AB >> 1 } else { 0 }
-}
-
-/// The pipeline key `op` records on a device with `shape` and `limits` (`shaders --out`).
-///
-/// # Errors
-/// As [`consts`].
-pub(crate) fn key(
-    op: &Flash,
-    shape: CoopShape,
-    limits: &wgpu::Limits,
-    mask: u32,
-) -> Result<PipelineKey> {
-    let c = consts(op, shape, limits, (mask, 0))?;
-    Ok(PipelineKey::of::<Shader>(&c, f16_bits(op, shape)))
 }
 
 /// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` for `op` on cooperative matrices.
@@ -159,6 +145,7 @@ pub(crate) fn dispatch(
 mod tests {
     use super::*;
     use crate::kernels::coop_matmul::{self, CoopConsts};
+    use crate::kernels::PipelineKey;
 
     /// Every coop kernel as the pipeline cache would build it on each shape a device may
     /// report (16 f16, 8 f16, 8 and 16 f32 inputs), for d = 64 and 128 (and 40: rounded up),
@@ -177,7 +164,7 @@ mod tests {
             }
             for d in [40, 64, 128] {
                 for f16 in [false, true] {
-                    let st = super::super::Strides::row_major(d as u32, 0, 0);
+                    let st = crate::kernels::Strides::row_major(d as u32, 0, 0);
                     let op = Flash {
                         batch: 1,
                         heads: 1,
@@ -246,7 +233,7 @@ mod tests {
 
     #[test]
     fn blocks_shrink_to_fit_the_workgroup_memory() {
-        let st = super::super::Strides::row_major(128, 0, 0);
+        let st = crate::kernels::Strides::row_major(128, 0, 0);
         let mut op = Flash {
             batch: 1,
             heads: 1,
