@@ -1,5 +1,6 @@
 //! The kernels: one WGSL file under `shaders/` and one Rust file here per kernel, with the
-//! same name, registered once in `registry!` below.
+//! same name (the fused forward kernels' in [`flash`], a family behind one trait),
+//! registered once in `registry!` below.
 //!
 //! A kernel's Rust file implements [`Kernel`]: the entry point, the workgroup size, the
 //! resources bound after its uniform block, its named specialisation constants (a

@@ -148,9 +148,9 @@ pub(crate) fn blocked_candidates(limits: &wgpu::Limits, dk4: u32, dv4: u32) -> V
 }
 
 /// The candidates of the fused kernel in `families`, for per-head widths in vec4s: each
-/// kernel's of the fused family ([`flash::FAMILY`]) that `ctx` can run, in the family's
+/// kernel's of the fused family (`kernels::flash::FAMILY`) that `ctx` can run, in the family's
 /// order, where its family is asked for: the subgroup kernel's; of the storage kernels, those
-/// [`storage_flash`] offers on this device (`flash_blocked` on GPUs, `flash_tiled` on CPU
+/// `storage_flash` offers on this device (`flash_blocked` on GPUs, `flash_tiled` on CPU
 /// adapters); tensor cores where the device has them (with the storage family or alone),
 /// timed like the others and kept if faster.
 pub fn flash_candidates(
