@@ -1,4 +1,4 @@
-//! The element type operands are stored in on the device: a leaf, below [`crate::error`]
+//! The element type operands are stored in on the device: a leaf, below the `error` module
 //! (whose `Overflow` names it) and every layer that stores or checks operands.
 
 /// The element type the operands are stored in on the device.

@@ -143,7 +143,7 @@ impl Device {
     }
 
     /// A device on wgpu's noop backend that stands for `what` (with subgroups and f16): it
-    /// runs nothing, so it is only for dry runs ([`crate::kernels::collect_keys`]): which
+    /// runs nothing, so it is only for dry runs (`kernels::collect_keys`): which
     /// pipelines the kernels build on such a device, without one at hand.
     ///
     /// # Errors

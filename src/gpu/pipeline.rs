@@ -1,6 +1,6 @@
 //! Compiled compute pipelines, created on first use and cached per device under an opaque
 //! [`PipelineHash`] the layer above computes from its own key (the kernels' typed
-//! `PipelineKey`, see [`crate::kernels`]), which also says how to build one
+//! `PipelineKey`, in the `kernels` module), which also says how to build one
 //! ([`PipelineRecipe`]); and, where the device has `Features::PIPELINE_CACHE`, the driver's
 //! compiled code kept on disk beside the tuning results (wgpu's `PipelineCache`), so a new
 //! process need not compile again.

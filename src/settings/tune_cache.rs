@@ -1,5 +1,5 @@
 //! The tuner's remembered choices: in memory, and in a JSON file when there is one (see
-//! [`crate::tune`] for where). Held by the context, read and written by the tuner.
+//! the `tune` module for where). Held by the context, read and written by the tuner.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
