@@ -1,0 +1,462 @@
+//! `wgpu_attention._native`: the thin native half of the Python package. It takes NumPy
+//! arrays as they are (float32, any strides: read in place, no copy before the upload),
+//! runs the crate's API with the GIL released, and hands results back as NumPy arrays.
+//! Shapes, dtypes, broadcasting and torch live in the Python half (`wgpu_attention/`).
+//!
+//! Every crate error becomes one Python exception of one line (`ValueError` for bad input,
+//! `NotImplementedError` for what an adapter or the crate does not support, `RuntimeError`
+//! for device faults), and a Rust panic becomes a `RuntimeError`, never a dead interpreter.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
+use pyo3::exceptions::{
+    PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use wgpu_attention::ndarray::{ArrayD, ArrayViewD, Ix1, Ix2};
+use wgpu_attention::{
+    list_adapters, Attention, Backend, Context, ContextOptions, Dtype, Error, Inputs, Layer, Mask,
+    Projections, Saved,
+};
+
+/// A crate error as the Python exception its kind calls for, on one line.
+fn py_err(e: Error) -> PyErr {
+    let msg = one_line(&e.to_string());
+    match e {
+        Error::InvalidArgument { .. }
+        | Error::ShapeMismatch { .. }
+        | Error::NonFinite { .. }
+        | Error::LimitExceeded { .. } => PyValueError::new_err(msg),
+        Error::Unsupported { .. } => PyNotImplementedError::new_err(msg),
+        Error::Overflow { .. } => PyOverflowError::new_err(msg),
+        Error::Io { .. } => PyOSError::new_err(msg),
+        _ => PyRuntimeError::new_err(msg),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `f`, turning its error into a Python exception and a panic into a `RuntimeError`.
+fn guarded<T>(f: impl FnOnce() -> Result<T, Error>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(py_err(e)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown".into());
+            Err(PyRuntimeError::new_err(format!(
+                "internal error in wgpu-attention (a Rust panic; please report it): {}",
+                one_line(&what)
+            )))
+        }
+    }
+}
+
+/// The process's context: opened on first use (the best adapter, or what [`use_device`]
+/// chose), shared by every call.
+static CONTEXT: Mutex<Option<Arc<Context>>> = Mutex::new(None);
+
+fn context() -> Result<Arc<Context>, Error> {
+    let mut slot = CONTEXT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(ctx) = slot.as_ref() {
+        return Ok(ctx.clone());
+    }
+    let ctx = Arc::new(Context::new()?);
+    *slot = Some(ctx.clone());
+    Ok(ctx)
+}
+
+fn options(backend: Option<&str>, name: Option<String>) -> Result<ContextOptions, Error> {
+    Ok(ContextOptions {
+        backend: backend.map(str::parse::<Backend>).transpose()?,
+        adapter_name: name,
+    })
+}
+
+fn adapter_dict<'py>(
+    py: Python<'py>,
+    info: &wgpu_attention::wgpu::AdapterInfo,
+    limits: &wgpu_attention::wgpu::Limits,
+    features: wgpu_attention::wgpu::Features,
+) -> PyResult<Bound<'py, PyDict>> {
+    use wgpu_attention::wgpu::Features;
+    let d = PyDict::new(py);
+    d.set_item("name", &info.name)?;
+    d.set_item("backend", format!("{:?}", info.backend).to_lowercase())?;
+    d.set_item("device_type", format!("{:?}", info.device_type))?;
+    d.set_item("driver", &info.driver)?;
+    d.set_item("driver_info", &info.driver_info)?;
+    d.set_item("vendor", info.vendor)?;
+    d.set_item("device", info.device)?;
+    d.set_item("f16", features.contains(Features::SHADER_F16))?;
+    d.set_item("subgroups", features.contains(Features::SUBGROUP))?;
+    d.set_item(
+        "max_storage_buffer_binding_size",
+        limits.max_storage_buffer_binding_size,
+    )?;
+    d.set_item("max_buffer_size", limits.max_buffer_size)?;
+    d.set_item(
+        "max_compute_workgroup_storage_size",
+        limits.max_compute_workgroup_storage_size,
+    )?;
+    Ok(d)
+}
+
+/// Every adapter wgpu finds, best first, as dicts.
+#[pyfunction]
+#[pyo3(signature = (backend=None))]
+fn devices<'py>(py: Python<'py>, backend: Option<&str>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let opts = guarded(|| options(backend, None))?;
+    let found = py.detach(|| guarded(|| list_adapters(&opts)))?;
+    found
+        .iter()
+        .map(|a| adapter_dict(py, &a.info, &a.limits, a.features))
+        .collect()
+}
+
+/// Opens the adapter that matches (backend, a part of its name) for every later call.
+#[pyfunction]
+#[pyo3(signature = (backend=None, name=None))]
+fn use_device<'py>(
+    py: Python<'py>,
+    backend: Option<&str>,
+    name: Option<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let opts = guarded(|| options(backend, name))?;
+    let ctx = py.detach(|| guarded(|| Context::with_options(&opts).map(Arc::new)))?;
+    *CONTEXT.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
+    adapter_dict(
+        py,
+        &ctx.adapter_info(),
+        ctx.limits(),
+        ctx.device().features(),
+    )
+}
+
+/// The adapter calls run on (opening the default one if none is open yet).
+#[pyfunction]
+fn device<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let ctx = py.detach(|| guarded(context))?;
+    adapter_dict(
+        py,
+        &ctx.adapter_info(),
+        ctx.limits(),
+        ctx.device().features(),
+    )
+}
+
+/// An f32 NumPy array, or None when the caller passed None.
+type Arr<'py> = PyReadonlyArrayDyn<'py, f32>;
+
+/// A mask as the crate takes it: a bool array (True = attend) or an additive float array.
+enum MaskArg<'py> {
+    Bool(PyReadonlyArrayDyn<'py, bool>),
+    Float(Arr<'py>),
+}
+
+impl<'py> MaskArg<'py> {
+    fn from_py(m: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Self>> {
+        let Some(m) = m else { return Ok(None) };
+        if let Ok(b) = m.extract::<PyReadonlyArrayDyn<'py, bool>>() {
+            return Ok(Some(MaskArg::Bool(b)));
+        }
+        if let Ok(f) = m.extract::<Arr<'py>>() {
+            return Ok(Some(MaskArg::Float(f)));
+        }
+        Err(PyValueError::new_err(
+            "attn_mask must be a bool (True = attend) or float32 (added to the scores) array",
+        ))
+    }
+
+    /// The array in place, as a view that may cross into the GIL-free part of a call.
+    fn view(&self) -> MaskView<'_> {
+        match self {
+            MaskArg::Bool(b) => MaskView::Bool(b.as_array()),
+            MaskArg::Float(f) => MaskView::Float(f.as_array()),
+        }
+    }
+}
+
+enum MaskView<'a> {
+    Bool(ArrayViewD<'a, bool>),
+    Float(ArrayViewD<'a, f32>),
+}
+
+impl MaskView<'_> {
+    fn mask(&self, kv_lengths: Option<&[usize]>) -> Mask<'_> {
+        let m = match self {
+            MaskView::Bool(b) => Mask::boolean(b.view()),
+            MaskView::Float(f) => Mask::additive(f.view()),
+        };
+        match kv_lengths {
+            Some(l) => m.with_kv_lengths(l),
+            None => m,
+        }
+    }
+}
+
+fn lengths_mask<'a>(kv_lengths: Option<&[usize]>) -> Option<Mask<'a>> {
+    kv_lengths.map(|l| Mask::none().with_kv_lengths(l))
+}
+
+fn to_py<'py>(py: Python<'py>, a: ArrayD<f32>) -> Bound<'py, PyArrayDyn<f32>> {
+    a.into_pyarray(py)
+}
+
+/// What the backward of one forward needs, kept on the device: `backward(d_o)` gives the
+/// gradients of Q, K and V.
+#[pyclass(module = "wgpu_attention._native", frozen)]
+struct SavedForward {
+    saved: Saved,
+    ctx: Arc<Context>,
+}
+
+#[pymethods]
+impl SavedForward {
+    /// `(dq, dk, dv)` from `d_o`, the gradient of the loss with respect to the context
+    /// (float32, the context's shape), by the fused backward on the device.
+    #[allow(clippy::type_complexity)]
+    fn backward<'py>(
+        &self,
+        py: Python<'py>,
+        d_o: Arr<'py>,
+    ) -> PyResult<(
+        Bound<'py, PyArrayDyn<f32>>,
+        Bound<'py, PyArrayDyn<f32>>,
+        Bound<'py, PyArrayDyn<f32>>,
+    )> {
+        let d_o = d_o.as_array();
+        let g = py.detach(|| guarded(|| self.saved.backward(&self.ctx, d_o)))?;
+        let missing = || PyRuntimeError::new_err("the backward returned no gradient of Q, K or V");
+        Ok((
+            to_py(py, g.q.ok_or_else(missing)?),
+            to_py(py, g.k.ok_or_else(missing)?),
+            to_py(py, g.v.ok_or_else(missing)?),
+        ))
+    }
+
+    /// Each query row's log-sum-exp of its scaled, masked scores, `(batch, heads, L)`.
+    fn log_sum_exp<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let lse = py.detach(|| guarded(|| self.saved.log_sum_exp(&self.ctx)))?;
+        Ok(to_py(py, lse))
+    }
+}
+
+type Array<'py> = Bound<'py, PyArrayDyn<f32>>;
+
+/// A forward's results: the context, the weights when asked for, what the backward needs
+/// when asked to save it.
+type Forward<'py> = (Array<'py>, Option<Array<'py>>, Option<SavedForward>);
+
+fn dtype(half: bool) -> Dtype {
+    if half {
+        Dtype::F16
+    } else {
+        Dtype::F32
+    }
+}
+
+/// Attention on Q `(B, H, L, E)`, K `(B, H_kv, S, E)`, V `(B, H_kv, S, Ev)` (float32, any
+/// strides); the mask broadcasts to `(B, H, L, S)`. Returns `(context, weights or None,
+/// saved or None)`.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, mask=None, kv_lengths=None, is_causal=false, scale=None,
+    return_weights=false, save=false, half=false))]
+#[allow(clippy::too_many_arguments)]
+fn sdpa<'py>(
+    py: Python<'py>,
+    q: Arr<'py>,
+    k: Arr<'py>,
+    v: Arr<'py>,
+    mask: Option<Bound<'py, PyAny>>,
+    kv_lengths: Option<Vec<usize>>,
+    is_causal: bool,
+    scale: Option<f32>,
+    return_weights: bool,
+    save: bool,
+    half: bool,
+) -> PyResult<Forward<'py>> {
+    let mask_arg = MaskArg::from_py(mask.as_ref())?;
+    let mask = mask_arg.as_ref().map(MaskArg::view);
+    let (qa, ka, va) = (q.as_array(), k.as_array(), v.as_array());
+    let mut op = Attention::new()
+        .causal(is_causal)
+        .dtype(dtype(half))
+        .return_weights(return_weights)
+        .save_for_backward(save);
+    if let Some(s) = scale {
+        op = op.scale(s);
+    }
+    let lengths = kv_lengths.as_deref();
+    let out = py.detach(|| {
+        guarded(|| {
+            let ctx = context()?;
+            let m = mask
+                .as_ref()
+                .map(|m| m.mask(lengths))
+                .or_else(|| lengths_mask(lengths));
+            let mut inputs = Inputs::qkv(qa.view(), ka.view(), va.view());
+            if let Some(m) = m.as_ref() {
+                inputs = inputs.mask(m);
+            }
+            let out = op.run(&ctx, inputs)?;
+            Ok((out, ctx))
+        })
+    })?;
+    let (out, ctx) = out;
+    Ok((
+        to_py(py, out.context),
+        out.weights.map(|w| to_py(py, w)),
+        out.saved.map(|saved| SavedForward { saved, ctx }),
+    ))
+}
+
+fn view2<'a>(
+    name: &str,
+    a: &'a ArrayViewD<'a, f32>,
+) -> PyResult<wgpu_attention::ndarray::ArrayView2<'a, f32>> {
+    a.view().into_dimensionality::<Ix2>().map_err(|_| {
+        PyValueError::new_err(format!("{name} must be 2-D, got shape {:?}", a.shape()))
+    })
+}
+
+fn view1<'a>(
+    name: &str,
+    a: &'a ArrayViewD<'a, f32>,
+) -> PyResult<wgpu_attention::ndarray::ArrayView1<'a, f32>> {
+    a.view().into_dimensionality::<Ix1>().map_err(|_| {
+        PyValueError::new_err(format!("{name} must be 1-D, got shape {:?}", a.shape()))
+    })
+}
+
+/// A self-attention layer whose projections live on the device: built once from
+/// `W_Q, W_K, W_V (d, d_k|d_v)` (the `X·W` orientation), optional biases and output
+/// projection; each call uploads only X.
+#[pyclass(module = "wgpu_attention._native", frozen)]
+struct ResidentLayer {
+    layer: Layer,
+    ctx: Arc<Context>,
+}
+
+#[pymethods]
+impl ResidentLayer {
+    #[new]
+    #[pyo3(signature = (w_q, w_k, w_v, b_q=None, b_k=None, b_v=None, w_o=None, b_o=None,
+        heads=1, is_causal=false, scale=None, return_weights=false, half=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        w_q: Arr<'_>,
+        w_k: Arr<'_>,
+        w_v: Arr<'_>,
+        b_q: Option<Arr<'_>>,
+        b_k: Option<Arr<'_>>,
+        b_v: Option<Arr<'_>>,
+        w_o: Option<Arr<'_>>,
+        b_o: Option<Arr<'_>>,
+        heads: usize,
+        is_causal: bool,
+        scale: Option<f32>,
+        return_weights: bool,
+        half: bool,
+    ) -> PyResult<Self> {
+        let (wq, wk, wv) = (w_q.as_array(), w_k.as_array(), w_v.as_array());
+        let biases = [&b_q, &b_k, &b_v].map(|b| b.as_ref().map(|b| b.as_array()));
+        let (wo, bo) = (
+            w_o.as_ref().map(|w| w.as_array()),
+            b_o.as_ref().map(|b| b.as_array()),
+        );
+        let mut p = Projections::new(view2("w_q", &wq)?, view2("w_k", &wk)?, view2("w_v", &wv)?);
+        match &biases {
+            [Some(bq), Some(bk), Some(bv)] => {
+                p = p.with_bias(view1("b_q", bq)?, view1("b_k", bk)?, view1("b_v", bv)?)
+            }
+            [None, None, None] => {}
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give all three of b_q, b_k, b_v or none (zeros for a missing one)",
+                ))
+            }
+        }
+        if let Some(wo) = wo.as_ref() {
+            let bo = bo.as_ref().map(|b| view1("b_o", b)).transpose()?;
+            p = p.with_output(view2("w_o", wo)?, bo);
+        } else if bo.is_some() {
+            return Err(PyValueError::new_err("b_o given without w_o"));
+        }
+        let mut op = Attention::new()
+            .heads(heads)
+            .causal(is_causal)
+            .dtype(dtype(half))
+            .return_weights(return_weights);
+        if let Some(s) = scale {
+            op = op.scale(s);
+        }
+        let (layer, ctx) = py.detach(|| {
+            guarded(|| {
+                let ctx = context()?;
+                Ok((Layer::new(&ctx, op, &p)?, ctx))
+            })
+        })?;
+        Ok(ResidentLayer { layer, ctx })
+    }
+
+    /// The layer on X `(n, d)` or `(batch, n, d)`: `(output, weights or None)`.
+    #[pyo3(signature = (x, mask=None, kv_lengths=None))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        x: Arr<'py>,
+        mask: Option<Bound<'py, PyAny>>,
+        kv_lengths: Option<Vec<usize>>,
+    ) -> PyResult<(Array<'py>, Option<Array<'py>>)> {
+        let mask_arg = MaskArg::from_py(mask.as_ref())?;
+        let mask = mask_arg.as_ref().map(MaskArg::view);
+        let xa = x.as_array();
+        let lengths = kv_lengths.as_deref();
+        let out = py.detach(|| {
+            guarded(|| {
+                let m = mask
+                    .as_ref()
+                    .map(|m| m.mask(lengths))
+                    .or_else(|| lengths_mask(lengths));
+                let mut inputs = Inputs::x(xa.view());
+                if let Some(m) = m.as_ref() {
+                    inputs = inputs.mask(m);
+                }
+                self.layer.run(&self.ctx, inputs)
+            })
+        })?;
+        Ok((to_py(py, out.context), out.weights.map(|w| to_py(py, w))))
+    }
+}
+
+/// The crate's version and the adapter-independent facts a bug report wants.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(sdpa, m)?)?;
+    m.add_function(wrap_pyfunction!(devices, m)?)?;
+    m.add_function(wrap_pyfunction!(use_device, m)?)?;
+    m.add_function(wrap_pyfunction!(device, m)?)?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_class::<SavedForward>()?;
+    m.add_class::<ResidentLayer>()?;
+    Ok(())
+}
