@@ -1,0 +1,115 @@
+"""The "wgpu" transformers attention backend: small models built from configs (random
+weights, no download), every attention call through the package; logits match the eager
+implementation and greedy `generate` gives the same tokens."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import wgpu_attention.transformers as wat  # noqa: E402
+
+wat.register()
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def build(config_cls, model_cls, **cfg):
+    torch.manual_seed(0)
+    config = config_cls(**cfg)
+    model = model_cls(config).eval()
+    return model
+
+
+def compare(model, **inputs):
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = model(**inputs)
+    model.set_attn_implementation("wgpu")
+    calls = count_calls()
+    with torch.no_grad():
+        got = model(**inputs)
+    assert calls.n > 0, "no attention call went through the wgpu backend"
+    key = "logits" if "logits" in want else "last_hidden_state"
+    return rel(got[key], want[key])
+
+
+class count_calls:
+    """Counts calls of the registered function while alive."""
+
+    def __init__(self):
+        self.n = 0
+        from transformers import AttentionInterface
+
+        inner = wat.attention_forward
+
+        def counted(*a, **kw):
+            self.n += 1
+            return inner(*a, **kw)
+
+        AttentionInterface.register("wgpu", counted)
+
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=97)
+
+
+def test_bert_encoder_with_padding():
+    from transformers import BertConfig, BertModel
+
+    model = build(BertConfig, BertModel, max_position_embeddings=64, **SMALL)
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[1, 7:] = 0
+    mask[2, 3:] = 0
+    assert compare(model, input_ids=ids, attention_mask=mask) < 1e-5
+
+
+def test_llama_decoder_gqa_left_padding():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = build(LlamaConfig, LlamaForCausalLM, num_key_value_heads=2, max_position_embeddings=128, **SMALL)
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    assert compare(model, input_ids=ids, attention_mask=mask) < 1e-5
+
+
+def test_llama_generate_gives_the_same_tokens():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = build(LlamaConfig, LlamaForCausalLM, num_key_value_heads=1, max_position_embeddings=128, **SMALL)
+    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    model.set_attn_implementation("eager")
+    want = model.generate(**kw)
+    model.set_attn_implementation("wgpu")
+    calls = count_calls()
+    got = model.generate(**kw)
+    assert calls.n >= 8 * 2
+    assert torch.equal(got, want)
+
+
+def test_gpt2_causal_without_a_mask():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = build(GPT2Config, GPT2LMHeadModel, n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=97)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(4))
+    assert compare(model, input_ids=ids) < 1e-5
+
+
+def test_output_attentions_returns_the_weights():
+    from transformers import BertConfig, BertModel
+
+    model = build(BertConfig, BertModel, max_position_embeddings=64, **SMALL)
+    ids = torch.randint(0, 97, (1, 5), generator=torch.Generator().manual_seed(5))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = model(input_ids=ids, output_attentions=True).attentions
+    model.set_attn_implementation("wgpu")
+    with torch.no_grad():
+        got = model(input_ids=ids, output_attentions=True).attentions
+    assert len(got) == 2 and all(g is not None and rel(g, w) < 1e-5 for g, w in zip(got, want))
