@@ -16,10 +16,11 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use wgpu_attention::ndarray::{ArrayD, ArrayViewD, Ix1, Ix2};
+use wgpu_attention::half::f16;
+use wgpu_attention::ndarray::{ArrayD, ArrayView4, ArrayViewD, Ix1, Ix2, Ix4};
 use wgpu_attention::{
-    list_adapters, Attention, Backend, Context, ContextOptions, Dtype, Error, Inputs, Layer, Mask,
-    Projections, Saved,
+    list_adapters, Attention, Backend, Context, ContextOptions, Decoder, Dtype, Error, Inputs,
+    KvCache, KvCacheSpec, Layer, Mask, Projections, Saved,
 };
 
 /// A crate error as the Python exception its kind calls for, on one line.
@@ -443,6 +444,118 @@ impl ResidentLayer {
     }
 }
 
+fn view4<'a>(name: &str, a: &'a ArrayViewD<'a, f32>) -> PyResult<ArrayView4<'a, f32>> {
+    a.view().into_dimensionality::<Ix4>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name} must be 4-D (batch, heads, tokens, features), got shape {:?}",
+            a.shape()
+        ))
+    })
+}
+
+/// A KV cache on the device for token-by-token decoding: `append(k, v)` writes new tokens'
+/// keys and values `(batch, kv_heads, m, d)`, `attend(q)` attends `(batch, heads, m, d_k)`
+/// queries (the cache's last `m` tokens, causal aligned to the bottom right) to everything
+/// cached.
+#[pyclass(module = "wgpu_attention._native", frozen)]
+struct KvCacheHandle {
+    cache: Mutex<KvCache>,
+    decoder: Decoder,
+    ctx: Arc<Context>,
+}
+
+impl KvCacheHandle {
+    fn cache(&self) -> std::sync::MutexGuard<'_, KvCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl KvCacheHandle {
+    #[new]
+    #[pyo3(signature = (capacity, batch, kv_heads, d_k, d_v, scale=None, half=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        capacity: usize,
+        batch: usize,
+        kv_heads: usize,
+        d_k: usize,
+        d_v: usize,
+        scale: Option<f32>,
+        half: bool,
+    ) -> PyResult<Self> {
+        let spec = KvCacheSpec {
+            capacity,
+            batch,
+            kv_heads,
+            d_k,
+            d_v,
+            dtype: dtype(half),
+        };
+        let (cache, ctx) = py.detach(|| {
+            guarded(|| {
+                let ctx = context()?;
+                Ok((KvCache::new(&ctx, spec)?, ctx))
+            })
+        })?;
+        let decoder = match scale {
+            Some(s) => Decoder::new().scale(s),
+            None => Decoder::new(),
+        };
+        Ok(KvCacheHandle {
+            cache: Mutex::new(cache),
+            decoder,
+            ctx,
+        })
+    }
+
+    /// Appends `k (batch, kv_heads, m, d_k)` and `v (batch, kv_heads, m, d_v)`.
+    fn append(&self, py: Python<'_>, k: Arr<'_>, v: Arr<'_>) -> PyResult<()> {
+        let (ka, va) = (k.as_array(), v.as_array());
+        let (k4, v4) = (view4("key", &ka)?, view4("value", &va)?);
+        py.detach(|| {
+            guarded(|| {
+                let mut cache = self.cache();
+                if cache.spec().dtype == Dtype::F16 {
+                    let (kh, vh) = (k4.mapv(f16::from_f32), v4.mapv(f16::from_f32));
+                    cache.append(&self.ctx, kh.view(), vh.view())
+                } else {
+                    cache.append(&self.ctx, k4, v4)
+                }
+            })
+        })
+    }
+
+    /// `q (batch, heads, m, d_k)` attended to the cache: `(batch, heads, m, d_v)`.
+    fn attend<'py>(&self, py: Python<'py>, q: Arr<'py>) -> PyResult<Array<'py>> {
+        let qa = q.as_array();
+        let q4 = view4("query", &qa)?;
+        let out = py.detach(|| guarded(|| self.decoder.step(&self.ctx, &self.cache(), q4)))?;
+        Ok(to_py(py, out.into_dyn()))
+    }
+
+    /// Tokens cached.
+    fn __len__(&self) -> usize {
+        self.cache().len()
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.cache().capacity()
+    }
+
+    #[getter]
+    fn memory_bytes(&self) -> u64 {
+        self.cache().memory_bytes()
+    }
+
+    /// Empties the cache for the next sequence.
+    fn clear(&self) {
+        self.cache().clear()
+    }
+}
+
 /// The crate's version and the adapter-independent facts a bug report wants.
 #[pyfunction]
 fn version() -> &'static str {
@@ -458,5 +571,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_class::<SavedForward>()?;
     m.add_class::<ResidentLayer>()?;
+    m.add_class::<KvCacheHandle>()?;
     Ok(())
 }

@@ -21,12 +21,14 @@ from typing import Any, Dict, List, Optional
 os.environ.setdefault("NODEVICE_SELECT", "1")
 
 from . import _native  # noqa: E402
+from .decode import KVCache  # noqa: E402
 from .functional import scaled_dot_product_attention  # noqa: E402
 from .nn import MultiheadAttention  # noqa: E402
 
 __all__ = [
     "scaled_dot_product_attention",
     "MultiheadAttention",
+    "KVCache",
     "devices",
     "device",
     "use_device",
