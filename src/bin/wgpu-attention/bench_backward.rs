@@ -5,15 +5,24 @@ use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::{Attention, Context, Error, Inputs, Kernels, Options, Result};
 
-/// The problems to time: `n` keys and queries, per-head width `d / heads`.
-pub struct Sweep<'a> {
-    pub n: &'a [usize],
+/// An attention problem and how to time it, as `bench`'s flags give them: width `d` split
+/// over `heads` (per-head width `d / heads`), `batch`, `causal`, and `warmup` untimed then
+/// `repeats` timed runs per measurement. `bench`'s forward sweep, its `--backward` table and
+/// `report` share it.
+#[derive(Clone, Copy)]
+pub struct Shape {
     pub d: usize,
     pub heads: usize,
     pub batch: usize,
     pub causal: bool,
     pub warmup: usize,
     pub repeats: usize,
+}
+
+/// The problems to time: `shape` at each of `n` keys and queries.
+pub struct Sweep<'a> {
+    pub n: &'a [usize],
+    pub shape: Shape,
 }
 
 /// Kernel times as `name ms, name ms, …`, the column every `bench` table prints.
@@ -62,25 +71,26 @@ pub fn measure(
     families: &[Kernels],
     mut each: impl FnMut(&Outcome),
 ) -> Result<Vec<Outcome>> {
-    let e = sweep.d / sweep.heads;
+    let shape = &sweep.shape;
+    let e = shape.d / shape.heads;
     let mut outcomes = Vec::new();
     for &n in sweep.n {
-        let shape = (sweep.batch, sweep.heads, n, e);
+        let array_shape = (shape.batch, shape.heads, n, e);
         let wave = |salt: usize| {
-            Array4::from_shape_fn(shape, move |(b, h, i, j)| {
+            Array4::from_shape_fn(array_shape, move |(b, h, i, j)| {
                 ((((b * 31 + h * 11 + i * 7 + j * 13) * salt) % 23) as f32 / 23.0 - 0.5) * 2.0
             })
         };
         let (q, k, v, d_o) = (wave(1), wave(2), wave(3), wave(5));
-        let flop = 2.0 * (n * n * 2 * sweep.d * sweep.batch) as f64;
+        let flop = 2.0 * (n * n * 2 * shape.d * shape.batch) as f64;
         for &family in families {
-            let op = Attention::new().causal(sweep.causal).options(Options {
+            let op = Attention::new().causal(shape.causal).options(Options {
                 kernels: family,
                 ..Options::default()
             });
             let arrays = [q.view(), k.view(), v.view(), d_o.view()];
             let outcome =
-                match bench::gpu_forward_backward(ctx, &op, arrays, sweep.warmup, sweep.repeats) {
+                match bench::gpu_forward_backward(ctx, &op, arrays, shape.warmup, shape.repeats) {
                     Ok([(fwd, _), (bwd, bwd_kernels)]) => {
                         let gflops = |f: f64, s: &Stats| f / (s.median_ms * 1e6);
                         Outcome::Row(Row {
@@ -92,7 +102,7 @@ pub fn measure(
                             backward: bwd,
                             backward_gflops: gflops(2.5 * flop, &bwd),
                             backward_over_forward: bwd.median_ms / fwd.median_ms,
-                            cpu_backward_over_forward: cpu_ratio(ctx, &op, arrays, sweep.repeats)?,
+                            cpu_backward_over_forward: cpu_ratio(ctx, &op, arrays, shape.repeats)?,
                             backward_kernels_ms: bwd_kernels,
                         })
                     }
@@ -111,14 +121,15 @@ pub fn measure(
 /// # Errors
 /// As [`measure`].
 pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<()> {
-    let e = sweep.d / sweep.heads;
+    let shape = &sweep.shape;
+    let e = shape.d / shape.heads;
     println!(
         "\nbackward (sdpa, {} heads of width {e}, batch {}{}; forward FLOP = 2·n²·(d_k+d_v)·batch, \
          backward FLOP = 2.5× forward; wall clock per call, median of {}):",
-        sweep.heads,
-        sweep.batch,
-        if sweep.causal { ", causal" } else { "" },
-        sweep.repeats
+        shape.heads,
+        shape.batch,
+        if shape.causal { ", causal" } else { "" },
+        shape.repeats
     );
     println!(
         "family      n   forward ms  GFLOP/s   backward ms  GFLOP/s   bwd/fwd  cpu bwd/fwd   backward kernels (ms)"
@@ -214,26 +225,21 @@ pub enum TorchPeer {
     Failed(String),
 }
 
-/// PyTorch's CPU SDPA at each of `n` (`heads` heads of width `e`, `batch`, `repeats` timed
-/// calls after one warm-up), when `python3` has `torch` (`benches/torch_peer.py`): the
-/// forward with autograd recording and the backward, or with `forward_only` the forward alone
-/// under `torch.inference_mode()`.
-pub fn torch_peer(
-    n: &[usize],
-    (heads, e, batch): (usize, usize, usize),
-    (causal, forward_only): (bool, bool),
-    repeats: usize,
-) -> TorchPeer {
+/// PyTorch's CPU SDPA at each of `n` on `shape` (its heads, their width, batch, mask and
+/// `repeats` timed calls after one untimed one; `shape.warmup` is not used), when `python3`
+/// has `torch` (`benches/torch_peer.py`): the forward with autograd recording and the
+/// backward, or with `forward_only` the forward alone under `torch.inference_mode()`.
+pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool) -> TorchPeer {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
     let n: Vec<String> = n.iter().map(|n| n.to_string()).collect();
     let mut cmd = std::process::Command::new("python3");
     cmd.arg(script)
         .args(["--n", &n.join(",")])
-        .args(["--heads", &heads.to_string()])
-        .args(["--e", &e.to_string()])
-        .args(["--batch", &batch.to_string()])
-        .args(["--repeats", &repeats.to_string()]);
-    if causal {
+        .args(["--heads", &shape.heads.to_string()])
+        .args(["--e", &(shape.d / shape.heads).to_string()])
+        .args(["--batch", &shape.batch.to_string()])
+        .args(["--repeats", &shape.repeats.to_string()]);
+    if shape.causal {
         cmd.arg("--causal");
     }
     if forward_only {
@@ -278,8 +284,7 @@ pub fn torch_peer(
 /// Prints [`torch_peer`] on `sweep`'s shapes as rows of the backward table, or a line saying
 /// why there are none.
 fn print_torch_peer(sweep: &Sweep<'_>) {
-    let shape = (sweep.heads, sweep.d / sweep.heads, sweep.batch);
-    let rows = match torch_peer(sweep.n, shape, (sweep.causal, false), sweep.repeats) {
+    let rows = match torch_peer(sweep.n, &sweep.shape, false) {
         TorchPeer::Rows(_, rows) => rows,
         TorchPeer::Unavailable(why) => {
             println!("pytorch-cpu: not available ({why})");
@@ -293,7 +298,7 @@ fn print_torch_peer(sweep: &Sweep<'_>) {
     for r in rows {
         let Some(bwd) = r.backward_ms else { continue };
         let (n, fwd) = (r.n as f64, r.forward_ms);
-        let flop = 2.0 * n * n * 2.0 * sweep.d as f64 * sweep.batch as f64;
+        let flop = 2.0 * n * n * 2.0 * sweep.shape.d as f64 * sweep.shape.batch as f64;
         println!(
             "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x {:>11}   PyTorch {} CPU threads, autograd",
             "torch-cpu",

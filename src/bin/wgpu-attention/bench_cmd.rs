@@ -11,6 +11,7 @@ use wgpu_attention::plot;
 use wgpu_attention::Profiling;
 use wgpu_attention::{reference, Attention, Dims, Error, Inputs, Kernels, Options, Result};
 
+use crate::bench_backward::Shape;
 use crate::GpuArgs;
 
 #[derive(Args)]
@@ -117,14 +118,10 @@ struct Report<'a> {
     records: &'a [Record],
 }
 
-/// What one n of the attention sweep measures (`bench`'s flags that shape it).
+/// What one n of the attention sweep measures (`bench`'s flags that shape it): the problem
+/// and its timing, and which paths.
 pub struct Sweep {
-    pub d: usize,
-    pub heads: usize,
-    pub batch: usize,
-    pub causal: bool,
-    pub warmup: usize,
-    pub repeats: usize,
+    pub shape: Shape,
     /// Only the fused path, not the weights path too.
     pub fused_only: bool,
     /// Also the fused kernels on a resident tensor.
@@ -136,12 +133,14 @@ pub struct Sweep {
 impl Sweep {
     fn of(args: &BenchArgs) -> Self {
         Sweep {
-            d: args.d,
-            heads: args.heads,
-            batch: args.batch,
-            causal: args.causal,
-            warmup: args.warmup,
-            repeats: args.repeats,
+            shape: Shape {
+                d: args.d,
+                heads: args.heads,
+                batch: args.batch,
+                causal: args.causal,
+                warmup: args.warmup,
+                repeats: args.repeats,
+            },
             fused_only: args.fused_only,
             resident: args.resident,
             no_cpu: args.no_cpu,
@@ -160,10 +159,10 @@ impl Sweep {
             kind: "attention",
             path,
             n,
-            d: self.d,
-            heads: self.heads,
-            batch: self.batch,
-            causal: self.causal,
+            d: self.shape.d,
+            heads: self.shape.heads,
+            batch: self.shape.batch,
+            causal: self.shape.causal,
             flop,
             stats,
             gflops: flop / (stats.median_ms * 1e6),
@@ -335,12 +334,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     if args.backward {
         let sweep = crate::bench_backward::Sweep {
             n: &args.n,
-            d: args.d,
-            heads: args.heads,
-            batch: args.batch,
-            causal: args.causal,
-            warmup: args.warmup,
-            repeats: args.repeats,
+            shape: sweep.shape,
         };
         crate::bench_backward::table(&ctx, &sweep, &families)?;
     }
@@ -464,21 +458,22 @@ pub fn attention_at(
     peak: f64,
     progress: &ProgressBar,
 ) -> Result<(Vec<Record>, Vec<String>)> {
-    let x = Array3::from_shape_fn((sweep.batch, n, sweep.d), |(b, i, j)| {
+    let shape = &sweep.shape;
+    let x = Array3::from_shape_fn((shape.batch, n, shape.d), |(b, i, j)| {
         (((b * 31 + i * 7 + j * 13) % 23) as f32 / 23.0 - 0.5) * 2.0
     });
-    let dims = Dims::new(&Attention::new().heads(sweep.heads), &Inputs::x(&x))?;
+    let dims = Dims::new(&Attention::new().heads(shape.heads), &Inputs::x(&x))?;
     let flop = dims.attention_flops();
     let (mut here, mut skipped) = (Vec::new(), Vec::new());
     let cpu_ms = if sweep.no_cpu {
         None
     } else {
         progress.set_message(format!("cpu n={n}"));
-        let (stats, _) = bench::measure(sweep.warmup.min(1), sweep.repeats, || {
+        let (stats, _) = bench::measure(shape.warmup.min(1), shape.repeats, || {
             Ok(bench::cpu_attention_f32(
                 x.view(),
-                sweep.heads,
-                sweep.causal,
+                shape.heads,
+                shape.causal,
             ))
         })?;
         progress.inc(1);
@@ -490,8 +485,8 @@ pub fn attention_at(
         None
     } else {
         progress.set_message(format!("cpu f64 reference n={n}"));
-        let op = Attention::new().heads(sweep.heads).causal(sweep.causal);
-        let (stats, _) = bench::measure(0, sweep.repeats.min(3), || {
+        let op = Attention::new().heads(shape.heads).causal(shape.causal);
+        let (stats, _) = bench::measure(0, shape.repeats.min(3), || {
             reference::run(&op, &Inputs::x(x.view()))
         })?;
         progress.inc(1);
@@ -509,8 +504,8 @@ pub fn attention_at(
                 continue;
             }
             let op = Attention::new()
-                .heads(sweep.heads)
-                .causal(sweep.causal)
+                .heads(shape.heads)
+                .causal(shape.causal)
                 .options(Options {
                     kernels: family,
                     ..Options::default()
@@ -527,9 +522,9 @@ pub fn attention_at(
             );
             progress.set_message(format!("{path} n={n}"));
             let result = if resident {
-                bench::gpu_resident(ctx, &op, x.view(), sweep.warmup, sweep.repeats)
+                bench::gpu_resident(ctx, &op, x.view(), shape.warmup, shape.repeats)
             } else {
-                bench::gpu_attention(ctx, &op, x.view(), sweep.warmup, sweep.repeats)
+                bench::gpu_attention(ctx, &op, x.view(), shape.warmup, shape.repeats)
             };
             progress.inc(1);
             match result {

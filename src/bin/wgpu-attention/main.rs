@@ -9,7 +9,7 @@ mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;
 mod model_bench;
-mod report_cmd;
+mod report;
 mod run_cmd;
 mod shaders_cmd;
 mod tune_cmd;
@@ -111,7 +111,7 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// Measure the tables the docs show (forward, backward, decode, matmul, first call) on
     /// this adapter, beside the CPU paths, and write DIR/results.md and DIR/results.json.
-    Report(report_cmd::ReportArgs),
+    Report(report::ReportArgs),
     /// Warm the tuning cache and the pipeline cache for a list of shapes ahead of time (each
     /// n with and without the weights returned), printing what was chosen and where the
     /// cache is.
@@ -337,7 +337,7 @@ fn dispatch(command: &Command) -> Result<bool> {
             adapter,
         } => verify_cmd(*trials, *seed, *dtype, adapter),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
-        Command::Report(args) => report_cmd::report_cmd(args),
+        Command::Report(args) => report::report_cmd(args),
         Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
         Command::Tune(args) => tune_cmd::tune_cmd(args),
         Command::Demo {
