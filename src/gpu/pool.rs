@@ -126,6 +126,11 @@ impl Pool {
         }
     }
 
+    /// A buffer of class `key` that will not come back (see [`Buf::keep_out_of_pool`]).
+    fn forget(&self, key: Key) {
+        self.lock().stats.in_use_bytes -= key.0;
+    }
+
     pub(crate) fn stats(&self) -> MemoryStats {
         self.lock().stats
     }
@@ -165,6 +170,15 @@ impl Buf {
     /// A buffer that is not the pool's (dropped as any buffer is).
     pub(crate) fn unpooled(buffer: wgpu::Buffer) -> Self {
         Buf { buffer, home: None }
+    }
+
+    /// Drops this buffer for good when it is dropped, instead of handing it to the next
+    /// caller: a staging buffer whose mapping a failed call left pending or mapped would make
+    /// the next copy into it a validation error.
+    pub(crate) fn keep_out_of_pool(&mut self) {
+        if let Some((key, pool)) = self.home.take() {
+            pool.forget(key);
+        }
     }
 }
 

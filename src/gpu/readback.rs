@@ -18,6 +18,18 @@ pub struct Pending {
     len: usize,
     /// The values are f16 (read back widened to f32).
     f16: bool,
+    /// A mapping was asked for and the buffer is not unmapped yet.
+    mapping: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // Dropped half way (a failed wait or mapping, an error of the call): the buffer may be
+        // mapped, or become so; it must not serve another readback.
+        if self.mapping {
+            self.staging.keep_out_of_pool();
+        }
+    }
 }
 
 /// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool.
@@ -51,7 +63,12 @@ pub fn copy_out_as(
         ctx.limits().max_buffer_size,
     );
     encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
-    Pending { staging, len, f16 }
+    Pending {
+        staging,
+        len,
+        f16,
+        mapping: false,
+    }
 }
 
 /// The first `len` values of `src` (f16 when `f16`, see [`copy_out_as`]) as f32: one copy,
@@ -142,10 +159,12 @@ pub async fn finish_async(
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {
+    let mut pending = pending;
     let mut mapped = Vec::with_capacity(pending.len());
-    for p in &pending {
+    for p in &mut pending {
         let (send, rx) = oneshot::channel();
         p.staging.slice(..).map_async(wgpu::MapMode::Read, send);
+        p.mapping = true;
         mapped.push(rx);
     }
     #[cfg(not(target_arch = "wasm32"))]
@@ -169,7 +188,7 @@ pub async fn finish_async(
     }
     pending
         .into_iter()
-        .map(|p| {
+        .map(|mut p| {
             let out = {
                 let view = p
                     .staging
@@ -184,6 +203,7 @@ pub async fn finish_async(
                 }
             };
             p.staging.unmap();
+            p.mapping = false;
             Ok(out)
         })
         .collect()
@@ -211,5 +231,30 @@ mod tests {
             rel.is_infinite(),
             "NaN output must fail any tolerance, got {rel}"
         );
+    }
+
+    #[test]
+    fn a_staging_buffer_a_failed_call_left_mapped_is_never_reused() {
+        // A call that fails between mapping its staging buffers and reading them (a wait that
+        // times out, an error scope that pops an error) drops them mapped; the next readback
+        // of that size must get another buffer, or its copy is a validation error.
+        let ctx = crate::context::test_context();
+        let values: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        let src = crate::gpu::buffer::upload(ctx, "src", &values).unwrap();
+        for _ in 0..3 {
+            let mut encoder = ctx
+                .device()
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+            let mut p = super::copy_out(ctx, &mut encoder, &src, values.len());
+            let submission = ctx.queue().submit([encoder.finish()]);
+            p.staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+            p.mapping = true;
+            super::wait(ctx, submission).unwrap();
+            drop(p); // mapped, never read
+            let got = ctx
+                .scoped(|| super::read_as(ctx, &src, values.len(), false))
+                .unwrap();
+            assert_eq!(got, values);
+        }
     }
 }

@@ -236,9 +236,11 @@ pub(crate) fn dispatch_split(
     let tiles_m = mm.m.div_ceil((sg * rows_per_lane) as usize);
     let tiles_n = ops.tiles_n(mm);
     let groups = mm.batch * mm.heads;
+    // The row statistics are read by the softmax epilogue only; the others bind the
+    // stand-in (not the bias: `array<vec2<f32>>` needs 8 bytes, a bias of one column has 4).
     let (flags, scale, lse) = match epilogue {
-        Epilogue::Plain => (mm.flags & (HAS_BIAS | SKIP_UPPER), 0.0, bias),
-        Epilogue::Stats { scale } => ((mm.flags & SKIP_UPPER) | STATS, scale, bias),
+        Epilogue::Plain => (mm.flags & (HAS_BIAS | SKIP_UPPER), 0.0, ctx.stand_in()),
+        Epilogue::Stats { scale } => ((mm.flags & SKIP_UPPER) | STATS, scale, ctx.stand_in()),
         Epilogue::Softmax { scale, stats } => ((mm.flags & SKIP_UPPER) | SOFTMAX, scale, stats),
     };
     let params = MatmulSubgroupParams {

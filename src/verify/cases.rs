@@ -324,6 +324,13 @@ pub fn standard_cases() -> Vec<Case> {
             ..Case::new(65, 9, 9, 9)
         },
         Case { bias: true, ..base },
+        // One-column projections with biases (a 4-byte bias): the subgroup matmul once bound
+        // it where an `array<vec2<f32>>` needs 8 bytes (found by random_cases(2, 1)).
+        Case {
+            bias: true,
+            scale: Some(1.377),
+            ..Case::new(59, 25, 3, 1)
+        },
         Case {
             causal: true,
             ..base
