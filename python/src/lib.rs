@@ -556,6 +556,101 @@ impl KvCacheHandle {
     }
 }
 
+/// The crate's own check on this device: its standard cases and `random` drawn ones (seed
+/// `seed`), on every kernel path the adapter has, against the f64 CPU reference. One dict
+/// per case: `case`, `context_rel`, `context_max`, `weights_rel`, `weights_max` (NaN on the
+/// fused path, which returns no weights), `tolerance`, `passed`, `error` (or None).
+#[pyfunction]
+#[pyo3(signature = (random=8, seed=0, half=false))]
+fn verify<'py>(
+    py: Python<'py>,
+    random: usize,
+    seed: u64,
+    half: bool,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    use wgpu_attention::verify as v;
+    let results = py.detach(|| {
+        guarded(|| {
+            let ctx = context()?;
+            if half {
+                ctx.require_f16()?;
+            }
+            let mut cases = v::standard_cases();
+            cases.extend(v::random_cases(random, seed));
+            let cases: Vec<_> = v::on_every_path(&ctx, &cases)
+                .into_iter()
+                .map(|c| v::Case {
+                    dtype: dtype(half),
+                    ..c
+                })
+                .collect();
+            Ok(cases
+                .iter()
+                .enumerate()
+                .map(|(i, case)| {
+                    let r = v::run_case(&ctx, case, seed.wrapping_add(i as u64));
+                    (case.to_string(), r)
+                })
+                .collect::<Vec<_>>())
+        })
+    })?;
+    results
+        .into_iter()
+        .map(|(case, r)| {
+            let d = PyDict::new(py);
+            d.set_item("case", case.trim())?;
+            match r {
+                Ok(r) => {
+                    let fused = r.case.fused;
+                    d.set_item("context_rel", r.context_rel)?;
+                    d.set_item("context_max", r.context_max)?;
+                    d.set_item("weights_rel", if fused { f64::NAN } else { r.weights_rel })?;
+                    d.set_item("weights_max", if fused { f64::NAN } else { r.weights_max })?;
+                    d.set_item("tolerance", r.tolerance)?;
+                    d.set_item("passed", r.passed())?;
+                    d.set_item("error", py.None())?;
+                }
+                Err(e) => {
+                    d.set_item("passed", false)?;
+                    d.set_item("error", one_line(&e.to_string()))?;
+                }
+            }
+            Ok(d)
+        })
+        .collect()
+}
+
+/// Seconds per call of the Rust API's `Attention::run` on these Q, K, V (blocking: upload,
+/// kernels, readback), `repeats` calls after one warm-up, timed in Rust: what a call costs
+/// without the binding, for the overhead figure of `bench`.
+#[pyfunction]
+#[pyo3(signature = (q, k, v, is_causal=false, repeats=20))]
+fn time_sdpa(
+    py: Python<'_>,
+    q: Arr<'_>,
+    k: Arr<'_>,
+    v: Arr<'_>,
+    is_causal: bool,
+    repeats: usize,
+) -> PyResult<Vec<f64>> {
+    let (qa, ka, va) = (q.as_array(), k.as_array(), v.as_array());
+    let op = Attention::new().causal(is_causal).return_weights(false);
+    py.detach(|| {
+        guarded(|| {
+            let ctx = context()?;
+            let call = || op.run(&ctx, Inputs::qkv(qa.view(), ka.view(), va.view()));
+            call()?;
+            (0..repeats)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    call()?;
+                    Ok(t.elapsed().as_secs_f64())
+                })
+                .collect()
+        })
+    })
+}
+
 /// The crate's version and the adapter-independent facts a bug report wants.
 #[pyfunction]
 fn version() -> &'static str {
@@ -569,6 +664,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(use_device, m)?)?;
     m.add_function(wrap_pyfunction!(device, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(time_sdpa, m)?)?;
     m.add_class::<SavedForward>()?;
     m.add_class::<ResidentLayer>()?;
     m.add_class::<KvCacheHandle>()?;

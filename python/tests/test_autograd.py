@@ -1,6 +1,5 @@
 """Gradients through the crate's fused backward against PyTorch's autograd of its own SDPA."""
 
-import numpy as np
 import pytest
 
 import wgpu_attention as wa
@@ -44,7 +43,9 @@ def test_gradients_match_torch_autograd(qs, ks, vs, kw, mask):
     for t in (q, k, v):
         t.grad = None
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    want = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=None if m is None else (m if m.dtype == torch.bool else m.double()), **kw)
+    want = F.scaled_dot_product_attention(
+        qd, kd, vd, attn_mask=None if m is None else (m if m.dtype == torch.bool else m.double()), **kw
+    )
     (want * w.double()).sum().backward()
     assert rel(out.detach(), want.detach()) < 1e-5
     for a, b in zip(got, (qd.grad, kd.grad, vd.grad)):
@@ -60,7 +61,11 @@ def test_gradcheck_style_finite_differences():
     k = torch.randn(1, 1, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 1, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda a, b, c: wa.scaled_dot_product_attention(a, b, c, is_causal=True), (q, k, v), eps=1e-2, atol=2e-3, rtol=2e-2
+        lambda a, b, c: wa.scaled_dot_product_attention(a, b, c, is_causal=True),
+        (q, k, v),
+        eps=1e-2,
+        atol=2e-3,
+        rtol=2e-2,
     )
 
 

@@ -71,7 +71,11 @@ def test_kv_cache_decode_equals_causal_attention(dtype, tol):
     g = torch.Generator().manual_seed(4)
     B, H, Hkv, D, prompt, new = 2, 4, 2, 16, 5, 4
     n = prompt + new
-    q, k, v = torch.randn(B, H, n, D, generator=g), torch.randn(B, Hkv, n, D, generator=g), torch.randn(B, Hkv, n, D, generator=g)
+    q, k, v = (
+        torch.randn(B, H, n, D, generator=g),
+        torch.randn(B, Hkv, n, D, generator=g),
+        torch.randn(B, Hkv, n, D, generator=g),
+    )
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     cache = wa.KVCache(capacity=16, batch=B, kv_heads=Hkv, head_dim=D, dtype=dtype)
     rows = [cache.step(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt])]

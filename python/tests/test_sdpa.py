@@ -21,7 +21,13 @@ def rel(a, b):
 
 def ref(q, k, v, **kw):
     """PyTorch's SDPA in float64 on the CPU (the math backend)."""
-    t = lambda a: None if a is None else torch.from_numpy(np.asarray(a)).double() if np.asarray(a).dtype != np.bool_ else torch.from_numpy(np.asarray(a))  # noqa: E731
+
+    def t(a):
+        if a is None:
+            return None
+        a = torch.from_numpy(np.ascontiguousarray(a))
+        return a if a.dtype == torch.bool else a.double()
+
     m = kw.pop("attn_mask", None)
     if m is not None and np.ndim(m) < 2:  # PyTorch's kernels index the mask's last two axes
         m = np.broadcast_to(m, (np.shape(q)[-2], np.shape(k)[-2]))
@@ -84,7 +90,11 @@ def test_masks_broadcast_as_torch(kind, shape, causal):
     if causal:
         # PyTorch refuses a mask together with is_causal: fold causal into its reference.
         c = np.tril(np.ones((7, 5), bool))
-        want_mask = (np.broadcast_to(m, np.broadcast_shapes(m.shape, (7, 5))) & c) if kind == "bool" else np.where(c, m, -np.inf)
+        want_mask = (
+            (np.broadcast_to(m, np.broadcast_shapes(m.shape, (7, 5))) & c)
+            if kind == "bool"
+            else np.where(c, m, -np.inf)
+        )
         want = ref(q, k, v, attn_mask=want_mask)
     else:
         want = ref(q, k, v, attn_mask=m)
@@ -121,7 +131,9 @@ def test_numpy_dtypes_come_back(dtype):
     q = rand(rng, 1, 2, 6, 8).astype(dtype)
     got = wa.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert got.dtype == dtype
-    assert rel(got, ref(q.astype(np.float32), q.astype(np.float32), q.astype(np.float32), is_causal=True)) < (3e-3 if dtype == np.float16 else 1e-5)
+    assert rel(got, ref(q.astype(np.float32), q.astype(np.float32), q.astype(np.float32), is_causal=True)) < (
+        3e-3 if dtype == np.float16 else 1e-5
+    )
 
 
 def test_weights_are_the_softmax():

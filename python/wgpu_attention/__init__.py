@@ -59,13 +59,13 @@ def use_device(backend: Optional[str] = None, name: Optional[str] = None) -> Dic
     return _native.use_device(backend, name)
 
 
-def verify(cases: int = 24, seed: int = 0) -> Dict[str, Any]:
+def verify(cases: int = 8, seed: int = 0, half: bool = False) -> Dict[str, Any]:
     """Checks the kernels on this device against the crate's float64 CPU reference, and
     `scaled_dot_product_attention` against a NumPy float64 evaluation; see
     `wgpu_attention.bench` for speed."""
     from .tools import verify as _verify
 
-    return _verify(cases=cases, seed=seed)
+    return _verify(cases=cases, seed=seed, half=half)
 
 
 def bench(**kwargs: Any) -> Dict[str, Any]:

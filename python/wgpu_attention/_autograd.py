@@ -74,7 +74,9 @@ class _SDPA(torch.autograd.Function):
 def sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights):
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} is a {type(t).__name__} while another operand is a torch tensor: pass all three as tensors or all as arrays")
+            raise ValueError(
+                f"{name} is a {type(t).__name__} while another operand is a torch tensor: pass all three as tensors or all as arrays"
+            )
     _check_dtypes([query.dtype, key.dtype, value.dtype])
     dtype = query.dtype
     if dtype not in _TORCH_FLOATS:
@@ -96,4 +98,3 @@ def sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, retur
     if return_weights:
         return result, _back(weights, query)
     return result
-

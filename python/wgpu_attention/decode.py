@@ -37,13 +37,26 @@ class KVCache:
     arrays or torch tensors; the output is the query's kind and dtype.
     """
 
-    def __init__(self, capacity: int, batch: int, kv_heads: int, head_dim: int,
-                 v_head_dim: Optional[int] = None, dtype: str = "float32", scale: Optional[float] = None):
+    def __init__(
+        self,
+        capacity: int,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        v_head_dim: Optional[int] = None,
+        dtype: str = "float32",
+        scale: Optional[float] = None,
+    ):
         if str(dtype).replace("torch.", "") not in ("float32", "float16"):
             raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
         self._cache = _native.KvCacheHandle(
-            capacity, batch, kv_heads, head_dim, v_head_dim if v_head_dim is not None else head_dim,
-            scale=None if scale is None else float(scale), half=str(dtype).endswith("float16"),
+            capacity,
+            batch,
+            kv_heads,
+            head_dim,
+            v_head_dim if v_head_dim is not None else head_dim,
+            scale=None if scale is None else float(scale),
+            half=str(dtype).endswith("float16"),
         )
 
     def append(self, key: Any, value: Any) -> None:

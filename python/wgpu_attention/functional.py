@@ -4,7 +4,7 @@ torch tensors, run by the crate's WGSL kernels (autograd included for torch tens
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
@@ -32,7 +32,9 @@ class _Plan:
     def __init__(self, qs, ks, vs, enable_gqa: bool):
         for name, s in (("query", qs), ("key", ks), ("value", vs)):
             if len(s) < 2:
-                raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), got shape {tuple(s)}")
+                raise ValueError(
+                    f"{name} must have at least 2 dimensions (..., length, features), got shape {tuple(s)}"
+                )
         if not (len(qs) == len(ks) == len(vs)):
             raise ValueError(
                 f"query, key and value must have the same number of dimensions, got shapes {tuple(qs)}, {tuple(ks)}, {tuple(vs)}"
@@ -40,10 +42,19 @@ class _Plan:
         self.L, self.E = qs[-2], qs[-1]
         self.S, self.Ev = ks[-2], vs[-1]
         if ks[-1] != self.E:
-            raise ValueError(f"key's last dimension ({ks[-1]}) must equal query's ({self.E}): shapes {tuple(qs)} and {tuple(ks)}")
+            raise ValueError(
+                f"key's last dimension ({ks[-1]}) must equal query's ({self.E}): shapes {tuple(qs)} and {tuple(ks)}"
+            )
         if vs[-2] != self.S:
-            raise ValueError(f"value's length ({vs[-2]}) must equal key's ({self.S}): shapes {tuple(ks)} and {tuple(vs)}")
-        for name, n in (("query length", self.L), ("key length", self.S), ("features", self.E), ("value features", self.Ev)):
+            raise ValueError(
+                f"value's length ({vs[-2]}) must equal key's ({self.S}): shapes {tuple(ks)} and {tuple(vs)}"
+            )
+        for name, n in (
+            ("query length", self.L),
+            ("key length", self.S),
+            ("features", self.E),
+            ("value features", self.Ev),
+        ):
             if n == 0:
                 raise ValueError(f"{name} is 0: attention needs at least one query, one key and one feature")
         if len(qs) == 2:
@@ -202,7 +213,7 @@ def scaled_dot_product_attention(
     dtype = arrays[0].dtype
     if dtype not in _FLOATS:
         raise ValueError(f"query, key and value must be float16, float32 or float64, got {dtype}")
-    plan = _Plan(*(a.shape for a in arrays), enable_gqa=enable_gqa)
+    plan = _Plan(arrays[0].shape, arrays[1].shape, arrays[2].shape, enable_gqa=enable_gqa)
     q, k, v = (_as_f32(a) for a in arrays)
     out, weights, _ = _forward_np(
         q, k, v, _np_mask(attn_mask), is_causal, scale, plan, dtype == np.float16, return_weights, False

@@ -142,11 +142,25 @@ class MultiheadAttention:
         key = (need_weights, causal)
         if key not in self._layers:
             wq, wk, wv, bq, bk, bv, wo, bo = self._weights()
-            t = lambda a: None if a is None else np.ascontiguousarray(a.T)  # noqa: E731
-            c = lambda a: None if a is None else np.ascontiguousarray(a)  # noqa: E731
+
+            def t(a: Any) -> Any:  # X·W orientation
+                return None if a is None else np.ascontiguousarray(a.T)
+
+            def c(a: Any) -> Any:
+                return None if a is None else np.ascontiguousarray(a)
+
             self._layers[key] = _native.ResidentLayer(
-                t(wq), t(wk), t(wv), c(bq), c(bk), c(bv), t(wo), c(bo),
-                heads=self.num_heads, is_causal=causal, return_weights=need_weights,
+                t(wq),
+                t(wk),
+                t(wv),
+                c(bq),
+                c(bk),
+                c(bv),
+                t(wo),
+                c(bo),
+                heads=self.num_heads,
+                is_causal=causal,
+                return_weights=need_weights,
             )
         return self._layers[key]
 
@@ -161,7 +175,7 @@ class MultiheadAttention:
         for m, shape_of in ((attn_mask, "attn"), (key_padding_mask, "kpm")):
             if m is None:
                 continue
-            a = _np_mask(m)
+            a: Any = _np_mask(m)
             if shape_of == "attn":
                 if a.shape == (L, S):
                     a = a.reshape(1, 1, L, S)
@@ -186,23 +200,29 @@ class MultiheadAttention:
             total = total + (np.where(p, np.float32(-np.inf), np.float32(0)) if p.dtype == np.bool_ else p)
         return total.astype(np.float32)
 
-    def __call__(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
-                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
-        return self.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
-                            average_attn_weights, is_causal)
-
-    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
-                attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        need_weights: bool = True,
+        attn_mask=None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ):
         """As `torch.nn.MultiheadAttention.forward`: `(attn_output, attn_weights or None)`;
         the weights averaged over heads unless `average_attn_weights=False`."""
         like = query if _is_tensor(query) else None
         self_attn = query is key and key is value
-        q, k, v = _np(query), _np(key) if not self_attn else None, _np(value) if not self_attn else None
+        q: Any = _np(query)
+        k: Any = None if self_attn else _np(key)
+        v: Any = None if self_attn else _np(value)
         batched = q.ndim == 3
         if q.ndim not in (2, 3):
             raise ValueError(f"query must be (L, E) or batched, got shape {q.shape}")
 
-        def bf(a):  # to (B, L, E)
+        def bf(a: Any) -> Any:  # to (B, L, E)
             if a is None:
                 return None
             if not batched:
@@ -213,7 +233,8 @@ class MultiheadAttention:
         B, L = qb.shape[0], qb.shape[1]
         S = L if self_attn else kb.shape[1]
         if key_padding_mask is not None and not batched:
-            key_padding_mask = _np_mask(key_padding_mask).reshape(1, -1)
+            kpm: Any = _np_mask(key_padding_mask)
+            key_padding_mask = kpm.reshape(1, -1)
         mask = self._mask(attn_mask, key_padding_mask, B, L, S)
         causal = bool(is_causal) and attn_mask is None
         if self_attn and qb.shape[-1] == self.embed_dim:
@@ -221,7 +242,9 @@ class MultiheadAttention:
             if w is not None and w.ndim == 3:  # one head: no heads axis
                 w = w[:, None]
         else:
-            out, w = self._cross(qb, kb if kb is not None else qb, vb if vb is not None else qb, mask, causal, need_weights)
+            out, w = self._cross(
+                qb, kb if kb is not None else qb, vb if vb is not None else qb, mask, causal, need_weights
+            )
         if not batched:
             out = out[0]
         elif not self.batch_first:
@@ -239,6 +262,8 @@ class MultiheadAttention:
                 w = torch.from_numpy(np.ascontiguousarray(w)).to(device=like.device, dtype=like.dtype)
         return out, (w if need_weights else None)
 
+    __call__ = forward
+
     def _cross(self, q, k, v, mask, causal, need_weights):
         """Attention with distinct query and key/value inputs: projected on the host, the
         attention on the device."""
@@ -254,8 +279,11 @@ class MultiheadAttention:
 
         qh, kh, vh = heads(proj(q, wq, bq)), heads(proj(k, wk, bk)), heads(proj(v, wv, bv))
         r = scaled_dot_product_attention(
-            np.ascontiguousarray(qh, np.float32), np.ascontiguousarray(kh, np.float32),
-            np.ascontiguousarray(vh, np.float32), attn_mask=mask, is_causal=causal,
+            np.ascontiguousarray(qh, np.float32),
+            np.ascontiguousarray(kh, np.float32),
+            np.ascontiguousarray(vh, np.float32),
+            attn_mask=mask,
+            is_causal=causal,
             return_weights=need_weights,
         )
         o, w = r if need_weights else (r, None)
