@@ -90,3 +90,10 @@ def test_the_gil_is_released_while_the_device_works():
     assert elapsed > 0.01 and len(ticks) > 5, (elapsed, len(ticks))
     gaps = np.diff(ticks)
     assert gaps.max() < max(0.5 * elapsed, 0.05), (gaps.max(), elapsed)
+
+
+def test_loading_triton_after_the_device_opened_does_not_crash():
+    """lavapipe's LLVM and triton's: the package loads triton's first (see _loader.py)."""
+    code = "import wgpu_attention as wa; wa.device()\ntry:\n    import triton._C.libtriton\nexcept ImportError:\n    pass\nprint('ok')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-500:])

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 # Set before the first device opens; a value the caller set wins.
 os.environ.setdefault("NODEVICE_SELECT", "1")
 
-from . import _native  # noqa: E402
+from ._loader import native as _native  # noqa: E402
 from .decode import KVCache  # noqa: E402
 from .functional import scaled_dot_product_attention  # noqa: E402
 from .nn import MultiheadAttention  # noqa: E402

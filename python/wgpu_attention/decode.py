@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _native
+from ._loader import native as _native
 from .functional import _is_tensor
 
 __all__ = ["KVCache"]

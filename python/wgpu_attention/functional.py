@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _native
+from ._loader import native as _native
 
 __all__ = ["scaled_dot_product_attention"]
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _native
+from ._loader import native as _native
 from .functional import _is_tensor, _np_mask, scaled_dot_product_attention
 
 __all__ = ["MultiheadAttention"]

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _native
+from ._loader import native as _native
 from .functional import scaled_dot_product_attention
 
 Shape = Tuple[int, int, int, int]
