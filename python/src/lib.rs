@@ -621,10 +621,10 @@ fn verify<'py>(
 }
 
 /// Seconds per call of the Rust API's `Attention::run` on these Q, K, V (blocking: upload,
-/// kernels, readback), `repeats` calls after one warm-up, timed in Rust: what a call costs
-/// without the binding, for the overhead figure of `bench`.
+/// kernels, readback), `repeats` calls (after one untimed call when `warmup`), timed in Rust:
+/// what a call costs without the binding, for the overhead figure of `bench`.
 #[pyfunction]
-#[pyo3(signature = (q, k, v, is_causal=false, repeats=20))]
+#[pyo3(signature = (q, k, v, is_causal=false, repeats=20, warmup=true))]
 fn time_sdpa(
     py: Python<'_>,
     q: Arr<'_>,
@@ -632,6 +632,7 @@ fn time_sdpa(
     v: Arr<'_>,
     is_causal: bool,
     repeats: usize,
+    warmup: bool,
 ) -> PyResult<Vec<f64>> {
     let (qa, ka, va) = (q.as_array(), k.as_array(), v.as_array());
     let op = Attention::new().causal(is_causal).return_weights(false);
@@ -639,7 +640,9 @@ fn time_sdpa(
         guarded(|| {
             let ctx = context()?;
             let call = || op.run(&ctx, Inputs::qkv(qa.view(), ka.view(), va.view()));
-            call()?;
+            if warmup {
+                call()?;
+            }
             (0..repeats)
                 .map(|_| {
                     let t = std::time::Instant::now();
