@@ -147,7 +147,11 @@ impl<'a> Mask<'a> {
         let own = |m: ArrayD<f32>| -> Result<Array4<f32>> {
             let mut padded = [1usize; 4];
             padded[4 - m.ndim()..].copy_from_slice(m.shape());
-            m.into_shape_with_order(padded)
+            // Row-major first: a view of any strides (a transposed or permuted mask, such as
+            // T5's position bias) reshapes only from there.
+            m.as_standard_layout()
+                .into_owned()
+                .into_shape_with_order(padded)
                 .map_err(|e| Error::shape(e.to_string()))
         };
         let base = match &self.attn {

@@ -92,6 +92,48 @@ fn float_masks_add_to_the_scaled_scores_with_minus_infinity_masking_out() {
 }
 
 #[test]
+fn masks_of_any_strides_give_the_contiguous_masks_results() {
+    // A permuted float mask (T5's position bias arrives as (L, S, H) permuted to (H, L, S))
+    // and a transposed boolean one: read as the contiguous masks they equal. The float one
+    // was once an "incompatible memory layout" error (found by the Python transformers backend).
+    let (b, h, l, s) = (2, 3, 9, 11);
+    let qkv = common::sdpa_arrays(b, h, l, s, 8, 8);
+    let lsh = ArrayD::from_shape_fn(IxDyn(&[l, s, h]), |ix| {
+        ((ix[0] * 7 + ix[1] * 3 + ix[2]) as f32 * 0.41).sin() * 3.0
+    });
+    let permuted = lsh.view().permuted_axes(IxDyn(&[2, 0, 1]));
+    assert!(!permuted.is_standard_layout());
+    let contiguous = permuted.as_standard_layout().into_owned();
+    let sl = bool_mask(&[s, l], 0.7, 5);
+    let transposed = sl.view().reversed_axes();
+    let transposed_owned = transposed.as_standard_layout().into_owned();
+    let op = Attention::new().options(nan_fill());
+    let (q, k, v) = (&qkv[0], &qkv[1], &qkv[2]);
+    for (strided, plain) in [
+        (
+            Mask::additive(permuted.view()),
+            Mask::additive(contiguous.view()),
+        ),
+        (
+            Mask::boolean(transposed.view()),
+            Mask::boolean(transposed_owned.view()),
+        ),
+    ] {
+        let got = op
+            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&strided))
+            .unwrap();
+        let want = op
+            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&plain))
+            .unwrap();
+        assert_eq!(got.context, want.context);
+        assert_eq!(got.weights, want.weights);
+    }
+    assert!(
+        common::sdpa_failures(op, &qkv, &Mask::additive(permuted.view()), "permuted").is_empty()
+    );
+}
+
+#[test]
 fn rows_with_nothing_to_attend_to_are_zeros_on_every_path() {
     let ctx = common::ctx();
     let (b, h, l, s) = (2, 2, 9, 7);
