@@ -113,3 +113,21 @@ def test_output_attentions_returns_the_weights():
     with torch.no_grad():
         got = model(input_ids=ids, output_attentions=True).attentions
     assert len(got) == 2 and all(g is not None and rel(g, w) < 1e-5 for g, w in zip(got, want))
+
+
+def test_t5_position_bias_and_cross_attention():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = build(
+        T5Config, T5ForConditionalGeneration, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=97
+    )
+    ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    assert compare(model, input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5]) < 1e-5
+
+
+def test_softcap_is_a_clear_error():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        wat.attention_forward(None, q, q, q, None, softcap=30.0)
