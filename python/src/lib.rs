@@ -654,6 +654,13 @@ fn time_sdpa(
     })
 }
 
+/// Panics inside the guard every call runs in: the tests' proof that a Rust panic comes out
+/// as a `RuntimeError`, not a dead interpreter.
+#[pyfunction]
+fn _panic_for_tests() -> PyResult<()> {
+    guarded(|| -> Result<(), Error> { panic!("a deliberate panic") })
+}
+
 /// The crate's version and the adapter-independent facts a bug report wants.
 #[pyfunction]
 fn version() -> &'static str {
@@ -669,6 +676,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(time_sdpa, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add_class::<SavedForward>()?;
     m.add_class::<ResidentLayer>()?;
     m.add_class::<KvCacheHandle>()?;

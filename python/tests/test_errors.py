@@ -86,3 +86,13 @@ def test_devices_and_device_describe_the_adapter():
     assert ds and all("name" in d and "f16" in d for d in ds)
     d = wa.device()
     assert d["name"] and d["max_storage_buffer_binding_size"] > 0
+
+
+def test_a_rust_panic_is_a_runtime_error_and_the_package_still_works():
+    from wgpu_attention import _native
+
+    with pytest.raises(RuntimeError) as e:
+        _native._panic_for_tests()
+    assert "panic" in one_line(e)
+    a = q(1, 1, 4, 8)
+    assert wa.scaled_dot_product_attention(a, a, a).shape == (1, 1, 4, 8)
