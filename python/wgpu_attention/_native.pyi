@@ -27,7 +27,6 @@ def verify(random: int = 8, seed: int = 0, half: bool = False) -> List[Dict[str,
 def time_sdpa(
     q: F32, k: F32, v: F32, is_causal: bool = False, repeats: int = 20, warmup: bool = True
 ) -> List[float]: ...
-
 def _panic_for_tests() -> None: ...
 
 class SavedForward:
