@@ -39,6 +39,7 @@ pub mod decode;
 pub mod demo;
 pub mod error;
 pub mod mask;
+pub mod modifiers;
 pub mod npy;
 #[cfg(feature = "plot")]
 pub mod plot;
@@ -77,6 +78,7 @@ pub use gpu::timing::{KernelTime, Profiling};
 pub use half;
 pub use kernels::flash_blocked::BlockedOptions;
 pub use mask::Mask;
+pub use modifiers::{BufferData, ModBuffer, Modifiers, Preset};
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
 pub use ndarray;
 pub use phases::PhaseTimes;
