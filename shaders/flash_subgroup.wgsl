@@ -133,8 +133,13 @@ fn main(
                 var x = acc[r];
                 if jj >= count || (p.causal != 0u && j0 + jj > rows[r]) {
                     x = NEG;
-                } else if MASK != 0u && rows[r] < p.n_q {
-                    x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], j0 + jj)], LOG2E);
+                } else if rows[r] < p.n_q {
+                    // The modifiers (identity stubs without any; see src/kernels/mods.rs).
+                    x = wa_score_log2(x, b, h, rows[r], j0 + jj);
+                    if MASK != 0u {
+                        x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], j0 + jj)], LOG2E);
+                    }
+                    x = select(NEG, x, wa_keep(b, h, rows[r], j0 + jj));
                 }
                 s[r][jj] = x;
                 tile_max[r] = max(tile_max[r], x);

@@ -132,8 +132,14 @@ fn main(
             }
             if jj >= count || (p.causal != 0u && j0 + jj > row) {
                 acc = NEG;
-            } else if MASK != 0u && row < p.n_q {
-                acc = add_bias(acc, mask[mask_offset(p.mask, b, h, row, j0 + jj)], LOG2E);
+            } else if row < p.n_q {
+                // The modifiers (identity stubs without any; see src/kernels/mods.rs): the
+                // score modifier on the scaled score, the bias, then the mask modifier.
+                acc = wa_score_log2(acc, b, h, row, j0 + jj);
+                if MASK != 0u {
+                    acc = add_bias(acc, mask[mask_offset(p.mask, b, h, row, j0 + jj)], LOG2E);
+                }
+                acc = select(NEG, acc, wa_keep(b, h, row, j0 + jj));
             }
             s[jj] = acc;
             tile_max = max(tile_max, acc);

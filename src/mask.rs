@@ -21,6 +21,7 @@
 use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD, Dimension};
 
 use crate::error::{Error, Result};
+use crate::modifiers::Modifiers;
 
 /// Masked-out entries of a resolved bias: exactly `-inf`, as in the reference.
 pub const MASKED: f32 = f32::NEG_INFINITY;
@@ -36,6 +37,7 @@ pub const CEILING: f32 = 1e37;
 pub struct Mask<'a> {
     attn: Option<Kind<'a>>,
     kv_lengths: Option<Vec<usize>>,
+    mods: Option<&'a Modifiers>,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +58,7 @@ impl<'a> Mask<'a> {
                 Kind::Additive(m) => Kind::Additive(m.clone().reborrow()),
             }),
             kv_lengths: self.kv_lengths.clone(),
+            mods: self.mods,
         }
     }
 
@@ -68,7 +71,7 @@ impl<'a> Mask<'a> {
     pub fn boolean(mask: ArrayViewD<'a, bool>) -> Self {
         Mask {
             attn: Some(Kind::Bool(mask)),
-            kv_lengths: None,
+            ..Mask::default()
         }
     }
 
@@ -77,7 +80,7 @@ impl<'a> Mask<'a> {
     pub fn additive(mask: ArrayViewD<'a, f32>) -> Self {
         Mask {
             attn: Some(Kind::Additive(mask)),
-            kv_lengths: None,
+            ..Mask::default()
         }
     }
 
@@ -88,8 +91,27 @@ impl<'a> Mask<'a> {
         self
     }
 
-    /// Whether nothing is masked.
+    /// Score and mask modifiers (a caller's WGSL, presets: [`crate::modifiers`]), applied
+    /// with the rest of the mask: the score modifiers to the scaled score, then the bias,
+    /// then the mask modifiers. So far on the fused forward of the storage and subgroup
+    /// families; every other path is an `Unsupported` error, never a silent omission.
+    pub fn with_modifiers(mut self, mods: &'a Modifiers) -> Self {
+        self.mods = Some(mods).filter(|m| !m.is_empty());
+        self
+    }
+
+    /// The modifiers, if any.
+    pub fn modifiers(&self) -> Option<&'a Modifiers> {
+        self.mods
+    }
+
+    /// Whether nothing is masked (no bias, no key lengths, no modifiers).
     pub fn is_none(&self) -> bool {
+        self.attn.is_none() && self.kv_lengths.is_none() && self.mods.is_none()
+    }
+
+    /// Whether there is no bias to build (no mask, no key lengths; modifiers aside).
+    pub(crate) fn has_no_bias(&self) -> bool {
         self.attn.is_none() && self.kv_lengths.is_none()
     }
 
@@ -100,6 +122,10 @@ impl<'a> Mask<'a> {
     /// As [`Mask::bias`].
     pub fn check(&self, target: [usize; 4]) -> Result<[usize; 4]> {
         let [batch, _, _, n_kv] = target;
+        if let Some(m) = self.mods {
+            m.check()?;
+            m.check_problem(target)?;
+        }
         let mut shape = [1usize; 4];
         if let Some(kind) = &self.attn {
             let src = match kind {
@@ -139,7 +165,7 @@ impl<'a> Mask<'a> {
     /// match the batch; [`Error::InvalidArgument`] for NaN, `+inf` or values over [`CEILING`]
     /// (naming the first index), and lengths over `n_kv`.
     pub fn bias(&self, target: [usize; 4]) -> Result<Option<Array4<f32>>> {
-        if self.is_none() {
+        if self.has_no_bias() {
             return Ok(None);
         }
         let shape = self.check(target)?;

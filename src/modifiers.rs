@@ -296,6 +296,11 @@ impl Modifiers {
         self.score_mod.is_some()
     }
 
+    /// Whether a caller's own (WGSL-only) mask modifier is present.
+    pub fn has_own_mask_mod(&self) -> bool {
+        self.mask_mod.is_some()
+    }
+
     /// Whether gradients can flow through the score modifiers: every preset has one, a
     /// caller's `score_mod` only with its `score_mod_grad`.
     ///
@@ -310,6 +315,37 @@ impl Modifiers {
                     "give its derivative by the score as well: {SCORE_MOD_GRAD_SIGNATURE}"
                 ),
             });
+        }
+        Ok(())
+    }
+
+    /// Checks the presets against the problem `(batch, heads, n_q, n_kv)`: one ALiBi slope
+    /// per query head, document ids for every position a query or key has.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] naming the preset and what it needed.
+    pub fn check_problem(&self, [batch, heads, n_q, n_kv]: [usize; 4]) -> Result<()> {
+        for p in &self.presets {
+            match p {
+                Preset::Alibi(slopes) if slopes.len() != heads => {
+                    return Err(Error::shape(format!(
+                        "ALiBi has {} slopes, one per query head is {heads}",
+                        slopes.len()
+                    )))
+                }
+                Preset::Documents { ids, n } => {
+                    let n = *n as usize;
+                    if ids.len() != batch * n || n < n_q.max(n_kv) {
+                        return Err(Error::shape(format!(
+                            "document ids of {} values in rows of {n}: (batch, n) = ({batch}, \
+                             at least {}) is needed",
+                            ids.len(),
+                            n_q.max(n_kv)
+                        )));
+                    }
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

@@ -143,13 +143,42 @@ pub fn read_lengths(path: &Path) -> Result<Vec<usize>> {
 /// header, a header longer than the bytes, a non-integer dtype, not 1-D, a negative length,
 /// or truncated data.
 pub fn parse_lengths(bytes: &[u8]) -> Parsed<Vec<usize>> {
-    /// The array's number of axes and its values.
-    type Read = std::result::Result<(usize, Vec<i128>), ReadNpyError>;
+    let a = parse_ints(bytes)?;
+    if a.ndim() != 1 {
+        return Err(format!(
+            "expected a 1-D array of lengths, found {} axes",
+            a.ndim()
+        ));
+    }
+    a.iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            usize::try_from(len).map_err(|_| format!("length [{i}] = {len} is not a valid length"))
+        })
+        .collect()
+}
+
+/// Reads an integer `.npy` of any shape and integer dtype (document ids, a modifier's
+/// `array<i32>`), as i64.
+///
+/// # Errors
+/// [`Error::Io`] naming the path when the file is unreadable, not integer, or holds a value
+/// past i64.
+pub fn read_ints(path: &Path) -> Result<ArrayD<i64>> {
+    parse_ints(&load(path)?).map_err(|m| Error::io(path, m))
+}
+
+/// Parses the bytes of an integer `.npy` of any shape and integer dtype.
+///
+/// # Errors
+/// The message [`read_ints`] would put in its [`Error::Io`] (without the path).
+pub fn parse_ints(bytes: &[u8]) -> Parsed<ArrayD<i64>> {
+    type Read = std::result::Result<ArrayD<i128>, ReadNpyError>;
     fn try_read<T>(bytes: &[u8]) -> Read
     where
         T: ReadableElement + Copy + Into<i128>,
     {
-        typed::<T>(bytes).map(|a| (a.ndim(), a.iter().map(|&v| v.into()).collect()))
+        typed::<T>(bytes).map(|a| a.mapv(Into::into))
     }
     check_header(bytes)?;
     let readers: [fn(&[u8]) -> Read; 8] = [
@@ -165,20 +194,11 @@ pub fn parse_lengths(bytes: &[u8]) -> Parsed<Vec<usize>> {
     let mut last = None;
     for reader in readers {
         match reader(bytes) {
-            Ok((ndim, v)) => {
-                if ndim != 1 {
-                    return Err(format!(
-                        "expected a 1-D array of lengths, found {ndim} axes"
-                    ));
+            Ok(a) => {
+                if let Some(v) = a.iter().find(|&&v| i64::try_from(v).is_err()) {
+                    return Err(format!("value {v} does not fit in 64 bits"));
                 }
-                return v
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &len)| {
-                        usize::try_from(len)
-                            .map_err(|_| format!("length [{i}] = {len} is not a valid length"))
-                    })
-                    .collect();
+                return Ok(a.mapv(|v| v as i64));
             }
             Err(ReadNpyError::WrongDescriptor(d)) => last = Some(d),
             Err(e) => return Err(describe(e)),

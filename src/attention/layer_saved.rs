@@ -109,6 +109,7 @@ impl Attention {
         mask: &Mask<'_>,
     ) -> Result<(Output, LayerSaved)> {
         ctx.check_alive()?;
+        crate::attention::refuse_modifiers(ctx, mask, "a layer forward saved for the backward")?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let bias = bias.as_ref().map(|b| b.view());
         self.check_saved_fits(ctx, dims, bias.as_ref())?;
@@ -123,7 +124,7 @@ impl Attention {
             };
             let x_dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
             let x_t = wrap(x_buf, x.shape().to_vec(), x_dtype);
-            let mask_buf = MaskBuffer::upload(ctx, bias.as_ref())?;
+            let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), None)?;
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {

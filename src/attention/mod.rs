@@ -258,6 +258,7 @@ impl Attention {
                 check_finite(name, a)?;
             }
         }
+        refuse_modifiers(ctx, mask, "self-attention on X")?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
@@ -304,7 +305,17 @@ impl Attention {
         self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
-        self.sdpa_in_parts(ctx, q, k, v, bias).await
+        self.sdpa_in_parts(ctx, q, k, v, bias, mask.modifiers())
+            .await
+    }
+}
+
+/// `Err` when `mask` carries modifiers and the path `what` does not apply them yet: never
+/// run a call without them silently.
+pub(crate) fn refuse_modifiers(ctx: &Context, mask: &Mask<'_>, what: &str) -> Result<()> {
+    match mask.modifiers() {
+        Some(_) => Err(crate::kernels::mods::unsupported(ctx, what)),
+        None => Ok(()),
     }
 }
 

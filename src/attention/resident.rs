@@ -101,6 +101,7 @@ impl Attention {
     ) -> Result<Recorded> {
         let ctx = rec.ctx;
         ctx.check_alive()?;
+        crate::attention::refuse_modifiers(ctx, mask, "device tensors")?;
         let bias = mask.bias([shape.batch, shape.heads, shape.n_q, shape.n_kv])?;
         let bias = bias.as_ref().map(|b| b.view());
         let rows = shape.batch * shape.n_q;
@@ -114,10 +115,18 @@ impl Attention {
             .then_some(shape.batch * shape.heads * shape.n_q * shape.n_kv);
         fits(ctx, &named, weights, bias.as_ref())?;
         let plan = self.plan(ctx, dims)?;
-        self.prepare_pipelines(ctx, &plan, dims, shape, source, bias.as_ref())?;
+        self.prepare_pipelines(ctx, &plan, dims, shape, source, (bias.as_ref(), None))?;
         let run = |rec: &mut Recorder<'_>, op: &Attention, plan| {
             ctx.scoped(|| {
-                op.record_call(ctx, rec.encoder(), plan, dims, shape, source, bias.as_ref())
+                op.record_call(
+                    ctx,
+                    rec.encoder(),
+                    plan,
+                    dims,
+                    shape,
+                    source,
+                    (bias.as_ref(), None),
+                )
             })
         };
         let result = run(rec, self, &plan);

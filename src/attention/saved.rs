@@ -205,6 +205,7 @@ impl Attention {
         check_finite("V", &v)?;
         let (batch, heads, l, _) = q.dim();
         let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
+        crate::attention::refuse_modifiers(ctx, mask, "a forward saved for the backward")?;
         let bias = mask.bias([batch, heads, l, s_len])?;
         let inputs = [
             ("Q", q.into_dyn()),
@@ -231,7 +232,7 @@ impl Attention {
             buffer::upload_as(ctx, "K", &to_rows(&k), f16)?,
             buffer::upload_as(ctx, "V", &to_rows(&v), f16)?,
         ];
-        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref())?;
+        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), None)?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
         let run = |plan: &crate::Plan| {

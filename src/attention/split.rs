@@ -14,6 +14,7 @@ use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
+use crate::modifiers::Modifiers;
 
 impl Attention {
     /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
@@ -26,6 +27,7 @@ impl Attention {
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
         bias: Option<ArrayView4<'_, f32>>,
+        mods: Option<&Modifiers>,
     ) -> Result<Output> {
         let (batch, heads, l, e) = q.dim();
         let (s_len, e_v) = (k.dim().2, v.dim().3);
@@ -38,8 +40,16 @@ impl Attention {
         ];
         let weights = self.return_weights.then_some(bh * l * s_len);
         let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) else {
-            return self.sdpa_whole(ctx, q, k, v, bias).await;
+            return self.sdpa_whole(ctx, q, k, v, bias, mods).await;
         };
+        if mods.is_some() {
+            // The parts would see their own batch, head and row indices, not the call's.
+            return Err(Error::Unsupported {
+                feature: "score/mask modifiers on a call split past the device's limits".into(),
+                adapter: ctx.adapter_info().name,
+                hint: format!("{too_big}; make the call smaller"),
+            });
+        }
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
@@ -69,6 +79,7 @@ impl Attention {
                     k.slice_axis(axis, kv),
                     v.slice_axis(axis, kv),
                     slice_bias(&bias, axis, qs),
+                    None,
                 ))
                 .await?,
             );
@@ -116,7 +127,7 @@ impl Attention {
             });
             let part = causal.as_ref().map(|c| c.view()).or(part);
             let op = self.causal(false);
-            let block = op.sdpa_in_parts(ctx, q.slice_axis(Axis(2), rows), k, v, part);
+            let block = op.sdpa_in_parts(ctx, q.slice_axis(Axis(2), rows), k, v, part, None);
             outs.push(Box::pin(block).await?);
         }
         join_outputs(Axis(2), &outs[0], &outs[1])
@@ -171,7 +182,7 @@ impl Attention {
         };
         let op = self.scale(dims.scale);
         let out = op
-            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias)
+            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, None)
             .await?;
         // (batch, heads, n, width) → (batch·n, d_v), then the output projection.
         let context = out

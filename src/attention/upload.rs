@@ -14,7 +14,9 @@ use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
+use crate::kernels::mods::ModsUpload;
 use crate::kernels::{u32_of, MaskArg};
+use crate::modifiers::Modifiers;
 
 /// Where a call's Q, K and V come from.
 pub(super) enum Source<'a, 'p> {
@@ -181,20 +183,30 @@ fn contiguous<'a, D: Dimension>(a: &'a ArrayView<'_, f32, D>) -> Cow<'a, [f32]> 
     }
 }
 
-/// A mask uploaded for the kernels.
+/// A mask uploaded for the kernels: its bias, its modifiers, or both.
 pub(super) struct MaskBuffer {
-    buffer: wgpu::Buffer,
+    buffer: Option<wgpu::Buffer>,
     strides: [u32; 4],
+    mods: Option<ModsUpload>,
 }
 
 impl MaskBuffer {
-    /// The resolved bias on the device, or `None` without one.
+    /// The resolved bias and the modifiers on the device, or `None` with neither.
     pub(super) fn upload(
         ctx: &Context,
         bias: Option<&ArrayView4<'_, f32>>,
+        mods: Option<&Modifiers>,
     ) -> Result<Option<Self>> {
-        let Some(bias) = bias else {
+        if bias.is_none() && mods.is_none() {
             return Ok(None);
+        }
+        let mods = mods.map(|m| ModsUpload::new(ctx, m)).transpose()?;
+        let Some(bias) = bias else {
+            return Ok(Some(MaskBuffer {
+                buffer: None,
+                strides: [0; 4],
+                mods,
+            }));
         };
         let (data, strides) = crate::mask::gpu_layout(bias);
         let buffer = buffer::upload(ctx, "mask", &data)?;
@@ -202,14 +214,19 @@ impl MaskBuffer {
         for (out, stride) in s.iter_mut().zip(strides) {
             *out = u32_of("mask stride", stride)?;
         }
-        Ok(Some(MaskBuffer { buffer, strides: s }))
+        Ok(Some(MaskBuffer {
+            buffer: Some(buffer),
+            strides: s,
+            mods,
+        }))
     }
 
     /// As the kernels take it.
     pub(super) fn arg(&self) -> MaskArg<'_> {
         MaskArg {
-            buffer: &self.buffer,
+            buffer: self.buffer.as_ref(),
             strides: self.strides,
+            mods: self.mods.as_ref(),
         }
     }
 }

@@ -18,6 +18,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::Buf;
 use crate::gpu::timing;
+use crate::modifiers::Modifiers;
 use crate::variant::Kernels;
 
 /// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.
@@ -55,7 +56,9 @@ impl Attention {
             proj,
             weights: resident,
         };
-        let (context, weights) = self.run_whole(ctx, dims, shape, &source, bias).await?;
+        let (context, weights) = self
+            .run_whole(ctx, dims, shape, &source, bias, None)
+            .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         Ok(Output {
             context: ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
@@ -76,6 +79,7 @@ impl Attention {
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
         bias: Option<ArrayView4<'_, f32>>,
+        mods: Option<&Modifiers>,
     ) -> Result<Output> {
         let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         let (batch, heads, l, _) = q.dim();
@@ -87,7 +91,9 @@ impl Attention {
         };
         let source = Source::Qkv([to_rows(&q), to_rows(&k), to_rows(&v)]);
         let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]);
-        let (context, weights) = self.run_whole(ctx, &dims, shape, &source, bias).await?;
+        let (context, weights) = self
+            .run_whole(ctx, &dims, shape, &source, bias, mods)
+            .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let context = ArrayD::from_shape_vec(IxDyn(&[batch, l, heads, e_v]), context)
             .map_err(shape_err)?
@@ -110,8 +116,13 @@ impl Attention {
         shape: Shape,
         source: &Source<'_, '_>,
         bias: Option<ArrayView4<'_, f32>>,
+        mods: Option<&Modifiers>,
     ) -> Result<Flat> {
-        let plan = self.plan(ctx, dims)?;
+        let mut plan = self.plan(ctx, dims)?;
+        if mods.is_some() && !plan.fused && !self.return_weights {
+            // A tiny call's plan takes the unfused kernels, which do not apply modifiers yet.
+            plan = self.kernels(plan.family()).plan(ctx, dims)?;
+        }
         log::info!(
             "attention batch={} n={} n_kv={} d_k={} d_v={} heads={} kv_heads={} causal={}: {plan}",
             shape.batch,
@@ -124,10 +135,10 @@ impl Attention {
             dims.causal
         );
         let run = async |plan: &Plan| {
-            let call = self.record_and_read(ctx, plan, dims, shape, source, bias.as_ref());
+            let call = self.record_and_read(ctx, plan, dims, shape, source, (bias.as_ref(), mods));
             ctx.scoped_async(call).await
         };
-        self.prepare_pipelines(ctx, &plan, dims, shape, source, bias.as_ref())?;
+        self.prepare_pipelines(ctx, &plan, dims, shape, source, (bias.as_ref(), mods))?;
         let result = run(&plan).await;
         if self.retries_on_storage(&plan, &result) {
             log::info!("over the texture limit: the storage kernels take it");
@@ -152,13 +163,13 @@ impl Attention {
         dims: &Dims,
         shape: Shape,
         source: &Source<'_, '_>,
-        bias: Option<&ArrayView4<'_, f32>>,
+        (bias, mods): (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
     ) -> Result<()> {
         if cfg!(target_arch = "wasm32") {
             return Ok(());
         }
         let signature = format!(
-            "{self:?} {plan:?} d={} d_k={} d_v={} d_out={} heads={}/{} mask={} {}",
+            "{self:?} {plan:?} d={} d_k={} d_v={} d_out={} heads={}/{} mask={} mods={:?} {}",
             dims.d,
             dims.d_k,
             dims.d_v,
@@ -166,6 +177,7 @@ impl Attention {
             dims.heads,
             dims.kv_heads,
             bias.is_some(),
+            mods.map(|m| m.wgsl(1, 0)),
             source.kind()
         );
         if !ctx.pipelines.first_time(signature) {
@@ -174,7 +186,7 @@ impl Attention {
         let dry_run = crate::kernels::collect_keys(|| {
             let _open = ctx.pool.open();
             let mut encoder = ctx.device.create_command_encoder(&Default::default());
-            self.record_call(ctx, &mut encoder, plan, dims, shape, source, bias)
+            self.record_call(ctx, &mut encoder, plan, dims, shape, source, (bias, mods))
                 .map(drop)
         });
         match dry_run {
@@ -192,7 +204,7 @@ impl Attention {
         dims: &Dims,
         shape: Shape,
         source: &Source<'_, '_>,
-        bias: Option<&ArrayView4<'_, f32>>,
+        masking: (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
     ) -> Result<Flat> {
         // Declared first, dropped last: the call's buffers are reused only after it ends.
         let _open = ctx.pool.open();
@@ -202,7 +214,7 @@ impl Attention {
                 label: Some("attention"),
             });
         timing::begin(ctx);
-        let out = self.record_call(ctx, &mut encoder, plan, dims, shape, source, bias)?;
+        let out = self.record_call(ctx, &mut encoder, plan, dims, shape, source, masking)?;
         let rows = shape.batch * shape.n_q;
         let weights = out.weights.as_ref().map(|w| (&**w, out.weights_len));
         self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
@@ -220,7 +232,7 @@ impl Attention {
         dims: &Dims,
         shape: Shape,
         source: &Source<'_, '_>,
-        bias: Option<&ArrayView4<'_, f32>>,
+        (bias, mods): (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
     ) -> Result<Recorded> {
         let rows = shape.batch * shape.n_q;
         // The projections' weights: the layer's, on the device already, or uploaded now.
@@ -236,7 +248,7 @@ impl Attention {
             },
         };
         let operands = self.upload(ctx, encoder, plan, (rows, dims.d), source, projection)?;
-        let mask = MaskBuffer::upload(ctx, bias)?;
+        let mask = MaskBuffer::upload(ctx, bias, mods)?;
         let (context, weights) = self.record_attention(
             ctx,
             encoder,

@@ -95,7 +95,7 @@ impl Flash {
         (dk, dv): (&wgpu::Buffer, &wgpu::Buffer),
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
         let consts = self.backward_kv_consts(ctx.limits(), tiles, has_mask)?;
         let kv_groups = self.batch * (self.heads / self.kv_ratio.max(1));
         let blocks = self.n_kv.div_ceil(consts.keys as usize);

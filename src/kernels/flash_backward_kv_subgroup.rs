@@ -70,7 +70,7 @@ impl Flash {
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let sg = ctx.require_subgroups()?;
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
         let kv_heads = self.heads / self.kv_ratio.max(1);
         let pack = |heads: usize, rows: usize, src: Strides, width: usize, f16: bool| Pack {
             batch: self.batch,

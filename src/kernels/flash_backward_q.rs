@@ -95,7 +95,7 @@ impl Flash {
         dq: &wgpu::Buffer,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
         let consts = self.backward_q_consts(ctx.limits(), tiles, has_mask)?;
         let (params, workgroups) = self.params(consts.rows as usize, mask_strides)?;
         record::<Shader>(

@@ -231,7 +231,7 @@ pub(crate) fn dispatch_split(
         Some((k, _)) => super::Strides::row_major(u32_of("split", k)?, 0, 0),
         None => mm.c,
     };
-    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
     let sg = ops.sg;
     let tiles_m = mm.m.div_ceil((sg * rows_per_lane) as usize);
     let tiles_n = ops.tiles_n(mm);

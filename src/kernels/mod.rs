@@ -28,6 +28,7 @@ pub(crate) mod fma_peak;
 pub(crate) mod matmul;
 pub(crate) mod matmul_blocked;
 pub(crate) mod matmul_subgroup;
+pub(crate) mod mods;
 pub(crate) mod mse;
 pub(crate) mod pack;
 pub(crate) mod row_stats;
@@ -154,7 +155,14 @@ impl KernelInfo {
 
     /// The full WGSL text for constant `values` (in [`KernelInfo::constants`] order) and
     /// element types `f16`.
+    #[cfg(test)]
     pub fn source_with(&self, values: &[u32], f16: u8) -> String {
+        self.source_with_mods(values, f16, 0)
+    }
+
+    /// [`KernelInfo::source_with`] with the modifiers registered under `mods` (0: none, the
+    /// identity stubs for a kernel that calls them; see [`mods`]).
+    pub fn source_with_mods(&self, values: &[u32], f16: u8, mods: u64) -> String {
         let named: Vec<(&str, u32)> = self
             .constants
             .iter()
@@ -163,6 +171,7 @@ impl KernelInfo {
             .collect();
         let source = wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)());
         let source = self.with_coop(source, &named);
+        let source = mods::with_modifiers(source, self.source, mods);
         // The marker first, so a tool reading the composed file (CI's compiler check) knows.
         match self.trusted {
             true => format!("{TRUSTED_MARKER}\n{source}"),
@@ -264,6 +273,8 @@ pub(crate) struct PipelineKey {
     pub kernel: KernelId,
     pub consts: [u32; MAX_CONSTS],
     pub f16: u8,
+    /// The modifiers' code (see [`mods`]), 0 for none.
+    pub mods: u64,
 }
 
 impl PipelineKey {
@@ -279,13 +290,14 @@ impl PipelineKey {
             kernel: K::ID,
             consts: values,
             f16,
+            mods: 0,
         }
     }
 
     /// The full WGSL text this key builds.
     pub fn source(&self) -> String {
         let info = self.kernel.info();
-        info.source_with(&self.consts[..info.constants.len()], self.f16)
+        info.source_with_mods(&self.consts[..info.constants.len()], self.f16, self.mods)
     }
 
     /// The value of the kernel's constant `name` (its WGSL name) in this key, if it has one.
@@ -317,7 +329,8 @@ impl PipelineRecipe for PipelineKey {
             label: info.file,
             entry: info.entry,
             wgsl: self.source(),
-            trusted: info.trusted,
+            // A caller's code is never compiled with runtime checks off.
+            trusted: info.trusted && self.mods == 0,
         }
     }
 }
@@ -373,23 +386,49 @@ impl<'a> From<&'a wgpu::TextureView> for Binding<'a> {
 }
 
 /// A mask as the kernels read it: the bias buffer (see [`crate::mask::gpu_layout`]) and its
-/// element strides over `(batch, head, query, key)`, 0 along broadcast axes.
+/// element strides over `(batch, head, query, key)`, 0 along broadcast axes; and the
+/// caller's score and mask modifiers ([`mods::ModsUpload`]), if any.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct MaskArg<'a> {
-    /// The bias, `f32::MIN` where masked out.
-    pub buffer: &'a wgpu::Buffer,
+    /// The bias, `f32::MIN` where masked out; `None` with modifiers only.
+    pub buffer: Option<&'a wgpu::Buffer>,
     /// Element strides over `(batch, head, query, key)`.
     pub strides: [u32; 4],
+    /// The modifiers.
+    pub mods: Option<&'a mods::ModsUpload>,
 }
 
 impl<'a> MaskArg<'a> {
-    /// What a kernel binds and is built with for `mask`: the buffer (the context's stand-in
-    /// when there is none), the strides, and the `MASK` constant.
-    pub fn parts(ctx: &'a Device, mask: Option<MaskArg<'a>>) -> (&'a wgpu::Buffer, [u32; 4], u32) {
-        match mask {
-            Some(m) => (m.buffer, m.strides, 1),
+    /// What a kernel that does not take modifiers binds and is built with for `mask`: the
+    /// buffer (the context's stand-in when there is none), the strides, and the `MASK`
+    /// constant.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the mask carries modifiers: this kernel would ignore them.
+    pub fn parts(
+        ctx: &'a Device,
+        mask: Option<MaskArg<'a>>,
+    ) -> Result<(&'a wgpu::Buffer, [u32; 4], u32)> {
+        if mask.is_some_and(|m| m.mods.is_some()) {
+            return Err(mods::unsupported(ctx, "this path"));
+        }
+        Ok(Self::bias_parts(ctx, mask))
+    }
+
+    /// [`MaskArg::parts`] for a kernel that applies the modifiers too.
+    pub fn bias_parts(
+        ctx: &'a Device,
+        mask: Option<MaskArg<'a>>,
+    ) -> (&'a wgpu::Buffer, [u32; 4], u32) {
+        match mask.and_then(|m| m.buffer.map(|b| (b, m.strides))) {
+            Some((b, strides)) => (b, strides, 1),
             None => (ctx.stand_in(), [0; 4], 0),
         }
+    }
+
+    /// The modifiers of `mask`, if any.
+    pub fn mods(mask: Option<MaskArg<'a>>) -> Option<&'a mods::ModsUpload> {
+        mask.and_then(|m| m.mods)
     }
 }
 
@@ -409,7 +448,33 @@ pub(crate) fn record<K: Kernel>(
     resources: &[Binding<'_>],
     workgroups: u64,
 ) -> Result<()> {
-    let key = PipelineKey::of::<K>(consts, f16);
+    record_with::<K>(
+        ctx,
+        encoder,
+        (consts, f16),
+        params,
+        resources,
+        None,
+        workgroups,
+    )
+}
+
+/// [`record`] of a kernel that calls the modifiers' functions: built with `mods`' code (or
+/// the identity stubs without), its buffers bound at group 1.
+///
+/// # Errors
+/// As [`record`].
+pub(crate) fn record_with<K: Kernel>(
+    ctx: &Device,
+    encoder: &mut wgpu::CommandEncoder,
+    (consts, f16): (&K::Consts, u8),
+    params: &K::Params,
+    resources: &[Binding<'_>],
+    mods: Option<&mods::ModsUpload>,
+    workgroups: u64,
+) -> Result<()> {
+    let mut key = PipelineKey::of::<K>(consts, f16);
+    key.mods = mods.map_or(0, |m| m.hash);
     // Per dispatch: the label alone, not the whole description.
     let label = K::ID.file();
     if resources.len() != K::BINDINGS.len() {
@@ -462,9 +527,28 @@ pub(crate) fn record<K: Kernel>(
         layout: &pipeline.get_bind_group_layout(0),
         entries: &entries,
     });
+    let mods_group = mods.map(|m| {
+        let entries: Vec<_> = m
+            .buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("modifier buffers"),
+            layout: &pipeline.get_bind_group_layout(1),
+            entries: &entries,
+        })
+    });
     timing::pass(ctx, encoder, label, |pass| {
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
+        if let Some(g) = &mods_group {
+            pass.set_bind_group(1, g, &[]);
+        }
         pass.dispatch_workgroups(x, y, 1);
     })
 }

@@ -53,7 +53,7 @@ pub(crate) fn dispatch(
     scores: &wgpu::Buffer,
     mask: Option<MaskArg<'_>>,
 ) -> Result<()> {
-    let (mask, strides, has_mask) = MaskArg::parts(ctx, mask);
+    let (mask, strides, has_mask) = MaskArg::parts(ctx, mask)?;
     let rows = batch * heads * n_q;
     let params = SoftmaxParams {
         rows: u32_of("softmax rows", rows)?,

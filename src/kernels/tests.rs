@@ -45,7 +45,7 @@ fn every_kernel_parses_and_validates_with_naga() {
         let named: Vec<(&str, u32)> = info.constants.iter().map(|n| (*n, ODD)).collect();
         let rolled = wgsl::compose("", info.dtypes, 0, &named, &(info.params)()) + info.source;
         let rolled = info.with_coop(rolled, &named);
-        parse(&info, &rolled);
+        parse(&info, &mods::with_modifiers(rolled, info.source, 0));
     }
 }
 

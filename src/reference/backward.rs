@@ -37,7 +37,7 @@ fn head_backward(
     causal: bool,
     bias: BiasAt<'_>,
 ) -> (Array2<f64>, Array2<f64>, Array2<f64>) {
-    let p = head_weights(q, k, scale, causal, bias);
+    let p = head_weights(q, k, scale, causal, bias, None);
     let d_v = p.t().dot(&d_o);
     let d_p = d_o.dot(&v.t());
     let mut d_s = Array2::<f64>::zeros(p.raw_dim());
@@ -91,6 +91,12 @@ pub(crate) fn sdpa_backward(
     )?;
     for (name, a) in [("Q", &q), ("K", &k), ("V", &v), ("dO", &d_o)] {
         check_finite(name, a)?;
+    }
+    if mask.modifiers().is_some() {
+        return Err(Error::invalid(
+            "reference backward",
+            "gradients through score/mask modifiers are not implemented yet",
+        ));
     }
     let bias = mask.bias([b, h, l, s_len])?;
     let scale = f64::from(dims.scale);
@@ -152,6 +158,12 @@ pub(crate) fn attention_backward(
     let (batch, n, d, d_k, d_v, d_out, heads) = (
         dims.batch, dims.n, dims.d, dims.d_k, dims.d_v, dims.d_out, dims.heads,
     );
+    if mask.modifiers().is_some() {
+        return Err(Error::invalid(
+            "reference backward",
+            "gradients through score/mask modifiers are not implemented yet",
+        ));
+    }
     let bias = mask.bias([batch, heads, n, n])?;
     let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
     let x3 = x
@@ -203,7 +215,15 @@ pub(crate) fn attention_backward(
                     let at = bias.as_ref().map(|m| (m, b, h));
                     let g = h / ratio;
                     let (qh, kh) = (q.slice(head_cols(h, dk_h)), k.slice(head_cols(g, dk_h)));
-                    let (_, c) = head(qh, kh, v.slice(head_cols(g, dv_h)), scale, dims.causal, at);
+                    let (_, c) = head(
+                        qh,
+                        kh,
+                        v.slice(head_cols(g, dv_h)),
+                        scale,
+                        dims.causal,
+                        at,
+                        None,
+                    );
                     context.slice_mut(head_cols(h, dv_h)).assign(&c);
                 }
                 if let Some(gw) = g.w_o.as_mut() {

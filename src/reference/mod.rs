@@ -10,6 +10,7 @@ use crate::attention::{
 };
 use crate::error::{Error, Result};
 use crate::mask::Mask;
+use crate::modifiers::Preset;
 
 mod backward;
 #[cfg(test)]
@@ -62,6 +63,22 @@ pub fn softmax_masked(logits: &[f64]) -> Vec<f64> {
 /// The resolved mask of a call with the batch index and head to read it at.
 type BiasAt<'m> = Option<(&'m Array4<f32>, usize, usize)>;
 
+/// A call's modifier presets with the batch index and head they see.
+pub(crate) type ModsAt<'m> = Option<(&'m [Preset], usize, usize)>;
+
+/// The presets of `mask`, or the error for a caller's own WGSL (it has no CPU form here).
+fn presets<'m>(mask: &Mask<'m>) -> Result<&'m [Preset]> {
+    match mask.modifiers() {
+        None => Ok(&[]),
+        Some(m) if m.has_own_score_mod() || m.has_own_mask_mod() => Err(Error::invalid(
+            "reference",
+            "a caller's own WGSL modifier has no CPU form here: compare it against the preset \
+             it implements",
+        )),
+        Some(m) => Ok(m.presets()),
+    }
+}
+
 /// One head's attention weights: `A = softmax(scale·q·kᵀ + bias)` row by row, top-left
 /// causal when asked, masked weights exactly 0, a row with nothing to attend to all 0.
 fn head_weights(
@@ -70,16 +87,24 @@ fn head_weights(
     scale: f64,
     causal: bool,
     bias: BiasAt<'_>,
+    mods: ModsAt<'_>,
 ) -> Array2<f64> {
     let (n_q, n_kv) = (q.nrows(), k.nrows());
     let logits = q.dot(&k.t()) * scale;
+    let (presets, mb, mh) = mods.unwrap_or((&[], 0, 0));
+    let is_score = |p: &&Preset| matches!(p, Preset::Softcap(_) | Preset::Alibi(_));
     let mut a = Array2::<f64>::zeros((n_q, n_kv));
     for i in 0..n_q {
         let row: Vec<f64> = (0..n_kv)
             .map(|j| {
                 let mut t = logits[[i, j]];
                 if causal && j > i {
-                    t = f64::NEG_INFINITY;
+                    return f64::NEG_INFINITY;
+                }
+                // The modifiers as the kernels apply them: the score presets on the scaled
+                // score, then the bias, then the mask presets.
+                for p in presets.iter().filter(is_score) {
+                    t = p.apply(t, mb, mh, i, j).unwrap_or(t);
                 }
                 if let Some((bias, b, h)) = bias {
                     let pick =
@@ -91,6 +116,13 @@ fn head_weights(
                     } else {
                         t + add
                     };
+                }
+                let hidden = presets
+                    .iter()
+                    .filter(|p| !is_score(p))
+                    .any(|p| p.apply(t, mb, mh, i, j).is_none());
+                if hidden {
+                    t = f64::NEG_INFINITY;
                 }
                 t
             })
@@ -108,9 +140,10 @@ fn head(
     scale: f64,
     causal: bool,
     bias: BiasAt<'_>,
+    mods: ModsAt<'_>,
 ) -> (Array2<f64>, Array2<f64>) {
     let (n_q, n_kv) = (q.nrows(), k.nrows());
-    let a = head_weights(q, k, scale, causal, bias);
+    let a = head_weights(q, k, scale, causal, bias, mods);
     // context = A·V over the keys of non-zero weight: a key of weight 0 contributes nothing,
     // even where its value is NaN or Inf.
     let mut context = Array2::<f64>::zeros((n_q, v.ncols()));
@@ -231,6 +264,7 @@ pub(crate) fn sdpa_masked(
     let (b, h, l, _) = q.dim();
     let (s_len, e_v) = (k.dim().2, v.dim().3);
     let bias = mask.bias([b, h, l, s_len])?;
+    let presets = presets(mask)?;
     let scale = f64::from(dims.scale);
     let mut context = ndarray::Array4::<f64>::zeros((b, h, l, e_v));
     let mut weights = ndarray::Array4::<f64>::zeros((b, h, l, s_len));
@@ -242,7 +276,16 @@ pub(crate) fn sdpa_masked(
             let km = k.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let vm = v.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let at = bias.as_ref().map(|m| (m, bi, hi));
-            let (a, c) = head(qm.view(), km.view(), vm.view(), scale, dims.causal, at);
+            let mods = Some((presets, bi, hi));
+            let (a, c) = head(
+                qm.view(),
+                km.view(),
+                vm.view(),
+                scale,
+                dims.causal,
+                at,
+                mods,
+            );
             weights.slice_mut(s![bi, hi, .., ..]).assign(&a);
             context.slice_mut(s![bi, hi, .., ..]).assign(&c);
         }
@@ -278,6 +321,7 @@ pub(crate) fn attention_masked(
         ..
     } = dims;
     let bias = mask.bias([batch, heads, n, n])?;
+    let presets = presets(mask)?;
     let x3 = x
         .to_shape((batch, n, d))
         .map_err(|e| Error::shape(e.to_string()))?
@@ -303,7 +347,7 @@ pub(crate) fn attention_masked(
             let kh = k.slice(s![.., g * dk_h..(g + 1) * dk_h]);
             let vh = v.slice(s![.., g * dv_h..(g + 1) * dv_h]);
             let at = bias.as_ref().map(|m| (m, b, h));
-            let (a, c) = head(qh, kh, vh, scale, causal, at);
+            let (a, c) = head(qh, kh, vh, scale, causal, at, Some((presets, b, h)));
             context
                 .slice_mut(s![b, .., h * dv_h..(h + 1) * dv_h])
                 .assign(&c);

@@ -164,8 +164,9 @@ fn recorded(
                 lse: lse.then_some(&b.lse),
             },
             mask: mask.then_some(MaskArg {
-                buffer: &b.mask,
+                buffer: Some(&b.mask),
                 strides: [0; 4],
+                mods: None,
             }),
             host: None,
         };

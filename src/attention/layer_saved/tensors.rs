@@ -82,6 +82,7 @@ impl Attention {
         }
         x.input(rec, "X")?;
         ctx.check_alive()?;
+        crate::attention::refuse_modifiers(ctx, mask, "a layer forward saved for the backward")?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let bias = bias.as_ref().map(|b| b.view());
         op.check_saved_fits(ctx, &dims, bias.as_ref())?;
@@ -90,7 +91,7 @@ impl Attention {
             let parts = SavedParts {
                 x: x.clone(),
                 weights: layer.map(|l| l.device().clone()),
-                mask: MaskBuffer::upload(ctx, bias.as_ref())?,
+                mask: MaskBuffer::upload(ctx, bias.as_ref(), None)?,
             };
             op.record_saved_into(ctx, rec.encoder(), &dims, parts, &wrap)
         })?;

@@ -409,6 +409,7 @@ impl Layer {
         }
         let p = self.projections();
         let dims = self.op().dims(x_shape, Some(&p))?;
+        crate::attention::refuse_modifiers(ctx, mask, "training")?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let named = crate::attention::layer_saved::layer_buffers(&dims);
         let weights = self

@@ -9,6 +9,7 @@ mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;
 mod model_bench;
+mod mods_args;
 mod report;
 mod run_cmd;
 mod shaders_cmd;

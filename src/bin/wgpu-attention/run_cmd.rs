@@ -25,6 +25,8 @@ pub struct SdpaArgs {
     v: PathBuf,
     #[command(flatten)]
     op: OpArgs,
+    #[command(flatten)]
+    mods: crate::mods_args::ModArgs,
 }
 
 fn read_4d(path: &Path) -> Result<ndarray::Array4<f32>> {
@@ -44,7 +46,8 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
     // Check the problem before opening a device, so bad input fails fast.
     let dims = Dims::new(&op, &Inputs::qkv(&q, &k, &v))?;
     let (mask_array, lengths) = args.op.read_mask()?;
-    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
+    let mods = args.mods.modifiers()?;
+    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref()).with_modifiers(&mods);
     let (b, h, l, _) = q.dim();
     mask.check([b, h, l, k.dim().2])?;
     let d_o = args.op.grad.sdpa_grad_output([q.view(), v.view()])?;

@@ -352,7 +352,7 @@ impl Flash {
                 mask,
             );
         }
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
         let (out, lse_buf, lse) = out.parts(ctx);
         let inner = Inner::resolve(ctx, opts, (rows, keys), self.f16)?;
         let limits = ctx.limits();

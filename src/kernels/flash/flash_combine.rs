@@ -158,7 +158,7 @@ impl Flash {
         out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
         let consts = super::flash_blocked::FlashBlockedConsts {
             split: 1,
             ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?

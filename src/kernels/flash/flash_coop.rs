@@ -119,7 +119,7 @@ pub(crate) fn dispatch(
     mask: Option<MaskArg<'_>>,
 ) -> Result<()> {
     let shape = ctx.require_coop()?;
-    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
     let (out, lse_buf, lse) = out.parts(ctx);
     let c = consts(op, shape, ctx.limits(), (has_mask, lse))?;
     let (params, workgroups) = op.params(c.rows as usize, mask_strides)?;

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::gpu::Device;
 use crate::kernels::pack::Pack;
 use crate::kernels::wgsl::constants;
-use crate::kernels::{record, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
+use crate::kernels::{record_with, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -71,7 +71,8 @@ impl Flash {
         host: Option<&[f32]>,
     ) -> Result<()> {
         let sg = ctx.require_subgroups()?;
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let mods = MaskArg::mods(mask);
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
         let pack = |src: Strides, width: usize| Pack {
             batch: self.batch,
@@ -112,11 +113,10 @@ impl Flash {
             skip_zero: u32::from(self.skip_zero),
             lse,
         };
-        record::<Shader>(
+        record_with::<Shader>(
             ctx,
             encoder,
-            &consts,
-            u8::from(self.f16),
+            (&consts, u8::from(self.f16)),
             &params,
             &[
                 q.into(),
@@ -126,6 +126,7 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
+            mods,
             workgroups,
         )
     }

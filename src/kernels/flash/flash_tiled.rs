@@ -8,7 +8,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::Device;
 use crate::kernels::wgsl::{constants, uniform};
-use crate::kernels::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
+use crate::kernels::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -250,7 +250,8 @@ impl Flash {
         out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask);
+        let mods = MaskArg::mods(mask);
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
         let (dk4, dv4) = self.widths4()?;
         let needed = tile_bytes(keys, (dk4, dv4));
@@ -271,11 +272,10 @@ impl Flash {
             mask: has_mask,
             lse,
         };
-        record::<Shader>(
+        record_with::<Shader>(
             ctx,
             encoder,
-            &consts,
-            self.f16_bits(),
+            (&consts, self.f16_bits()),
             &params,
             &[
                 q.into(),
@@ -285,6 +285,7 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
+            mods,
             workgroups,
         )
     }

@@ -1,0 +1,128 @@
+//! The score and mask modifier flags of `sdpa` (issue 24): a caller's WGSL files, the buffers
+//! they read, and the presets, gathered into one [`Modifiers`].
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
+use wgpu_attention::{npy, Error, Result};
+
+#[derive(Args, Default)]
+pub struct ModArgs {
+    /// A score modifier: a WGSL file defining
+    /// `fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32`, applied to the
+    /// scaled score before masking.
+    #[arg(long, value_name = "FILE.wgsl")]
+    score_mod: Option<PathBuf>,
+    /// A mask modifier: a WGSL file defining
+    /// `fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool` (true = attend).
+    #[arg(long, value_name = "FILE.wgsl")]
+    mask_mod: Option<PathBuf>,
+    /// A buffer the modifiers read as `NAME[i]`: a float .npy becomes an `array<f32>`, an
+    /// integer one an `array<i32>`. Repeatable.
+    #[arg(long, value_name = "NAME=FILE.npy")]
+    mod_buffer: Vec<String>,
+    /// Sliding window: query i sees key j when i − LEFT ≤ j ≤ i + RIGHT (Mistral's W is
+    /// `--window W-1,0 --causal`).
+    #[arg(long, value_name = "LEFT,RIGHT")]
+    window: Option<String>,
+    /// Logit soft-capping: score ← C·tanh(score / C) on the scaled score (Gemma 2).
+    #[arg(long, value_name = "C")]
+    softcap: Option<f32>,
+    /// ALiBi: score ← score + slope_h · (j − i), one slope per query head (a 1-D .npy).
+    #[arg(long, value_name = "SLOPES.npy")]
+    alibi: Option<PathBuf>,
+    /// Document masking: an integer per position, (batch, n); a query sees only keys of its
+    /// own document.
+    #[arg(long, value_name = "IDS.npy")]
+    document_ids: Option<PathBuf>,
+    /// Prefix-LM: the first P positions attend bidirectionally, the rest causally.
+    #[arg(long, value_name = "P")]
+    prefix_length: Option<u32>,
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(path, format!("cannot read: {e}")))
+}
+
+/// An integer `.npy` as i32s.
+fn read_i32(path: &Path) -> Result<(Vec<usize>, Vec<i32>)> {
+    let a = npy::read_ints(path)?;
+    let shape = a.shape().to_vec();
+    let v = a
+        .iter()
+        .map(|&x| i32::try_from(x).map_err(|_| Error::io(path, format!("value {x} is past i32"))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((shape, v))
+}
+
+impl ModArgs {
+    /// The modifiers the flags give (empty without any).
+    pub fn modifiers(&self) -> Result<Modifiers> {
+        let mut m = Modifiers::new();
+        if let Some(p) = &self.score_mod {
+            m = m.score_mod(p.display().to_string(), read_text(p)?);
+        }
+        if let Some(p) = &self.mask_mod {
+            m = m.mask_mod(p.display().to_string(), read_text(p)?);
+        }
+        for spec in &self.mod_buffer {
+            let Some((name, file)) = spec.split_once('=') else {
+                return Err(Error::invalid(
+                    "--mod-buffer",
+                    format!("{spec:?} is not NAME=FILE.npy"),
+                ));
+            };
+            let path = Path::new(file);
+            let data = match read_i32(path) {
+                Ok((_, v)) => BufferData::I32(v),
+                Err(_) => BufferData::F32(npy::read(path)?.iter().copied().collect()),
+            };
+            m = m.buffer(name, data);
+        }
+        if let Some(w) = &self.window {
+            let parts: Vec<_> = w.split(',').map(|s| s.trim().parse::<u32>()).collect();
+            let [Ok(left), Ok(right)] = parts[..] else {
+                return Err(Error::invalid(
+                    "--window",
+                    format!("{w:?} is not LEFT,RIGHT (two counts of keys, e.g. 511,0)"),
+                ));
+            };
+            m = m.preset(Preset::Window { left, right });
+        }
+        if let Some(c) = self.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::invalid(
+                    "--softcap",
+                    format!("{c} is not a positive number"),
+                ));
+            }
+            m = m.preset(Preset::Softcap(c));
+        }
+        if let Some(p) = &self.alibi {
+            let slopes = npy::read(p)?;
+            if slopes.ndim() != 1 {
+                return Err(Error::io(
+                    p,
+                    "expected a 1-D array of slopes, one per query head",
+                ));
+            }
+            m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+        }
+        if let Some(p) = &self.document_ids {
+            let (shape, ids) = read_i32(p)?;
+            let [_, n] = shape[..] else {
+                return Err(Error::io(
+                    p,
+                    format!("expected (batch, n) ids, found shape {shape:?}"),
+                ));
+            };
+            m = m.preset(Preset::Documents { ids, n: n as u32 });
+        }
+        if let Some(p) = self.prefix_length {
+            m = m.preset(Preset::PrefixLm(p));
+        }
+        m.check()?;
+        Ok(m)
+    }
+}

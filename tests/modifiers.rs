@@ -1,0 +1,172 @@
+//! Score and mask modifiers (issue 24) in the fused forward of the storage and subgroup
+//! families: each preset and their combinations with causal, a boolean mask, grouped-query
+//! heads and L ≠ S against the f64 reference; a caller's own WGSL equal to the preset it
+//! implements; every path that does not apply modifiers yet is an error, not a silent
+//! omission; a caller's mistake is one located error.
+
+mod common;
+
+use ndarray::{Array2, Array4};
+use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
+use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Mask, Options};
+
+/// The families that apply modifiers, as forced kernels, fused (no weights), NaN-prefilled.
+fn fused_on(kernels: Kernels) -> Attention {
+    Attention::new().return_weights(false).options(Options {
+        kernels,
+        nan_fill: true,
+        ..Options::default()
+    })
+}
+
+const FAMILIES: [Kernels; 2] = [Kernels::Storage, Kernels::Subgroup];
+
+/// Q `(b, h, L, e)`, K and V `(b, h_kv, S, e)`.
+fn qkv(b: usize, h: usize, h_kv: usize, l: usize, s: usize, e: usize) -> [Array4<f32>; 3] {
+    let f = |salt: usize| {
+        move |(i, j, k, m): (usize, usize, usize, usize)| {
+            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
+        }
+    };
+    [
+        Array4::from_shape_fn((b, h, l, e), f(1)),
+        Array4::from_shape_fn((b, h_kv, s, e), f(2)),
+        Array4::from_shape_fn((b, h_kv, s, e), f(3)),
+    ]
+}
+
+/// The relative error of `op` with `mask` against the reference.
+fn rel_err(op: Attention, [q, k, v]: &[Array4<f32>; 3], mask: &Mask<'_>) -> f64 {
+    let inputs = Inputs::qkv(q, k, v).mask(mask);
+    let want = reference::run(&op.return_weights(true), &inputs).unwrap();
+    let got = op.run(common::ctx(), inputs).unwrap();
+    assert!(got.context.iter().all(|x| x.is_finite()));
+    reference::compare(&got.context, &want.context).0
+}
+
+#[test]
+fn every_preset_matches_the_reference_on_both_families() {
+    let (b, h, h_kv, l, s, e) = (2, 4, 2, 37, 37, 16);
+    let data = qkv(b, h, h_kv, l, s, e);
+    let ids: Vec<i32> = (0..b * s).map(|p| ((p % s) / 9 + p / s) as i32).collect();
+    let presets = [
+        Preset::Window { left: 5, right: 2 },
+        Preset::Softcap(1.5),
+        Preset::Alibi(Preset::alibi_slopes(h)),
+        Preset::Documents {
+            ids: ids.clone(),
+            n: s as u32,
+        },
+        Preset::PrefixLm(7),
+    ];
+    let mut failures = Vec::new();
+    for kernels in FAMILIES {
+        for (i, p) in presets.iter().enumerate() {
+            for causal in [false, true] {
+                let mods = Modifiers::new().preset(p.clone());
+                let mask = Mask::none().with_modifiers(&mods);
+                let rel = rel_err(fused_on(kernels).causal(causal), &data, &mask);
+                if rel > 1e-5 {
+                    failures.push(format!("{kernels:?} preset {i} causal={causal}: {rel:.2e}"));
+                }
+            }
+        }
+        // Everything at once, with a boolean mask, L ≠ S and a scale.
+        let data = qkv(b, h, h_kv, 13, 29, 8);
+        let keep = Array2::from_shape_fn((13, 29), |(i, j)| (i * 7 + j) % 5 != 0);
+        let mods = Modifiers::new()
+            .preset(Preset::Softcap(2.0))
+            .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+            .preset(Preset::Window { left: 8, right: 8 });
+        let mask = Mask::boolean(keep.view().into_dyn()).with_modifiers(&mods);
+        let rel = rel_err(fused_on(kernels).causal(true).scale(0.7), &data, &mask);
+        if rel > 1e-5 {
+            failures.push(format!("{kernels:?} combined: {rel:.2e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_callers_wgsl_equals_the_preset_it_implements() {
+    let data = qkv(1, 4, 4, 21, 21, 8);
+    let [q, k, v] = &data;
+    let slopes = Preset::alibi_slopes(4);
+    let own = Modifiers::new()
+        .score_mod(
+            "alibi.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return score + slope[h] * (f32(kv) - f32(q));\n}\n",
+        )
+        .buffer("slope", BufferData::F32(slopes.clone()))
+        .mask_mod(
+            "window.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+             return kv + 3u >= q && kv <= q + 1u;\n}\n",
+        );
+    let preset = Modifiers::new()
+        .preset(Preset::Alibi(slopes))
+        .preset(Preset::Window { left: 3, right: 1 });
+    for kernels in FAMILIES {
+        let op = fused_on(kernels);
+        let (m1, m2) = (
+            Mask::none().with_modifiers(&own),
+            Mask::none().with_modifiers(&preset),
+        );
+        let a = op
+            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&m1))
+            .unwrap();
+        let b = op
+            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&m2))
+            .unwrap();
+        let (rel, _) = reference::compare(&a.context, &b.context.mapv(f64::from));
+        assert!(rel < 1e-6, "{kernels:?}: {rel:.2e}");
+        // And the preset against the reference, so the two are both right.
+        assert!(rel_err(op, &data, &m2) < 1e-5);
+    }
+}
+
+#[test]
+fn paths_that_do_not_apply_modifiers_yet_are_errors() {
+    let data = qkv(1, 2, 2, 9, 9, 8);
+    let [q, k, v] = &data;
+    let mods = Modifiers::new().preset(Preset::Softcap(3.0));
+    let mask = Mask::none().with_modifiers(&mods);
+    let ctx = common::ctx();
+    let unsupported = |r: wgpu_attention::Result<_>| matches!(r, Err(Error::Unsupported { .. }));
+    // The weights path, a forward saved for the backward, X.
+    let with_weights = Attention::new().return_weights(true);
+    assert!(unsupported(
+        with_weights
+            .run(ctx, Inputs::qkv(q, k, v).mask(&mask))
+            .map(drop)
+    ));
+    let saved = fused_on(Kernels::Storage).save_for_backward(true);
+    assert!(unsupported(
+        saved.run(ctx, Inputs::qkv(q, k, v).mask(&mask)).map(drop)
+    ));
+    let x = Array2::<f32>::from_elem((5, 8), 0.5);
+    let on_x = Attention::new().return_weights(false);
+    assert!(unsupported(
+        on_x.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
+    ));
+    // Without modifiers the same calls run.
+    with_weights.run(ctx, Inputs::qkv(q, k, v)).unwrap();
+}
+
+#[test]
+fn a_callers_mistake_is_one_located_error() {
+    let data = qkv(1, 1, 1, 4, 4, 4);
+    let [q, k, v] = &data;
+    let bad = Modifiers::new().mask_mod(
+        "mine.wgsl",
+        "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    return kv <= q +;\n}\n",
+    );
+    let mask = Mask::none().with_modifiers(&bad);
+    let err = fused_on(Kernels::Storage)
+        .run(common::ctx(), Inputs::qkv(q, k, v).mask(&mask))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("mine.wgsl:2:"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}
