@@ -268,8 +268,13 @@ fn main(
                 }
                 if j >= kv_end || (p.causal != 0u && j > i) {
                     x = NEG;
-                } else if MASK != 0u && i < p.n_q {
-                    x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+                } else if i < p.n_q {
+                    // The modifiers (identity stubs without any; see src/kernels/mods.rs).
+                    x = wa_score_log2(x, b, h, i, j);
+                    if MASK != 0u {
+                        x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+                    }
+                    x = select(NEG, x, wa_keep(b, h, i, j));
                 }
                 s[r][e] = x;
                 mx[r] = max(mx[r], x);

@@ -22,6 +22,8 @@ pub(crate) use web_time::Instant;
 
 /// A phase of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// In the browser the device's wait and the readback are not timed (nothing blocks there).
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) enum Phase {
     /// Enumerating adapters and opening the device.
     Adapter,

@@ -8,7 +8,9 @@ mod common;
 
 use ndarray::{Array2, Array4};
 use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
-use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Mask, Options};
+use wgpu_attention::{
+    reference, Attention, Error, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
+};
 
 /// The families that apply modifiers, as forced kernels, fused (no weights), NaN-prefilled.
 fn fused_on(kernels: Kernels) -> Attention {
@@ -82,6 +84,38 @@ fn every_preset_matches_the_reference_on_both_families() {
         let rel = rel_err(fused_on(kernels).causal(true).scale(0.7), &data, &mask);
         if rel > 1e-5 {
             failures.push(format!("{kernels:?} combined: {rel:.2e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_gpu_familys_kernel_applies_them_whole_and_with_its_keys_split() {
+    // flash_blocked forced on this adapter, whole and in key ranges merged by flash_combine.
+    let (b, h, h_kv) = (2, 4, 2);
+    let data = qkv(b, h, h_kv, 45, 70, 16);
+    let mods = Modifiers::new()
+        .preset(Preset::Window { left: 20, right: 3 })
+        .preset(Preset::Softcap(1.5))
+        .preset(Preset::Alibi(Preset::alibi_slopes(h)));
+    let mask = Mask::none().with_modifiers(&mods);
+    let mut failures = Vec::new();
+    for key_split in [KeySplit::Off, KeySplit::Ranges(3)] {
+        for causal in [false, true] {
+            let op = Attention::new()
+                .causal(causal)
+                .return_weights(false)
+                .options(Options {
+                    kernels: Kernels::Storage,
+                    flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
+                    key_split,
+                    nan_fill: true,
+                    ..Options::default()
+                });
+            let rel = rel_err(op, &data, &mask);
+            if rel > 1e-5 {
+                failures.push(format!("{key_split:?} causal={causal}: {rel:.2e}"));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

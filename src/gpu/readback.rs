@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::Device;
 use crate::error::{Error, Result};
 use crate::gpu::oneshot;
+#[cfg(not(target_arch = "wasm32"))]
 use crate::phases::Phase;
 
 /// How long a readback waits for the GPU before giving up with an error.

@@ -9,7 +9,7 @@ use super::flash_tiled::{Flash, FlashOut};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
 use crate::kernels::wgsl::constants;
-use crate::kernels::{record, Dim, Kernel, KernelId, MaskArg, Slot};
+use crate::kernels::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -352,7 +352,8 @@ impl Flash {
                 mask,
             );
         }
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
+        let mods = MaskArg::mods(mask);
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
         let inner = Inner::resolve(ctx, opts, (rows, keys), self.f16)?;
         let limits = ctx.limits();
@@ -366,11 +367,10 @@ impl Flash {
         };
         let consts = FlashBlockedConsts { lse, ..consts };
         let (params, workgroups) = self.params(rows as usize, mask_strides)?;
-        record::<Shader>(
+        record_with::<Shader>(
             ctx,
             encoder,
-            &consts,
-            consts.f16_bits(self.f16_bits()),
+            (&consts, consts.f16_bits(self.f16_bits())),
             &params,
             &[
                 q.into(),
@@ -380,6 +380,7 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
+            mods,
             workgroups,
         )
     }

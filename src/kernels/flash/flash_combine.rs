@@ -15,7 +15,7 @@ use super::flash_tiled::{Flash, FlashOut};
 use crate::error::Result;
 use crate::gpu::Device;
 use crate::kernels::wgsl::{constants, uniform};
-use crate::kernels::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
+use crate::kernels::{record, record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -158,7 +158,8 @@ impl Flash {
         out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
+        let mods = MaskArg::mods(mask);
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let consts = super::flash_blocked::FlashBlockedConsts {
             split: 1,
             ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?
@@ -178,11 +179,10 @@ impl Flash {
             split.splits,
             split.keys
         );
-        record::<super::flash_blocked::Shader>(
+        record_with::<super::flash_blocked::Shader>(
             ctx,
             encoder,
-            &consts,
-            self.f16_bits(),
+            (&consts, self.f16_bits()),
             &params,
             &[
                 q.into(),
@@ -192,6 +192,7 @@ impl Flash {
                 mask.into(),
                 (&ml_part).into(),
             ],
+            mods,
             workgroups * split.splits as u64,
         )?;
         let (out, lse_buf, lse) = out.parts(ctx);
