@@ -102,7 +102,7 @@ impl ModsUpload {
 /// The error for a path that does not apply modifiers yet (it must never ignore them).
 pub(crate) fn unsupported(dev: &Device, what: &str) -> Error {
     Error::Unsupported {
-        feature: format!("score/mask modifiers on {what} (so far: the fused forward of the storage and subgroup families)"),
+        feature: format!("score/mask modifiers on {what} (so far: the fused forward, flash-tiled, flash-blocked and flash-subgroup)"),
         adapter: dev.adapter.get_info().name,
         hint: "run the fused forward (return_weights(false)) with Kernels::Storage or \
                Kernels::Subgroup"

@@ -306,8 +306,9 @@ impl Fused for Coop {
         io: FusedIo<'_>,
     ) -> Result<()> {
         // Keys of weight 0 are not skipped in a cooperative P·V (a NaN there would reach the
-        // row): calls passing non-finite values through take flash_blocked.
-        if op.skip_zero {
+        // row): calls passing non-finite values through take flash_blocked, and so do calls
+        // with score or mask modifiers, which the cooperative kernel does not apply yet.
+        if op.skip_zero || MaskArg::mods(io.mask).is_some() {
             let widths = op.widths4()?;
             let blocked = [(64, 64), (64, 32), (32, 64), (32, 32)]
                 .into_iter()
