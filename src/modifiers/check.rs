@@ -1,0 +1,210 @@
+//! Checking a caller's WGSL before any pipeline exists: parsed and validated by naga, each
+//! mistake one error naming the caller's file, line and column; what a modifier may not do
+//! (globals, entry points, barriers, atomics, subgroup operations, reserved names, wrong
+//! signatures) refused.
+
+use super::{Modifiers, Role, RESERVED_PREFIX};
+use crate::error::{Error, Result};
+
+impl Modifiers {
+    /// Checks the caller's WGSL before any pipeline is made: it parses and validates, defines
+    /// each function it was given for with the expected signature, declares no global
+    /// (bindings, workgroup or private memory), no entry point, uses no atomic, barrier or
+    /// subgroup operation, and names nothing `wa_…`; buffer names are identifiers, unique,
+    /// non-empty.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`], one line naming the source (file), line and column.
+    pub fn check(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for b in &self.buffers {
+            let ok = b
+                .name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && b.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok || b.name.starts_with(RESERVED_PREFIX) {
+                return Err(invalid(format!(
+                    "modifier buffer name {:?} is not an identifier of letters, digits and _ \
+                     (not starting with {RESERVED_PREFIX})",
+                    b.name
+                )));
+            }
+            if !seen.insert(b.name.clone()) {
+                return Err(invalid(format!("modifier buffer {:?} given twice", b.name)));
+            }
+            if b.data.len() == 0 {
+                return Err(invalid(format!("modifier buffer {:?} is empty", b.name)));
+            }
+        }
+        // The caller's code alone first (with the buffers it reads), so each message points
+        // into it; then everything the kernels include, which must check too.
+        let (text, segments) = self.assemble(0, 0, false);
+        let module = parse_and_validate(&text, &segments)?;
+        let ours = self.all_buffers().len();
+        if let Some((_, g)) = module.global_variables.iter().nth(ours) {
+            return Err(invalid(format!(
+                "a modifier may not declare `var {}` (a binding, workgroup or private memory); \
+                 pass data as a modifier buffer",
+                g.name.as_deref().unwrap_or("?")
+            )));
+        }
+        if let Some(ep) = module.entry_points.first() {
+            return Err(invalid(format!(
+                "a modifier may not declare an entry point (`{}`)",
+                ep.name
+            )));
+        }
+        for (_, f) in module.functions.iter() {
+            let name = f.name.as_deref().unwrap_or("?");
+            if name.starts_with(RESERVED_PREFIX) {
+                return Err(invalid(format!(
+                    "modifier function `{name}`: names starting with {RESERVED_PREFIX} are reserved"
+                )));
+            }
+            if let Some(what) = forbidden(&f.body) {
+                return Err(invalid(format!(
+                    "modifier function `{name}` uses {what}, which a modifier may not"
+                )));
+            }
+        }
+        for (role, given) in [
+            (Role::Score, self.score_mod.is_some()),
+            (Role::ScoreGrad, self.score_mod_grad.is_some()),
+            (Role::Mask, self.mask_mod.is_some()),
+        ] {
+            if given {
+                check_signature(&module, role)?;
+            }
+        }
+        let (all, _) = self.assemble(0, 0, true);
+        parse_and_validate(&all, &[("generated modifier code".into(), 1)])?;
+        Ok(())
+    }
+}
+
+/// `text` parsed and validated by naga; an error names the source (of `segments`: origin,
+/// first line) and the line and column in it.
+fn parse_and_validate(text: &str, segments: &[(String, u32)]) -> Result<naga::Module> {
+    let locate = |loc: Option<naga::SourceLocation>| -> String {
+        let Some(loc) = loc else {
+            return "modifier".into();
+        };
+        let (origin, first) = segments
+            .iter()
+            .rev()
+            .find(|(_, first)| *first <= loc.line_number)
+            .map(|(o, f)| (o.as_str(), *f))
+            .unwrap_or(("modifier buffers", 1));
+        format!(
+            "{origin}:{}:{}",
+            loc.line_number - first + 1,
+            loc.line_position
+        )
+    };
+    let module = naga::front::wgsl::parse_str(text)
+        .map_err(|e| invalid(format!("{}: {}", locate(e.location(text)), e.message())))?;
+    let mut validator = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    );
+    validator.validate(&module).map_err(|e| {
+        // The innermost span is the most precise; the message chain says what and where.
+        let loc = e.spans().last().map(|(span, _)| span.location(text));
+        let mut msg = e.as_inner().to_string();
+        let mut cause = std::error::Error::source(e.as_inner());
+        while let Some(c) = cause {
+            msg.push_str(": ");
+            msg.push_str(&c.to_string());
+            cause = c.source();
+        }
+        invalid(format!("{}: {}", locate(loc), one_line(&msg)))
+    })?;
+    Ok(module)
+}
+
+fn invalid(msg: String) -> Error {
+    Error::invalid("modifier", msg)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The first statement a modifier may not use, described.
+fn forbidden(block: &naga::Block) -> Option<&'static str> {
+    use naga::Statement as S;
+    for st in block.iter() {
+        let found = match st {
+            S::ControlBarrier(_) | S::MemoryBarrier(_) => Some("a barrier"),
+            S::WorkGroupUniformLoad { .. } => Some("workgroupUniformLoad (a barrier)"),
+            S::Atomic { .. } | S::ImageAtomic { .. } => Some("an atomic operation"),
+            S::SubgroupBallot { .. }
+            | S::SubgroupGather { .. }
+            | S::SubgroupCollectiveOperation { .. } => Some("a subgroup operation"),
+            S::Store { .. } | S::ImageStore { .. } => None,
+            S::Block(b) => forbidden(b),
+            S::If { accept, reject, .. } => forbidden(accept).or_else(|| forbidden(reject)),
+            S::Switch { cases, .. } => cases.iter().find_map(|c| forbidden(&c.body)),
+            S::Loop {
+                body, continuing, ..
+            } => forbidden(body).or_else(|| forbidden(continuing)),
+            _ => None,
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// `Err` unless `module` defines `role`'s function with its signature.
+fn check_signature(module: &naga::Module, role: Role) -> Result<()> {
+    use naga::{Scalar, TypeInner};
+    let name = role.function();
+    let Some((_, f)) = module
+        .functions
+        .iter()
+        .find(|(_, f)| f.name.as_deref() == Some(name))
+    else {
+        return Err(invalid(format!(
+            "the {name} source defines no `{name}`; expected `{}`",
+            role.signature()
+        )));
+    };
+    let scalar = |ty: naga::Handle<naga::Type>| match module.types[ty].inner {
+        TypeInner::Scalar(s) => Some(s),
+        _ => None,
+    };
+    let args: Vec<_> = f.arguments.iter().map(|a| scalar(a.ty)).collect();
+    let want_args: &[Scalar] = match role {
+        Role::Mask => &[Scalar::U32; 4],
+        _ => &[
+            Scalar::F32,
+            Scalar::U32,
+            Scalar::U32,
+            Scalar::U32,
+            Scalar::U32,
+        ],
+    };
+    let want_result = match role {
+        Role::Mask => Scalar::BOOL,
+        _ => Scalar::F32,
+    };
+    let result = f.result.as_ref().and_then(|r| scalar(r.ty));
+    let args_ok = args.len() == want_args.len()
+        && args
+            .iter()
+            .zip(want_args)
+            .all(|(a, w)| a.as_ref() == Some(w));
+    if !args_ok || result != Some(want_result) {
+        return Err(invalid(format!(
+            "`{name}` has the wrong signature; expected `{}`",
+            role.signature()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! Score and mask modifiers (issue 24, programmable attention): a caller's WGSL functions
+//! that change the scaled scores (`score_mod`) or which keys a query sees (`mask_mod`), with
+//! named read-only buffers they may index, and the presets written with the same mechanism
+//! (sliding window, soft-capping, ALiBi, document masking, prefix-LM).
+//!
+//! A stranger's code is checked before any pipeline exists ([`Modifiers::check`]): parsed and
+//! validated by naga; a mistake is one error naming the caller's file, line and column. A
+//! modifier may not declare bindings, workgroup or private memory, entry points, atomics,
+//! barriers or subgroup operations, and its functions must have the signatures
+//! [`SCORE_MOD_SIGNATURE`], [`MASK_MOD_SIGNATURE`] and [`SCORE_MOD_GRAD_SIGNATURE`].
+//!
+//! The kernels call two generated functions, `wa_score(score, b, h, q, kv) -> f32` (every
+//! score modifier in order, the caller's first) and `wa_mask(b, h, q, kv) -> bool` (every
+//! mask modifier, and-ed), from [`Modifiers::wgsl`].
+
+mod check;
+mod preset;
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Write as _;
+
+use crate::error::{Error, Result};
+pub use preset::Preset;
+
+/// What a caller's score modifier must be: applied to the scaled score, before masking.
+pub const SCORE_MOD_SIGNATURE: &str =
+    "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32";
+/// What a caller's mask modifier must be: `true` = attend.
+pub const MASK_MOD_SIGNATURE: &str = "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool";
+/// The derivative of a caller's score modifier by its score, for the backward.
+pub const SCORE_MOD_GRAD_SIGNATURE: &str =
+    "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32";
+
+/// The prefix of every name the generated code uses; a caller's names may not start with it.
+const RESERVED_PREFIX: &str = "wa_";
+
+/// The elements of a modifier buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BufferData {
+    /// An `array<f32>` (per-head slopes, a bias table).
+    F32(Vec<f32>),
+    /// An `array<i32>` (document ids).
+    I32(Vec<i32>),
+}
+
+impl BufferData {
+    fn wgsl_type(&self) -> &'static str {
+        match self {
+            BufferData::F32(_) => "array<f32>",
+            BufferData::I32(_) => "array<i32>",
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            BufferData::F32(v) => v.len(),
+            BufferData::I32(v) => v.len(),
+        }
+    }
+}
+
+/// A named read-only buffer the modifiers index, e.g. `slope[h]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModBuffer {
+    /// Its name in WGSL.
+    pub name: String,
+    /// Its elements.
+    pub data: BufferData,
+}
+
+/// A piece of WGSL and where it came from (a file name, or what made it), for messages.
+#[derive(Debug, Clone, PartialEq)]
+struct Source {
+    origin: String,
+    text: String,
+}
+
+/// Which role a source plays, and the function it must define.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Score,
+    ScoreGrad,
+    Mask,
+}
+
+impl Role {
+    fn function(self) -> &'static str {
+        match self {
+            Role::Score => "score_mod",
+            Role::ScoreGrad => "score_mod_grad",
+            Role::Mask => "mask_mod",
+        }
+    }
+
+    fn signature(self) -> &'static str {
+        match self {
+            Role::Score => SCORE_MOD_SIGNATURE,
+            Role::ScoreGrad => SCORE_MOD_GRAD_SIGNATURE,
+            Role::Mask => MASK_MOD_SIGNATURE,
+        }
+    }
+}
+
+/// The modifiers of one op: a caller's WGSL (`score_mod`, `mask_mod`, `score_mod_grad`), the
+/// buffers it reads, and presets. Empty by default (plain attention).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Modifiers {
+    score_mod: Option<Source>,
+    score_mod_grad: Option<Source>,
+    mask_mod: Option<Source>,
+    buffers: Vec<ModBuffer>,
+    presets: Vec<Preset>,
+}
+
+impl Modifiers {
+    /// No modifier.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether there is no modifier at all.
+    pub fn is_empty(&self) -> bool {
+        self.score_mod.is_none() && self.mask_mod.is_none() && self.presets.is_empty()
+    }
+
+    /// A score modifier ([`SCORE_MOD_SIGNATURE`]), `origin` naming it in messages (its file).
+    pub fn score_mod(mut self, origin: impl Into<String>, wgsl: impl Into<String>) -> Self {
+        self.score_mod = Some(Source {
+            origin: origin.into(),
+            text: wgsl.into(),
+        });
+        self
+    }
+
+    /// The score modifier's derivative by the score ([`SCORE_MOD_GRAD_SIGNATURE`]): without
+    /// it, gradients through a caller's `score_mod` are an `Unsupported` error.
+    pub fn score_mod_grad(mut self, origin: impl Into<String>, wgsl: impl Into<String>) -> Self {
+        self.score_mod_grad = Some(Source {
+            origin: origin.into(),
+            text: wgsl.into(),
+        });
+        self
+    }
+
+    /// A mask modifier ([`MASK_MOD_SIGNATURE`]).
+    pub fn mask_mod(mut self, origin: impl Into<String>, wgsl: impl Into<String>) -> Self {
+        self.mask_mod = Some(Source {
+            origin: origin.into(),
+            text: wgsl.into(),
+        });
+        self
+    }
+
+    /// A read-only buffer the caller's modifiers index by `name`.
+    pub fn buffer(mut self, name: impl Into<String>, data: BufferData) -> Self {
+        self.buffers.push(ModBuffer {
+            name: name.into(),
+            data,
+        });
+        self
+    }
+
+    /// Adds a preset (applied after the caller's own modifier, in the order added).
+    pub fn preset(mut self, preset: Preset) -> Self {
+        self.presets.push(preset);
+        self
+    }
+
+    /// The presets, in order.
+    pub fn presets(&self) -> &[Preset] {
+        &self.presets
+    }
+
+    /// Whether a caller's own (WGSL-only) score modifier is present.
+    pub fn has_own_score_mod(&self) -> bool {
+        self.score_mod.is_some()
+    }
+
+    /// Whether a caller's own (WGSL-only) mask modifier is present.
+    pub fn has_own_mask_mod(&self) -> bool {
+        self.mask_mod.is_some()
+    }
+
+    /// Whether gradients can flow through the score modifiers: every preset has one, a
+    /// caller's `score_mod` only with its `score_mod_grad`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming what is missing.
+    pub fn check_differentiable(&self) -> Result<()> {
+        if self.score_mod.is_some() && self.score_mod_grad.is_none() {
+            return Err(Error::Unsupported {
+                feature: "gradients through a caller's score_mod without its score_mod_grad".into(),
+                adapter: "any".into(),
+                hint: format!(
+                    "give its derivative by the score as well: {SCORE_MOD_GRAD_SIGNATURE}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the presets against the problem `(batch, heads, n_q, n_kv)`: one ALiBi slope
+    /// per query head, document ids for every position a query or key has.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] naming the preset and what it needed.
+    pub fn check_problem(&self, [batch, heads, n_q, n_kv]: [usize; 4]) -> Result<()> {
+        for p in &self.presets {
+            match p {
+                Preset::Alibi(slopes) if slopes.len() != heads => {
+                    return Err(Error::shape(format!(
+                        "ALiBi has {} slopes, one per query head is {heads}",
+                        slopes.len()
+                    )))
+                }
+                Preset::Documents { ids, n } => {
+                    let n = *n as usize;
+                    if ids.len() != batch * n || n < n_q.max(n_kv) {
+                        return Err(Error::shape(format!(
+                            "document ids of {} values in rows of {n}: (batch, n) = ({batch}, \
+                             at least {}) is needed",
+                            ids.len(),
+                            n_q.max(n_kv)
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Every buffer the generated code reads: the caller's, then the presets'.
+    pub(crate) fn all_buffers(&self) -> Vec<ModBuffer> {
+        let mut out = self.buffers.clone();
+        for (i, p) in self.presets.iter().enumerate() {
+            if let (_, Some(b)) = p.wgsl(&preset_name(i)) {
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// The WGSL the kernels include: the buffers as `var<storage, read>` at `@group(group)`,
+    /// bindings from `first_binding` on, the caller's sources, the presets, and the two
+    /// functions the kernels call, `wa_score` and `wa_mask`.
+    pub fn wgsl(&self, group: u32, first_binding: u32) -> String {
+        self.assemble(group, first_binding, true).0
+    }
+
+    /// [`Modifiers::wgsl`] (without the presets and the generated functions unless
+    /// `generated`) and, per caller source, its origin and first line there.
+    fn assemble(
+        &self,
+        group: u32,
+        first_binding: u32,
+        generated: bool,
+    ) -> (String, Vec<(String, u32)>) {
+        let mut text = String::new();
+        let mut segments = Vec::new();
+        for (i, b) in self.all_buffers().iter().enumerate() {
+            let _ = writeln!(
+                text,
+                "@group({group}) @binding({}) var<storage, read> {}: {};",
+                first_binding + i as u32,
+                b.name,
+                b.data.wgsl_type()
+            );
+        }
+        for s in [&self.score_mod, &self.score_mod_grad, &self.mask_mod]
+            .into_iter()
+            .flatten()
+        {
+            segments.push((s.origin.clone(), text.lines().count() as u32 + 1));
+            text.push_str(&s.text);
+            if !s.text.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        if !generated {
+            return (text, segments);
+        }
+        let mut scores = Vec::new();
+        let mut masks = Vec::new();
+        if self.score_mod.is_some() {
+            scores.push("score_mod".to_string());
+        }
+        if self.mask_mod.is_some() {
+            masks.push("mask_mod".to_string());
+        }
+        for (i, p) in self.presets.iter().enumerate() {
+            let name = preset_name(i);
+            text.push_str(&p.wgsl(&name).0);
+            match p.role() {
+                Role::Mask => masks.push(name),
+                _ => scores.push(name),
+            }
+        }
+        text.push_str("fn wa_score(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n");
+        text.push_str("    var s = score;\n");
+        for f in &scores {
+            let _ = writeln!(text, "    s = {f}(s, b, h, q, kv);");
+        }
+        text.push_str("    return s;\n}\n");
+        text.push_str("fn wa_mask(b: u32, h: u32, q: u32, kv: u32) -> bool {\n");
+        let cond = if masks.is_empty() {
+            "true".to_string()
+        } else {
+            masks
+                .iter()
+                .map(|f| format!("{f}(b, h, q, kv)"))
+                .collect::<Vec<_>>()
+                .join(" && ")
+        };
+        let _ = writeln!(text, "    return {cond};\n}}");
+        (text, segments)
+    }
+}
+
+fn preset_name(i: usize) -> String {
+    format!("wa_p{i}")
+}

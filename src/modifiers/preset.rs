@@ -1,0 +1,130 @@
+//! The presets (sliding window, soft-capping, ALiBi, document masking, prefix-LM): each
+//! generated as WGSL under its own `wa_` function name, and the same modifier in f64 for the
+//! reference.
+
+use super::{BufferData, ModBuffer, Role};
+
+/// A preset, generated as WGSL under its own `wa_` function name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Preset {
+    /// Query `i` sees key `j` when `i − left ≤ j ≤ i + right` (top-left aligned).
+    Window {
+        /// Keys before the query it sees.
+        left: u32,
+        /// Keys after the query it sees.
+        right: u32,
+    },
+    /// `score ← cap · tanh(score / cap)` on the scaled score (Gemma 2).
+    Softcap(f32),
+    /// `score ← score + slope_h · (j − i)`, one slope per query head (BLOOM, MPT).
+    Alibi(Vec<f32>),
+    /// A query sees only keys of its own document: one id per position, `(batch, n)` row-major.
+    Documents {
+        /// The ids, `batch · n` of them.
+        ids: Vec<i32>,
+        /// Positions per sequence.
+        n: u32,
+    },
+    /// The first `p` positions attend bidirectionally among themselves, the rest causally.
+    PrefixLm(u32),
+}
+
+impl Preset {
+    /// ALiBi's standard geometric slopes for `heads` heads (Press et al.; for a head count
+    /// that is not a power of two, the next power's odd-indexed slopes fill the rest).
+    pub fn alibi_slopes(heads: usize) -> Vec<f32> {
+        fn powers(n: usize) -> Vec<f64> {
+            let start = 2f64.powf(-8.0 / n as f64);
+            (1..=n).map(|i| start.powi(i as i32)).collect()
+        }
+        let p = heads.next_power_of_two();
+        if p == heads {
+            return powers(heads).into_iter().map(|s| s as f32).collect();
+        }
+        let lower = p / 2;
+        let mut out = powers(lower);
+        out.extend(powers(2 * lower).into_iter().step_by(2).take(heads - lower));
+        out.into_iter().map(|s| s as f32).collect()
+    }
+
+    pub(super) fn role(&self) -> Role {
+        match self {
+            Preset::Softcap(_) | Preset::Alibi(_) => Role::Score,
+            _ => Role::Mask,
+        }
+    }
+
+    /// Its function (named `name`) and the buffer it reads, if any.
+    pub(super) fn wgsl(&self, name: &str) -> (String, Option<ModBuffer>) {
+        match self {
+            Preset::Window { left, right } => (
+                format!(
+                    "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
+                     let d = i32(kv) - i32(q);\n    return d >= -{left}i && d <= {right}i;\n}}\n"
+                ),
+                None,
+            ),
+            Preset::Softcap(cap) => (
+                format!(
+                    "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+                     return {cap:?} * tanh(score / {cap:?});\n}}\n"
+                ),
+                None,
+            ),
+            Preset::Alibi(slopes) => {
+                let buf = format!("{name}_slopes");
+                (
+                    format!(
+                        "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+                         return score + {buf}[h] * (f32(kv) - f32(q));\n}}\n"
+                    ),
+                    Some(ModBuffer {
+                        name: buf,
+                        data: BufferData::F32(slopes.clone()),
+                    }),
+                )
+            }
+            Preset::Documents { ids, n } => {
+                let buf = format!("{name}_ids");
+                (
+                    format!(
+                        "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
+                         return {buf}[b * {n}u + q] == {buf}[b * {n}u + kv];\n}}\n"
+                    ),
+                    Some(ModBuffer {
+                        name: buf,
+                        data: BufferData::I32(ids.clone()),
+                    }),
+                )
+            }
+            Preset::PrefixLm(p) => (
+                format!(
+                    "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
+                     return kv < {p}u || kv <= q;\n}}\n"
+                ),
+                None,
+            ),
+        }
+    }
+
+    /// The same modifier in f64 on the CPU, for the reference: `Some(score)` or `None`
+    /// (masked out) from the scaled score `s` at `(b, h, q, kv)`.
+    pub fn apply(&self, s: f64, b: usize, h: usize, q: usize, kv: usize) -> Option<f64> {
+        match self {
+            Preset::Window { left, right } => {
+                let d = kv as i64 - q as i64;
+                (d >= -(*left as i64) && d <= *right as i64).then_some(s)
+            }
+            Preset::Softcap(cap) => {
+                let c = *cap as f64;
+                Some(c * (s / c).tanh())
+            }
+            Preset::Alibi(slopes) => Some(s + slopes[h] as f64 * (kv as f64 - q as f64)),
+            Preset::Documents { ids, n } => {
+                let n = *n as usize;
+                (ids[b * n + q] == ids[b * n + kv]).then_some(s)
+            }
+            Preset::PrefixLm(p) => (kv < *p as usize || kv <= q).then_some(s),
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The modifiers' checks and presets, without a GPU.
+
+use super::*;
+
+fn err(m: &Modifiers) -> String {
+    m.check().unwrap_err().to_string()
+}
+
+#[test]
+fn a_good_modifier_with_a_buffer_and_presets_checks() {
+    let m = Modifiers::new()
+        .score_mod(
+            "slope.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return score + slope[h] * f32(kv);\n}\n",
+        )
+        .mask_mod(
+            "docs.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool { return kv <= q + 3u; }",
+        )
+        .buffer("slope", BufferData::F32(vec![0.5, 0.25]))
+        .preset(Preset::Window { left: 3, right: 0 })
+        .preset(Preset::Softcap(30.0))
+        .preset(Preset::Alibi(Preset::alibi_slopes(2)))
+        .preset(Preset::Documents {
+            ids: vec![0, 0, 1, 1],
+            n: 4,
+        })
+        .preset(Preset::PrefixLm(2));
+    m.check().unwrap();
+    let wgsl = m.wgsl(1, 7);
+    assert!(wgsl.contains("@group(1) @binding(7) var<storage, read> slope: array<f32>;"));
+    assert!(wgsl.contains("fn wa_score(") && wgsl.contains("fn wa_mask("));
+    assert_eq!(m.all_buffers().len(), 3);
+}
+
+#[test]
+fn a_syntax_error_names_the_callers_file_line_and_column() {
+    let m = Modifiers::new()
+        .buffer("slope", BufferData::F32(vec![1.0]))
+        .score_mod(
+            "mine.wgsl",
+            "// a comment\nfn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return score +;\n}\n",
+        );
+    let e = err(&m);
+    assert!(e.contains("mine.wgsl:3:"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn a_type_error_is_located_too() {
+    // naga locates a validation error at the expression's span (here the argument `q`
+    // the return reads) and says what is wrong.
+    let m = Modifiers::new().mask_mod(
+        "m.wgsl",
+        "\nfn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    return q;\n}\n",
+    );
+    let e = err(&m);
+    assert!(e.contains("m.wgsl:2:"), "{e}");
+    assert!(e.contains("does not match the declared return type"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn bindings_workgroup_memory_barriers_and_atomics_are_refused() {
+    let sig = "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool";
+    for (src, what) in [
+        (
+            format!("@group(0) @binding(0) var<storage, read> x: array<f32>;\n{sig} {{ return x[0] > 0.0; }}"),
+            "may not declare `var x`",
+        ),
+        (
+            format!("var<workgroup> w: array<f32, 4>;\n{sig} {{ return w[0] > 0.0; }}"),
+            "may not declare `var w`",
+        ),
+        (
+            format!("var<private> p: f32;\n{sig} {{ return p > 0.0; }}"),
+            "may not declare `var p`",
+        ),
+        (
+            format!("{sig} {{ workgroupBarrier(); return true; }}"),
+            "a barrier",
+        ),
+        (
+            format!("{sig} {{ storageBarrier(); return true; }}"),
+            "a barrier",
+        ),
+    ] {
+        let e = err(&Modifiers::new().mask_mod("m.wgsl", src.clone()));
+        assert!(e.contains(what), "{src}\n→ {e}");
+    }
+}
+
+#[test]
+fn a_wrong_signature_is_refused_with_the_expected_one() {
+    for src in [
+        "fn mask_mod(b: u32, h: u32, q: u32) -> bool { return true; }",
+        "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> f32 { return 1.0; }",
+        "fn mask_mod(b: i32, h: u32, q: u32, kv: u32) -> bool { return true; }",
+        "fn other(b: u32) -> bool { return true; }",
+    ] {
+        let e = err(&Modifiers::new().mask_mod("m.wgsl", src));
+        assert!(e.contains(MASK_MOD_SIGNATURE), "{src}\n→ {e}");
+    }
+    let e = err(&Modifiers::new().score_mod(
+        "s.wgsl",
+        "fn score_mod(score: f32, b: u32, h: u32, q: u32) -> f32 { return score; }",
+    ));
+    assert!(e.contains(SCORE_MOD_SIGNATURE), "{e}");
+}
+
+#[test]
+fn buffer_names_must_be_identifiers_and_unique() {
+    let good = "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool { return true; }";
+    for (m, what) in [
+        (
+            Modifiers::new().buffer("1x", BufferData::F32(vec![1.0])),
+            "identifier",
+        ),
+        (
+            Modifiers::new().buffer("wa_x", BufferData::F32(vec![1.0])),
+            "identifier",
+        ),
+        (
+            Modifiers::new()
+                .buffer("a", BufferData::F32(vec![1.0]))
+                .buffer("a", BufferData::I32(vec![1])),
+            "twice",
+        ),
+        (
+            Modifiers::new().buffer("a", BufferData::F32(vec![])),
+            "empty",
+        ),
+    ] {
+        let e = err(&m.mask_mod("m.wgsl", good));
+        assert!(e.contains(what), "{e}");
+    }
+}
+
+#[test]
+fn a_callers_score_mod_needs_its_derivative_for_gradients() {
+    let s =
+        "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 { return 2.0 * score; }";
+    let m = Modifiers::new().score_mod("s.wgsl", s);
+    assert!(matches!(
+        m.check_differentiable(),
+        Err(Error::Unsupported { .. })
+    ));
+    let g = "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 { return 2.0; }";
+    let m = m.score_mod_grad("g.wgsl", g);
+    m.check().unwrap();
+    m.check_differentiable().unwrap();
+    Modifiers::new()
+        .preset(Preset::Softcap(5.0))
+        .check_differentiable()
+        .unwrap();
+}
+
+#[test]
+fn presets_on_the_cpu_do_what_their_wgsl_says() {
+    let w = Preset::Window { left: 2, right: 1 };
+    assert_eq!(w.apply(1.0, 0, 0, 5, 3), Some(1.0));
+    assert_eq!(w.apply(1.0, 0, 0, 5, 2), None);
+    assert_eq!(w.apply(1.0, 0, 0, 5, 6), Some(1.0));
+    assert_eq!(w.apply(1.0, 0, 0, 5, 7), None);
+    let c = Preset::Softcap(2.0).apply(100.0, 0, 0, 0, 0).unwrap();
+    assert!((c - 2.0).abs() < 1e-9);
+    let d = Preset::Documents {
+        ids: vec![0, 0, 1, 1, 5, 5, 5, 6],
+        n: 4,
+    };
+    assert_eq!(d.apply(1.0, 0, 0, 1, 0), Some(1.0));
+    assert_eq!(d.apply(1.0, 0, 0, 2, 1), None);
+    assert_eq!(d.apply(1.0, 1, 0, 3, 2), None);
+    let p = Preset::PrefixLm(3);
+    assert_eq!(p.apply(1.0, 0, 0, 0, 2), Some(1.0));
+    assert_eq!(p.apply(1.0, 0, 0, 4, 5), None);
+    assert_eq!(Preset::alibi_slopes(8)[0], 0.5);
+    assert_eq!(Preset::alibi_slopes(8)[7], 1.0 / 256.0);
+    assert_eq!(Preset::alibi_slopes(12).len(), 12);
+}
