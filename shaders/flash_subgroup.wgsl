@@ -96,7 +96,16 @@ fn main(
     let k_mask = (1u << p.k_shift) - 1u;
     let v_mask = (1u << p.v_shift) - 1u;
 
-    for (var j0 = 0u; j0 < kv_end; j0 += SG) {
+    // The mask modifiers' block map (src/kernels/mods.rs): the keys that hold any visible
+    // pair for this block's rows, and per tile 0 = none visible (skipped), 1 = all (no mask
+    // modifier to evaluate), 2 = some.
+    let span = wa_span(b, h, row0);
+    kv_end = min(kv_end, span.y);
+    for (var j0 = span.x; j0 < kv_end; j0 += SG) {
+        let tile = wa_block(b, h, row0, j0);
+        if tile == 0u {
+            continue;
+        }
         // Lane `lane` fetches key j0 + lane.
         let j = j0 + lane;
         var kr: array<vec4<f32>, DK4>;
@@ -139,7 +148,9 @@ fn main(
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], j0 + jj)], LOG2E);
                     }
-                    x = select(NEG, x, wa_keep(b, h, rows[r], j0 + jj));
+                    if tile == 2u {
+                        x = select(NEG, x, wa_keep(b, h, rows[r], j0 + jj));
+                    }
                 }
                 s[r][jj] = x;
                 tile_max[r] = max(tile_max[r], x);

@@ -103,7 +103,16 @@ fn main(
     let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
     let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
 
-    for (var j0 = 0u; j0 < kv_end; j0 += BK) {
+    // The mask modifiers' block map (src/kernels/mods.rs): the keys that hold any visible
+    // pair for this block's rows, and per tile 0 = none visible (skipped), 1 = all (no mask
+    // modifier to evaluate), 2 = some.
+    let span = wa_span(b, h, row0);
+    kv_end = min(kv_end, span.y);
+    for (var j0 = span.x; j0 < kv_end; j0 += BK) {
+        let tile = wa_block(b, h, row0, j0);
+        if tile == 0u {
+            continue;
+        }
         for (var t = li; t < BK * DK4; t += WG) {
             let j = j0 + t / DK4;
             var v = vec4<f32>(0.0);
@@ -139,7 +148,9 @@ fn main(
                 if MASK != 0u {
                     acc = add_bias(acc, mask[mask_offset(p.mask, b, h, row, j0 + jj)], LOG2E);
                 }
-                acc = select(NEG, acc, wa_keep(b, h, row, j0 + jj));
+                if tile == 2u {
+                    acc = select(NEG, acc, wa_keep(b, h, row, j0 + jj));
+                }
             }
             s[jj] = acc;
             tile_max = max(tile_max, acc);

@@ -244,6 +244,26 @@ pub fn gpu_forward_backward(
     Ok([forward, backward])
 }
 
+/// The fused forward of `op` on `q`, `k`, `v` (`Inputs::qkv`) under `mask`, timed as
+/// [`gpu_attention`] is (with modifiers, their block maps are made in the warm-up).
+///
+/// # Errors
+/// Whatever the forward pass returns.
+pub fn gpu_masked(
+    ctx: &Context,
+    op: &Attention,
+    [q, k, v]: [ndarray::ArrayView4<'_, f32>; 3],
+    mask: &crate::Mask<'_>,
+    warmup: usize,
+    repeats: usize,
+) -> Result<Timed> {
+    let op = op.return_weights(false);
+    profiled(ctx, warmup, repeats, || {
+        op.run(ctx, crate::Inputs::qkv(q, k, v).mask(mask))?;
+        Ok(ctx.kernel_times())
+    })
+}
+
 /// Times `run` with profiling off (the headline figure: nothing serialized or added), then
 /// runs it `repeats` more times with profiling on for the per-kernel medians.
 fn profiled(

@@ -204,3 +204,130 @@ fn a_callers_mistake_is_one_located_error() {
     assert!(err.contains("mine.wgsl:2:"), "{err}");
     assert!(!err.contains('\n'), "{err}");
 }
+
+/// The forced variants whose key loops skip the tiles a mask modifier leaves empty: the
+/// storage kernel at two tile widths, and the subgroup kernel.
+fn sparse_variants() -> Vec<(String, Attention)> {
+    let mut out: Vec<(String, Attention)> = [16, 64]
+        .into_iter()
+        .map(|keys| {
+            let op = Attention::new().return_weights(false).options(Options {
+                kernels: Kernels::Storage,
+                flash_variant: Some(FlashVariant::Tiled { keys }),
+                nan_fill: true,
+                ..Options::default()
+            });
+            (format!("tiled bk={keys}"), op)
+        })
+        .collect();
+    out.push(("subgroup".into(), fused_on(Kernels::Subgroup)));
+    out
+}
+
+#[test]
+fn tiles_a_mask_modifier_empties_are_skipped_without_changing_the_result() {
+    // Long enough that most key tiles of a query block are empty (windows, documents), sizes
+    // that are no multiple of any tile, L ≠ S, and per-batch documents (a map per batch).
+    let (b, h, h_kv, e) = (2, 3, 3, 8);
+    let cases: Vec<(&str, usize, usize, Modifiers, bool)> = vec![
+        (
+            "causal window 40",
+            300,
+            300,
+            Modifiers::new().preset(Preset::Window { left: 40, right: 0 }),
+            true,
+        ),
+        (
+            "window 10,70",
+            200,
+            300,
+            Modifiers::new().preset(Preset::Window {
+                left: 10,
+                right: 70,
+            }),
+            false,
+        ),
+        (
+            "documents",
+            300,
+            300,
+            Modifiers::new().preset(Preset::Documents {
+                // Batch 0: documents of 100; batch 1: of 37.
+                ids: (0..b * 300)
+                    .map(|p| ((p % 300) / if p < 300 { 100 } else { 37 }) as i32)
+                    .collect(),
+                n: 300,
+            }),
+            true,
+        ),
+        (
+            "prefix-LM 100 and a window",
+            300,
+            300,
+            Modifiers::new()
+                .preset(Preset::PrefixLm(100))
+                .preset(Preset::Window {
+                    left: 120,
+                    right: 300,
+                }),
+            false,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, l, s, mods, causal) in &cases {
+        let data = qkv(b, h, h_kv, *l, *s, e);
+        let mask = Mask::none().with_modifiers(mods);
+        for (variant, op) in sparse_variants() {
+            let rel = rel_err(op.causal(*causal), &data, &mask);
+            if rel > 1e-5 {
+                failures.push(format!("{name}, {variant}: {rel:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_callers_mask_reading_batch_and_head_gets_a_map_for_each() {
+    // A per-head window from a buffer, one batch index keeping even keys only, and a query
+    // row that sees nothing (zeros): were the block map shared across batch or head, some
+    // tiles would be skipped or kept wrongly.
+    let (b, h, n, e) = (2, 3, 200, 8);
+    let data = qkv(b, h, h, n, n, e);
+    let [q, k, v] = &data;
+    let widths = [3u32, 50, 130];
+    let visible = |bi: usize, hi: usize, qi: usize, kv: usize| {
+        kv + widths[hi] as usize >= qi && kv <= qi && (bi == 0 || kv.is_multiple_of(2)) && qi != 77
+    };
+    let mods = Modifiers::new()
+        .mask_mod(
+            "heads.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+             return kv + u32(width[h]) >= q && kv <= q && (b == 0u || kv % 2u == 0u) \
+             && q != 77u;\n}\n",
+        )
+        .buffer(
+            "width",
+            BufferData::I32(widths.iter().map(|&w| w as i32).collect()),
+        );
+    let keep = Array4::from_shape_fn((b, h, n, n), |(bi, hi, qi, kv)| visible(bi, hi, qi, kv));
+    let bool_mask = Mask::boolean(keep.view().into_dyn());
+    let want = reference::run(
+        &Attention::new().return_weights(true),
+        &Inputs::qkv(q, k, v).mask(&bool_mask),
+    )
+    .unwrap();
+    assert!(want
+        .context
+        .slice(ndarray::s![.., .., 77, ..])
+        .iter()
+        .all(|&x| x == 0.0));
+    let mask = Mask::none().with_modifiers(&mods);
+    for (variant, op) in sparse_variants() {
+        let got = op
+            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&mask))
+            .unwrap();
+        let (rel, _) = reference::compare(&got.context, &want.context);
+        assert!(rel < 1e-5, "{variant}: {rel:.2e}");
+    }
+}

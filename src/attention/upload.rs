@@ -187,7 +187,7 @@ fn contiguous<'a, D: Dimension>(a: &'a ArrayView<'_, f32, D>) -> Cow<'a, [f32]> 
 pub(super) struct MaskBuffer {
     buffer: Option<wgpu::Buffer>,
     strides: [u32; 4],
-    mods: Option<ModsUpload>,
+    mods: Option<std::sync::Arc<ModsUpload>>,
 }
 
 impl MaskBuffer {
@@ -200,7 +200,10 @@ impl MaskBuffer {
         if bias.is_none() && mods.is_none() {
             return Ok(None);
         }
-        let mods = mods.map(|m| ModsUpload::new(ctx, m)).transpose()?;
+        // Equal modifiers share one upload (and its block maps) per device.
+        let mods = mods
+            .map(|m| ctx.memo(m.content_key(), || ModsUpload::new(ctx, m)))
+            .transpose()?;
         let Some(bias) = bias else {
             return Ok(Some(MaskBuffer {
                 buffer: None,
@@ -226,7 +229,7 @@ impl MaskBuffer {
         MaskArg {
             buffer: self.buffer.as_ref(),
             strides: self.strides,
-            mods: self.mods.as_ref(),
+            mods: self.mods.as_deref(),
         }
     }
 }

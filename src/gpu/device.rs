@@ -28,6 +28,7 @@ pub struct Device {
     /// [`crate::Context::with_runtime_checks`]).
     pub(crate) runtime_checks: bool,
     stand_in: OnceLock<wgpu::Buffer>,
+    memo: Mutex<Vec<Memo>>,
     unused_out: OnceLock<[wgpu::Buffer; 2]>,
     one: OnceLock<wgpu::Buffer>,
     subgroup_size: Option<u32>,
@@ -39,6 +40,28 @@ pub struct Device {
     /// Unique in the process: what a resource made on this device is checked against.
     id: u64,
 }
+
+/// How many values [`Device::memo`] keeps.
+pub(crate) const MEMO_CAPACITY: usize = 8;
+
+/// A value [`Device::memo`] keeps: shared between threads where wgpu's resources are.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) trait MemoValue: std::any::Any + Send + Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: std::any::Any + Send + Sync> MemoValue for T {}
+/// A value [`Device::memo`] keeps (the browser's wgpu resources are not `Send`).
+#[cfg(target_arch = "wasm32")]
+pub(crate) trait MemoValue: std::any::Any {}
+#[cfg(target_arch = "wasm32")]
+impl<T: std::any::Any> MemoValue for T {}
+
+#[cfg(not(target_arch = "wasm32"))]
+type Memo = (
+    (std::any::TypeId, u64),
+    Arc<dyn std::any::Any + Send + Sync>,
+);
+#[cfg(target_arch = "wasm32")]
+type Memo = ((std::any::TypeId, u64), Arc<dyn std::any::Any>);
 
 /// What a dry-run device ([`Device::dry_run`]) stands for.
 #[derive(Debug, Clone)]
@@ -132,6 +155,7 @@ impl Device {
             pool: Pool::default(),
             runtime_checks: false,
             stand_in: OnceLock::new(),
+            memo: Mutex::default(),
             unused_out: OnceLock::new(),
             one: OnceLock::new(),
             subgroup_size,
@@ -238,6 +262,38 @@ impl Device {
             .contains(wgpu::Features::TIMESTAMP_QUERY)
             && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
         self.timing.set(on, timestamps)
+    }
+
+    /// What the layers above keep per device under a key of theirs (a call's modifiers on
+    /// the device, with their block maps): the value stored under `key`, or `make`'s, stored
+    /// (the oldest of [`MEMO_CAPACITY`] goes).
+    ///
+    /// # Errors
+    /// `make`'s.
+    pub(crate) fn memo<T: MemoValue>(
+        &self,
+        key: u64,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let id = (std::any::TypeId::of::<T>(), key);
+        let found = self
+            .memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|m| m.0 == id)
+            .map(|m| m.1.clone());
+        if let Some(v) = found.and_then(|v| v.downcast::<T>().ok()) {
+            return Ok(v);
+        }
+        // Made without the lock held: `make` may use the device.
+        let v = Arc::new(make()?);
+        let mut memo = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if memo.len() >= MEMO_CAPACITY {
+            memo.remove(0);
+        }
+        memo.push((id, v.clone()));
+        Ok(v)
     }
 
     /// A small zeroed storage buffer (one vec4) bound wherever a kernel's binding has nothing

@@ -14,6 +14,7 @@ pub(crate) mod wgsl;
 
 pub(crate) mod adam;
 pub(crate) mod add;
+pub(crate) mod block_map;
 pub(crate) mod coop_matmul;
 pub(crate) mod decode_combine;
 pub(crate) mod decode_partial;
@@ -260,6 +261,7 @@ registry! {
     Add => add,
     Adam => adam,
     Mse => mse,
+    BlockMap => block_map,
 }
 
 /// The most constants one kernel may have: the slots of a [`PipelineKey`]. A
@@ -460,7 +462,7 @@ pub(crate) fn record<K: Kernel>(
 }
 
 /// [`record`] of a kernel that calls the modifiers' functions: built with `mods`' code (or
-/// the identity stubs without), its buffers bound at group 1.
+/// the identity stubs without), its buffers (and block map) bound at group 1.
 ///
 /// # Errors
 /// As [`record`].
@@ -470,11 +472,11 @@ pub(crate) fn record_with<K: Kernel>(
     (consts, f16): (&K::Consts, u8),
     params: &K::Params,
     resources: &[Binding<'_>],
-    mods: Option<&mods::ModsUpload>,
+    mods: Option<mods::ModsBind<'_>>,
     workgroups: u64,
 ) -> Result<()> {
     let mut key = PipelineKey::of::<K>(consts, f16);
-    key.mods = mods.map_or(0, |m| m.hash);
+    key.mods = mods.map_or(0, |m| m.upload.hash);
     // Per dispatch: the label alone, not the whole description.
     let label = K::ID.file();
     if resources.len() != K::BINDINGS.len() {
@@ -528,15 +530,7 @@ pub(crate) fn record_with<K: Kernel>(
         entries: &entries,
     });
     let mods_group = mods.map(|m| {
-        let entries: Vec<_> = m
-            .buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
+        let entries = m.entries();
         ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("modifier buffers"),
             layout: &pipeline.get_bind_group_layout(1),
@@ -586,6 +580,11 @@ pub(crate) fn collect_keys(f: impl FnOnce() -> Result<()>) -> Result<Vec<Pipelin
         COLLECTING.with(|c| *c.borrow_mut() = outer);
     }
     result.map(|()| keys.unwrap_or_default())
+}
+
+/// Whether [`collect_keys`] is running on this thread (nothing is recorded).
+pub(crate) fn collecting() -> bool {
+    COLLECTING.with(|c| c.borrow().is_some())
 }
 
 /// Converts a size to the u32 the kernels index with.

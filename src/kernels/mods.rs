@@ -1,9 +1,14 @@
 //! Score and mask modifiers in the kernels (issue 24): a kernel that applies them calls
 //! `wa_keep(b, h, q, kv) -> bool` and `wa_score_log2(x, b, h, q, kv) -> f32` (scores in the
-//! log2 domain, as the fused kernels keep them) where it applies causal and the mask. Without
-//! modifiers the host appends identity stubs, so such a kernel's results are bit for bit what
-//! they were; with them, the caller's checked code ([`crate::modifiers::Modifiers::wgsl`],
-//! its buffers at `@group(1)`), under a pipeline key of its own.
+//! log2 domain, as the fused kernels keep them) where it applies causal and the mask, and
+//! `wa_block(b, h, row0, j0) -> u32` per key tile: 0 when the mask modifiers leave the tile
+//! empty (the kernel skips it), 1 when they leave all of it visible (no `wa_keep` there),
+//! 2 otherwise; and `wa_span(b, h, row0)`, the keys `[lo, hi)` its loop need visit (block
+//! sparsity, from a [`BlockMap`]). Without modifiers the host appends
+//! identity stubs, so such a kernel's results are bit for bit what they were; with them, the
+//! caller's checked code ([`crate::modifiers::Modifiers::wgsl`], its buffers at `@group(1)`,
+//! then the block map's two bindings when there is a mask modifier), under a pipeline key of
+//! its own.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -11,6 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::gpu::Device;
+use crate::kernels::block_map::{BlockMap, MapShape};
 use crate::modifiers::{BufferData, Modifiers};
 
 /// What a kernel that applies modifiers appends without any.
@@ -19,6 +25,41 @@ const STUBS: &str = "fn wa_keep(b: u32, h: u32, q: u32, kv: u32) -> bool {
 }
 fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
     return x;
+}
+fn wa_block(b: u32, h: u32, row0: u32, j0: u32) -> u32 {
+    return 2u;
+}
+fn wa_span(b: u32, h: u32, row0: u32) -> vec2<u32> {
+    return vec2<u32>(0u, 0xffffffffu);
+}
+";
+
+/// With modifiers but no mask modifier: every tile full, every key in the span.
+const FULL: &str = "fn wa_block(b: u32, h: u32, row0: u32, j0: u32) -> u32 {
+    return 1u;
+}
+fn wa_span(b: u32, h: u32, row0: u32) -> vec2<u32> {
+    return vec2<u32>(0u, 0xffffffffu);
+}
+";
+
+/// With a mask modifier: the block map's readers (see shaders/block_map.wgsl for its
+/// layout and [`BlockMap`] for `wa_map`); where the map is off, every tile is partial.
+const MAP_READERS: &str = "fn wa_row_block(b: u32, h: u32, row0: u32) -> u32 {
+    return (b * wa_map[0].x + h * wa_map[0].y) * wa_map[0].z + row0 / wa_map[1].x;
+}
+fn wa_block(b: u32, h: u32, row0: u32, j0: u32) -> u32 {
+    if wa_map[1].w == 0u {
+        return 2u;
+    }
+    return wa_blocks[wa_row_block(b, h, row0) * wa_map[0].w + j0 / wa_map[1].y];
+}
+fn wa_span(b: u32, h: u32, row0: u32) -> vec2<u32> {
+    if wa_map[1].w == 0u {
+        return vec2<u32>(0u, 0xffffffffu);
+    }
+    let at = wa_map[1].z + 2u * wa_row_block(b, h, row0);
+    return vec2<u32>(wa_blocks[at], wa_blocks[at + 1u]);
 }
 ";
 
@@ -48,14 +89,46 @@ pub(crate) fn with_modifiers(composed: String, file: &str, mods: u64) -> String 
     format!("{composed}\n{code}")
 }
 
-/// A call's modifiers on the device: their code's hash (registered for the pipeline cache)
-/// and their buffers, in binding order.
+/// A call's modifiers on the device: their code's hash (registered for the pipeline cache),
+/// their buffers in binding order, and the block maps made for them so far.
 #[derive(Debug)]
 pub(crate) struct ModsUpload {
     /// The code's hash, never 0.
     pub hash: u64,
     /// The buffers, at `@group(1)`, bindings 0, 1, ….
     pub buffers: Vec<wgpu::Buffer>,
+    /// With a mask modifier: which of (batch, head) it reads (a map is shared along the
+    /// others). `None`: no mask modifier, every tile full, no map.
+    axes: Option<[bool; 2]>,
+    maps: Mutex<HashMap<MapShape, Arc<BlockMap>>>,
+    /// What was uploaded (the presets' block maps are made from it on the host).
+    pub source: Modifiers,
+}
+
+/// What a dispatch binds at `@group(1)`: the modifiers' buffers, then (for a kernel that
+/// calls `wa_block`, with a mask modifier) its block map.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModsBind<'a> {
+    pub upload: &'a ModsUpload,
+    pub map: Option<&'a BlockMap>,
+}
+
+impl ModsBind<'_> {
+    /// The bind group entries, bindings 0, 1, ….
+    pub(crate) fn entries(&self) -> Vec<wgpu::BindGroupEntry<'_>> {
+        let mut out: Vec<_> = self.upload.buffers.iter().collect();
+        if let Some(m) = self.map {
+            out.push(&m.blocks);
+            out.push(&m.uniform);
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect()
+    }
 }
 
 impl ModsUpload {
@@ -77,6 +150,21 @@ impl ModsUpload {
             "fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
              return wa_score(x / LOG2E, b, h, q, kv) * LOG2E;\n}\n",
         );
+        // The block map: read where it is on, every tile partial where it is off; without a
+        // mask modifier every tile is full.
+        let axes = if mods.has_mask() {
+            let n = buffers.len();
+            code.push_str(&format!(
+                "@group(1) @binding({n}) var<storage, read> wa_blocks: array<u32>;\n\
+                 @group(1) @binding({}) var<uniform> wa_map: array<vec4<u32>, 2>;\n",
+                n + 1
+            ));
+            code.push_str(MAP_READERS);
+            Some(mods.mask_axes()?)
+        } else {
+            code.push_str(FULL);
+            None
+        };
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         code.hash(&mut hasher);
         let hash = hasher.finish().max(1);
@@ -95,7 +183,36 @@ impl ModsUpload {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(ModsUpload { hash, buffers })
+        Ok(ModsUpload {
+            hash,
+            buffers,
+            axes,
+            maps: Mutex::default(),
+            source: mods.clone(),
+        })
+    }
+
+    /// The block map a kernel of block shape (`shape.rows`, `shape.keys`) binds with these
+    /// modifiers: with a mask modifier, that of `shape`, computed (in a submission of its
+    /// own) the first time; `None` without one.
+    ///
+    /// # Errors
+    /// As [`BlockMap::compute`].
+    pub(crate) fn bind(&self, ctx: &Device, shape: MapShape) -> Result<Option<Arc<BlockMap>>> {
+        let Some(axes) = self.axes else {
+            return Ok(None);
+        };
+        if crate::kernels::collecting() {
+            // A dry run: the map's pipeline noted, nothing computed, so nothing kept.
+            return BlockMap::compute(ctx, self, axes, shape).map(|m| Some(Arc::new(m)));
+        }
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = maps.get(&shape) {
+            return Ok(Some(m.clone()));
+        }
+        let map = Arc::new(BlockMap::compute(ctx, self, axes, shape)?);
+        maps.insert(shape, map.clone());
+        Ok(Some(map))
     }
 }
 

@@ -84,11 +84,61 @@ impl Modifiers {
         parse_and_validate(&all, &[("generated modifier code".into(), 1)])?;
         Ok(())
     }
+
+    /// Which of the batch and head indices the mask modifiers read, `[b, h]`: a block map
+    /// is shared along an axis none of them reads. A caller's `mask_mod` reads an index
+    /// when naga finds its argument used at all (passing it to a helper counts); of the
+    /// presets, document masking reads the batch index.
+    ///
+    /// # Errors
+    /// As [`Modifiers::check`].
+    pub(crate) fn mask_axes(&self) -> Result<[bool; 2]> {
+        let mut axes = [false; 2];
+        if self
+            .presets
+            .iter()
+            .any(|p| matches!(p, super::Preset::Documents { .. }))
+        {
+            axes[0] = true;
+        }
+        if self.mask_mod.is_some() {
+            let (text, segments) = self.assemble(0, 0, false);
+            let (module, info) = parse_and_validate_info(&text, &segments)?;
+            let name = Role::Mask.function();
+            let found = module
+                .functions
+                .iter()
+                .find(|(_, f)| f.name.as_deref() == Some(name));
+            if let Some((fh, f)) = found {
+                for (e, expr) in f.expressions.iter() {
+                    if let naga::Expression::FunctionArgument(i @ (0 | 1)) = *expr {
+                        if info[fh][e].ref_count > 0 {
+                            axes[i as usize] = true;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(axes)
+    }
+
+    /// Whether any mask modifier is present (the caller's or a preset's).
+    pub(crate) fn has_mask(&self) -> bool {
+        self.mask_mod.is_some() || self.presets.iter().any(|p| p.role() == Role::Mask)
+    }
 }
 
 /// `text` parsed and validated by naga; an error names the source (of `segments`: origin,
 /// first line) and the line and column in it.
 fn parse_and_validate(text: &str, segments: &[(String, u32)]) -> Result<naga::Module> {
+    parse_and_validate_info(text, segments).map(|(m, _)| m)
+}
+
+/// [`parse_and_validate`], with naga's analysis of the module.
+fn parse_and_validate_info(
+    text: &str,
+    segments: &[(String, u32)],
+) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
     let locate = |loc: Option<naga::SourceLocation>| -> String {
         let Some(loc) = loc else {
             return "modifier".into();
@@ -111,7 +161,7 @@ fn parse_and_validate(text: &str, segments: &[(String, u32)]) -> Result<naga::Mo
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
     );
-    validator.validate(&module).map_err(|e| {
+    let info = validator.validate(&module).map_err(|e| {
         // The innermost span is the most precise; the message chain says what and where.
         let loc = e.spans().last().map(|(span, _)| span.location(text));
         let mut msg = e.as_inner().to_string();
@@ -123,7 +173,7 @@ fn parse_and_validate(text: &str, segments: &[(String, u32)]) -> Result<naga::Mo
         }
         invalid(format!("{}: {}", locate(loc), one_line(&msg)))
     })?;
-    Ok(module)
+    Ok((module, info))
 }
 
 fn invalid(msg: String) -> Error {

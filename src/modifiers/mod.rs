@@ -13,6 +13,7 @@
 //! score modifier in order, the caller's first) and `wa_mask(b, h, q, kv) -> bool` (every
 //! mask modifier, and-ed), from [`Modifiers::wgsl`].
 
+mod blocks;
 mod check;
 mod preset;
 #[cfg(test)]
@@ -21,6 +22,7 @@ mod tests;
 use std::fmt::Write as _;
 
 use crate::error::{Error, Result};
+pub(crate) use blocks::Grid;
 pub use preset::Preset;
 
 /// What a caller's score modifier must be: applied to the scaled score, before masking.
@@ -229,6 +231,22 @@ impl Modifiers {
             }
         }
         Ok(())
+    }
+
+    /// A hash of everything the kernels would see (the generated code and every buffer's
+    /// name and contents): equal modifiers share their upload and block maps on a device.
+    pub(crate) fn content_key(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.wgsl(1, 0).hash(&mut h);
+        for b in self.all_buffers() {
+            b.name.hash(&mut h);
+            match &b.data {
+                BufferData::F32(v) => v.iter().for_each(|x| x.to_bits().hash(&mut h)),
+                BufferData::I32(v) => v.hash(&mut h),
+            }
+        }
+        h.finish()
     }
 
     /// Every buffer the generated code reads: the caller's, then the presets'.

@@ -84,6 +84,11 @@ pub struct BenchArgs {
     /// How the --decode cache stores K and V: f32, or f16 (half the memory and bandwidth).
     #[arg(long, default_value = "f32")]
     decode_dtype: wgpu_attention::Dtype,
+    /// Block sparsity instead: at each --n, the causal fused forward alone and with a mask
+    /// modifier that empties most key tiles (a 512-key window, documents of 2,048 tokens),
+    /// side by side (--d, --heads, --batch; --kernels auto, storage or subgroup).
+    #[arg(long)]
+    sparse: bool,
     #[command(flatten)]
     adapter: GpuArgs,
 }
@@ -221,6 +226,9 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     bench::check_sizes("--batch", &[args.batch])?;
     if args.decode {
         return decode(args);
+    }
+    if args.sparse {
+        return sparse(args);
     }
     if let Some(path) = &args.plot {
         plot::Format::from_path(path)?;
@@ -395,6 +403,35 @@ fn decode(args: &BenchArgs) -> Result<bool> {
             warmup: args.warmup,
             repeats: args.repeats,
             no_cpu: args.no_cpu,
+        },
+    )?;
+    Ok(true)
+}
+
+/// `bench --sparse`.
+fn sparse(args: &BenchArgs) -> Result<bool> {
+    let kernels = match args.kernels.as_str() {
+        "all" => Kernels::Auto,
+        k => k.parse::<Kernels>()?,
+    };
+    crate::tune_cmd::measure_every_candidate();
+    let ctx = args.adapter.open()?;
+    let info = ctx.adapter_info();
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {} {})",
+        info.name, info.backend, info.device_type, info.driver, info.driver_info
+    );
+    ctx.set_profiling(true);
+    crate::bench_sparse::run(
+        &ctx,
+        &crate::bench_sparse::SparseBench {
+            lengths: &args.n,
+            d: args.d,
+            heads: args.heads,
+            batch: args.batch,
+            kernels,
+            warmup: args.warmup,
+            repeats: args.repeats,
         },
     )?;
     Ok(true)

@@ -5,6 +5,7 @@ mod args;
 mod bench_backward;
 mod bench_cmd;
 mod bench_decode;
+mod bench_sparse;
 mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;

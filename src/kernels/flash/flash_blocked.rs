@@ -380,7 +380,8 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
-            mods,
+            // flash_blocked skips no tile: no block map.
+            mods.map(|upload| crate::kernels::mods::ModsBind { upload, map: None }),
             workgroups,
         )
     }

@@ -192,7 +192,8 @@ impl Flash {
                 mask.into(),
                 (&ml_part).into(),
             ],
-            mods,
+            // flash_blocked skips no tile: no block map.
+            mods.map(|upload| crate::kernels::mods::ModsBind { upload, map: None }),
             workgroups * split.splits as u64,
         )?;
         let (out, lse_buf, lse) = out.parts(ctx);

@@ -104,6 +104,7 @@ impl Flash {
             ..params
         };
         let (dk4, dv4) = self.widths4()?;
+        let map = self.block_map(ctx, mods, (sg * rows_per_lane) as usize, sg)?;
         let consts = FlashSubgroupConsts {
             sg,
             rows_per_lane,
@@ -126,7 +127,10 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
-            mods,
+            mods.map(|upload| crate::kernels::mods::ModsBind {
+                upload,
+                map: map.as_deref(),
+            }),
             workgroups,
         )
     }

@@ -7,6 +7,8 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::Device;
+use crate::kernels::block_map::{BlockMap, MapShape};
+use crate::kernels::mods::{ModsBind, ModsUpload};
 use crate::kernels::wgsl::{constants, uniform};
 use crate::kernels::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 
@@ -176,6 +178,34 @@ pub(crate) struct Flash {
 }
 
 impl Flash {
+    /// The block map that a kernel of blocks of `rows` query rows with tiles of `keys` keys
+    /// (one that calls `wa_block`) binds with the modifiers `mods`: with a mask modifier,
+    /// theirs for this problem (computed the first time).
+    ///
+    /// # Errors
+    /// As [`crate::kernels::block_map::BlockMap::compute`].
+    pub fn block_map(
+        &self,
+        ctx: &Device,
+        mods: Option<&ModsUpload>,
+        rows: usize,
+        keys: u32,
+    ) -> Result<Option<std::sync::Arc<BlockMap>>> {
+        let Some(m) = mods else {
+            return Ok(None);
+        };
+        let shape = MapShape {
+            rows: u32_of("query rows per block", rows)?,
+            keys: MapShape::keys_for(keys),
+            batch: u32_of("batch", self.batch)?,
+            heads: u32_of("heads", self.heads)?,
+            n_q: u32_of("queries", self.n_q)?,
+            n_kv: u32_of("keys", self.n_kv)?,
+            causal: self.causal,
+        };
+        m.bind(ctx, shape)
+    }
+
     /// The uniform block (texture layouts zero) and the workgroup count for blocks of
     /// `rows_per_block` query rows.
     pub fn params(&self, rows_per_block: usize, mask: [u32; 4]) -> Result<(FlashParams, u64)> {
@@ -265,6 +295,7 @@ impl Flash {
             });
         }
         let (params, workgroups) = self.params(ROWS, mask_strides)?;
+        let map = self.block_map(ctx, mods, ROWS, keys)?;
         let consts = FlashTiledConsts {
             keys,
             dk4,
@@ -285,7 +316,10 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
-            mods,
+            mods.map(|upload| ModsBind {
+                upload,
+                map: map.as_deref(),
+            }),
             workgroups,
         )
     }
