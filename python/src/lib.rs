@@ -17,10 +17,10 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use wgpu_attention::half::f16;
-use wgpu_attention::ndarray::{ArrayD, ArrayView4, ArrayViewD, Ix1, Ix2, Ix4};
+use wgpu_attention::ndarray::{Array1, ArrayD, ArrayView4, ArrayViewD, Ix1, Ix2, Ix4};
 use wgpu_attention::{
-    list_adapters, Attention, Backend, Context, ContextOptions, Decoder, Dtype, Error, Inputs,
-    KvCache, KvCacheSpec, Layer, Mask, Projections, Saved,
+    list_adapters, Attention, Backend, BufferData, Context, ContextOptions, Decoder, Dtype, Error,
+    Inputs, KvCache, KvCacheSpec, Layer, Mask, Modifiers, Preset, Projections, Saved,
 };
 
 /// A crate error as the Python exception its kind calls for, on one line.
@@ -269,12 +269,105 @@ fn dtype(half: bool) -> Dtype {
     }
 }
 
+/// A modifier buffer's elements: a float32 array as `array<f32>`, an int32 one as
+/// `array<i32>`, read row-major whatever its shape.
+fn buffer_data(name: &str, a: &Bound<'_, PyAny>) -> PyResult<BufferData> {
+    if let Ok(f) = a.extract::<Arr<'_>>() {
+        return Ok(BufferData::F32(f.as_array().iter().copied().collect()));
+    }
+    if let Ok(i) = a.extract::<PyReadonlyArrayDyn<'_, i32>>() {
+        return Ok(BufferData::I32(i.as_array().iter().copied().collect()));
+    }
+    Err(PyValueError::new_err(format!(
+        "mod_buffers[{name:?}] must be a float32 (array<f32>) or int32 (array<i32>) array"
+    )))
+}
+
+/// The modifiers of one call: a caller's WGSL and its buffers, then the presets. Score
+/// modifiers apply in the order the caller's `score_mod`, ALiBi, the soft-cap; mask
+/// modifiers are and-ed.
+struct ModArgs<'py> {
+    window: Option<(u32, u32)>,
+    softcap: Option<f32>,
+    alibi_slopes: Option<Arr<'py>>,
+    document_ids: Option<PyReadonlyArrayDyn<'py, i32>>,
+    prefix_length: Option<u32>,
+    score_mod: Option<String>,
+    mask_mod: Option<String>,
+    score_mod_grad: Option<String>,
+    mod_buffers: Option<Bound<'py, PyDict>>,
+}
+
+impl ModArgs<'_> {
+    fn modifiers(self) -> PyResult<Modifiers> {
+        let mut m = Modifiers::new();
+        if let Some(src) = self.score_mod {
+            m = m.score_mod("score_mod", src);
+        }
+        if let Some(src) = self.score_mod_grad {
+            m = m.score_mod_grad("score_mod_grad", src);
+        }
+        if let Some(src) = self.mask_mod {
+            m = m.mask_mod("mask_mod", src);
+        }
+        if let Some(buffers) = &self.mod_buffers {
+            for (name, a) in buffers.iter() {
+                let name: String = name
+                    .extract()
+                    .map_err(|_| PyValueError::new_err("mod_buffers' keys must be strings"))?;
+                let data = buffer_data(&name, &a)?;
+                m = m.buffer(name, data);
+            }
+        }
+        if let Some((left, right)) = self.window {
+            m = m.preset(Preset::Window { left, right });
+        }
+        if let Some(p) = self.prefix_length {
+            m = m.preset(Preset::PrefixLm(p));
+        }
+        if let Some(ids) = &self.document_ids {
+            let ids = ids.as_array();
+            let n = match ids.shape() {
+                [_, n] => *n,
+                s => {
+                    return Err(PyValueError::new_err(format!(
+                        "document_ids must be 2-D (batch, n), got shape {s:?}"
+                    )))
+                }
+            };
+            let n = u32::try_from(n)
+                .map_err(|_| PyValueError::new_err("document_ids has too many positions"))?;
+            m = m.preset(Preset::Documents {
+                ids: ids.iter().copied().collect(),
+                n,
+            });
+        }
+        if let Some(slopes) = &self.alibi_slopes {
+            let slopes = slopes.as_array();
+            if slopes.ndim() != 1 {
+                return Err(PyValueError::new_err(format!(
+                    "alibi_slopes must be 1-D (one per query head), got shape {:?}",
+                    slopes.shape()
+                )));
+            }
+            m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+        }
+        if let Some(c) = self.softcap {
+            m = m.preset(Preset::Softcap(c));
+        }
+        Ok(m)
+    }
+}
+
 /// Attention on Q `(B, H, L, E)`, K `(B, H_kv, S, E)`, V `(B, H_kv, S, Ev)` (float32, any
 /// strides); the mask broadcasts to `(B, H, L, S)`. Returns `(context, weights or None,
-/// saved or None)`.
+/// saved or None)`. The modifiers ([`ModArgs`]) apply on the fused forward only: with them,
+/// `return_weights` and `save` are `NotImplementedError`s, as the crate's `Unsupported`.
 #[pyfunction]
 #[pyo3(signature = (q, k, v, mask=None, kv_lengths=None, is_causal=false, scale=None,
-    return_weights=false, save=false, half=false))]
+    return_weights=false, save=false, half=false, *, window=None, softcap=None,
+    alibi_slopes=None, document_ids=None, prefix_length=None, score_mod=None, mask_mod=None,
+    score_mod_grad=None, mod_buffers=None))]
 #[allow(clippy::too_many_arguments)]
 fn sdpa<'py>(
     py: Python<'py>,
@@ -288,7 +381,28 @@ fn sdpa<'py>(
     return_weights: bool,
     save: bool,
     half: bool,
+    window: Option<(u32, u32)>,
+    softcap: Option<f32>,
+    alibi_slopes: Option<Arr<'py>>,
+    document_ids: Option<PyReadonlyArrayDyn<'py, i32>>,
+    prefix_length: Option<u32>,
+    score_mod: Option<String>,
+    mask_mod: Option<String>,
+    score_mod_grad: Option<String>,
+    mod_buffers: Option<Bound<'py, PyDict>>,
 ) -> PyResult<Forward<'py>> {
+    let mods = ModArgs {
+        window,
+        softcap,
+        alibi_slopes,
+        document_ids,
+        prefix_length,
+        score_mod,
+        mask_mod,
+        score_mod_grad,
+        mod_buffers,
+    }
+    .modifiers()?;
     let mask_arg = MaskArg::from_py(mask.as_ref())?;
     let mask = mask_arg.as_ref().map(MaskArg::view);
     let (qa, ka, va) = (q.as_array(), k.as_array(), v.as_array());
@@ -304,10 +418,13 @@ fn sdpa<'py>(
     let out = py.detach(|| {
         guarded(|| {
             let ctx = context()?;
-            let m = mask
+            let mut m = mask
                 .as_ref()
                 .map(|m| m.mask(lengths))
                 .or_else(|| lengths_mask(lengths));
+            if !mods.is_empty() {
+                m = Some(m.unwrap_or_else(Mask::none).with_modifiers(&mods));
+            }
             let mut inputs = Inputs::qkv(qa.view(), ka.view(), va.view());
             if let Some(m) = m.as_ref() {
                 inputs = inputs.mask(m);
@@ -654,6 +771,18 @@ fn time_sdpa(
     })
 }
 
+/// ALiBi's standard slopes for `heads` query heads (the crate's `Preset::alibi_slopes`).
+#[pyfunction]
+fn alibi_slopes(py: Python<'_>, heads: usize) -> PyResult<Bound<'_, PyArrayDyn<f32>>> {
+    if heads == 0 {
+        return Err(PyValueError::new_err("ALiBi needs at least one head"));
+    }
+    Ok(to_py(
+        py,
+        Array1::from_vec(Preset::alibi_slopes(heads)).into_dyn(),
+    ))
+}
+
 /// Panics inside the guard every call runs in: the tests' proof that a Rust panic comes out
 /// as a `RuntimeError`, not a dead interpreter.
 #[pyfunction]
@@ -676,6 +805,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(time_sdpa, m)?)?;
+    m.add_function(wrap_pyfunction!(alibi_slopes, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add_class::<SavedForward>()?;
     m.add_class::<ResidentLayer>()?;
