@@ -6,24 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use wgpu_attention::npy;
-
-fn cases() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_grad");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("meta.json").exists())
-        .collect();
-    out.sort();
-    out
-}
 
 #[test]
 fn cli_gradients_match_pytorch_autograd() {
-    let cases = cases();
+    let cases = common::case_dirs("torch_grad");
     assert!(cases.len() >= 2, "the cases are missing: {cases:?}");
     let mut failures = Vec::new();
     let mut checked = 0;

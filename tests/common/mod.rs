@@ -18,6 +18,21 @@ pub fn tune_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("wgpu-attention-tune.json")
 }
 
+/// The case directories under `tests/data/<sub>` (those with a `meta.json`), sorted: the
+/// committed cases the generators in `tests/python/` write.
+pub fn case_dirs(sub: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(sub);
+    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("meta.json").exists())
+        .collect();
+    out.sort();
+    out
+}
+
 /// Points the autotuner's cache at [`tune_cache`] for every context this process makes from
 /// now on (and the binaries it starts). [`ctx`] calls it; a test that makes its own tuning
 /// context calls it first.
