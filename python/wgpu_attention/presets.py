@@ -188,7 +188,8 @@ class DocumentMask(MaskPreset):
 @dataclass(frozen=True)
 class PrefixLM(MaskPreset):
     """Prefix-LM (T5, PaLI): the first `length` keys are seen by every query, the rest
-    causally (`j ≤ i`)."""
+    causally (`j ≤ i`). It is causal itself: pass it without `is_causal`, which is and-ed
+    with it and would hide the prefix's later keys from its earlier queries."""
 
     length: int
 
