@@ -55,20 +55,11 @@ fn preset(dir: &Path, meta: &Value) -> Preset {
 
 #[test]
 fn every_flex_attention_case_agrees_on_both_families() {
-    let cases = common::case_dirs("flex");
-    assert!(
-        cases.len() >= 13,
-        "expected the committed cases, found {}",
-        cases.len()
-    );
     let mut failures = Vec::new();
-    for dir in &cases {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let meta: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    for common::Case { dir, name, meta } in &common::cases("flex", 13) {
         let (q, k, v) = (four(dir, "q"), four(dir, "k"), four(dir, "v"));
         let want: ArrayD<f64> = ndarray_npy::read_npy(dir.join("context.npy")).unwrap();
-        let mods = Modifiers::new().preset(preset(dir, &meta));
+        let mods = Modifiers::new().preset(preset(dir, meta));
         let mask = Mask::none().with_modifiers(&mods);
         for kernels in [Kernels::Storage, Kernels::Subgroup] {
             let mut op = Attention::new()

@@ -43,17 +43,8 @@ fn agrees(what: &str, got: &ArrayD<f32>, torch: &ArrayD<f32>, tol: f64) -> Resul
 #[test]
 fn every_pytorch_case_agrees_on_every_path() {
     let ctx = common::ctx();
-    let cases = common::case_dirs("torch");
-    assert!(
-        cases.len() >= 13,
-        "expected the committed cases, found {}",
-        cases.len()
-    );
     let mut failures = Vec::new();
-    for dir in &cases {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    for common::Case { dir, name, meta } in &common::cases("torch", 13) {
         let want_context = load(dir, "context").unwrap();
         let want_weights = load(dir, "weights").unwrap();
         let tol = meta["tolerance"].as_f64().unwrap_or(2e-5);

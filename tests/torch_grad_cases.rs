@@ -10,14 +10,12 @@ use wgpu_attention::npy;
 
 #[test]
 fn cli_gradients_match_pytorch_autograd() {
-    let cases = common::case_dirs("torch_grad");
-    assert!(cases.len() >= 2, "the cases are missing: {cases:?}");
     let mut failures = Vec::new();
     let mut checked = 0;
-    for case in &cases {
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(case.join("meta.json")).unwrap())
-                .unwrap();
+    for common::Case {
+        dir: case, meta, ..
+    } in &common::cases("torch_grad", 2)
+    {
         let out_dir = tempfile::tempdir().unwrap();
         let mut args: Vec<String> = vec![meta["command"].as_str().unwrap().to_string()];
         for (flag, name) in meta["inputs"].as_object().unwrap() {
