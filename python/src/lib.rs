@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::exceptions::{
-    PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyValueError,
+    PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -283,91 +283,116 @@ fn buffer_data(name: &str, a: &Bound<'_, PyAny>) -> PyResult<BufferData> {
     )))
 }
 
-/// The modifiers of one call: a caller's WGSL and its buffers, then the presets. Score
-/// modifiers apply in the order the caller's `score_mod`, ALiBi, the soft-cap; mask
-/// modifiers are and-ed.
-struct ModArgs<'py> {
-    window: Option<(u32, u32)>,
-    softcap: Option<f32>,
-    alibi_slopes: Option<Arr<'py>>,
-    document_ids: Option<PyReadonlyArrayDyn<'py, i32>>,
-    prefix_length: Option<u32>,
-    score_mod: Option<String>,
-    mask_mod: Option<String>,
-    score_mod_grad: Option<String>,
-    mod_buffers: Option<Bound<'py, PyDict>>,
+/// The keywords [`modifiers`] reads, in the order it applies them.
+const MODIFIER_KEYWORDS: [&str; 9] = [
+    "score_mod",
+    "score_mod_grad",
+    "mask_mod",
+    "mod_buffers",
+    "window",
+    "prefix_length",
+    "document_ids",
+    "alibi_slopes",
+    "softcap",
+];
+
+/// Keyword `name` of `kw` as a `T` (`what` names it in the error); absent or None is `None`.
+fn keyword<'py, T>(kw: &Bound<'py, PyDict>, name: &str, what: &str) -> PyResult<Option<T>>
+where
+    T: for<'a> FromPyObject<'a, 'py>,
+{
+    match kw.get_item(name)? {
+        Some(v) if !v.is_none() => v
+            .extract::<T>()
+            .map(Some)
+            .map_err(|_| PyTypeError::new_err(format!("{name} must be {what}"))),
+        _ => Ok(None),
+    }
 }
 
-impl ModArgs<'_> {
-    fn modifiers(self) -> PyResult<Modifiers> {
-        let mut m = Modifiers::new();
-        if let Some(src) = self.score_mod {
-            m = m.score_mod("score_mod", src);
+/// The modifiers of one call from its keywords ([`MODIFIER_KEYWORDS`]): a caller's WGSL
+/// (`score_mod`, `score_mod_grad`, `mask_mod`) and the buffers it reads (`mod_buffers`, name →
+/// float32 or int32 array), then the presets `window=(left, right)`, `prefix_length`,
+/// `document_ids` (int32 `(batch, n)`), `alibi_slopes` (float32, one per query head) and
+/// `softcap`. Score modifiers apply in the order the caller's `score_mod`, ALiBi, the soft-cap;
+/// mask modifiers are and-ed.
+fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
+    let mut m = Modifiers::new();
+    let Some(kw) = kw else { return Ok(m) };
+    for key in kw.keys() {
+        let key: String = key.extract()?;
+        if !MODIFIER_KEYWORDS.contains(&key.as_str()) {
+            return Err(PyTypeError::new_err(format!(
+                "sdpa() got an unexpected keyword argument {key:?}"
+            )));
         }
-        if let Some(src) = self.score_mod_grad {
-            m = m.score_mod_grad("score_mod_grad", src);
-        }
-        if let Some(src) = self.mask_mod {
-            m = m.mask_mod("mask_mod", src);
-        }
-        if let Some(buffers) = &self.mod_buffers {
-            for (name, a) in buffers.iter() {
-                let name: String = name
-                    .extract()
-                    .map_err(|_| PyValueError::new_err("mod_buffers' keys must be strings"))?;
-                let data = buffer_data(&name, &a)?;
-                m = m.buffer(name, data);
-            }
-        }
-        if let Some((left, right)) = self.window {
-            m = m.preset(Preset::Window { left, right });
-        }
-        if let Some(p) = self.prefix_length {
-            m = m.preset(Preset::PrefixLm(p));
-        }
-        if let Some(ids) = &self.document_ids {
-            let ids = ids.as_array();
-            let n = match ids.shape() {
-                [_, n] => *n,
-                s => {
-                    return Err(PyValueError::new_err(format!(
-                        "document_ids must be 2-D (batch, n), got shape {s:?}"
-                    )))
-                }
-            };
-            let n = u32::try_from(n)
-                .map_err(|_| PyValueError::new_err("document_ids has too many positions"))?;
-            m = m.preset(Preset::Documents {
-                ids: ids.iter().copied().collect(),
-                n,
-            });
-        }
-        if let Some(slopes) = &self.alibi_slopes {
-            let slopes = slopes.as_array();
-            if slopes.ndim() != 1 {
-                return Err(PyValueError::new_err(format!(
-                    "alibi_slopes must be 1-D (one per query head), got shape {:?}",
-                    slopes.shape()
-                )));
-            }
-            m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
-        }
-        if let Some(c) = self.softcap {
-            m = m.preset(Preset::Softcap(c));
-        }
-        Ok(m)
     }
+    if let Some(src) = keyword::<String>(kw, "score_mod", "WGSL source (a str)")? {
+        m = m.score_mod("score_mod", src);
+    }
+    if let Some(src) = keyword::<String>(kw, "score_mod_grad", "WGSL source (a str)")? {
+        m = m.score_mod_grad("score_mod_grad", src);
+    }
+    if let Some(src) = keyword::<String>(kw, "mask_mod", "WGSL source (a str)")? {
+        m = m.mask_mod("mask_mod", src);
+    }
+    if let Some(buffers) = keyword::<Bound<'_, PyDict>>(kw, "mod_buffers", "a dict")? {
+        for (name, a) in buffers.iter() {
+            let name: String = name
+                .extract()
+                .map_err(|_| PyTypeError::new_err("mod_buffers' keys must be strings"))?;
+            let data = buffer_data(&name, &a)?;
+            m = m.buffer(name, data);
+        }
+    }
+    if let Some((left, right)) = keyword::<(u32, u32)>(kw, "window", "(left, right), two u32")? {
+        m = m.preset(Preset::Window { left, right });
+    }
+    if let Some(p) = keyword::<u32>(kw, "prefix_length", "a u32")? {
+        m = m.preset(Preset::PrefixLm(p));
+    }
+    if let Some(ids) = keyword::<PyReadonlyArrayDyn<'_, i32>>(kw, "document_ids", "an int32 array")?
+    {
+        let ids = ids.as_array();
+        let n = match ids.shape() {
+            [_, n] => *n,
+            s => {
+                return Err(PyValueError::new_err(format!(
+                    "document_ids must be 2-D (batch, n), got shape {s:?}"
+                )))
+            }
+        };
+        let n = u32::try_from(n)
+            .map_err(|_| PyValueError::new_err("document_ids has too many positions"))?;
+        m = m.preset(Preset::Documents {
+            ids: ids.iter().copied().collect(),
+            n,
+        });
+    }
+    if let Some(slopes) = keyword::<Arr<'_>>(kw, "alibi_slopes", "a float32 array")? {
+        let slopes = slopes.as_array();
+        if slopes.ndim() != 1 {
+            return Err(PyValueError::new_err(format!(
+                "alibi_slopes must be 1-D (one per query head), got shape {:?}",
+                slopes.shape()
+            )));
+        }
+        m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+    }
+    if let Some(c) = keyword::<f32>(kw, "softcap", "a float")? {
+        m = m.preset(Preset::Softcap(c));
+    }
+    Ok(m)
 }
 
 /// Attention on Q `(B, H, L, E)`, K `(B, H_kv, S, E)`, V `(B, H_kv, S, Ev)` (float32, any
 /// strides); the mask broadcasts to `(B, H, L, S)`. Returns `(context, weights or None,
-/// saved or None)`. The modifiers ([`ModArgs`]) apply on the fused forward only: with them,
-/// `return_weights` and `save` are `NotImplementedError`s, as the crate's `Unsupported`.
+/// saved or None)`. `**modifiers` are [`modifiers`]' keywords; they apply on the fused
+/// forward only: with them, `return_weights` and `save` are `NotImplementedError`s, as the
+/// crate's `Unsupported`.
 #[pyfunction]
 #[pyo3(signature = (q, k, v, mask=None, kv_lengths=None, is_causal=false, scale=None,
-    return_weights=false, save=false, half=false, *, window=None, softcap=None,
-    alibi_slopes=None, document_ids=None, prefix_length=None, score_mod=None, mask_mod=None,
-    score_mod_grad=None, mod_buffers=None))]
+    return_weights=false, save=false, half=false, **modifiers))]
 #[allow(clippy::too_many_arguments)]
 fn sdpa<'py>(
     py: Python<'py>,
@@ -381,28 +406,9 @@ fn sdpa<'py>(
     return_weights: bool,
     save: bool,
     half: bool,
-    window: Option<(u32, u32)>,
-    softcap: Option<f32>,
-    alibi_slopes: Option<Arr<'py>>,
-    document_ids: Option<PyReadonlyArrayDyn<'py, i32>>,
-    prefix_length: Option<u32>,
-    score_mod: Option<String>,
-    mask_mod: Option<String>,
-    score_mod_grad: Option<String>,
-    mod_buffers: Option<Bound<'py, PyDict>>,
+    modifiers: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Forward<'py>> {
-    let mods = ModArgs {
-        window,
-        softcap,
-        alibi_slopes,
-        document_ids,
-        prefix_length,
-        score_mod,
-        mask_mod,
-        score_mod_grad,
-        mod_buffers,
-    }
-    .modifiers()?;
+    let mods = self::modifiers(modifiers)?;
     let mask_arg = MaskArg::from_py(mask.as_ref())?;
     let mask = mask_arg.as_ref().map(MaskArg::view);
     let (qa, ka, va) = (q.as_array(), k.as_array(), v.as_array());

@@ -208,10 +208,18 @@ def test_gradients_are_refused_until_the_backward_takes_modifiers():
         presets.alibi(torch.ones(2, requires_grad=True))
 
 
-def test_the_native_call_refuses_weights_with_modifiers():
+def test_the_native_calls_modifier_keywords():
     from wgpu_attention._loader import native
 
     q = np.random.rand(1, 2, 5, 4).astype(np.float32)
+    with pytest.raises(TypeError, match='unexpected keyword argument "windw"'):
+        native.sdpa(q, q, q, windw=(1, 1))
+    with pytest.raises(TypeError, match="window must be"):
+        native.sdpa(q, q, q, window=(1,))
+    with pytest.raises(ValueError, match="document_ids must be 2-D"):
+        native.sdpa(q, q, q, document_ids=np.zeros(5, dtype=np.int32))
+    np.testing.assert_array_equal(native.sdpa(q, q, q, window=None)[0], native.sdpa(q, q, q)[0])
+    # Only the fused forward applies them: weights and the saved forward are refused.
     with pytest.raises(NotImplementedError):
         native.sdpa(q, q, q, return_weights=True, softcap=2.0)
     with pytest.raises(NotImplementedError):
