@@ -4,6 +4,8 @@
 //! prefix-LM), causal and not, with `L ≠ S`, grouped-query heads and a scale. The crate's fused
 //! forward with the matching `Preset`, NaN-prefilled, must agree to 1e-5 relative on both
 //! families that apply modifiers. Forward only: the backward does not take modifiers yet.
+//! Checked to fail: with the presets left out, every case but `prefix_lm_causal` (plain causal
+//! attention, as prefix-LM and-ed with causal is) fails, relative errors 0.07–0.86.
 
 mod common;
 

@@ -161,6 +161,8 @@ def main():
         "documents": {"preset": "documents"},
         "prefix_lm": {"preset": "prefix_lm", "length": 5},
     }
+    # prefix_lm_causal is plain causal attention: mask modifiers are and-ed with causal, so the
+    # prefix's later keys stay hidden from its earlier queries. The case pins that reading.
     for i, (name, meta) in enumerate(presets.items()):
         for causal in (False, True):
             full = dict(meta, causal=causal, scale=None)
