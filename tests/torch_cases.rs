@@ -15,17 +15,6 @@ use std::path::{Path, PathBuf};
 use ndarray::{Array4, ArrayD};
 use wgpu_attention::{checkpoint, npy, reference, verify, Attention, Inputs, Options};
 
-fn cases() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("meta.json").exists())
-        .collect();
-    out.sort();
-    out
-}
-
 fn load(dir: &Path, name: &str) -> Option<ArrayD<f32>> {
     let path = dir.join(format!("{name}.npy"));
     path.exists().then(|| npy::read(&path).unwrap())
@@ -54,17 +43,8 @@ fn agrees(what: &str, got: &ArrayD<f32>, torch: &ArrayD<f32>, tol: f64) -> Resul
 #[test]
 fn every_pytorch_case_agrees_on_every_path() {
     let ctx = common::ctx();
-    let cases = cases();
-    assert!(
-        cases.len() >= 13,
-        "expected the committed cases, found {}",
-        cases.len()
-    );
     let mut failures = Vec::new();
-    for dir in &cases {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
+    for common::Case { dir, name, meta } in &common::cases("torch", 13) {
         let want_context = load(dir, "context").unwrap();
         let want_weights = load(dir, "weights").unwrap();
         let tol = meta["tolerance"].as_f64().unwrap_or(2e-5);

@@ -6,31 +6,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use wgpu_attention::npy;
-
-fn cases() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch_grad");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("meta.json").exists())
-        .collect();
-    out.sort();
-    out
-}
 
 #[test]
 fn cli_gradients_match_pytorch_autograd() {
-    let cases = cases();
-    assert!(cases.len() >= 2, "the cases are missing: {cases:?}");
     let mut failures = Vec::new();
     let mut checked = 0;
-    for case in &cases {
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(case.join("meta.json")).unwrap())
-                .unwrap();
+    for common::Case {
+        dir: case, meta, ..
+    } in &common::cases("torch_grad", 2)
+    {
         let out_dir = tempfile::tempdir().unwrap();
         let mut args: Vec<String> = vec![meta["command"].as_str().unwrap().to_string()];
         for (flag, name) in meta["inputs"].as_object().unwrap() {

@@ -12,15 +12,15 @@ use std::sync::{Arc, Mutex};
 
 use numpy::{IntoPyArray, PyArrayDyn, PyReadonlyArrayDyn};
 use pyo3::exceptions::{
-    PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyValueError,
+    PyNotImplementedError, PyOSError, PyOverflowError, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use wgpu_attention::half::f16;
-use wgpu_attention::ndarray::{ArrayD, ArrayView4, ArrayViewD, Ix1, Ix2, Ix4};
+use wgpu_attention::ndarray::{Array1, ArrayD, ArrayView4, ArrayViewD, Ix1, Ix2, Ix4};
 use wgpu_attention::{
-    list_adapters, Attention, Backend, Context, ContextOptions, Decoder, Dtype, Error, Inputs,
-    KvCache, KvCacheSpec, Layer, Mask, Projections, Saved,
+    list_adapters, Attention, Backend, BufferData, Context, ContextOptions, Decoder, Dtype, Error,
+    Inputs, KvCache, KvCacheSpec, Layer, Mask, Modifiers, Preset, Projections, Saved,
 };
 
 /// A crate error as the Python exception its kind calls for, on one line.
@@ -269,12 +269,130 @@ fn dtype(half: bool) -> Dtype {
     }
 }
 
+/// A modifier buffer's elements: a float32 array as `array<f32>`, an int32 one as
+/// `array<i32>`, read row-major whatever its shape.
+fn buffer_data(name: &str, a: &Bound<'_, PyAny>) -> PyResult<BufferData> {
+    if let Ok(f) = a.extract::<Arr<'_>>() {
+        return Ok(BufferData::F32(f.as_array().iter().copied().collect()));
+    }
+    if let Ok(i) = a.extract::<PyReadonlyArrayDyn<'_, i32>>() {
+        return Ok(BufferData::I32(i.as_array().iter().copied().collect()));
+    }
+    Err(PyValueError::new_err(format!(
+        "mod_buffers[{name:?}] must be a float32 (array<f32>) or int32 (array<i32>) array"
+    )))
+}
+
+/// The keywords [`modifiers`] reads, in the order it applies them.
+const MODIFIER_KEYWORDS: [&str; 9] = [
+    "score_mod",
+    "score_mod_grad",
+    "mask_mod",
+    "mod_buffers",
+    "window",
+    "prefix_length",
+    "document_ids",
+    "alibi_slopes",
+    "softcap",
+];
+
+/// Keyword `name` of `kw` as a `T` (`what` names it in the error); absent or None is `None`.
+fn keyword<'py, T>(kw: &Bound<'py, PyDict>, name: &str, what: &str) -> PyResult<Option<T>>
+where
+    T: for<'a> FromPyObject<'a, 'py>,
+{
+    match kw.get_item(name)? {
+        Some(v) if !v.is_none() => v
+            .extract::<T>()
+            .map(Some)
+            .map_err(|_| PyTypeError::new_err(format!("{name} must be {what}"))),
+        _ => Ok(None),
+    }
+}
+
+/// The modifiers of one call from its keywords ([`MODIFIER_KEYWORDS`]): a caller's WGSL
+/// (`score_mod`, `score_mod_grad`, `mask_mod`) and the buffers it reads (`mod_buffers`, name →
+/// float32 or int32 array), then the presets `window=(left, right)`, `prefix_length`,
+/// `document_ids` (int32 `(batch, n)`), `alibi_slopes` (float32, one per query head) and
+/// `softcap`. Score modifiers apply in the order the caller's `score_mod`, ALiBi, the soft-cap;
+/// mask modifiers are and-ed.
+fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
+    let mut m = Modifiers::new();
+    let Some(kw) = kw else { return Ok(m) };
+    for key in kw.keys() {
+        let key: String = key.extract()?;
+        if !MODIFIER_KEYWORDS.contains(&key.as_str()) {
+            return Err(PyTypeError::new_err(format!(
+                "sdpa() got an unexpected keyword argument {key:?}"
+            )));
+        }
+    }
+    if let Some(src) = keyword::<String>(kw, "score_mod", "WGSL source (a str)")? {
+        m = m.score_mod("score_mod", src);
+    }
+    if let Some(src) = keyword::<String>(kw, "score_mod_grad", "WGSL source (a str)")? {
+        m = m.score_mod_grad("score_mod_grad", src);
+    }
+    if let Some(src) = keyword::<String>(kw, "mask_mod", "WGSL source (a str)")? {
+        m = m.mask_mod("mask_mod", src);
+    }
+    if let Some(buffers) = keyword::<Bound<'_, PyDict>>(kw, "mod_buffers", "a dict")? {
+        for (name, a) in buffers.iter() {
+            let name: String = name
+                .extract()
+                .map_err(|_| PyTypeError::new_err("mod_buffers' keys must be strings"))?;
+            let data = buffer_data(&name, &a)?;
+            m = m.buffer(name, data);
+        }
+    }
+    if let Some((left, right)) = keyword::<(u32, u32)>(kw, "window", "(left, right), two u32")? {
+        m = m.preset(Preset::Window { left, right });
+    }
+    if let Some(p) = keyword::<u32>(kw, "prefix_length", "a u32")? {
+        m = m.preset(Preset::PrefixLm(p));
+    }
+    if let Some(ids) = keyword::<PyReadonlyArrayDyn<'_, i32>>(kw, "document_ids", "an int32 array")?
+    {
+        let ids = ids.as_array();
+        let n = match ids.shape() {
+            [_, n] => *n,
+            s => {
+                return Err(PyValueError::new_err(format!(
+                    "document_ids must be 2-D (batch, n), got shape {s:?}"
+                )))
+            }
+        };
+        let n = u32::try_from(n)
+            .map_err(|_| PyValueError::new_err("document_ids has too many positions"))?;
+        m = m.preset(Preset::Documents {
+            ids: ids.iter().copied().collect(),
+            n,
+        });
+    }
+    if let Some(slopes) = keyword::<Arr<'_>>(kw, "alibi_slopes", "a float32 array")? {
+        let slopes = slopes.as_array();
+        if slopes.ndim() != 1 {
+            return Err(PyValueError::new_err(format!(
+                "alibi_slopes must be 1-D (one per query head), got shape {:?}",
+                slopes.shape()
+            )));
+        }
+        m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+    }
+    if let Some(c) = keyword::<f32>(kw, "softcap", "a float")? {
+        m = m.preset(Preset::Softcap(c));
+    }
+    Ok(m)
+}
+
 /// Attention on Q `(B, H, L, E)`, K `(B, H_kv, S, E)`, V `(B, H_kv, S, Ev)` (float32, any
 /// strides); the mask broadcasts to `(B, H, L, S)`. Returns `(context, weights or None,
-/// saved or None)`.
+/// saved or None)`. `**modifiers` are [`modifiers`]' keywords; they apply on the fused
+/// forward only: with them, `return_weights` and `save` are `NotImplementedError`s, as the
+/// crate's `Unsupported`.
 #[pyfunction]
 #[pyo3(signature = (q, k, v, mask=None, kv_lengths=None, is_causal=false, scale=None,
-    return_weights=false, save=false, half=false))]
+    return_weights=false, save=false, half=false, **modifiers))]
 #[allow(clippy::too_many_arguments)]
 fn sdpa<'py>(
     py: Python<'py>,
@@ -288,7 +406,9 @@ fn sdpa<'py>(
     return_weights: bool,
     save: bool,
     half: bool,
+    modifiers: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Forward<'py>> {
+    let mods = self::modifiers(modifiers)?;
     let mask_arg = MaskArg::from_py(mask.as_ref())?;
     let mask = mask_arg.as_ref().map(MaskArg::view);
     let (qa, ka, va) = (q.as_array(), k.as_array(), v.as_array());
@@ -304,10 +424,13 @@ fn sdpa<'py>(
     let out = py.detach(|| {
         guarded(|| {
             let ctx = context()?;
-            let m = mask
+            let mut m = mask
                 .as_ref()
                 .map(|m| m.mask(lengths))
                 .or_else(|| lengths_mask(lengths));
+            if !mods.is_empty() {
+                m = Some(m.unwrap_or_else(Mask::none).with_modifiers(&mods));
+            }
             let mut inputs = Inputs::qkv(qa.view(), ka.view(), va.view());
             if let Some(m) = m.as_ref() {
                 inputs = inputs.mask(m);
@@ -654,6 +777,18 @@ fn time_sdpa(
     })
 }
 
+/// ALiBi's standard slopes for `heads` query heads (the crate's `Preset::alibi_slopes`).
+#[pyfunction]
+fn alibi_slopes(py: Python<'_>, heads: usize) -> PyResult<Bound<'_, PyArrayDyn<f32>>> {
+    if heads == 0 {
+        return Err(PyValueError::new_err("ALiBi needs at least one head"));
+    }
+    Ok(to_py(
+        py,
+        Array1::from_vec(Preset::alibi_slopes(heads)).into_dyn(),
+    ))
+}
+
 /// Panics inside the guard every call runs in: the tests' proof that a Rust panic comes out
 /// as a `RuntimeError`, not a dead interpreter.
 #[pyfunction]
@@ -676,6 +811,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(time_sdpa, m)?)?;
+    m.add_function(wrap_pyfunction!(alibi_slopes, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add_class::<SavedForward>()?;
     m.add_class::<ResidentLayer>()?;

@@ -127,7 +127,88 @@ def test_t5_position_bias_and_cross_attention():
     assert compare(model, input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :5]) < 1e-5
 
 
-def test_softcap_is_a_clear_error():
+def logits(model, impl, **inputs):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def test_gemma2_softcap_and_sliding_window_layers():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    # A cap small enough to bite (random weights give small scores), a window shorter than
+    # the sequence on every other layer, GQA and left padding.
+    cfg = dict(SMALL, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=128)
+    model = build(Gemma2Config, Gemma2ForCausalLM, sliding_window=4, attn_logit_softcapping=0.05, **cfg)
+    assert "sliding_attention" in model.config.layer_types
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, :3] = 0
+    assert compare(model, input_ids=ids, attention_mask=mask) < 1e-5
+    # The cap and the window change the logits, so agreeing means both were applied.
+    plain = build(Gemma2Config, Gemma2ForCausalLM, sliding_window=64, attn_logit_softcapping=None, **cfg)
+    assert rel(logits(plain, "eager", input_ids=ids), logits(model, "eager", input_ids=ids)) > 1e-2
+
+
+def test_mistral_sliding_window_shorter_than_the_sequence():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = dict(SMALL, num_key_value_heads=2, max_position_embeddings=128)
+    model = build(MistralConfig, MistralForCausalLM, sliding_window=3, **cfg)
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(8))
+    mask = torch.ones(2, 11, dtype=torch.long)
+    mask[0, :2] = 0
+    assert compare(model, input_ids=ids, attention_mask=mask) < 1e-5
+    wide = build(MistralConfig, MistralForCausalLM, sliding_window=None, **cfg)
+    assert rel(logits(wide, "eager", input_ids=ids), logits(model, "eager", input_ids=ids)) > 1e-2
+    # Decoding past the window with the KV cache: eager's tokens.
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    model.set_attn_implementation("eager")
+    want = model.generate(**kw)
+    model.set_attn_implementation("wgpu")
+    assert torch.equal(model.generate(**kw), want)
+
+
+class _Module:
+    """What the attention functions read of a decoder layer's attention module."""
+
+    num_key_value_groups = 2
+    training = False
+    is_causal = True
+    head_dim = 8
+
+
+@pytest.mark.parametrize("q_len,kv_len", [(10, 10), (1, 10), (3, 10), (3, 4), (1, 2)])
+def test_a_sliding_window_kwarg_without_a_mask_is_transformers_window(q_len, kv_len):
+    """Without a mask the kwarg is honoured at the positions transformers' sdpa backend gives
+    such a call (a prefill from position 0, or one decoding step at position kv − 1): equal to
+    eager attention with transformers' own sliding-window mask (`kv > q − W`, causal) there."""
+    from transformers.masking_utils import eager_mask, sliding_window_causal_mask_function
+    from transformers.models.mistral.modeling_mistral import eager_attention_forward
+
+    window = 4
+    g = torch.Generator().manual_seed(q_len * 100 + kv_len)
+    q = torch.randn(2, 4, q_len, 8, generator=g)
+    k, v = torch.randn(2, 2, kv_len, 8, generator=g), torch.randn(2, 2, kv_len, 8, generator=g)
+    mask = eager_mask(
+        batch_size=2,
+        q_length=q_len,
+        kv_length=kv_len,
+        q_offset=kv_len - 1 if q_len == 1 else 0,
+        mask_function=sliding_window_causal_mask_function(window),
+    )
+    want, _ = eager_attention_forward(_Module(), q, k, v, mask, scaling=0.3)
+    got, _ = wat.attention_forward(_Module(), q, k, v, None, scaling=0.3, sliding_window=window)
+    assert rel(got, want) < 1e-5
+
+
+def test_softcap_with_output_attentions_is_a_clear_error():
     q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(NotImplementedError, match="softcap"):
-        wat.attention_forward(None, q, q, q, None, softcap=30.0)
+    with pytest.raises(NotImplementedError, match="output_attentions with soft-capping"):
+        wat.attention_forward(None, q, q, q, None, softcap=30.0, output_attentions=True)
+
+
+def test_softcap_with_dropout_is_refused_not_ignored():
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        wat.attention_forward(None, q, q, q, None, dropout=0.1, softcap=30.0)

@@ -22,11 +22,14 @@ os.environ.setdefault("NODEVICE_SELECT", "1")
 
 from ._loader import native as _native  # noqa: E402
 from .decode import KVCache  # noqa: E402
-from .functional import scaled_dot_product_attention  # noqa: E402
+from . import presets  # noqa: E402
+from .functional import flex_attention, scaled_dot_product_attention  # noqa: E402
 from .nn import MultiheadAttention  # noqa: E402
 
 __all__ = [
     "scaled_dot_product_attention",
+    "flex_attention",
+    "presets",
     "MultiheadAttention",
     "KVCache",
     "devices",

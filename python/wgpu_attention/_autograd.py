@@ -4,6 +4,8 @@ backward is the crate's fused backward on the GPU."""
 
 from __future__ import annotations
 
+from typing import Any, Callable, Dict
+
 import numpy as np
 import torch
 
@@ -71,7 +73,8 @@ class _SDPA(torch.autograd.Function):
         return grads[0], grads[1], grads[2], None, None, None, None, None, None
 
 
-def sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights):
+def _plan(query, key, value, enable_gqa) -> _Plan:
+    """The plan of three tensors of one float dtype."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(
@@ -81,7 +84,28 @@ def sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, retur
     dtype = query.dtype
     if dtype not in _TORCH_FLOATS:
         raise ValueError(f"query, key and value must be float16, bfloat16, float32 or float64, got {dtype}")
-    plan = _Plan(query.shape, key.shape, value.shape, enable_gqa=enable_gqa)
+    return _Plan(query.shape, key.shape, value.shape, enable_gqa=enable_gqa)
+
+
+def flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods: Callable[[_Plan], Dict[str, Any]]):
+    """`flex_attention` on tensors: the forward only (its backward refuses modifiers)."""
+    plan = _plan(query, key, value, enable_gqa)
+    operands = (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask))
+    grads = [n for n, t in operands if isinstance(t, torch.Tensor) and t.requires_grad]
+    if torch.is_grad_enabled() and grads:
+        raise NotImplementedError(
+            f"flex_attention: gradients through score or mask modifiers are not implemented yet ({', '.join(grads)} "
+            "requires grad); call it under torch.no_grad() or on detached tensors"
+        )
+    q, k, v = (_to_np(t) for t in (query, key, value))
+    half = query.dtype == torch.float16
+    out, _, _ = _forward_np(q, k, v, _np_mask(attn_mask), is_causal, scale, plan, half, False, False, mods(plan))
+    return _back(out, query)
+
+
+def sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights):
+    plan = _plan(query, key, value, enable_gqa)
+    dtype = query.dtype
     mask = _np_mask(attn_mask)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():

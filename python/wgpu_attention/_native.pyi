@@ -6,6 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 F32 = npt.NDArray[np.float32]
+I32 = npt.NDArray[np.int32]
 
 def version() -> str: ...
 def devices(backend: Optional[str] = None) -> List[Dict[str, Any]]: ...
@@ -22,7 +23,18 @@ def sdpa(
     return_weights: bool = False,
     save: bool = False,
     half: bool = False,
+    *,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[F32] = None,
+    document_ids: Optional[I32] = None,
+    prefix_length: Optional[int] = None,
+    score_mod: Optional[str] = None,
+    mask_mod: Optional[str] = None,
+    score_mod_grad: Optional[str] = None,
+    mod_buffers: Optional[Dict[str, npt.NDArray[Any]]] = None,
 ) -> Tuple[F32, Optional[F32], Optional[SavedForward]]: ...
+def alibi_slopes(heads: int) -> F32: ...
 def verify(random: int = 8, seed: int = 0, half: bool = False) -> List[Dict[str, Any]]: ...
 def time_sdpa(
     q: F32, k: F32, v: F32, is_causal: bool = False, repeats: int = 20, warmup: bool = True

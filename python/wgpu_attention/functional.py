@@ -1,16 +1,18 @@
 """`scaled_dot_product_attention` with PyTorch's signature and semantics, on NumPy arrays and
-torch tensors, run by the crate's WGSL kernels (autograd included for torch tensors)."""
+torch tensors, run by the crate's WGSL kernels (autograd included for torch tensors), and
+`flex_attention`: the same with score and mask modifiers (WGSL or presets)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
+from . import _modifiers
 from ._loader import native as _native
 
-__all__ = ["scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention", "flex_attention"]
 
 
 def _torch():
@@ -146,8 +148,21 @@ def _np_mask(attn_mask: Any) -> Optional[np.ndarray]:
     raise ValueError(f"attn_mask must be bool (True = attend) or floating point (added to the scores), got {m.dtype}")
 
 
-def _forward_np(q, k, v, mask, is_causal, scale, plan: _Plan, half: bool, return_weights: bool, save: bool):
-    """The native call on f32 arrays in PyTorch's shapes; results in PyTorch's shapes."""
+def _forward_np(
+    q,
+    k,
+    v,
+    mask,
+    is_causal,
+    scale,
+    plan: _Plan,
+    half: bool,
+    return_weights: bool,
+    save: bool,
+    mods: Optional[Dict[str, Any]] = None,
+):
+    """The native call on f32 arrays in PyTorch's shapes; results in PyTorch's shapes.
+    `mods`: the native call's modifier keywords (`_modifiers.native_kwargs`)."""
     m = None if mask is None else plan.mask4(mask)
     out, weights, saved = _native.sdpa(
         plan.four_d(q, plan.H),
@@ -159,6 +174,7 @@ def _forward_np(q, k, v, mask, is_causal, scale, plan: _Plan, half: bool, return
         return_weights=return_weights,
         save=save,
         half=half,
+        **(mods or {}),
     )
     out = out.reshape(plan.out_shape)
     if weights is not None:
@@ -168,6 +184,17 @@ def _forward_np(q, k, v, mask, is_causal, scale, plan: _Plan, half: bool, return
 
 def _as_f32(a: np.ndarray) -> np.ndarray:
     return a if a.dtype == np.float32 else a.astype(np.float32)
+
+
+def _arrays(query, key, value, enable_gqa: bool):
+    """NumPy operands as float32 arrays, their plan, and the dtype to return."""
+    arrays = [np.asarray(a) for a in (query, key, value)]
+    _check_dtypes([a.dtype for a in arrays])
+    dtype = arrays[0].dtype
+    if dtype not in _FLOATS:
+        raise ValueError(f"query, key and value must be float16, float32 or float64, got {dtype}")
+    plan = _Plan(arrays[0].shape, arrays[1].shape, arrays[2].shape, enable_gqa=enable_gqa)
+    return [_as_f32(a) for a in arrays], plan, dtype
 
 
 def _check_common(dropout_p: float, scale) -> None:
@@ -208,13 +235,7 @@ def scaled_dot_product_attention(
         from . import _autograd
 
         return _autograd.sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights)
-    arrays = [np.asarray(a) for a in (query, key, value)]
-    _check_dtypes([a.dtype for a in arrays])
-    dtype = arrays[0].dtype
-    if dtype not in _FLOATS:
-        raise ValueError(f"query, key and value must be float16, float32 or float64, got {dtype}")
-    plan = _Plan(arrays[0].shape, arrays[1].shape, arrays[2].shape, enable_gqa=enable_gqa)
-    q, k, v = (_as_f32(a) for a in arrays)
+    (q, k, v), plan, dtype = _arrays(query, key, value, enable_gqa)
     out, weights, _ = _forward_np(
         q, k, v, _np_mask(attn_mask), is_causal, scale, plan, dtype == np.float16, return_weights, False
     )
@@ -222,3 +243,64 @@ def scaled_dot_product_attention(
     if return_weights:
         return out, weights.astype(dtype, copy=False)
     return out
+
+
+def flex_attention(
+    query,
+    key,
+    value,
+    score_mod=None,
+    mask_mod=None,
+    *,
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+    attn_mask=None,
+    buffers: Optional[Mapping[str, Any]] = None,
+    score_mod_grad: Optional[str] = None,
+):
+    """Attention with score and mask modifiers, after PyTorch's
+    `torch.nn.attention.flex_attention.flex_attention`, but the modifiers are WGSL or presets
+    (`wgpu_attention.presets`) run inside the fused kernel rather than Python callables.
+
+    `score_mod`: WGSL source defining
+    `fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32` (the new scaled score),
+    `presets.softcap(c)`, `presets.alibi(slopes)`, or a list of them, applied in that order
+    (a caller's WGSL, then ALiBi, then the soft-cap). `mask_mod`: WGSL source defining
+    `fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool` (True = attend),
+    `presets.sliding_window(left, right)`, `presets.document_mask(ids)`,
+    `presets.prefix_lm(p)`, or a list of them (and-ed). `buffers` names read-only arrays the
+    WGSL indexes (`slope[h]`): floats become `array<f32>`, integers `array<i32>`, flattened
+    row-major. `b` is the flattened batch index, `h` the query head, `q` and `kv` the
+    positions (top-left aligned).
+
+    Shapes, `scale`, `is_causal`, `enable_gqa` and `attn_mask` are as in
+    `scaled_dot_product_attention` (causal and `attn_mask` apply with the modifiers: the score
+    modifiers first, then the mask's bias, then the mask modifiers). Returns `(..., L, Ev)` of
+    the kind, dtype and device it was given.
+
+    Gradients through the modifiers are not implemented yet: with torch tensors that require
+    grad (and grad enabled) it raises `NotImplementedError`; `score_mod_grad` (the WGSL
+    derivative of `score_mod` by the score) is accepted for when they are. Without modifiers
+    it is `scaled_dot_product_attention`, autograd included.
+    """
+    _check_common(0.0, scale)
+    if not _modifiers.items(score_mod) and not _modifiers.items(mask_mod):
+        if buffers:
+            raise ValueError("buffers were given without a score_mod or mask_mod to read them")
+        return scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+
+    def mods(plan: _Plan) -> Dict[str, Any]:
+        return _modifiers.native_kwargs(score_mod, mask_mod, score_mod_grad, buffers, plan)
+
+    if _is_tensor(query) or _is_tensor(key) or _is_tensor(value):
+        from . import _autograd
+
+        return _autograd.flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods)
+    (q, k, v), plan, dtype = _arrays(query, key, value, enable_gqa)
+    out, _, _ = _forward_np(
+        q, k, v, _np_mask(attn_mask), is_causal, scale, plan, dtype == np.float16, False, False, mods(plan)
+    )
+    return out.astype(dtype, copy=False)

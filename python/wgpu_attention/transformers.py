@@ -11,13 +11,22 @@ padding) then gets the eager backend's equal weights, so every logit matches eag
 positions included. Grouped-query models run as such (K/V heads are never repeated),
 padding and causal masks broadcast in place, and `generate`'s KV cache works as it does for
 the `sdpa` backend (transformers keeps the cache; each call attends over it).
+
+Logit soft-capping (`softcap`, Gemma 2) runs as the crate's soft-cap preset inside the fused
+kernel. A `sliding_window` (Mistral, Gemma 2) is already in the masks transformers builds (its
+`masking_utils` fold it in, and the eager backend relies on that alone), so a call with a mask
+takes it from there. A call without a mask gets it as the window preset (query at position `p`
+sees positions `p − W + 1 … p`, as transformers' masks and flash-attention read `W`), with the
+positions transformers' `sdpa` backend gives such a call: a causal prefill from position 0, or
+one decoding step at position `kv − 1`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from .functional import scaled_dot_product_attention
+from . import presets
+from .functional import _check_common, flex_attention, scaled_dot_product_attention
 
 __all__ = ["register", "attention_forward", "NAME"]
 
@@ -41,8 +50,6 @@ def attention_forward(
     weights or None)` — the weights when the model asks for `output_attentions`."""
     import torch
 
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError("the wgpu attention backend does not support `softcap` (logit soft-capping) yet")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("the wgpu attention backend does not support attention sinks (`s_aux`)")
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -53,6 +60,11 @@ def attention_forward(
         key, value = key[:, :, :q_len], value[:, :, :q_len]
         if position_bias is not None:
             position_bias = position_bias[..., :q_len]
+    score_mod = [] if kwargs.get("softcap") is None else [presets.softcap(kwargs["softcap"])]
+    mask_mod = []
+    window = kwargs.get("sliding_window")
+    if window is not None and attention_mask is None:
+        key, value, position_bias, mask_mod = _window(module, query, key, value, position_bias, int(window), is_causal)
     if position_bias is not None:
         # A learned bias (T5): added to the scores, with the mask (or causal) folded in.
         lowest = torch.finfo(position_bias.dtype).min
@@ -68,6 +80,25 @@ def attention_forward(
             attention_mask = position_bias + attention_mask
         is_causal = False
     want_weights = bool(kwargs.get("output_attentions", False))
+    if score_mod or mask_mod:
+        _check_common(dropout, scaling)  # flex_attention has no dropout_p: refuse it here
+        if want_weights:
+            raise NotImplementedError(
+                "output_attentions with soft-capping or a sliding window: the wgpu backend does not return the weights "
+                "of calls with modifiers yet"
+            )
+        out = flex_attention(
+            query,
+            key,
+            value,
+            score_mod,
+            mask_mod,
+            attn_mask=attention_mask,
+            is_causal=is_causal,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+        return out.transpose(1, 2).contiguous(), None
     result = scaled_dot_product_attention(
         query,
         key,
@@ -81,6 +112,29 @@ def attention_forward(
     )
     out, weights = result if want_weights else (result, None)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _window(module: Any, query: Any, key: Any, value: Any, position_bias: Any, window: int, is_causal: bool):
+    """A causal sliding window of `window` positions on a call without a mask: query `i` is
+    position `i + kv − q` (a causal prefill arrives here with its keys already cut to `q`, so
+    its queries are positions `0 … q − 1`; a decoding step's one query is position `kv − 1`)
+    and sees positions `i + kv − q − window + 1` to its own. The keys no query sees are cut
+    off first; the rest is the crate's window preset `(window − 1 − off, off)`, `off = kv − q`."""
+    if window < 1:
+        raise ValueError(f"sliding_window must be at least 1, got {window}")
+    if not is_causal and not getattr(module, "is_causal", True):
+        raise NotImplementedError("a sliding window on a bidirectional call without a mask is not supported")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if kv_len < q_len:
+        raise NotImplementedError(
+            f"a sliding window on a call without a mask and fewer keys ({kv_len}) than queries ({q_len})"
+        )
+    start = max(0, kv_len - q_len - window + 1)
+    key, value = key[:, :, start:], value[:, :, start:]
+    if position_bias is not None:
+        position_bias = position_bias[..., start:]
+    off = kv_len - start - q_len
+    return key, value, position_bias, [presets.sliding_window(window - 1 - off, off)]
 
 
 def register(name: str = NAME) -> None:

@@ -18,6 +18,44 @@ pub fn tune_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("wgpu-attention-tune.json")
 }
 
+/// A committed case of `tests/data/<sub>`: its directory, name and `meta.json`.
+pub struct Case {
+    pub dir: PathBuf,
+    pub name: String,
+    pub meta: serde_json::Value,
+}
+
+/// The cases under `tests/data/<sub>` (the directories with a `meta.json`), sorted: those the
+/// generators in `tests/python/` wrote. Panics with fewer than `at_least` (files missing).
+pub fn cases(sub: &str, at_least: usize) -> Vec<Case> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(sub);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("meta.json").exists())
+        .collect();
+    dirs.sort();
+    assert!(
+        dirs.len() >= at_least,
+        "expected the {at_least} committed cases under {}, found {}",
+        root.display(),
+        dirs.len()
+    );
+    dirs.into_iter()
+        .map(|dir| {
+            let text = std::fs::read_to_string(dir.join("meta.json")).unwrap();
+            Case {
+                name: dir.file_name().unwrap().to_string_lossy().into_owned(),
+                meta: serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("{}: {e}", dir.display())),
+                dir,
+            }
+        })
+        .collect()
+}
+
 /// Points the autotuner's cache at [`tune_cache`] for every context this process makes from
 /// now on (and the binaries it starts). [`ctx`] calls it; a test that makes its own tuning
 /// context calls it first.

@@ -1,0 +1,226 @@
+"""`flex_attention` and the presets: PyTorch's FlexAttention golden cases (tests/data/flex,
+written by tests/python/make_flex_cases.py) on NumPy arrays and torch tensors, a caller's
+WGSL equal to the preset it implements, the argument checks, and the refusals (gradients,
+weights) that stand until the crate's backward takes modifiers."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import wgpu_attention as wa
+from wgpu_attention import presets
+
+CASES = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "flex")
+
+
+def rel(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def cases():
+    return sorted(d for d in os.listdir(CASES) if os.path.exists(os.path.join(CASES, d, "meta.json")))
+
+
+def load(name):
+    d = os.path.join(CASES, name)
+    with open(os.path.join(d, "meta.json")) as f:
+        meta = json.load(f)
+    arrays = {n[:-4]: np.load(os.path.join(d, n)) for n in os.listdir(d) if n.endswith(".npy")}
+    return meta, arrays
+
+
+def preset_of(meta, arrays):
+    """The case's preset as `flex_attention` takes it: `(score_mod, mask_mod)`."""
+    kind = meta["preset"]
+    if kind == "window":
+        return None, presets.sliding_window(meta["left"], meta["right"])
+    if kind == "softcap":
+        return presets.softcap(meta["cap"]), None
+    if kind == "alibi":
+        return presets.alibi(arrays["slopes"]), None
+    if kind == "documents":
+        return None, presets.document_mask(arrays["ids"])
+    if kind == "prefix_lm":
+        return None, presets.prefix_lm(meta["length"])
+    raise ValueError(kind)
+
+
+def test_the_golden_cases_are_there():
+    assert len(cases()) >= 13
+
+
+@pytest.mark.parametrize("name", cases())
+def test_flex_attention_matches_pytorchs_flex_attention(name):
+    meta, a = load(name)
+    score_mod, mask_mod = preset_of(meta, a)
+    q, k, v = a["q"], a["k"], a["v"]
+    out = wa.flex_attention(
+        q, k, v, score_mod, mask_mod, is_causal=meta["causal"], scale=meta["scale"], enable_gqa=q.shape[1] != k.shape[1]
+    )
+    assert out.dtype == np.float32 and out.shape == a["context"].shape
+    assert rel(out, a["context"]) < 1e-5
+
+
+def test_the_standard_alibi_slopes_are_pytorch_sides():
+    for name in cases():
+        meta, a = load(name)
+        if meta["preset"] == "alibi":
+            np.testing.assert_array_equal(presets.alibi_slopes(a["q"].shape[1]), a["slopes"])
+            assert presets.alibi(a["q"].shape[1]).slopes.tolist() == a["slopes"].tolist()
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    meta, a = load("documents_causal")
+    q, k, v = (torch.from_numpy(a[n]) for n in "qkv")
+    ids = torch.from_numpy(a["ids"])
+    out = wa.flex_attention(q, k, v, mask_mod=presets.document_mask(ids), is_causal=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    assert rel(out.numpy(), a["context"]) < 1e-5
+    out64 = wa.flex_attention(q.double(), k.double(), v.double(), mask_mod=presets.document_mask(ids), is_causal=True)
+    assert out64.dtype == torch.float64 and rel(out64.numpy(), a["context"]) < 1e-5
+
+
+def test_batch_axes_and_broadcast_document_ids():
+    meta, a = load("documents")
+    q, k, v = a["q"], a["k"], a["v"]
+    want = a["context"]
+    # Two batch axes (1, 2): the ids broadcast over the first.
+    out = wa.flex_attention(q[None], k[None], v[None], mask_mod=presets.document_mask(a["ids"][None]))
+    assert rel(out[0], want) < 1e-5
+    # One id row for every batch entry: batch 0's ids for both.
+    out = wa.flex_attention(q, k, v, mask_mod=presets.document_mask(a["ids"][0]))
+    assert rel(out[0], want[0]) < 1e-5
+
+
+ALIBI_WGSL = """
+fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    return score + slope[h] * (f32(kv) - f32(q));
+}
+"""
+
+WINDOW_WGSL = """
+fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {
+    return kv + 3u >= q && kv <= q + 2u;
+}
+"""
+
+
+def test_a_callers_wgsl_equals_the_presets():
+    _, a = load("alibi_causal")
+    q, k, v = a["q"], a["k"], a["v"]
+    own = wa.flex_attention(
+        q, k, v, ALIBI_WGSL, WINDOW_WGSL, is_causal=True, buffers={"slope": a["slopes"].astype(np.float64)}
+    )
+    preset = wa.flex_attention(q, k, v, presets.alibi(a["slopes"]), presets.sliding_window(3, 2), is_causal=True)
+    assert rel(own, preset) < 1e-6
+    # WGSL and presets together: the caller's score_mod first, then the presets.
+    both = wa.flex_attention(
+        q, k, v, [ALIBI_WGSL, presets.softcap(2.0)], [WINDOW_WGSL, presets.prefix_lm(4)], buffers={"slope": a["slopes"]}
+    )
+    assert np.isfinite(both).all()
+
+
+def test_integer_buffers_reach_the_wgsl():
+    _, a = load("documents")
+    q, k, v = a["q"], a["k"], a["v"]
+    wgsl = """
+    fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {
+        return doc[b * 17u + q] == doc[b * 17u + kv];
+    }
+    """
+    out = wa.flex_attention(q, k, v, mask_mod=wgsl, buffers={"doc": a["ids"].astype(np.int64)})
+    assert rel(out, a["context"]) < 1e-5
+
+
+def test_without_modifiers_it_is_sdpa():
+    _, a = load("window")
+    q, k, v = a["q"], a["k"], a["v"]
+    np.testing.assert_array_equal(
+        wa.flex_attention(q, k, v, is_causal=True), wa.scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
+
+
+def test_with_a_mask_and_modifiers():
+    _, a = load("softcap")
+    q, k, v = a["q"], a["k"], a["v"]
+    keep = np.ones((12, 17), dtype=bool)
+    keep[:, 15:] = False
+    got = wa.flex_attention(q, k[:, :, :15], v[:, :, :15], presets.softcap(1.5))
+    # The same keys, masked out instead of cut off.
+    assert rel(wa.flex_attention(q, k, v, presets.softcap(1.5), attn_mask=keep), got) < 1e-6
+
+
+def test_a_wgsl_mistake_is_a_located_value_error():
+    q = np.random.rand(1, 2, 5, 4).astype(np.float32)
+    bad = "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    return score +;\n}\n"
+    with pytest.raises(ValueError, match=r"score_mod:2:"):
+        wa.flex_attention(q, q, q, bad)
+    wrong = "fn mask_mod(b: u32, h: u32, q: u32) -> bool { return true; }"
+    with pytest.raises(ValueError, match="fn mask_mod"):
+        wa.flex_attention(q, q, q, mask_mod=wrong)
+
+
+def test_argument_checks():
+    q = np.random.rand(1, 2, 5, 4).astype(np.float32)
+    with pytest.raises(TypeError, match="mask modifier: pass it as mask_mod"):
+        wa.flex_attention(q, q, q, presets.sliding_window(2))
+    with pytest.raises(TypeError, match="score modifier: pass it as score_mod"):
+        wa.flex_attention(q, q, q, mask_mod=presets.softcap(2.0))
+    with pytest.raises(ValueError, match="fixed order"):
+        wa.flex_attention(q, q, q, [presets.softcap(2.0), presets.alibi(2)])
+    with pytest.raises(ValueError, match="two of one kind"):
+        wa.flex_attention(q, q, q, mask_mod=[presets.prefix_lm(1), presets.prefix_lm(2)])
+    with pytest.raises(ValueError, match="3 slopes; the query has 2 heads"):
+        wa.flex_attention(q, q, q, presets.alibi(3))
+    with pytest.raises(ValueError, match="document ids have 4 positions"):
+        wa.flex_attention(q, q, q, mask_mod=presets.document_mask([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        wa.flex_attention(q, q, q, mask_mod=presets.document_mask(np.zeros((3, 5), dtype=int)))
+    with pytest.raises(ValueError, match="non-negative"):
+        presets.sliding_window(-1)
+    with pytest.raises(ValueError, match="positive"):
+        presets.softcap(0.0)
+    with pytest.raises(ValueError, match="integers"):
+        presets.document_mask([0.5, 1.0])
+    with pytest.raises(ValueError, match="buffers were given without"):
+        wa.flex_attention(q, q, q, buffers={"x": np.zeros(2)})
+    with pytest.raises(ValueError, match="must hold floats"):
+        wa.flex_attention(q, q, q, ALIBI_WGSL, buffers={"slope": np.array(["a", "b"])})
+
+
+def test_gradients_are_refused_until_the_backward_takes_modifiers():
+    torch = pytest.importorskip("torch")
+    q = torch.randn(1, 2, 5, 4, requires_grad=True)
+    k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    with pytest.raises(NotImplementedError, match="gradients through score or mask modifiers.*query"):
+        wa.flex_attention(q, k, v, presets.softcap(2.0))
+    with torch.no_grad():
+        out = wa.flex_attention(q, k, v, presets.softcap(2.0))
+    assert out.shape == (1, 2, 5, 4) and not out.requires_grad
+    # Without modifiers it is SDPA, whose backward exists.
+    wa.flex_attention(q, k, v, is_causal=True).sum().backward()
+    assert q.grad is not None
+    with pytest.raises(NotImplementedError, match="preset's values"):
+        presets.alibi(torch.ones(2, requires_grad=True))
+
+
+def test_the_native_calls_modifier_keywords():
+    from wgpu_attention._loader import native
+
+    q = np.random.rand(1, 2, 5, 4).astype(np.float32)
+    with pytest.raises(TypeError, match='unexpected keyword argument "windw"'):
+        native.sdpa(q, q, q, windw=(1, 1))
+    with pytest.raises(TypeError, match="window must be"):
+        native.sdpa(q, q, q, window=(1,))
+    with pytest.raises(ValueError, match="document_ids must be 2-D"):
+        native.sdpa(q, q, q, document_ids=np.zeros(5, dtype=np.int32))
+    np.testing.assert_array_equal(native.sdpa(q, q, q, window=None)[0], native.sdpa(q, q, q)[0])
+    # Only the fused forward applies them: weights and the saved forward are refused.
+    with pytest.raises(NotImplementedError):
+        native.sdpa(q, q, q, return_weights=True, softcap=2.0)
+    with pytest.raises(NotImplementedError):
+        native.sdpa(q, q, q, save=True, window=(1, 1))
