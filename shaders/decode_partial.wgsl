@@ -26,8 +26,12 @@
 // with DV4 and v_line): rows never straddle lines, and a workgroup's keys are one contiguous
 // range. (Texel fetches are several times cheaper than storage-buffer loads on lavapipe.)
 //
+// Modifiers (issue 24): each score goes through `wa_score_log2` and `wa_keep` at the row's
+// position; keys before `kv0` (outside every row's window) are not in any block.
+//
 // The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4,
-// shaders/prelude.wgsl and `struct Params`. All arithmetic is f32.
+// shaders/prelude.wgsl and `struct Params`; and appends the modifiers' code. All arithmetic
+// is f32.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<vec4<f32>>;
@@ -73,7 +77,9 @@ fn main(
         }
     }
 
-    let kv_end = min(blk * p.block + p.block, p.len);
+    // Blocks start at key kv0: the keys before it are outside every row's window.
+    let blk0 = p.kv0 + blk * p.block;
+    let kv_end = min(blk0 + p.block, p.len);
     var o: array<vec4<f32>, GC * DV4>;
     var m: array<f32, GC>;
     var l: array<f32, GC>;
@@ -83,8 +89,8 @@ fn main(
     // Thread t walks its own run of consecutive keys: each thread streams one contiguous range
     // of K and V (what CPU adapters such as lavapipe, which run a subgroup's lanes as one SIMD
     // loop, prefetch well).
-    let span = (kv_end - blk * p.block + WG - 1u) / WG;
-    let j_lo = blk * p.block + t * span;
+    let span = (kv_end - blk0 + WG - 1u) / WG;
+    let j_lo = blk0 + t * span;
     let j_hi = min(j_lo + span, kv_end);
     for (var j = j_lo; j < j_hi; j++) {
         let r = bh * p.capacity + j;
@@ -104,8 +110,15 @@ fn main(
             v[c] = textureLoad(v_tex, vec2<i32>(i32(vx + c), vy), 0);
         }
         for (var g = 0u; g < GC; g++) { // unroll
-            let visible = g0 + g < rows && j + p.m <= p.len + (g0 + g) % p.m;
-            let x = select(NEG, s[g], visible);
+            // Row g is query head h's new row at position `at`; the modifiers (identity
+            // stubs without any; see src/kernels/mods.rs) see (b, h, at, j).
+            let h = hk * p.ratio + (g0 + g) / p.m;
+            let at = p.len - p.m + (g0 + g) % p.m;
+            var x = NEG;
+            if g0 + g < rows && j <= at {
+                let y = wa_score_log2(s[g], b, h, at, j);
+                x = select(NEG, y, wa_keep(b, h, at, j));
+            }
             // A new running max (rare after the first keys): rescale what is summed so far.
             if x > m[g] {
                 let corr = exp2(m[g] - x);

@@ -17,8 +17,12 @@
 // At the end the KG key groups' partials are merged through workgroup memory by the threads of
 // key group 0, and written as decode_partial.wgsl writes them.
 //
+// Modifiers (issue 24) as in decode_partial.wgsl: `wa_score_log2` and `wa_keep` at each
+// row's position; keys before `kv0` are in no block.
+//
 // The host prepends, from src/kernels/decode_partial_gpu.rs: the constants WG, GC, DK4, DV4,
-// CT, KG, OC, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's).
+// CT, KG, OC, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's); and appends the
+// modifiers' code.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<vec4<f32>>;
@@ -73,8 +77,10 @@ fn main(
     for (var g = 0u; g < GC; g++) { // unroll
         m[g] = FLOOR;
     }
-    let kv_end = min(blk * p.block + p.block, p.len);
-    for (var j0 = blk * p.block; j0 < kv_end; j0 += WG) {
+    // Blocks start at key kv0: the keys before it are outside every row's window.
+    let blk0 = p.kv0 + blk * p.block;
+    let kv_end = min(blk0 + p.block, p.len);
+    for (var j0 = blk0; j0 < kv_end; j0 += WG) {
         workgroupBarrier();
         // 1. Scores of key j0 + t.
         let j = j0 + t;
@@ -91,8 +97,16 @@ fn main(
             }
         }
         for (var g = 0u; g < GC; g++) { // unroll
-            let visible = j < kv_end && g0 + g < rows && j + p.m <= p.len + (g0 + g) % p.m;
-            s_sh[g * WG + t] = select(NEG, s[g], visible);
+            // Row g is query head h's new row at position `at`; the modifiers (identity
+            // stubs without any; see src/kernels/mods.rs) see (b, h, at, j).
+            let h = hk * p.ratio + (g0 + g) / p.m;
+            let at = p.len - p.m + (g0 + g) % p.m;
+            var x = NEG;
+            if j < kv_end && g0 + g < rows && j <= at {
+                let y = wa_score_log2(s[g], b, h, at, j);
+                x = select(NEG, y, wa_keep(b, h, at, j));
+            }
+            s_sh[g * WG + t] = x;
         }
         workgroupBarrier();
         // 2. Output columns of the keys of this thread's key group.

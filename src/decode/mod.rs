@@ -48,14 +48,17 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
 use crate::kernels::decode_partial::{Decode, DecodeBuffers};
+use crate::kernels::mods::ModsUpload;
 use crate::kernels::swap_heads::SwapHeads;
+use crate::modifiers::{Modifiers, Preset};
 use crate::tensor::{Recorder, Tensor};
 use crate::values::check_finite;
 
 /// A decode step's options: the scale and, for measurements, the key block.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decoder {
     scale: Option<f32>,
+    mods: Option<std::sync::Arc<Modifiers>>,
     block: Option<usize>,
     nan_fill: bool,
     threads: Option<u32>,
@@ -78,6 +81,16 @@ impl Decoder {
     /// cache length and the device, see the [module docs](self)).
     pub fn block(mut self, keys: usize) -> Self {
         self.block = Some(keys);
+        self
+    }
+
+    /// Score and mask modifiers (issue 24), applied as in the fused forward at each new
+    /// row's position in the sequence (`len − m + i`) and each key's (`j`): a window preset
+    /// also leaves the keys before the earliest row's reach out of the step's work, so a
+    /// step costs O(window), not O(len). Buffers indexed by position (document ids) must
+    /// cover every position the cache holds.
+    pub fn modifiers(mut self, mods: &Modifiers) -> Self {
+        self.mods = Some(std::sync::Arc::new(mods.clone())).filter(|m| !m.is_empty());
         self
     }
 
@@ -245,12 +258,30 @@ impl Decoder {
                 format!("must be finite, got {scale}"),
             ));
         }
+        if let Some(mods) = &self.mods {
+            mods.check_problem([batch, heads, cache.len(), cache.len()])?;
+        }
+        // A window preset's reach: the earliest new row, at len − m, sees no key before
+        // len − m − left.
+        let first = self.mods.as_ref().map_or(0, |mods| {
+            mods.presets()
+                .iter()
+                .filter_map(|p| match p {
+                    Preset::Window { left, .. } => {
+                        Some((cache.len() - m).saturating_sub(*left as usize))
+                    }
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0)
+        });
         Ok(Decode {
             batch,
             heads,
             kv_heads: spec.kv_heads,
             m,
             len: cache.len(),
+            first,
             capacity: spec.capacity,
             k_line: cache.lines().0.per_line,
             v_line: cache.lines().1.per_line,
@@ -282,7 +313,12 @@ impl Decoder {
             v,
             out: &out,
         };
-        problem.record(ctx, encoder, &bufs, self.block)?;
+        let mods = self
+            .mods
+            .as_ref()
+            .map(|m| ctx.memo(m.content_key(), || ModsUpload::new(ctx, m)))
+            .transpose()?;
+        problem.record(ctx, encoder, &bufs, self.block, mods.as_deref())?;
         Ok(out)
     }
 }

@@ -3,8 +3,9 @@
 //! keys. [`Decode`] describes the problem, chooses the key block and records both steps (the
 //! combine is `decode_combine.rs`).
 
+use super::mods::{ModsBind, ModsUpload};
 use super::wgsl::{constants, uniform};
-use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
+use super::{record_with, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
 
@@ -57,7 +58,7 @@ uniform! {
         /// Cache rows per texture line of K and of V.
         k_line: u32,
         v_line: u32,
-        _pad0: u32,
+        kv0: u32,
         _pad1: u32,
         _pad2: u32,
         /// `scale · log2(e)`.
@@ -150,6 +151,8 @@ pub(crate) struct Decode {
     pub m: usize,
     /// Keys in the cache (the last `m` are the new rows' own).
     pub len: usize,
+    /// The first key any new row may see: 0, or where a window preset's reach begins.
+    pub first: usize,
     /// Rows per (batch, K/V head) in the cache's textures.
     pub capacity: usize,
     /// Cache rows per texture line of K and of V.
@@ -204,6 +207,7 @@ impl Decode {
         encoder: &mut wgpu::CommandEncoder,
         bufs: &DecodeBuffers<'_>,
         block: Option<usize>,
+        mods: Option<&ModsUpload>,
     ) -> Result<()> {
         let (dk4, dv4) = self.widths4();
         let ratio = self.heads / self.kv_heads;
@@ -231,7 +235,9 @@ impl Decode {
             .unwrap_or_else(|| self.block(ctx, gc))
             .next_multiple_of(wg)
             .max(wg);
-        let blocks = self.len.div_ceil(block);
+        // Keys before `first` are outside every row's window: no block holds them.
+        let kv0 = self.first.min(self.len.saturating_sub(1)) / wg * wg;
+        let blocks = (self.len - kv0).div_ceil(block);
         let chunks = rows.div_ceil(gc as usize);
         let workgroups = self.batch * self.kv_heads * chunks * blocks;
         let out_rows = self.batch * self.heads * self.m;
@@ -257,6 +263,7 @@ impl Decode {
             ratio: u32_of("heads per K/V head", ratio)?,
             m: u32_of("new rows", self.m)?,
             len: u32_of("cache length", self.len)?,
+            kv0: u32_of("first key", kv0)?,
             capacity: u32_of("cache capacity", self.capacity)?,
             k_line: u32_of("K rows per line", self.k_line)?,
             v_line: u32_of("V rows per line", self.v_line)?,
@@ -275,17 +282,24 @@ impl Decode {
             (&o_part).into(),
             (&ml_part).into(),
         ];
+        let mods = mods.map(|upload| ModsBind { upload, map: None });
         match kernel {
-            Partial::Cpu(c) => {
-                record::<Shader>(ctx, encoder, &c, 0, &params, &resources, workgroups as u64)?
-            }
-            Partial::Gpu(c) => record::<super::decode_partial_gpu::Shader>(
+            Partial::Cpu(c) => record_with::<Shader>(
                 ctx,
                 encoder,
-                &c,
-                0,
+                (&c, 0),
                 &params,
                 &resources,
+                mods,
+                workgroups as u64,
+            )?,
+            Partial::Gpu(c) => record_with::<super::decode_partial_gpu::Shader>(
+                ctx,
+                encoder,
+                (&c, 0),
+                &params,
+                &resources,
+                mods,
                 workgroups as u64,
             )?,
         }

@@ -175,4 +175,52 @@ mod tests {
             }
         }
     }
+
+    /// The GPU kernel with modifiers (a window, which also moves the first block, a soft-cap
+    /// and ALiBi) against the reference with the same presets: the whole cache at once.
+    #[test]
+    fn the_gpu_kernel_applies_modifiers() {
+        use crate::modifiers::{Modifiers, Preset};
+        let ctx = crate::context::test_context();
+        let f = |salt: usize| {
+            move |(a, b, c, d): (usize, usize, usize, usize)| {
+                (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin() * 2.0
+            }
+        };
+        let (len, heads, kv_heads, d) = (300, 4, 2, 12);
+        let q = Array4::from_shape_fn((2, heads, len, d), f(1));
+        let k = Array4::from_shape_fn((2, kv_heads, len, d), f(2));
+        let v = Array4::from_shape_fn((2, kv_heads, len, d), f(3));
+        let spec = KvCacheSpec {
+            capacity: len,
+            batch: 2,
+            kv_heads,
+            d_k: d,
+            d_v: d,
+            dtype: Dtype::F32,
+        };
+        let mut cache = KvCache::new(ctx, spec).unwrap();
+        cache.append(ctx, k.view(), v.view()).unwrap();
+        let mods = Modifiers::new()
+            .preset(Preset::Window { left: 50, right: 0 })
+            .preset(Preset::Softcap(1.5))
+            .preset(Preset::Alibi(Preset::alibi_slopes(heads)));
+        let mask = crate::Mask::none().with_modifiers(&mods);
+        let op = Attention::new().causal(true);
+        let want = crate::reference::run(&op, &crate::Inputs::qkv(&q, &k, &v).mask(&mask))
+            .unwrap()
+            .context;
+        let last = ndarray::s![.., .., len - 20.., ..];
+        let want = want.slice(last).to_owned().into_dyn();
+        for block in [64, 1024] {
+            let dec = Decoder::new()
+                .nan_fill(true)
+                .gpu_kernel(true)
+                .block(block)
+                .modifiers(&mods);
+            let got = dec.step(ctx, &cache, q.slice(last)).unwrap();
+            let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
+            assert!(rel < 1e-5, "block {block}: {rel:e}");
+        }
+    }
 }
