@@ -36,6 +36,14 @@ fn presets_and_a_callers_files_match_the_reference() {
         &Array2::from_shape_vec((2, 23), ids.clone()).unwrap(),
     )
     .unwrap();
+    let table: Vec<f32> = (0..16 * 4).map(|i| (i as f32 * 0.41).sin()).collect();
+    let table_path = dir.path().join("t5.npy");
+    write_npy(
+        &table_path,
+        &Array2::from_shape_vec((16, 4), table.clone()).unwrap(),
+    )
+    .unwrap();
+    let table_s = table_path.display().to_string();
     let score = dir.path().join("score.wgsl");
     std::fs::write(
         &score,
@@ -79,6 +87,21 @@ fn presets_and_a_callers_files_match_the_reference() {
                     n: 23,
                 })
                 .preset(Preset::PrefixLm(3)),
+        ),
+        (
+            vec![
+                "--relative-bias",
+                &table_s,
+                "--relative-bias-max-distance",
+                "10",
+                "--relative-bias-unidirectional",
+            ],
+            Modifiers::new().preset(Preset::RelativeBias {
+                table: table.clone(),
+                buckets: 16,
+                max_distance: 10,
+                bidirectional: false,
+            }),
         ),
         // The caller's file with its buffer computes ALiBi: the preset is its reference.
         (

@@ -60,6 +60,19 @@ fn every_preset_matches_the_reference_on_both_families() {
             n: s as u32,
         },
         Preset::PrefixLm(7),
+        // T5's bias, its buckets saturating inside 37 positions (max distance 20), both ways.
+        Preset::RelativeBias {
+            table: (0..16 * h).map(|i| (i as f32 * 0.37).sin()).collect(),
+            buckets: 16,
+            max_distance: 20,
+            bidirectional: true,
+        },
+        Preset::RelativeBias {
+            table: (0..16 * h).map(|i| (i as f32 * 0.53).cos()).collect(),
+            buckets: 16,
+            max_distance: 12,
+            bidirectional: false,
+        },
     ];
     let mut failures = Vec::new();
     for kernels in FAMILIES {

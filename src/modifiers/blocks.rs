@@ -184,6 +184,6 @@ fn preset_cover(
             None => Cover::Partial,
         },
         // Score presets mask nothing.
-        Preset::Softcap(_) | Preset::Alibi(_) => Cover::Full,
+        Preset::Softcap(_) | Preset::Alibi(_) | Preset::RelativeBias { .. } => Cover::Full,
     }
 }

@@ -216,6 +216,31 @@ impl Modifiers {
                         slopes.len()
                     )))
                 }
+                Preset::RelativeBias { table, buckets, .. }
+                    if *buckets < 2 || table.len() != *buckets as usize * heads =>
+                {
+                    return Err(Error::shape(format!(
+                        "a relative bias table of {} values, (buckets, heads) = ({buckets}, \
+                         {heads}) is needed (at least 2 buckets)",
+                        table.len()
+                    )))
+                }
+                Preset::RelativeBias {
+                    buckets,
+                    max_distance,
+                    bidirectional,
+                    ..
+                } if *max_distance <= buckets / if *bidirectional { 4 } else { 2 } => {
+                    return Err(Error::invalid(
+                        "relative bias",
+                        format!(
+                            "max_distance {max_distance} must exceed the exact buckets' reach \
+                             ({}: buckets / {})",
+                            buckets / if *bidirectional { 4 } else { 2 },
+                            if *bidirectional { 4 } else { 2 }
+                        ),
+                    ))
+                }
                 Preset::Documents { ids, n } => {
                     let n = *n as usize;
                     if ids.len() != batch * n || n < n_q.max(n_kv) {

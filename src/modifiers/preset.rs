@@ -27,6 +27,20 @@ pub enum Preset {
     },
     /// The first `p` positions attend bidirectionally among themselves, the rest causally.
     PrefixLm(u32),
+    /// T5's relative position bias: `score ← score + table[bucket(j − i), h]`, a learned
+    /// `(buckets, heads)` table (row-major, as Hugging Face's `relative_attention_bias.weight`)
+    /// indexed by the distance bucketed as T5 buckets it ([`Preset::t5_bucket`]).
+    RelativeBias {
+        /// `buckets · heads` values, `(buckets, heads)` row-major.
+        table: Vec<f32>,
+        /// Buckets (T5: 32).
+        buckets: u32,
+        /// Distances from which the bucket no longer changes (T5: 128).
+        max_distance: u32,
+        /// Keys before and after the query get buckets of their own (T5's encoder); else
+        /// keys after it share bucket 0 (its decoder).
+        bidirectional: bool,
+    },
 }
 
 impl Preset {
@@ -47,11 +61,51 @@ impl Preset {
         out.into_iter().map(|s| s as f32).collect()
     }
 
+    /// T5's bucket of the relative position `d = j − i` (Hugging Face's
+    /// `_relative_position_bucket`, its logarithm in f32 as PyTorch computes it): exact
+    /// buckets for small distances, logarithmic ones up to `max_distance`, the last bucket
+    /// beyond; with `bidirectional`, half the buckets for keys after the query.
+    pub fn t5_bucket(d: i64, buckets: u32, max_distance: u32, bidirectional: bool) -> u32 {
+        let (mut nb, mut bucket) = (i64::from(buckets), 0);
+        let distance = if bidirectional {
+            nb /= 2;
+            if d > 0 {
+                bucket += nb;
+            }
+            d.abs()
+        } else {
+            (-d).max(0)
+        };
+        let exact = nb / 2;
+        if distance < exact {
+            return (bucket + distance) as u32;
+        }
+        let log_ratio = (distance as f32 / exact as f32).ln()
+            / ((f64::from(max_distance) / exact as f64).ln() as f32)
+            * (nb - exact) as f32;
+        (bucket + (exact + log_ratio as i64).min(nb - 1)) as u32
+    }
+
+    /// [`Preset::t5_bucket`] of every distance from `−max_distance` to `max_distance` (the
+    /// bucket is the same beyond), as f32 (exact: small integers): what the kernels index by
+    /// the clamped distance.
+    fn t5_buckets(buckets: u32, max_distance: u32, bidirectional: bool) -> Vec<f32> {
+        let md = i64::from(max_distance);
+        (-md..=md)
+            .map(|d| Self::t5_bucket(d, buckets, max_distance, bidirectional) as f32)
+            .collect()
+    }
+
     pub(super) fn role(&self) -> Role {
         match self {
-            Preset::Softcap(_) | Preset::Alibi(_) => Role::Score,
+            Preset::Softcap(_) | Preset::Alibi(_) | Preset::RelativeBias { .. } => Role::Score,
             _ => Role::Mask,
         }
+    }
+
+    /// Whether it masks (a window, documents, prefix-LM) rather than changes scores.
+    pub fn masks(&self) -> bool {
+        self.role() == Role::Mask
     }
 
     /// Its function (named `name`) and the buffer it reads, if any.
@@ -104,6 +158,31 @@ impl Preset {
                 ),
                 None,
             ),
+            // One buffer: the bucket of each clamped distance, then the table.
+            Preset::RelativeBias {
+                table,
+                buckets,
+                max_distance,
+                bidirectional,
+            } => {
+                let buf = format!("{name}_bias");
+                let mut data = Self::t5_buckets(*buckets, *max_distance, *bidirectional);
+                let (md, off) = (*max_distance, data.len());
+                let heads = table.len() / (*buckets).max(1) as usize;
+                data.extend_from_slice(table);
+                (
+                    format!(
+                        "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+                         let d = clamp(i32(kv) - i32(q), -{md}i, {md}i) + {md}i;\n    \
+                         let bucket = u32({buf}[u32(d)]);\n    \
+                         return score + {buf}[{off}u + bucket * {heads}u + h];\n}}\n"
+                    ),
+                    Some(ModBuffer {
+                        name: buf,
+                        data: BufferData::F32(data),
+                    }),
+                )
+            }
         }
     }
 
@@ -125,6 +204,17 @@ impl Preset {
                 (ids[b * n + q] == ids[b * n + kv]).then_some(s)
             }
             Preset::PrefixLm(p) => (kv < *p as usize || kv <= q).then_some(s),
+            Preset::RelativeBias {
+                table,
+                buckets,
+                max_distance,
+                bidirectional,
+            } => {
+                let heads = table.len() / (*buckets).max(1) as usize;
+                let d = kv as i64 - q as i64;
+                let bucket = Self::t5_bucket(d, *buckets, *max_distance, *bidirectional);
+                Some(s + f64::from(table[bucket as usize * heads + h]))
+            }
         }
     }
 }

@@ -92,7 +92,7 @@ fn head_weights(
     let (n_q, n_kv) = (q.nrows(), k.nrows());
     let logits = q.dot(&k.t()) * scale;
     let (presets, mb, mh) = mods.unwrap_or((&[], 0, 0));
-    let is_score = |p: &&Preset| matches!(p, Preset::Softcap(_) | Preset::Alibi(_));
+    let is_score = |p: &&Preset| !p.masks();
     let mut a = Array2::<f64>::zeros((n_q, n_kv));
     for i in 0..n_q {
         let row: Vec<f64> = (0..n_kv)

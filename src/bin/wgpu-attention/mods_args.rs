@@ -39,6 +39,17 @@ pub struct ModArgs {
     /// Prefix-LM: the first P positions attend bidirectionally, the rest causally.
     #[arg(long, value_name = "P")]
     prefix_length: Option<u32>,
+    /// T5's relative position bias: a learned (buckets, heads) table (Hugging Face's
+    /// `relative_attention_bias.weight`); score ← score + table[bucket(j − i), h].
+    #[arg(long, value_name = "TABLE.npy")]
+    relative_bias: Option<PathBuf>,
+    /// With --relative-bias: the distance from which the bucket stops changing.
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    relative_bias_max_distance: u32,
+    /// With --relative-bias: one-way buckets (T5's decoder: keys after the query share
+    /// bucket 0) instead of two-way (its encoder).
+    #[arg(long)]
+    relative_bias_unidirectional: bool,
 }
 
 fn read_text(path: &Path) -> Result<String> {
@@ -121,6 +132,24 @@ impl ModArgs {
         }
         if let Some(p) = self.prefix_length {
             m = m.preset(Preset::PrefixLm(p));
+        }
+        if let Some(p) = &self.relative_bias {
+            let table = npy::read(p)?;
+            let &[buckets, _] = table.shape() else {
+                return Err(Error::io(
+                    p,
+                    format!(
+                        "expected a (buckets, heads) table, found shape {:?}",
+                        table.shape()
+                    ),
+                ));
+            };
+            m = m.preset(Preset::RelativeBias {
+                table: table.iter().copied().collect(),
+                buckets: buckets as u32,
+                max_distance: self.relative_bias_max_distance,
+                bidirectional: !self.relative_bias_unidirectional,
+            });
         }
         m.check()?;
         Ok(m)
