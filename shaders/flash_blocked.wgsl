@@ -210,10 +210,15 @@ fn main(
         kv_end = min(kv_end, min(row0 + BR, p.n_q));
     }
     // This workgroup's keys: [kv_lo, kv_end) (empty for a range wholly above the diagonal).
-    let kv_lo = part * p.split_keys;
+    var kv_lo = part * p.split_keys;
     if SPLIT != 0u {
         kv_end = min(kv_end, kv_lo + p.split_keys);
     }
+    // The mask modifiers' block map (src/kernels/mods.rs): only the keys that hold a visible
+    // pair for these rows (the whole range without one).
+    let span = wa_span(b, h, row0);
+    kv_lo = max(kv_lo, span.x);
+    kv_end = min(kv_end, span.y);
 
     var o: array<vec4<f32>, 4u * OC>;
     var m = vec4<f32>(FLOOR);
@@ -226,6 +231,9 @@ fn main(
     }
 
     for (var j0 = kv_lo; j0 < kv_end; j0 += BC) {
+        // 2 = some pairs of this tile are hidden by a mask modifier; 1 = none (0, none
+        // visible, is still computed: the next tile is staged before this one ends).
+        let tile = wa_block(b, h, row0, j0);
         // 1. S = Q·Kᵀ, chunk by chunk of the head dimension. DBUF ≠ 0: the next chunk (or
         //    the tile's first V chunk) is staged meanwhile, one barrier per chunk.
         var s: array<vec4<f32>, 4>;
@@ -274,7 +282,9 @@ fn main(
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    x = select(NEG, x, wa_keep(b, h, i, j));
+                    if tile != 1u {
+                        x = select(NEG, x, wa_keep(b, h, i, j));
+                    }
                 }
                 s[r][e] = x;
                 mx[r] = max(mx[r], x);

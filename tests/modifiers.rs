@@ -219,7 +219,8 @@ fn a_callers_mistake_is_one_located_error() {
 }
 
 /// The forced variants whose key loops skip the tiles a mask modifier leaves empty: the
-/// storage kernel at two tile widths, and the subgroup kernel.
+/// storage kernel at two tile widths, the subgroup kernel, and the GPU family's kernel whole
+/// and with its keys split.
 fn sparse_variants() -> Vec<(String, Attention)> {
     let mut out: Vec<(String, Attention)> = [16, 64]
         .into_iter()
@@ -234,6 +235,17 @@ fn sparse_variants() -> Vec<(String, Attention)> {
         })
         .collect();
     out.push(("subgroup".into(), fused_on(Kernels::Subgroup)));
+    // The GPU family's kernel (its loop bounded by the map's spans), whole and split.
+    for key_split in [KeySplit::Off, KeySplit::Ranges(3)] {
+        let op = Attention::new().return_weights(false).options(Options {
+            kernels: Kernels::Storage,
+            flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
+            key_split,
+            nan_fill: true,
+            ..Options::default()
+        });
+        out.push((format!("blocked {key_split:?}"), op));
+    }
     out
 }
 

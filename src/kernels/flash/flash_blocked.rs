@@ -367,6 +367,7 @@ impl Flash {
         };
         let consts = FlashBlockedConsts { lse, ..consts };
         let (params, workgroups) = self.params(rows as usize, mask_strides)?;
+        let map = self.block_map(ctx, mods, rows as usize, keys)?;
         record_with::<Shader>(
             ctx,
             encoder,
@@ -380,8 +381,10 @@ impl Flash {
                 mask.into(),
                 lse_buf.into(),
             ],
-            // flash_blocked skips no tile: no block map.
-            mods.map(|upload| crate::kernels::mods::ModsBind { upload, map: None }),
+            mods.map(|upload| crate::kernels::mods::ModsBind {
+                upload,
+                map: map.as_deref(),
+            }),
             workgroups,
         )
     }

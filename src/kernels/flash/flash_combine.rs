@@ -165,6 +165,7 @@ impl Flash {
             ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?
         };
         let (mut params, workgroups) = self.params(rows as usize, mask_strides)?;
+        let map = self.block_map(ctx, mods, rows as usize, keys)?;
         params.splits = u32_of("key ranges", split.splits)?;
         params.split_keys = u32_of("keys per range", split.keys)?;
         let out_rows = self.batch * self.heads * self.n_q;
@@ -192,8 +193,10 @@ impl Flash {
                 mask.into(),
                 (&ml_part).into(),
             ],
-            // flash_blocked skips no tile: no block map.
-            mods.map(|upload| crate::kernels::mods::ModsBind { upload, map: None }),
+            mods.map(|upload| crate::kernels::mods::ModsBind {
+                upload,
+                map: map.as_deref(),
+            }),
             workgroups * split.splits as u64,
         )?;
         let (out, lse_buf, lse) = out.parts(ctx);
