@@ -252,3 +252,64 @@ fn masked_calls_over_the_storage_binding_limit_are_split_with_their_masks() {
     let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
     assert!(reference::compare(&w, &ww).0 < 1e-5);
 }
+
+#[test]
+fn calls_with_modifiers_over_the_storage_binding_limit_are_split_and_still_right() {
+    use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
+    let ctx = context_with(|l| l.max_storage_buffer_binding_size = 16 << 10);
+    let f = |salt: f32| {
+        move |(a, b, c, d): (usize, usize, usize, usize)| {
+            ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
+        }
+    };
+    // Q of 2·4·150·8 = 9,600 floats over 4,096: split by batch, then by K/V heads (each with
+    // its 2 query heads); then one head of 700 rows: split by query rows. The second parts
+    // must see the whole call's batch, head and row indices: ALiBi reads the head, document
+    // ids the batch and positions, a window the row, and so does a caller's mask.
+    let ids: Vec<i32> = (0..2 * 700)
+        .map(|p: usize| ((p % 700) / (40 + 30 * (p / 700))) as i32)
+        .collect();
+    let own = "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+               return kv + 30u + 20u * h + 10u * b >= q;\n}\n";
+    let cases = [((2, 4, 2, 150, 170), false), ((1, 1, 1, 700, 300), true)];
+    for ((b, h, kvh, l, s), causal) in cases {
+        let q = ndarray::Array4::from_shape_fn((b, h, l, 8), f(0.013));
+        let k = ndarray::Array4::from_shape_fn((b, kvh, s, 8), f(0.021));
+        let v = ndarray::Array4::from_shape_fn((b, kvh, s, 8), f(0.017));
+        let ids = Preset::Documents {
+            ids: ids[..b * 700].to_vec(),
+            n: 700,
+        };
+        let presets = Modifiers::new()
+            .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+            .preset(Preset::Window {
+                left: 60,
+                right: 25,
+            })
+            .preset(ids.clone());
+        // The caller's mask, and the same as a boolean mask for the reference.
+        let mine = Modifiers::new()
+            .mask_mod("mine.wgsl", own)
+            .buffer("unused", BufferData::F32(vec![0.0]));
+        let keep = ndarray::Array4::from_shape_fn((b, h, l, s), |(bi, hi, qi, kv)| {
+            kv + 30 + 20 * hi + 10 * bi >= qi
+        })
+        .into_dyn();
+        let boolean = Mask::boolean(keep.view());
+        let op = Attention::new().causal(causal).return_weights(false);
+        for (got_mask, want_mask) in [
+            (
+                Mask::none().with_modifiers(&presets),
+                Mask::none().with_modifiers(&presets),
+            ),
+            (Mask::none().with_modifiers(&mine), boolean.clone()),
+        ] {
+            let got = op
+                .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&got_mask))
+                .unwrap();
+            let want = reference::run(&op, &Inputs::qkv(&q, &k, &v).mask(&want_mask)).unwrap();
+            let (rel, _) = reference::compare(&got.context, &want.context);
+            assert!(rel < 1e-5, "{:?}: {rel:.2e}", (b, h, l, s));
+        }
+    }
+}

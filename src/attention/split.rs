@@ -42,20 +42,12 @@ impl Attention {
         let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) else {
             return self.sdpa_whole(ctx, q, k, v, bias, mods).await;
         };
-        if mods.is_some() {
-            // The parts would see their own batch, head and row indices, not the call's.
-            return Err(Error::Unsupported {
-                feature: "score/mask modifiers on a call split past the device's limits".into(),
-                adapter: ctx.adapter_info().name,
-                hint: format!("{too_big}; make the call smaller"),
-            });
-        }
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
             (_, h) if h > 1 => Axis(1),
             _ if l > 1 => {
-                return Box::pin(self.sdpa_row_blocks(ctx, q, k, v, bias, &too_big)).await
+                return Box::pin(self.sdpa_row_blocks(ctx, q, k, v, (bias, mods), &too_big)).await
             }
             _ => return Err(too_big),
         };
@@ -67,11 +59,17 @@ impl Attention {
         );
         let half = k.len_of(axis) / 2;
         let mut outs = Vec::new();
-        for (kv, qs) in [
-            ((..half).into(), (..half * q_per_kv).into()),
-            ((half..).into(), (half * q_per_kv..).into()),
+        for (part, kv, qs) in [
+            (0, (..half).into(), (..half * q_per_kv).into()),
+            (1, (half..).into(), (half * q_per_kv..).into()),
         ] {
             let (kv, qs): (ndarray::Slice, ndarray::Slice) = (kv, qs);
+            // The second half's modifiers see the whole call's batch or head indices.
+            let at = match axis {
+                Axis(0) => [part * half, 0, 0],
+                _ => [0, part * half * q_per_kv, 0],
+            };
+            let shifted = mods.map(|m| m.shifted(at));
             outs.push(
                 Box::pin(self.sdpa_in_parts(
                     ctx,
@@ -79,7 +77,7 @@ impl Attention {
                     k.slice_axis(axis, kv),
                     v.slice_axis(axis, kv),
                     slice_bias(&bias, axis, qs),
-                    None,
+                    shifted.as_ref(),
                 ))
                 .await?,
             );
@@ -89,14 +87,15 @@ impl Attention {
 
     /// One head of one sequence too large for the device: the query rows in two halves, each
     /// against every key (rows are independent). Causal becomes part of each half's mask,
-    /// offset to where its rows start, so the kernels need no row offset.
+    /// offset to where its rows start, so the kernels need no row offset; modifiers get the
+    /// offset as their origin.
     async fn sdpa_row_blocks(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
-        bias: Option<ArrayView4<'_, f32>>,
+        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         too_big: &Error,
     ) -> Result<Output> {
         let (l, s_len) = (q.dim().2, k.dim().2);
@@ -127,7 +126,9 @@ impl Attention {
             });
             let part = causal.as_ref().map(|c| c.view()).or(part);
             let op = self.causal(false);
-            let block = op.sdpa_in_parts(ctx, q.slice_axis(Axis(2), rows), k, v, part, None);
+            let shifted = mods.map(|m| m.shifted([0, 0, start]));
+            let q_rows = q.slice_axis(Axis(2), rows);
+            let block = op.sdpa_in_parts(ctx, q_rows, k, v, part, shifted.as_ref());
             outs.push(Box::pin(block).await?);
         }
         join_outputs(Axis(2), &outs[0], &outs[1])

@@ -7,8 +7,9 @@
 //! sparsity, from a [`BlockMap`]). Without modifiers the host appends
 //! identity stubs, so such a kernel's results are bit for bit what they were; with them, the
 //! caller's checked code ([`crate::modifiers::Modifiers::wgsl`], its buffers at `@group(1)`,
-//! then the block map's two bindings when there is a mask modifier), under a pipeline key of
-//! its own.
+//! then a uniform with the origin of a split call's part (added to the kernel's batch, head
+//! and row indices), then the block map's two bindings when there is a mask modifier), under
+//! a pipeline key of its own.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -97,6 +98,9 @@ pub(crate) struct ModsUpload {
     pub hash: u64,
     /// The buffers, at `@group(1)`, bindings 0, 1, ….
     pub buffers: Vec<wgpu::Buffer>,
+    /// The uniform after them: where a part of a split call starts in the whole call,
+    /// `(batch, head, query row, 0)`, which the kernels add to their own indices.
+    origin: wgpu::Buffer,
     /// With a mask modifier: which of (batch, head) it reads (a map is shared along the
     /// others). `None`: no mask modifier, every tile full, no map.
     axes: Option<[bool; 2]>,
@@ -105,8 +109,8 @@ pub(crate) struct ModsUpload {
     pub source: Modifiers,
 }
 
-/// What a dispatch binds at `@group(1)`: the modifiers' buffers, then (for a kernel that
-/// calls `wa_block`, with a mask modifier) its block map.
+/// What a dispatch binds at `@group(1)`: the modifiers' buffers, their origin, then (for a
+/// kernel that calls `wa_block`, with a mask modifier) its block map.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ModsBind<'a> {
     pub upload: &'a ModsUpload,
@@ -117,6 +121,7 @@ impl ModsBind<'_> {
     /// The bind group entries, bindings 0, 1, ….
     pub(crate) fn entries(&self) -> Vec<wgpu::BindGroupEntry<'_>> {
         let mut out: Vec<_> = self.upload.buffers.iter().collect();
+        out.push(&self.upload.origin);
         if let Some(m) = self.map {
             out.push(&m.blocks);
             out.push(&m.uniform);
@@ -140,24 +145,31 @@ impl ModsUpload {
         mods.check()?;
         let buffers = mods.all_buffers();
         let mut code = mods.wgsl(1, 0);
+        // Where a part of a split call starts in the whole call (zeros for a whole call): a
+        // uniform, so that every part shares one pipeline.
+        let n = buffers.len();
+        code.push_str(&format!(
+            "@group(1) @binding({n}) var<uniform> wa_origin: vec4<u32>;\n"
+        ));
         // Every buffer referenced, so the pipeline's automatic layout keeps them all.
         code.push_str("fn wa_keep(b: u32, h: u32, q: u32, kv: u32) -> bool {\n");
         for b in &buffers {
             code.push_str(&format!("    _ = arrayLength(&{});\n", b.name));
         }
-        code.push_str("    return wa_mask(b, h, q, kv);\n}\n");
-        code.push_str(
-            "fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
-             return wa_score(x / LOG2E, b, h, q, kv) * LOG2E;\n}\n",
-        );
+        let at = "b + wa_origin.x, h + wa_origin.y, q + wa_origin.z, kv";
+        code.push_str(&format!("    return wa_mask({at});\n}}\n"));
+        code.push_str(&format!(
+            "fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+             return wa_score(x / LOG2E, {at}) * LOG2E;\n}}\n"
+        ));
         // The block map: read where it is on, every tile partial where it is off; without a
         // mask modifier every tile is full.
         let axes = if mods.has_mask() {
-            let n = buffers.len();
             code.push_str(&format!(
-                "@group(1) @binding({n}) var<storage, read> wa_blocks: array<u32>;\n\
+                "@group(1) @binding({}) var<storage, read> wa_blocks: array<u32>;\n\
                  @group(1) @binding({}) var<uniform> wa_map: array<vec4<u32>, 2>;\n",
-                n + 1
+                n + 1,
+                n + 2
             ));
             code.push_str(MAP_READERS);
             Some(mods.mask_axes()?)
@@ -183,9 +195,12 @@ impl ModsUpload {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
+        let [b0, h0, q0] = mods.origin();
+        let origin = crate::gpu::buffer::uniform(dev, "modifiers' origin", &[b0, h0, q0, 0])?;
         Ok(ModsUpload {
             hash,
             buffers,
+            origin,
             axes,
             maps: Mutex::default(),
             source: mods.clone(),

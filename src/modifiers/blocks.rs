@@ -83,9 +83,11 @@ fn causal_cover(q: &Range<usize>, k: &Range<usize>) -> Cover {
 impl Modifiers {
     /// The block map of `grid` as `block_map.wgsl` lays it out (states, then spans), made
     /// on the host: `None` when a caller's own `mask_mod` is present (only evaluating it
-    /// tells).
+    /// tells) or for a part of a split call.
     pub(crate) fn preset_block_map(&self, grid: Grid) -> Option<Vec<u32>> {
-        if self.mask_mod.is_some() {
+        // A part of a split call: its indices are not the presets' (the device's map adds
+        // the part's origin where it calls them).
+        if self.mask_mod.is_some() || self.origin != [0; 3] {
             return None;
         }
         let masks: Vec<&Preset> = self

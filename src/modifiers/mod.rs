@@ -113,6 +113,9 @@ pub struct Modifiers {
     mask_mod: Option<Source>,
     buffers: Vec<ModBuffer>,
     presets: Vec<Preset>,
+    /// Where a part of a split call starts in the whole call, `(batch, head, query row)`:
+    /// what the kernels add to their own indices before calling the modifiers.
+    origin: [u32; 3],
 }
 
 impl Modifiers {
@@ -264,6 +267,7 @@ impl Modifiers {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.wgsl(1, 0).hash(&mut h);
+        self.origin.hash(&mut h);
         for b in self.all_buffers() {
             b.name.hash(&mut h);
             match &b.data {
@@ -272,6 +276,22 @@ impl Modifiers {
             }
         }
         h.finish()
+    }
+
+    /// These modifiers for a part of a call that starts at `(batch, head, query row)` =
+    /// `at` within the part this one is for (see [`Modifiers::origin`]).
+    pub(crate) fn shifted(&self, at: [usize; 3]) -> Self {
+        let mut out = self.clone();
+        for (o, a) in out.origin.iter_mut().zip(at) {
+            *o += a as u32;
+        }
+        out
+    }
+
+    /// Where the part of a split call these modifiers are for starts in the whole call,
+    /// `(batch, head, query row)`; zeros for a whole call.
+    pub(crate) fn origin(&self) -> [u32; 3] {
+        self.origin
     }
 
     /// Every buffer the generated code reads: the caller's, then the presets'.
