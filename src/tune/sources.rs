@@ -377,6 +377,20 @@ fn decode() -> Result<Vec<(String, PipelineKey)>> {
     Ok(v)
 }
 
+/// The block map of a caller's mask modifier (block sparsity) at the GPU family's query
+/// blocks, with the identity stub in place of the modifier (the caller's code is theirs).
+fn block_maps() -> Vec<(String, PipelineKey)> {
+    use crate::kernels::block_map::{self, BlockMapConsts};
+    [32, 64]
+        .into_iter()
+        .map(|rows| {
+            let consts = BlockMapConsts { rows, keys: 64 };
+            let key = PipelineKey::of::<block_map::Shader>(&consts, 0);
+            (format!("block-map-r{rows}"), key)
+        })
+        .collect()
+}
+
 /// The training step's elementwise kernels: Adam's update (also mirrored into a layer's packed
 /// `W_Q | W_K | W_V`), the MSE loss, and `y += x`.
 fn training() -> Vec<(String, PipelineKey)> {
@@ -460,6 +474,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         .into_iter()
         .chain(backward(least)?)
         .chain(decode()?)
+        .chain(block_maps())
         .chain(training())
         .chain(key_split(least)?)
         .chain(blocked_inner(&gpus)?)
