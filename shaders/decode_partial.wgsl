@@ -22,7 +22,7 @@
 //
 // Cache layout (src/decode/cache.rs): K and V are textures (rgba32float or rgba16float: read
 // as vec4<f32> either way), one texel per 4 values. Cache row r = (b·kv_heads + hk)·capacity
-// + t (head-major) of K is texels (r mod k_line)·DK4 + c, c < DK4, of line r / k_line (V alike
+// + t (head-major; token j at t = j mod capacity, which a rolling cache wraps) of K is texels (r mod k_line)·DK4 + c, c < DK4, of line r / k_line (V alike
 // with DV4 and v_line): rows never straddle lines, and a workgroup's keys are one contiguous
 // range. (Texel fetches are several times cheaper than storage-buffer loads on lavapipe.)
 //
@@ -93,7 +93,7 @@ fn main(
     let j_lo = blk0 + t * span;
     let j_hi = min(j_lo + span, kv_end);
     for (var j = j_lo; j < j_hi; j++) {
-        let r = bh * p.capacity + j;
+        let r = bh * p.capacity + j % p.capacity;
         let ky = i32(r / p.k_line);
         let kx = (r % p.k_line) * DK4;
         var s: array<f32, GC>;

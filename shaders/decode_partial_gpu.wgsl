@@ -86,7 +86,7 @@ fn main(
         let j = j0 + t;
         var s: array<f32, GC>;
         if j < kv_end {
-            let r = bh * p.capacity + j;
+            let r = bh * p.capacity + j % p.capacity;
             let ky = i32(r / p.k_line);
             let kx = (r % p.k_line) * DK4;
             for (var c = 0u; c < DK4; c++) {
@@ -112,7 +112,7 @@ fn main(
         // 2. Output columns of the keys of this thread's key group.
         if busy {
             for (var jj = kg; jj < WG && j0 + jj < kv_end; jj += KG) {
-                let r = bh * p.capacity + j0 + jj;
+                let r = bh * p.capacity + (j0 + jj) % p.capacity;
                 let vy = i32(r / p.v_line);
                 let vx = (r % p.v_line) * DV4;
                 var v: array<vec4<f32>, OC>;

@@ -2,7 +2,7 @@
 //! through the cache, with each preset (and a caller's WGSL), give row for row the causal
 //! forward over all the tokens with the same modifiers (the f64 reference). A window preset's
 //! steps leave the keys before its reach out of their blocks: forced small blocks show that
-//! nothing it needs is left out.
+//! nothing it needs is left out. A rolling cache of the window's size gives the same rows.
 
 mod common;
 
@@ -24,12 +24,18 @@ fn qkv(b: usize, h: usize, kvh: usize, n: usize, e: usize) -> [Array4<f32>; 3] {
     ]
 }
 
-/// The outputs of a prefill of `prefill` tokens, then one-token steps to the end.
-fn through_cache(dec: &Decoder, [q, k, v]: &[Array4<f32>; 3], prefill: usize) -> Array4<f32> {
+/// The outputs of a prefill of `prefill` tokens, then one-token steps to the end, through a
+/// cache of `capacity` tokens (rolling when it is less than the sequence).
+fn through_cache(
+    dec: &Decoder,
+    [q, k, v]: &[Array4<f32>; 3],
+    prefill: usize,
+    capacity: Option<usize>,
+) -> Array4<f32> {
     let ctx = common::ctx();
     let (b, _, n, e) = q.dim();
     let spec = KvCacheSpec {
-        capacity: n,
+        capacity: capacity.unwrap_or(n),
         batch: b,
         kv_heads: k.dim().1,
         d_k: e,
@@ -37,6 +43,9 @@ fn through_cache(dec: &Decoder, [q, k, v]: &[Array4<f32>; 3], prefill: usize) ->
         dtype: Dtype::F32,
     };
     let mut cache = KvCache::new(ctx, spec).unwrap();
+    if capacity.is_some() {
+        cache = cache.rolling();
+    }
     let mut outs = Vec::new();
     let mut at = 0;
     for m in std::iter::once(prefill).chain(std::iter::repeat_n(1, n - prefill)) {
@@ -105,7 +114,7 @@ fn every_preset_through_the_cache_equals_the_causal_forward() {
             if let Some(keys) = block {
                 dec = dec.block(keys);
             }
-            let got = through_cache(&dec, &data, 97);
+            let got = through_cache(&dec, &data, 97, None);
             let (rel, _) = reference::compare(&got.into_dyn(), &want);
             if rel > 1e-5 {
                 failures.push(format!("{name}, block {block:?}: {rel:.2e}"));
@@ -113,4 +122,56 @@ fn every_preset_through_the_cache_equals_the_causal_forward() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_rolling_cache_holds_the_window_alone_and_gives_the_same_rows() {
+    // 150 tokens through a cache of 60 (a window of 41 keys: m + left = 41 ≤ 60), its rows
+    // wrapping twice; the same as the causal forward with the window over all the tokens.
+    let (b, h, kvh, n, e) = (2, 4, 2, 150, 8);
+    let data = qkv(b, h, kvh, n, e);
+    let [q, k, v] = &data;
+    let window = Modifiers::new().preset(Preset::Window { left: 40, right: 0 });
+    let mask = Mask::none().with_modifiers(&window);
+    let want = reference::run(
+        &Attention::new().causal(true),
+        &Inputs::qkv(q, k, v).mask(&mask),
+    )
+    .unwrap()
+    .context;
+    for block in [None, Some(64)] {
+        let mut dec = Decoder::new().nan_fill(true).modifiers(&window);
+        if let Some(keys) = block {
+            dec = dec.block(keys);
+        }
+        let got = through_cache(&dec, &data, 50, Some(60));
+        let (rel, _) = reference::compare(&got.into_dyn(), &want);
+        assert!(rel < 1e-5, "block {block:?}: {rel:.2e}");
+    }
+    // A step that reaches past what the cache holds is an error, not old keys' replacements.
+    let ctx = common::ctx();
+    let spec = KvCacheSpec {
+        capacity: 60,
+        batch: b,
+        kv_heads: kvh,
+        d_k: e,
+        d_v: e,
+        dtype: Dtype::F32,
+    };
+    let mut cache = KvCache::new(ctx, spec).unwrap().rolling();
+    for at in [0, 50] {
+        let r = s![.., .., at..at + 50, ..];
+        cache.append(ctx, k.slice(r), v.slice(r)).unwrap();
+    }
+    assert_eq!(cache.len(), 100);
+    let one = q.slice(s![.., .., 99..100, ..]);
+    let wide = Modifiers::new().preset(Preset::Window { left: 70, right: 0 });
+    for dec in [Decoder::new(), Decoder::new().modifiers(&wide)] {
+        let err = dec.step(ctx, &cache, one).unwrap_err().to_string();
+        assert!(err.contains("rolling cache"), "{err}");
+    }
+    Decoder::new()
+        .modifiers(&window)
+        .step(ctx, &cache, one)
+        .unwrap();
 }

@@ -84,6 +84,8 @@ impl CacheElement for half::f16 {
 pub struct KvCache {
     spec: KvCacheSpec,
     len: usize,
+    /// Keeps only the last `capacity` tokens, overwriting the oldest ([`KvCache::rolling`]).
+    rolling: bool,
     k: Plane,
     v: Plane,
     ctx_id: u64,
@@ -223,9 +225,24 @@ impl KvCache {
             v: plane("KV cache V", spec.d_v)?,
             spec,
             len: 0,
+            rolling: false,
             ctx_id: ctx.id(),
             pending: None,
         })
+    }
+
+    /// This cache as a rolling one: it keeps the last `capacity` tokens, each append past
+    /// the capacity overwriting the oldest, for a [`crate::decode::Decoder`] whose window
+    /// preset never reaches further back (`m + left ≤ capacity`: memory O(window), not
+    /// O(sequence)). [`KvCache::len`] still counts every token appended (the positions).
+    pub fn rolling(mut self) -> Self {
+        self.rolling = true;
+        self
+    }
+
+    /// Whether it is a rolling cache ([`KvCache::rolling`]).
+    pub fn is_rolling(&self) -> bool {
+        self.rolling
     }
 
     /// Its sizes.
@@ -233,7 +250,8 @@ impl KvCache {
         &self.spec
     }
 
-    /// Tokens held.
+    /// Tokens appended since the last [`KvCache::clear`]: those held (a rolling cache holds
+    /// the last `capacity` of them), and the position of the next.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -342,9 +360,8 @@ impl KvCache {
                 );
                 ctx.queue
                     .write_buffer(&incoming, 0, bytemuck::cast_slice(rows));
-                for bh in 0..s.batch * s.kv_heads {
-                    let first = bh * s.capacity + self.len;
-                    plane.copy_rows(&mut encoder, &incoming, bh * m, first..first + m, texel);
+                for (src_row, rows) in self.placements(m) {
+                    plane.copy_rows(&mut encoder, &incoming, src_row, rows, texel);
                 }
             }
             ctx.queue.submit([encoder.finish()]);
@@ -352,6 +369,27 @@ impl KvCache {
         })?;
         self.len += m;
         Ok(())
+    }
+
+    /// Where the next `m` tokens go: per (batch, K/V head) their rows in the textures, as
+    /// `(first source row, cache rows)`; a rolling cache wraps them past its capacity.
+    pub(crate) fn placements(&self, m: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+        let cap = self.spec.capacity;
+        let start = if self.rolling {
+            self.len % cap
+        } else {
+            self.len
+        };
+        let first = m.min(cap - start);
+        let mut out = Vec::new();
+        for bh in 0..self.spec.batch * self.spec.kv_heads {
+            let base = bh * cap;
+            out.push((bh * m, base + start..base + start + first));
+            if first < m {
+                out.push((bh * m + first, base..base + m - first));
+            }
+        }
+        out
     }
 
     /// `Err` unless the cache was made on `ctx`.

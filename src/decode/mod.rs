@@ -275,6 +275,20 @@ impl Decoder {
                 .max()
                 .unwrap_or(0)
         });
+        // A rolling cache holds the last `capacity` tokens: a step may not reach past them.
+        let oldest = cache.len().saturating_sub(spec.capacity);
+        if first < oldest {
+            return Err(Error::invalid(
+                "decode",
+                format!(
+                    "the rolling cache holds the last {} of {} tokens, and this step's rows \
+                     reach key {first}: give the Decoder a window preset with m + left ≤ \
+                     capacity ({m} rows here)",
+                    spec.capacity,
+                    cache.len()
+                ),
+            ));
+        }
         Ok(Decode {
             batch,
             heads,

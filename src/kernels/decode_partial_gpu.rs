@@ -177,7 +177,8 @@ mod tests {
     }
 
     /// The GPU kernel with modifiers (a window, which also moves the first block, a soft-cap
-    /// and ALiBi) against the reference with the same presets: the whole cache at once.
+    /// and ALiBi) against the reference with the same presets: the last 20 rows, from the
+    /// whole cache and from a rolling cache that holds only the last 128 tokens.
     #[test]
     fn the_gpu_kernel_applies_modifiers() {
         use crate::modifiers::{Modifiers, Preset};
@@ -201,6 +202,20 @@ mod tests {
         };
         let mut cache = KvCache::new(ctx, spec).unwrap();
         cache.append(ctx, k.view(), v.view()).unwrap();
+        // And a rolling cache of 128 tokens that got them in three appends (wrapped twice).
+        let mut rolling = KvCache::new(
+            ctx,
+            KvCacheSpec {
+                capacity: 128,
+                ..spec
+            },
+        )
+        .unwrap()
+        .rolling();
+        for at in [0, 100, 200] {
+            let r = ndarray::s![.., .., at..at + 100, ..];
+            rolling.append(ctx, k.slice(r), v.slice(r)).unwrap();
+        }
         let mods = Modifiers::new()
             .preset(Preset::Window { left: 50, right: 0 })
             .preset(Preset::Softcap(1.5))
@@ -218,9 +233,11 @@ mod tests {
                 .gpu_kernel(true)
                 .block(block)
                 .modifiers(&mods);
-            let got = dec.step(ctx, &cache, q.slice(last)).unwrap();
-            let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
-            assert!(rel < 1e-5, "block {block}: {rel:e}");
+            for (what, cache) in [("whole", &cache), ("rolling", &rolling)] {
+                let got = dec.step(ctx, cache, q.slice(last)).unwrap();
+                let (rel, _) = crate::reference::compare(&got.into_dyn(), &want);
+                assert!(rel < 1e-5, "{what}, block {block}: {rel:e}");
+            }
         }
     }
 }

@@ -125,9 +125,8 @@ impl KvCache {
                 false => buffer::output(ctx, "KV cache append", swap.dst_len(), false)?,
             };
             swap.record(ctx, encoder, src.buffer, &staging)?;
-            for bh in 0..s.batch * s.kv_heads {
-                let first = bh * s.capacity + self.len;
-                plane.copy_rows(encoder, &staging, bh * m, first..first + m, texel);
+            for (src_row, rows) in self.placements(m) {
+                plane.copy_rows(encoder, &staging, src_row, rows, texel);
             }
         }
         self.len += m;
@@ -146,10 +145,15 @@ impl KvCache {
 
     /// `Err` when `m` more tokens do not fit.
     pub(crate) fn check_room(&self, m: usize) -> Result<()> {
-        if self.len + m > self.spec.capacity {
+        // A rolling cache takes any number of appends, each at most its capacity.
+        let needed = if self.rolling { m } else { self.len + m };
+        if needed > self.spec.capacity {
             return Err(Error::LimitExceeded {
                 what: "KV cache append".into(),
-                needed: format!("{} tokens ({} held + {m})", self.len + m, self.len),
+                needed: match self.rolling {
+                    true => format!("{m} tokens in one append (a rolling cache)"),
+                    false => format!("{} tokens ({} held + {m})", self.len + m, self.len),
+                },
                 limit: format!("{} tokens", self.spec.capacity),
                 limit_name: "KV cache capacity",
             });
