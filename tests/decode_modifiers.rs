@@ -58,11 +58,28 @@ fn through_cache(
     ndarray::concatenate(Axis(2), &views).unwrap()
 }
 
+/// The causal forward over all the tokens with `mods` (presets), in f64.
+fn causal_reference([q, k, v]: &[Array4<f32>; 3], mods: &Modifiers) -> ndarray::ArrayD<f64> {
+    let mask = Mask::none().with_modifiers(mods);
+    reference::run(
+        &Attention::new().causal(true),
+        &Inputs::qkv(q, k, v).mask(&mask),
+    )
+    .unwrap()
+    .context
+}
+
+/// Decoders with `mods`: key blocks chosen per step, and of 64 keys (so that a window's
+/// steps start past the first blocks).
+fn decoders(mods: &Modifiers) -> [(Option<usize>, Decoder); 2] {
+    let dec = Decoder::new().nan_fill(true).modifiers(mods);
+    [(None, dec.clone()), (Some(64), dec.block(64))]
+}
+
 #[test]
 fn every_preset_through_the_cache_equals_the_causal_forward() {
     let (b, h, kvh, n, e) = (2, 4, 2, 150, 8);
     let data = qkv(b, h, kvh, n, e);
-    let [q, k, v] = &data;
     let ids: Vec<i32> = (0..b * n)
         .map(|p| ((p % n) / (23 + 11 * (p / n))) as i32)
         .collect();
@@ -101,19 +118,8 @@ fn every_preset_through_the_cache_equals_the_causal_forward() {
         } else {
             mods.clone()
         };
-        let mask = Mask::none().with_modifiers(&same);
-        let want = reference::run(
-            &Attention::new().causal(true),
-            &Inputs::qkv(q, k, v).mask(&mask),
-        )
-        .unwrap()
-        .context;
-        // Blocks of 64 keys: the window's steps start past the first blocks.
-        for block in [None, Some(64)] {
-            let mut dec = Decoder::new().nan_fill(true).modifiers(mods);
-            if let Some(keys) = block {
-                dec = dec.block(keys);
-            }
+        let want = causal_reference(&data, &same);
+        for (block, dec) in decoders(mods) {
             let got = through_cache(&dec, &data, 97, None);
             let (rel, _) = reference::compare(&got.into_dyn(), &want);
             if rel > 1e-5 {
@@ -132,18 +138,8 @@ fn a_rolling_cache_holds_the_window_alone_and_gives_the_same_rows() {
     let data = qkv(b, h, kvh, n, e);
     let [q, k, v] = &data;
     let window = Modifiers::new().preset(Preset::Window { left: 40, right: 0 });
-    let mask = Mask::none().with_modifiers(&window);
-    let want = reference::run(
-        &Attention::new().causal(true),
-        &Inputs::qkv(q, k, v).mask(&mask),
-    )
-    .unwrap()
-    .context;
-    for block in [None, Some(64)] {
-        let mut dec = Decoder::new().nan_fill(true).modifiers(&window);
-        if let Some(keys) = block {
-            dec = dec.block(keys);
-        }
+    let want = causal_reference(&data, &window);
+    for (block, dec) in decoders(&window) {
         let got = through_cache(&dec, &data, 50, Some(60));
         let (rel, _) = reference::compare(&got.into_dyn(), &want);
         assert!(rel < 1e-5, "block {block:?}: {rel:.2e}");
