@@ -55,13 +55,14 @@ pub(crate) trait MemoValue: std::any::Any {}
 #[cfg(target_arch = "wasm32")]
 impl<T: std::any::Any> MemoValue for T {}
 
+/// A kept value: an `Arc<T>`, boxed as `Any` (found again by `downcast_ref`).
 #[cfg(not(target_arch = "wasm32"))]
 type Memo = (
     (std::any::TypeId, u64),
-    Arc<dyn std::any::Any + Send + Sync>,
+    Box<dyn std::any::Any + Send + Sync>,
 );
 #[cfg(target_arch = "wasm32")]
-type Memo = ((std::any::TypeId, u64), Arc<dyn std::any::Any>);
+type Memo = ((std::any::TypeId, u64), Box<dyn std::any::Any>);
 
 /// What a dry-run device ([`Device::dry_run`]) stands for.
 #[derive(Debug, Clone)]
@@ -282,8 +283,8 @@ impl Device {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .find(|m| m.0 == id)
-            .map(|m| m.1.clone());
-        if let Some(v) = found.and_then(|v| v.downcast::<T>().ok()) {
+            .and_then(|m| m.1.downcast_ref::<Arc<T>>().cloned());
+        if let Some(v) = found {
             return Ok(v);
         }
         // Made without the lock held: `make` may use the device.
@@ -292,7 +293,7 @@ impl Device {
         if memo.len() >= MEMO_CAPACITY {
             memo.remove(0);
         }
-        memo.push((id, v.clone()));
+        memo.push((id, Box::new(v.clone())));
         Ok(v)
     }
 
