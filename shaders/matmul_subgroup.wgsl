@@ -21,7 +21,11 @@
 //
 // Mask (STATS and SOFTMAX, when MASK ≠ 0): a bias added to the scaled scores, read through its
 // strides over (batch, head, row, column), 0 along broadcast axes; f32::MIN marks a column
-// masked out, which weighs exactly 0 (a row with nothing visible is all 0).
+// masked out, which weighs exactly 0 (a row with nothing visible is all 0). Modifiers (STATS
+// and SOFTMAX; src/kernels/mods.rs), as the fused kernels apply them: the score modifier
+// (`wa_score_log2`) on the scaled score, then the bias, then the mask modifier (`wa_keep`);
+// causal hides the future first. Row i of group g is query i of (batch g / heads, head
+// g % heads), column j key j.
 //
 // Split output (plain epilogue): columns [0, split_k) go to `c` at its strides, [split_k,
 // split_v) to `c1` and [split_v, n) to `c2`, each row-major at its own width (one group);
@@ -122,11 +126,9 @@ fn main(
                 var local_max = NEG;
                 for (var e = 0u; e < 4u; e++) { // unroll
                     let col = col4 * 4u + e;
-                    var x = acc[i][e] * p.scale_log2;
-                    if col >= p.n || (causal && col > row) {
-                        x = NEG;
-                    } else if MASK != 0u && row < p.m {
-                        x = add_bias(x, mask[mask_offset(p.mask, b_idx, h, row, col)], LOG2E);
+                    var x = NEG;
+                    if col < p.n && row < p.m && !(causal && col > row) {
+                        x = logit(acc[i][e], b_idx, h, row, col);
                     }
                     v[e] = x;
                     local_max = max(local_max, x);
@@ -170,11 +172,11 @@ fn main(
                             v += f32(bias[col]);
                         }
                         if softmax {
-                            var x = v * p.scale_log2;
-                            if MASK != 0u {
-                                x = add_bias(x, mask[mask_offset(p.mask, b_idx, h, row, col)], LOG2E);
+                            var x = NEG;
+                            if !(causal && col > row) {
+                                x = logit(v, b_idx, h, row, col);
                             }
-                            v = select(exp2(x - shift) * inv, 0.0, (causal && col > row) || x <= NEG);
+                            v = select(exp2(x - shift) * inv, 0.0, x <= NEG);
                         }
                         // Split output (Q, K, V from one X·[W_Q W_K W_V]): columns past
                         // split_k go to c1, past split_v to c2, each at its own width.
@@ -190,4 +192,16 @@ fn main(
             }
         }
     }
+}
+
+// The log2-domain logit of product `v` at (batch b, head h, row, col) in STATS and SOFTMAX,
+// formed by the same instructions in both: the scaled score, the score modifier (identity
+// stubs without modifiers; see src/kernels/mods.rs), the mask's bias, then the mask modifier
+// (NEG where it hides the column).
+fn logit(v: f32, b: u32, h: u32, row: u32, col: u32) -> f32 {
+    var x = wa_score_log2(v * p.scale_log2, b, h, row, col);
+    if MASK != 0u {
+        x = add_bias(x, mask[mask_offset(p.mask, b, h, row, col)], LOG2E);
+    }
+    return select(NEG, x, wa_keep(b, h, row, col));
 }

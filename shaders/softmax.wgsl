@@ -14,6 +14,11 @@
 // (batch, head, query, key), 0 along broadcast axes; f32::MIN marks a key masked out, which
 // weighs exactly 0. A row with nothing visible is all 0. The host prepends MASK.
 //
+// Modifiers (src/kernels/mods.rs): on the scaled score, the score modifier (`wa_score_ln`,
+// natural-log scores), then the bias, then the mask modifier (`wa_keep`: a key it hides weighs
+// exactly 0), as the fused kernels apply them; causal hides the future first. Identity stubs
+// without modifiers.
+//
 // The host prepends, from src/kernels/softmax.rs: the constants and element-type aliases
 // named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and
 // `struct Params`, generated from the Rust uniform of the same fields.
@@ -71,17 +76,19 @@ fn main(
         visible = min(i + 1u, p.cols);
     }
     let g = row / p.n_q;
-    let m_base = mask_offset(p.mask, g / p.heads, g % p.heads, i, 0u);
+    let b = g / p.heads;
+    let h = g % p.heads;
+    let r = Row(base, b, h, i, mask_offset(p.mask, b, h, i, 0u));
 
     var m = FLOOR;
     for (var j = li; j < visible; j += WG) {
-        m = max(m, score(base, m_base, j));
+        m = max(m, score(r, j));
     }
     m = reduce_max(m, li);
 
     var sum = 0.0;
     for (var j = li; j < visible; j += WG) {
-        sum += exp(score(base, m_base, j) - m);
+        sum += exp(score(r, j) - m);
     }
     sum = reduce_sum(sum, li);
 
@@ -90,19 +97,30 @@ fn main(
     for (var j = li; j < p.cols; j += WG) {
         var w = 0.0;
         if j < visible {
-            let x = score(base, m_base, j);
+            let x = score(r, j);
             w = select(exp(x - m) * inv, 0.0, x <= NEG);
         }
         s[base + j] = w;
     }
 }
 
-// The scaled score of column j of the row at `base`, with the mask's bias (the row's mask
-// elements start at `m_base`).
-fn score(base: u32, m_base: u32, j: u32) -> f32 {
-    let x = p.scale * s[base + j];
-    if MASK == 0u {
-        return x;
+// One row: its scores start at `base`, it is query `i` of (batch `b`, head `h`), and its mask
+// elements start at `m_base`.
+struct Row {
+    base: u32,
+    b: u32,
+    h: u32,
+    i: u32,
+    m_base: u32,
+}
+
+// The scaled score of column j of row `r`, as the fused kernels form it (in the natural-log
+// domain here): the score modifier (identity stubs without modifiers; see
+// src/kernels/mods.rs), the mask's bias, then the mask modifier (NEG where it hides the key).
+fn score(r: Row, j: u32) -> f32 {
+    var x = wa_score_ln(p.scale * s[r.base + j], r.b, r.h, r.i, j);
+    if MASK != 0u {
+        x = add_bias(x, mask[r.m_base + j * p.mask.w], 1.0);
     }
-    return add_bias(x, mask[m_base + j * p.mask.w], 1.0);
+    return select(NEG, x, wa_keep(r.b, r.h, r.i, j));
 }

@@ -93,8 +93,10 @@ impl<'a> Mask<'a> {
 
     /// Score and mask modifiers (a caller's WGSL, presets: [`crate::modifiers`]), applied
     /// with the rest of the mask: the score modifiers to the scaled score, then the bias,
-    /// then the mask modifiers. So far on the fused forward (`flash_tiled`, `flash_blocked`,
-    /// `flash_subgroup`); every other path is an `Unsupported` error, never a silent omission.
+    /// then the mask modifiers. So far on the forward on arrays (Q, K, V or X, with or
+    /// without projections): the fused kernels (`flash_tiled`, `flash_blocked`,
+    /// `flash_subgroup`) and the weights (`softmax`, the subgroup matmul's epilogues); every
+    /// other path is an `Unsupported` error, never a silent omission.
     pub fn with_modifiers(mut self, mods: &'a Modifiers) -> Self {
         self.mods = Some(mods).filter(|m| !m.is_empty());
         self

@@ -1,6 +1,6 @@
-//! `sdpa`'s modifier flags (issue 24): presets and a caller's WGSL files reading a
-//! `--mod-buffer` against the library's f64 reference; a WGSL mistake is one `error:` line
-//! naming its line; a file declaring a binding is refused.
+//! `sdpa`'s and `run`'s modifier flags (issue 24): presets and a caller's WGSL files reading
+//! a `--mod-buffer` against the library's f64 reference, the context and weights.npy; a WGSL
+//! mistake is one `error:` line naming its line; a file declaring a binding is refused.
 
 mod common;
 
@@ -121,6 +121,100 @@ fn presets_and_a_callers_files_match_the_reference() {
         let (rel, _) = reference::compare(&got, &want.context);
         assert!(rel < 1e-5, "{flags:?}: {rel:.2e}");
     }
+}
+
+#[test]
+fn sdpa_writes_the_weights_with_the_modifiers() {
+    // Without --context-only: weights.npy as the reference's, grouped-query heads, L ≠ S.
+    let dir = tempfile::tempdir().unwrap();
+    let [q, k, v] = common::sdpa_arrays(1, 4, 19, 26, 8, 8);
+    let kv_heads = ndarray::s![.., ..2, .., ..];
+    let (k, v) = (k.slice(kv_heads).to_owned(), v.slice(kv_heads).to_owned());
+    let (qp, kp, vp) = (
+        write(dir.path(), "q.npy", &q),
+        write(dir.path(), "k.npy", &k),
+        write(dir.path(), "v.npy", &v),
+    );
+    let out = dir.path().join("out");
+    // Temporary paths hold no blanks.
+    let line = format!(
+        "sdpa --q {qp} --k {kp} --v {vp} --causal --softcap 2.5 --window 6,0 --out {}",
+        out.display()
+    );
+    let args: Vec<&str> = line.split_whitespace().collect();
+    let mods = Modifiers::new()
+        .preset(Preset::Softcap(2.5))
+        .preset(Preset::Window { left: 6, right: 0 });
+    let mask = Mask::none().with_modifiers(&mods);
+    let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+    writes_the_references_outputs(&args, &out, &Attention::new().causal(true), inputs);
+}
+
+#[test]
+fn run_takes_the_modifier_flags() {
+    // Self-attention on X with projections, 2 heads, ALiBi and documents, causal.
+    let dir = tempfile::tempdir().unwrap();
+    let (b, n, d) = (2, 21, 8);
+    let x = ndarray::Array3::from_shape_fn((b, n, d), |(i, j, m)| {
+        ((i * 97 + j * 13 + m * 3) as f32 * 0.07).sin()
+    });
+    let w = |salt: usize| {
+        Array2::from_shape_fn((d, d), |(i, j)| {
+            (((i * d + j) * salt) as f32 * 0.11).cos() * 0.5
+        })
+    };
+    let (wq, wk, wv) = (w(3), w(5), w(7));
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    write_npy(path("x.npy"), &x).unwrap();
+    for (name, a) in [("wq.npy", &wq), ("wk.npy", &wk), ("wv.npy", &wv)] {
+        write_npy(path(name), a).unwrap();
+    }
+    let slopes = Preset::alibi_slopes(2);
+    write_npy(path("slopes.npy"), &Array1::from(slopes.clone())).unwrap();
+    let ids: Vec<i32> = (0..b * n).map(|p| ((p % n) / 8) as i32).collect();
+    write_npy(
+        path("ids.npy"),
+        &Array2::from_shape_vec((b, n), ids.clone()).unwrap(),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let (xp, wqp, wkp, wvp, sp, ip) = (
+        path("x.npy"),
+        path("wq.npy"),
+        path("wk.npy"),
+        path("wv.npy"),
+        path("slopes.npy"),
+        path("ids.npy"),
+    );
+    let line = format!(
+        "run --x {xp} --wq {wqp} --wk {wkp} --wv {wvp} --heads 2 --causal --alibi {sp} \
+         --document-ids {ip} --out {}",
+        out.display()
+    );
+    let args: Vec<&str> = line.split_whitespace().collect();
+    let mods = Modifiers::new()
+        .preset(Preset::Alibi(slopes))
+        .preset(Preset::Documents { ids, n: n as u32 });
+    let mask = Mask::none().with_modifiers(&mods);
+    let proj = wgpu_attention::Projections::new(wq.view(), wk.view(), wv.view());
+    let inputs = Inputs::x(&x).projections(&proj).mask(&mask);
+    let op = Attention::new().causal(true).heads(2);
+    writes_the_references_outputs(&args, &out, &op, inputs);
+}
+
+/// Runs the command line with `args`, then checks the context.npy and weights.npy it wrote
+/// into `out` against the reference's outputs of `op` on `inputs`.
+fn writes_the_references_outputs(args: &[&str], out: &Path, op: &Attention, inputs: Inputs<'_>) {
+    common::ok(&common::cli(args));
+    let want = reference::run(op, &inputs).unwrap();
+    let weights: ArrayD<f32> = read_npy(out.join("weights.npy")).unwrap();
+    let context: ArrayD<f32> = read_npy(out.join("context.npy")).unwrap();
+    let (rel_w, _) = reference::compare(&weights, want.weights.as_ref().unwrap());
+    let (rel_c, _) = reference::compare(&context, &want.context);
+    assert!(
+        rel_w < 1e-5 && rel_c < 1e-5,
+        "{args:?}: weights {rel_w:.2e}, context {rel_c:.2e}"
+    );
 }
 
 #[test]

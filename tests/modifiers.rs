@@ -1,8 +1,9 @@
-//! Score and mask modifiers (issue 24) in the fused forward of the storage and subgroup
-//! families: each preset and their combinations with causal, a boolean mask, grouped-query
-//! heads and L ≠ S against the f64 reference; a caller's own WGSL equal to the preset it
-//! implements; every path that does not apply modifiers yet is an error, not a silent
-//! omission; a caller's mistake is one located error.
+//! Score and mask modifiers (issue 24) in the forward of the storage and subgroup families,
+//! fused and with the weights, on Q, K, V and on X (projected or not): each preset and their
+//! combinations with causal, a boolean mask, grouped-query heads and L ≠ S against the f64
+//! reference (its weights too); a caller's own WGSL equal to the preset it implements; every
+//! path that does not apply modifiers yet is an error, not a silent omission; a caller's
+//! mistake is one located error.
 
 mod common;
 
@@ -10,6 +11,7 @@ use ndarray::{Array2, Array4};
 use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
 use wgpu_attention::{
     reference, Attention, Error, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
+    Projections,
 };
 
 /// The families that apply modifiers, as forced kernels, fused (no weights), NaN-prefilled.
@@ -39,7 +41,11 @@ fn qkv(b: usize, h: usize, h_kv: usize, l: usize, s: usize, e: usize) -> [Array4
 
 /// The relative error of `op` with `mask` against the reference.
 fn rel_err(op: Attention, [q, k, v]: &[Array4<f32>; 3], mask: &Mask<'_>) -> f64 {
-    let inputs = Inputs::qkv(q, k, v).mask(mask);
+    context_err(op, Inputs::qkv(q, k, v).mask(mask))
+}
+
+/// The relative error of `op`'s context on `inputs` against the reference's.
+fn context_err(op: Attention, inputs: Inputs<'_>) -> f64 {
     let want = reference::run(&op.return_weights(true), &inputs).unwrap();
     let got = op.run(common::ctx(), inputs).unwrap();
     assert!(got.context.iter().all(|x| x.is_finite()));
@@ -173,6 +179,178 @@ fn a_callers_wgsl_equals_the_preset_it_implements() {
     }
 }
 
+/// The relative errors of `op`'s weights and context with `mask` against the reference's
+/// (`op` returns the weights); infinite where an output holds a non-finite value (an element
+/// the kernels left NaN-prefilled).
+fn weights_err(op: Attention, inputs: Inputs<'_>) -> (f64, f64) {
+    let want = reference::run(&op, &inputs).unwrap();
+    let got = op.run(common::ctx(), inputs).unwrap();
+    let w = got.weights.expect("weights returned");
+    let finite = |a: &ndarray::ArrayD<f32>| a.iter().all(|x| x.is_finite());
+    let rel = |got: &ndarray::ArrayD<f32>, want: &ndarray::ArrayD<f64>| match finite(got) {
+        true => reference::compare(got, want).0,
+        false => f64::INFINITY,
+    };
+    (
+        rel(&w, want.weights.as_ref().unwrap()),
+        rel(&got.context, &want.context),
+    )
+}
+
+/// Whether every relative error is under 1e-5 (NaN is not).
+fn within(errors: &[f64]) -> bool {
+    errors.iter().all(|&e| e < 1e-5)
+}
+
+/// The weights path of a family, forced, NaN-prefilled: the storage family's is scores →
+/// `softmax` → weighted sum, the subgroup family's the fused context with the weights from
+/// the subgroup matmul's statistics and softmax epilogues.
+fn weights_on(kernels: Kernels) -> Attention {
+    fused_on(kernels).return_weights(true)
+}
+
+#[test]
+fn the_weights_apply_every_preset_as_the_reference_does_on_both_families() {
+    // Sizes no multiple of any tile, L ≠ S, grouped-query heads; document ids for every
+    // position of the longer side.
+    let (b, h, h_kv, l, s, e) = (2, 4, 2, 37, 45, 16);
+    let data = qkv(b, h, h_kv, l, s, e);
+    let [q, k, v] = &data;
+    let ids: Vec<i32> = (0..b * s).map(|p| ((p % s) / 9 + p / s) as i32).collect();
+    let documents = Preset::Documents {
+        ids: ids.clone(),
+        n: s as u32,
+    };
+    let presets = [
+        Preset::Window { left: 5, right: 2 },
+        Preset::Softcap(1.5),
+        Preset::Alibi(Preset::alibi_slopes(h)),
+        documents.clone(),
+        Preset::PrefixLm(7),
+    ];
+    let keep = Array2::from_shape_fn((l, s), |(i, j)| (i * 7 + j) % 5 != 0);
+    let combined = Modifiers::new()
+        .preset(Preset::Softcap(2.0))
+        .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+        .preset(Preset::Window { left: 8, right: 8 })
+        .preset(documents);
+    let mut failures = Vec::new();
+    for kernels in FAMILIES {
+        for causal in [false, true] {
+            let op = weights_on(kernels).causal(causal);
+            for (i, p) in presets.iter().enumerate() {
+                let mods = Modifiers::new().preset(p.clone());
+                let mask = Mask::none().with_modifiers(&mods);
+                let (w, c) = weights_err(op, Inputs::qkv(q, k, v).mask(&mask));
+                if !within(&[w, c]) {
+                    failures.push(format!(
+                        "{kernels:?} preset {i} causal={causal}: weights {w:.2e}, context {c:.2e}"
+                    ));
+                }
+            }
+            // Everything at once, with a boolean mask and a scale.
+            let mask = Mask::boolean(keep.view().into_dyn()).with_modifiers(&combined);
+            let (w, c) = weights_err(op.scale(0.7), Inputs::qkv(q, k, v).mask(&mask));
+            if !within(&[w, c]) {
+                failures.push(format!(
+                    "{kernels:?} combined causal={causal}: weights {w:.2e}, context {c:.2e}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_weights_of_a_long_windowed_call_skip_no_visible_key() {
+    // Many column tiles per row (the subgroup weights skip those above the diagonal), a
+    // window whose visible keys span several of them.
+    let data = qkv(1, 2, 1, 300, 300, 8);
+    let [q, k, v] = &data;
+    let mods = Modifiers::new()
+        .preset(Preset::Window { left: 70, right: 0 })
+        .preset(Preset::Alibi(Preset::alibi_slopes(2)));
+    let mask = Mask::none().with_modifiers(&mods);
+    for kernels in FAMILIES {
+        let (w, c) = weights_err(
+            weights_on(kernels).causal(true),
+            Inputs::qkv(q, k, v).mask(&mask),
+        );
+        assert!(
+            w < 1e-5 && c < 1e-5,
+            "{kernels:?}: weights {w:.2e}, context {c:.2e}"
+        );
+    }
+}
+
+#[test]
+fn self_attention_on_x_applies_them_with_and_without_projections() {
+    // X (batch, n, d) with 4 heads; with projections, K and V have 2 heads (grouped-query).
+    let (b, n, d, h) = (2, 37, 16, 4);
+    let x = ndarray::Array3::from_shape_fn((b, n, d), |(i, j, m)| {
+        ((i * 131 + j * 17 + m * 5) as f32 * 0.031).sin()
+    });
+    let w = |cols: usize, salt: usize| {
+        Array2::from_shape_fn((d, cols), |(i, j)| {
+            (((i * cols + j) * salt) as f32 * 0.057).cos() * 0.4
+        })
+    };
+    let (wq, wk, wv, wo) = (w(16, 3), w(8, 5), w(8, 7), w(12, 11));
+    // d_v = 16 (4 heads of the 2 K/V heads' width 4): W_O is (16, 12).
+    let proj = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), None);
+    let ids: Vec<i32> = (0..b * n).map(|p| ((p % n) / 10) as i32).collect();
+    let mods = Modifiers::new()
+        .preset(Preset::Softcap(1.5))
+        .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+        .preset(Preset::Documents { ids, n: n as u32 })
+        .preset(Preset::Window { left: 12, right: 3 });
+    let mask = Mask::none().with_modifiers(&mods);
+    let mut failures = Vec::new();
+    for kernels in FAMILIES {
+        for projected in [false, true] {
+            let inputs = match projected {
+                false => Inputs::x(&x).mask(&mask),
+                true => Inputs::x(&x).projections(&proj).mask(&mask),
+            };
+            let op = weights_on(kernels).heads(h).causal(true);
+            let (w, c) = weights_err(op, inputs.clone());
+            if !within(&[w, c]) {
+                failures.push(format!(
+                    "{kernels:?} projected={projected}: weights {w:.2e}, context {c:.2e}"
+                ));
+            }
+            // Fused, the context alone.
+            let rel = context_err(op.return_weights(false), inputs);
+            if !within(&[rel]) {
+                failures.push(format!(
+                    "{kernels:?} projected={projected} fused: {rel:.2e}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_tiny_call_on_the_default_kernels_applies_them_with_or_without_the_weights() {
+    // Tiny (batch · n ≤ 64) and nothing forced: the kernels cheapest to compile (on lavapipe
+    // scores → softmax → weighted sum either way).
+    let data = qkv(1, 2, 2, 11, 11, 8);
+    let [q, k, v] = &data;
+    let mods = Modifiers::new()
+        .preset(Preset::Softcap(1.0))
+        .preset(Preset::PrefixLm(4));
+    let mask = Mask::none().with_modifiers(&mods);
+    let op = Attention::new().causal(true).options(Options {
+        nan_fill: true,
+        ..Options::default()
+    });
+    let (w, c) = weights_err(op, Inputs::qkv(q, k, v).mask(&mask));
+    assert!(w < 1e-5 && c < 1e-5, "weights {w:.2e}, context {c:.2e}");
+    let rel = rel_err(op.return_weights(false), &data, &mask);
+    assert!(rel < 1e-5, "fused: {rel:.2e}");
+}
+
 #[test]
 fn paths_that_do_not_apply_modifiers_yet_are_errors() {
     let data = qkv(1, 2, 2, 9, 9, 8);
@@ -181,24 +359,45 @@ fn paths_that_do_not_apply_modifiers_yet_are_errors() {
     let mask = Mask::none().with_modifiers(&mods);
     let ctx = common::ctx();
     let unsupported = |r: wgpu_attention::Result<_>| matches!(r, Err(Error::Unsupported { .. }));
-    // The weights path, a forward saved for the backward, X.
-    let with_weights = Attention::new().return_weights(true);
-    assert!(unsupported(
-        with_weights
-            .run(ctx, Inputs::qkv(q, k, v).mask(&mask))
-            .map(drop)
-    ));
+    // A forward saved for the backward, on Q, K, V and on X.
     let saved = fused_on(Kernels::Storage).save_for_backward(true);
     assert!(unsupported(
         saved.run(ctx, Inputs::qkv(q, k, v).mask(&mask)).map(drop)
     ));
     let x = Array2::<f32>::from_elem((5, 8), 0.5);
-    let on_x = Attention::new().return_weights(false);
     assert!(unsupported(
-        on_x.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
+        saved.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
     ));
     // Without modifiers the same calls run.
-    with_weights.run(ctx, Inputs::qkv(q, k, v)).unwrap();
+    saved.run(ctx, Inputs::qkv(q, k, v)).unwrap();
+}
+
+#[test]
+fn a_call_split_past_the_limits_applies_them_in_every_part() {
+    // A binding limit that the weights (and X's projected call) do not fit: split by batch
+    // and heads, each part sees the whole call's indices (ALiBi reads the head), weights
+    // included; on X too.
+    let ctx = common::context_with(|l| l.max_storage_buffer_binding_size = 8192);
+    let data = qkv(2, 2, 2, 40, 40, 8);
+    let [q, k, v] = &data;
+    let mods = Modifiers::new()
+        .preset(Preset::Window { left: 3, right: 0 })
+        .preset(Preset::Alibi(Preset::alibi_slopes(2)));
+    let mask = Mask::none().with_modifiers(&mods);
+    let op = Attention::new().return_weights(true);
+    let inputs = Inputs::qkv(q, k, v).mask(&mask);
+    let got = op.run(&ctx, inputs.clone()).unwrap();
+    let want = reference::run(&op, &inputs).unwrap();
+    assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
+    let (w, ww) = (got.weights.unwrap(), want.weights.unwrap());
+    assert!(reference::compare(&w, &ww).0 < 1e-5);
+    let x = ndarray::Array3::from_shape_fn((2, 40, 8), |(b, i, e)| {
+        ((b * 31 + i * 5 + e) as f32 * 0.07).sin()
+    });
+    let op = op.heads(2);
+    let got = op.run(&ctx, Inputs::x(&x).mask(&mask)).unwrap();
+    let want = reference::run(&op, &Inputs::x(&x).mask(&mask)).unwrap();
+    assert!(reference::compare(&got.context, &want.context).0 < 1e-5);
 }
 
 #[test]

@@ -219,8 +219,11 @@ def test_the_native_calls_modifier_keywords():
     with pytest.raises(ValueError, match="document_ids must be 2-D"):
         native.sdpa(q, q, q, document_ids=np.zeros(5, dtype=np.int32))
     np.testing.assert_array_equal(native.sdpa(q, q, q, window=None)[0], native.sdpa(q, q, q)[0])
-    # Only the fused forward applies them: weights and the saved forward are refused.
-    with pytest.raises(NotImplementedError):
-        native.sdpa(q, q, q, return_weights=True, softcap=2.0)
+    # The weights apply them too (here soft-capped scores); the saved forward refuses them.
+    weights = native.sdpa(q, q, q, return_weights=True, softcap=2.0)[1]
+    s = (q.astype(np.float64) @ q.astype(np.float64).transpose(0, 1, 3, 2)) / 2.0
+    s = 2.0 * np.tanh(s / 2.0)
+    want = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(weights, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
     with pytest.raises(NotImplementedError):
         native.sdpa(q, q, q, save=True, window=(1, 1))

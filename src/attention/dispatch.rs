@@ -331,11 +331,12 @@ impl Attention {
     }
 }
 
-/// Records the attention weights `softmax(scale · Q·Kᵀ + mask)` of the score problem `mm`
-/// (A = Q, B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`, in three passes that never
-/// hold unnormalized scores: the products' per-tile softmax statistics, their reduction to
-/// each row's max and sum (`row_stats.wgsl`), then the products again with `exp(s − M) / L`
-/// as the epilogue. Both product passes compute each logit with the same instructions.
+/// Records the attention weights `softmax(scale · Q·Kᵀ + mask)`, with the mask's modifiers,
+/// of the score problem `mm` (A = Q, B = Kᵀ, with [`SKIP_UPPER`] for causal) into `weights`,
+/// in three passes that never hold unnormalized scores: the products' per-tile softmax
+/// statistics, their reduction to each row's max and sum (`row_stats.wgsl`), then the products
+/// again with `exp(s − M) / L` as the epilogue. Both product passes compute each logit with the
+/// same instructions.
 #[allow(clippy::too_many_arguments)]
 fn weights_from_stats(
     ctx: &Context,

@@ -258,12 +258,11 @@ impl Attention {
                 check_finite(name, a)?;
             }
         }
-        refuse_modifiers(ctx, mask, "self-attention on X")?;
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         self.check_dtype(ctx, &inputs)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
-        self.forward_checked(ctx, &dims, x, proj, bias, resident)
+        self.forward_checked(ctx, &dims, x, proj, (bias, mask.modifiers()), resident)
             .await
     }
 

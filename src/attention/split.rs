@@ -136,14 +136,15 @@ impl Attention {
 
     /// A checked call on X too large for the device: Q, K and V projected on the CPU (f32,
     /// matrixmultiply) into the layout of a call on Q, K, V, attended by
-    /// [`Attention::sdpa_in_parts`], the output projection applied to the joined context.
+    /// [`Attention::sdpa_in_parts`], the output projection applied to the joined context
+    /// (modifiers as there: each part sees the whole call's indices).
     pub(super) async fn forward_in_parts(
         &self,
         ctx: &Context,
         dims: &Dims,
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
-        bias: Option<ArrayView4<'_, f32>>,
+        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         too_big: &Error,
     ) -> Result<Output> {
         log::info!("{too_big}: projecting on the CPU, then splitting as sdpa does");
@@ -183,7 +184,7 @@ impl Attention {
         };
         let op = self.scale(dims.scale);
         let out = op
-            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, None)
+            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, mods)
             .await?;
         // (batch, heads, n, width) → (batch·n, d_v), then the output projection.
         let context = out

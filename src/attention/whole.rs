@@ -25,14 +25,15 @@ use crate::variant::Kernels;
 type Flat = (Vec<f32>, Option<Vec<f32>>);
 
 impl Attention {
-    /// A checked call on X: whole when it fits, else projected on the CPU and split.
+    /// A checked call on X with the mask's bias and modifiers: whole when it fits, else
+    /// projected on the CPU and split.
     pub(super) async fn forward_checked(
         &self,
         ctx: &Context,
         dims: &Dims,
         x: ArrayViewD<'_, f32>,
         proj: Option<&Projections<'_>>,
-        bias: Option<ArrayView4<'_, f32>>,
+        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         resident: Option<&DeviceWeights>,
     ) -> Result<Output> {
         let rows = dims.batch * dims.n;
@@ -47,7 +48,7 @@ impl Attention {
             .then_some(dims.batch * dims.heads * dims.n * dims.n);
         if let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) {
             return self
-                .forward_in_parts(ctx, dims, x, proj, bias, &too_big)
+                .forward_in_parts(ctx, dims, x, proj, (bias, mods), &too_big)
                 .await;
         }
         let shape = Shape::self_attention(dims);
@@ -57,7 +58,7 @@ impl Attention {
             weights: resident,
         };
         let (context, weights) = self
-            .run_whole(ctx, dims, shape, &source, bias, None)
+            .run_whole(ctx, dims, shape, &source, bias, mods)
             .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         Ok(Output {
@@ -118,11 +119,7 @@ impl Attention {
         bias: Option<ArrayView4<'_, f32>>,
         mods: Option<&Modifiers>,
     ) -> Result<Flat> {
-        let mut plan = self.plan(ctx, dims)?;
-        if mods.is_some() && !plan.fused && !self.return_weights {
-            // A tiny call's plan takes the unfused kernels, which do not apply modifiers yet.
-            plan = self.kernels(plan.family()).plan(ctx, dims)?;
-        }
+        let plan = self.plan(ctx, dims)?;
         log::info!(
             "attention batch={} n={} n_kv={} d_k={} d_v={} heads={} kv_heads={} causal={}: {plan}",
             shape.batch,

@@ -4,9 +4,10 @@
 //! same [`Matmul`] problem as `matmul.wgsl`.
 
 use super::matmul::{Matmul, F16_A, F16_B, F16_C, HAS_BIAS, SKIP_UPPER};
+use super::mods::ModsBind;
 use super::pack::{Pack, Packed};
 use super::wgsl::{constants, uniform};
-use super::{record, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot};
+use super::{record_with, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
 use crate::gpu::Device;
 
@@ -92,9 +93,11 @@ impl Kernel for Shader {
 pub(crate) enum Epilogue<'a> {
     /// `C = A·B (+ bias)`.
     Plain,
-    /// Partial softmax statistics of `scale·A·B` per row and column tile.
+    /// Partial softmax statistics of `scale·A·B` per row and column tile (with the mask and
+    /// its modifiers).
     Stats { scale: f32 },
-    /// `C = exp(scale·A·B − M) / L` with each row's (M, L) in `stats`: the attention weights.
+    /// `C = exp(scale·A·B − M) / L` with each row's (M, L) in `stats`: the attention weights
+    /// (with the mask and its modifiers).
     Softmax { scale: f32, stats: &'a wgpu::Buffer },
 }
 
@@ -231,7 +234,12 @@ pub(crate) fn dispatch_split(
         Some((k, _)) => super::Strides::row_major(u32_of("split", k)?, 0, 0),
         None => mm.c,
     };
-    let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
+    // The weights' epilogues apply the mask's modifiers (no block map: they call no
+    // `wa_block`); the plain one reads no mask, and refuses one with modifiers.
+    let (mods, (mask, mask_strides, has_mask)) = match epilogue {
+        Epilogue::Plain => (None, MaskArg::parts(ctx, mask)?),
+        _ => (MaskArg::mods(mask), MaskArg::bias_parts(ctx, mask)),
+    };
     let sg = ops.sg;
     let tiles_m = mm.m.div_ceil((sg * rows_per_lane) as usize);
     let tiles_n = ops.tiles_n(mm);
@@ -278,11 +286,10 @@ pub(crate) fn dispatch_split(
         mask: has_mask,
         split: u32::from(split.is_some()),
     };
-    record::<Shader>(
+    record_with::<Shader>(
         ctx,
         encoder,
-        &consts,
-        f16,
+        (&consts, f16),
         &params,
         &[
             Binding::Texture(&ops.a.view),
@@ -294,6 +301,7 @@ pub(crate) fn dispatch_split(
             c1.into(),
             c2.into(),
         ],
+        mods.map(|upload| ModsBind { upload, map: None }),
         (tiles_m * tiles_n * groups) as u64,
     )
 }

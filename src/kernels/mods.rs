@@ -1,10 +1,11 @@
 //! Score and mask modifiers in the kernels (issue 24): a kernel that applies them calls
 //! `wa_keep(b, h, q, kv) -> bool` and `wa_score_log2(x, b, h, q, kv) -> f32` (scores in the
-//! log2 domain, as the fused kernels keep them) where it applies causal and the mask, and
-//! `wa_block(b, h, row0, j0) -> u32` per key tile: 0 when the mask modifiers leave the tile
-//! empty (the kernel skips it), 1 when they leave all of it visible (no `wa_keep` there),
-//! 2 otherwise; and `wa_span(b, h, row0)`, the keys `[lo, hi)` its loop need visit (block
-//! sparsity, from a [`BlockMap`]). Without modifiers the host appends
+//! log2 domain, as the fused kernels and the subgroup matmul's weights epilogues keep them;
+//! `wa_score_ln` for natural-log scores, as `softmax.wgsl` keeps them) where it applies
+//! causal and the mask, and `wa_block(b, h, row0, j0) -> u32` per key tile: 0 when the mask
+//! modifiers leave the tile empty (the kernel skips it), 1 when they leave all of it visible
+//! (no `wa_keep` there), 2 otherwise; and `wa_span(b, h, row0)`, the keys `[lo, hi)` its loop
+//! need visit (block sparsity, from a [`BlockMap`]). Without modifiers the host appends
 //! identity stubs, so such a kernel's results are bit for bit what they were; with them, the
 //! caller's checked code ([`crate::modifiers::Modifiers::wgsl`], its buffers at `@group(1)`,
 //! then a uniform with the origin of a split call's part (added to the kernel's batch, head
@@ -25,6 +26,9 @@ const STUBS: &str = "fn wa_keep(b: u32, h: u32, q: u32, kv: u32) -> bool {
     return true;
 }
 fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    return x;
+}
+fn wa_score_ln(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
     return x;
 }
 fn wa_block(b: u32, h: u32, row0: u32, j0: u32) -> u32 {
@@ -160,7 +164,9 @@ impl ModsUpload {
         code.push_str(&format!("    return wa_mask({at});\n}}\n"));
         code.push_str(&format!(
             "fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
-             return wa_score(x / LOG2E, {at}) * LOG2E;\n}}\n"
+             return wa_score(x / LOG2E, {at}) * LOG2E;\n}}\n\
+             fn wa_score_ln(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+             return wa_score(x, {at});\n}}\n"
         ));
         // The block map: read where it is on, every tile partial where it is off; without a
         // mask modifier every tile is full.
@@ -234,10 +240,10 @@ impl ModsUpload {
 /// The error for a path that does not apply modifiers yet (it must never ignore them).
 pub(crate) fn unsupported(dev: &Device, what: &str) -> Error {
     Error::Unsupported {
-        feature: format!("score/mask modifiers on {what} (so far: the fused forward, flash-tiled, flash-blocked and flash-subgroup)"),
+        feature: format!("score/mask modifiers on {what} (so far: the forward on arrays, fused or with the weights)"),
         adapter: dev.adapter.get_info().name,
-        hint: "run the fused forward (return_weights(false)) with Kernels::Storage or \
-               Kernels::Subgroup"
+        hint: "run the forward on arrays (Inputs::qkv or Inputs::x), without saving it for \
+               the backward"
             .into(),
     }
 }

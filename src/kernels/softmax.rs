@@ -1,8 +1,10 @@
 //! `shaders/softmax.wgsl`: in-place row-wise softmax of `scale · scores`, one workgroup per
-//! row, with the causal mask and an optional additive mask.
+//! row, with the causal mask, an optional additive mask and the mask's score and mask
+//! modifiers.
 
+use super::mods::ModsBind;
 use super::wgsl::{constants, uniform};
-use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
+use super::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
 use crate::gpu::Device;
 
@@ -41,7 +43,9 @@ impl Kernel for Shader {
 }
 
 /// Records `scores ← softmax(scale · scores + mask)` row by row, in place, for
-/// `batch · heads` score matrices of `n_q × n_kv`; causal hides keys past each query.
+/// `batch · heads` score matrices of `n_q × n_kv`; causal hides keys past each query, and the
+/// mask's modifiers apply as in the fused kernels (the score modifier before the bias, the
+/// mask modifier after).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
     ctx: &Device,
@@ -53,7 +57,8 @@ pub(crate) fn dispatch(
     scores: &wgpu::Buffer,
     mask: Option<MaskArg<'_>>,
 ) -> Result<()> {
-    let (mask, strides, has_mask) = MaskArg::parts(ctx, mask)?;
+    let mods = MaskArg::mods(mask);
+    let (mask, strides, has_mask) = MaskArg::bias_parts(ctx, mask);
     let rows = batch * heads * n_q;
     let params = SoftmaxParams {
         rows: u32_of("softmax rows", rows)?,
@@ -66,13 +71,14 @@ pub(crate) fn dispatch(
         ..Default::default()
     };
     let consts = SoftmaxConsts { mask: has_mask };
-    record::<Shader>(
+    // No block map: this kernel visits every key of a row (it calls no `wa_block`).
+    record_with::<Shader>(
         ctx,
         encoder,
-        &consts,
-        0,
+        (&consts, 0),
         &params,
         &[scores.into(), mask.into()],
+        mods.map(|upload| ModsBind { upload, map: None }),
         rows as u64,
     )
 }

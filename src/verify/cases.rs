@@ -10,6 +10,7 @@ use rand_distr::StandardNormal;
 
 use crate::attention::{Attention, Dtype, Projections};
 use crate::mask::Mask;
+use crate::modifiers::{Modifiers, Preset};
 use crate::variant::Kernels;
 
 /// One problem: sizes and options; its numbers come from a seed.
@@ -51,6 +52,44 @@ pub struct Case {
     /// `(batch, heads, n, d_k/heads)` against `n_kv` keys in `kv_heads` K/V heads
     /// (`(n_kv, kv_heads)`; grouped-query when fewer heads).
     pub sdpa: Option<(usize, usize)>,
+    /// Score and mask modifiers, drawn from the seed after the mask.
+    pub mods: ModsCase,
+}
+
+/// Which score and mask modifiers a [`Case`] has (presets, see [`crate::modifiers`]), at the
+/// case's sizes: `n` queries against `n_kv` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ModsCase {
+    /// None.
+    #[default]
+    None,
+    /// A sliding window: `n/4` keys back (at least 1), 2 ahead.
+    Window,
+    /// Soft-capping at 2.
+    Softcap,
+    /// ALiBi with the standard slopes of the case's heads.
+    Alibi,
+    /// Documents: each sequence cut into documents at random positions (about one in 12).
+    Documents,
+    /// Prefix-LM: the first `n/3` positions attend bidirectionally.
+    PrefixLm,
+    /// Soft-capping, ALiBi, a window and documents at once.
+    All,
+}
+
+impl ModsCase {
+    /// The name `verify` prints.
+    fn name(self) -> &'static str {
+        match self {
+            ModsCase::None => "none",
+            ModsCase::Window => "window",
+            ModsCase::Softcap => "softcap",
+            ModsCase::Alibi => "alibi",
+            ModsCase::Documents => "documents",
+            ModsCase::PrefixLm => "prefix-lm",
+            ModsCase::All => "all",
+        }
+    }
 }
 
 /// Which mask a [`Case`] has (see [`crate::mask`]).
@@ -88,6 +127,7 @@ impl Case {
             mask: MaskCase::None,
             dtype: Dtype::F32,
             sdpa: None,
+            mods: ModsCase::None,
         }
     }
 
@@ -188,6 +228,7 @@ impl Case {
                 }
             })),
         };
+        let mods = self.modifiers(&mut rng, (batch, n, n_kv));
         CaseData {
             x,
             weights,
@@ -195,7 +236,47 @@ impl Case {
             output,
             mask,
             qkv,
+            mods,
         }
+    }
+
+    /// The case's modifiers for `batch` sequences of `n` queries and `n_kv` keys, documents
+    /// drawn from `rng`.
+    fn modifiers(
+        &self,
+        rng: &mut ChaCha8Rng,
+        (batch, n, n_kv): (usize, usize, usize),
+    ) -> Modifiers {
+        let window = || Preset::Window {
+            left: (n / 4).max(1) as u32,
+            right: 2,
+        };
+        let softcap = || Preset::Softcap(2.0);
+        let alibi = || Preset::Alibi(Preset::alibi_slopes(self.heads));
+        let mut documents = || {
+            let len = n.max(n_kv);
+            let mut ids = Vec::with_capacity(batch * len);
+            for _ in 0..batch {
+                let mut id = 0;
+                for _ in 0..len {
+                    id += i32::from(rng.random_bool(1.0 / 12.0));
+                    ids.push(id);
+                }
+            }
+            Preset::Documents { ids, n: len as u32 }
+        };
+        let presets = match self.mods {
+            ModsCase::None => vec![],
+            ModsCase::Window => vec![window()],
+            ModsCase::Softcap => vec![softcap()],
+            ModsCase::Alibi => vec![alibi()],
+            ModsCase::Documents => vec![documents()],
+            ModsCase::PrefixLm => vec![Preset::PrefixLm((n / 3) as u32)],
+            ModsCase::All => vec![softcap(), alibi(), window(), documents()],
+        };
+        presets
+            .into_iter()
+            .fold(Modifiers::new(), Modifiers::preset)
     }
 }
 
@@ -245,6 +326,9 @@ impl fmt::Display for Case {
         if let Some((_, kv_heads)) = self.sdpa {
             opts.push(format!("sdpa Hkv={kv_heads}"));
         }
+        if self.mods != ModsCase::None {
+            opts.push(format!("mods={}", self.mods.name()));
+        }
         if self.dtype != Dtype::F32 {
             opts.push(self.dtype.to_string());
         }
@@ -271,6 +355,8 @@ pub struct CaseData {
     /// Q, K, V of a case run on them ([`Case::sdpa`]: [`Attention::run`] with
     /// `Inputs::qkv`).
     pub qkv: Option<[ndarray::Array4<f32>; 3]>,
+    /// The score and mask modifiers (empty without).
+    pub mods: Modifiers,
 }
 
 /// A case's mask arrays.
@@ -287,14 +373,38 @@ pub enum MaskData {
 }
 
 impl CaseData {
-    /// The mask over these arrays.
+    /// The mask over these arrays, with the modifiers.
     pub fn mask(&self) -> Mask<'_> {
-        match &self.mask {
+        let mask = match &self.mask {
             MaskData::None => Mask::none(),
             MaskData::Lengths(l) => Mask::none().with_kv_lengths(l),
             MaskData::Bool(m) => Mask::boolean(m.view()),
             MaskData::Float(m) => Mask::additive(m.view()),
-        }
+        };
+        mask.with_modifiers(&self.mods)
+    }
+
+    /// How far the score modifiers can move a logit: ALiBi's largest slope times the
+    /// longest distance (the others do not enlarge it). Added to the logit bound of the
+    /// tolerance.
+    pub fn mods_bound(&self) -> f64 {
+        let len = self
+            .qkv
+            .as_ref()
+            .map_or(self.x.shape()[self.x.ndim() - 2], |[q, k, _]| {
+                q.dim().2.max(k.dim().2)
+            });
+        self.mods
+            .presets()
+            .iter()
+            .map(|p| match p {
+                Preset::Alibi(slopes) => {
+                    let max = slopes.iter().fold(0.0f32, |m, s| m.max(s.abs()));
+                    f64::from(max) * len as f64
+                }
+                _ => 0.0,
+            })
+            .sum()
     }
 
     /// The projections as views.
@@ -446,6 +556,38 @@ pub fn standard_cases() -> Vec<Case> {
             ..Case::new(1, 8, 8, 8)
         },
     ]);
+    // Score and mask modifiers: each preset and all at once, on Q, K, V with L ≠ S and
+    // grouped-query heads, causal and not, and on X with projections.
+    let gqa = Case {
+        sdpa: Some((53, 2)),
+        heads: 4,
+        batch: Some(2),
+        ..Case::new(37, 16, 32, 16)
+    };
+    for (mods, causal) in [
+        (ModsCase::Window, true),
+        (ModsCase::Softcap, false),
+        (ModsCase::Alibi, true),
+        (ModsCase::Documents, false),
+        (ModsCase::PrefixLm, true),
+        (ModsCase::All, true),
+        (ModsCase::All, false),
+    ] {
+        cases.push(Case {
+            mods,
+            causal,
+            ..gqa
+        });
+    }
+    cases.push(Case {
+        mods: ModsCase::All,
+        mask: MaskCase::Bool,
+        causal: true,
+        heads: 2,
+        batch: Some(2),
+        bias: true,
+        ..Case::new(45, 16, 16, 8)
+    });
     cases
 }
 
@@ -496,6 +638,7 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                         [1, heads][rng.random_range(0..2)],
                     )
                 }),
+                mods: ModsCase::None,
             }
         })
         .collect()

@@ -6,7 +6,7 @@ mod cases;
 
 use std::fmt;
 
-pub use cases::{random_cases, standard_cases, Case, CaseData, MaskCase, MaskData};
+pub use cases::{random_cases, standard_cases, Case, CaseData, MaskCase, MaskData, ModsCase};
 
 use crate::attention::{Attention, Dtype, Host, Inputs, Projections};
 use crate::context::Context;
@@ -128,6 +128,8 @@ pub async fn run_case_with_async(
             )
         }
     };
+    // ALiBi moves the logits by up to its slope times the distance.
+    let bound = bound + data.mods_bound();
     let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
     let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
         (Some(g), Some(c), false) => reference::compare(g, c),

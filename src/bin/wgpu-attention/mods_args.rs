@@ -1,5 +1,5 @@
-//! The score and mask modifier flags of `sdpa` (issue 24): a caller's WGSL files, the buffers
-//! they read, and the presets, gathered into one [`Modifiers`].
+//! The score and mask modifier flags of `sdpa` and `run` (issue 24): a caller's WGSL files,
+//! the buffers they read, and the presets, gathered into one [`Modifiers`].
 
 use std::path::{Path, PathBuf};
 

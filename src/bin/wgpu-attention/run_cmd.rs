@@ -129,6 +129,8 @@ pub struct RunArgs {
     /// batch, the first sequence).
     #[arg(long)]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    mods: crate::mods_args::ModArgs,
 }
 
 /// The options `run` and `sdpa` share.
@@ -295,7 +297,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let inputs = Inputs::x(&x).projections(proj.as_ref());
     let dims = Dims::new(&op, &inputs)?;
     let (mask_array, lengths) = args.op.read_mask()?;
-    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref());
+    let mods = args.mods.modifiers()?;
+    let mask = with_lengths(mask_array.as_ref(), lengths.as_deref()).with_modifiers(&mods);
     mask.check([dims.batch, dims.heads, dims.n, dims.n])?;
     let d_o = args.op.grad.run_grad_output(&op, x.view(), proj.as_ref())?;
     let ctx = args.op.adapter.open()?;
