@@ -595,8 +595,11 @@ impl KvCacheHandle {
 
 #[pymethods]
 impl KvCacheHandle {
+    /// `rolling`: keep only the last `capacity` tokens (appends wrap; a window preset must
+    /// keep every step within them). `**modifiers`: as `sdpa`'s, applied at each token's
+    /// position.
     #[new]
-    #[pyo3(signature = (capacity, batch, kv_heads, d_k, d_v, scale=None, half=false))]
+    #[pyo3(signature = (capacity, batch, kv_heads, d_k, d_v, scale=None, half=false, rolling=false, **modifiers))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -607,7 +610,10 @@ impl KvCacheHandle {
         d_v: usize,
         scale: Option<f32>,
         half: bool,
+        rolling: bool,
+        modifiers: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let mods = self::modifiers(modifiers)?;
         let spec = KvCacheSpec {
             capacity,
             batch,
@@ -619,13 +625,15 @@ impl KvCacheHandle {
         let (cache, ctx) = py.detach(|| {
             guarded(|| {
                 let ctx = context()?;
-                Ok((KvCache::new(&ctx, spec)?, ctx))
+                let cache = KvCache::new(&ctx, spec)?;
+                Ok((if rolling { cache.rolling() } else { cache }, ctx))
             })
         })?;
         let decoder = match scale {
             Some(s) => Decoder::new().scale(s),
             None => Decoder::new(),
-        };
+        }
+        .modifiers(&mods);
         Ok(KvCacheHandle {
             cache: Mutex::new(cache),
             decoder,

@@ -89,3 +89,34 @@ def test_kv_cache_decode_equals_causal_attention(dtype, tol):
     assert len(cache) == n
     cache.clear()
     assert len(cache) == 0
+
+
+def test_kv_cache_with_a_window_and_softcap_rolling_or_not():
+    # Mistral's window of 6 keys and Gemma 2's soft-cap, a prompt of 5 then one token at a
+    # time to 30 tokens; a rolling cache of 8 tokens gives the same rows as one of 30.
+    g = torch.Generator().manual_seed(5)
+    B, H, Hkv, D, prompt, n, W, cap = 1, 4, 2, 8, 5, 30, 6, 1.5
+    q, k, v = (
+        torch.randn(B, H, n, D, generator=g, dtype=torch.float64),
+        torch.randn(B, Hkv, n, D, generator=g, dtype=torch.float64),
+        torch.randn(B, Hkv, n, D, generator=g, dtype=torch.float64),
+    )
+    i = torch.arange(n)
+    keep = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - W)
+    s = q @ k.repeat_interleave(H // Hkv, dim=1).transpose(-2, -1) / D**0.5
+    s = (cap * torch.tanh(s / cap)).masked_fill(~keep, float("-inf"))
+    want = torch.softmax(s, dim=-1) @ v.repeat_interleave(H // Hkv, dim=1)
+    q, k, v = q.float(), k.float(), v.float()
+    for capacity, rolling in [(n, False), (8, True)]:
+        cache = wa.KVCache(capacity, B, Hkv, D, window=W, softcap=cap, rolling=rolling)
+        rows = [cache.step(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt])]
+        for t in range(prompt, n):
+            rows.append(cache.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1]))
+        assert len(cache) == n
+        assert rel(torch.cat(rows, dim=2).double(), want) < 1e-5
+    # A rolling cache without a window cannot serve a step once it has wrapped.
+    cache = wa.KVCache(8, B, Hkv, D, rolling=True)
+    for t in range(10):
+        cache.append(k[:, :, t : t + 1], v[:, :, t : t + 1])
+    with pytest.raises(ValueError, match="rolling cache"):
+        cache.attend(q[:, :, 9:10])

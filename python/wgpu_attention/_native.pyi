@@ -76,6 +76,10 @@ class KvCacheHandle:
         d_v: int,
         scale: Optional[float] = None,
         half: bool = False,
+        rolling: bool = False,
+        *,
+        window: Optional[Tuple[int, int]] = None,
+        softcap: Optional[float] = None,
     ) -> None: ...
     def append(self, k: F32, v: F32) -> None: ...
     def attend(self, q: F32) -> F32: ...

@@ -35,6 +35,11 @@ class KVCache:
     aligned to the bottom right (PyTorch's `causal_lower_right`): a prompt then one token
     at a time gives the rows of one causal attention over all the tokens. Inputs are NumPy
     arrays or torch tensors; the output is the query's kind and dtype.
+
+    `window=W` (Mistral's sliding window: a token sees itself and the `W - 1` before it) and
+    `softcap=C` (Gemma 2's logit soft-capping) apply at each token's position, as the
+    crate's presets do. `rolling=True` keeps only the last `capacity` tokens (memory
+    O(window)): with a window, each step must fit in it (`m + W - 1 <= capacity`).
     """
 
     def __init__(
@@ -46,9 +51,20 @@ class KVCache:
         v_head_dim: Optional[int] = None,
         dtype: str = "float32",
         scale: Optional[float] = None,
+        window: Optional[int] = None,
+        softcap: Optional[float] = None,
+        rolling: bool = False,
     ):
         if str(dtype).replace("torch.", "") not in ("float32", "float16"):
             raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
+        modifiers: dict = {}
+        if window is not None:
+            if int(window) < 1:
+                raise ValueError(f"window must be at least 1 key, got {window}")
+            # Mistral's window W: a token sees itself and the W - 1 before it.
+            modifiers["window"] = (int(window) - 1, 0)
+        if softcap is not None:
+            modifiers["softcap"] = float(softcap)
         self._cache = _native.KvCacheHandle(
             capacity,
             batch,
@@ -57,6 +73,8 @@ class KVCache:
             v_head_dim if v_head_dim is not None else head_dim,
             scale=None if scale is None else float(scale),
             half=str(dtype).endswith("float16"),
+            rolling=bool(rolling),
+            **modifiers,
         )
 
     def append(self, key: Any, value: Any) -> None:
