@@ -8,8 +8,9 @@
 // accumulator in registers); keys stream in tiles of SG, lane `l` loading key j0 + l from
 // the K and V textures (packed by pack.wgsl) and subgroupShuffle handing it to every lane.
 // A pass of its own: accumulating dQ inside the dK/dV kernel would need atomic float adds,
-// which WGSL does not have. Causal tiles past the block's last row are skipped; masks as the
-// forward reads them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
+// which WGSL does not have. Causal tiles past the block's last row are skipped; masks and
+// the score/mask modifiers (wa_score_log2, wa_keep, and wa_score_grad for dS; see
+// src/kernels/mods.rs) as the forward applies them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
 // The host prepends, from src/kernels/flash_backward_q_subgroup.rs: the constants SG, R
 // (rows per lane), DK4, DV4, MASK, the element type Q_T (f32 or f16; K and V come from
@@ -125,14 +126,21 @@ fn main(
                 }
             }
             for (var r = 0u; r < R; r++) { // unroll
-                var x = s[r];
-                if jj >= count || rows[r] >= p.n_q || (p.causal != 0u && j0 + jj > rows[r]) {
-                    x = NEG;
-                } else if MASK != 0u {
-                    x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], j0 + jj)], LOG2E);
+                // As the forward: the score modifiers on the scaled score, the bias, then the
+                // mask modifiers; dS through the score modifiers' derivative `gs`.
+                let key = j0 + jj;
+                var x = NEG;
+                var gs = 0.0;
+                if jj < count && rows[r] < p.n_q && (p.causal == 0u || key <= rows[r]) {
+                    x = wa_score_log2(s[r], b, h, rows[r], key);
+                    gs = wa_score_grad(s[r] / LOG2E, b, h, rows[r], key);
+                    if MASK != 0u {
+                        x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], key)], LOG2E);
+                    }
+                    x = select(NEG, x, wa_keep(b, h, rows[r], key));
                 }
                 let pr = select(exp2(x - lse[r]), 0.0, x == NEG);
-                let ds = pr * (dp[r] - dd[r]);
+                let ds = select(pr * (dp[r] - dd[r]) * gs, 0.0, pr == 0.0);
                 for (var c = 0u; c < DK4; c++) { // unroll
                     dq[r][c] = fma(vec4<f32>(ds), ks[c], dq[r][c]);
                 }

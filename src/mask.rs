@@ -94,7 +94,8 @@ impl<'a> Mask<'a> {
     /// Score and mask modifiers (a caller's WGSL, presets: [`crate::modifiers`]), applied
     /// with the rest of the mask: the score modifiers to the scaled score, then the bias,
     /// then the mask modifiers. So far on the fused forward (`flash_tiled`, `flash_blocked`,
-    /// `flash_subgroup`); every other path is an `Unsupported` error, never a silent omission.
+    /// `flash_subgroup`) and the fused backward of a forward on Q, K, V saved for it; every
+    /// other path is an `Unsupported` error, never a silent omission.
     pub fn with_modifiers(mut self, mods: &'a Modifiers) -> Self {
         self.mods = Some(mods).filter(|m| !m.is_empty());
         self

@@ -2,7 +2,7 @@
 //! families: each preset and their combinations with causal, a boolean mask, grouped-query
 //! heads and L ≠ S against the f64 reference; a caller's own WGSL equal to the preset it
 //! implements; every path that does not apply modifiers yet is an error, not a silent
-//! omission; a caller's mistake is one located error.
+//! omission (the backward's own tests are in tests/modifiers_backward.rs); a caller's mistake is one located error.
 
 mod common;
 
@@ -25,15 +25,10 @@ const FAMILIES: [Kernels; 2] = [Kernels::Storage, Kernels::Subgroup];
 
 /// Q `(b, h, L, e)`, K and V `(b, h_kv, S, e)`.
 fn qkv(b: usize, h: usize, h_kv: usize, l: usize, s: usize, e: usize) -> [Array4<f32>; 3] {
-    let f = |salt: usize| {
-        move |(i, j, k, m): (usize, usize, usize, usize)| {
-            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
-        }
-    };
     [
-        Array4::from_shape_fn((b, h, l, e), f(1)),
-        Array4::from_shape_fn((b, h_kv, s, e), f(2)),
-        Array4::from_shape_fn((b, h_kv, s, e), f(3)),
+        common::smooth((b, h, l, e), 1, 1.5),
+        common::smooth((b, h_kv, s, e), 2, 1.5),
+        common::smooth((b, h_kv, s, e), 3, 1.5),
     ]
 }
 
@@ -50,17 +45,7 @@ fn rel_err(op: Attention, [q, k, v]: &[Array4<f32>; 3], mask: &Mask<'_>) -> f64 
 fn every_preset_matches_the_reference_on_both_families() {
     let (b, h, h_kv, l, s, e) = (2, 4, 2, 37, 37, 16);
     let data = qkv(b, h, h_kv, l, s, e);
-    let ids: Vec<i32> = (0..b * s).map(|p| ((p % s) / 9 + p / s) as i32).collect();
-    let presets = [
-        Preset::Window { left: 5, right: 2 },
-        Preset::Softcap(1.5),
-        Preset::Alibi(Preset::alibi_slopes(h)),
-        Preset::Documents {
-            ids: ids.clone(),
-            n: s as u32,
-        },
-        Preset::PrefixLm(7),
-    ];
+    let presets = common::every_preset(b, h, s);
     let mut failures = Vec::new();
     for kernels in FAMILIES {
         for (i, p) in presets.iter().enumerate() {
@@ -168,21 +153,22 @@ fn paths_that_do_not_apply_modifiers_yet_are_errors() {
     let mask = Mask::none().with_modifiers(&mods);
     let ctx = common::ctx();
     let unsupported = |r: wgpu_attention::Result<_>| matches!(r, Err(Error::Unsupported { .. }));
-    // The weights path, a forward saved for the backward, X.
+    // The weights path, X, and a layer forward on X saved for the backward (a forward on
+    // Q, K, V saved for the backward applies them: tests/modifiers_backward.rs).
     let with_weights = Attention::new().return_weights(true);
     assert!(unsupported(
         with_weights
             .run(ctx, Inputs::qkv(q, k, v).mask(&mask))
             .map(drop)
     ));
-    let saved = fused_on(Kernels::Storage).save_for_backward(true);
-    assert!(unsupported(
-        saved.run(ctx, Inputs::qkv(q, k, v).mask(&mask)).map(drop)
-    ));
     let x = Array2::<f32>::from_elem((5, 8), 0.5);
     let on_x = Attention::new().return_weights(false);
     assert!(unsupported(
         on_x.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
+    ));
+    let saved_on_x = on_x.save_for_backward(true);
+    assert!(unsupported(
+        saved_on_x.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
     ));
     // Without modifiers the same calls run.
     with_weights.run(ctx, Inputs::qkv(q, k, v)).unwrap();
