@@ -5,7 +5,7 @@
 //! grouped-query heads and L ≠ S, all of them combined with a boolean mask and a scale; a
 //! caller's `score_mod` with its `score_mod_grad` equal to the preset it implements; and a
 //! caller's `score_mod` without one refused before any work; the tensor forms equal to the
-//! array forms.
+//! array forms; f16 operands.
 
 mod common;
 
@@ -211,6 +211,29 @@ fn the_tensor_forms_give_the_array_forms_gradients_bit_for_bit() {
                 bits(&rows(want.as_ref().unwrap().view())),
                 "{kernels:?}"
             );
+        }
+    }
+}
+
+#[test]
+fn f16_operands_through_the_modifiers() {
+    // Q, K, V stored as f16 on the device (all arithmetic f32): the reference sees the same
+    // rounded inputs, which f16 holds exactly.
+    let ctx = common::ctx();
+    ctx.require_f16()
+        .expect("the test adapter (lavapipe) has shader-f16");
+    let h = 4;
+    let data = problem(1, h, 2, 29, 35, 12).map(|a| a.mapv(|x| half::f16::from_f32(x).to_f32()));
+    let mods = Modifiers::new()
+        .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+        .preset(Preset::Softcap(1.5))
+        .preset(Preset::Window { left: 9, right: 4 });
+    let mask = Mask::none().with_modifiers(&mods);
+    for kernels in FAMILIES {
+        for causal in [false, true] {
+            let op = saved_on(kernels).causal(causal).dtype(Dtype::F16);
+            let rel = worst(op, &data, &mask, &mask);
+            assert!(rel < 1e-4, "{kernels:?} causal={causal}: {rel:.2e}");
         }
     }
 }
