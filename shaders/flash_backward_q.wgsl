@@ -18,7 +18,8 @@
 // past the block's last row are skipped, keys past a row inside a tile weigh 0. Masks and
 // the score/mask modifiers (`mod`, its derivative mod': wa_score_log2, wa_keep and
 // wa_score_grad, from src/kernels/mods.rs; identity stubs without any) as the forward
-// applies them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
+// applies them, and its block map (wa_span, wa_block) for this kernel's blocks of rows and
+// tiles of keys: tiles no row of the block sees are skipped; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
 // The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows per
 // workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, MASK, the
@@ -132,7 +133,16 @@ fn main(
     }
     let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
     let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
-    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
+    // The mask modifiers' block map, as the forward reads it (src/kernels/mods.rs): only
+    // the keys that hold a visible pair for this block's rows, tiles 0 = none visible
+    // (skipped), 1 = all (no mask modifier to evaluate), 2 = some.
+    let span = wa_span(b, h, row0);
+    kv_end = min(kv_end, span.y);
+    for (var j0 = span.x; j0 < kv_end; j0 += BC) {
+        let tile = wa_block(b, h, row0, j0);
+        if tile == 0u {
+            continue;
+        }
         for (var x = li; x < BC * DK4; x += WG) {
             let j = j0 + x / DK4;
             k_tile[x] = load4(1u, j < p.n_kv, k_base + j * p.k_row, x % DK4, p.dk_h);
@@ -171,7 +181,9 @@ fn main(
                 if MASK != 0u {
                     x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                 }
-                x = select(NEG, x, wa_keep(b, h, i, j));
+                if tile == 2u {
+                    x = select(NEG, x, wa_keep(b, h, i, j));
+                }
             }
             let pr = select(exp2(x - lse), 0.0, x == NEG);
             if !(pr == 0.0) {

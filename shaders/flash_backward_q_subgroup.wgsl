@@ -10,7 +10,8 @@
 // A pass of its own: accumulating dQ inside the dK/dV kernel would need atomic float adds,
 // which WGSL does not have. Causal tiles past the block's last row are skipped; masks and
 // the score/mask modifiers (wa_score_log2, wa_keep, and wa_score_grad for dS; see
-// src/kernels/mods.rs) as the forward applies them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
+// src/kernels/mods.rs) as the forward applies them, with the block map of this kernel's
+// blocks of SG·R rows and tiles of SG keys (wa_span, wa_block: empty tiles skipped); a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
 // The host prepends, from src/kernels/flash_backward_q_subgroup.rs: the constants SG, R
 // (rows per lane), DK4, DV4, MASK, the element type Q_T (f32 or f16; K and V come from
@@ -91,7 +92,16 @@ fn main(
     }
     let k_mask = (1u << p.k_shift) - 1u;
     let v_mask = (1u << p.v_shift) - 1u;
-    for (var j0 = 0u; j0 < kv_end; j0 += SG) {
+    // The mask modifiers' block map, as the forward reads it (src/kernels/mods.rs): only
+    // the keys that hold a visible pair for this block's rows, tiles 0 = none visible
+    // (skipped), 1 = all (no mask modifier to evaluate), 2 = some.
+    let span = wa_span(b, h, row0);
+    kv_end = min(kv_end, span.y);
+    for (var j0 = span.x; j0 < kv_end; j0 += SG) {
+        let tile = wa_block(b, h, row0, j0);
+        if tile == 0u {
+            continue;
+        }
         let j = j0 + lane;
         var kr: array<vec4<f32>, DK4>;
         var vr: array<vec4<f32>, DV4>;
@@ -137,7 +147,9 @@ fn main(
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], key)], LOG2E);
                     }
-                    x = select(NEG, x, wa_keep(b, h, rows[r], key));
+                    if tile == 2u {
+                        x = select(NEG, x, wa_keep(b, h, rows[r], key));
+                    }
                 }
                 let pr = select(exp2(x - lse[r]), 0.0, x == NEG);
                 let ds = select(pr * (dp[r] - dd[r]) * gs, 0.0, pr == 0.0);

@@ -96,7 +96,8 @@ impl Flash {
         (dk, dv): (&wgpu::Buffer, &wgpu::Buffer),
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        // The modifiers as the forward applied them (no block map: every tile visited).
+        // The modifiers as the forward applied them. No block map: this kernel walks a key
+        // block's query rows, the map's other orientation, so every tile is visited.
         let mods = MaskArg::mods(mask).map(|upload| ModsBind { upload, map: None });
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let consts = self.backward_kv_consts(ctx.limits(), tiles, has_mask)?;

@@ -71,8 +71,15 @@ impl Flash {
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let sg = ctx.require_subgroups()?;
-        // The modifiers as the forward applied them (no block map: every tile visited).
-        let mods = MaskArg::mods(mask).map(|upload| ModsBind { upload, map: None });
+        // The modifiers as the forward applied them; the block map only for dQ (the dK/dV
+        // kernel walks a key block's rows, the map's other orientation: every tile visited).
+        let upload = MaskArg::mods(mask);
+        let mods = upload.map(|upload| ModsBind { upload, map: None });
+        let q_map = self.block_map(ctx, upload, (sg * q_per_lane) as usize, sg)?;
+        let q_mods = upload.map(|upload| ModsBind {
+            upload,
+            map: q_map.as_deref(),
+        });
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let kv_heads = self.heads / self.kv_ratio.max(1);
         let pack = |heads: usize, rows: usize, src: Strides, width: usize, f16: bool| Pack {
@@ -149,7 +156,7 @@ impl Flash {
                 dq.into(),
                 mask.into(),
             ],
-            mods,
+            q_mods,
             workgroups,
         )
     }

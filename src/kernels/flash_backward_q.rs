@@ -96,10 +96,16 @@ impl Flash {
         dq: &wgpu::Buffer,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        // The modifiers as the forward applied them (no block map: every tile visited).
-        let mods = MaskArg::mods(mask).map(|upload| ModsBind { upload, map: None });
+        let upload = MaskArg::mods(mask);
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let consts = self.backward_q_consts(ctx.limits(), tiles, has_mask)?;
+        // The modifiers as the forward applied them, with the block map of this kernel's
+        // blocks of rows and tiles of keys.
+        let map = self.block_map(ctx, upload, consts.rows as usize, consts.keys)?;
+        let mods = upload.map(|upload| ModsBind {
+            upload,
+            map: map.as_deref(),
+        });
         let (params, workgroups) = self.params(consts.rows as usize, mask_strides)?;
         record_with::<Shader>(
             ctx,
