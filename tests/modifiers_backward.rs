@@ -5,7 +5,8 @@
 //! grouped-query heads and L ≠ S, all of them combined with a boolean mask and a scale; a
 //! caller's `score_mod` with its `score_mod_grad` equal to the preset it implements; and a
 //! caller's `score_mod` without one refused before any work; the tensor forms equal to the
-//! array forms; f16 operands.
+//! array forms; f16 operands; the dQ kernels' block sparsity (empty tiles skipped, full ones
+//! without the mask modifier) leaving the gradients as they are.
 
 mod common;
 
