@@ -1,8 +1,8 @@
 // The fused backward's dK and dV (FlashAttention-2's loop order), no n × n matrix in memory:
 //
-//     P_ij  = exp2(s_ij − lse_i),  s_ij = scale·log2 e · q_i·k_j + log2 e · bias_ij
+//     P_ij  = exp2(s_ij − lse_i),  s_ij = log2 e · (mod(scale·q_i·k_j) + bias_ij)
 //     dV_j  = Σ_i P_ij · dO_i
-//     dS_ij = P_ij · (dO_i·v_j − D_i)
+//     dS_ij = P_ij · (dO_i·v_j − D_i) · mod'(scale·q_i·k_j)
 //     dK_j  = scale · Σ_i dS_ij · q_i
 //
 // with lse_i the log-sum-exp of row i's log2-domain scores, saved by the fused forward
@@ -21,7 +21,9 @@
 // Causal (top-left, PyTorch's is_causal): rows before the block's first key see none of its
 // keys, so their tiles are skipped; inside a tile, key j > i weighs 0. Mask (MASK ≠ 0): the
 // bias is read and applied exactly as the forward reads it (mask_offset, add_bias); a
-// masked key (NEG) weighs exactly 0. A row with nothing visible has lse = LSE_EMPTY, so all
+// masked key (NEG) weighs exactly 0. Score and mask modifiers (`mod` above, with its
+// derivative mod'): wa_score_log2, wa_keep and wa_score_grad from src/kernels/mods.rs,
+// in the forward's order (identity stubs without any). A row with nothing visible has lse = LSE_EMPTY, so all
 // its P are 0 and it adds nothing.
 //
 // The host prepends, from src/kernels/flash_backward_kv.rs: the constants BC (keys per
@@ -186,16 +188,21 @@ fn main(
                         sd += part[(kk * CT + u) * BR + r];
                     }
                 }
-                var x = sd.x;
-                if j >= p.n_kv || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if MASK != 0u {
-                    x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+                // As the forward: the score modifiers on the scaled score, the bias, then
+                // the mask modifiers (src/kernels/mods.rs).
+                var x = NEG;
+                if j < p.n_kv && (p.causal == 0u || j <= i) {
+                    x = wa_score_log2(sd.x, b, h, i, j);
+                    if MASK != 0u {
+                        x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+                    }
+                    x = select(NEG, x, wa_keep(b, h, i, j));
                 }
                 let st = st_tile[r];
                 let pr = select(exp2(x - st.x), 0.0, x == NEG);
                 if !(pr == 0.0) {
-                    let ds = pr * (sd.y - st.y);
+                    // dS of the raw scaled score: through the score modifiers' derivative.
+                    let ds = pr * (sd.y - st.y) * wa_score_grad(sd.x / LOG2E, b, h, i, j);
                     for (var c = 0u; c < VC; c++) { // unroll
                         if t + CT * c < DV4 {
                             dv[c] = fma(vec4<f32>(pr), do_tile[r * DV4 + t + CT * c], dv[c]);

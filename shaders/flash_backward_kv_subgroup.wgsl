@@ -12,7 +12,8 @@
 // and its lse and D, and subgroupShuffle hands each row to every lane. With grouped-query
 // attention the lanes walk the rows of every query head reading their K/V head, so a shared
 // head's gradient is their sum. Causal: rows before the block's first key are skipped; masks
-// as the forward reads them; a row with nothing visible (lse = LSE_EMPTY) adds nothing.
+// and the score/mask modifiers (wa_score_log2, wa_keep, and wa_score_grad for dS; see
+// src/kernels/mods.rs) as the forward applies them; a row with nothing visible (lse = LSE_EMPTY) adds nothing.
 //
 // Textures: Q's layout is (k_shift, k_rows) of Params, dO's (v_shift, v_rows); row i of query
 // group g, values 4c..4c+3, at texel ((i & mask)·D4 + c, g·rows + (i >> shift)).
@@ -130,13 +131,20 @@ fn main(
                         s[r] += dot(k[r][c], qs[c]);
                     }
                 }
+                // As the forward: the score modifiers on the scaled score, the bias, then
+                // the mask modifiers; dS through the score modifiers' derivative `gs`.
                 var pr: array<f32, R>;
+                var gs: array<f32, R>;
                 for (var r = 0u; r < R; r++) { // unroll
-                    var x = s[r];
-                    if ii >= count || keys[r] >= p.n_kv || (p.causal != 0u && keys[r] > row) {
-                        x = NEG;
-                    } else if MASK != 0u {
-                        x = add_bias(x, mask[mask_offset(p.mask, b, h, row, keys[r])], LOG2E);
+                    var x = NEG;
+                    gs[r] = 0.0;
+                    if ii < count && keys[r] < p.n_kv && (p.causal == 0u || keys[r] <= row) {
+                        x = wa_score_log2(s[r], b, h, row, keys[r]);
+                        gs[r] = wa_score_grad(s[r] / LOG2E, b, h, row, keys[r]);
+                        if MASK != 0u {
+                            x = add_bias(x, mask[mask_offset(p.mask, b, h, row, keys[r])], LOG2E);
+                        }
+                        x = select(NEG, x, wa_keep(b, h, row, keys[r]));
                     }
                     pr[r] = select(exp2(x - lse), 0.0, x == NEG);
                 }
@@ -150,7 +158,7 @@ fn main(
                     }
                 }
                 for (var r = 0u; r < R; r++) { // unroll
-                    let ds = pr[r] * (dp[r] - dd);
+                    let ds = select(pr[r] * (dp[r] - dd) * gs[r], 0.0, pr[r] == 0.0);
                     for (var c = 0u; c < DK4; c++) { // unroll
                         dk[r][c] = fma(vec4<f32>(ds), qs[c], dk[r][c]);
                     }

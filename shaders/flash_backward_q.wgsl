@@ -1,7 +1,7 @@
 // The fused backward's dQ (FlashAttention-2's loop order), no n × n matrix in memory:
 //
-//     P_ij  = exp2(s_ij − lse_i),  s_ij = scale·log2 e · q_i·k_j + log2 e · bias_ij
-//     dS_ij = P_ij · (dO_i·v_j − D_i)
+//     P_ij  = exp2(s_ij − lse_i),  s_ij = log2 e · (mod(scale·q_i·k_j) + bias_ij)
+//     dS_ij = P_ij · (dO_i·v_j − D_i) · mod'(scale·q_i·k_j)
 //     dQ_i  = scale · Σ_j dS_ij · k_j
 //
 // lse_i (saved by the fused forward) and D_i (flash_backward_dot.wgsl) as in
@@ -15,8 +15,11 @@
 // registers stay bounded). K and V stream through workgroup memory in tiles of BC keys; per
 // tile each thread writes its partial scores and dP there, and every thread sums its row's
 // CT partials. Causal: tiles
-// past the block's last row are skipped, keys past a row inside a tile weigh 0. Masks as the
-// forward reads them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
+// past the block's last row are skipped, keys past a row inside a tile weigh 0. Masks and
+// the score/mask modifiers (`mod`, its derivative mod': wa_score_log2, wa_keep and
+// wa_score_grad, from src/kernels/mods.rs; identity stubs without any) as the forward
+// applies them, and its block map (wa_span, wa_block) for this kernel's blocks of rows and
+// tiles of keys: tiles no row of the block sees are skipped; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
 // The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows per
 // workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, MASK, the
@@ -130,7 +133,16 @@ fn main(
     }
     let k_base = p.k_off + b * p.k_batch + hk * p.k_head;
     let v_base = p.v_off + b * p.v_batch + hk * p.v_head;
-    for (var j0 = 0u; j0 < kv_end; j0 += BC) {
+    // The mask modifiers' block map, as the forward reads it (src/kernels/mods.rs): only
+    // the keys that hold a visible pair for this block's rows, tiles 0 = none visible
+    // (skipped), 1 = all (no mask modifier to evaluate), 2 = some.
+    let span = wa_span(b, h, row0);
+    kv_end = min(kv_end, span.y);
+    for (var j0 = span.x; j0 < kv_end; j0 += BC) {
+        let tile = wa_block(b, h, row0, j0);
+        if tile == 0u {
+            continue;
+        }
         for (var x = li; x < BC * DK4; x += WG) {
             let j = j0 + x / DK4;
             k_tile[x] = load4(1u, j < p.n_kv, k_base + j * p.k_row, x % DK4, p.dk_h);
@@ -161,15 +173,22 @@ fn main(
                     sd += part[(rr * CT + u) * BC + jj];
                 }
             }
-            var x = sd.x;
-            if i >= p.n_q || (p.causal != 0u && j > i) {
-                x = NEG;
-            } else if MASK != 0u {
-                x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+            // As the forward: the score modifiers on the scaled score, the bias, then the
+            // mask modifiers (src/kernels/mods.rs).
+            var x = NEG;
+            if i < p.n_q && (p.causal == 0u || j <= i) {
+                x = wa_score_log2(sd.x, b, h, i, j);
+                if MASK != 0u {
+                    x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
+                }
+                if tile == 2u {
+                    x = select(NEG, x, wa_keep(b, h, i, j));
+                }
             }
             let pr = select(exp2(x - lse), 0.0, x == NEG);
             if !(pr == 0.0) {
-                let ds = pr * (sd.y - d_i);
+                // dS of the raw scaled score: through the score modifiers' derivative.
+                let ds = pr * (sd.y - d_i) * wa_score_grad(sd.x / LOG2E, b, h, i, j);
                 for (var c = 0u; c < KC; c++) { // unroll
                     if t + CT * c < DK4 {
                         dq[c] = fma(vec4<f32>(ds), k_tile[jj * DK4 + t + CT * c], dq[c]);

@@ -8,8 +8,10 @@
 // accumulator in registers); keys stream in tiles of SG, lane `l` loading key j0 + l from
 // the K and V textures (packed by pack.wgsl) and subgroupShuffle handing it to every lane.
 // A pass of its own: accumulating dQ inside the dK/dV kernel would need atomic float adds,
-// which WGSL does not have. Causal tiles past the block's last row are skipped; masks as the
-// forward reads them; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
+// which WGSL does not have. Causal tiles past the block's last row are skipped; masks and
+// the score/mask modifiers (wa_score_log2, wa_keep, and wa_score_grad for dS; see
+// src/kernels/mods.rs) as the forward applies them, with the block map of this kernel's
+// blocks of SG·R rows and tiles of SG keys (wa_span, wa_block: empty tiles skipped); a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
 // The host prepends, from src/kernels/flash_backward_q_subgroup.rs: the constants SG, R
 // (rows per lane), DK4, DV4, MASK, the element type Q_T (f32 or f16; K and V come from
@@ -90,7 +92,16 @@ fn main(
     }
     let k_mask = (1u << p.k_shift) - 1u;
     let v_mask = (1u << p.v_shift) - 1u;
-    for (var j0 = 0u; j0 < kv_end; j0 += SG) {
+    // The mask modifiers' block map, as the forward reads it (src/kernels/mods.rs): only
+    // the keys that hold a visible pair for this block's rows, tiles 0 = none visible
+    // (skipped), 1 = all (no mask modifier to evaluate), 2 = some.
+    let span = wa_span(b, h, row0);
+    kv_end = min(kv_end, span.y);
+    for (var j0 = span.x; j0 < kv_end; j0 += SG) {
+        let tile = wa_block(b, h, row0, j0);
+        if tile == 0u {
+            continue;
+        }
         let j = j0 + lane;
         var kr: array<vec4<f32>, DK4>;
         var vr: array<vec4<f32>, DV4>;
@@ -125,14 +136,23 @@ fn main(
                 }
             }
             for (var r = 0u; r < R; r++) { // unroll
-                var x = s[r];
-                if jj >= count || rows[r] >= p.n_q || (p.causal != 0u && j0 + jj > rows[r]) {
-                    x = NEG;
-                } else if MASK != 0u {
-                    x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], j0 + jj)], LOG2E);
+                // As the forward: the score modifiers on the scaled score, the bias, then the
+                // mask modifiers; dS through the score modifiers' derivative `gs`.
+                let key = j0 + jj;
+                var x = NEG;
+                var gs = 0.0;
+                if jj < count && rows[r] < p.n_q && (p.causal == 0u || key <= rows[r]) {
+                    x = wa_score_log2(s[r], b, h, rows[r], key);
+                    gs = wa_score_grad(s[r] / LOG2E, b, h, rows[r], key);
+                    if MASK != 0u {
+                        x = add_bias(x, mask[mask_offset(p.mask, b, h, rows[r], key)], LOG2E);
+                    }
+                    if tile == 2u {
+                        x = select(NEG, x, wa_keep(b, h, rows[r], key));
+                    }
                 }
                 let pr = select(exp2(x - lse[r]), 0.0, x == NEG);
-                let ds = pr * (dp[r] - dd[r]);
+                let ds = select(pr * (dp[r] - dd[r]) * gs, 0.0, pr == 0.0);
                 for (var c = 0u; c < DK4; c++) { // unroll
                     dq[r][c] = fma(vec4<f32>(ds), ks[c], dq[r][c]);
                 }

@@ -95,7 +95,8 @@ impl<'a> Mask<'a> {
     /// with the rest of the mask: the score modifiers to the scaled score, then the bias,
     /// then the mask modifiers. So far on the forward on arrays (Q, K, V or X, with or
     /// without projections): the fused kernels (`flash_tiled`, `flash_blocked`,
-    /// `flash_subgroup`) and the weights (`softmax`, the subgroup matmul's epilogues); every
+    /// `flash_subgroup`) and the weights (`softmax`, the subgroup matmul's epilogues), and the
+    /// fused backward of a forward on Q, K, V saved for it; every
     /// other path is an `Unsupported` error, never a silent omission.
     pub fn with_modifiers(mut self, mods: &'a Modifiers) -> Self {
         self.mods = Some(mods).filter(|m| !m.is_empty());

@@ -1,6 +1,6 @@
 //! The f64 backward reference (`reference::backward`, on Q, K, V and on X) against central
-//! finite differences of the f64 forward reference, on every option the forward takes; and
-//! its errors. No GPU needed.
+//! finite differences of the f64 forward reference, on every option the forward takes (the
+//! modifier presets included); and its errors. No GPU needed.
 //!
 //! The loss is `ℓ = Σ dO ∘ output` for a random `dO`, so `∂ℓ/∂input` is exactly what the
 //! backward returns for that `dO`. Each input element `x` is moved to the f32 values `x ± h`
@@ -9,6 +9,7 @@
 use ndarray::{Array2, Array4, ArrayD, ArrayView2, Ix2, IxDyn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use wgpu_attention::modifiers::{Modifiers, Preset};
 use wgpu_attention::{reference, Attention, Error, Gradients, Inputs, Mask, Options, Projections};
 
 /// The finite-difference step.
@@ -359,6 +360,42 @@ fn layer_gradients_with_grouped_query_projections() {
     };
     let mask = Mask::none().with_kv_lengths(&[3, 2]);
     check_layer(Attention::new().heads(4).causal(true), gqa, &mask);
+}
+
+#[test]
+fn sdpa_gradients_match_finite_differences_through_the_modifier_presets() {
+    // Soft-capping (a score modifier with a derivative other than 1) after ALiBi, a window
+    // and documents (mask modifiers, only through P), with a boolean mask and GQA.
+    let (h, s) = (4, 6);
+    let ids: Vec<i32> = (0..2 * s).map(|p| ((p % s) / 4 + p / s) as i32).collect();
+    let mods = Modifiers::new()
+        .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+        .preset(Preset::Softcap(0.8))
+        .preset(Preset::Window { left: 3, right: 1 })
+        .preset(Preset::Documents { ids, n: s as u32 });
+    let keep = Array2::from_shape_fn((5, s), |(i, j)| (i + j) % 4 != 0).into_dyn();
+    let mask = Mask::boolean(keep.view()).with_modifiers(&mods);
+    check_sdpa(Attention::new().scale(1.3), [2, h, 2, 5, s, 3, 2], &mask);
+    let mask = Mask::none().with_modifiers(&mods);
+    check_sdpa(Attention::new().causal(true), [2, h, 2, 5, s, 3, 2], &mask);
+    // A caller's own WGSL has no CPU form: an error naming what to compare it with.
+    let own = Modifiers::new().mask_mod(
+        "m.wgsl",
+        "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    return true;\n}\n",
+    );
+    let [q, k, v] = [
+        random(&[1, 1, 2, 3], 1),
+        random(&[1, 1, 2, 3], 2),
+        random(&[1, 1, 2, 3], 3),
+    ];
+    let mask = Mask::none().with_modifiers(&own);
+    let e = reference::backward(
+        &Attention::new(),
+        &Inputs::qkv(&q, &k, &v).mask(&mask),
+        random(&[1, 1, 2, 3], 4).view(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("preset it implements"), "{e}");
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! `sdpa`'s and `run`'s modifier flags (issue 24): presets and a caller's WGSL files reading
 //! a `--mod-buffer` against the library's f64 reference, the context and weights.npy; a WGSL
-//! mistake is one `error:` line naming its line; a file declaring a binding is refused.
+//! mistake is one `error:` line naming its line; a file declaring a binding is refused;
+//! `--grad-output` through presets and a caller's `--score-mod` with its `--score-mod-grad`
+//! against the reference backward (1e-4), and without its derivative one `error:` line.
 
 mod common;
 
@@ -258,4 +260,132 @@ fn a_wgsl_mistake_is_one_error_line_naming_its_line() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn grad_output_through_the_modifiers_matches_the_reference() {
+    // GQA (4 Q heads on 2 K/V heads), L ≠ S, causal and not, presets and a caller's files
+    // with the derivative of its score_mod; grad_q/k/v against the f64 reference backward.
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let f = |salt: f32| {
+        move |(a, b, c, d): (usize, usize, usize, usize)| {
+            ((a * 31 + b * 17 + c * 7 + d) as f32 * salt).sin() * 2.0
+        }
+    };
+    let q = Array4::from_shape_fn((2, 4, 19, 8), f(0.13));
+    let k = Array4::from_shape_fn((2, 2, 26, 8), f(0.29));
+    let v = Array4::from_shape_fn((2, 2, 26, 6), f(0.41));
+    let d_o = Array4::from_shape_fn((2, 4, 19, 6), f(0.07));
+    for (name, a) in [("q", &q), ("k", &k), ("v", &v), ("do", &d_o)] {
+        write(dir.path(), &format!("{name}.npy"), a);
+    }
+    let slopes = Preset::alibi_slopes(4);
+    write_npy(p("slopes.npy"), &Array1::from(slopes.clone())).unwrap();
+    let ids: Vec<i32> = (0..2 * 26).map(|x: i32| (x % 26) / 7 + x / 26).collect();
+    write_npy(
+        p("ids.npy"),
+        &Array2::from_shape_vec((2, 26), ids.clone()).unwrap(),
+    )
+    .unwrap();
+    // A soft-cap of 1.5 as the caller's own file, with its derivative.
+    std::fs::write(
+        p("cap.wgsl"),
+        "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+         return cap[0] * tanh(score / cap[0]);\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        p("cap_grad.wgsl"),
+        "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+         let t = tanh(score / cap[0]);\n    return 1.0 - t * t;\n}\n",
+    )
+    .unwrap();
+    write_npy(p("cap.npy"), &Array1::from(vec![1.5f32])).unwrap();
+    let (slopes_s, ids_s) = (p("slopes.npy"), p("ids.npy"));
+    let (cap_s, cap_grad_s, cap_buf) = (
+        p("cap.wgsl"),
+        p("cap_grad.wgsl"),
+        format!("cap={}", p("cap.npy")),
+    );
+    let cases: Vec<(Vec<&str>, Modifiers)> = vec![
+        (
+            vec!["--window", "6,2", "--softcap", "1.5", "--alibi", &slopes_s],
+            Modifiers::new()
+                .preset(Preset::Window { left: 6, right: 2 })
+                .preset(Preset::Softcap(1.5))
+                .preset(Preset::Alibi(slopes.clone())),
+        ),
+        (
+            vec!["--document-ids", &ids_s, "--prefix-length", "5"],
+            Modifiers::new()
+                .preset(Preset::Documents {
+                    ids: ids.clone(),
+                    n: 26,
+                })
+                .preset(Preset::PrefixLm(5)),
+        ),
+        (
+            vec![
+                "--score-mod",
+                &cap_s,
+                "--score-mod-grad",
+                &cap_grad_s,
+                "--mod-buffer",
+                &cap_buf,
+            ],
+            Modifiers::new().preset(Preset::Softcap(1.5)),
+        ),
+    ];
+    let out = p("out");
+    let (q_s, k_s, v_s, do_s) = (p("q.npy"), p("k.npy"), p("v.npy"), p("do.npy"));
+    let base = [
+        "sdpa",
+        "--q",
+        &q_s,
+        "--k",
+        &k_s,
+        "--v",
+        &v_s,
+        "--grad-output",
+        &do_s,
+        "--context-only",
+        "--out",
+        &out,
+    ];
+    for causal in [false, true] {
+        for (flags, mods) in &cases {
+            let mut args = base.to_vec();
+            if causal {
+                args.push("--causal");
+            }
+            args.extend(flags.iter().copied());
+            common::ok(&common::cli(&args));
+            let mask = Mask::none().with_modifiers(mods);
+            let op = Attention::new().causal(causal);
+            let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+            let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
+            for (name, want) in [("q", want.q), ("k", want.k), ("v", want.v)] {
+                let got: ArrayD<f32> =
+                    read_npy(Path::new(&out).join(format!("grad_{name}.npy"))).unwrap();
+                let (rel, _) = reference::compare(&got, &want.unwrap());
+                assert!(
+                    rel < 1e-4,
+                    "{flags:?} causal={causal} grad_{name}: {rel:.2e}"
+                );
+            }
+        }
+    }
+    // A score_mod without its derivative: one error line asking for it.
+    let mut args = base.to_vec();
+    args.extend(["--score-mod", &cap_s, "--mod-buffer", &cap_buf]);
+    let o = common::cli(&args);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    let lines: Vec<_> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains("score_mod_grad"),
+        "{stderr}"
+    );
 }

@@ -3,7 +3,8 @@
 //! output in float64 for every preset (sliding window, soft-capping, ALiBi, document ids,
 //! prefix-LM), causal and not, with `L ≠ S`, grouped-query heads and a scale. The crate's fused
 //! forward with the matching `Preset`, NaN-prefilled, must agree to 1e-5 relative on both
-//! families that apply modifiers. Forward only: the backward does not take modifiers yet.
+//! families that apply modifiers; and the gradients of a `d_o` (torch autograd in float64)
+//! from a saved forward and its fused backward to 1e-4.
 //! Checked to fail: with the presets left out, every case but `prefix_lm_causal` (plain causal
 //! attention, as prefix-LM and-ed with causal is) fails, relative errors 0.07–0.86.
 
@@ -89,7 +90,40 @@ fn every_flex_attention_case_agrees_on_both_families() {
                     "{name} {kernels:?}: rel {rel:.2e}, max abs {max:.2e}"
                 ));
             }
+            if let Err(e) = gradients_agree(dir, op, [&q, &k, &v], &mask) {
+                failures.push(format!("{name} {kernels:?}: {e}"));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The case's gradients (`grad_q`, `grad_k`, `grad_v` for `d_o`) against a saved forward of
+/// `op` and its fused backward, to 1e-4 relative: the failures, one line.
+fn gradients_agree(
+    dir: &Path,
+    op: Attention,
+    [q, k, v]: [&Array4<f32>; 3],
+    mask: &Mask<'_>,
+) -> Result<(), String> {
+    let ctx = common::ctx();
+    let d_o = four(dir, "d_o");
+    let out = op
+        .save_for_backward(true)
+        .run(ctx, Inputs::qkv(q, k, v).mask(mask))
+        .map_err(|e| e.to_string())?;
+    let saved = out.saved.ok_or("no saved state")?;
+    let g = saved.backward(ctx, d_o.view()).map_err(|e| e.to_string())?;
+    let mut bad = Vec::new();
+    for (name, got) in [("grad_q", g.q), ("grad_k", g.k), ("grad_v", g.v)] {
+        let want: ArrayD<f64> = ndarray_npy::read_npy(dir.join(format!("{name}.npy"))).unwrap();
+        let (rel, max) = reference::compare(&got.ok_or("no gradient")?, &want);
+        if rel.is_nan() || rel > 1e-4 {
+            bad.push(format!("{name} rel {rel:.2e}, max abs {max:.2e}"));
+        }
+    }
+    match bad.is_empty() {
+        true => Ok(()),
+        false => Err(bad.join("; ")),
+    }
 }

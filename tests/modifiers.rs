@@ -2,8 +2,8 @@
 //! fused and with the weights, on Q, K, V and on X (projected or not): each preset and their
 //! combinations with causal, a boolean mask, grouped-query heads and L ≠ S against the f64
 //! reference (its weights too); a caller's own WGSL equal to the preset it implements; every
-//! path that does not apply modifiers yet is an error, not a silent omission; a caller's
-//! mistake is one located error.
+//! path that does not apply modifiers yet is an error, not a silent omission (the backward's
+//! own tests are in tests/modifiers_backward.rs); a caller's mistake is one located error.
 
 mod common;
 
@@ -27,15 +27,10 @@ const FAMILIES: [Kernels; 2] = [Kernels::Storage, Kernels::Subgroup];
 
 /// Q `(b, h, L, e)`, K and V `(b, h_kv, S, e)`.
 fn qkv(b: usize, h: usize, h_kv: usize, l: usize, s: usize, e: usize) -> [Array4<f32>; 3] {
-    let f = |salt: usize| {
-        move |(i, j, k, m): (usize, usize, usize, usize)| {
-            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
-        }
-    };
     [
-        Array4::from_shape_fn((b, h, l, e), f(1)),
-        Array4::from_shape_fn((b, h_kv, s, e), f(2)),
-        Array4::from_shape_fn((b, h_kv, s, e), f(3)),
+        common::smooth((b, h, l, e), 1, 1.5),
+        common::smooth((b, h_kv, s, e), 2, 1.5),
+        common::smooth((b, h_kv, s, e), 3, 1.5),
     ]
 }
 
@@ -56,30 +51,7 @@ fn context_err(op: Attention, inputs: Inputs<'_>) -> f64 {
 fn every_preset_matches_the_reference_on_both_families() {
     let (b, h, h_kv, l, s, e) = (2, 4, 2, 37, 37, 16);
     let data = qkv(b, h, h_kv, l, s, e);
-    let ids: Vec<i32> = (0..b * s).map(|p| ((p % s) / 9 + p / s) as i32).collect();
-    let presets = [
-        Preset::Window { left: 5, right: 2 },
-        Preset::Softcap(1.5),
-        Preset::Alibi(Preset::alibi_slopes(h)),
-        Preset::Documents {
-            ids: ids.clone(),
-            n: s as u32,
-        },
-        Preset::PrefixLm(7),
-        // T5's bias, its buckets saturating inside 37 positions (max distance 20), both ways.
-        Preset::RelativeBias {
-            table: (0..16 * h).map(|i| (i as f32 * 0.37).sin()).collect(),
-            buckets: 16,
-            max_distance: 20,
-            bidirectional: true,
-        },
-        Preset::RelativeBias {
-            table: (0..16 * h).map(|i| (i as f32 * 0.53).cos()).collect(),
-            buckets: 16,
-            max_distance: 12,
-            bidirectional: false,
-        },
-    ];
+    let presets = common::every_preset(b, h, s);
     let mut failures = Vec::new();
     for kernels in FAMILIES {
         for (i, p) in presets.iter().enumerate() {
@@ -359,17 +331,16 @@ fn paths_that_do_not_apply_modifiers_yet_are_errors() {
     let mask = Mask::none().with_modifiers(&mods);
     let ctx = common::ctx();
     let unsupported = |r: wgpu_attention::Result<_>| matches!(r, Err(Error::Unsupported { .. }));
-    // A forward saved for the backward, on Q, K, V and on X.
+    // A forward on X saved for the backward (one on Q, K, V saved for it applies them:
+    // tests/modifiers_backward.rs).
     let saved = fused_on(Kernels::Storage).save_for_backward(true);
-    assert!(unsupported(
-        saved.run(ctx, Inputs::qkv(q, k, v).mask(&mask)).map(drop)
-    ));
     let x = Array2::<f32>::from_elem((5, 8), 0.5);
     assert!(unsupported(
         saved.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
     ));
     // Without modifiers the same calls run.
-    saved.run(ctx, Inputs::qkv(q, k, v)).unwrap();
+    saved.run(ctx, Inputs::x(&x)).unwrap();
+    saved.run(ctx, Inputs::qkv(q, k, v).mask(&mask)).unwrap();
 }
 
 #[test]

@@ -388,8 +388,9 @@ fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
 /// Attention on Q `(B, H, L, E)`, K `(B, H_kv, S, E)`, V `(B, H_kv, S, Ev)` (float32, any
 /// strides); the mask broadcasts to `(B, H, L, S)`. Returns `(context, weights or None,
 /// saved or None)`. `**modifiers` are [`modifiers`]' keywords; they apply on the forward,
-/// fused or with the weights: with them, `save` is a `NotImplementedError`, as the crate's
-/// `Unsupported`.
+/// fused or with the weights, and on its saved form (`save`, whose backward takes them too):
+/// `save` with a `score_mod` but no `score_mod_grad` is a `NotImplementedError`, as the
+/// crate's `Unsupported`.
 #[pyfunction]
 #[pyo3(signature = (q, k, v, mask=None, kv_lengths=None, is_causal=false, scale=None,
     return_weights=false, save=false, half=false, **modifiers))]

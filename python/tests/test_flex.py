@@ -1,7 +1,9 @@
 """`flex_attention` and the presets: PyTorch's FlexAttention golden cases (tests/data/flex,
 written by tests/python/make_flex_cases.py) on NumPy arrays and torch tensors, a caller's
-WGSL equal to the preset it implements, the argument checks, and the refusals (gradients,
-weights) that stand until the crate's backward takes modifiers."""
+WGSL equal to the preset it implements, gradients through the presets and through a WGSL
+`score_mod` with its `score_mod_grad` against a float64 torch eager implementation, the
+argument checks, and the refusals (weights; gradients through a `score_mod` without its
+derivative)."""
 
 import json
 import os
@@ -192,18 +194,115 @@ def test_argument_checks():
         wa.flex_attention(q, q, q, ALIBI_WGSL, buffers={"slope": np.array(["a", "b"])})
 
 
-def test_gradients_are_refused_until_the_backward_takes_modifiers():
+def eager(q, k, v, *, slopes=None, cap=None, window=None, ids=None, prefix=None, causal=False, scale=None):
+    """The modifiers' definition in torch, eagerly (float64 when given float64): ALiBi, then
+    the soft-cap, on the scaled scores; causal, the window, documents and the prefix and-ed."""
+    import torch
+
+    h, L, S = q.shape[1], q.shape[2], k.shape[2]
+    k = k.repeat_interleave(h // k.shape[1], dim=1)
+    v = v.repeat_interleave(h // v.shape[1], dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    i = torch.arange(L)[:, None]
+    j = torch.arange(S)[None, :]
+    if slopes is not None:
+        s = s + torch.as_tensor(slopes, dtype=s.dtype)[None, :, None, None] * (j - i)
+    if cap is not None:
+        s = cap * torch.tanh(s / cap)
+    keep = torch.ones(L, S, dtype=torch.bool)[None, None]
+    if causal:
+        keep = keep & (j <= i)
+    if window is not None:
+        keep = keep & (j >= i - window[0]) & (j <= i + window[1])
+    if ids is not None:
+        t = torch.as_tensor(ids)
+        keep = keep & (t[:, None, :L, None] == t[:, None, None, :S])
+    if prefix is not None:
+        keep = keep & ((j < prefix) | (j <= i))
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+
+
+def grads_of(fn, leaves, d_o):
+    """`fn(*leaves)` and autograd's gradients of `Σ d_o ∘ fn(*leaves)`."""
+    import torch
+
+    out = fn(*leaves)
+    return out, torch.autograd.grad(out, leaves, d_o)
+
+
+def test_gradients_flow_through_the_presets():
     torch = pytest.importorskip("torch")
-    q = torch.randn(1, 2, 5, 4, requires_grad=True)
-    k, v = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
-    with pytest.raises(NotImplementedError, match="gradients through score or mask modifiers.*query"):
-        wa.flex_attention(q, k, v, presets.softcap(2.0))
+    g = torch.Generator().manual_seed(5)
+    # GQA (4 query heads on 2 K/V heads) and L != S.
+    q, k, v = (torch.randn(2, h, n, 8, generator=g) for h, n in ((4, 19), (2, 26), (2, 26)))
+    d_o = torch.randn(2, 4, 19, 8, generator=g)
+    slopes = presets.alibi_slopes(4)
+    ids = np.array([[0] * 9 + [1] * 17, [0] * 4 + [1] * 12 + [2] * 10], dtype=np.int32)
+    cases = [
+        ([presets.alibi(slopes), presets.softcap(1.5)], presets.sliding_window(6, 2),
+         dict(slopes=slopes, cap=1.5, window=(6, 2))),
+        (None, [presets.document_mask(ids), presets.prefix_lm(5)], dict(ids=ids, prefix=5)),
+    ]
+    for score_mod, mask_mod, definition in cases:
+        for causal in (False, True):
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            out, got = grads_of(
+                lambda q, k, v: wa.flex_attention(q, k, v, score_mod, mask_mod, is_causal=causal, enable_gqa=True),
+                leaves,
+                d_o,
+            )
+            want_out, want = grads_of(
+                lambda q, k, v: eager(q, k, v, causal=causal, **definition),
+                [t.double().requires_grad_(True) for t in (q, k, v)],
+                d_o.double(),
+            )
+            assert out.requires_grad and rel(out.detach().numpy(), want_out.detach().numpy()) < 1e-5
+            for name, a, b in zip("qkv", got, want):
+                assert a.dtype == torch.float32 and a.shape == b.shape
+                assert rel(a.numpy(), b.numpy()) < 1e-4, (definition, causal, name)
+
+
+SOFTCAP_WGSL = """
+fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    return cap[0] * tanh(score / cap[0]);
+}
+"""
+
+SOFTCAP_GRAD_WGSL = """
+fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    let t = tanh(score / cap[0]);
+    return 1.0 - t * t;
+}
+"""
+
+
+def test_gradients_flow_through_a_wgsl_score_mod_with_its_derivative():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g) * 2 for n in (13, 21, 21))
+    d_o = torch.randn(1, 2, 13, 8, generator=g)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    _, got = grads_of(
+        lambda q, k, v: wa.flex_attention(
+            q, k, v, SOFTCAP_WGSL, WINDOW_WGSL, buffers={"cap": np.array([1.5])}, score_mod_grad=SOFTCAP_GRAD_WGSL
+        ),
+        leaves,
+        d_o,
+    )
+    _, want = grads_of(
+        lambda q, k, v: eager(q, k, v, cap=1.5, window=(3, 2)),
+        [t.double().requires_grad_(True) for t in (q, k, v)],
+        d_o.double(),
+    )
+    for a, b in zip(got, want):
+        assert rel(a.numpy(), b.numpy()) < 1e-4
+    # Without the derivative, gradients are refused; the forward alone runs.
+    with pytest.raises(NotImplementedError, match="score_mod_grad"):
+        wa.flex_attention(*leaves, SOFTCAP_WGSL, buffers={"cap": np.array([1.5])})
     with torch.no_grad():
-        out = wa.flex_attention(q, k, v, presets.softcap(2.0))
-    assert out.shape == (1, 2, 5, 4) and not out.requires_grad
-    # Without modifiers it is SDPA, whose backward exists.
-    wa.flex_attention(q, k, v, is_causal=True).sum().backward()
-    assert q.grad is not None
+        out = wa.flex_attention(*leaves, SOFTCAP_WGSL, buffers={"cap": np.array([1.5])})
+    assert not out.requires_grad
     with pytest.raises(NotImplementedError, match="preset's values"):
         presets.alibi(torch.ones(2, requires_grad=True))
 
@@ -219,11 +318,11 @@ def test_the_native_calls_modifier_keywords():
     with pytest.raises(ValueError, match="document_ids must be 2-D"):
         native.sdpa(q, q, q, document_ids=np.zeros(5, dtype=np.int32))
     np.testing.assert_array_equal(native.sdpa(q, q, q, window=None)[0], native.sdpa(q, q, q)[0])
-    # The weights apply them too (here soft-capped scores); the saved forward refuses them.
+    # The weights apply them too (here soft-capped scores), and so does the saved forward.
     weights = native.sdpa(q, q, q, return_weights=True, softcap=2.0)[1]
     s = (q.astype(np.float64) @ q.astype(np.float64).transpose(0, 1, 3, 2)) / 2.0
     s = 2.0 * np.tanh(s / 2.0)
     want = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(weights, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
-    with pytest.raises(NotImplementedError):
-        native.sdpa(q, q, q, save=True, window=(1, 1))
+    _, _, saved = native.sdpa(q, q, q, save=True, window=(1, 1))
+    assert saved.backward(np.ones_like(q))[0].shape == q.shape

@@ -47,9 +47,9 @@ def _unbroadcast(g: np.ndarray, shape) -> np.ndarray:
 
 class _SDPA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, mask, is_causal, scale, plan, half, return_weights):
+    def forward(ctx, query, key, value, mask, is_causal, scale, plan, half, return_weights, mods=None):
         q, k, v = (_to_np(t) for t in (query, key, value))
-        out, weights, saved = _forward_np(q, k, v, mask, is_causal, scale, plan, half, return_weights, True)
+        out, weights, saved = _forward_np(q, k, v, mask, is_causal, scale, plan, half, return_weights, True, mods)
         ctx.saved = saved
         ctx.plan = plan
         ctx.likes = (query, key, value)
@@ -70,7 +70,7 @@ class _SDPA(torch.autograd.Function):
             shape = like.shape
             full = plan.batch + ((heads,) if len(shape) > 2 else ()) + tuple(shape[-2:])
             grads.append(_back(_unbroadcast(g.reshape(full), shape), like))
-        return grads[0], grads[1], grads[2], None, None, None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None, None, None, None
 
 
 def _plan(query, key, value, enable_gqa) -> _Plan:
@@ -88,18 +88,22 @@ def _plan(query, key, value, enable_gqa) -> _Plan:
 
 
 def flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods: Callable[[_Plan], Dict[str, Any]]):
-    """`flex_attention` on tensors: the forward only (its backward refuses modifiers)."""
+    """`flex_attention` on tensors: with inputs that require grad, through `_SDPA` (the saved
+    forward keeps the modifiers, the fused backward takes them back through their
+    derivatives)."""
     plan = _plan(query, key, value, enable_gqa)
-    operands = (("query", query), ("key", key), ("value", value), ("attn_mask", attn_mask))
-    grads = [n for n, t in operands if isinstance(t, torch.Tensor) and t.requires_grad]
-    if torch.is_grad_enabled() and grads:
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError(
-            f"flex_attention: gradients through score or mask modifiers are not implemented yet ({', '.join(grads)} "
-            "requires grad); call it under torch.no_grad() or on detached tensors"
+            "the gradient with respect to attn_mask is not implemented: pass attn_mask.detach(), "
+            "or a bias as a learned parameter outside the mask"
         )
-    q, k, v = (_to_np(t) for t in (query, key, value))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     half = query.dtype == torch.float16
-    out, _, _ = _forward_np(q, k, v, _np_mask(attn_mask), is_causal, scale, plan, half, False, False, mods(plan))
+    mask = _np_mask(attn_mask)
+    if needs_grad:
+        return _SDPA.apply(query, key, value, mask, is_causal, scale, plan, half, False, mods(plan))
+    q, k, v = (_to_np(t) for t in (query, key, value))
+    out, _, _ = _forward_np(q, k, v, mask, is_causal, scale, plan, half, False, False, mods(plan))
     return _back(out, query)
 
 

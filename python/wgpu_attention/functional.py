@@ -279,10 +279,12 @@ def flex_attention(
     modifiers first, then the mask's bias, then the mask modifiers). Returns `(..., L, Ev)` of
     the kind, dtype and device it was given.
 
-    Gradients through the modifiers are not implemented yet: with torch tensors that require
-    grad (and grad enabled) it raises `NotImplementedError`; `score_mod_grad` (the WGSL
-    derivative of `score_mod` by the score) is accepted for when they are. Without modifiers
-    it is `scaled_dot_product_attention`, autograd included.
+    Gradients flow to torch tensors that require grad (the crate's fused backward, on the
+    device): through the presets, and through a caller's WGSL `score_mod` when
+    `score_mod_grad` gives its derivative by the score, WGSL defining
+    `fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32`; without it,
+    asking for gradients through a `score_mod` raises `NotImplementedError`. Mask modifiers
+    need no derivative. Without modifiers it is `scaled_dot_product_attention`.
     """
     _check_common(0.0, scale)
     if not _modifiers.items(score_mod) and not _modifiers.items(mask_mod):

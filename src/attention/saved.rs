@@ -40,12 +40,14 @@ const SUBGROUP_PER_LANE: (u32, u32) = (1, 2);
 
 /// What an [`Attention::sdpa_saved`] forward keeps on the device for its backward pass:
 /// Q, K and V as uploaded (f16 under [`crate::Dtype::F16`]), the output O, each query row's
-/// log-sum-exp, the mask (with key lengths and causal), the scale, the grouped-query layout
-/// and the dtype, and which [`Context`] holds them.
+/// log-sum-exp, the mask (with key lengths, causal and its score/mask modifiers, whose
+/// upload the backward binds again), the scale, the grouped-query layout and the dtype,
+/// and which [`Context`] holds them.
 ///
 /// The log-sum-exp is of the row's scores in the log2 domain, `log2 Σ_j 2^(s_ij·log2 e)`
-/// with `s_ij = scale·q_i·k_j + mask_ij` (so `P_ij = 2^(s_ij·log2 e − lse_i)`); a row with
-/// nothing to attend to stores 3e38, which makes every probability of it exactly 0.
+/// with `s_ij = mod(scale·q_i·k_j) + mask_ij`, `mod` the score modifiers if any (so
+/// `P_ij = 2^(s_ij·log2 e − lse_i)`); a row with nothing to attend to stores 3e38, which
+/// makes every probability of it exactly 0.
 /// [`SdpaSaved::log_sum_exp`] reads it back in natural-log units.
 pub(crate) struct SdpaSaved {
     ctx_id: u64,
@@ -205,7 +207,11 @@ impl Attention {
         check_finite("V", &v)?;
         let (batch, heads, l, _) = q.dim();
         let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
-        crate::attention::refuse_modifiers(ctx, mask, "a forward saved for the backward")?;
+        // The backward takes the modifiers back through their derivatives: refused here,
+        // before any work, when one has none.
+        if let Some(m) = mask.modifiers() {
+            m.check_differentiable()?;
+        }
         let bias = mask.bias([batch, heads, l, s_len])?;
         let inputs = [
             ("Q", q.into_dyn()),
@@ -232,7 +238,7 @@ impl Attention {
             buffer::upload_as(ctx, "K", &to_rows(&k), f16)?,
             buffer::upload_as(ctx, "V", &to_rows(&v), f16)?,
         ];
-        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), None)?;
+        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
         let run = |plan: &crate::Plan| {
@@ -423,6 +429,7 @@ impl SdpaSaved {
 mod tests {
     use super::*;
     use crate::context::test_context;
+    use crate::modifiers::Preset;
     use crate::reference;
     use crate::variant::FlashVariant;
 
@@ -448,7 +455,8 @@ mod tests {
     /// The storage backward with a GPU's tiles (several threads per key and per row, sums
     /// of partial scores through workgroup memory; E = 72 splits a key over 5 threads), run
     /// here on whatever adapter the tests have, against the f64 reference: GQA, causal, a
-    /// mask, key lengths, odd sizes.
+    /// mask, key lengths, odd sizes, and score and mask modifiers (soft-capping, ALiBi, a
+    /// window).
     #[test]
     fn gpu_tiles_match_the_reference() {
         let ctx = test_context();
@@ -458,7 +466,12 @@ mod tests {
             }
         };
         let keep = ndarray::Array2::from_shape_fn((37, 45), |(i, j)| (i + 2 * j) % 7 != 0);
+        let mods = crate::modifiers::Modifiers::new()
+            .preset(Preset::Alibi(Preset::alibi_slopes(4)))
+            .preset(Preset::Softcap(1.5))
+            .preset(Preset::Window { left: 20, right: 0 });
         let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
+        let with_mods = mask.clone().with_modifiers(&mods);
         let op = Attention::new().causal(true).options(crate::Options {
             nan_fill: true,
             flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
@@ -469,27 +482,30 @@ mod tests {
             split: 3,
             tile: 5,
         };
-        for (e, ev, tiles) in [
-            (20, 12, BackwardTiles::GPU),
-            (20, 12, odd),
-            (72, 9, BackwardTiles::GPU),
+        for (e, ev, tiles, mask) in [
+            (20, 12, BackwardTiles::GPU, &mask),
+            (20, 12, odd, &mask),
+            (72, 9, BackwardTiles::GPU, &mask),
+            (20, 12, odd, &with_mods),
+            (72, 9, BackwardTiles::GPU, &with_mods),
         ] {
             let q = Array4::from_shape_fn((2, 4, 37, e), f(0.13));
             let k = Array4::from_shape_fn((2, 2, 45, e), f(0.29));
             let v = Array4::from_shape_fn((2, 2, 45, ev), f(0.41));
             let d_o = Array4::from_shape_fn((2, 4, 37, ev), f(0.07));
             let want =
-                reference::sdpa_backward(&op, q.view(), k.view(), v.view(), d_o.view(), &mask)
+                reference::sdpa_backward(&op, q.view(), k.view(), v.view(), d_o.view(), mask)
                     .unwrap();
             let (_, mut saved) = op
-                .sdpa_saved(ctx, q.view(), k.view(), v.view(), &mask)
+                .sdpa_saved(ctx, q.view(), k.view(), v.view(), mask)
                 .unwrap();
             saved.kernels.tiles = tiles;
             let g = saved.backward(ctx, d_o.view()).unwrap();
             for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
                 let got = got.clone().into_dyn();
                 let (rel, _) = reference::compare(&got, &want.clone().into_dyn());
-                assert!(rel < 1e-5, "E={e} {tiles:?}: {rel:e}");
+                let mods = mask.modifiers().is_some();
+                assert!(rel < 1e-5, "E={e} {tiles:?} modifiers={mods}: {rel:e}");
             }
         }
     }

@@ -4,8 +4,9 @@
 
 use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::{Flash, FlashParams};
+use super::mods::ModsBind;
 use super::wgsl::constants;
-use super::{record, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
+use super::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
 use crate::gpu::Device;
 
@@ -95,7 +96,10 @@ impl Flash {
         (dk, dv): (&wgpu::Buffer, &wgpu::Buffer),
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
+        // The modifiers as the forward applied them. No block map: this kernel walks a key
+        // block's query rows, the map's other orientation, so every tile is visited.
+        let mods = MaskArg::mods(mask).map(|upload| ModsBind { upload, map: None });
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let consts = self.backward_kv_consts(ctx.limits(), tiles, has_mask)?;
         let kv_groups = self.batch * (self.heads / self.kv_ratio.max(1));
         let blocks = self.n_kv.div_ceil(consts.keys as usize);
@@ -105,11 +109,10 @@ impl Flash {
             blocks: u32_of("key blocks", blocks)?,
             ..params
         };
-        record::<Shader>(
+        record_with::<Shader>(
             ctx,
             encoder,
-            &consts,
-            self.f16_bits(),
+            (&consts, self.f16_bits()),
             &params,
             &[
                 q.into(),
@@ -121,6 +124,7 @@ impl Flash {
                 dv.into(),
                 mask.into(),
             ],
+            mods,
             (kv_groups * blocks) as u64,
         )
     }

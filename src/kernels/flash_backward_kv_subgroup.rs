@@ -5,9 +5,10 @@
 
 use super::flash_backward_q_subgroup;
 use super::flash_tiled::{Flash, FlashParams};
+use super::mods::ModsBind;
 use super::pack::Pack;
 use super::wgsl::constants;
-use super::{record, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
+use super::{record_with, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 use crate::error::Result;
 use crate::gpu::Device;
 
@@ -70,7 +71,16 @@ impl Flash {
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
         let sg = ctx.require_subgroups()?;
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
+        // The modifiers as the forward applied them; the block map only for dQ (the dK/dV
+        // kernel walks a key block's rows, the map's other orientation: every tile visited).
+        let upload = MaskArg::mods(mask);
+        let mods = upload.map(|upload| ModsBind { upload, map: None });
+        let q_map = self.block_map(ctx, upload, (sg * q_per_lane) as usize, sg)?;
+        let q_mods = upload.map(|upload| ModsBind {
+            upload,
+            map: q_map.as_deref(),
+        });
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let kv_heads = self.heads / self.kv_ratio.max(1);
         let pack = |heads: usize, rows: usize, src: Strides, width: usize, f16: bool| Pack {
             batch: self.batch,
@@ -107,11 +117,10 @@ impl Flash {
             v_rows: o_tex.layout.rows,
             ..params
         };
-        record::<Shader>(
+        record_with::<Shader>(
             ctx,
             encoder,
-            &consts(kv_per_lane),
-            u8::from(f16),
+            (&consts(kv_per_lane), u8::from(f16)),
             &kv_params,
             &[
                 Binding::Texture(&q_tex.view),
@@ -123,6 +132,7 @@ impl Flash {
                 dv.into(),
                 mask.into(),
             ],
+            mods,
             (kv_groups * kv_blocks) as u64,
         )?;
         let q_params = FlashParams {
@@ -132,11 +142,10 @@ impl Flash {
             v_rows: v_tex.layout.rows,
             ..params
         };
-        record::<flash_backward_q_subgroup::Shader>(
+        record_with::<flash_backward_q_subgroup::Shader>(
             ctx,
             encoder,
-            &consts(q_per_lane),
-            u8::from(f16),
+            (&consts(q_per_lane), u8::from(f16)),
             &q_params,
             &[
                 q.into(),
@@ -147,6 +156,7 @@ impl Flash {
                 dq.into(),
                 mask.into(),
             ],
+            q_mods,
             workgroups,
         )
     }

@@ -5,8 +5,9 @@
 
 use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::Flash;
+use super::mods::ModsBind;
 use super::wgsl::constants;
-use super::{record, Dim, Kernel, KernelId, MaskArg, Slot};
+use super::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
 use crate::gpu::Device;
 
@@ -95,14 +96,21 @@ impl Flash {
         dq: &wgpu::Buffer,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
-        let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
+        let upload = MaskArg::mods(mask);
+        let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let consts = self.backward_q_consts(ctx.limits(), tiles, has_mask)?;
+        // The modifiers as the forward applied them, with the block map of this kernel's
+        // blocks of rows and tiles of keys.
+        let map = self.block_map(ctx, upload, consts.rows as usize, consts.keys)?;
+        let mods = upload.map(|upload| ModsBind {
+            upload,
+            map: map.as_deref(),
+        });
         let (params, workgroups) = self.params(consts.rows as usize, mask_strides)?;
-        record::<Shader>(
+        record_with::<Shader>(
             ctx,
             encoder,
-            &consts,
-            self.f16_bits(),
+            (&consts, self.f16_bits()),
             &params,
             &[
                 q.into(),
@@ -113,6 +121,7 @@ impl Flash {
                 dq.into(),
                 mask.into(),
             ],
+            mods,
             workgroups,
         )
     }

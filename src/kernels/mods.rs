@@ -2,7 +2,9 @@
 //! `wa_keep(b, h, q, kv) -> bool` and `wa_score_log2(x, b, h, q, kv) -> f32` (scores in the
 //! log2 domain, as the fused kernels and the subgroup matmul's weights epilogues keep them;
 //! `wa_score_ln` for natural-log scores, as `softmax.wgsl` keeps them) where it applies
-//! causal and the mask, and `wa_block(b, h, row0, j0) -> u32` per key tile: 0 when the mask
+//! causal and the mask (the backward kernels also `wa_score_grad(s, b, h, q, kv) -> f32`, the
+//! score modifiers' derivative at the natural-log scaled score `s`, by which dS is
+//! multiplied), and `wa_block(b, h, row0, j0) -> u32` per key tile: 0 when the mask
 //! modifiers leave the tile empty (the kernel skips it), 1 when they leave all of it visible
 //! (no `wa_keep` there), 2 otherwise; and `wa_span(b, h, row0)`, the keys `[lo, hi)` its loop
 //! need visit (block sparsity, from a [`BlockMap`]). Without modifiers the host appends
@@ -30,6 +32,9 @@ fn wa_score_log2(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
 }
 fn wa_score_ln(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
     return x;
+}
+fn wa_score_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    return 1.0;
 }
 fn wa_block(b: u32, h: u32, row0: u32, j0: u32) -> u32 {
     return 2u;
@@ -240,7 +245,7 @@ impl ModsUpload {
 /// The error for a path that does not apply modifiers yet (it must never ignore them).
 pub(crate) fn unsupported(dev: &Device, what: &str) -> Error {
     Error::Unsupported {
-        feature: format!("score/mask modifiers on {what} (so far: the forward on arrays, fused or with the weights)"),
+        feature: format!("score/mask modifiers on {what} (so far: the forward on arrays, fused or with the weights, and the fused backward of a saved forward on Q, K, V)"),
         adapter: dev.adapter.get_info().name,
         hint: "run the forward on arrays (Inputs::qkv or Inputs::x), without saving it for \
                the backward"

@@ -9,9 +9,11 @@
 //! barriers or subgroup operations, and its functions must have the signatures
 //! [`SCORE_MOD_SIGNATURE`], [`MASK_MOD_SIGNATURE`] and [`SCORE_MOD_GRAD_SIGNATURE`].
 //!
-//! The kernels call two generated functions, `wa_score(score, b, h, q, kv) -> f32` (every
-//! score modifier in order, the caller's first) and `wa_mask(b, h, q, kv) -> bool` (every
-//! mask modifier, and-ed), from [`Modifiers::wgsl`].
+//! The kernels call generated functions, `wa_score(score, b, h, q, kv) -> f32` (every
+//! score modifier in order, the caller's first), `wa_mask(b, h, q, kv) -> bool` (every
+//! mask modifier, and-ed) and, in the backward, `wa_score_grad(score, b, h, q, kv) -> f32`
+//! (`d wa_score / d score`: the product of each score modifier's derivative at its input,
+//! the caller's `score_mod_grad` for its `score_mod`), from [`Modifiers::wgsl`].
 
 mod blocks;
 mod check;
@@ -306,8 +308,9 @@ impl Modifiers {
     }
 
     /// The WGSL the kernels include: the buffers as `var<storage, read>` at `@group(group)`,
-    /// bindings from `first_binding` on, the caller's sources, the presets, and the two
-    /// functions the kernels call, `wa_score` and `wa_mask`.
+    /// bindings from `first_binding` on, the caller's sources, the presets, and the
+    /// functions the kernels call, `wa_score`, `wa_mask` and (when
+    /// [`Modifiers::check_differentiable`] passes) `wa_score_grad`.
     pub fn wgsl(&self, group: u32, first_binding: u32) -> String {
         self.assemble(group, first_binding, true).0
     }
@@ -355,6 +358,9 @@ impl Modifiers {
         for (i, p) in self.presets.iter().enumerate() {
             let name = preset_name(i);
             text.push_str(&p.wgsl(&name).0);
+            if let Some(grad) = p.wgsl_grad(&name) {
+                text.push_str(&grad);
+            }
             match p.role() {
                 Role::Mask => masks.push(name),
                 _ => scores.push(name),
@@ -366,6 +372,25 @@ impl Modifiers {
             let _ = writeln!(text, "    s = {f}(s, b, h, q, kv);");
         }
         text.push_str("    return s;\n}\n");
+        // The chain rule through the score modifiers: each one's derivative at its input.
+        // Only when every one has a derivative (a caller's score_mod without score_mod_grad
+        // has none: check_differentiable refuses its backward, which alone calls this).
+        if self.check_differentiable().is_ok() {
+            text.push_str(
+                "fn wa_score_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n",
+            );
+            text.push_str("    var s = score;\n    var g = 1.0;\n");
+            for f in &scores {
+                let grad = if f == "score_mod" {
+                    "score_mod_grad".to_string()
+                } else {
+                    format!("{f}_grad")
+                };
+                let _ = writeln!(text, "    g *= {grad}(s, b, h, q, kv);");
+                let _ = writeln!(text, "    s = {f}(s, b, h, q, kv);");
+            }
+            text.push_str("    return g;\n}\n");
+        }
         text.push_str("fn wa_mask(b: u32, h: u32, q: u32, kv: u32) -> bool {\n");
         let cond = if masks.is_empty() {
             "true".to_string()

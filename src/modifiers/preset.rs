@@ -186,6 +186,36 @@ impl Preset {
         }
     }
 
+    /// A score preset's derivative by its input score (named `name`, beside its function
+    /// of [`Preset::wgsl`]); `None` for a mask preset.
+    pub(super) fn wgsl_grad(&self, name: &str) -> Option<String> {
+        match self {
+            Preset::Softcap(cap) => Some(format!(
+                "fn {name}_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+                 let t = tanh(score / {cap:?});\n    return 1.0 - t * t;\n}}\n"
+            )),
+            // Additive biases: the score passes through unscaled.
+            Preset::Alibi(_) | Preset::RelativeBias { .. } => Some(format!(
+                "fn {name}_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+                 return 1.0;\n}}\n"
+            )),
+            _ => None,
+        }
+    }
+
+    /// A score preset's derivative by the score `s` at `(b, h, q, kv)` in f64, for the
+    /// reference backward: `1 − tanh²(s / cap)` for soft-capping; 1 for ALiBi, T5's bias
+    /// and a mask preset (none scales the score).
+    pub fn grad(&self, s: f64, _b: usize, _h: usize, _q: usize, _kv: usize) -> f64 {
+        match self {
+            Preset::Softcap(cap) => {
+                let t = (s / *cap as f64).tanh();
+                1.0 - t * t
+            }
+            _ => 1.0,
+        }
+    }
+
     /// The same modifier in f64 on the CPU, for the reference: `Some(score)` or `None`
     /// (masked out) from the scaled score `s` at `(b, h, q, kv)`.
     pub fn apply(&self, s: f64, b: usize, h: usize, q: usize, kv: usize) -> Option<f64> {

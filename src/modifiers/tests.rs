@@ -148,13 +148,36 @@ fn a_callers_score_mod_needs_its_derivative_for_gradients() {
         Err(Error::Unsupported { .. })
     ));
     let g = "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 { return 2.0; }";
-    let m = m.score_mod_grad("g.wgsl", g);
+    // Without it there is no wa_score_grad (only the backward calls it, and it is refused).
+    assert!(!m.wgsl(1, 0).contains("fn wa_score_grad("));
+    let m = m.score_mod_grad("g.wgsl", g).preset(Preset::Softcap(5.0));
     m.check().unwrap();
     m.check_differentiable().unwrap();
-    Modifiers::new()
-        .preset(Preset::Softcap(5.0))
-        .check_differentiable()
-        .unwrap();
+    // The chain rule in the score modifiers' order: each derivative at its own input.
+    let code = m.wgsl(1, 0);
+    let chain = &code[code.find("fn wa_score_grad(").unwrap()..];
+    let steps: Vec<_> = chain.lines().map(str::trim).skip(3).take(4).collect();
+    assert_eq!(
+        steps,
+        [
+            "g *= score_mod_grad(s, b, h, q, kv);",
+            "s = score_mod(s, b, h, q, kv);",
+            "g *= wa_p0_grad(s, b, h, q, kv);",
+            "s = wa_p0(s, b, h, q, kv);",
+        ]
+    );
+}
+
+#[test]
+fn the_score_presets_derivatives_on_the_cpu() {
+    let c = Preset::Softcap(2.0);
+    for s in [-3.0, -0.5, 0.0, 1.0, 4.0] {
+        let h = 1e-6;
+        let numeric =
+            (c.apply(s + h, 0, 0, 0, 0).unwrap() - c.apply(s - h, 0, 0, 0, 0).unwrap()) / (2.0 * h);
+        assert!((c.grad(s, 0, 0, 0, 0) - numeric).abs() < 1e-8, "{s}");
+    }
+    assert_eq!(Preset::Alibi(vec![0.5]).grad(3.0, 0, 0, 2, 7), 1.0);
 }
 
 #[test]

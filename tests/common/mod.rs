@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Once, OnceLock};
 
 use ndarray::Array4;
+use wgpu_attention::modifiers::Preset;
 use wgpu_attention::{reference, verify, Attention, Context, Inputs, Mask, Options};
 
 /// Where the tests' autotuner cache lives: in Cargo's temporary directory for the tests
@@ -100,6 +101,41 @@ pub fn ctx() -> &'static Context {
     })
 }
 
+/// An array of `shape` with smooth deterministic values in [-amp, amp], varied by `salt`.
+pub fn smooth(shape: (usize, usize, usize, usize), salt: usize, amp: f32) -> Array4<f32> {
+    Array4::from_shape_fn(shape, |(i, j, k, m)| {
+        (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * amp
+    })
+}
+
+/// One of each modifier preset for `b` sequences of `h` query heads over `n` positions: a
+/// window of 5 back and 2 ahead, soft-capping at 1.5, ALiBi's standard slopes, documents of
+/// 9 positions (offset by one per sequence), a prefix of 7, and T5's relative bias one way
+/// and both ways.
+pub fn every_preset(b: usize, h: usize, n: usize) -> Vec<Preset> {
+    let ids: Vec<i32> = (0..b * n).map(|p| ((p % n) / 9 + p / n) as i32).collect();
+    vec![
+        Preset::Window { left: 5, right: 2 },
+        Preset::Softcap(1.5),
+        Preset::Alibi(Preset::alibi_slopes(h)),
+        Preset::Documents { ids, n: n as u32 },
+        Preset::PrefixLm(7),
+        // T5's bias, its buckets saturating inside a few dozen positions, both ways.
+        Preset::RelativeBias {
+            table: (0..16 * h).map(|i| (i as f32 * 0.37).sin()).collect(),
+            buckets: 16,
+            max_distance: 20,
+            bidirectional: true,
+        },
+        Preset::RelativeBias {
+            table: (0..16 * h).map(|i| (i as f32 * 0.53).cos()).collect(),
+            buckets: 16,
+            max_distance: 12,
+            bidirectional: false,
+        },
+    ]
+}
+
 /// Q, K, V of `(b, h, L, E)`, `(b, h, S, E)`, `(b, h, S, E_v)` with smooth deterministic
 /// values in [-1.5, 1.5].
 pub fn sdpa_arrays(
@@ -110,15 +146,10 @@ pub fn sdpa_arrays(
     e: usize,
     ev: usize,
 ) -> [Array4<f32>; 3] {
-    let f = |salt: usize| {
-        move |(i, j, k, m): (usize, usize, usize, usize)| {
-            (((i * 31 + j * 17 + k * 7 + m) * (salt + 2)) as f32 * 0.013).sin() * 1.5
-        }
-    };
     [
-        Array4::from_shape_fn((b, h, l, e), f(1)),
-        Array4::from_shape_fn((b, h, s, e), f(2)),
-        Array4::from_shape_fn((b, h, s, ev), f(3)),
+        smooth((b, h, l, e), 1, 1.5),
+        smooth((b, h, s, e), 2, 1.5),
+        smooth((b, h, s, ev), 3, 1.5),
     ]
 }
 

@@ -9,18 +9,20 @@ Run by hand where PyTorch is installed (CI has no torch; the files it writes are
 Every preset (sliding window, soft-capping, ALiBi, document ids, prefix-LM) with and without
 causal, on `L != S` (12 queries, 17 keys, causal top-left aligned as the crate's), plus a
 grouped-query case and one with a scale. Each case directory holds `q.npy`, `k.npy`, `v.npy`
-(float32), `context.npy` (the expected output, float64), the preset's own array where it
-has one (`slopes.npy` float32, `ids.npy` int32 `(batch, n)`), and `meta.json`: the preset
-and its numbers, `causal`, `scale` (null: 1/sqrt(E)), and `source`.
+(float32), `context.npy` (the expected output, float64), `d_o.npy` (a gradient of the
+output, float32) and `grad_q.npy`, `grad_k.npy`, `grad_v.npy` (the gradients for it,
+float64), the preset's own array where it has one (`slopes.npy` float32, `ids.npy` int32
+`(batch, n)`), and `meta.json`: the preset and its numbers, `causal`, `scale` (null:
+1/sqrt(E)), and `source`.
 
 The expected output is PyTorch's FlexAttention
 (`torch.nn.attention.flex_attention.flex_attention`, run eagerly on the CPU in float64 with the
 preset as a `score_mod` or a `create_block_mask` mask) where the installed torch has it, and it
 is checked against an explicit float64 evaluation (scores, the modifier, masking, softmax);
-without FlexAttention the explicit evaluation is saved (`source` says which).
-
-Gradients are not saved: the crate's backward does not take modifiers yet (it returns
-`Unsupported`). When it does, this script is where their golden cases go.
+without FlexAttention the explicit evaluation is saved (`source` says which). The gradients
+are torch autograd's through the explicit float64 evaluation (FlexAttention has no backward on
+the CPU: "FlexAttention does not support backward on CPU"), whose output is the one checked
+against FlexAttention's.
 """
 
 import json
@@ -125,12 +127,17 @@ def case(name, meta, heads=H, kv_heads=H, seed=0):
     q = torch.randn(B, heads, L, E, generator=g).float()
     k = torch.randn(B, kv_heads, S, E, generator=g).float()
     v = torch.randn(B, kv_heads, S, E, generator=g).float()
+    # Drawn after Q, K and V, so theirs stay what they were before gradients were saved.
+    d_o = torch.randn(B, heads, L, E, generator=g).float()
     slopes = slopes_for(heads)
     score_mod, mask_mod = modifier(meta, slopes, IDS)
     mask_mod = with_causal(mask_mod, meta["causal"])
     scale = meta["scale"] if meta["scale"] is not None else 1.0 / E**0.5
+    leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
+    want = explicit(*leaves, score_mod, mask_mod, scale)
+    grad_q, grad_k, grad_v = torch.autograd.grad(want, leaves, d_o.double())
+    want = want.detach()
     q64, k64, v64 = (t.double() for t in (q, k, v))
-    want = explicit(q64, k64, v64, score_mod, mask_mod, scale)
     got = flex(q64, k64, v64, score_mod, mask_mod, scale)
     if got is not None:
         err = ((got - want).norm() / want.norm()).item()
@@ -139,7 +146,16 @@ def case(name, meta, heads=H, kv_heads=H, seed=0):
     meta = dict(meta, source="flex_attention" if got is not None else "explicit float64")
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
-    arrays = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "context": want.numpy()}
+    arrays = {
+        "q": q.numpy(),
+        "k": k.numpy(),
+        "v": v.numpy(),
+        "context": want.numpy(),
+        "d_o": d_o.numpy(),
+        "grad_q": grad_q.numpy(),
+        "grad_k": grad_k.numpy(),
+        "grad_v": grad_v.numpy(),
+    }
     if meta["preset"] == "alibi":
         arrays["slopes"] = slopes
     if meta["preset"] == "documents":

@@ -78,7 +78,11 @@ impl Attention {
         ctx.check_alive()?;
         let [batch, heads, l, _] = qs;
         let (kv_heads, s_len, e_v) = (ks[1], ks[2], vs[3]);
-        crate::attention::refuse_modifiers(ctx, mask, "a forward saved for the backward")?;
+        // The backward takes the modifiers back through their derivatives: refused here,
+        // before any work, when one has none.
+        if let Some(m) = mask.modifiers() {
+            m.check_differentiable()?;
+        }
         let bias = mask.bias([batch, heads, l, s_len])?;
         let bias = bias.as_ref().map(|b| b.view());
         let rows = batch * heads * l;
@@ -88,7 +92,7 @@ impl Attention {
         ];
         fits(ctx, &named, None, bias.as_ref())?;
         let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len])?;
-        let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref(), None))?;
+        let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers()))?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
         let record = |rec: &mut Recorder<'_>, plan: &crate::Plan| {

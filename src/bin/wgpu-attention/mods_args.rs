@@ -14,6 +14,11 @@ pub struct ModArgs {
     /// scaled score before masking.
     #[arg(long, value_name = "FILE.wgsl")]
     score_mod: Option<PathBuf>,
+    /// The score modifier's derivative by its score, for `--grad-output`: a WGSL file defining
+    /// `fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32` (without it,
+    /// gradients through `--score-mod` are refused).
+    #[arg(long, value_name = "FILE.wgsl", requires = "score_mod")]
+    score_mod_grad: Option<PathBuf>,
     /// A mask modifier: a WGSL file defining
     /// `fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool` (true = attend).
     #[arg(long, value_name = "FILE.wgsl")]
@@ -73,6 +78,9 @@ impl ModArgs {
         let mut m = Modifiers::new();
         if let Some(p) = &self.score_mod {
             m = m.score_mod(p.display().to_string(), read_text(p)?);
+        }
+        if let Some(p) = &self.score_mod_grad {
+            m = m.score_mod_grad(p.display().to_string(), read_text(p)?);
         }
         if let Some(p) = &self.mask_mod {
             m = m.mask_mod(p.display().to_string(), read_text(p)?);

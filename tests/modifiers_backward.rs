@@ -1,0 +1,294 @@
+//! The fused backward through score and mask modifiers (issue 24, item 4): a forward saved
+//! for the backward with modifiers, then `Saved::backward`, on the storage and subgroup
+//! families, NaN-prefilled, against the f64 reference backward: every preset (soft-capping
+//! and ALiBi through their derivatives, the mask presets through P), causal and not, with
+//! grouped-query heads and L ≠ S, all of them combined with a boolean mask and a scale; a
+//! caller's `score_mod` with its `score_mod_grad` equal to the preset it implements; and a
+//! caller's `score_mod` without one refused before any work; the tensor forms equal to the
+//! array forms; f16 operands; the dQ kernels' block sparsity (empty tiles skipped, full ones
+//! without the mask modifier) leaving the gradients as they are.
+
+mod common;
+
+use ndarray::{Array2, Array4};
+use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
+use wgpu_attention::{reference, Attention, Dtype, Error, Inputs, Kernels, Mask, Options, Tensor};
+
+/// The families whose backward applies modifiers, forced, NaN-prefilled, saving for the
+/// backward.
+fn saved_on(kernels: Kernels) -> Attention {
+    Attention::new()
+        .return_weights(false)
+        .save_for_backward(true)
+        .options(Options {
+            kernels,
+            nan_fill: true,
+            ..Options::default()
+        })
+}
+
+const FAMILIES: [Kernels; 2] = [Kernels::Storage, Kernels::Subgroup];
+
+/// Q `(b, h, L, e)`, K and V `(b, h_kv, S, e)`, and dO `(b, h, L, e)`; values up to 3 so
+/// soft-capping at 1.5 bends the scores well away from linear.
+fn problem(b: usize, h: usize, h_kv: usize, l: usize, s: usize, e: usize) -> [Array4<f32>; 4] {
+    [
+        common::smooth((b, h, l, e), 1, 3.0),
+        common::smooth((b, h_kv, s, e), 2, 3.0),
+        common::smooth((b, h_kv, s, e), 3, 3.0),
+        common::smooth((b, h, l, e), 4, 3.0),
+    ]
+}
+
+/// The largest relative error of the output and the three gradients of `op` with `mask`
+/// against the reference's (of `want_mask`, the same modifiers as presets).
+fn worst(
+    op: Attention,
+    [q, k, v, d_o]: &[Array4<f32>; 4],
+    mask: &Mask<'_>,
+    want_mask: &Mask<'_>,
+) -> f64 {
+    let ctx = common::ctx();
+    let reference_inputs = Inputs::qkv(q, k, v).mask(want_mask);
+    let want = reference::backward(&op, &reference_inputs, d_o.view().into_dyn()).unwrap();
+    let want_out = reference::run(&op.return_weights(true), &reference_inputs).unwrap();
+    let out = op.run(ctx, Inputs::qkv(q, k, v).mask(mask)).unwrap();
+    let g = out.saved.unwrap().backward(ctx, d_o.view()).unwrap();
+    let mut rel = reference::compare(&out.context, &want_out.context).0;
+    for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
+        let (got, want) = (got.as_ref().unwrap(), want.as_ref().unwrap());
+        assert!(got.iter().all(|x| x.is_finite()));
+        rel = rel.max(reference::compare(got, want).0);
+    }
+    rel
+}
+
+#[test]
+fn every_preset_backward_matches_the_reference_on_both_families() {
+    let (b, h, h_kv, l, s, e) = (2, 4, 2, 37, 45, 12);
+    let data = problem(b, h, h_kv, l, s, e);
+    let presets = common::every_preset(b, h, s);
+    let mut failures = Vec::new();
+    let mut largest = 0f64;
+    for kernels in FAMILIES {
+        for (i, p) in presets.iter().enumerate() {
+            for causal in [false, true] {
+                let mods = Modifiers::new().preset(p.clone());
+                let mask = Mask::none().with_modifiers(&mods);
+                let rel = worst(saved_on(kernels).causal(causal), &data, &mask, &mask);
+                largest = largest.max(rel);
+                if rel > 1e-4 {
+                    failures.push(format!("{kernels:?} preset {i} causal={causal}: {rel:.2e}"));
+                }
+            }
+        }
+        // Everything at once (the score presets chained), with a boolean mask, L ≠ S the
+        // other way round and a scale.
+        let data = problem(b, h, h_kv, 29, 13, 8);
+        let keep = Array2::from_shape_fn((29, 13), |(i, j)| (i * 7 + j) % 5 != 0);
+        let mods = Modifiers::new()
+            .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+            .preset(Preset::Softcap(2.0))
+            .preset(Preset::Window { left: 8, right: 3 })
+            .preset(Preset::PrefixLm(4));
+        let mask = Mask::boolean(keep.view().into_dyn()).with_modifiers(&mods);
+        for causal in [false, true] {
+            let op = saved_on(kernels).causal(causal).scale(0.7);
+            let rel = worst(op, &data, &mask, &mask);
+            largest = largest.max(rel);
+            if rel > 1e-4 {
+                failures.push(format!("{kernels:?} combined causal={causal}: {rel:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    eprintln!("largest relative error: {largest:.2e}");
+}
+
+#[test]
+fn a_callers_score_mod_with_its_grad_equals_the_preset_it_implements() {
+    // A soft-cap reading its cap from a buffer, and ALiBi from a slope buffer, in one
+    // score_mod (soft-cap of the ALiBi-biased score), with their derivative; and a window as
+    // a caller's mask_mod.
+    let (b, h, h_kv) = (1, 4, 2);
+    let data = problem(b, h, h_kv, 30, 41, 8);
+    let slopes = Preset::alibi_slopes(h);
+    let mods = Modifiers::new()
+        .score_mod(
+            "softcap_alibi.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             let s = score + slope[h] * (f32(kv) - f32(q));\n    \
+             return cap[0] * tanh(s / cap[0]);\n}\n",
+        )
+        .score_mod_grad(
+            "softcap_alibi_grad.wgsl",
+            "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             let t = tanh((score + slope[h] * (f32(kv) - f32(q))) / cap[0]);\n    \
+             return 1.0 - t * t;\n}\n",
+        )
+        .mask_mod(
+            "window.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+             return i32(kv) - i32(q) >= -6 && i32(kv) - i32(q) <= 9;\n}\n",
+        )
+        .buffer("slope", BufferData::F32(slopes.clone()))
+        .buffer("cap", BufferData::F32(vec![1.5]));
+    let presets = Modifiers::new()
+        .preset(Preset::Alibi(slopes))
+        .preset(Preset::Softcap(1.5))
+        .preset(Preset::Window { left: 6, right: 9 });
+    let mask = Mask::none().with_modifiers(&mods);
+    let want = Mask::none().with_modifiers(&presets);
+    let mut failures = Vec::new();
+    for kernels in FAMILIES {
+        for causal in [false, true] {
+            let rel = worst(saved_on(kernels).causal(causal), &data, &mask, &want);
+            if rel > 1e-4 {
+                failures.push(format!("{kernels:?} causal={causal}: {rel:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_callers_score_mod_without_its_grad_is_refused_before_the_forward() {
+    let [q, k, v, _] = problem(1, 2, 2, 9, 9, 8);
+    let mods = Modifiers::new().score_mod(
+        "double.wgsl",
+        "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+         return 2.0 * score;\n}\n",
+    );
+    let mask = Mask::none().with_modifiers(&mods);
+    let ctx = common::ctx();
+    let saved = saved_on(Kernels::Storage).run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask));
+    match saved {
+        Err(Error::Unsupported { feature, hint, .. }) => {
+            assert!(feature.contains("score_mod_grad"), "{feature}");
+            assert!(hint.contains("fn score_mod_grad("), "{hint}");
+        }
+        other => panic!("expected Unsupported, got {:?}", other.map(drop)),
+    }
+    // The plain forward needs no derivative.
+    saved_on(Kernels::Storage)
+        .save_for_backward(false)
+        .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
+        .unwrap();
+}
+
+#[test]
+fn the_tensor_forms_give_the_array_forms_gradients_bit_for_bit() {
+    // A saved forward on tensors keeps the modifiers as the array form does.
+    let ctx = common::ctx();
+    let (b, h, h_kv) = (2, 4, 2);
+    let [q, k, v, d_o] = problem(b, h, h_kv, 21, 33, 8);
+    let mods = Modifiers::new()
+        .preset(Preset::Softcap(1.5))
+        .preset(Preset::Window { left: 4, right: 4 });
+    // (batch, heads, rows, width) into the tensors' (batch, rows, heads, width).
+    let rows = |a: ndarray::ArrayViewD<'_, f32>| {
+        a.permuted_axes(vec![0, 2, 1, 3])
+            .as_standard_layout()
+            .into_owned()
+    };
+    let bits = |a: &ndarray::ArrayD<f32>| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for kernels in FAMILIES {
+        let mask = Mask::none().with_modifiers(&mods);
+        let op = saved_on(kernels).causal(true);
+        let out = op.run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask)).unwrap();
+        let want = out.saved.unwrap().backward(ctx, d_o.view()).unwrap();
+        let t = |a: &Array4<f32>| {
+            Tensor::from_array(ctx, rows(a.view().into_dyn()).view(), Dtype::F32).unwrap()
+        };
+        let (q_t, k_t, v_t, d_t) = (t(&q), t(&k), t(&v), t(&d_o));
+        let out_t = op
+            .run(ctx, Inputs::qkv(&q_t, &k_t, &v_t).mask(&mask))
+            .unwrap();
+        let g = out_t.saved.unwrap().backward(ctx, &d_t).unwrap();
+        for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
+            let got = got.as_ref().unwrap().to_array(ctx).unwrap();
+            assert_eq!(
+                bits(&got),
+                bits(&rows(want.as_ref().unwrap().view())),
+                "{kernels:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_operands_through_the_modifiers() {
+    // Q, K, V stored as f16 on the device (all arithmetic f32): the reference sees the same
+    // rounded inputs, which f16 holds exactly.
+    let ctx = common::ctx();
+    ctx.require_f16()
+        .expect("the test adapter (lavapipe) has shader-f16");
+    let h = 4;
+    let data = problem(1, h, 2, 29, 35, 12).map(|a| a.mapv(|x| half::f16::from_f32(x).to_f32()));
+    let mods = Modifiers::new()
+        .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+        .preset(Preset::Softcap(1.5))
+        .preset(Preset::Window { left: 9, right: 4 });
+    let mask = Mask::none().with_modifiers(&mods);
+    for kernels in FAMILIES {
+        for causal in [false, true] {
+            let op = saved_on(kernels).causal(causal).dtype(Dtype::F16);
+            let rel = worst(op, &data, &mask, &mask);
+            assert!(rel < 1e-4, "{kernels:?} causal={causal}: {rel:.2e}");
+        }
+    }
+}
+
+#[test]
+fn the_dq_kernels_skip_empty_tiles_without_changing_the_gradients() {
+    // Long enough that most key tiles of a query block are empty or full (the dQ kernels
+    // read the block map; the dK/dV kernels visit every tile), no multiple of any tile,
+    // L ≠ S, per-batch documents (a map per batch).
+    let (b, h, h_kv, e) = (2, 2, 1, 8);
+    let cases: Vec<(&str, usize, usize, Modifiers, bool)> = vec![
+        (
+            "causal window 40",
+            300,
+            300,
+            Modifiers::new().preset(Preset::Window { left: 40, right: 0 }),
+            true,
+        ),
+        (
+            "window 10,70 and a soft-cap",
+            200,
+            300,
+            Modifiers::new()
+                .preset(Preset::Softcap(1.5))
+                .preset(Preset::Window {
+                    left: 10,
+                    right: 70,
+                }),
+            false,
+        ),
+        (
+            "documents",
+            300,
+            300,
+            Modifiers::new().preset(Preset::Documents {
+                // Batch 0: documents of 100; batch 1: of 37.
+                ids: (0..b * 300)
+                    .map(|p| ((p % 300) / if p < 300 { 100 } else { 37 }) as i32)
+                    .collect(),
+                n: 300,
+            }),
+            true,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, l, s, mods, causal) in &cases {
+        let data = problem(b, h, h_kv, *l, *s, e);
+        let mask = Mask::none().with_modifiers(mods);
+        for kernels in FAMILIES {
+            let rel = worst(saved_on(kernels).causal(*causal), &data, &mask, &mask);
+            if rel > 1e-4 {
+                failures.push(format!("{name} {kernels:?}: {rel:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
