@@ -240,8 +240,11 @@ def test_gradients_flow_through_the_presets():
     slopes = presets.alibi_slopes(4)
     ids = np.array([[0] * 9 + [1] * 17, [0] * 4 + [1] * 12 + [2] * 10], dtype=np.int32)
     cases = [
-        ([presets.alibi(slopes), presets.softcap(1.5)], presets.sliding_window(6, 2),
-         dict(slopes=slopes, cap=1.5, window=(6, 2))),
+        (
+            [presets.alibi(slopes), presets.softcap(1.5)],
+            presets.sliding_window(6, 2),
+            dict(slopes=slopes, cap=1.5, window=(6, 2)),
+        ),
         (None, [presets.document_mask(ids), presets.prefix_lm(5)], dict(ids=ids, prefix=5)),
     ]
     for score_mod, mask_mod, definition in cases:
