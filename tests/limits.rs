@@ -313,3 +313,51 @@ fn calls_with_modifiers_over_the_storage_binding_limit_are_split_and_still_right
         }
     }
 }
+
+#[test]
+fn modifiers_fit_webgpus_default_limits() {
+    // WebGPU's defaults (8 storage buffers per stage, 16 KiB of workgroup memory, 256
+    // invocations), as the browser's page runs them: every preset at once, whose data
+    // the presets share in one buffer, on each family, fused and with the weights, and
+    // through the backward.
+    use wgpu_attention::modifiers::{Modifiers, Preset};
+    let ctx = context_with(|l| {
+        l.max_storage_buffers_per_shader_stage = 8;
+        l.max_compute_workgroup_storage_size = 16 << 10;
+        l.max_compute_invocations_per_workgroup = 256;
+    });
+    let (b, h, n) = (2, 4, 37);
+    let [q, k, v] = common::sdpa_arrays(b, h, n, n, 16, 16);
+    let mut mods = Modifiers::new();
+    for p in common::every_preset(b, h, n) {
+        if !matches!(p, Preset::PrefixLm(_)) {
+            mods = mods.preset(p);
+        }
+    }
+    let mask = Mask::none().with_modifiers(&mods);
+    let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+    for kernels in [Kernels::Storage, Kernels::Subgroup] {
+        for weights in [false, true] {
+            let op = Attention::new()
+                .causal(true)
+                .return_weights(weights)
+                .options(Options {
+                    kernels,
+                    ..Options::default()
+                });
+            let got = op.run(&ctx, inputs.clone()).unwrap();
+            let want = reference::run(&op.return_weights(true), &inputs).unwrap();
+            let rel = reference::compare(&got.context, &want.context).0;
+            assert!(rel < 1e-5, "{kernels:?} weights={weights}: {rel:.2e}");
+        }
+    }
+    let saved = Attention::new()
+        .causal(true)
+        .return_weights(false)
+        .save_for_backward(true)
+        .run(&ctx, inputs.clone())
+        .unwrap()
+        .saved
+        .unwrap();
+    saved.backward(&ctx, q.view()).unwrap();
+}

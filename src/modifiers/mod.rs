@@ -296,13 +296,28 @@ impl Modifiers {
         self.origin
     }
 
-    /// Every buffer the generated code reads: the caller's, then the presets'.
+    /// The presets' functions, and their data packed into one buffer (each preset's from
+    /// the offset its function reads at).
+    fn preset_code(&self) -> (Vec<String>, Vec<i32>) {
+        let (mut code, mut packed) = (Vec::new(), Vec::new());
+        for (i, p) in self.presets.iter().enumerate() {
+            let (text, data) = p.wgsl(&preset_name(i), packed.len() as u32);
+            code.push(text);
+            packed.extend(data);
+        }
+        (code, packed)
+    }
+
+    /// Every buffer the generated code reads: the caller's, then the presets' data packed
+    /// into one, `wa_presets`, when they have any.
     pub(crate) fn all_buffers(&self) -> Vec<ModBuffer> {
         let mut out = self.buffers.clone();
-        for (i, p) in self.presets.iter().enumerate() {
-            if let (_, Some(b)) = p.wgsl(&preset_name(i)) {
-                out.push(b);
-            }
+        let (_, packed) = self.preset_code();
+        if !packed.is_empty() {
+            out.push(ModBuffer {
+                name: "wa_presets".into(),
+                data: BufferData::I32(packed),
+            });
         }
         out
     }
@@ -355,9 +370,10 @@ impl Modifiers {
         if self.mask_mod.is_some() {
             masks.push("mask_mod".to_string());
         }
-        for (i, p) in self.presets.iter().enumerate() {
+        let (preset_code, _) = self.preset_code();
+        for ((i, p), code) in self.presets.iter().enumerate().zip(preset_code) {
             let name = preset_name(i);
-            text.push_str(&p.wgsl(&name).0);
+            text.push_str(&code);
             if let Some(grad) = p.wgsl_grad(&name) {
                 text.push_str(&grad);
             }

@@ -2,7 +2,7 @@
 //! generated as WGSL under its own `wa_` function name, and the same modifier in f64 for the
 //! reference.
 
-use super::{BufferData, ModBuffer, Role};
+use super::Role;
 
 /// A preset, generated as WGSL under its own `wa_` function name.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,12 +87,11 @@ impl Preset {
     }
 
     /// [`Preset::t5_bucket`] of every distance from `−max_distance` to `max_distance` (the
-    /// bucket is the same beyond), as f32 (exact: small integers): what the kernels index by
-    /// the clamped distance.
-    fn t5_buckets(buckets: u32, max_distance: u32, bidirectional: bool) -> Vec<f32> {
+    /// bucket is the same beyond): what the kernels index by the clamped distance.
+    fn t5_buckets(buckets: u32, max_distance: u32, bidirectional: bool) -> Vec<i32> {
         let md = i64::from(max_distance);
         (-md..=md)
-            .map(|d| Self::t5_bucket(d, buckets, max_distance, bidirectional) as f32)
+            .map(|d| Self::t5_bucket(d, buckets, max_distance, bidirectional) as i32)
             .collect()
     }
 
@@ -108,79 +107,68 @@ impl Preset {
         self.role() == Role::Mask
     }
 
-    /// Its function (named `name`) and the buffer it reads, if any.
-    pub(super) fn wgsl(&self, name: &str) -> (String, Option<ModBuffer>) {
+    /// Its function (named `name`), and the data it reads from the presets' one packed
+    /// buffer `wa_presets` (`array<i32>`; f32 values as their bits), where the data starts
+    /// at `at`. One buffer for all presets keeps a kernel within the storage bindings a
+    /// device allows (WebGPU's default is 8 per stage).
+    pub(super) fn wgsl(&self, name: &str, at: u32) -> (String, Vec<i32>) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits() as i32).collect::<Vec<_>>();
         match self {
             Preset::Window { left, right } => (
                 format!(
                     "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
                      let d = i32(kv) - i32(q);\n    return d >= -{left}i && d <= {right}i;\n}}\n"
                 ),
-                None,
+                Vec::new(),
             ),
             Preset::Softcap(cap) => (
                 format!(
                     "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
                      return {cap:?} * tanh(score / {cap:?});\n}}\n"
                 ),
-                None,
+                Vec::new(),
             ),
-            Preset::Alibi(slopes) => {
-                let buf = format!("{name}_slopes");
-                (
-                    format!(
-                        "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
-                         return score + {buf}[h] * (f32(kv) - f32(q));\n}}\n"
-                    ),
-                    Some(ModBuffer {
-                        name: buf,
-                        data: BufferData::F32(slopes.clone()),
-                    }),
-                )
-            }
-            Preset::Documents { ids, n } => {
-                let buf = format!("{name}_ids");
-                (
-                    format!(
-                        "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
-                         return {buf}[b * {n}u + q] == {buf}[b * {n}u + kv];\n}}\n"
-                    ),
-                    Some(ModBuffer {
-                        name: buf,
-                        data: BufferData::I32(ids.clone()),
-                    }),
-                )
-            }
+            Preset::Alibi(slopes) => (
+                format!(
+                    "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
+                     return score + bitcast<f32>(wa_presets[{at}u + h]) * (f32(kv) - f32(q));\n}}\n"
+                ),
+                bits(slopes),
+            ),
+            Preset::Documents { ids, n } => (
+                format!(
+                    "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
+                     let row = {at}u + b * {n}u;\n    \
+                     return wa_presets[row + q] == wa_presets[row + kv];\n}}\n"
+                ),
+                ids.clone(),
+            ),
             Preset::PrefixLm(p) => (
                 format!(
                     "fn {name}(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
                      return kv < {p}u || kv <= q;\n}}\n"
                 ),
-                None,
+                Vec::new(),
             ),
-            // One buffer: the bucket of each clamped distance, then the table.
+            // The bucket of each clamped distance, then the table.
             Preset::RelativeBias {
                 table,
                 buckets,
                 max_distance,
                 bidirectional,
             } => {
-                let buf = format!("{name}_bias");
                 let mut data = Self::t5_buckets(*buckets, *max_distance, *bidirectional);
-                let (md, off) = (*max_distance, data.len());
+                let (md, off) = (*max_distance, at + data.len() as u32);
                 let heads = table.len() / (*buckets).max(1) as usize;
-                data.extend_from_slice(table);
+                data.extend(bits(table));
                 (
                     format!(
                         "fn {name}(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {{\n    \
                          let d = clamp(i32(kv) - i32(q), -{md}i, {md}i) + {md}i;\n    \
-                         let bucket = u32({buf}[u32(d)]);\n    \
-                         return score + {buf}[{off}u + bucket * {heads}u + h];\n}}\n"
+                         let bucket = u32(wa_presets[{at}u + u32(d)]);\n    \
+                         return score + bitcast<f32>(wa_presets[{off}u + bucket * {heads}u + h]);\n}}\n"
                     ),
-                    Some(ModBuffer {
-                        name: buf,
-                        data: BufferData::F32(data),
-                    }),
+                    data,
                 )
             }
         }
