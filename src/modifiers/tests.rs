@@ -31,7 +31,11 @@ fn a_good_modifier_with_a_buffer_and_presets_checks() {
     let wgsl = m.wgsl(1, 7);
     assert!(wgsl.contains("@group(1) @binding(7) var<storage, read> slope: array<f32>;"));
     assert!(wgsl.contains("fn wa_score(") && wgsl.contains("fn wa_mask("));
-    assert_eq!(m.all_buffers().len(), 3);
+    // The caller's buffer, then the presets' data (ALiBi's slopes, the ids) packed in one.
+    let buffers = m.all_buffers();
+    assert_eq!(buffers.len(), 2);
+    assert_eq!(buffers[1].name, "wa_presets");
+    assert!(wgsl.contains("@group(1) @binding(8) var<storage, read> wa_presets: array<i32>;"));
 }
 
 #[test]
