@@ -361,3 +361,44 @@ fn modifiers_fit_webgpus_default_limits() {
         .unwrap();
     saved.backward(&ctx, q.view()).unwrap();
 }
+
+#[test]
+fn a_callers_buffers_past_the_storage_binding_count_are_a_clear_error() {
+    use wgpu_attention::modifiers::{BufferData, Modifiers};
+    let ctx = context_with(|l| l.max_storage_buffers_per_shader_stage = 8);
+    let [q, k, v] = common::sdpa_arrays(1, 2, 9, 9, 8, 8);
+    // Four buffers of the caller's beside the kernel's own six: one error line naming the
+    // limit, not wgpu's bare validation error.
+    let mut mods = Modifiers::new().score_mod(
+        "four.wgsl",
+        "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+         return score + a[0] + b1[0] + c[0] + d[0];\n}\n",
+    );
+    for name in ["a", "b1", "c", "d"] {
+        mods = mods.buffer(name, BufferData::F32(vec![0.0]));
+    }
+    let mask = Mask::none().with_modifiers(&mods);
+    let op = Attention::new().return_weights(false).options(Options {
+        kernels: Kernels::Storage,
+        ..Options::default()
+    });
+    let err = op
+        .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
+        .unwrap_err();
+    assert!(matches!(err, Error::LimitExceeded { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("max_storage_buffers_per_shader_stage"),
+        "{err}"
+    );
+    // One buffer fits.
+    let one = Modifiers::new()
+        .score_mod(
+            "one.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return score + a[0];\n}\n",
+        )
+        .buffer("a", BufferData::F32(vec![0.0]));
+    let mask = Mask::none().with_modifiers(&one);
+    op.run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask)).unwrap();
+}

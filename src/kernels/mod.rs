@@ -489,6 +489,28 @@ pub(crate) fn record_with<K: Kernel>(
             ),
         ));
     }
+    if let Some(m) = &mods {
+        // A caller's buffers take a storage binding each: say so before wgpu's validation
+        // does, in a word no one can act on.
+        let storage = K::BINDINGS
+            .iter()
+            .filter(|s| matches!(s, Slot::Read(_) | Slot::ReadWrite(_)))
+            .count()
+            + m.upload.buffers.len()
+            + usize::from(m.map.is_some());
+        let limit = ctx.limits().max_storage_buffers_per_shader_stage as usize;
+        if storage > limit {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "{label} with the modifiers' {} buffer(s) (the presets share one)",
+                    m.upload.buffers.len()
+                ),
+                needed: format!("{storage} storage buffers"),
+                limit: format!("{limit} per shader stage"),
+                limit_name: "max_storage_buffers_per_shader_stage",
+            });
+        }
+    }
     if K::SUBGROUPS {
         ctx.require_subgroups()?;
     }
