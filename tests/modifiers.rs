@@ -446,13 +446,7 @@ fn tiles_a_mask_modifier_empties_are_skipped_without_changing_the_result() {
             "documents",
             300,
             300,
-            Modifiers::new().preset(Preset::Documents {
-                // Batch 0: documents of 100; batch 1: of 37.
-                ids: (0..b * 300)
-                    .map(|p| ((p % 300) / if p < 300 { 100 } else { 37 }) as i32)
-                    .collect(),
-                n: 300,
-            }),
+            Modifiers::new().preset(common::uneven_documents(b, 300)),
             true,
         ),
         (

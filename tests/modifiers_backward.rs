@@ -269,13 +269,7 @@ fn the_dq_kernels_skip_empty_tiles_without_changing_the_gradients() {
             "documents",
             300,
             300,
-            Modifiers::new().preset(Preset::Documents {
-                // Batch 0: documents of 100; batch 1: of 37.
-                ids: (0..b * 300)
-                    .map(|p| ((p % 300) / if p < 300 { 100 } else { 37 }) as i32)
-                    .collect(),
-                n: 300,
-            }),
+            Modifiers::new().preset(common::uneven_documents(b, 300)),
             true,
         ),
     ];

@@ -58,7 +58,9 @@ use crate::values::check_finite;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Decoder {
     scale: Option<f32>,
-    mods: Option<std::sync::Arc<Modifiers>>,
+    /// The modifiers and their content key (a step looks their upload up by it: computed
+    /// once here, not per token).
+    mods: Option<std::sync::Arc<(Modifiers, u64)>>,
     block: Option<usize>,
     nan_fill: bool,
     threads: Option<u32>,
@@ -90,7 +92,8 @@ impl Decoder {
     /// step costs O(window), not O(len). Buffers indexed by position (document ids) must
     /// cover every position the cache holds.
     pub fn modifiers(mut self, mods: &Modifiers) -> Self {
-        self.mods = Some(std::sync::Arc::new(mods.clone())).filter(|m| !m.is_empty());
+        self.mods =
+            (!mods.is_empty()).then(|| std::sync::Arc::new((mods.clone(), mods.content_key())));
         self
     }
 
@@ -258,12 +261,12 @@ impl Decoder {
                 format!("must be finite, got {scale}"),
             ));
         }
-        if let Some(mods) = &self.mods {
+        if let Some((mods, _)) = self.mods.as_deref() {
             mods.check_problem([batch, heads, cache.len(), cache.len()])?;
         }
         // A window preset's reach: the earliest new row, at len − m, sees no key before
         // len − m − left.
-        let first = self.mods.as_ref().map_or(0, |mods| {
+        let first = self.mods.as_deref().map_or(0, |(mods, _)| {
             mods.presets()
                 .iter()
                 .filter_map(|p| match p {
@@ -329,8 +332,8 @@ impl Decoder {
         };
         let mods = self
             .mods
-            .as_ref()
-            .map(|m| ctx.memo(m.content_key(), || ModsUpload::new(ctx, m)))
+            .as_deref()
+            .map(|(m, key)| ctx.memo(*key, || ModsUpload::new(ctx, m)))
             .transpose()?;
         problem.record(ctx, encoder, &bufs, self.block, mods.as_deref())?;
         Ok(out)

@@ -136,6 +136,17 @@ pub fn every_preset(b: usize, h: usize, n: usize) -> Vec<Preset> {
     ]
 }
 
+/// Documents over `b` sequences of `n` positions, different per sequence (a block map per
+/// batch index): batch 0 in documents of 100 positions, every later batch of 37.
+pub fn uneven_documents(b: usize, n: usize) -> Preset {
+    Preset::Documents {
+        ids: (0..b * n)
+            .map(|p| ((p % n) / if p < n { 100 } else { 37 }) as i32)
+            .collect(),
+        n: n as u32,
+    }
+}
+
 /// Q, K, V of `(b, h, L, E)`, `(b, h, S, E)`, `(b, h, S, E_v)` with smooth deterministic
 /// values in [-1.5, 1.5].
 pub fn sdpa_arrays(
