@@ -302,6 +302,14 @@ fn grad_output_through_the_modifiers_matches_the_reference() {
     )
     .unwrap();
     write_npy(p("cap.npy"), &Array1::from(vec![1.5f32])).unwrap();
+    // T5's bias, (16 buckets, 4 heads): its table gets a gradient of its own.
+    let table: Vec<f32> = (0..16 * 4).map(|i| (i as f32 * 0.37).sin()).collect();
+    write_npy(
+        p("table.npy"),
+        &Array2::from_shape_vec((16, 4), table.clone()).unwrap(),
+    )
+    .unwrap();
+    let table_s = p("table.npy");
     let (slopes_s, ids_s) = (p("slopes.npy"), p("ids.npy"));
     let (cap_s, cap_grad_s, cap_buf) = (
         p("cap.wgsl"),
@@ -336,6 +344,24 @@ fn grad_output_through_the_modifiers_matches_the_reference() {
             ],
             Modifiers::new().preset(Preset::Softcap(1.5)),
         ),
+        (
+            vec![
+                "--softcap",
+                "1.5",
+                "--relative-bias",
+                &table_s,
+                "--relative-bias-max-distance",
+                "20",
+            ],
+            Modifiers::new()
+                .preset(Preset::Softcap(1.5))
+                .preset(Preset::RelativeBias {
+                    table: table.clone(),
+                    buckets: 16,
+                    max_distance: 20,
+                    bidirectional: true,
+                }),
+        ),
     ];
     let out = p("out");
     let (q_s, k_s, v_s, do_s) = (p("q.npy"), p("k.npy"), p("v.npy"), p("do.npy"));
@@ -360,12 +386,26 @@ fn grad_output_through_the_modifiers_matches_the_reference() {
                 args.push("--causal");
             }
             args.extend(flags.iter().copied());
+            // Each case writes only its own gradients.
+            let _ = std::fs::remove_file(Path::new(&out).join("grad_relative_bias.npy"));
             common::ok(&common::cli(&args));
             let mask = Mask::none().with_modifiers(mods);
             let op = Attention::new().causal(causal);
             let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
             let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
-            for (name, want) in [("q", want.q), ("k", want.k), ("v", want.v)] {
+            let table_path = Path::new(&out).join("grad_relative_bias.npy");
+            assert_eq!(
+                table_path.exists(),
+                want.relative_bias.is_some(),
+                "{flags:?}"
+            );
+            let named = [
+                ("q", want.q),
+                ("k", want.k),
+                ("v", want.v),
+                ("relative_bias", want.relative_bias),
+            ];
+            for (name, want) in named.into_iter().filter(|(_, w)| w.is_some()) {
                 let got: ArrayD<f32> =
                     read_npy(Path::new(&out).join(format!("grad_{name}.npy"))).unwrap();
                 let (rel, _) = reference::compare(&got, &want.unwrap());

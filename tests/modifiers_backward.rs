@@ -6,7 +6,8 @@
 //! caller's `score_mod` with its `score_mod_grad` equal to the preset it implements; and a
 //! caller's `score_mod` without one refused before any work; the tensor forms equal to the
 //! array forms; f16 operands; the dQ kernels' block sparsity (empty tiles skipped, full ones
-//! without the mask modifier) leaving the gradients as they are.
+//! without the mask modifier) leaving the gradients as they are; T5's relative bias table's
+//! own gradient (`Gradients::relative_bias`), alone and before a soft-cap.
 
 mod common;
 
@@ -60,6 +61,12 @@ fn worst(
         assert!(got.iter().all(|x| x.is_finite()));
         rel = rel.max(reference::compare(got, want).0);
     }
+    // A relative bias's table gets its gradient exactly when the reference has one.
+    assert_eq!(g.relative_bias.is_some(), want.relative_bias.is_some());
+    if let (Some(got), Some(want)) = (&g.relative_bias, &want.relative_bias) {
+        assert_eq!(got.shape(), want.shape());
+        rel = rel.max(reference::compare(got, want).0);
+    }
     rel
 }
 
@@ -86,8 +93,10 @@ fn every_preset_backward_matches_the_reference_on_both_families() {
         // other way round and a scale.
         let data = problem(b, h, h_kv, 29, 13, 8);
         let keep = Array2::from_shape_fn((29, 13), |(i, j)| (i * 7 + j) % 5 != 0);
+        // T5's bias before the soft-cap: its table's gradient goes back through the cap.
         let mods = Modifiers::new()
             .preset(Preset::Alibi(Preset::alibi_slopes(h)))
+            .preset(presets[5].clone())
             .preset(Preset::Softcap(2.0))
             .preset(Preset::Window { left: 8, right: 3 })
             .preset(Preset::PrefixLm(4));
@@ -183,6 +192,7 @@ fn the_tensor_forms_give_the_array_forms_gradients_bit_for_bit() {
     let (b, h, h_kv) = (2, 4, 2);
     let [q, k, v, d_o] = problem(b, h, h_kv, 21, 33, 8);
     let mods = Modifiers::new()
+        .preset(common::every_preset(b, h, 33)[5].clone())
         .preset(Preset::Softcap(1.5))
         .preset(Preset::Window { left: 4, right: 4 });
     // (batch, heads, rows, width) into the tensors' (batch, rows, heads, width).
@@ -213,6 +223,9 @@ fn the_tensor_forms_give_the_array_forms_gradients_bit_for_bit() {
                 "{kernels:?}"
             );
         }
+        // The table's gradient, (buckets, heads) in both forms.
+        let table = g.relative_bias.as_ref().unwrap().to_array(ctx).unwrap();
+        assert_eq!(bits(&table), bits(want.relative_bias.as_ref().unwrap()));
     }
 }
 

@@ -59,4 +59,6 @@ pub(crate) struct SdpaGradients<T = f32> {
     pub k: Array4<T>,
     /// `∂ℓ/∂V`, `(batch, heads_kv, S, E_v)`.
     pub v: Array4<T>,
+    /// With a relative bias among the modifiers: `∂ℓ/∂table`, `(buckets, heads)`.
+    pub relative_bias: Option<Array2<T>>,
 }

@@ -84,6 +84,10 @@ pub struct Gradients<T = ArrayD<f32>> {
     pub w_o: Option<T>,
     /// `∂ℓ/∂b_O`, `(d_out,)`.
     pub b_o: Option<T>,
+    /// `∂ℓ/∂table` of the modifiers' relative position bias
+    /// ([`crate::modifiers::Preset::RelativeBias`]), `(buckets, heads)` as the table is
+    /// laid out; `None` without one.
+    pub relative_bias: Option<T>,
 }
 
 impl<T> Default for Gradients<T> {
@@ -101,6 +105,7 @@ impl<T> Default for Gradients<T> {
             b_v: None,
             w_o: None,
             b_o: None,
+            relative_bias: None,
         }
     }
 }
@@ -111,6 +116,7 @@ impl<E: Clone> From<SdpaGradients<E>> for Gradients<ArrayD<E>> {
             q: Some(g.q.into_dyn()),
             k: Some(g.k.into_dyn()),
             v: Some(g.v.into_dyn()),
+            relative_bias: g.relative_bias.map(|a| a.into_dyn()),
             ..Gradients::default()
         }
     }
@@ -139,6 +145,7 @@ impl From<SdpaTensorGradients> for Gradients<Tensor> {
             q: Some(g.q),
             k: Some(g.k),
             v: Some(g.v),
+            relative_bias: g.relative_bias,
             ..Gradients::default()
         }
     }
@@ -192,6 +199,7 @@ impl Gradients<Tensor> {
             b_v: read(&self.b_v, "gradient db_V")?,
             w_o: read(&self.w_o, "gradient dW_O")?,
             b_o: read(&self.b_o, "gradient db_O")?,
+            relative_bias: read(&self.relative_bias, "gradient of the relative bias table")?,
         })
     }
 }

@@ -11,7 +11,7 @@
 //! head that reads the K/V head), then dQ (one query row per thread); the probabilities are
 //! recomputed tile by tile, no n × n matrix exists anywhere.
 
-use ndarray::{Array3, Array4, ArrayView4};
+use ndarray::{Array2, Array3, Array4, ArrayView4};
 
 use super::dispatch::Shape;
 use super::gradients::SdpaGradients;
@@ -22,10 +22,12 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::timing;
 use crate::gpu::{buffer, readback};
+use crate::kernels::bias_grad::TableGrad;
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::pack::PackLayout;
 use crate::mask::Mask;
+use crate::modifiers::Preset;
 use crate::tensor::Tensor;
 use crate::variant::{self, FlashVariant, Kernels};
 
@@ -137,6 +139,61 @@ impl BackwardKernels {
                 f.dispatch_backward_q(ctx, encoder, self.tiles, inputs, saved, dq, mask)
             }
         }
+    }
+}
+
+impl SdpaSaved {
+    /// With a relative bias among the modifiers: its table's shape `(buckets, heads)` and
+    /// the bucket of each diagonal of the score matrix, for [`Flash::dispatch_bias_grad`].
+    fn table_grad(&self) -> Option<(TableGrad, [usize; 2])> {
+        let mods = &self.mask.as_ref()?.arg().mods?.source;
+        mods.presets().iter().find_map(|p| match p {
+            Preset::RelativeBias {
+                buckets,
+                max_distance,
+                bidirectional,
+                ..
+            } => {
+                let f = &self.flash;
+                let bucket_of = (0..f.n_q + f.n_kv - 1)
+                    .map(|t| {
+                        let d = t as i64 - (f.n_q as i64 - 1);
+                        Preset::t5_bucket(d, *buckets, *max_distance, *bidirectional)
+                    })
+                    .collect();
+                let grad = TableGrad {
+                    bucket_of,
+                    buckets: *buckets,
+                };
+                Some((grad, [*buckets as usize, f.heads]))
+            }
+            _ => None,
+        })
+    }
+
+    /// Records the relative bias table's gradient (when the modifiers have one) into a new
+    /// buffer, after [`BackwardKernels::record`] wrote each row's `D` into the statistics.
+    fn record_table_grad(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        d_o: &wgpu::Buffer,
+    ) -> Result<Option<(crate::gpu::buffer::Buf, [usize; 2])>> {
+        let Some((grad, shape)) = self.table_grad() else {
+            return Ok(None);
+        };
+        let out = buffer::output(ctx, "relative bias gradient", shape[0] * shape[1], false)?;
+        let [q, k, v] = &self.qkv;
+        self.flash.dispatch_bias_grad(
+            ctx,
+            encoder,
+            (q, k, v),
+            (d_o, &self.stats),
+            self.mask.as_ref().map(MaskBuffer::arg),
+            &grad,
+            &out,
+        )?;
+        Ok(Some((out, shape)))
     }
 }
 
@@ -369,11 +426,15 @@ impl SdpaSaved {
                 (&dq, &dk, &dv),
                 mask,
             )?;
-            let pending = vec![
+            let table = self.record_table_grad(ctx, &mut encoder, &d_o)?;
+            let mut pending = vec![
                 readback::copy_out(ctx, &mut encoder, &dq, q_len),
                 readback::copy_out(ctx, &mut encoder, &dk, k_len),
                 readback::copy_out(ctx, &mut encoder, &dv, v_len),
             ];
+            if let Some((t, [rows, cols])) = &table {
+                pending.push(readback::copy_out(ctx, &mut encoder, t, rows * cols));
+            }
             timing::submit_and_read(ctx, encoder, pending)
         })?;
         let mut flat = flat.into_iter();
@@ -387,11 +448,19 @@ impl SdpaSaved {
             next("gradient dK")?,
             next("gradient dV")?,
         );
+        let relative_bias = match self.table_grad() {
+            Some((_, shape)) => Some(
+                Array2::from_shape_vec(shape, next("gradient of the relative bias table")?)
+                    .map_err(|e| Error::shape(e.to_string()))?,
+            ),
+            None => None,
+        };
         let [b, h, l, _] = self.out_shape;
         Ok(SdpaGradients {
             q: from_rows(dq, [b, h, l, f.dk_h])?,
             k: from_rows(dk, self.k_shape)?,
             v: from_rows(dv, self.v_shape)?,
+            relative_bias,
         })
     }
 

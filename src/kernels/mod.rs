@@ -14,6 +14,8 @@ pub(crate) mod wgsl;
 
 pub(crate) mod adam;
 pub(crate) mod add;
+pub(crate) mod bias_grad;
+pub(crate) mod bias_grad_reduce;
 pub(crate) mod block_map;
 pub(crate) mod coop_matmul;
 pub(crate) mod decode_combine;
@@ -262,6 +264,8 @@ registry! {
     Adam => adam,
     Mse => mse,
     BlockMap => block_map,
+    BiasGrad => bias_grad,
+    BiasGradReduce => bias_grad_reduce,
 }
 
 /// The most constants one kernel may have: the slots of a [`PipelineKey`]. A

@@ -36,6 +36,9 @@ fn wa_score_ln(x: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
 fn wa_score_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
     return 1.0;
 }
+fn wa_table_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    return 1.0;
+}
 fn wa_block(b: u32, h: u32, row0: u32, j0: u32) -> u32 {
     return 2u;
 }

@@ -195,6 +195,20 @@ impl Modifiers {
     /// # Errors
     /// [`Error::Unsupported`] naming what is missing.
     pub fn check_differentiable(&self) -> Result<()> {
+        let tables = self
+            .presets
+            .iter()
+            .filter(|p| matches!(p, Preset::RelativeBias { .. }))
+            .count();
+        if tables > 1 {
+            return Err(Error::Unsupported {
+                feature: format!("gradients through {tables} relative bias tables in one call"),
+                adapter: "any".into(),
+                hint: "add the tables into one (their buckets must agree) or run the backward \
+                       with one"
+                    .into(),
+            });
+        }
         if self.score_mod.is_some() && self.score_mod_grad.is_none() {
             return Err(Error::Unsupported {
                 feature: "gradients through a caller's score_mod without its score_mod_grad".into(),
@@ -371,11 +385,16 @@ impl Modifiers {
             masks.push("mask_mod".to_string());
         }
         let (preset_code, _) = self.preset_code();
+        // The first relative bias: the one whose table's gradient the backward computes.
+        let mut table = None;
         for ((i, p), code) in self.presets.iter().enumerate().zip(preset_code) {
             let name = preset_name(i);
             text.push_str(&code);
             if let Some(grad) = p.wgsl_grad(&name) {
                 text.push_str(&grad);
+            }
+            if table.is_none() && matches!(p, Preset::RelativeBias { .. }) {
+                table = Some(name.clone());
             }
             match p.role() {
                 Role::Mask => masks.push(name),
@@ -404,6 +423,21 @@ impl Modifiers {
                 };
                 let _ = writeln!(text, "    g *= {grad}(s, b, h, q, kv);");
                 let _ = writeln!(text, "    s = {f}(s, b, h, q, kv);");
+            }
+            text.push_str("    return g;\n}\n");
+            // The same chain from a relative bias's output on (its table's gradient is the
+            // incoming gradient there): the derivatives of the score modifiers after it.
+            text.push_str(
+                "fn wa_table_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n",
+            );
+            text.push_str("    var s = score;\n    var g = 1.0;\n");
+            let mut after = false;
+            for f in &scores {
+                if after {
+                    let _ = writeln!(text, "    g *= {f}_grad(s, b, h, q, kv);");
+                }
+                let _ = writeln!(text, "    s = {f}(s, b, h, q, kv);");
+                after |= table.as_deref() == Some(f.as_str());
             }
             text.push_str("    return g;\n}\n");
         }

@@ -29,9 +29,13 @@ use crate::attention::{check_finite, check_inputs_finite, Attention, Projections
 use crate::attention::{LayerGradients, SdpaGradients};
 use crate::error::{Error, Result};
 use crate::mask::Mask;
+use crate::modifiers::Preset;
 
 /// One head's gradients `(dQ, dK, dV)` from the formulas in the module docs, with the
-/// head's bias and modifier presets.
+/// head's bias and modifier presets, and with a relative bias among them its table's
+/// gradient for this head, one value per bucket: the incoming gradient at the bias's output
+/// (dS taken back through the score presets after it) summed over the pairs of each bucket.
+#[allow(clippy::type_complexity)]
 fn head_backward(
     q: ArrayView2<'_, f64>,
     k: ArrayView2<'_, f64>,
@@ -40,35 +44,61 @@ fn head_backward(
     scale: f64,
     causal: bool,
     (bias, mods): (BiasAt<'_>, ModsAt<'_>),
-) -> (Array2<f64>, Array2<f64>, Array2<f64>) {
+) -> (Array2<f64>, Array2<f64>, Array2<f64>, Option<Vec<f64>>) {
     let p = head_weights(q, k, scale, causal, bias, mods);
     let d_v = p.t().dot(&d_o);
     let d_p = d_o.dot(&v.t());
     let logits = q.dot(&k.t()) * scale;
     let (presets, mb, mh) = mods.unwrap_or((&[], 0, 0));
-    // d mod(s) / d s at (i, j): the chain through the score presets, in order.
-    let chain = |i: usize, j: usize| {
+    // d mod(s) / d s at (i, j) from the output of preset `from` on (`None`: the whole chain
+    // through the score presets, in order).
+    let chain_from = |i: usize, j: usize, from: Option<usize>| {
         let (mut t, mut g) = (logits[[i, j]], 1.0);
-        for pr in presets {
+        for (n, pr) in presets.iter().enumerate() {
             if let Some(next) = pr.apply(t, mb, mh, i, j) {
-                g *= pr.grad(t, mb, mh, i, j);
+                if from.is_none_or(|at| n > at) {
+                    g *= pr.grad(t, mb, mh, i, j);
+                }
                 t = next;
             }
         }
         g
     };
+    let chain = |i: usize, j: usize| chain_from(i, j, None);
+    // The first relative bias: its table's gradient is the incoming gradient at its output.
+    let table = presets
+        .iter()
+        .position(|p| matches!(p, Preset::RelativeBias { .. }));
+    let mut d_table = table.map(|at| match &presets[at] {
+        Preset::RelativeBias { buckets, .. } => vec![0.0; *buckets as usize],
+        _ => unreachable!("position found a relative bias"),
+    });
     let mut d_s = Array2::<f64>::zeros(p.raw_dim());
     for i in 0..p.nrows() {
         let d_i: f64 = (&p.row(i) * &d_p.row(i)).sum();
         for j in 0..p.ncols() {
             if p[[i, j]] != 0.0 {
-                d_s[[i, j]] = p[[i, j]] * (d_p[[i, j]] - d_i) * chain(i, j);
+                let incoming = p[[i, j]] * (d_p[[i, j]] - d_i);
+                d_s[[i, j]] = incoming * chain(i, j);
+                if let (Some(at), Some(acc)) = (table, d_table.as_mut()) {
+                    if let Preset::RelativeBias {
+                        buckets,
+                        max_distance,
+                        bidirectional,
+                        ..
+                    } = &presets[at]
+                    {
+                        let d = j as i64 - i as i64;
+                        let bucket = Preset::t5_bucket(d, *buckets, *max_distance, *bidirectional);
+                        acc[bucket as usize] += incoming * chain_from(i, j, Some(at));
+                    }
+                }
             }
         }
     }
     let d_q = d_s.dot(&k) * scale;
     let d_k = d_s.t().dot(&q) * scale;
-    (d_q, d_k, d_v)
+    (d_q, d_k, d_v, d_table)
 }
 
 /// `Err(ShapeMismatch)` unless the output gradient has the output's shape.
@@ -118,6 +148,8 @@ pub(crate) fn sdpa_backward(
     let mut d_q = Array4::<f64>::zeros(q.raw_dim());
     let mut d_k = Array4::<f64>::zeros(k.raw_dim());
     let mut d_v = Array4::<f64>::zeros(v.raw_dim());
+    // A relative bias table's gradient, (buckets, heads), summed over the batch.
+    let mut d_table: Option<Array2<f64>> = None;
     for bi in 0..b {
         for hi in 0..h {
             // Grouped-query attention: Q head hi reads K/V head hi / (H / H_kv).
@@ -127,7 +159,7 @@ pub(crate) fn sdpa_backward(
             let vm = v.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let dom = d_o.slice(s![bi, hi, .., ..]).mapv(f64::from);
             let at = bias.as_ref().map(|m| (m, bi, hi));
-            let (gq, gk, gv) = head_backward(
+            let (gq, gk, gv, gt) = head_backward(
                 qm.view(),
                 km.view(),
                 vm.view(),
@@ -140,12 +172,17 @@ pub(crate) fn sdpa_backward(
             // A shared K/V head sums the gradients of every Q head reading it.
             d_k.slice_mut(s![bi, hk, .., ..]).scaled_add(1.0, &gk);
             d_v.slice_mut(s![bi, hk, .., ..]).scaled_add(1.0, &gv);
+            if let Some(gt) = gt {
+                let t = d_table.get_or_insert_with(|| Array2::zeros((gt.len(), h)));
+                t.column_mut(hi).scaled_add(1.0, &Array1::from(gt));
+            }
         }
     }
     Ok(SdpaGradients {
         q: d_q,
         k: d_k,
         v: d_v,
+        relative_bias: d_table,
     })
 }
 
@@ -253,7 +290,7 @@ pub(crate) fn attention_backward(
             let at = bias.as_ref().map(|m| (m, b, h));
             // A shared K/V head's gradient sums its query heads'.
             let g = h / ratio;
-            let (gq, gk, gv) = head_backward(
+            let (gq, gk, gv, _) = head_backward(
                 q.slice(head_cols(h, dk_h)),
                 k.slice(head_cols(g, dk_h)),
                 v.slice(head_cols(g, dv_h)),

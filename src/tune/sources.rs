@@ -391,6 +391,23 @@ fn block_maps() -> Vec<(String, PipelineKey)> {
         .collect()
 }
 
+/// A relative bias table's gradient (the fused backward with T5's bias): the diagonal sums,
+/// f32 and f16 operands, with and without a mask, and their reduction into buckets.
+fn bias_grads() -> Vec<(String, PipelineKey)> {
+    use crate::kernels::bias_grad::{self, BiasGradConsts};
+    use crate::kernels::bias_grad_reduce;
+    let mut v = Vec::new();
+    for (dtype, bits) in [("f32", 0), ("f16", 3)] {
+        for mask in [0, 1] {
+            let key = PipelineKey::of::<bias_grad::Shader>(&BiasGradConsts { mask }, bits);
+            v.push((format!("bias-grad-{dtype}-mask{mask}"), key));
+        }
+    }
+    let key = PipelineKey::of::<bias_grad_reduce::Shader>(&NoConstants, 0);
+    v.push(("bias-grad-reduce".into(), key));
+    v
+}
+
 /// The training step's elementwise kernels: Adam's update (also mirrored into a layer's packed
 /// `W_Q | W_K | W_V`), the MSE loss, and `y += x`.
 fn training() -> Vec<(String, PipelineKey)> {
@@ -475,6 +492,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         .chain(backward(least)?)
         .chain(decode()?)
         .chain(block_maps())
+        .chain(bias_grads())
         .chain(training())
         .chain(key_split(least)?)
         .chain(blocked_inner(&gpus)?)

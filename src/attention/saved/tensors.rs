@@ -29,6 +29,8 @@ pub(crate) struct SdpaTensorGradients {
     pub k: Tensor,
     /// `∂ℓ/∂V`.
     pub v: Tensor,
+    /// `∂ℓ/∂table` of a relative bias among the modifiers, `(buckets, heads)`.
+    pub relative_bias: Option<Tensor>,
 }
 
 /// `(batch, rows, heads, width)` as `(batch, heads, rows, width)`.
@@ -209,7 +211,7 @@ impl SdpaSaved {
             self.v_shape.iter().product::<usize>(),
         ];
         let wrap = rec.wrapper();
-        let (dq, dk, dv) = ctx.scoped(|| {
+        let (dq, dk, dv, table) = ctx.scoped(|| {
             let nan = self.op.nan_fill;
             let dq = buffer::output(ctx, "dQ", q_len, nan)?;
             let dk = buffer::output(ctx, "dK", k_len, nan)?;
@@ -225,13 +227,15 @@ impl SdpaSaved {
                 (&dq, &dk, &dv),
                 mask,
             )?;
-            Ok((dq, dk, dv))
+            let table = self.record_table_grad(ctx, rec.encoder(), d_o_buf)?;
+            Ok((dq, dk, dv, table))
         })?;
         let rows = |[b, h, n, e]: [usize; 4]| vec![b, n, h, e];
         Ok(SdpaTensorGradients {
             q: wrap(dq, vec![b, l, h, f.dk_h]),
             k: wrap(dk, rows(self.k_shape)),
             v: wrap(dv, rows(self.v_shape)),
+            relative_bias: table.map(|(t, shape)| wrap(t, shape.to_vec())),
         })
     }
 }

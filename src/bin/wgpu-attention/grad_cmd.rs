@@ -19,7 +19,8 @@ use wgpu_attention::{
 pub struct GradArgs {
     /// dO = ∂loss/∂output, a .npy of the output's shape (context.npy's). With it, also write
     /// the gradient of each input as grad_<flag>.npy in its input's shape: grad_x.npy and
-    /// grad_wq/wk/wv/bq/bk/bv/wo/bo.npy for the flags given (run), or grad_q/k/v.npy (sdpa).
+    /// grad_wq/wk/wv/bq/bk/bv/wo/bo.npy for the flags given (run), or grad_q/k/v.npy (sdpa;
+    /// with --relative-bias also grad_relative_bias.npy, the table's, (buckets, heads)).
     /// Computed on the GPU (the fused backward, and for run the projections' matmuls; f32
     /// arithmetic; one forward more when the weights are written too). NaN/Inf in any input
     /// is an error even with --propagate-nan.
@@ -69,8 +70,8 @@ impl GradArgs {
             .map_err(|e| Error::shape(e.to_string()))
     }
 
-    /// `sdpa` with `d_o`: the forward's output and `grad_q`, `grad_k`, `grad_v` from the GPU's
-    /// fused backward; the output from a plain forward when it must hold the weights
+    /// `sdpa` with `d_o`: the forward's output and `grad_q`, `grad_k`, `grad_v` (and with
+    /// `--relative-bias`, `grad_relative_bias`, the table's) from the GPU's fused backward; the output from a plain forward when it must hold the weights
     /// (`weights`: whether `op` returns them).
     pub fn sdpa_on_gpu(
         ctx: &Context,
@@ -86,7 +87,12 @@ impl GradArgs {
             true => op.run(ctx, inputs)?,
             false => out,
         };
-        let grads = [("q", g.q), ("k", g.k), ("v", g.v)];
+        let grads = [
+            ("q", g.q),
+            ("k", g.k),
+            ("v", g.v),
+            ("relative_bias", g.relative_bias),
+        ];
         let grads = grads.into_iter().filter_map(|(n, a)| Some((n, a?)));
         Ok((out, Grads(grads.collect(), "GPU")))
     }
