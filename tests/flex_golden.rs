@@ -1,10 +1,10 @@
 //! Golden cases of the modifier presets from PyTorch (tests/python/make_flex_cases.py, run
 //! where torch is installed; its files are committed under tests/data/flex): FlexAttention's
 //! output in float64 for every preset (sliding window, soft-capping, ALiBi, document ids,
-//! prefix-LM), causal and not, with `L ≠ S`, grouped-query heads and a scale. The crate's fused
+//! prefix-LM, T5's relative position bias with transformers' buckets), causal and not, with `L ≠ S`, grouped-query heads and a scale. The crate's fused
 //! forward with the matching `Preset`, NaN-prefilled, must agree to 1e-5 relative on both
 //! families that apply modifiers; and the gradients of a `d_o` (torch autograd in float64)
-//! from a saved forward and its fused backward to 1e-4.
+//! from a saved forward and its fused backward to 1e-4 (T5's table's own gradient too).
 //! Checked to fail: with the presets left out, every case but `prefix_lm_causal` (plain causal
 //! attention, as prefix-LM and-ed with causal is) fails, relative errors 0.07–0.86.
 
@@ -52,6 +52,15 @@ fn preset(dir: &Path, meta: &Value) -> Preset {
             }
         }
         "prefix_lm" => Preset::PrefixLm(uint(meta, "length")),
+        "relative_bias" => {
+            let table: Array2<f32> = ndarray_npy::read_npy(dir.join("table.npy")).unwrap();
+            Preset::RelativeBias {
+                buckets: uint(meta, "buckets"),
+                table: table.iter().copied().collect(),
+                max_distance: uint(meta, "max_distance"),
+                bidirectional: meta["bidirectional"].as_bool().unwrap(),
+            }
+        }
         other => panic!("unknown preset {other}"),
     }
 }
@@ -59,7 +68,7 @@ fn preset(dir: &Path, meta: &Value) -> Preset {
 #[test]
 fn every_flex_attention_case_agrees_on_both_families() {
     let mut failures = Vec::new();
-    for common::Case { dir, name, meta } in &common::cases("flex", 13) {
+    for common::Case { dir, name, meta } in &common::cases("flex", 16) {
         let (q, k, v) = (four(dir, "q"), four(dir, "k"), four(dir, "v"));
         let want: ArrayD<f64> = ndarray_npy::read_npy(dir.join("context.npy")).unwrap();
         let mods = Modifiers::new().preset(preset(dir, meta));
@@ -115,7 +124,18 @@ fn gradients_agree(
     let saved = out.saved.ok_or("no saved state")?;
     let g = saved.backward(ctx, d_o.view()).map_err(|e| e.to_string())?;
     let mut bad = Vec::new();
-    for (name, got) in [("grad_q", g.q), ("grad_k", g.k), ("grad_v", g.v)] {
+    // T5's table has a gradient of its own exactly when the case has one.
+    let table = dir.join("grad_table.npy");
+    if table.exists() != g.relative_bias.is_some() {
+        return Err(format!("a table gradient: {}", g.relative_bias.is_some()));
+    }
+    let named = [
+        ("grad_q", g.q),
+        ("grad_k", g.k),
+        ("grad_v", g.v),
+        ("grad_table", g.relative_bias),
+    ];
+    for (name, got) in named.into_iter().filter(|(_, g)| g.is_some()) {
         let want: ArrayD<f64> = ndarray_npy::read_npy(dir.join(format!("{name}.npy"))).unwrap();
         let (rel, max) = reference::compare(&got.ok_or("no gradient")?, &want);
         if rel.is_nan() || rel > 1e-4 {

@@ -6,13 +6,14 @@ Run by hand where PyTorch is installed (CI has no torch; the files it writes are
 
     python3 tests/python/make_flex_cases.py    # writes tests/data/flex/<case>/*
 
-Every preset (sliding window, soft-capping, ALiBi, document ids, prefix-LM) with and without
-causal, on `L != S` (12 queries, 17 keys, causal top-left aligned as the crate's), plus a
+Every preset (sliding window, soft-capping, ALiBi, document ids, prefix-LM, T5's relative
+position bias) with and without causal, on `L != S` (12 queries, 17 keys, causal top-left aligned as the crate's), plus a
 grouped-query case and one with a scale. Each case directory holds `q.npy`, `k.npy`, `v.npy`
 (float32), `context.npy` (the expected output, float64), `d_o.npy` (a gradient of the
 output, float32) and `grad_q.npy`, `grad_k.npy`, `grad_v.npy` (the gradients for it,
 float64), the preset's own array where it has one (`slopes.npy` float32, `ids.npy` int32
-`(batch, n)`), and `meta.json`: the preset and its numbers, `causal`, `scale` (null:
+`(batch, n)`, `table.npy` float32 `(buckets, heads)` with `grad_table.npy` its gradient,
+float64), and `meta.json`: the preset and its numbers, `causal`, `scale` (null:
 1/sqrt(E)), and `source`.
 
 The expected output is PyTorch's FlexAttention
@@ -55,9 +56,23 @@ def slopes_for(heads):
 IDS = np.array([[0] * 5 + [1] * 7 + [2] * 5, [0] * 9 + [1] * 8], dtype=np.int32)
 
 
-def modifier(meta, slopes, ids):
+def t5_bucket(relative_position, meta):
+    """T5's bucket of `kv - q`: transformers' own `_relative_position_bucket`."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    return T5Attention._relative_position_bucket(
+        relative_position,
+        bidirectional=meta["bidirectional"],
+        num_buckets=meta["buckets"],
+        max_distance=meta["max_distance"],
+    )
+
+
+def modifier(meta, slopes, ids, table=None):
     """The preset as FlexAttention's `(score_mod, mask_mod)` (either may be None)."""
     kind = meta["preset"]
+    if kind == "relative_bias":
+        return lambda s, b, h, q, kv: s + table[t5_bucket(kv - q, meta), h], None
     if kind == "window":
         left, right = meta["left"], meta["right"]
         return None, lambda b, h, q, kv: (kv >= q - left) & (kv <= q + right)
@@ -130,14 +145,22 @@ def case(name, meta, heads=H, kv_heads=H, seed=0):
     # Drawn after Q, K and V, so theirs stay what they were before gradients were saved.
     d_o = torch.randn(B, heads, L, E, generator=g).float()
     slopes = slopes_for(heads)
-    score_mod, mask_mod = modifier(meta, slopes, IDS)
+    # T5's learned table, (buckets, heads), drawn last so the other cases' draws stay as they were.
+    table = None
+    if meta["preset"] == "relative_bias":
+        table = torch.randn(meta["buckets"], heads, generator=g).float()
+    table64 = table.double().requires_grad_(True) if table is not None else None
+    score_mod, mask_mod = modifier(meta, slopes, IDS, table64)
     mask_mod = with_causal(mask_mod, meta["causal"])
     scale = meta["scale"] if meta["scale"] is not None else 1.0 / E**0.5
     leaves = [t.double().requires_grad_(True) for t in (q, k, v)]
     want = explicit(*leaves, score_mod, mask_mod, scale)
-    grad_q, grad_k, grad_v = torch.autograd.grad(want, leaves, d_o.double())
+    grads = torch.autograd.grad(want, leaves + ([table64] if table is not None else []), d_o.double())
+    grad_q, grad_k, grad_v = grads[:3]
     want = want.detach()
     q64, k64, v64 = (t.double() for t in (q, k, v))
+    if table is not None:
+        score_mod, _ = modifier(meta, slopes, IDS, table.double())
     got = flex(q64, k64, v64, score_mod, mask_mod, scale)
     if got is not None:
         err = ((got - want).norm() / want.norm()).item()
@@ -160,6 +183,9 @@ def case(name, meta, heads=H, kv_heads=H, seed=0):
         arrays["slopes"] = slopes
     if meta["preset"] == "documents":
         arrays["ids"] = IDS
+    if table is not None:
+        arrays["table"] = table.numpy()
+        arrays["grad_table"] = grads[3].numpy()
     for key, a in arrays.items():
         np.save(os.path.join(d, key + ".npy"), a)
     with open(os.path.join(d, "meta.json"), "w") as f:
@@ -187,6 +213,13 @@ def main():
     case("window_gqa_causal", {"preset": "window", "left": 3, "right": 0, "causal": True, "scale": None}, 4, 2, 90)
     # ALiBi with 3 heads (not a power of two) and GQA 3:1, and a scale.
     case("alibi_gqa3_scale", {"preset": "alibi", "causal": False, "scale": 0.6}, 3, 1, 91)
+    # T5's relative position bias (a learned (buckets, heads) table, buckets as transformers'
+    # T5 computes them; saturating within the 17 keys): its encoder's two-way buckets, and its
+    # decoder's one-way ones with causal, and with GQA; the table's own gradient too.
+    t5 = {"preset": "relative_bias", "buckets": 8, "max_distance": 10, "scale": None}
+    case("relative_bias", dict(t5, bidirectional=True, causal=False), seed=93)
+    case("relative_bias_causal", dict(t5, bidirectional=False, causal=True), seed=94)
+    case("relative_bias_gqa_scale", dict(t5, bidirectional=True, causal=True, scale=0.8), 4, 2, 95)
     # Soft-capping with a scale that makes the cap bite.
     case("softcap_scale_causal", {"preset": "softcap", "cap": 2.0, "causal": True, "scale": 1.3}, seed=92)
 
