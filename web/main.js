@@ -1,13 +1,17 @@
-// The page: opens WebGPU through the wasm module, runs the demo at once, and the verify sweep
-// and the benchmark on request (or by themselves with ?verify and ?bench). Results are also
-// left on `window.wgpuAttention` for scripts (web/test/run.mjs).
+// The page: opens WebGPU through the wasm module, runs the demo and the modifiers example at
+// once, and the verify sweep and the benchmark on request (or by themselves with ?verify and
+// ?bench). Results are also left on `window.wgpuAttention` for scripts (web/test/run.mjs),
+// with `wgpuAttention.sdpa(request)`: one attention call (the crate's `Session::sdpa`, its
+// request and result as objects; it rejects with the library's message).
 
 import init, { open, has_webgpu } from "./pkg/wgpu_attention_web.js";
 import { heatmap, chart } from "./draw.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const state = (window.wgpuAttention = { info: null, f16: null, demo: null, verify: null, bench: [], error: null });
+const state = (window.wgpuAttention = {
+  info: null, f16: null, demo: null, mods: null, verify: null, bench: [], error: null, sdpa: null,
+});
 const fmt = (v) => (v === null || v === undefined ? "-" : Number(v).toExponential(2));
 
 function noWebGpu(reason) {
@@ -54,6 +58,40 @@ async function runDemo(session) {
     state.demo = { error: String(e.message ?? e) };
   }
   $("demo-run").disabled = false;
+}
+
+// The modifiers example: fixed Q, K, V (1 batch, 2 heads, 16 positions, width 8) and four
+// documents; the page's WGSL against the documents preset.
+const MOD_SHAPE = [1, 2, 16, 8];
+const MOD_DOCS = [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 3];
+function modTensor(seed) {
+  const n = MOD_SHAPE.reduce((a, b) => a * b);
+  return { shape: MOD_SHAPE, data: Array.from({ length: n }, (_, i) => Math.sin(0.37 * ((i * 7 + seed * 13) % 23))) };
+}
+
+async function runModifiers() {
+  $("mod-run").disabled = true;
+  const wgsl = $("mod-wgsl").value;
+  const role = /\bfn\s+score_mod\b/.test(wgsl) ? "score_mod" : "mask_mod";
+  const base = { q: modTensor(1), k: modTensor(2), v: modTensor(3), causal: true };
+  try {
+    const own = await state.sdpa({
+      ...base, weights: true, [role]: { origin: "page.wgsl", wgsl }, buffers: [{ name: "doc", i32: MOD_DOCS }],
+    });
+    const preset = await state.sdpa({ ...base, presets: [{ documents: [MOD_DOCS] }], reference: true });
+    let max = 0;
+    own.output.forEach((x, i) => { max = Math.max(max, Math.abs(x - preset.output[i])); });
+    const n = MOD_SHAPE[2];
+    heatmap($("mod-heatmap"), MOD_DOCS.map((d, i) => `${i} (doc ${d})`), own.weights.slice(0, n * n));
+    $("mod-result").textContent =
+      `output ${own.shape.join("×")} in ${own.ms.toFixed(1)} ms; against the documents preset: max |diff| ${fmt(max)} ` +
+      `(the preset against the f64 reference: rel ${fmt(preset.reference.output_rel)})`;
+    state.mods = { role, max_abs_diff: max, preset_rel: preset.reference.output_rel };
+  } catch (e) {
+    $("mod-result").textContent = `error: ${e.message ?? e}`;
+    state.mods = { role, error: String(e.message ?? e) };
+  }
+  $("mod-run").disabled = false;
 }
 
 async function runVerify(session) {
@@ -152,11 +190,14 @@ async function main() {
     : state.f16 === "runs"
       ? "f16 operands: supported"
       : `f16 operands: offered, but a small f16 call failed: ${state.f16}`;
-  for (const id of ["demo-run", "verify-run", "bench-run"]) $(id).disabled = false;
+  state.sdpa = async (request) => JSON.parse(await session.sdpa(JSON.stringify(request)));
+  for (const id of ["demo-run", "mod-run", "verify-run", "bench-run"]) $(id).disabled = false;
   $("demo-form").addEventListener("submit", (ev) => { ev.preventDefault(); runDemo(session); });
+  $("mod-form").addEventListener("submit", (ev) => { ev.preventDefault(); runModifiers(); });
   $("verify-run").addEventListener("click", () => runVerify(session));
   $("bench-run").addEventListener("click", () => runBench(session));
   await runDemo(session);
+  await runModifiers();
   if (params.has("verify")) {
     document.title = await runVerify(session);
   } else if (params.has("bench")) {

@@ -5,7 +5,12 @@
 //     WEIGHTS=DIR/weights.npy) within 1e-5, and its difference from the reference is small;
 //   - `index.html?verify` ends with `verify: PASS <cases> cases, max rel err <x>`, at least
 //     10 cases, every case passed and x ≤ 1e-5;
-//   - the benchmark (`?bench=64,128`) finishes every point.
+//   - the benchmark (`?bench=64,128`) finishes every point;
+//   - `wgpuAttention.sdpa` (the crate's `Session::sdpa`) with modifiers: a sliding-window
+//     preset equals attention computed here in f64 and the crate's reference (rel err
+//     < 1e-5); a caller's own `mask_mod` reading an i32 buffer equals the documents preset
+//     (< 1e-6); a `score_mod` with a syntax error rejects naming its line; one declaring a
+//     binding is refused; and the page's own modifiers example matches the preset.
 // Saves screenshots of the demo and the benchmark into SHOTS (default web/test/shots).
 //
 // Usage: WEIGHTS=/path/weights.npy node web/test/run.mjs
@@ -45,6 +50,134 @@ function readNpy(buf) {
   const values = descr === "<f4" ? new Float32Array(ab) : descr === "<f8" ? new Float64Array(ab) : null;
   if (!values) throw new Error(`unsupported dtype ${descr}`);
   return [shape, Array.from(values)];
+}
+
+/** `{shape, data}` of `shape` with deterministic values in [-1, 1]. */
+function tensor(shape, seed) {
+  const n = shape.reduce((a, b) => a * b);
+  return { shape, data: Array.from({ length: n }, (_, i) => Math.sin(0.61 * i + 1.7 * seed) * Math.cos(0.23 * i * seed)) };
+}
+
+/** Attention in f64 over q (B, H, L, E) and k, v (B, H_kv, S, E | E_v), grouped-query when
+ * H_kv < H, scale 1/sqrt(E); `visible(b, h, i, j)` false hides key j from query i. A row
+ * that sees nothing is 0. */
+function attention(q, k, v, visible) {
+  const [B, H, L, E] = q.shape, [, Hk, S] = k.shape, Ev = v.shape[3];
+  const scale = 1 / Math.sqrt(E);
+  const out = new Float64Array(B * H * L * Ev);
+  for (let b = 0; b < B; b++) for (let h = 0; h < H; h++) {
+    const g = Math.floor(h / (H / Hk));
+    for (let i = 0; i < L; i++) {
+      const t = [];
+      for (let j = 0; j < S; j++) {
+        if (!visible(b, h, i, j)) { t.push(-Infinity); continue; }
+        let dot = 0;
+        for (let e = 0; e < E; e++) dot += q.data[((b * H + h) * L + i) * E + e] * k.data[((b * Hk + g) * S + j) * E + e];
+        t.push(dot * scale);
+      }
+      const m = Math.max(...t);
+      if (m === -Infinity) continue;
+      const w = t.map((x) => Math.exp(x - m));
+      const sum = w.reduce((a, x) => a + x, 0);
+      for (let e = 0; e < Ev; e++) {
+        let acc = 0;
+        for (let j = 0; j < S; j++) acc += (w[j] / sum) * v.data[((b * Hk + g) * S + j) * Ev + e];
+        out[((b * H + h) * L + i) * Ev + e] = acc;
+      }
+    }
+  }
+  return Array.from(out);
+}
+
+/** ‖a − b‖₂ / ‖b‖₂ (the crate's `reference::compare`); Infinity for different lengths or NaN. */
+function relErr(a, b) {
+  if (a.length !== b.length) return Infinity;
+  let d = 0, r = 0;
+  a.forEach((x, i) => { d += (x - b[i]) ** 2; r += b[i] ** 2; });
+  const e = Math.sqrt(d / r);
+  return Number.isNaN(e) ? Infinity : e;
+}
+
+/** `wgpuAttention.sdpa(request)` in the page: `{ result }` or `{ error }` (its message). */
+function sdpa(page, request) {
+  return page.evaluate(async (r) => {
+    try {
+      return { result: await window.wgpuAttention.sdpa(r) };
+    } catch (e) {
+      return { error: String(e?.message ?? e) };
+    }
+  }, request);
+}
+
+/** The checks of `Session::sdpa` with modifiers, on a page whose session is open. */
+async function modifierChecks(page) {
+  // (a) A sliding window [4, 2] with grouped-query attention (2 query heads, 1 K/V head).
+  const q = tensor([1, 2, 20, 8], 1), k = tensor([1, 1, 20, 8], 2), v = tensor([1, 1, 20, 8], 3);
+  const win = await sdpa(page, { q, k, v, presets: [{ window: [4, 2] }], reference: true });
+  if (win.error) fail(`sdpa with a window preset: ${win.error}`);
+  else {
+    const want = attention(q, k, v, (b, h, i, j) => j - i >= -4 && j - i <= 2);
+    const rel = relErr(win.result.output, want);
+    const crate = win.result.reference?.output_rel;
+    // The window must matter, or this would prove nothing.
+    const full = relErr(attention(q, k, v, () => true), want);
+    console.log(`sdpa window [4,2], GQA 2:1: rel err vs f64 here ${rel.toExponential(2)}, vs the crate's reference ${crate?.toExponential(2)} (unmasked differs by ${full.toExponential(2)})`);
+    if (win.result.shape.join() !== "1,2,20,8") fail(`sdpa window: shape ${win.result.shape}`);
+    if (!(rel < TOL) || !(crate < TOL)) fail(`sdpa window: rel err ${rel} here, ${crate} from the crate's reference`);
+    if (!(full > 1e-2)) fail("sdpa window: the window changed nothing");
+  }
+
+  // (b) A caller's mask_mod reading document ids from an i32 buffer against the preset.
+  const ids = [[0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 3, 3, 4, 4, 4], [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3]];
+  const [q2, k2, v2] = [tensor([2, 2, 20, 8], 4), tensor([2, 2, 20, 8], 5), tensor([2, 2, 20, 8], 6)];
+  const own = await sdpa(page, {
+    q: q2, k: k2, v: v2, reference: true,
+    mask_mod: {
+      origin: "documents.wgsl",
+      wgsl: "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    let row = b * 20u;\n    return doc[row + q] == doc[row + kv];\n}\n",
+    },
+    buffers: [{ name: "doc", i32: ids.flat() }],
+  });
+  const preset = await sdpa(page, { q: q2, k: k2, v: v2, presets: [{ documents: ids }] });
+  if (own.error || preset.error) fail(`sdpa documents: ${own.error ?? preset.error}`);
+  else {
+    const rel = relErr(own.result.output, preset.result.output);
+    const want = attention(q2, k2, v2, (b, h, i, j) => ids[b][i] === ids[b][j]);
+    const full = relErr(attention(q2, k2, v2, () => true), want);
+    console.log(`sdpa own mask_mod (i32 buffer) vs the documents preset: rel diff ${rel.toExponential(2)}; vs f64 here ${relErr(own.result.output, want).toExponential(2)} (unmasked differs by ${full.toExponential(2)})`);
+    console.log(`  reference for own WGSL: ${own.result.reference_skipped}`);
+    if (!(rel < 1e-6)) fail(`sdpa own mask_mod and the documents preset differ: ${rel}`);
+    if (!(relErr(own.result.output, want) < TOL)) fail("sdpa own mask_mod differs from f64 here");
+    if (!(full > 1e-2)) fail("sdpa documents: the mask changed nothing");
+    if (!own.result.reference_skipped) fail("sdpa: the reference of a caller's own WGSL was neither run nor said skipped");
+  }
+
+  // (c) A syntax error on line 3 of a caller's score_mod.
+  const bad = await sdpa(page, {
+    q, k, v,
+    score_mod: {
+      origin: "bad_score.wgsl",
+      wgsl: "// doubles the score\nfn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    return score *+ 2.0 +;\n}\n",
+    },
+  });
+  console.log(`sdpa score_mod with a syntax error: ${bad.error ?? "resolved"}`);
+  if (!/^invalid modifier: bad_score\.wgsl:3:\d+: /.test(bad.error ?? "")) fail(`sdpa syntax error: ${bad.error ?? "resolved"}`);
+
+  // (d) A caller's modifier declaring a binding of its own.
+  const bound = await sdpa(page, {
+    q, k, v,
+    score_mod: {
+      origin: "bound.wgsl",
+      wgsl: "@group(0) @binding(0) var<storage, read> table: array<f32>;\nfn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    return score + table[h];\n}\n",
+    },
+  });
+  console.log(`sdpa score_mod declaring a binding: ${bound.error ?? "resolved"}`);
+  if (!/may not declare `var table`/.test(bound.error ?? "")) fail(`sdpa binding: ${bound.error ?? "resolved"}`);
+
+  // The page's own example: its mask_mod against the preset.
+  const m = await page.evaluate(() => window.wgpuAttention.mods);
+  console.log(`page modifiers example: ${m?.error ?? `${m?.role} vs the documents preset max |diff| ${m?.max_abs_diff?.toExponential(2)}, preset vs reference ${m?.preset_rel?.toExponential(2)}`}`);
+  if (!m || m.error || !(m.max_abs_diff <= 1e-6) || !(m.preset_rel < TOL)) fail(`page modifiers example: ${JSON.stringify(m)}`);
 }
 
 function serve() {
@@ -126,6 +259,10 @@ async function main() {
         fail("WEIGHTS (the native demo's weights.npy) not given");
       }
     }
+
+    // Attention with modifiers through `Session::sdpa`.
+    await modifierChecks(page);
+    await page.locator("#modifiers").screenshot({ path: join(shots, "modifiers.png") });
 
     // The verify sweep.
     const t0 = Date.now();

@@ -1,8 +1,11 @@
 //! What the page calls: a [`Session`] on the browser's WebGPU adapter with the demo, the
-//! verify sweep case by case, the benchmark point by point, and the adapter's description.
+//! verify sweep case by case, the benchmark point by point, one attention call on the
+//! caller's Q, K, V with score and mask modifiers ([`Session::sdpa`]), and the adapter's
+//! description.
 //! Every result crosses to JavaScript as a JSON string; every GPU call is a `Promise`.
 
 mod bench;
+mod sdpa;
 
 use std::rc::Rc;
 
@@ -225,6 +228,44 @@ impl Session {
         wasm_bindgen_futures::future_to_promise(async move {
             let r = run_verify_case(&ctx, &cases, i).await;
             r.map(|s| JsValue::from_str(&s)).map_err(JsValue::from)
+        })
+    }
+
+    /// One attention call, `softmax(scale·Q·Kᵀ + modifiers)·V`, on the caller's arrays
+    /// with the library's score and mask modifiers. `request` is JSON:
+    ///
+    /// ```text
+    /// { "q": {"shape": [batch, heads, L, E], "data": [...]},      (row-major f32)
+    ///   "k": {"shape": [batch, kv_heads, S, E], "data": [...]},   (kv_heads < heads: GQA)
+    ///   "v": {"shape": [batch, kv_heads, S, E_v], "data": [...]},
+    ///   "causal": false, "scale": 0.125, "dtype": "f32", "kernels": "auto",
+    ///   "weights": false,      (return the attention weights too)
+    ///   "reference": false,    (compare with the f64 CPU reference)
+    ///   "score_mod": {"origin": "my.wgsl", "wgsl": "fn score_mod(score: f32, b: u32, h: u32,
+    ///                 q: u32, kv: u32) -> f32 {...}"},
+    ///   "mask_mod": {"origin": "my.wgsl", "wgsl": "fn mask_mod(b: u32, h: u32, q: u32,
+    ///                kv: u32) -> bool {...}"},
+    ///   "buffers": [{"name": "doc", "i32": [...]}, {"name": "slope", "f32": [...]}],
+    ///   "presets": [{"window": [left, right]}, {"softcap": 30}, {"alibi": [slope per head]},
+    ///               {"documents": [[id per position] per batch index]}, {"prefix_lm": p},
+    ///               {"relative_bias": {"table": [...], "buckets": 32, "max_distance": 128,
+    ///                                  "bidirectional": true}}] }
+    /// ```
+    ///
+    /// Only `q`, `k` and `v` are required. Resolves with JSON `{"shape": [batch, heads, L,
+    /// E_v], "output": [...], "ms": …}`, plus `"weights"` (`(batch, heads, L, S)`) when
+    /// asked, and with `reference` either `"reference": {"output_rel", "output_max",
+    /// "weights_rel", "weights_max"}` or, for a caller's own WGSL (which has no CPU form in
+    /// the reference), `"reference_skipped"` with the reference's reason. Rejects with the
+    /// library's one-line message: a WGSL error in a modifier names its origin, line and
+    /// column (`my.wgsl:2:5: …`); a refused declaration (a binding, an entry point) or a
+    /// wrong shape says what.
+    pub fn sdpa(&self, request: String) -> js_sys::Promise {
+        let ctx = Rc::clone(&self.ctx);
+        wasm_bindgen_futures::future_to_promise(async move {
+            let r = sdpa::run(&ctx, &request).await;
+            r.map(|s| JsValue::from_str(&s))
+                .map_err(|e| JsValue::from(JsError::new(&e)))
         })
     }
 
