@@ -378,24 +378,97 @@ fn sdpa_gradients_match_finite_differences_through_the_modifier_presets() {
     check_sdpa(Attention::new().scale(1.3), [2, h, 2, 5, s, 3, 2], &mask);
     let mask = Mask::none().with_modifiers(&mods);
     check_sdpa(Attention::new().causal(true), [2, h, 2, 5, s, 3, 2], &mask);
-    // A caller's own WGSL has no CPU form: an error naming what to compare it with.
-    let own = Modifiers::new().mask_mod(
+}
+
+/// A caller's score_mod (a per-head slope, then a soft-cap at 0.9, whose derivative is not
+/// one) with its derivative, and a mask_mod hiding one key in three, as WGSL with their CPU
+/// forms; `with_grad` gives the derivative (its WGSL and its CPU form).
+fn callers_modifiers(h: usize, with_grad: bool) -> Modifiers {
+    let slope: Vec<f64> = (0..h).map(|i| 0.3 - 0.2 * i as f64).collect();
+    let grad_slope = slope.clone();
+    let mods = Modifiers::new()
+        .score_mod(
+            "capped.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return 0.9 * tanh((score + (0.3 - 0.2 * f32(h)) * (f32(kv) - f32(q))) / 0.9);\n}\n",
+        )
+        .score_mod_cpu(move |s, _b, h, q, kv| {
+            0.9 * ((s + slope[h] * (kv as f64 - q as f64)) / 0.9).tanh()
+        })
+        .mask_mod(
+            "thirds.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+             return (q + kv + b) % 3u != 2u;\n}\n",
+        )
+        .mask_mod_cpu(|b, _h, q, kv| (q + kv + b) % 3 != 2);
+    if !with_grad {
+        return mods;
+    }
+    mods.score_mod_grad(
+        "capped_grad.wgsl",
+        "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+         let t = tanh((score + (0.3 - 0.2 * f32(h)) * (f32(kv) - f32(q))) / 0.9);\n    \
+         return 1.0 - t * t;\n}\n",
+    )
+    .score_mod_grad_cpu(move |s, _b, h, q, kv| {
+        let t = ((s + grad_slope[h] * (kv as f64 - q as f64)) / 0.9).tanh();
+        1.0 - t * t
+    })
+}
+
+#[test]
+fn sdpa_gradients_match_finite_differences_through_a_callers_modifiers_cpu_form() {
+    // The caller's score_mod first, then a soft-cap preset on its output (the chain of two
+    // derivatives), and its mask_mod and-ed with a window, GQA, L ≠ S.
+    let h = 4;
+    let mods = callers_modifiers(h, true)
+        .preset(Preset::Softcap(1.1))
+        .preset(Preset::Window { left: 4, right: 2 });
+    let mask = Mask::none().with_modifiers(&mods);
+    check_sdpa(Attention::new().scale(1.3), [2, h, 2, 5, 7, 3, 2], &mask);
+    check_sdpa(Attention::new().causal(true), [1, h, 1, 6, 4, 3, 2], &mask);
+}
+
+#[test]
+fn the_reference_refuses_a_callers_modifier_without_its_cpu_form() {
+    let [q, k, v] = [
+        random(&[1, 2, 2, 3], 1),
+        random(&[1, 2, 2, 3], 2),
+        random(&[1, 2, 2, 3], 3),
+    ];
+    let d_o = random(&[1, 2, 2, 3], 4);
+    let run = |mods: &Modifiers| {
+        let mask = Mask::none().with_modifiers(mods);
+        let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+        (
+            reference::run(&Attention::new(), &inputs).map(drop),
+            reference::backward(&Attention::new(), &inputs, d_o.view()).map(drop),
+        )
+    };
+    // WGSL alone: an error naming the closure to give, forward and backward.
+    let wgsl_only = Modifiers::new().mask_mod(
         "m.wgsl",
         "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    return true;\n}\n",
     );
-    let [q, k, v] = [
-        random(&[1, 1, 2, 3], 1),
-        random(&[1, 1, 2, 3], 2),
-        random(&[1, 1, 2, 3], 3),
-    ];
-    let mask = Mask::none().with_modifiers(&own);
-    let e = reference::backward(
-        &Attention::new(),
-        &Inputs::qkv(&q, &k, &v).mask(&mask),
-        random(&[1, 1, 2, 3], 4).view(),
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("preset it implements"), "{e}");
+    let (forward, backward) = run(&wgsl_only);
+    for e in [forward.unwrap_err(), backward.unwrap_err()] {
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+        assert!(e.to_string().contains("Modifiers::mask_mod_cpu"), "{e}");
+    }
+    // A score_mod with its CPU form but not its derivative's: the forward runs, the backward
+    // is refused as the GPU's is without score_mod_grad.
+    let (forward, backward) = run(&callers_modifiers(2, false));
+    forward.unwrap();
+    match backward {
+        Err(Error::Unsupported { feature, hint, .. }) => {
+            assert!(feature.contains("score_mod_grad"), "{feature}");
+            assert!(hint.contains("Modifiers::score_mod_grad_cpu("), "{hint}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let (forward, backward) = run(&callers_modifiers(2, true));
+    forward.unwrap();
+    backward.unwrap();
 }
 
 #[test]

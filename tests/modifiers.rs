@@ -1,9 +1,10 @@
 //! Score and mask modifiers (issue 24) in the forward of the storage and subgroup families,
 //! fused and with the weights, on Q, K, V and on X (projected or not): each preset and their
 //! combinations with causal, a boolean mask, grouped-query heads and L ≠ S against the f64
-//! reference (its weights too); a caller's own WGSL equal to the preset it implements; every
-//! path that does not apply modifiers yet is an error, not a silent omission (the backward's
-//! own tests are in tests/modifiers_backward.rs); a caller's mistake is one located error.
+//! reference (its weights too); a caller's own WGSL, reading buffers, against its CPU form
+//! (closures) in the reference; every path that does not apply modifiers yet is an error,
+//! not a silent omission (the backward's own tests are in tests/modifiers_backward.rs); a
+//! caller's mistake is one located error.
 
 mod common;
 
@@ -113,42 +114,81 @@ fn the_gpu_familys_kernel_applies_them_whole_and_with_its_keys_split() {
 }
 
 #[test]
-fn a_callers_wgsl_equals_the_preset_it_implements() {
+fn a_callers_wgsl_matches_its_cpu_form_in_the_reference() {
+    // ALiBi and a window as a caller's WGSL, with the same functions as closures: the
+    // reference applies those.
     let data = qkv(1, 4, 4, 21, 21, 8);
-    let [q, k, v] = &data;
     let slopes = Preset::alibi_slopes(4);
+    let cpu_slopes = slopes.clone();
     let own = Modifiers::new()
         .score_mod(
             "alibi.wgsl",
             "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
              return score + slope[h] * (f32(kv) - f32(q));\n}\n",
         )
-        .buffer("slope", BufferData::F32(slopes.clone()))
+        .score_mod_cpu(move |s, _b, h, q, kv| s + f64::from(cpu_slopes[h]) * (kv as f64 - q as f64))
+        .buffer("slope", BufferData::F32(slopes))
         .mask_mod(
             "window.wgsl",
             "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
              return kv + 3u >= q && kv <= q + 1u;\n}\n",
-        );
-    let preset = Modifiers::new()
-        .preset(Preset::Alibi(slopes))
-        .preset(Preset::Window { left: 3, right: 1 });
+        )
+        .mask_mod_cpu(|_b, _h, q, kv| kv + 3 >= q && kv <= q + 1);
+    let mask = Mask::none().with_modifiers(&own);
     for kernels in FAMILIES {
-        let op = fused_on(kernels);
-        let (m1, m2) = (
-            Mask::none().with_modifiers(&own),
-            Mask::none().with_modifiers(&preset),
-        );
-        let a = op
-            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&m1))
-            .unwrap();
-        let b = op
-            .run(common::ctx(), Inputs::qkv(q, k, v).mask(&m2))
-            .unwrap();
-        let (rel, _) = reference::compare(&a.context, &b.context.mapv(f64::from));
-        assert!(rel < 1e-6, "{kernels:?}: {rel:.2e}");
-        // And the preset against the reference, so the two are both right.
-        assert!(rel_err(op, &data, &m2) < 1e-5);
+        let rel = rel_err(fused_on(kernels), &data, &mask);
+        assert!(rel < 1e-5, "{kernels:?}: {rel:.2e}");
     }
+}
+
+#[test]
+fn a_callers_modifiers_reading_buffers_match_their_cpu_form_on_every_path() {
+    // A score_mod reading a per-head f32 buffer (ALiBi's symmetric form, as encoders use it),
+    // then a soft-cap preset, then a float mask (the order matters: the soft-cap bends what
+    // comes before it and not what comes after), and a mask_mod reading an i32 buffer (a
+    // query sees the keys of its own and earlier documents, ids per batch index); sizes of no
+    // tile's multiple, L ≠ S, two batch indices, grouped-query heads. Every path, fused and
+    // with the weights, against the reference with the closures.
+    let (b, h, h_kv, l, s) = (2, 4, 2, 37, 53);
+    let data = qkv(b, h, h_kv, l, s, 16);
+    let slope: Vec<f32> = (0..h).map(|i| 0.05 + 0.11 * i as f32).collect();
+    let doc: Vec<i32> = (0..b * s)
+        .map(|p| ((p % s) / (9 + 4 * (p / s))) as i32)
+        .collect();
+    let (cpu_slope, cpu_doc) = (slope.clone(), doc.clone());
+    let mods = Modifiers::new()
+        .score_mod(
+            "symmetric_alibi.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return score - slope[h] * abs(f32(kv) - f32(q));\n}\n",
+        )
+        .score_mod_cpu(move |t, _b, h, q, kv| {
+            t - f64::from(cpu_slope[h]) * (kv as f64 - q as f64).abs()
+        })
+        .buffer("slope", BufferData::F32(slope))
+        .mask_mod(
+            "earlier_documents.wgsl",
+            format!(
+                "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {{\n    \
+                 return doc[b * {s}u + kv] <= doc[b * {s}u + q];\n}}\n"
+            ),
+        )
+        .mask_mod_cpu(move |b, _h, q, kv| cpu_doc[b * s + kv] <= cpu_doc[b * s + q])
+        .buffer("doc", BufferData::I32(doc))
+        .preset(Preset::Softcap(2.5));
+    let bias = Array2::from_shape_fn((l, s), |(i, j)| ((i * 3 + j * 5) % 7) as f32 * 0.3 - 0.9);
+    let mask = Mask::additive(bias.view().into_dyn()).with_modifiers(&mods);
+    let mut failures = Vec::new();
+    for causal in [false, true] {
+        let base = Attention::new().causal(causal).scale(0.4);
+        failures.extend(common::sdpa_failures(
+            base,
+            &data,
+            &mask,
+            &format!("causal={causal}"),
+        ));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// The relative errors of `op`'s weights and context with `mask` against the reference's
@@ -485,7 +525,7 @@ fn a_callers_mask_reading_batch_and_head_gets_a_map_for_each() {
     let data = qkv(b, h, h, n, n, e);
     let [q, k, v] = &data;
     let widths = [3u32, 50, 130];
-    let visible = |bi: usize, hi: usize, qi: usize, kv: usize| {
+    let visible = move |bi: usize, hi: usize, qi: usize, kv: usize| {
         kv + widths[hi] as usize >= qi && kv <= qi && (bi == 0 || kv.is_multiple_of(2)) && qi != 77
     };
     let mods = Modifiers::new()
@@ -495,15 +535,15 @@ fn a_callers_mask_reading_batch_and_head_gets_a_map_for_each() {
              return kv + u32(width[h]) >= q && kv <= q && (b == 0u || kv % 2u == 0u) \
              && q != 77u;\n}\n",
         )
+        .mask_mod_cpu(visible)
         .buffer(
             "width",
             BufferData::I32(widths.iter().map(|&w| w as i32).collect()),
         );
-    let keep = Array4::from_shape_fn((b, h, n, n), |(bi, hi, qi, kv)| visible(bi, hi, qi, kv));
-    let bool_mask = Mask::boolean(keep.view().into_dyn());
+    let mask = Mask::none().with_modifiers(&mods);
     let want = reference::run(
         &Attention::new().return_weights(true),
-        &Inputs::qkv(q, k, v).mask(&bool_mask),
+        &Inputs::qkv(q, k, v).mask(&mask),
     )
     .unwrap();
     assert!(want
@@ -511,7 +551,6 @@ fn a_callers_mask_reading_batch_and_head_gets_a_map_for_each() {
         .slice(ndarray::s![.., .., 77, ..])
         .iter()
         .all(|&x| x == 0.0));
-    let mask = Mask::none().with_modifiers(&mods);
     for (variant, op) in sparse_variants() {
         let got = op
             .run(common::ctx(), Inputs::qkv(q, k, v).mask(&mask))

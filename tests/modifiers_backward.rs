@@ -3,8 +3,9 @@
 //! families, NaN-prefilled, against the f64 reference backward: every preset (soft-capping
 //! and ALiBi through their derivatives, the mask presets through P), causal and not, with
 //! grouped-query heads and L ≠ S, all of them combined with a boolean mask and a scale; a
-//! caller's `score_mod` with its `score_mod_grad` equal to the preset it implements; and a
-//! caller's `score_mod` without one refused before any work; the tensor forms equal to the
+//! caller's `score_mod` with its `score_mod_grad` and `mask_mod`, reading buffers, against
+//! their CPU forms (closures) in the reference; and a caller's `score_mod` without its
+//! derivative refused before any work; the tensor forms equal to the
 //! array forms; f16 operands; the dQ kernels' block sparsity (empty tiles skipped, full ones
 //! without the mask modifier) leaving the gradients as they are; T5's relative bias table's
 //! own gradient (`Gradients::relative_bias`), alone and before a soft-cap.
@@ -42,18 +43,13 @@ fn problem(b: usize, h: usize, h_kv: usize, l: usize, s: usize, e: usize) -> [Ar
 }
 
 /// The largest relative error of the output and the three gradients of `op` with `mask`
-/// against the reference's (of `want_mask`, the same modifiers as presets).
-fn worst(
-    op: Attention,
-    [q, k, v, d_o]: &[Array4<f32>; 4],
-    mask: &Mask<'_>,
-    want_mask: &Mask<'_>,
-) -> f64 {
+/// against the reference's (a caller's modifiers there in their CPU form).
+fn worst(op: Attention, [q, k, v, d_o]: &[Array4<f32>; 4], mask: &Mask<'_>) -> f64 {
     let ctx = common::ctx();
-    let reference_inputs = Inputs::qkv(q, k, v).mask(want_mask);
-    let want = reference::backward(&op, &reference_inputs, d_o.view().into_dyn()).unwrap();
-    let want_out = reference::run(&op.return_weights(true), &reference_inputs).unwrap();
-    let out = op.run(ctx, Inputs::qkv(q, k, v).mask(mask)).unwrap();
+    let inputs = Inputs::qkv(q, k, v).mask(mask);
+    let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
+    let want_out = reference::run(&op.return_weights(true), &inputs).unwrap();
+    let out = op.run(ctx, inputs).unwrap();
     let g = out.saved.unwrap().backward(ctx, d_o.view()).unwrap();
     let mut rel = reference::compare(&out.context, &want_out.context).0;
     for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {
@@ -70,6 +66,22 @@ fn worst(
     rel
 }
 
+/// [`worst`] under 1e-4 on both families, causal and not, at `scale` (else the default).
+fn assert_within_on_both_families(scale: Option<f32>, data: &[Array4<f32>; 4], mask: &Mask<'_>) {
+    let mut failures = Vec::new();
+    for kernels in FAMILIES {
+        for causal in [false, true] {
+            let op = saved_on(kernels).causal(causal);
+            let op = scale.map_or(op, |s| op.scale(s));
+            let rel = worst(op, data, mask);
+            if rel > 1e-4 {
+                failures.push(format!("{kernels:?} causal={causal}: {rel:.2e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn every_preset_backward_matches_the_reference_on_both_families() {
     let (b, h, h_kv, l, s, e) = (2, 4, 2, 37, 45, 12);
@@ -82,7 +94,7 @@ fn every_preset_backward_matches_the_reference_on_both_families() {
             for causal in [false, true] {
                 let mods = Modifiers::new().preset(p.clone());
                 let mask = Mask::none().with_modifiers(&mods);
-                let rel = worst(saved_on(kernels).causal(causal), &data, &mask, &mask);
+                let rel = worst(saved_on(kernels).causal(causal), &data, &mask);
                 largest = largest.max(rel);
                 if rel > 1e-4 {
                     failures.push(format!("{kernels:?} preset {i} causal={causal}: {rel:.2e}"));
@@ -103,7 +115,7 @@ fn every_preset_backward_matches_the_reference_on_both_families() {
         let mask = Mask::boolean(keep.view().into_dyn()).with_modifiers(&mods);
         for causal in [false, true] {
             let op = saved_on(kernels).causal(causal).scale(0.7);
-            let rel = worst(op, &data, &mask, &mask);
+            let rel = worst(op, &data, &mask);
             largest = largest.max(rel);
             if rel > 1e-4 {
                 failures.push(format!("{kernels:?} combined causal={causal}: {rel:.2e}"));
@@ -115,13 +127,20 @@ fn every_preset_backward_matches_the_reference_on_both_families() {
 }
 
 #[test]
-fn a_callers_score_mod_with_its_grad_equals_the_preset_it_implements() {
+fn a_callers_score_mod_with_its_grad_matches_its_cpu_form() {
     // A soft-cap reading its cap from a buffer, and ALiBi from a slope buffer, in one
     // score_mod (soft-cap of the ALiBi-biased score), with their derivative; and a window as
-    // a caller's mask_mod.
+    // a caller's mask_mod; each with its CPU form, which the reference applies.
     let (b, h, h_kv) = (1, 4, 2);
     let data = problem(b, h, h_kv, 30, 41, 8);
     let slopes = Preset::alibi_slopes(h);
+    let biased = {
+        let slopes = slopes.clone();
+        move |s: f64, h: usize, q: usize, kv: usize| {
+            s + f64::from(slopes[h]) * (kv as f64 - q as f64)
+        }
+    };
+    let grad_biased = biased.clone();
     let mods = Modifiers::new()
         .score_mod(
             "softcap_alibi.wgsl",
@@ -129,35 +148,68 @@ fn a_callers_score_mod_with_its_grad_equals_the_preset_it_implements() {
              let s = score + slope[h] * (f32(kv) - f32(q));\n    \
              return cap[0] * tanh(s / cap[0]);\n}\n",
         )
+        .score_mod_cpu(move |s, _b, h, q, kv| 1.5 * (biased(s, h, q, kv) / 1.5).tanh())
         .score_mod_grad(
             "softcap_alibi_grad.wgsl",
             "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
              let t = tanh((score + slope[h] * (f32(kv) - f32(q))) / cap[0]);\n    \
              return 1.0 - t * t;\n}\n",
         )
+        .score_mod_grad_cpu(move |s, _b, h, q, kv| {
+            let t = (grad_biased(s, h, q, kv) / 1.5).tanh();
+            1.0 - t * t
+        })
         .mask_mod(
             "window.wgsl",
             "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
              return i32(kv) - i32(q) >= -6 && i32(kv) - i32(q) <= 9;\n}\n",
         )
-        .buffer("slope", BufferData::F32(slopes.clone()))
+        .mask_mod_cpu(|_b, _h, q, kv| (-6..=9).contains(&(kv as i64 - q as i64)))
+        .buffer("slope", BufferData::F32(slopes))
         .buffer("cap", BufferData::F32(vec![1.5]));
-    let presets = Modifiers::new()
-        .preset(Preset::Alibi(slopes))
-        .preset(Preset::Softcap(1.5))
-        .preset(Preset::Window { left: 6, right: 9 });
-    let mask = Mask::none().with_modifiers(&mods);
-    let want = Mask::none().with_modifiers(&presets);
-    let mut failures = Vec::new();
-    for kernels in FAMILIES {
-        for causal in [false, true] {
-            let rel = worst(saved_on(kernels).causal(causal), &data, &mask, &want);
-            if rel > 1e-4 {
-                failures.push(format!("{kernels:?} causal={causal}: {rel:.2e}"));
-            }
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_within_on_both_families(None, &data, &Mask::none().with_modifiers(&mods));
+}
+
+#[test]
+fn a_callers_modifiers_reading_buffers_give_their_cpu_forms_gradients() {
+    // A score_mod reading a per-head temperature and slope from an f32 buffer (derivative:
+    // the temperature), chained with a soft-cap preset after it, and a mask_mod reading a
+    // per-batch window from an i32 buffer beside 4 attention sinks (StreamingLLM); two batch
+    // indices, grouped-query heads, L = 37 and S = 53.
+    let (b, h, h_kv, l, s) = (2, 4, 2, 37, 53);
+    let data = problem(b, h, h_kv, l, s, 12);
+    // (temperature, slope) of each head: [t0, .., t3, s0, .., s3].
+    let per_head: Vec<f32> = (0..h)
+        .map(|i| 0.6 + 0.3 * i as f32)
+        .chain((0..h).map(|i| 0.02 + 0.05 * i as f32))
+        .collect();
+    let window = vec![9i32, 20];
+    let (heads, grad_heads, windows) = (per_head.clone(), per_head.clone(), window.clone());
+    let mods = Modifiers::new()
+        .score_mod(
+            "tempered.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return head[h] * score - head[4u + h] * abs(f32(kv) - f32(q));\n}\n",
+        )
+        .score_mod_cpu(move |t, _b, h, q, kv| {
+            f64::from(heads[h]) * t - f64::from(heads[4 + h]) * (kv as f64 - q as f64).abs()
+        })
+        .score_mod_grad(
+            "tempered_grad.wgsl",
+            "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+             return head[h];\n}\n",
+        )
+        .score_mod_grad_cpu(move |_t, _b, h, _q, _kv| f64::from(grad_heads[h]))
+        .buffer("head", BufferData::F32(per_head))
+        .mask_mod(
+            "sinks.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+             return kv < 4u || kv + u32(window[b]) >= q;\n}\n",
+        )
+        .mask_mod_cpu(move |b, _h, q, kv| kv < 4 || kv + windows[b] as usize >= q)
+        .buffer("window", BufferData::I32(window))
+        .preset(Preset::Softcap(5.0));
+    assert_within_on_both_families(Some(0.3), &data, &Mask::none().with_modifiers(&mods));
 }
 
 #[test]
@@ -246,7 +298,7 @@ fn f16_operands_through_the_modifiers() {
     for kernels in FAMILIES {
         for causal in [false, true] {
             let op = saved_on(kernels).causal(causal).dtype(Dtype::F16);
-            let rel = worst(op, &data, &mask, &mask);
+            let rel = worst(op, &data, &mask);
             assert!(rel < 1e-4, "{kernels:?} causal={causal}: {rel:.2e}");
         }
     }
@@ -291,7 +343,7 @@ fn the_dq_kernels_skip_empty_tiles_without_changing_the_gradients() {
         let data = problem(b, h, h_kv, *l, *s, e);
         let mask = Mask::none().with_modifiers(mods);
         for kernels in FAMILIES {
-            let rel = worst(saved_on(kernels).causal(*causal), &data, &mask, &mask);
+            let rel = worst(saved_on(kernels).causal(*causal), &data, &mask);
             if rel > 1e-4 {
                 failures.push(format!("{name} {kernels:?}: {rel:.2e}"));
             }

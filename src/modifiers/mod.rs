@@ -14,6 +14,11 @@
 //! mask modifier, and-ed) and, in the backward, `wa_score_grad(score, b, h, q, kv) -> f32`
 //! (`d wa_score / d score`: the product of each score modifier's derivative at its input,
 //! the caller's `score_mod_grad` for its `score_mod`), from [`Modifiers::wgsl`].
+//!
+//! The f64 reference ([`crate::reference`]) cannot run WGSL: a caller gives the same
+//! modifiers as Rust closures too ([`Modifiers::score_mod_cpu`], [`Modifiers::mask_mod_cpu`],
+//! [`Modifiers::score_mod_grad_cpu`]), which the reference applies where the kernels apply
+//! the WGSL. The kernels never see them.
 
 mod blocks;
 mod check;
@@ -22,6 +27,7 @@ mod preset;
 mod tests;
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 pub(crate) use blocks::Grid;
@@ -106,13 +112,46 @@ impl Role {
     }
 }
 
+/// The CPU form of a caller's score modifier, or of its derivative:
+/// `(score, b, h, q, kv) -> f64`, as [`SCORE_MOD_SIGNATURE`] in f64 with `usize` indices.
+pub type ScoreModCpu = dyn Fn(f64, usize, usize, usize, usize) -> f64 + Send + Sync;
+/// The CPU form of a caller's mask modifier: `(b, h, q, kv) -> bool` (`true` = attend), as
+/// [`MASK_MOD_SIGNATURE`] with `usize` indices.
+pub type MaskModCpu = dyn Fn(usize, usize, usize, usize) -> bool + Send + Sync;
+
+/// A closure shared by the clones of its [`Modifiers`]: printed as `<closure>`, equal only to
+/// itself (the same `Arc`).
+struct Closure<F: ?Sized>(Arc<F>);
+
+impl<F: ?Sized> Clone for Closure<F> {
+    fn clone(&self) -> Self {
+        Closure(Arc::clone(&self.0))
+    }
+}
+
+impl<F: ?Sized> std::fmt::Debug for Closure<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<closure>")
+    }
+}
+
+impl<F: ?Sized> PartialEq for Closure<F> {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// The modifiers of one op: a caller's WGSL (`score_mod`, `mask_mod`, `score_mod_grad`), the
-/// buffers it reads, and presets. Empty by default (plain attention).
+/// buffers it reads, presets, and the CPU form of the caller's WGSL for the reference.
+/// Empty by default (plain attention).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Modifiers {
     score_mod: Option<Source>,
     score_mod_grad: Option<Source>,
     mask_mod: Option<Source>,
+    score_mod_cpu: Option<Closure<ScoreModCpu>>,
+    score_mod_grad_cpu: Option<Closure<ScoreModCpu>>,
+    mask_mod_cpu: Option<Closure<MaskModCpu>>,
     buffers: Vec<ModBuffer>,
     presets: Vec<Preset>,
     /// Where a part of a split call starts in the whole call, `(batch, head, query row)`:
@@ -126,7 +165,7 @@ impl Modifiers {
         Self::default()
     }
 
-    /// Whether there is no modifier at all.
+    /// Whether there is no modifier for the kernels (the CPU forms alone count for nothing).
     pub fn is_empty(&self) -> bool {
         self.score_mod.is_none() && self.mask_mod.is_none() && self.presets.is_empty()
     }
@@ -159,6 +198,64 @@ impl Modifiers {
         self
     }
 
+    /// The CPU form of the caller's `score_mod` ([`Modifiers::score_mod`]), for the f64
+    /// reference: `f(score, b, h, q, kv)`, what the WGSL computes, in f64. The reference
+    /// applies it where the kernels apply the WGSL: to the scaled score (causal having hidden
+    /// the future first), before the presets' score modifiers, then the mask's bias, then the
+    /// mask modifiers. The indices are the whole call's (`h` the query head; a call split
+    /// past the device's limits and a decode step see the same ones). A closure reads its
+    /// buffers' data by capturing it; the kernels never see it: neither the generated WGSL nor
+    /// what equal modifiers share on a device depends on it. Clones share it; two
+    /// [`Modifiers`] are equal only with the same closure.
+    ///
+    /// ```
+    /// use wgpu_attention::modifiers::Modifiers;
+    /// let twice = "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    ///     return 2.0 * score;
+    /// }";
+    /// let two = "fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {
+    ///     return 2.0;
+    /// }";
+    /// let mods = Modifiers::new()
+    ///     .score_mod("twice.wgsl", twice)
+    ///     .score_mod_cpu(|score, _b, _h, _q, _kv| 2.0 * score)
+    ///     .score_mod_grad("two.wgsl", two)
+    ///     .score_mod_grad_cpu(|_score, _b, _h, _q, _kv| 2.0);
+    /// assert!(format!("{mods:?}").contains("score_mod_cpu: Some(<closure>)"));
+    /// assert_eq!(mods.clone(), mods);
+    /// ```
+    pub fn score_mod_cpu(
+        mut self,
+        f: impl Fn(f64, usize, usize, usize, usize) -> f64 + Send + Sync + 'static,
+    ) -> Self {
+        self.score_mod_cpu = Some(Closure(Arc::new(f)));
+        self
+    }
+
+    /// The CPU form of the caller's `score_mod_grad` ([`Modifiers::score_mod_grad`]):
+    /// `f(score, b, h, q, kv)`, the derivative of [`Modifiers::score_mod_cpu`] by the score
+    /// at the score it was given. The reference backward multiplies by it first in the chain
+    /// through the score modifiers; without it, its gradients through a caller's
+    /// `score_mod` are an `Unsupported` error (as [`Modifiers::check_differentiable`]).
+    pub fn score_mod_grad_cpu(
+        mut self,
+        f: impl Fn(f64, usize, usize, usize, usize) -> f64 + Send + Sync + 'static,
+    ) -> Self {
+        self.score_mod_grad_cpu = Some(Closure(Arc::new(f)));
+        self
+    }
+
+    /// The CPU form of the caller's `mask_mod` ([`Modifiers::mask_mod`]): `f(b, h, q, kv)`,
+    /// `true` = attend, and-ed with the mask presets after the bias, at the whole call's
+    /// indices (as [`Modifiers::score_mod_cpu`]).
+    pub fn mask_mod_cpu(
+        mut self,
+        f: impl Fn(usize, usize, usize, usize) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.mask_mod_cpu = Some(Closure(Arc::new(f)));
+        self
+    }
+
     /// A read-only buffer the caller's modifiers index by `name`.
     pub fn buffer(mut self, name: impl Into<String>, data: BufferData) -> Self {
         self.buffers.push(ModBuffer {
@@ -179,14 +276,80 @@ impl Modifiers {
         &self.presets
     }
 
-    /// Whether a caller's own (WGSL-only) score modifier is present.
+    /// Whether a caller's own score modifier (its WGSL) is present.
     pub fn has_own_score_mod(&self) -> bool {
         self.score_mod.is_some()
     }
 
-    /// Whether a caller's own (WGSL-only) mask modifier is present.
+    /// Whether a caller's own mask modifier (its WGSL) is present.
     pub fn has_own_mask_mod(&self) -> bool {
         self.mask_mod.is_some()
+    }
+
+    /// The CPU form of the caller's `score_mod`, if given.
+    pub(crate) fn score_mod_cpu_fn(&self) -> Option<&ScoreModCpu> {
+        self.score_mod_cpu.as_ref().map(|c| &*c.0)
+    }
+
+    /// The CPU form of the caller's `score_mod_grad`, if given.
+    pub(crate) fn score_mod_grad_cpu_fn(&self) -> Option<&ScoreModCpu> {
+        self.score_mod_grad_cpu.as_ref().map(|c| &*c.0)
+    }
+
+    /// The CPU form of the caller's `mask_mod`, if given.
+    pub(crate) fn mask_mod_cpu_fn(&self) -> Option<&MaskModCpu> {
+        self.mask_mod_cpu.as_ref().map(|c| &*c.0)
+    }
+
+    /// Whether the f64 reference can apply these modifiers as the kernels do: each of the
+    /// caller's WGSL functions with its CPU form and each CPU form with its WGSL (else the
+    /// reference would not compute what the kernels do); for the `backward`, the CPU form of
+    /// `score_mod_grad` with a `score_mod`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the missing half of a pair; for the backward,
+    /// [`Error::Unsupported`] naming the missing derivative.
+    pub(crate) fn check_cpu(&self, backward: bool) -> Result<()> {
+        let pairs = [
+            (
+                "score_mod",
+                self.score_mod.is_some(),
+                self.score_mod_cpu.is_some(),
+            ),
+            (
+                "mask_mod",
+                self.mask_mod.is_some(),
+                self.mask_mod_cpu.is_some(),
+            ),
+        ];
+        for (name, wgsl, cpu) in pairs {
+            if wgsl && !cpu {
+                return Err(Error::invalid(
+                    "reference",
+                    format!(
+                        "a caller's {name} has no CPU form: give the same function as a Rust                          closure with Modifiers::{name}_cpu"
+                    ),
+                ));
+            }
+            if cpu && !wgsl {
+                return Err(Error::invalid(
+                    "reference",
+                    format!(
+                        "Modifiers::{name}_cpu without its WGSL (Modifiers::{name}): the                          kernels would not apply it"
+                    ),
+                ));
+            }
+        }
+        if backward && self.score_mod_cpu.is_some() && self.score_mod_grad_cpu.is_none() {
+            return Err(Error::Unsupported {
+                feature: "gradients through a caller's score_mod without the CPU form of its                           score_mod_grad"
+                    .into(),
+                adapter: "the f64 reference".into(),
+                hint: "give its derivative by the score as a Rust closure as well:                        Modifiers::score_mod_grad_cpu(|score, b, h, q, kv| ..)"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// Whether gradients can flow through the score modifiers: every preset has one, a

@@ -228,3 +228,86 @@ fn t5_buckets_are_hugging_faces() {
         );
     }
 }
+
+#[test]
+fn cpu_forms_change_neither_the_wgsl_nor_what_the_kernels_share() {
+    let own = Modifiers::new()
+        .score_mod(
+            "s.wgsl",
+            "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 { return -score; }",
+        )
+        .mask_mod(
+            "m.wgsl",
+            "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool { return kv <= q; }",
+        )
+        .preset(Preset::Softcap(5.0));
+    let cpu = own
+        .clone()
+        .score_mod_cpu(|s, _, _, _, _| -s)
+        .mask_mod_cpu(|_, _, q, kv| kv <= q);
+    assert_eq!(cpu.wgsl(1, 3), own.wgsl(1, 3));
+    assert_eq!(cpu.content_key(), own.content_key());
+    assert!(!cpu.is_empty() && Modifiers::new().mask_mod_cpu(|_, _, _, _| true).is_empty());
+    // Debug says a closure is there; equality is the same closure, shared by clones.
+    let debug = format!("{cpu:?}");
+    assert!(debug.contains("score_mod_cpu: Some(<closure>)"), "{debug}");
+    assert!(debug.contains("mask_mod_cpu: Some(<closure>)"), "{debug}");
+    assert!(debug.contains("score_mod_grad_cpu: None"), "{debug}");
+    assert_eq!(cpu.clone(), cpu);
+    assert_ne!(cpu, own);
+    assert_ne!(
+        cpu,
+        own.clone()
+            .score_mod_cpu(|s, _, _, _, _| -s)
+            .mask_mod_cpu(|_, _, q, kv| kv <= q)
+    );
+}
+
+#[test]
+fn the_reference_needs_each_cpu_form_with_its_wgsl() {
+    let score =
+        "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 { return score; }";
+    let mask = "fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool { return true; }";
+    let invalid = |m: &Modifiers, backward: bool, says: &str| match m.check_cpu(backward) {
+        Err(e @ Error::InvalidArgument { .. }) => assert!(e.to_string().contains(says), "{e}"),
+        other => panic!("expected InvalidArgument saying {says:?}, got {other:?}"),
+    };
+    let s = Modifiers::new().score_mod("s.wgsl", score);
+    invalid(&s, false, "score_mod has no CPU form");
+    invalid(
+        &s.clone().score_mod_grad_cpu(|_, _, _, _, _| 1.0),
+        true,
+        "Modifiers::score_mod_cpu",
+    );
+    let m = Modifiers::new().mask_mod("m.wgsl", mask);
+    invalid(&m, false, "mask_mod has no CPU form");
+    invalid(
+        &Modifiers::new().mask_mod_cpu(|_, _, _, _| true),
+        false,
+        "mask_mod_cpu without its WGSL",
+    );
+    invalid(
+        &Modifiers::new().score_mod_cpu(|s, _, _, _, _| s),
+        false,
+        "score_mod_cpu without its WGSL",
+    );
+    // With its CPU form the forward is fine; the backward needs the derivative's too.
+    let s = s.score_mod_cpu(|s, _, _, _, _| s);
+    s.check_cpu(false).unwrap();
+    match s.check_cpu(true) {
+        Err(Error::Unsupported { feature, hint, .. }) => {
+            assert!(feature.contains("score_mod_grad"), "{feature}");
+            assert!(hint.contains("Modifiers::score_mod_grad_cpu("), "{hint}");
+        }
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    s.score_mod_grad_cpu(|_, _, _, _, _| 1.0)
+        .check_cpu(true)
+        .unwrap();
+    m.mask_mod_cpu(|_, _, _, _| true).check_cpu(true).unwrap();
+    // Presets alone need nothing.
+    Modifiers::new()
+        .preset(Preset::Softcap(2.0))
+        .check_cpu(true)
+        .unwrap();
+}

@@ -14,17 +14,19 @@
 //! ```
 //!
 //! The bias (mask, causal, key lengths) and the mask modifiers do not depend on the inputs,
-//! so they only enter through `P`. Score modifiers (`P = softmax(mod(scale·Q·Kᵀ) + bias)`,
-//! presets only: a caller's WGSL has no CPU form) chain into dS: it is taken back to the
-//! raw scaled score by `mod'`, the product of each score preset's derivative
-//! ([`crate::modifiers::Preset::grad`]) at its input, before dQ and dK. A row with nothing to attend to has `P = 0`, hence `dS = 0`: its query gets a
+//! so they only enter through `P`. Score modifiers (`P = softmax(mod(scale·Q·Kᵀ) + bias)`)
+//! chain into dS: it is taken back to the raw scaled score by `mod'`, the product of each
+//! score modifier's derivative at its input (the caller's
+//! [`crate::modifiers::Modifiers::score_mod_grad_cpu`] first, then each score preset's
+//! [`crate::modifiers::Preset::grad`]), before dQ and dK. A row with nothing to attend to
+//! has `P = 0`, hence `dS = 0`: its query gets a
 //! gradient of exactly 0 and it adds nothing to any key or value. Grouped-query K/V heads
 //! sum the gradients of the query heads that read them. The projected layer chains these
 //! through `Q = X·W_Q + b_Q` (and K, V) and the output projection.
 
 use ndarray::{s, Array1, Array2, Array3, Array4, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
-use super::{head, head_weights, presets, project, BiasAt, ModsAt};
+use super::{cpu_modifiers, head, head_weights, modified_score, project, BiasAt, ModsAt};
 use crate::attention::{check_finite, check_inputs_finite, Attention, Projections};
 use crate::attention::{LayerGradients, SdpaGradients};
 use crate::error::{Error, Result};
@@ -32,9 +34,9 @@ use crate::mask::Mask;
 use crate::modifiers::Preset;
 
 /// One head's gradients `(dQ, dK, dV)` from the formulas in the module docs, with the
-/// head's bias and modifier presets, and with a relative bias among them its table's
-/// gradient for this head, one value per bucket: the incoming gradient at the bias's output
-/// (dS taken back through the score presets after it) summed over the pairs of each bucket.
+/// head's bias and modifiers, and with a relative bias among them its table's gradient for
+/// this head, one value per bucket: the incoming gradient at the bias's output (dS taken back
+/// through the score presets after it) summed over the pairs of each bucket.
 #[allow(clippy::type_complexity)]
 fn head_backward(
     q: ArrayView2<'_, f64>,
@@ -49,26 +51,33 @@ fn head_backward(
     let d_v = p.t().dot(&d_o);
     let d_p = d_o.dot(&v.t());
     let logits = q.dot(&k.t()) * scale;
-    let (presets, mb, mh) = mods.unwrap_or((&[], 0, 0));
-    // d mod(s) / d s at (i, j) from the output of preset `from` on (`None`: the whole chain
-    // through the score presets, in order).
-    let chain_from = |i: usize, j: usize, from: Option<usize>| {
-        let (mut t, mut g) = (logits[[i, j]], 1.0);
-        for (n, pr) in presets.iter().enumerate() {
-            if let Some(next) = pr.apply(t, mb, mh, i, j) {
-                if from.is_none_or(|at| n > at) {
-                    g *= pr.grad(t, mb, mh, i, j);
-                }
-                t = next;
-            }
-        }
-        g
+    // d mod(s) / d s at (i, j): the chain through the score modifiers, in order (the
+    // caller's score_mod_grad_cpu first).
+    let chain = |i: usize, j: usize| match mods {
+        Some((m, b, h)) => modified_score(m, logits[[i, j]], [b, h, i, j]).1,
+        None => 1.0,
     };
-    let chain = |i: usize, j: usize| chain_from(i, j, None);
-    // The first relative bias: its table's gradient is the incoming gradient at its output.
+    // The first relative bias: its table's gradient is the incoming gradient at its output,
+    // taken back through the score presets after it (`tail`).
+    let presets = mods.map_or(&[][..], |(m, _, _)| m.presets());
     let table = presets
         .iter()
         .position(|p| matches!(p, Preset::RelativeBias { .. }));
+    let tail = |i: usize, j: usize, at: usize| {
+        let Some((m, b, h)) = mods else { return 1.0 };
+        let mut t = logits[[i, j]];
+        if let Some(f) = m.score_mod_cpu_fn() {
+            t = f(t, b, h, i, j);
+        }
+        let mut g = 1.0;
+        for (n, p) in presets.iter().enumerate().filter(|(_, p)| !p.masks()) {
+            if n > at {
+                g *= p.grad(t, b, h, i, j);
+            }
+            t = p.apply(t, b, h, i, j).unwrap_or(t);
+        }
+        g
+    };
     let mut d_table = table.map(|at| match &presets[at] {
         Preset::RelativeBias { buckets, .. } => vec![0.0; *buckets as usize],
         _ => unreachable!("position found a relative bias"),
@@ -90,7 +99,7 @@ fn head_backward(
                     {
                         let d = j as i64 - i as i64;
                         let bucket = Preset::t5_bucket(d, *buckets, *max_distance, *bidirectional);
-                        acc[bucket as usize] += incoming * chain_from(i, j, Some(at));
+                        acc[bucket as usize] += incoming * tail(i, j, at);
                     }
                 }
             }
@@ -114,13 +123,14 @@ fn check_grad_shape(d_o: &[usize], output: &[usize], what: &str) -> Result<()> {
 /// [`super::backward()`] on Q, K and V: the gradients of [`Attention::sdpa_masked`] on the CPU
 /// in f64. Given `dO = ∂ℓ/∂context` of shape `(batch, heads, L, E_v)`, returns `∂ℓ/∂Q`,
 /// `∂ℓ/∂K` and `∂ℓ/∂V` in the shapes of Q, K and V (see [`SdpaGradients`]). Every option of
-/// the forward applies: causal, the mask and key lengths, the modifier presets, grouped-query
-/// heads, the scale. The weights are recomputed from Q and K, as a fused backward does.
+/// the forward applies: causal, the mask and key lengths, the modifiers (presets, and a
+/// caller's in their CPU form), grouped-query heads, the scale. The weights are recomputed from Q and K, as a fused backward does.
 ///
 /// # Errors
-/// The forward's shape, option and mask errors (a caller's own WGSL modifier among them: it
-/// has no CPU form); [`Error::ShapeMismatch`] when `dO` does not
-/// have the context's shape; [`Error::NonFinite`] for NaN or ±Inf in Q, K, V or dO, always
+/// The forward's shape, option and mask errors (a caller's WGSL modifier without its CPU
+/// form among them); [`Error::Unsupported`] for a caller's `score_mod` without the CPU form
+/// of its derivative; [`Error::ShapeMismatch`] when `dO` does not have the context's shape;
+/// [`Error::NonFinite`] for NaN or ±Inf in Q, K, V or dO, always
 /// ([`crate::Options::propagate_non_finite`] applies to the forward only: a gradient through
 /// a non-finite value has no meaning).
 pub(crate) fn sdpa_backward(
@@ -143,7 +153,7 @@ pub(crate) fn sdpa_backward(
         check_finite(name, a)?;
     }
     let bias = mask.bias([b, h, l, s_len])?;
-    let presets = presets(mask)?;
+    let mods = cpu_modifiers(mask, true)?;
     let scale = f64::from(dims.scale);
     let mut d_q = Array4::<f64>::zeros(q.raw_dim());
     let mut d_k = Array4::<f64>::zeros(k.raw_dim());
@@ -166,7 +176,7 @@ pub(crate) fn sdpa_backward(
                 dom.view(),
                 scale,
                 dims.causal,
-                (at, Some((presets, bi, hi))),
+                (at, mods.map(|m| (m, bi, hi))),
             );
             d_q.slice_mut(s![bi, hi, .., ..]).assign(&gq);
             // A shared K/V head sums the gradients of every Q head reading it.
@@ -211,7 +221,7 @@ pub(crate) fn attention_backward(
         dims.batch, dims.n, dims.d, dims.d_k, dims.d_v, dims.d_out, dims.heads,
     );
     let bias = mask.bias([batch, heads, n, n])?;
-    let presets = presets(mask)?;
+    let mods = cpu_modifiers(mask, true)?;
     let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
     let x3 = x
         .to_shape((batch, n, d))
@@ -269,7 +279,7 @@ pub(crate) fn attention_backward(
                         scale,
                         dims.causal,
                         at,
-                        Some((presets, b, h)),
+                        mods.map(|m| (m, b, h)),
                     );
                     context.slice_mut(head_cols(h, dv_h)).assign(&c);
                 }
@@ -297,7 +307,7 @@ pub(crate) fn attention_backward(
                 d_context.slice(head_cols(h, dv_h)),
                 scale,
                 dims.causal,
-                (at, Some((presets, b, h))),
+                (at, mods.map(|m| (m, b, h))),
             );
             grad_q.slice_mut(head_cols(h, dk_h)).assign(&gq);
             let mut k_cols = grad_k.slice_mut(head_cols(g, dk_h));

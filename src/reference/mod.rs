@@ -10,7 +10,7 @@ use crate::attention::{
 };
 use crate::error::{Error, Result};
 use crate::mask::Mask;
-use crate::modifiers::Preset;
+use crate::modifiers::Modifiers;
 
 mod backward;
 #[cfg(test)]
@@ -63,20 +63,47 @@ pub fn softmax_masked(logits: &[f64]) -> Vec<f64> {
 /// The resolved mask of a call with the batch index and head to read it at.
 type BiasAt<'m> = Option<(&'m Array4<f32>, usize, usize)>;
 
-/// A call's modifier presets with the batch index and head they see.
-pub(crate) type ModsAt<'m> = Option<(&'m [Preset], usize, usize)>;
+/// A call's modifiers with the batch index and head they see.
+pub(crate) type ModsAt<'m> = Option<(&'m Modifiers, usize, usize)>;
 
-/// The presets of `mask`, or the error for a caller's own WGSL (it has no CPU form here).
-fn presets<'m>(mask: &Mask<'m>) -> Result<&'m [Preset]> {
-    match mask.modifiers() {
-        None => Ok(&[]),
-        Some(m) if m.has_own_score_mod() || m.has_own_mask_mod() => Err(Error::invalid(
-            "reference",
-            "a caller's own WGSL modifier has no CPU form here: compare it against the preset \
-             it implements",
-        )),
-        Some(m) => Ok(m.presets()),
+/// The modifiers of `mask`, when the reference can apply them as the kernels do (for the
+/// `backward` too): the error of [`Modifiers::check_cpu`] for a caller's WGSL without its CPU
+/// form, or a CPU form without its WGSL.
+fn cpu_modifiers<'m>(mask: &Mask<'m>, backward: bool) -> Result<Option<&'m Modifiers>> {
+    let mods = mask.modifiers();
+    if let Some(m) = mods {
+        m.check_cpu(backward)?;
     }
+    Ok(mods)
+}
+
+/// The score modifiers of `m` on the scaled score `t` at `(b, h, i, j)` in the kernels' order,
+/// the caller's CPU form first, then the score presets; and their derivative by `t`, the
+/// product of each one's at its input (NaN without the caller's `score_mod_grad_cpu`: the
+/// backward, which alone reads it, refuses that case first).
+fn modified_score(m: &Modifiers, mut t: f64, [b, h, i, j]: [usize; 4]) -> (f64, f64) {
+    let mut g = 1.0;
+    if let Some(f) = m.score_mod_cpu_fn() {
+        g *= m
+            .score_mod_grad_cpu_fn()
+            .map_or(f64::NAN, |d| d(t, b, h, i, j));
+        t = f(t, b, h, i, j);
+    }
+    for p in m.presets().iter().filter(|p| !p.masks()) {
+        g *= p.grad(t, b, h, i, j);
+        t = p.apply(t, b, h, i, j).unwrap_or(t);
+    }
+    (t, g)
+}
+
+/// Whether the mask modifiers of `m` let query `i` see key `j` at `(b, h)`: the caller's CPU
+/// form and-ed with the mask presets.
+fn visible(m: &Modifiers, [b, h, i, j]: [usize; 4]) -> bool {
+    m.mask_mod_cpu_fn().is_none_or(|f| f(b, h, i, j))
+        && m.presets()
+            .iter()
+            .filter(|p| p.masks())
+            .all(|p| p.apply(0.0, b, h, i, j).is_some())
 }
 
 /// One head's attention weights: `A = softmax(scale·q·kᵀ + bias)` row by row, top-left
@@ -91,8 +118,6 @@ fn head_weights(
 ) -> Array2<f64> {
     let (n_q, n_kv) = (q.nrows(), k.nrows());
     let logits = q.dot(&k.t()) * scale;
-    let (presets, mb, mh) = mods.unwrap_or((&[], 0, 0));
-    let is_score = |p: &&Preset| !p.masks();
     let mut a = Array2::<f64>::zeros((n_q, n_kv));
     for i in 0..n_q {
         let row: Vec<f64> = (0..n_kv)
@@ -101,10 +126,10 @@ fn head_weights(
                 if causal && j > i {
                     return f64::NEG_INFINITY;
                 }
-                // The modifiers as the kernels apply them: the score presets on the scaled
-                // score, then the bias, then the mask presets.
-                for p in presets.iter().filter(is_score) {
-                    t = p.apply(t, mb, mh, i, j).unwrap_or(t);
+                // The modifiers as the kernels apply them: the score modifiers on the scaled
+                // score (the caller's first), then the bias, then the mask modifiers.
+                if let Some((m, b, h)) = mods {
+                    t = modified_score(m, t, [b, h, i, j]).0;
                 }
                 if let Some((bias, b, h)) = bias {
                     let pick =
@@ -117,11 +142,7 @@ fn head_weights(
                         t + add
                     };
                 }
-                let hidden = presets
-                    .iter()
-                    .filter(|p| !is_score(p))
-                    .any(|p| p.apply(t, mb, mh, i, j).is_none());
-                if hidden {
+                if mods.is_some_and(|(m, b, h)| !visible(m, [b, h, i, j])) {
                     t = f64::NEG_INFINITY;
                 }
                 t
@@ -171,8 +192,14 @@ fn head(
 /// # Ok::<(), wgpu_attention::Error>(())
 /// ```
 ///
+/// A caller's own modifiers apply in their CPU form, the closures of
+/// [`Modifiers::score_mod_cpu`] and [`Modifiers::mask_mod_cpu`], where the kernels apply
+/// their WGSL.
+///
 /// # Errors
-/// The same shape, option, mask and finiteness errors as the GPU path.
+/// The same shape, option, mask and finiteness errors as the GPU path; an
+/// [`Error::InvalidArgument`] for a caller's WGSL modifier without its CPU form (or a CPU
+/// form without its WGSL).
 pub fn run(op: &Attention, inputs: &Inputs<'_, Host>) -> Result<Output<ndarray::ArrayD<f64>>> {
     let mask = inputs.mask_or_none();
     match &inputs.operands {
@@ -190,8 +217,9 @@ pub fn run(op: &Attention, inputs: &Inputs<'_, Host>) -> Result<Output<ndarray::
 /// fused backward does.
 ///
 /// # Errors
-/// The forward's shape, option and mask errors; a `dO` not of the context's shape; NaN or
-/// ±Inf in any input or in dO, always (a gradient through a non-finite value means nothing).
+/// The forward's shape, option and mask errors; an [`Error::Unsupported`] for a caller's
+/// `score_mod` without [`Modifiers::score_mod_grad_cpu`]; a `dO` not of the context's shape;
+/// NaN or ±Inf in any input or in dO, always (a gradient through a non-finite value means nothing).
 pub fn backward(
     op: &Attention,
     inputs: &Inputs<'_, Host>,
@@ -264,7 +292,7 @@ pub(crate) fn sdpa_masked(
     let (b, h, l, _) = q.dim();
     let (s_len, e_v) = (k.dim().2, v.dim().3);
     let bias = mask.bias([b, h, l, s_len])?;
-    let presets = presets(mask)?;
+    let mods = cpu_modifiers(mask, false)?;
     let scale = f64::from(dims.scale);
     let mut context = ndarray::Array4::<f64>::zeros((b, h, l, e_v));
     let mut weights = ndarray::Array4::<f64>::zeros((b, h, l, s_len));
@@ -276,7 +304,6 @@ pub(crate) fn sdpa_masked(
             let km = k.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let vm = v.slice(s![bi, hk, .., ..]).mapv(f64::from);
             let at = bias.as_ref().map(|m| (m, bi, hi));
-            let mods = Some((presets, bi, hi));
             let (a, c) = head(
                 qm.view(),
                 km.view(),
@@ -284,7 +311,7 @@ pub(crate) fn sdpa_masked(
                 scale,
                 dims.causal,
                 at,
-                mods,
+                mods.map(|m| (m, bi, hi)),
             );
             weights.slice_mut(s![bi, hi, .., ..]).assign(&a);
             context.slice_mut(s![bi, hi, .., ..]).assign(&c);
@@ -321,7 +348,7 @@ pub(crate) fn attention_masked(
         ..
     } = dims;
     let bias = mask.bias([batch, heads, n, n])?;
-    let presets = presets(mask)?;
+    let mods = cpu_modifiers(mask, false)?;
     let x3 = x
         .to_shape((batch, n, d))
         .map_err(|e| Error::shape(e.to_string()))?
@@ -347,7 +374,7 @@ pub(crate) fn attention_masked(
             let kh = k.slice(s![.., g * dk_h..(g + 1) * dk_h]);
             let vh = v.slice(s![.., g * dv_h..(g + 1) * dv_h]);
             let at = bias.as_ref().map(|m| (m, b, h));
-            let (a, c) = head(qh, kh, vh, scale, causal, at, Some((presets, b, h)));
+            let (a, c) = head(qh, kh, vh, scale, causal, at, mods.map(|m| (m, b, h)));
             context
                 .slice_mut(s![b, .., h * dv_h..(h + 1) * dv_h])
                 .assign(&c);

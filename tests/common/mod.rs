@@ -165,8 +165,9 @@ pub fn sdpa_arrays(
 }
 
 /// Runs `base` with `mask` on every path (each family, with weights and fused) and compares
-/// it with the reference, outputs NaN-prefilled; returns one line per path that disagrees,
-/// prefixed with `label`. `base`'s own [`Options`] are replaced by each path's.
+/// it with the reference, outputs NaN-prefilled; returns one line per path that disagrees
+/// (relative error over 1e-5), prefixed with `label`, with its relative and max absolute
+/// errors. `base`'s own [`Options`] are replaced by each path's.
 pub fn sdpa_failures(
     base: Attention,
     [q, k, v]: &[Array4<f32>; 3],
@@ -189,16 +190,19 @@ pub fn sdpa_failures(
             .return_weights(!fused);
         let got = op.run(ctx, inputs.clone()).unwrap();
         assert_eq!(got.context.shape(), &[b, h, l, ev]);
-        let (rel, _) = reference::compare(&got.context, &want.context);
-        let wrel = match &got.weights {
+        let (rel, max) = reference::compare(&got.context, &want.context);
+        let (wrel, wmax) = match &got.weights {
             Some(w) => {
                 assert_eq!(w.shape(), &[b, h, l, s]);
-                reference::compare(w, want.weights.as_ref().unwrap()).0
+                reference::compare(w, want.weights.as_ref().unwrap())
             }
-            None => 0.0,
+            None => (0.0, 0.0),
         };
         if rel > 1e-5 || wrel > 1e-5 || got.weights.is_some() == fused {
-            failures.push(format!("{label} {kernels} fused={fused}: {rel:e} {wrel:e}"));
+            failures.push(format!(
+                "{label} {kernels} fused={fused}: context rel {rel:e} (max abs {max:e}), \
+                 weights rel {wrel:e} (max abs {wmax:e})"
+            ));
         }
     }
     failures
