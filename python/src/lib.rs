@@ -217,7 +217,7 @@ fn to_py<'py>(py: Python<'py>, a: ArrayD<f32>) -> Bound<'py, PyArrayDyn<f32>> {
 }
 
 /// What the backward of one forward needs, kept on the device: `backward(d_o)` gives the
-/// gradients of Q, K and V.
+/// gradients of Q, K and V (and of a relative bias table).
 #[pyclass(module = "wgpu_attention._native", frozen)]
 struct SavedForward {
     saved: Saved,
@@ -226,8 +226,9 @@ struct SavedForward {
 
 #[pymethods]
 impl SavedForward {
-    /// `(dq, dk, dv)` from `d_o`, the gradient of the loss with respect to the context
-    /// (float32, the context's shape), by the fused backward on the device.
+    /// `(dq, dk, dv, d_table)` from `d_o`, the gradient of the loss with respect to the
+    /// context (float32, the context's shape), by the fused backward on the device;
+    /// `d_table` is the relative bias table's `(buckets, heads)` gradient, None without one.
     #[allow(clippy::type_complexity)]
     fn backward<'py>(
         &self,
@@ -237,6 +238,7 @@ impl SavedForward {
         Bound<'py, PyArrayDyn<f32>>,
         Bound<'py, PyArrayDyn<f32>>,
         Bound<'py, PyArrayDyn<f32>>,
+        Option<Bound<'py, PyArrayDyn<f32>>>,
     )> {
         let d_o = d_o.as_array();
         let g = py.detach(|| guarded(|| self.saved.backward(&self.ctx, d_o)))?;
@@ -245,6 +247,7 @@ impl SavedForward {
             to_py(py, g.q.ok_or_else(missing)?),
             to_py(py, g.k.ok_or_else(missing)?),
             to_py(py, g.v.ok_or_else(missing)?),
+            g.relative_bias.map(|t| to_py(py, t)),
         ))
     }
 
@@ -284,7 +287,7 @@ fn buffer_data(name: &str, a: &Bound<'_, PyAny>) -> PyResult<BufferData> {
 }
 
 /// The keywords [`modifiers`] reads, in the order it applies them.
-const MODIFIER_KEYWORDS: [&str; 9] = [
+const MODIFIER_KEYWORDS: [&str; 12] = [
     "score_mod",
     "score_mod_grad",
     "mask_mod",
@@ -293,6 +296,9 @@ const MODIFIER_KEYWORDS: [&str; 9] = [
     "prefix_length",
     "document_ids",
     "alibi_slopes",
+    "relative_bias",
+    "relative_bias_max_distance",
+    "relative_bias_bidirectional",
     "softcap",
 ];
 
@@ -313,9 +319,11 @@ where
 /// The modifiers of one call from its keywords ([`MODIFIER_KEYWORDS`]): a caller's WGSL
 /// (`score_mod`, `score_mod_grad`, `mask_mod`) and the buffers it reads (`mod_buffers`, name →
 /// float32 or int32 array), then the presets `window=(left, right)`, `prefix_length`,
-/// `document_ids` (int32 `(batch, n)`), `alibi_slopes` (float32, one per query head) and
-/// `softcap`. Score modifiers apply in the order the caller's `score_mod`, ALiBi, the soft-cap;
-/// mask modifiers are and-ed.
+/// `document_ids` (int32 `(batch, n)`), `alibi_slopes` (float32, one per query head),
+/// `relative_bias` (T5's float32 `(buckets, heads)` table, with
+/// `relative_bias_max_distance`, default 128, and `relative_bias_bidirectional`, default
+/// true) and `softcap`. Score modifiers apply in the order the caller's `score_mod`, ALiBi,
+/// the relative bias, the soft-cap; mask modifiers are and-ed.
 fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
     let mut m = Modifiers::new();
     let Some(kw) = kw else { return Ok(m) };
@@ -378,6 +386,30 @@ fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
             )));
         }
         m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+    }
+    let max_distance = keyword::<u32>(kw, "relative_bias_max_distance", "a u32")?;
+    let bidirectional = keyword::<bool>(kw, "relative_bias_bidirectional", "a bool")?;
+    if let Some(table) = keyword::<Arr<'_>>(kw, "relative_bias", "a float32 array")? {
+        let table = table.as_array();
+        let buckets = match table.shape() {
+            [buckets, _] => u32::try_from(*buckets)
+                .map_err(|_| PyValueError::new_err("relative_bias has too many buckets"))?,
+            s => {
+                return Err(PyValueError::new_err(format!(
+                    "relative_bias must be 2-D (buckets, heads), got shape {s:?}"
+                )))
+            }
+        };
+        m = m.preset(Preset::RelativeBias {
+            table: table.iter().copied().collect(),
+            buckets,
+            max_distance: max_distance.unwrap_or(128),
+            bidirectional: bidirectional.unwrap_or(true),
+        });
+    } else if max_distance.is_some() || bidirectional.is_some() {
+        return Err(PyTypeError::new_err(
+            "relative_bias_max_distance and relative_bias_bidirectional need relative_bias",
+        ));
     }
     if let Some(c) = keyword::<f32>(kw, "softcap", "a float")? {
         m = m.preset(Preset::Softcap(c));

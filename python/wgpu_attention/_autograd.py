@@ -4,7 +4,7 @@ backward is the crate's fused backward on the GPU."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -47,12 +47,14 @@ def _unbroadcast(g: np.ndarray, shape) -> np.ndarray:
 
 class _SDPA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, mask, is_causal, scale, plan, half, return_weights, mods=None):
+    def forward(ctx, query, key, value, mask, is_causal, scale, plan, half, return_weights, mods=None, table=None):
+        # `table`: a relative bias table that requires grad, an input so that it gets its
+        # gradient (its values are in `mods` already).
         q, k, v = (_to_np(t) for t in (query, key, value))
         out, weights, saved = _forward_np(q, k, v, mask, is_causal, scale, plan, half, return_weights, True, mods)
         ctx.saved = saved
         ctx.plan = plan
-        ctx.likes = (query, key, value)
+        ctx.likes = (query, key, value, table)
         result = _back(out, query)
         if weights is None:
             return result
@@ -64,13 +66,17 @@ class _SDPA(torch.autograd.Function):
     def backward(ctx, grad_out, *_grad_weights):
         plan = ctx.plan
         d_o = _to_np(grad_out).reshape((plan.B, plan.H) + (plan.L, plan.Ev))
-        dq, dk, dv = ctx.saved.backward(np.ascontiguousarray(d_o))
+        dq, dk, dv, d_table = ctx.saved.backward(np.ascontiguousarray(d_o))
         grads = []
         for g, like, heads in zip((dq, dk, dv), ctx.likes, (plan.H, plan.Hkv, plan.Hkv)):
             shape = like.shape
             full = plan.batch + ((heads,) if len(shape) > 2 else ()) + tuple(shape[-2:])
             grads.append(_back(_unbroadcast(g.reshape(full), shape), like))
-        return grads[0], grads[1], grads[2], None, None, None, None, None, None, None
+        table = ctx.likes[3]
+        g_table = None
+        if table is not None and d_table is not None:
+            g_table = _back(d_table.reshape(table.shape), table)
+        return grads[0], grads[1], grads[2], None, None, None, None, None, None, None, g_table
 
 
 def _plan(query, key, value, enable_gqa) -> _Plan:
@@ -87,21 +93,31 @@ def _plan(query, key, value, enable_gqa) -> _Plan:
     return _Plan(query.shape, key.shape, value.shape, enable_gqa=enable_gqa)
 
 
-def flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods: Callable[[_Plan], Dict[str, Any]]):
+def flex_torch(
+    query,
+    key,
+    value,
+    attn_mask,
+    is_causal,
+    scale,
+    enable_gqa,
+    mods: Callable[[_Plan], Dict[str, Any]],
+    table: Optional[torch.Tensor] = None,
+):
     """`flex_attention` on tensors: with inputs that require grad, through `_SDPA` (the saved
     forward keeps the modifiers, the fused backward takes them back through their
-    derivatives)."""
+    derivatives). `table`: the relative bias table that requires grad, or None."""
     plan = _plan(query, key, value, enable_gqa)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError(
             "the gradient with respect to attn_mask is not implemented: pass attn_mask.detach(), "
             "or a bias as a learned parameter outside the mask"
         )
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, table) if t is not None)
     half = query.dtype == torch.float16
     mask = _np_mask(attn_mask)
     if needs_grad:
-        return _SDPA.apply(query, key, value, mask, is_causal, scale, plan, half, False, mods(plan))
+        return _SDPA.apply(query, key, value, mask, is_causal, scale, plan, half, False, mods(plan), table)
     q, k, v = (_to_np(t) for t in (query, key, value))
     out, _, _ = _forward_np(q, k, v, mask, is_causal, scale, plan, half, False, False, mods(plan))
     return _back(out, query)

@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from .presets import Alibi, MaskPreset, ScorePreset, Softcap, _numpy
+from .presets import Alibi, MaskPreset, RelativeBias, ScorePreset, Softcap, _numpy
 
 
 def items(arg: Any) -> Tuple[Any, ...]:
@@ -42,26 +42,29 @@ def native_kwargs(
     """`flex_attention`'s modifiers as the native call's keywords, checked against `plan`
     (`functional._Plan`: the heads, lengths and batch the presets are shaped for)."""
     kw: Dict[str, Any] = {}
-    # The crate applies score modifiers in one order: a caller's WGSL, ALiBi, the soft-cap.
-    order = ("WGSL source", "ALiBi", "soft-cap")
+    # The crate applies score modifiers in one order: a caller's WGSL, ALiBi, the relative
+    # bias, the soft-cap.
+    order = ("WGSL source", "ALiBi", "relative bias", "soft-cap")
     last = -1
     for item in items(score_mod):
         if isinstance(item, str):
             rank, kw["score_mod"] = 0, item
-        elif isinstance(item, (Alibi, Softcap)):
-            rank = 1 if isinstance(item, Alibi) else 2
+        elif isinstance(item, (Alibi, RelativeBias, Softcap)):
+            rank = 1 if isinstance(item, Alibi) else 2 if isinstance(item, RelativeBias) else 3
             kw.update(item._kwargs(plan))
         elif isinstance(item, MaskPreset):
             raise TypeError(f"{item!r} is a mask modifier: pass it as mask_mod")
         else:
             raise TypeError(
-                f"score_mod takes WGSL source (a str), presets.softcap(...), presets.alibi(...) or a list of them, got {type(item).__name__}"
+                "score_mod takes WGSL source (a str), presets.softcap(...), presets.alibi(...), "
+                f"presets.relative_bias(...) or a list of them, got {type(item).__name__}"
             )
         if rank == last:
             raise ValueError(f"score_mod has two of one kind ({order[rank]}): give one")
         if rank < last:
             raise ValueError(
-                "score modifiers apply in a fixed order, a caller's WGSL first, then ALiBi, then the soft-cap: list them so"
+                "score modifiers apply in a fixed order, a caller's WGSL first, then ALiBi, then the relative bias, "
+                "then the soft-cap: list them so"
             )
         last = rank
     seen: set = set()
@@ -90,3 +93,12 @@ def native_kwargs(
             raise TypeError(f"buffers must be a dict of name -> array, got {type(buffers).__name__}")
         kw["mod_buffers"] = {name: _buffer(name, a) for name, a in buffers.items()}
     return kw
+
+
+def grad_table(score_mod: Any) -> Any:
+    """The relative bias table among `score_mod`'s presets that requires grad (a torch
+    tensor), or None."""
+    for item in items(score_mod):
+        if isinstance(item, RelativeBias) and item.source is not None:
+            return item.source
+    return None

@@ -27,6 +27,9 @@ def sdpa(
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[F32] = None,
+    relative_bias: Optional[F32] = None,
+    relative_bias_max_distance: Optional[int] = None,
+    relative_bias_bidirectional: Optional[bool] = None,
     document_ids: Optional[I32] = None,
     prefix_length: Optional[int] = None,
     score_mod: Optional[str] = None,
@@ -42,7 +45,7 @@ def time_sdpa(
 def _panic_for_tests() -> None: ...
 
 class SavedForward:
-    def backward(self, d_o: F32) -> Tuple[F32, F32, F32]: ...
+    def backward(self, d_o: F32) -> Tuple[F32, F32, F32, Optional[F32]]: ...
     def log_sum_exp(self) -> F32: ...
 
 class ResidentLayer:

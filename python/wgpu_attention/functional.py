@@ -265,8 +265,9 @@ def flex_attention(
 
     `score_mod`: WGSL source defining
     `fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32` (the new scaled score),
-    `presets.softcap(c)`, `presets.alibi(slopes)`, or a list of them, applied in that order
-    (a caller's WGSL, then ALiBi, then the soft-cap). `mask_mod`: WGSL source defining
+    `presets.softcap(c)`, `presets.alibi(slopes)`, `presets.relative_bias(table)` (T5), or a
+    list of them, applied in one order, which a list must follow: a caller's WGSL, then ALiBi,
+    then the relative bias, then the soft-cap. `mask_mod`: WGSL source defining
     `fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool` (True = attend),
     `presets.sliding_window(left, right)`, `presets.document_mask(ids)`,
     `presets.prefix_lm(p)`, or a list of them (and-ed). `buffers` names read-only arrays the
@@ -280,7 +281,9 @@ def flex_attention(
     the kind, dtype and device it was given.
 
     Gradients flow to torch tensors that require grad (the crate's fused backward, on the
-    device): through the presets, and through a caller's WGSL `score_mod` when
+    device): to a relative bias table that requires grad (`table.grad`, `(buckets, heads)`;
+    the other presets' values and `buffers` take none), through the presets, and through a
+    caller's WGSL `score_mod` when
     `score_mod_grad` gives its derivative by the score, WGSL defining
     `fn score_mod_grad(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32`; without it,
     asking for gradients through a `score_mod` raises `NotImplementedError`. Mask modifiers
@@ -297,10 +300,16 @@ def flex_attention(
     def mods(plan: _Plan) -> Dict[str, Any]:
         return _modifiers.native_kwargs(score_mod, mask_mod, score_mod_grad, buffers, plan)
 
+    table = _modifiers.grad_table(score_mod)
     if _is_tensor(query) or _is_tensor(key) or _is_tensor(value):
         from . import _autograd
 
-        return _autograd.flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods)
+        return _autograd.flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods, table)
+    if table is not None and _torch().is_grad_enabled():
+        raise TypeError(
+            "the relative bias table requires grad but query, key and value are NumPy arrays: "
+            "pass them as torch tensors for its gradient, or the table detached"
+        )
     (q, k, v), plan, dtype = _arrays(query, key, value, enable_gqa)
     out, _, _ = _forward_np(
         q, k, v, _np_mask(attn_mask), is_causal, scale, plan, dtype == np.float16, False, False, mods(plan)

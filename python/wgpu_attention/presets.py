@@ -1,5 +1,5 @@
-"""The crate's modifier presets for `flex_attention`: score modifiers (`softcap`, `alibi`),
-which change each scaled score, and mask modifiers (`sliding_window`, `document_mask`,
+"""The crate's modifier presets for `flex_attention`: score modifiers (`softcap`, `alibi`,
+`relative_bias`), which change each scaled score, and mask modifiers (`sliding_window`, `document_mask`,
 `prefix_lm`), which decide which keys a query sees.
 
     >>> import numpy as np, wgpu_attention as wa
@@ -18,7 +18,7 @@ crate's `Preset` of the same name, generated as WGSL and applied inside the fuse
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict
 
 import numpy as np
@@ -31,12 +31,14 @@ __all__ = [
     "MaskPreset",
     "Softcap",
     "Alibi",
+    "RelativeBias",
     "SlidingWindow",
     "DocumentMask",
     "PrefixLM",
     "softcap",
     "alibi",
     "alibi_slopes",
+    "relative_bias",
     "sliding_window",
     "document_mask",
     "prefix_lm",
@@ -54,12 +56,15 @@ def _count(name: str, x: Any) -> int:
     return n
 
 
-def _numpy(x: Any) -> np.ndarray:
-    """An array of `x`: NumPy arrays, sequences, and torch tensors (detached, on the CPU)."""
+def _numpy(x: Any, differentiable: bool = False) -> np.ndarray:
+    """An array of `x`: NumPy arrays, sequences, and torch tensors (detached, on the CPU).
+    A tensor that requires grad is refused unless `differentiable` (the relative bias
+    table, whose gradient the backward returns)."""
     if hasattr(x, "detach") and hasattr(x, "cpu"):
-        if getattr(x, "requires_grad", False):
+        if getattr(x, "requires_grad", False) and not differentiable:
             raise NotImplementedError(
-                "gradients with respect to a preset's values or a modifier buffer are not implemented: pass a detached tensor"
+                "gradients with respect to a preset's values or a modifier buffer are not implemented "
+                "(only a relative bias table's are): pass a detached tensor"
             )
         x = x.detach().cpu().numpy()
     return np.asarray(x)
@@ -128,6 +133,82 @@ class Alibi(ScorePreset):
 
     def __repr__(self) -> str:
         return f"Alibi(slopes={self.slopes.tolist()})"
+
+
+@dataclass(frozen=True, eq=False)
+class RelativeBias(ScorePreset):
+    """T5's relative position bias: `score ← score + table[bucket(j − i), h]`, with the
+    learned `(buckets, heads)` table of Hugging Face's `relative_attention_bias.weight` and
+    T5's bucketing of the distance (`T5Attention._relative_position_bucket`: exact buckets
+    for small distances, logarithmic ones up to `max_distance`; with `bidirectional`, half
+    the buckets for keys after the query, else those share bucket 0). A torch tensor that
+    requires grad gets its gradient from the fused backward (the only preset whose values
+    do), and is read at each call, so a preset made once follows the table's training."""
+
+    table: np.ndarray
+    max_distance: int = 128
+    bidirectional: bool = True
+    #: The tensor given the table's gradient (the table, when a torch tensor that requires
+    #: grad), or None.
+    source: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        source = self.table if getattr(self.table, "requires_grad", False) else None
+        t = _numpy(self.table, differentiable=True)
+        if t.ndim != 2:
+            raise ValueError(f"a relative bias table must be 2-D (buckets, heads), got shape {t.shape}")
+        if t.shape[0] < 2 or t.shape[1] == 0:
+            raise ValueError(
+                f"a relative bias table needs at least 2 buckets and 1 head, got (buckets, heads) = {t.shape}"
+            )
+        if t.dtype.kind not in "fiu":
+            raise ValueError(f"a relative bias table must hold numbers, got {t.dtype}")
+        t = t.astype(np.float32)
+        if not np.isfinite(t).all():
+            raise ValueError("a relative bias table must be finite")
+        t.setflags(write=False)
+        md = _count("max_distance", self.max_distance)
+        bidirectional = bool(self.bidirectional)
+        half = 4 if bidirectional else 2
+        if md <= t.shape[0] // half:
+            raise ValueError(
+                f"max_distance ({md}) must exceed the exact buckets' reach, buckets // {half} = {t.shape[0] // half}"
+            )
+        object.__setattr__(self, "table", t)
+        object.__setattr__(self, "max_distance", md)
+        object.__setattr__(self, "bidirectional", bidirectional)
+        object.__setattr__(self, "source", source)
+
+    @property
+    def buckets(self) -> int:
+        return int(self.table.shape[0])
+
+    def _kwargs(self, plan: Any) -> Dict[str, Any]:
+        table = self.table
+        if self.source is not None:
+            # A table being trained is read at each call: its values of now, not of when the
+            # preset was made.
+            table = _numpy(self.source, differentiable=True).astype(np.float32)
+            if table.shape != self.table.shape:
+                raise ValueError(f"the relative bias table changed shape from {self.table.shape} to {table.shape}")
+        heads = table.shape[1]
+        if heads != plan.H:
+            raise ValueError(
+                f"the relative bias table has {heads} heads, (buckets, heads) = {table.shape}; "
+                f"the query has {plan.H} heads"
+            )
+        return {
+            "relative_bias": table,
+            "relative_bias_max_distance": self.max_distance,
+            "relative_bias_bidirectional": self.bidirectional,
+        }
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad" if self.source is not None else ""
+        return (
+            f"RelativeBias(table of shape {self.table.shape}{grad}, max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional})"
+        )
 
 
 @dataclass(frozen=True)
@@ -218,6 +299,14 @@ def alibi(slopes: Any) -> Alibi:
     if isinstance(slopes, (int, np.integer)):
         slopes = alibi_slopes(int(slopes))
     return Alibi(slopes)
+
+
+def relative_bias(table: Any, max_distance: int = 128, bidirectional: bool = True) -> RelativeBias:
+    """T5's relative position bias with this `(buckets, heads)` table (NumPy or torch; T5's
+    `relative_attention_bias.weight`, its `heads` the query's): `bidirectional=True` for
+    T5's encoder, False for its decoder (keys after the query share bucket 0). A torch
+    table that requires grad gets `table.grad` from the fused backward."""
+    return RelativeBias(table, max_distance, bidirectional)
 
 
 def sliding_window(left: int, right: int = 0) -> SlidingWindow:
