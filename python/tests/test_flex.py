@@ -47,11 +47,14 @@ def preset_of(meta, arrays):
         return None, presets.document_mask(arrays["ids"])
     if kind == "prefix_lm":
         return None, presets.prefix_lm(meta["length"])
+    if kind == "relative_bias":
+        table = presets.relative_bias(arrays["table"], meta["max_distance"], meta["bidirectional"])
+        return table, None
     raise ValueError(kind)
 
 
 def test_the_golden_cases_are_there():
-    assert len(cases()) >= 13
+    assert len(cases()) >= 16
 
 
 @pytest.mark.parametrize("name", cases())
@@ -64,6 +67,25 @@ def test_flex_attention_matches_pytorchs_flex_attention(name):
     )
     assert out.dtype == np.float32 and out.shape == a["context"].shape
     assert rel(out, a["context"]) < 1e-5
+
+
+@pytest.mark.parametrize("name", [c for c in cases() if c.startswith("relative_bias")])
+def test_t5s_golden_gradients_reach_its_table(name):
+    # PyTorch's autograd of T5's bias in float64 (tests/python/make_flex_cases.py): the
+    # gradients of Q, K, V and of the (buckets, heads) table itself.
+    torch = pytest.importorskip("torch")
+    meta, a = load(name)
+    q, k, v = (torch.from_numpy(a[n]).requires_grad_(True) for n in "qkv")
+    table = torch.from_numpy(a["table"]).requires_grad_(True)
+    bias = presets.relative_bias(table, meta["max_distance"], meta["bidirectional"])
+    out = wa.flex_attention(
+        q, k, v, bias, is_causal=meta["causal"], scale=meta["scale"], enable_gqa=q.shape[1] != k.shape[1]
+    )
+    out.backward(torch.from_numpy(a["d_o"]))
+    assert rel(out.detach(), a["context"]) < 1e-5
+    for got, want in [(q.grad, "grad_q"), (k.grad, "grad_k"), (v.grad, "grad_v"), (table.grad, "grad_table")]:
+        assert got is not None and got.shape == a[want].shape
+        assert rel(got, a[want]) < 1e-4, want
 
 
 def test_the_standard_alibi_slopes_are_pytorch_sides():
