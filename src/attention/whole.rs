@@ -165,23 +165,12 @@ impl Attention {
         let Some(density) = density.filter(|_| self.flash.is_none() && plan.fused) else {
             return plan.flash;
         };
-        // Made already when a call of this kind ran it before: the same op, widths, heads,
-        // modifiers' code, mask and source as `prepare_pipelines` tells kinds apart.
-        let kind = |flash| {
-            format!(
-                "sparse {self:?} {:?} d={} d_k={} d_v={} heads={}/{} mask={} mods={:x} {}",
-                Plan { flash, ..*plan },
-                dims.d,
-                dims.d_k,
-                dims.d_v,
-                dims.heads,
-                dims.kv_heads,
-                bias.is_some(),
-                mods.map_or(0, Modifiers::content_key),
-                source.kind()
-            )
+        // Made already when a call of this kind ran it before (`prepare_pipelines` notes
+        // each kind).
+        let built = |flash| {
+            let kind = self.call_kind(&Plan { flash, ..*plan }, dims, source, (bias, mods));
+            ctx.pipelines.seen(&kind)
         };
-        let built = |flash| ctx.pipelines.seen(&kind(flash));
         let widths = (dims.d_k / dims.heads, dims.d_v / dims.heads);
         let groups = (dims.batch * dims.heads, dims.n);
         let chosen = crate::tune::sparse_flash(
@@ -192,8 +181,30 @@ impl Attention {
             density,
             built,
         );
-        ctx.pipelines.first_time(kind(chosen));
         chosen
+    }
+
+    /// What tells a call's kind apart (the op, its plan, widths, heads, mask, modifiers' code
+    /// and source): calls of one kind use the same pipelines.
+    fn call_kind(
+        &self,
+        plan: &Plan,
+        dims: &Dims,
+        source: &Source<'_, '_>,
+        (bias, mods): (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
+    ) -> String {
+        format!(
+            "{self:?} {plan:?} d={} d_k={} d_v={} d_out={} heads={}/{} mask={} mods={:?} {}",
+            dims.d,
+            dims.d_k,
+            dims.d_v,
+            dims.d_out,
+            dims.heads,
+            dims.kv_heads,
+            bias.is_some(),
+            mods.map(|m| m.wgsl(1, 0)),
+            source.kind()
+        )
     }
 
     /// On the first call of its kind (the op, its plan, widths, heads, mask and source), compiles
@@ -217,18 +228,7 @@ impl Attention {
         if cfg!(target_arch = "wasm32") {
             return Ok(());
         }
-        let signature = format!(
-            "{self:?} {plan:?} d={} d_k={} d_v={} d_out={} heads={}/{} mask={} mods={:?} {}",
-            dims.d,
-            dims.d_k,
-            dims.d_v,
-            dims.d_out,
-            dims.heads,
-            dims.kv_heads,
-            bias.is_some(),
-            mods.map(|m| m.wgsl(1, 0)),
-            source.kind()
-        );
+        let signature = self.call_kind(plan, dims, source, (bias, mods));
         if !ctx.pipelines.first_time(signature) {
             return Ok(());
         }
