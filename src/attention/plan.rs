@@ -50,6 +50,22 @@ impl std::fmt::Display for Plan {
 }
 
 impl Attention {
+    /// The kernel families the tuner chooses among, the default first.
+    pub(crate) fn families(&self, ctx: &Context) -> Vec<Kernels> {
+        match self.kernels {
+            Kernels::Auto => {
+                // First is the default when tuning is off: subgroup kernels where storage
+                // memory is slow (CPU adapters), storage kernels on GPUs.
+                let mut families = Kernels::available(ctx);
+                if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+                    families.reverse();
+                }
+                families
+            }
+            forced => vec![forced],
+        }
+    }
+
     /// The kernels this op runs on `ctx` for `dims`: the family (with [`Kernels::Auto`], the
     /// one whose fused kernel measured fastest), each kernel's variant (forced, or the
     /// autotuner's choice: see the README), and whether the fused path is taken (when the
@@ -64,18 +80,7 @@ impl Attention {
         if let Some(plan) = self.tiny_plan(ctx, dims) {
             return Ok(plan);
         }
-        let families = match self.kernels {
-            Kernels::Auto => {
-                // First is the default when tuning is off: subgroup kernels where storage
-                // memory is slow (CPU adapters), storage kernels on GPUs.
-                let mut families = Kernels::available(ctx);
-                if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
-                    families.reverse();
-                }
-                families
-            }
-            forced => vec![forced],
-        };
+        let families = self.families(ctx);
         if self.kernels == Kernels::Coop {
             ctx.require_coop()?;
         }

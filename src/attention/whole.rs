@@ -119,7 +119,8 @@ impl Attention {
         bias: Option<ArrayView4<'_, f32>>,
         mods: Option<&Modifiers>,
     ) -> Result<Flat> {
-        let plan = self.plan(ctx, dims)?;
+        let mut plan = self.plan(ctx, dims)?;
+        plan.flash = self.sparse_flash(ctx, &plan, dims, shape, source, (bias.as_ref(), mods));
         log::info!(
             "attention batch={} n={} n_kv={} d_k={} d_v={} heads={} kv_heads={} causal={}: {plan}",
             shape.batch,
@@ -142,6 +143,57 @@ impl Attention {
             return run(&self.kernels(Kernels::Storage).plan(ctx, dims)?).await;
         }
         result
+    }
+
+    /// The fused kernel of a block-sparse call (mask presets whose host block map leaves
+    /// part of the keys): the plan's, or one that costs less to compile and run this call
+    /// ([`tune::sparse_flash`]), its pipelines made already when a call of the same kind
+    /// ran it before. The plan's when a variant is forced, with the weights, or dense.
+    ///
+    /// [`tune::sparse_flash`]: crate::tune::sparse_flash
+    fn sparse_flash(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        dims: &Dims,
+        shape: Shape,
+        source: &Source<'_, '_>,
+        (bias, mods): (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
+    ) -> crate::variant::FlashVariant {
+        let density =
+            mods.and_then(|m| m.preset_density(shape.batch, (shape.n_q, shape.n_kv), dims.causal));
+        let Some(density) = density.filter(|_| self.flash.is_none() && plan.fused) else {
+            return plan.flash;
+        };
+        // Made already when a call of this kind ran it before: the same op, widths, heads,
+        // modifiers' code, mask and source as `prepare_pipelines` tells kinds apart.
+        let kind = |flash| {
+            format!(
+                "sparse {self:?} {:?} d={} d_k={} d_v={} heads={}/{} mask={} mods={:x} {}",
+                Plan { flash, ..*plan },
+                dims.d,
+                dims.d_k,
+                dims.d_v,
+                dims.heads,
+                dims.kv_heads,
+                bias.is_some(),
+                mods.map_or(0, Modifiers::content_key),
+                source.kind()
+            )
+        };
+        let built = |flash| ctx.pipelines.seen(&kind(flash));
+        let widths = (dims.d_k / dims.heads, dims.d_v / dims.heads);
+        let groups = (dims.batch * dims.heads, dims.n);
+        let chosen = crate::tune::sparse_flash(
+            ctx,
+            &self.families(ctx),
+            (widths, groups),
+            plan.flash,
+            density,
+            built,
+        );
+        ctx.pipelines.first_time(kind(chosen));
+        chosen
     }
 
     /// On the first call of its kind (the op, its plan, widths, heads, mask and source), compiles

@@ -197,6 +197,14 @@ impl PipelineCache {
             .insert(signature)
     }
 
+    /// Whether `signature` was seen by [`PipelineCache::first_time`] (not remembering it).
+    pub(crate) fn seen(&self, signature: &str) -> bool {
+        self.prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(signature)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PipelineHash, Arc<wgpu::ComputePipeline>>> {
         self.pipelines
             .lock()

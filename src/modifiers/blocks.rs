@@ -151,6 +151,40 @@ impl Modifiers {
     }
 }
 
+impl Modifiers {
+    /// The fraction of a `batch × n_q × n_kv` call's blocks of 64 query rows × 64 keys that
+    /// the mask presets (with `causal`) leave to visit, from their host block map: what a
+    /// block-sparse call's fused kernel does of dense attention's work. `None` where the host
+    /// cannot tell (a caller's `mask_mod`, a part of a split call) or with no mask modifier.
+    pub(crate) fn preset_density(
+        &self,
+        batch: usize,
+        (n_q, n_kv): (usize, usize),
+        causal: bool,
+    ) -> Option<f64> {
+        if !self.presets.iter().any(|p| p.role() == Role::Mask) || n_q == 0 || n_kv == 0 {
+            return None;
+        }
+        let by_batch = self
+            .presets
+            .iter()
+            .any(|p| matches!(p, Preset::Documents { .. }));
+        let grid = Grid {
+            rows: 64,
+            keys: 64,
+            n_q,
+            n_kv,
+            causal,
+            gb: if by_batch { batch.max(1) } else { 1 },
+            gh: 1,
+        };
+        let blocks = grid.gb * n_q.div_ceil(64) * n_kv.div_ceil(64);
+        let map = self.preset_block_map(grid)?;
+        let visited = map[..blocks].iter().filter(|&&state| state != 0).count();
+        Some(visited as f64 / blocks as f64)
+    }
+}
+
 /// One mask preset's cover of rows `q` × keys `k` (block `(qb, kb)`; `docs`: the distinct
 /// ids per row block and per key block for documents).
 fn preset_cover(

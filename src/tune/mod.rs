@@ -219,12 +219,27 @@ fn fastest<T: Copy + std::fmt::Debug>(
 /// bucket), how many candidates (in order) have been measured and what measuring the last
 /// one cost (ms, its compiling warm-up included). Remembered as it is, so a later call goes
 /// on from `measured`.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Progress<T> {
     pub best: T,
     pub ms: f64,
     pub measured: usize,
     pub cost: f64,
+    /// Every candidate measured so far: its time and what compiling it cost (see
+    /// [`sparse_flash`], which weighs the two for a block-sparse call); empty in a cache
+    /// written before it was kept.
+    #[serde(default = "Vec::new")]
+    pub runs: Vec<Measured<T>>,
+}
+
+/// One candidate as [`fastest_within`] measured it: ms per run at the bucket, and the
+/// compiling warm-up's time over a run's (the pipeline's creation and the driver's first
+/// dispatch), ms.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Measured<T> {
+    pub variant: T,
+    pub ms: f64,
+    pub compile_ms: f64,
 }
 
 /// `fastest` under a budget, from `from` (`None`: from the start; the first candidate, the
@@ -242,11 +257,12 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
     clock: &mut impl FnMut() -> f64,
     mut time: impl FnMut(T) -> Result<f64>,
 ) -> Result<Option<Progress<T>>> {
-    let mut best = from.map(|p| (p.best, p.ms));
-    let mut measured = from.map_or(0, |p| p.measured);
-    let mut cost = from.map_or(0.0, |p| p.cost);
+    let mut best = from.as_ref().map(|p| (p.best, p.ms));
+    let mut measured = from.as_ref().map_or(0, |p| p.measured);
+    let mut cost = from.as_ref().map_or(0.0, |p| p.cost);
     // Set once the default is measured: (estimate, when the further candidates began).
-    let mut budget = from.map(|p| (p.ms * scale, clock()));
+    let mut budget = from.as_ref().map(|p| (p.ms * scale, clock()));
+    let mut runs = from.map_or_else(Vec::new, |p| p.runs);
     for &c in &candidates[measured.min(candidates.len())..] {
         if let Some((estimate, since)) = budget {
             let spent = clock() - since;
@@ -261,14 +277,25 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
         measured += 1;
         let began = clock();
         time(c)?; // the warm-up: compiles, so it says nothing about speed
+        let warm_up = clock() - began;
         let first = time(c)?;
+        let measured_as = |ms: f64| Measured {
+            variant: c,
+            ms,
+            compile_ms: (warm_up - ms).max(0.0),
+        };
         if best.is_some_and(|(_, b)| first > 5.0 * b) {
             log::debug!("tune: {c:?} {first:.2} ms, dropped");
+            runs.push(measured_as(first));
             cost = clock() - began;
             continue;
         }
         let t = first.min(time(c)?).min(time(c)?);
-        log::debug!("tune: {c:?} {t:.2} ms");
+        log::debug!(
+            "tune: {c:?} {t:.2} ms, compiling {:.1} ms",
+            (warm_up - t).max(0.0)
+        );
+        runs.push(measured_as(t));
         if best.is_none_or(|(_, b)| t < b) {
             best = Some((c, t));
         }
@@ -280,6 +307,7 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
         ms,
         measured,
         cost,
+        runs,
     }))
 }
 
@@ -314,11 +342,7 @@ where
     }
     let mut ordered = vec![fallback];
     ordered.extend(candidates.iter().copied().filter(|&c| c != fallback));
-    let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
-    let key = key(
-        ctx,
-        format!("{kind} {} {detail}", names.join("+")).trim_end(),
-    );
+    let key = choice_key(ctx, families, kind, detail);
     // A remembered choice this context cannot run (tensor cores turned off since) is none.
     let known: Option<Progress<T>> = ctx
         .tune_cache()
@@ -326,8 +350,9 @@ where
         .filter(|p: &Progress<T>| ordered.contains(&p.best));
     // Measured to the end, or the next candidate alone would cost more than this call's
     // estimated time (so measuring would stop before it: skip making the tuning problem).
-    let done =
-        known.is_some_and(|p| p.measured >= ordered.len() || (budgeted() && p.cost > p.ms * scale));
+    let done = known
+        .as_ref()
+        .is_some_and(|p| p.measured >= ordered.len() || (budgeted() && p.cost > p.ms * scale));
     if done || rows < MIN_TUNED_N || !ctx.tuning() {
         return Ok(known.map_or(fallback, |p| p.best));
     }
@@ -346,6 +371,15 @@ where
     );
     ctx.tune_cache().put(&key, &progress);
     Ok(progress.best)
+}
+
+/// The tuning cache's key of a choice of `kind` among `families` for the bucket `detail`.
+pub(crate) fn choice_key(ctx: &Context, families: &[Kernels], kind: &str, detail: &str) -> String {
+    let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
+    key(
+        ctx,
+        format!("{kind} {} {detail}", names.join("+")).trim_end(),
+    )
 }
 
 /// A tuning bucket of the fused kernel: the caller's `batch · heads` and `n`, each rounded
@@ -385,6 +419,86 @@ impl Bucket {
     }
 }
 
+/// The fused kernel's bucket of a call ([`Bucket`]) and its name in the tuning cache's key.
+pub(crate) fn flash_bucket(
+    (dk_h, dv_h): (usize, usize),
+    (groups, n): (usize, usize),
+) -> (Bucket, String) {
+    let (dk4, dv4) = (dk_h.div_ceil(4), dv_h.div_ceil(4));
+    let bucket = Bucket::of(groups, n);
+    let detail = format!("dk4={dk4} dv4={dv4} g~{} n~{}", bucket.groups, bucket.n);
+    (bucket, detail)
+}
+
+/// Compiling time already weighed against running time per bucket in this process (see
+/// [`sparse_flash`]): the ms its calls have run slower than the fastest measured candidate
+/// would have.
+fn regret() -> &'static std::sync::Mutex<std::collections::HashMap<String, f64>> {
+    static REGRET: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, f64>>> =
+        std::sync::OnceLock::new();
+    REGRET.get_or_init(Default::default)
+}
+
+/// The fused kernel of a block-sparse call, weighing compile time against running time:
+/// `planned` (what [`flash`] chose for the call's bucket, timed on dense attention) unless
+/// another candidate of its family, measured at the bucket, costs less for this call, where
+/// a candidate costs its time at the bucket × the call's work over the bucket's × `density`
+/// (the fraction of the call's key blocks its block map leaves to visit), plus, when
+/// `built(candidate)` is false, its compiling time less what earlier calls of the bucket in
+/// this process lost by not having the fastest candidate (so a faster kernel is compiled once
+/// the time it would have saved has paid for its compiling: the rent-or-buy rule). A one-shot
+/// call over a narrow window thus takes a kernel that compiles in a fifth of the time and
+/// runs about as fast there; a dense call keeps the tuner's choice. Without remembered
+/// measurements, `planned`.
+pub(crate) fn sparse_flash(
+    ctx: &Context,
+    families: &[Kernels],
+    (widths, shape): ((usize, usize), (usize, usize)),
+    planned: FlashVariant,
+    density: f64,
+    built: impl Fn(FlashVariant) -> bool,
+) -> FlashVariant {
+    let (bucket, detail) = flash_bucket(widths, shape);
+    let key = choice_key(ctx, families, "flash", &detail);
+    let Some(known) = ctx.tune_cache().get::<Progress<FlashVariant>>(&key) else {
+        return planned;
+    };
+    let runs: Vec<_> = known
+        .runs
+        .iter()
+        .filter(|r| r.variant.family() == planned.family())
+        .collect();
+    if runs.is_empty() || !(density > 0.0 && density < 1.0) {
+        return planned;
+    }
+    let run_ms = |r: &Measured<FlashVariant>| r.ms * bucket.scale * density;
+    let fastest = runs.iter().map(|r| run_ms(r)).fold(f64::INFINITY, f64::min);
+    let mut regret = regret().lock().unwrap_or_else(|e| e.into_inner());
+    let paid = regret.get(&key).copied().unwrap_or(0.0);
+    let cost = |r: &Measured<FlashVariant>| {
+        let compile = match built(r.variant) {
+            true => 0.0,
+            false => (r.compile_ms - paid).max(0.0),
+        };
+        run_ms(r) + compile
+    };
+    let Some(best) = runs
+        .iter()
+        .min_by(|a, b| cost(a).total_cmp(&cost(b)))
+        .copied()
+    else {
+        return planned;
+    };
+    *regret.entry(key).or_insert(0.0) += run_ms(best) - fastest;
+    log::info!(
+        "block-sparse call (density {density:.3}): {:?}, est. {:.1} ms with compiling (the \
+         tuner's {planned:?} for dense calls)",
+        best.variant,
+        cost(best)
+    );
+    best.variant
+}
+
 /// The fused kernel for per-head widths `dk_h`, `dv_h` and a call of `groups = batch ·
 /// heads` heads of `n` rows among `families`: remembered for the call's [`Bucket`], or
 /// measured now at the bucket (within the call's budget, see [`fastest_within`]) when `n` is
@@ -400,8 +514,7 @@ pub fn flash(
 ) -> Result<FlashVariant> {
     let (dk4, dv4) = (dk_h.div_ceil(4) as u32, dv_h.div_ceil(4) as u32);
     let candidates = flash_candidates(ctx, families, dk4, dv4);
-    let bucket = Bucket::of(groups, n);
-    let detail = format!("dk4={dk4} dv4={dv4} g~{} n~{}", bucket.groups, bucket.n);
+    let (bucket, detail) = flash_bucket((dk_h, dv_h), (groups, n));
     let fallback = default_flash(ctx, families[0], (dk4, dv4));
     choose(
         ctx,

@@ -361,3 +361,66 @@ fn measuring_stops_before_passing_the_calls_estimated_time_and_resumes_later() {
         .unwrap();
     assert_eq!((p.best, p.measured), (3, 4));
 }
+
+#[test]
+fn a_block_sparse_call_weighs_compiling_against_running() {
+    use crate::tune::{choice_key, flash_bucket, sparse_flash, Measured, Progress};
+    use crate::variant::FlashVariant;
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Context::new()
+        .unwrap()
+        .with_tuning(false)
+        .with_tune_cache(TuneCache::at(Some(dir.path().join("tune.json"))));
+    // Widths of 11 vec4s: a bucket no other test's calls share (the rent-or-buy account is
+    // per bucket and per process).
+    let fam = [Kernels::Subgroup, Kernels::Storage];
+    let shape = ((44, 44), (1, 16384));
+    let (r1, r4) = (
+        FlashVariant::Subgroup { rows_per_lane: 1 },
+        FlashVariant::Subgroup { rows_per_lane: 4 },
+    );
+    // At the bucket (one head of 4096 rows, 1/16 of the call's work): r=4 runs in 200 ms and
+    // compiles in 400, r=1 runs in 250 and compiles in 60; a storage kernel of another
+    // family, faster still, is never taken for a subgroup plan.
+    let runs = vec![
+        Measured {
+            variant: r4,
+            ms: 200.0,
+            compile_ms: 400.0,
+        },
+        Measured {
+            variant: r1,
+            ms: 250.0,
+            compile_ms: 60.0,
+        },
+        Measured {
+            variant: FlashVariant::Tiled { keys: 32 },
+            ms: 1.0,
+            compile_ms: 0.0,
+        },
+    ];
+    let key = choice_key(&ctx, &fam, "flash", &flash_bucket(shape.0, shape.1).1);
+    let progress = Progress {
+        best: r4,
+        ms: 200.0,
+        measured: 3,
+        cost: 0.0,
+        runs,
+    };
+    ctx.tune_cache().put(&key, &progress);
+    // Dense, or no measurements for the bucket: the tuner's choice.
+    assert_eq!(sparse_flash(&ctx, &fam, shape, r4, 1.0, |_| false), r4);
+    let other = ((40, 40), (1, 16384));
+    assert_eq!(sparse_flash(&ctx, &fam, other, r4, 0.035, |_| false), r4);
+    // 3.5 % of the blocks to visit (a 511-key window over 16384 causal rows): r=4 costs
+    // 16 · 0.035 · 200 = 112 ms + 400 compiling, r=1 140 + 60. With r=4 made already, r=4.
+    assert_eq!(sparse_flash(&ctx, &fam, shape, r4, 0.035, |v| v == r4), r4);
+    // Rent or buy: every r=1 call loses 28 ms to r=4, and once the loss passes r=4's
+    // compiling less its 28 ms lead (372 ms: the 14th call), r=4 is compiled.
+    let mut calls = 0;
+    while sparse_flash(&ctx, &fam, shape, r4, 0.035, |v| v == r1) == r1 {
+        calls += 1;
+        assert!(calls < 100, "r=4 is never compiled");
+    }
+    assert_eq!(calls, 14, "r=1 until its losses pay for r=4's compiling");
+}
