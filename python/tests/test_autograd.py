@@ -87,3 +87,24 @@ def test_float16_gradients():
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
     F.scaled_dot_product_attention(qd, kd, vd, is_causal=True).sum().backward()
     assert rel(q.grad, qd.grad) < 1e-2 and rel(v.grad, vd.grad) < 1e-2
+
+
+def test_weights_under_autograd_come_back_not_differentiable():
+    # A saved forward returns no weights: they come from a second forward (once they were
+    # dropped, and the call returned the output alone).
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 2, 6, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, 9, 8, generator=g, requires_grad=True) for _ in range(2))
+    result = wa.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
+    assert isinstance(result, tuple) and len(result) == 2
+    out, w = result
+    assert out.requires_grad and not w.requires_grad and w.shape == (2, 2, 6, 9)
+    qd, kd = q.detach().double(), k.detach().double()
+    s = (qd @ kd.transpose(-2, -1)) / 8**0.5
+    s = s.masked_fill(torch.ones(6, 9, dtype=torch.bool).triu(1), float("-inf"))
+    assert rel(w, torch.softmax(s, -1)) < 1e-5
+    out.sum().backward()
+    want = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*want, is_causal=True).sum().backward()
+    for a, b in zip((q, k, v), want):
+        assert rel(a.grad, b.grad) < 1e-4

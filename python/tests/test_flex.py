@@ -2,8 +2,8 @@
 written by tests/python/make_flex_cases.py) on NumPy arrays and torch tensors, a caller's
 WGSL equal to the preset it implements, gradients through the presets and through a WGSL
 `score_mod` with its `score_mod_grad` against a float64 torch eager implementation, the
-argument checks, and the refusals (weights; gradients through a `score_mod` without its
-derivative)."""
+argument checks, the refusal of gradients through a `score_mod` without its derivative, and
+the weights (`return_weights=True`) of every preset against their float64 definition."""
 
 import json
 import os
@@ -351,3 +351,158 @@ def test_the_native_calls_modifier_keywords():
     np.testing.assert_allclose(weights, want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
     _, _, saved = native.sdpa(q, q, q, save=True, window=(1, 1))
     assert saved.backward(np.ones_like(q))[0].shape == q.shape
+
+
+def t5_bucket(d, buckets, max_distance, bidirectional):
+    """T5's bucket of the distance `d = kv − q` (transformers'
+    `T5Attention._relative_position_bucket`, its log in float32 as there), in NumPy."""
+    ret = np.zeros_like(d)
+    n = buckets
+    if bidirectional:
+        n //= 2
+        ret = ret + (d > 0) * n
+        d = np.abs(d)
+    else:
+        d = -np.minimum(d, 0)
+    exact = n // 2
+    # (the small distances take the exact branch; 1 keeps the log of 0 out of the others)
+    log = np.log(np.maximum(d, 1).astype(np.float32) / np.float32(exact)) / np.float32(np.log(max_distance / exact))
+    large = exact + (log * np.float32(n - exact)).astype(np.int64)
+    large = np.minimum(large, n - 1)
+    return ret + np.where(d < exact, d, large)
+
+
+def weights64(q, k, *, causal, scale=None, slopes=None, table=None, cap=None, window=None, ids=None, prefix=None):
+    """The attention weights by their definition, in float64 NumPy: the scaled scores, then
+    ALiBi, T5's bias (`table`: `(table, max_distance, bidirectional)`) and the soft-cap, then
+    the softmax over the keys kept (causal, the window, the documents and the prefix and-ed);
+    a masked entry is 0. Also returns the mask kept, `(B or 1, H or 1, L, S)`."""
+    q, k = q.astype(np.float64), k.astype(np.float64)
+    h, L, S = q.shape[1], q.shape[2], k.shape[2]
+    k = np.repeat(k, h // k.shape[1], axis=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q @ k.transpose(0, 1, 3, 2) * scale
+    i, j = np.arange(L)[:, None], np.arange(S)[None, :]
+    if slopes is not None:
+        s = s + np.asarray(slopes, dtype=np.float64)[None, :, None, None] * (j - i)
+    if table is not None:
+        t, max_distance, bidirectional = table
+        bucket = t5_bucket(j - i, t.shape[0], max_distance, bidirectional)
+        s = s + t.astype(np.float64)[bucket].transpose(2, 0, 1)[None]
+    if cap is not None:
+        s = cap * np.tanh(s / cap)
+    keep = np.ones((1, 1, L, S), dtype=bool)
+    if causal:
+        keep = keep & (j <= i)
+    if window is not None:
+        keep = keep & (j >= i - window[0]) & (j <= i + window[1])
+    if ids is not None:
+        keep = keep & (ids[:, None, :L, None] == ids[:, None, None, :S])
+    if prefix is not None:
+        keep = keep & ((j < prefix) | (j <= i))
+    s = np.where(keep, s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return w / w.sum(-1, keepdims=True), keep
+
+
+def weight_cases():
+    """`(name, score_mod, mask_mod, definition)`: each preset alone and two together, for a
+    query of 4 heads on 2 K/V heads, L = 12, S = 17."""
+    rng = np.random.default_rng(24)
+    slopes = presets.alibi_slopes(4)
+    table = (rng.standard_normal((8, 4)) * 0.5).astype(np.float32)
+    ids = np.array([[0] * 5 + [1] * 7 + [2] * 5, [0] * 2 + [1] * 9 + [2] * 6], dtype=np.int32)
+    return [
+        ("window", None, presets.sliding_window(3, 2), dict(window=(3, 2))),
+        ("softcap", presets.softcap(0.7), None, dict(cap=0.7)),
+        ("alibi", presets.alibi(slopes), None, dict(slopes=slopes)),
+        ("documents", None, presets.document_mask(ids), dict(ids=ids)),
+        ("prefix_lm", None, presets.prefix_lm(5), dict(prefix=5)),
+        ("relative_bias", presets.relative_bias(table, 20, True), None, dict(table=(table, 20, True))),
+        ("relative_bias_unidirectional", presets.relative_bias(table, 20, False), None, dict(table=(table, 20, False))),
+        (
+            "alibi_softcap_window_documents",
+            [presets.alibi(slopes), presets.softcap(0.7)],
+            [presets.sliding_window(4, 1), presets.document_mask(ids)],
+            dict(slopes=slopes, cap=0.7, window=(4, 1), ids=ids),
+        ),
+    ]
+
+
+def qkv(seed, L=12, S=17):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(s) * 1.5).astype(np.float32) for s in ((2, 4, L, 8), (2, 2, S, 8), (2, 2, S, 8))]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("case", weight_cases(), ids=lambda c: c[0])
+def test_flex_attention_returns_the_weights_of_its_modifiers(case, causal):
+    _, score_mod, mask_mod, definition = case
+    q, k, v = qkv(7)
+    out, w = wa.flex_attention(
+        q, k, v, score_mod, mask_mod, is_causal=causal, scale=0.4, enable_gqa=True, return_weights=True
+    )
+    want, keep = weights64(q, k, causal=causal, scale=0.4, **definition)
+    assert w.dtype == np.float32 and w.shape == (2, 4, 12, 17)
+    assert rel(w, want) < 1e-5
+    # Masked entries are exactly 0, and the output is made of these weights.
+    keep = np.broadcast_to(keep, w.shape)
+    assert keep.all() == (mask_mod is None and not causal)
+    assert (w[~keep] == 0).all()
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    v64 = np.repeat(v.astype(np.float64), 2, axis=1)
+    assert rel(out, w.astype(np.float64) @ v64) < 1e-5
+    # The output is the one without the weights.
+    alone = wa.flex_attention(q, k, v, score_mod, mask_mod, is_causal=causal, scale=0.4, enable_gqa=True)
+    assert rel(out, alone) < 1e-6
+
+
+def test_flex_weights_with_torch_tensors_and_autograd():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.from_numpy(a) for a in qkv(8))
+    score_mod, mask_mod = [presets.alibi(4), presets.softcap(0.7)], presets.sliding_window(4, 1)
+    definition = dict(slopes=presets.alibi_slopes(4), cap=0.7, window=(4, 1))
+    want, _ = weights64(q.numpy(), k.numpy(), causal=True, **definition)
+    # float64 tensors in, float64 tensors out.
+    out, w = wa.flex_attention(
+        q.double(), k.double(), v.double(), score_mod, mask_mod, is_causal=True, enable_gqa=True, return_weights=True
+    )
+    assert isinstance(w, torch.Tensor) and w.dtype == torch.float64 and out.dtype == torch.float64
+    assert rel(w.numpy(), want) < 1e-5
+    # Under autograd: the weights come back, not differentiable; the gradients are those
+    # without the weights.
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, w = wa.flex_attention(*leaves, score_mod, mask_mod, is_causal=True, enable_gqa=True, return_weights=True)
+    assert out.requires_grad and not w.requires_grad
+    assert rel(w.numpy(), want) < 1e-5
+    d_o = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    got = torch.autograd.grad(out, leaves, d_o)
+    plain = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    base = wa.flex_attention(*plain, score_mod, mask_mod, is_causal=True, enable_gqa=True)
+    assert rel(out.detach().numpy(), base.detach().numpy()) < 1e-6
+    for a, b in zip(got, torch.autograd.grad(base, plain, d_o)):
+        assert rel(a.numpy(), b.numpy()) < 1e-6
+    # A relative bias table that requires grad: still the weights, and the table's gradient.
+    table = torch.randn(8, 4, generator=torch.Generator().manual_seed(10), dtype=torch.float64).requires_grad_(True)
+    out, w = wa.flex_attention(q, k, v, presets.relative_bias(table, 20), enable_gqa=True, return_weights=True)
+    want, _ = weights64(q.numpy(), k.numpy(), causal=False, table=(table.detach().numpy(), 20, True))
+    assert not w.requires_grad and w.dtype == torch.float32 and rel(w.numpy(), want) < 1e-5
+    out.sum().backward()
+    assert table.grad is not None and table.grad.shape == (8, 4)
+
+
+def test_flex_weights_float16_and_without_modifiers():
+    q, k, v = qkv(11)
+    out, w = wa.flex_attention(
+        *(a.astype(np.float16) for a in (q, k, v)), presets.softcap(0.7), enable_gqa=True, return_weights=True
+    )
+    assert out.dtype == np.float16 and w.dtype == np.float16
+    want, _ = weights64(q.astype(np.float16), k.astype(np.float16), causal=False, cap=0.7)
+    assert rel(w, want) < 2e-3
+    # Without modifiers it is scaled_dot_product_attention's weights.
+    got = wa.flex_attention(q, k, v, is_causal=True, enable_gqa=True, return_weights=True)
+    sdpa = wa.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, return_weights=True)
+    for a, b in zip(got, sdpa):
+        np.testing.assert_array_equal(a, b)
+    want, _ = weights64(q, k, causal=True)
+    assert rel(got[1], want) < 1e-5

@@ -1,6 +1,7 @@
 """The "wgpu" transformers attention backend: small models built from configs (random
-weights, no download), every attention call through the package; logits match the eager
-implementation and greedy `generate` gives the same tokens."""
+weights, no download), every attention call through the package; logits and
+`output_attentions`' weights match the eager implementation and greedy `generate` gives the
+same tokens."""
 
 import pytest
 
@@ -150,16 +151,26 @@ def test_gemma2_softcap_and_sliding_window_layers():
     assert rel(logits(plain, "eager", input_ids=ids), logits(model, "eager", input_ids=ids)) > 1e-2
 
 
-def test_mistral_sliding_window_shorter_than_the_sequence():
+def mistral(sliding_window):
     from transformers import MistralConfig, MistralForCausalLM
 
     cfg = dict(SMALL, num_key_value_heads=2, max_position_embeddings=128)
-    model = build(MistralConfig, MistralForCausalLM, sliding_window=3, **cfg)
-    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(8))
+    return build(MistralConfig, MistralForCausalLM, sliding_window=sliding_window, **cfg)
+
+
+def left_padded(seed, row=0, pad=2):
+    """Two sequences of 11 tokens, `row` left-padded by `pad`: `(ids, attention_mask)`."""
+    ids = torch.randint(0, 97, (2, 11), generator=torch.Generator().manual_seed(seed))
     mask = torch.ones(2, 11, dtype=torch.long)
-    mask[0, :2] = 0
+    mask[row, :pad] = 0
+    return ids, mask
+
+
+def test_mistral_sliding_window_shorter_than_the_sequence():
+    model = mistral(3)
+    ids, mask = left_padded(8)
     assert compare(model, input_ids=ids, attention_mask=mask) < 1e-5
-    wide = build(MistralConfig, MistralForCausalLM, sliding_window=None, **cfg)
+    wide = mistral(None)
     assert rel(logits(wide, "eager", input_ids=ids), logits(model, "eager", input_ids=ids)) > 1e-2
     # Decoding past the window with the KV cache: eager's tokens.
     kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
@@ -167,6 +178,48 @@ def test_mistral_sliding_window_shorter_than_the_sequence():
     want = model.generate(**kw)
     model.set_attn_implementation("wgpu")
     assert torch.equal(model.generate(**kw), want)
+
+
+def compare_attentions(model, **inputs):
+    """Every layer's `output_attentions` weights and the logits, the wgpu backend's against
+    eager's: the largest relative difference of the weights, and the logits'."""
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        want = model(**inputs, output_attentions=True)
+    model.set_attn_implementation("wgpu")
+    calls = count_calls()
+    with torch.no_grad():
+        got = model(**inputs, output_attentions=True)
+    assert calls.n == model.config.num_hidden_layers
+    assert len(got.attentions) == len(want.attentions) == model.config.num_hidden_layers
+    worst = 0.0
+    for g, w in zip(got.attentions, want.attentions):
+        assert g is not None and g.shape == w.shape and g.dtype == w.dtype
+        worst = max(worst, rel(g, w))
+    return worst, rel(got.logits, want.logits)
+
+
+def test_gemma2_output_attentions_with_softcap_and_sliding_window():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    cfg = dict(SMALL, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16, max_position_embeddings=128)
+    model = build(Gemma2Config, Gemma2ForCausalLM, sliding_window=4, attn_logit_softcapping=0.05, **cfg)
+    assert model.config.layer_types == ["sliding_attention", "full_attention"]
+    ids = torch.randint(0, 97, (2, 13), generator=torch.Generator().manual_seed(12))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, :3] = 0
+    weights, logits = compare_attentions(model, input_ids=ids, attention_mask=mask)
+    assert weights < 1e-5 and logits < 1e-5
+
+
+def test_mistral_output_attentions_with_a_sliding_window():
+    model = mistral(3)
+    ids, mask = left_padded(13)
+    weights, logits = compare_attentions(model, input_ids=ids, attention_mask=mask)
+    assert weights < 1e-5 and logits < 1e-5
+    # Without a mask too (transformers then builds the window into its own mask).
+    weights, logits = compare_attentions(model, input_ids=ids)
+    assert weights < 1e-5 and logits < 1e-5
 
 
 class _Module:
@@ -202,10 +255,41 @@ def test_a_sliding_window_kwarg_without_a_mask_is_transformers_window(q_len, kv_
     assert rel(got, want) < 1e-5
 
 
-def test_softcap_with_output_attentions_is_a_clear_error():
-    q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(NotImplementedError, match="output_attentions with soft-capping"):
-        wat.attention_forward(None, q, q, q, None, softcap=30.0, output_attentions=True)
+def test_softcap_and_window_calls_return_eagers_weights():
+    """`output_attentions` on calls with modifiers: Gemma 2's eager attention's weights (its
+    soft-cap, then the mask), and for a window without a mask transformers' window mask's,
+    over all the call's keys (those cut off before the call weigh 0)."""
+    from transformers.masking_utils import eager_mask, sliding_window_causal_mask_function
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, 5, 8, generator=g) * 3
+    k, v = torch.randn(2, 2, 7, 8, generator=g) * 3, torch.randn(2, 2, 7, 8, generator=g)
+    mask = torch.zeros(2, 1, 5, 7)
+    mask[1, :, :, :2] = torch.finfo(torch.float32).min  # left padding
+    mask[:, :, :, 6] = torch.finfo(torch.float32).min
+    want_out, want = eager_attention_forward(_Module(), q, k, v, mask, scaling=0.3, softcap=2.0)
+    out, got = wat.attention_forward(_Module(), q, k, v, mask, scaling=0.3, softcap=2.0, output_attentions=True)
+    assert got.shape == want.shape == (2, 4, 5, 7)
+    assert rel(got, want) < 1e-5 and rel(out, want_out) < 1e-5
+    assert (got[..., 6] == 0).all() and (got[1, ..., :2] == 0).all()
+    # A window without a mask: a decoding step (its keys cut to the window) and a causal
+    # prefill with more keys than queries (cut to the queries').
+    k, v = torch.randn(2, 2, 9, 8, generator=g) * 3, torch.randn(2, 2, 9, 8, generator=g)
+    for q_len, kv_len in ((1, 9), (3, 9)):
+        mask = eager_mask(
+            batch_size=2,
+            q_length=q_len,
+            kv_length=kv_len,
+            q_offset=kv_len - 1 if q_len == 1 else 0,
+            mask_function=sliding_window_causal_mask_function(4),
+        )
+        want_out, want = eager_attention_forward(_Module(), q[:, :, :q_len], k, v, mask)
+        out, got = wat.attention_forward(
+            _Module(), q[:, :, :q_len], k, v, None, sliding_window=4, softcap=None, output_attentions=True
+        )
+        assert got.shape == want.shape == (2, 4, q_len, kv_len)
+        assert rel(got, want) < 1e-5 and rel(out, want_out) < 1e-5
 
 
 def test_softcap_with_dropout_is_refused_not_ignored():

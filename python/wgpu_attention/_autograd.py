@@ -51,7 +51,12 @@ class _SDPA(torch.autograd.Function):
         # `table`: a relative bias table that requires grad, an input so that it gets its
         # gradient (its values are in `mods` already).
         q, k, v = (_to_np(t) for t in (query, key, value))
-        out, weights, saved = _forward_np(q, k, v, mask, is_causal, scale, plan, half, return_weights, True, mods)
+        out, _, saved = _forward_np(q, k, v, mask, is_causal, scale, plan, half, False, True, mods)
+        weights = None
+        if return_weights:
+            # A saved forward returns no weights: a second forward, unsaved, gives them (they
+            # are not differentiable; the gradients flow through the output).
+            _, weights, _ = _forward_np(q, k, v, mask, is_causal, scale, plan, half, True, False, mods)
         ctx.saved = saved
         ctx.plan = plan
         ctx.likes = (query, key, value, table)
@@ -103,10 +108,12 @@ def flex_torch(
     enable_gqa,
     mods: Callable[[_Plan], Dict[str, Any]],
     table: Optional[torch.Tensor] = None,
+    return_weights: bool = False,
 ):
     """`flex_attention` on tensors: with inputs that require grad, through `_SDPA` (the saved
     forward keeps the modifiers, the fused backward takes them back through their
-    derivatives). `table`: the relative bias table that requires grad, or None."""
+    derivatives). `table`: the relative bias table that requires grad, or None. With
+    `return_weights`, `(output, weights)`, the weights not differentiable."""
     plan = _plan(query, key, value, enable_gqa)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError(
@@ -117,10 +124,13 @@ def flex_torch(
     half = query.dtype == torch.float16
     mask = _np_mask(attn_mask)
     if needs_grad:
-        return _SDPA.apply(query, key, value, mask, is_causal, scale, plan, half, False, mods(plan), table)
+        return _SDPA.apply(query, key, value, mask, is_causal, scale, plan, half, return_weights, mods(plan), table)
     q, k, v = (_to_np(t) for t in (query, key, value))
-    out, _, _ = _forward_np(q, k, v, mask, is_causal, scale, plan, half, False, False, mods(plan))
-    return _back(out, query)
+    out, weights, _ = _forward_np(q, k, v, mask, is_causal, scale, plan, half, return_weights, False, mods(plan))
+    result = _back(out, query)
+    if return_weights:
+        return result, _back(weights, query)
+    return result
 
 
 def sdpa_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights):

@@ -226,7 +226,8 @@ def scaled_dot_product_attention(
     `is_causal` is top-left aligned; it may be combined with a mask. `scale` defaults to
     `1/sqrt(E)`. `enable_gqa` lets key and value have fewer heads than query. With
     `return_weights=True` (not in PyTorch) it returns `(output, weights)`, the weights
-    `(..., L, S)`. A query row with nothing to attend to gives zeros (PyTorch's math
+    `(..., L, S)` (under autograd they come from a second, unsaved forward and are not
+    differentiable: gradients flow through the output only). A query row with nothing to attend to gives zeros (PyTorch's math
     backend gives NaN there). Torch tensors that require grad make the call differentiable:
     its backward is the crate's fused backward on the GPU.
     """
@@ -258,6 +259,7 @@ def flex_attention(
     attn_mask=None,
     buffers: Optional[Mapping[str, Any]] = None,
     score_mod_grad: Optional[str] = None,
+    return_weights: bool = False,
 ):
     """Attention with score and mask modifiers, after PyTorch's
     `torch.nn.attention.flex_attention.flex_attention`, but the modifiers are WGSL or presets
@@ -278,7 +280,11 @@ def flex_attention(
     Shapes, `scale`, `is_causal`, `enable_gqa` and `attn_mask` are as in
     `scaled_dot_product_attention` (causal and `attn_mask` apply with the modifiers: the score
     modifiers first, then the mask's bias, then the mask modifiers). Returns `(..., L, Ev)` of
-    the kind, dtype and device it was given.
+    the kind, dtype and device it was given. With `return_weights=True` (not in PyTorch's
+    FlexAttention) it returns `(output, weights)`: the weights `(..., L, S)` of the same
+    kind, dtype and device, the softmax of the modified scores the output is made of (a
+    masked entry is exactly 0), not differentiable (under autograd they come from a second,
+    unsaved forward; gradients flow through the output only).
 
     Gradients flow to torch tensors that require grad (the crate's fused backward, on the
     device): to a relative bias table that requires grad (`table.grad`, `(buckets, heads)`;
@@ -294,7 +300,14 @@ def flex_attention(
         if buffers:
             raise ValueError("buffers were given without a score_mod or mask_mod to read them")
         return scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+            return_weights=return_weights,
         )
 
     def mods(plan: _Plan) -> Dict[str, Any]:
@@ -304,14 +317,19 @@ def flex_attention(
     if _is_tensor(query) or _is_tensor(key) or _is_tensor(value):
         from . import _autograd
 
-        return _autograd.flex_torch(query, key, value, attn_mask, is_causal, scale, enable_gqa, mods, table)
+        return _autograd.flex_torch(
+            query, key, value, attn_mask, is_causal, scale, enable_gqa, mods, table, return_weights
+        )
     if table is not None and _torch().is_grad_enabled():
         raise TypeError(
             "the relative bias table requires grad but query, key and value are NumPy arrays: "
             "pass them as torch tensors for its gradient, or the table detached"
         )
     (q, k, v), plan, dtype = _arrays(query, key, value, enable_gqa)
-    out, _, _ = _forward_np(
-        q, k, v, _np_mask(attn_mask), is_causal, scale, plan, dtype == np.float16, False, False, mods(plan)
+    out, weights, _ = _forward_np(
+        q, k, v, _np_mask(attn_mask), is_causal, scale, plan, dtype == np.float16, return_weights, False, mods(plan)
     )
-    return out.astype(dtype, copy=False)
+    out = out.astype(dtype, copy=False)
+    if return_weights:
+        return out, weights.astype(dtype, copy=False)
+    return out

@@ -18,7 +18,9 @@ kernel. A `sliding_window` (Mistral, Gemma 2) is already in the masks transforme
 takes it from there. A call without a mask gets it as the window preset (query at position `p`
 sees positions `p − W + 1 … p`, as transformers' masks and flash-attention read `W`), with the
 positions transformers' `sdpa` backend gives such a call: a causal prefill from position 0, or
-one decoding step at position `kv − 1`.
+one decoding step at position `kv − 1`. `output_attentions` returns the weights of these
+calls too (`flex_attention(..., return_weights=True)`), over all the call's keys: keys cut off
+before a mask-free call weigh 0, as in the eager backend's.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def attention_forward(
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("the wgpu attention backend does not support attention sinks (`s_aux`)")
     q_len, kv_len = query.shape[2], key.shape[2]
+    first = 0  # the first of the call's keys still attended over (a window's cut)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(q_len > 1 and attention_mask is None and is_causal)
     if is_causal and kv_len > q_len:
@@ -64,7 +67,9 @@ def attention_forward(
     mask_mod = []
     window = kwargs.get("sliding_window")
     if window is not None and attention_mask is None:
+        first = key.shape[2]
         key, value, position_bias, mask_mod = _window(module, query, key, value, position_bias, int(window), is_causal)
+        first -= key.shape[2]
     if position_bias is not None:
         # A learned bias (T5): added to the scores, with the mask (or causal) folded in.
         lowest = torch.finfo(position_bias.dtype).min
@@ -82,12 +87,7 @@ def attention_forward(
     want_weights = bool(kwargs.get("output_attentions", False))
     if score_mod or mask_mod:
         _check_common(dropout, scaling)  # flex_attention has no dropout_p: refuse it here
-        if want_weights:
-            raise NotImplementedError(
-                "output_attentions with soft-capping or a sliding window: the wgpu backend does not return the weights "
-                "of calls with modifiers yet"
-            )
-        out = flex_attention(
+        result = flex_attention(
             query,
             key,
             value,
@@ -97,20 +97,26 @@ def attention_forward(
             is_causal=is_causal,
             scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1],
+            return_weights=want_weights,
         )
-        return out.transpose(1, 2).contiguous(), None
-    result = scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        is_causal=is_causal,
-        scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-        return_weights=want_weights,
-    )
+    else:
+        result = scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+            scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+            return_weights=want_weights,
+        )
     out, weights = result if want_weights else (result, None)
+    if weights is not None and weights.shape[-1] != kv_len:
+        # Keys cut off before the call (a window's past, a mask-free causal call's future)
+        # have weight 0: the weights over all the call's keys, as the eager backend's.
+        after = kv_len - first - weights.shape[-1]
+        weights = torch.nn.functional.pad(weights, (first, after))
     return out.transpose(1, 2).contiguous(), weights
 
 

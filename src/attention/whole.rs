@@ -173,15 +173,14 @@ impl Attention {
         };
         let widths = (dims.d_k / dims.heads, dims.d_v / dims.heads);
         let groups = (dims.batch * dims.heads, dims.n);
-        let chosen = crate::tune::sparse_flash(
+        crate::tune::sparse_flash(
             ctx,
             &self.families(ctx),
             (widths, groups),
             plan.flash,
             density,
             built,
-        );
-        chosen
+        )
     }
 
     /// What tells a call's kind apart (the op, its plan, widths, heads, mask, modifiers' code
