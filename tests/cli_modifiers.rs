@@ -76,10 +76,11 @@ fn presets_and_a_callers_files_match_the_reference() {
             Modifiers::new().preset(Preset::Window { left: 4, right: 0 }),
         ),
         (
+            // The CLI's order: ALiBi, then the soft-cap, whatever the flags' order.
             vec!["--softcap", "1.5", "--alibi", &slopes_s],
             Modifiers::new()
-                .preset(Preset::Softcap(1.5))
-                .preset(Preset::Alibi(slopes.clone())),
+                .preset(Preset::Alibi(slopes.clone()))
+                .preset(Preset::Softcap(1.5)),
         ),
         (
             vec!["--document-ids", &ids_s, "--prefix-length", "3"],
@@ -321,8 +322,8 @@ fn grad_output_through_the_modifiers_matches_the_reference() {
             vec!["--window", "6,2", "--softcap", "1.5", "--alibi", &slopes_s],
             Modifiers::new()
                 .preset(Preset::Window { left: 6, right: 2 })
-                .preset(Preset::Softcap(1.5))
-                .preset(Preset::Alibi(slopes.clone())),
+                .preset(Preset::Alibi(slopes.clone()))
+                .preset(Preset::Softcap(1.5)),
         ),
         (
             vec!["--document-ids", &ids_s, "--prefix-length", "5"],
@@ -353,14 +354,15 @@ fn grad_output_through_the_modifiers_matches_the_reference() {
                 "--relative-bias-max-distance",
                 "20",
             ],
+            // The soft-cap after the bias: the table's gradient goes back through it.
             Modifiers::new()
-                .preset(Preset::Softcap(1.5))
                 .preset(Preset::RelativeBias {
                     table: table.clone(),
                     buckets: 16,
                     max_distance: 20,
                     bidirectional: true,
-                }),
+                })
+                .preset(Preset::Softcap(1.5)),
         ),
     ];
     let out = p("out");

@@ -31,7 +31,8 @@ pub struct ModArgs {
     /// `--window W-1,0 --causal`).
     #[arg(long, value_name = "LEFT,RIGHT")]
     window: Option<String>,
-    /// Logit soft-capping: score ← C·tanh(score / C) on the scaled score (Gemma 2).
+    /// Logit soft-capping: score ← C·tanh(score / C) (Gemma 2). Score modifiers apply in
+    /// one order: --score-mod, --alibi, --relative-bias, then the soft-cap.
     #[arg(long, value_name = "C")]
     softcap: Option<f32>,
     /// ALiBi: score ← score + slope_h · (j − i), one slope per query head (a 1-D .npy).
@@ -109,15 +110,6 @@ impl ModArgs {
             };
             m = m.preset(Preset::Window { left, right });
         }
-        if let Some(c) = self.softcap {
-            if !(c.is_finite() && c > 0.0) {
-                return Err(Error::invalid(
-                    "--softcap",
-                    format!("{c} is not a positive number"),
-                ));
-            }
-            m = m.preset(Preset::Softcap(c));
-        }
         if let Some(p) = &self.alibi {
             let slopes = npy::read(p)?;
             if slopes.ndim() != 1 {
@@ -158,6 +150,17 @@ impl ModArgs {
                 max_distance: self.relative_bias_max_distance,
                 bidirectional: !self.relative_bias_unidirectional,
             });
+        }
+        // Last of the score presets, as Gemma 2 caps its final logits (the order of
+        // Python's flex_attention too).
+        if let Some(c) = self.softcap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(Error::invalid(
+                    "--softcap",
+                    format!("{c} is not a positive number"),
+                ));
+            }
+            m = m.preset(Preset::Softcap(c));
         }
         m.check()?;
         Ok(m)
