@@ -44,6 +44,11 @@ fn worst(got: &Gradients, want: &Gradients<ArrayD<f64>>) -> (f64, String) {
     check("b_k", got.b_k.clone(), want.b_k.clone());
     check("b_v", got.b_v.clone(), want.b_v.clone());
     check("b_o", got.b_o.clone(), want.b_o.clone());
+    check(
+        "relative_bias",
+        got.relative_bias.clone(),
+        want.relative_bias.clone(),
+    );
     worst
 }
 
@@ -89,6 +94,48 @@ fn x(batch: usize, n: usize, d: usize) -> Array3<f32> {
     Array3::from_shape_fn((batch, n, d), |(b, i, j)| {
         ((b * 3 + i * 5 + j) as f32 * 0.07).cos()
     })
+}
+
+#[test]
+fn the_layer_backward_through_modifiers_matches_the_reference() {
+    // The projected layer (grouped-query K/V, W_O, biases) with score and mask modifiers:
+    // ALiBi, T5's bias (its table's gradient too) before a soft-cap, a window and documents,
+    // causal and not, on both families.
+    use wgpu_attention::modifiers::{Modifiers, Preset};
+    let ctx = common::ctx();
+    let ws = Weights::new();
+    let p = ws.projections();
+    let (b, n) = (2, 37);
+    let x = x(b, n, 12);
+    let d_out = Array3::from_shape_fn((b, n, 5), |(b, i, j)| ((b + i * 3 + j) as f32 * 0.2).sin());
+    let every = common::every_preset(b, 4, n);
+    let mods = Modifiers::new()
+        .preset(Preset::Alibi(Preset::alibi_slopes(4)))
+        .preset(every[5].clone())
+        .preset(Preset::Softcap(1.2))
+        .preset(Preset::Window { left: 9, right: 4 })
+        .preset(every[3].clone());
+    let mask = Mask::none().with_modifiers(&mods);
+    let inputs = Inputs::x(&x).projections(&p).mask(&mask);
+    let mut failures = Vec::new();
+    for causal in [false, true] {
+        let base = Attention::new().heads(4).causal(causal);
+        let want = reference::backward(&base, &inputs, d_out.view().into_dyn()).unwrap();
+        assert!(want.relative_bias.is_some());
+        for kernels in [Kernels::Storage, Kernels::Subgroup] {
+            let op = base.options(Options {
+                kernels,
+                nan_fill: true,
+                ..Options::default()
+            });
+            let saved = saved_of(op.save_for_backward(true).run(ctx, inputs.clone()));
+            let (rel, which) = worst(&saved.backward(ctx, &d_out).unwrap(), &want);
+            if rel > 1e-4 {
+                failures.push(format!("{kernels:?} causal={causal}: {which} rel {rel:e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
 }
 
 #[test]

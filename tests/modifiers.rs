@@ -371,16 +371,25 @@ fn paths_that_do_not_apply_modifiers_yet_are_errors() {
     let mask = Mask::none().with_modifiers(&mods);
     let ctx = common::ctx();
     let unsupported = |r: wgpu_attention::Result<_>| matches!(r, Err(Error::Unsupported { .. }));
-    // A forward on X saved for the backward (one on Q, K, V saved for it applies them:
-    // tests/modifiers_backward.rs).
-    let saved = fused_on(Kernels::Storage).save_for_backward(true);
-    let x = Array2::<f32>::from_elem((5, 8), 0.5);
+    // A forward on device tensors not saved for the backward (saved ones apply them:
+    // tests/modifiers_backward.rs, on Q, K, V and on X).
+    let t = |a: &ndarray::Array4<f32>| {
+        let rows = a
+            .view()
+            .permuted_axes([0, 2, 1, 3])
+            .as_standard_layout()
+            .into_owned();
+        wgpu_attention::Tensor::from_array(ctx, rows.into_dyn().view(), wgpu_attention::Dtype::F32)
+            .unwrap()
+    };
+    let (q_t, k_t, v_t) = (t(q), t(k), t(v));
+    let op = fused_on(Kernels::Storage);
     assert!(unsupported(
-        saved.run(ctx, Inputs::x(&x).mask(&mask)).map(drop)
+        op.run(ctx, Inputs::qkv(&q_t, &k_t, &v_t).mask(&mask))
+            .map(drop)
     ));
-    // Without modifiers the same calls run.
-    saved.run(ctx, Inputs::x(&x)).unwrap();
-    saved.run(ctx, Inputs::qkv(q, k, v).mask(&mask)).unwrap();
+    // Without modifiers the same call runs.
+    op.run(ctx, Inputs::qkv(&q_t, &k_t, &v_t)).unwrap();
 }
 
 #[test]

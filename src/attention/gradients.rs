@@ -40,6 +40,8 @@ pub(crate) struct LayerGradients<T = f32> {
     pub w_o: Option<Array2<T>>,
     /// `∂ℓ/∂b_O`, `(d_out,)`: the column sums of `dO`.
     pub b_o: Option<Array1<T>>,
+    /// With a relative bias among the modifiers: `∂ℓ/∂table`, `(buckets, heads)`.
+    pub relative_bias: Option<Array2<T>>,
 }
 
 /// The gradients of a loss with respect to the inputs of a forward on Q, K and V

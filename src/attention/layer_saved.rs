@@ -20,7 +20,7 @@ use super::dispatch::Shape;
 use super::gradients::LayerGradients;
 use super::linear_grad::{InputGrad, LinearGrads};
 use super::projections::Projections;
-use super::saved::BackwardKernels;
+use super::saved::{record_table_grad, BackwardKernels};
 use super::shape::{named_inputs, Dims};
 use super::split::fits;
 use super::upload::{upload_as, MaskBuffer};
@@ -109,7 +109,11 @@ impl Attention {
         mask: &Mask<'_>,
     ) -> Result<(Output, LayerSaved)> {
         ctx.check_alive()?;
-        crate::attention::refuse_modifiers(ctx, mask, "a layer forward saved for the backward")?;
+        // The backward takes the modifiers back through their derivatives: refused here,
+        // before any work, when one has none.
+        if let Some(m) = mask.modifiers() {
+            m.check_differentiable()?;
+        }
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let bias = bias.as_ref().map(|b| b.view());
         self.check_saved_fits(ctx, dims, bias.as_ref())?;
@@ -124,7 +128,7 @@ impl Attention {
             };
             let x_dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
             let x_t = wrap(x_buf, x.shape().to_vec(), x_dtype);
-            let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), None)?;
+            let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -293,10 +297,16 @@ impl Layer {
 type NamedGrads = (&'static str, LinearGrads, (usize, usize));
 
 /// The gradients as the device holds them, before the readback.
+/// What a backward read back: every value in order, how many parts dX has, the weights'
+/// gradients' names and shapes, and the relative bias table's shape when it has one.
+type ReadBack = (Vec<Vec<f32>>, usize, Vec<NamedGrads>, Option<[usize; 2]>);
+
 struct DeviceGrads {
     /// dX, or (without projections) dQ, dK, dV to be summed.
     x: Vec<(Buf, usize)>,
     linear: Vec<NamedGrads>,
+    /// A relative bias table's gradient among the modifiers, and its shape.
+    table: Option<(Buf, [usize; 2])>,
 }
 
 impl LayerSaved {
@@ -337,9 +347,19 @@ impl LayerSaved {
                     pending.push(readback::copy_out(ctx, &mut encoder, db, *c));
                 }
             }
+            // The table's gradient last.
+            let table = grads.table.as_ref().map(|(t, shape)| {
+                pending.push(readback::copy_out(
+                    ctx,
+                    &mut encoder,
+                    t,
+                    shape[0] * shape[1],
+                ));
+                *shape
+            });
             let submission = ctx.queue.submit([encoder.finish()]);
             let values = readback::finish(ctx, submission, pending)?;
-            Ok((values, grads.x.len(), grads.linear))
+            Ok((values, grads.x.len(), grads.linear, table))
         })?;
         self.assemble(values)
     }
@@ -425,6 +445,13 @@ impl LayerSaved {
         let out = (&*dq, &*dk, &*dv);
         self.kernels
             .record(ctx, encoder, f, (q, k, v), saved, out, mask)?;
+        let table = record_table_grad(
+            ctx,
+            encoder,
+            f,
+            ([q, k, v], d_c, &self.stats),
+            self.mask.as_ref(),
+        )?;
         let Some(w) = &self.weights else {
             // Q = K = V = X: dX is the sum of the three, added up after the readback.
             return Ok(DeviceGrads {
@@ -434,6 +461,7 @@ impl LayerSaved {
                     (dv, rows * dv_kv),
                 ],
                 linear,
+                table,
             });
         };
         // The projections: dW = Xᵀ·dG, db, and dX = Σ dG·Wᵀ summed in place.
@@ -450,14 +478,12 @@ impl LayerSaved {
         Ok(DeviceGrads {
             x: vec![(dx, rows * dims.d)],
             linear,
+            table,
         })
     }
 
     /// The read-back values as [`LayerGradients`], checked for overflow.
-    fn assemble(
-        &self,
-        (values, x_parts, linear): (Vec<Vec<f32>>, usize, Vec<NamedGrads>),
-    ) -> Result<LayerGradients> {
+    fn assemble(&self, (values, x_parts, linear, table): ReadBack) -> Result<LayerGradients> {
         let mut values = values.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
             let v = values.next().unwrap_or_default();
@@ -481,6 +507,7 @@ impl LayerSaved {
             b_v: None,
             w_o: None,
             b_o: None,
+            relative_bias: None,
         };
         for (name, lin, (r, c)) in linear {
             let w = Array2::from_shape_vec((r, c), next(name)?).map_err(shape_err)?;
@@ -496,6 +523,10 @@ impl LayerSaved {
             };
             *wf = Some(w);
             *bf = b;
+        }
+        if let Some(shape) = table {
+            let values = next("gradient of the relative bias table")?;
+            g.relative_bias = Some(Array2::from_shape_vec(shape, values).map_err(shape_err)?);
         }
         Ok(g)
     }

@@ -134,6 +134,7 @@ impl<E: Clone> From<LayerGradients<E>> for Gradients<ArrayD<E>> {
             b_v: g.b_v.map(|a| a.into_dyn()),
             w_o: g.w_o.map(|a| a.into_dyn()),
             b_o: g.b_o.map(|a| a.into_dyn()),
+            relative_bias: g.relative_bias.map(|a| a.into_dyn()),
             ..Gradients::default()
         }
     }
@@ -163,6 +164,7 @@ impl From<TensorGradients> for Gradients<Tensor> {
             b_v: g.b_v,
             w_o: g.w_o,
             b_o: g.b_o,
+            relative_bias: g.relative_bias,
             ..Gradients::default()
         }
     }

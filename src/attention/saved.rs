@@ -142,58 +142,75 @@ impl BackwardKernels {
     }
 }
 
-impl SdpaSaved {
-    /// With a relative bias among the modifiers: its table's shape `(buckets, heads)` and
-    /// the bucket of each diagonal of the score matrix, for [`Flash::dispatch_bias_grad`].
-    fn table_grad(&self) -> Option<(TableGrad, [usize; 2])> {
-        let mods = &self.mask.as_ref()?.arg().mods?.source;
-        mods.presets().iter().find_map(|p| match p {
-            Preset::RelativeBias {
-                buckets,
-                max_distance,
-                bidirectional,
-                ..
-            } => {
-                let f = &self.flash;
-                let bucket_of = (0..f.n_q + f.n_kv - 1)
-                    .map(|t| {
-                        let d = t as i64 - (f.n_q as i64 - 1);
-                        Preset::t5_bucket(d, *buckets, *max_distance, *bidirectional)
-                    })
-                    .collect();
-                let grad = TableGrad {
-                    bucket_of,
-                    buckets: *buckets,
-                };
-                Some((grad, [*buckets as usize, f.heads]))
-            }
-            _ => None,
-        })
-    }
+/// With a relative bias among the modifiers of `mask`: its table's shape `(buckets, heads)`
+/// and the bucket of each diagonal of `flash`'s score matrix, for
+/// [`Flash::dispatch_bias_grad`].
+pub(super) fn table_grad(
+    flash: &Flash,
+    mask: Option<&MaskBuffer>,
+) -> Option<(TableGrad, [usize; 2])> {
+    let mods = &mask?.arg().mods?.source;
+    mods.presets().iter().find_map(|p| match p {
+        Preset::RelativeBias {
+            buckets,
+            max_distance,
+            bidirectional,
+            ..
+        } => {
+            let bucket_of = (0..flash.n_q + flash.n_kv - 1)
+                .map(|t| {
+                    let d = t as i64 - (flash.n_q as i64 - 1);
+                    Preset::t5_bucket(d, *buckets, *max_distance, *bidirectional)
+                })
+                .collect();
+            let grad = TableGrad {
+                bucket_of,
+                buckets: *buckets,
+            };
+            Some((grad, [*buckets as usize, flash.heads]))
+        }
+        _ => None,
+    })
+}
 
-    /// Records the relative bias table's gradient (when the modifiers have one) into a new
-    /// buffer, after [`BackwardKernels::record`] wrote each row's `D` into the statistics.
+/// Records the gradient of the relative bias table among `mask`'s modifiers (when it has
+/// one) into a new buffer, after [`BackwardKernels::record`] wrote each row's `D` into
+/// `stats`; with the table's shape.
+pub(super) fn record_table_grad(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    flash: &Flash,
+    (qkv, d_o, stats): ([&wgpu::Buffer; 3], &wgpu::Buffer, &wgpu::Buffer),
+    mask: Option<&MaskBuffer>,
+) -> Result<Option<(crate::gpu::buffer::Buf, [usize; 2])>> {
+    let Some((grad, shape)) = table_grad(flash, mask) else {
+        return Ok(None);
+    };
+    let out = buffer::output(ctx, "relative bias gradient", shape[0] * shape[1], false)?;
+    let [q, k, v] = qkv;
+    flash.dispatch_bias_grad(
+        ctx,
+        encoder,
+        (q, k, v),
+        (d_o, stats),
+        mask.map(MaskBuffer::arg),
+        &grad,
+        &out,
+    )?;
+    Ok(Some((out, shape)))
+}
+
+impl SdpaSaved {
+    /// [`record_table_grad`] of this saved forward.
     fn record_table_grad(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
         d_o: &wgpu::Buffer,
     ) -> Result<Option<(crate::gpu::buffer::Buf, [usize; 2])>> {
-        let Some((grad, shape)) = self.table_grad() else {
-            return Ok(None);
-        };
-        let out = buffer::output(ctx, "relative bias gradient", shape[0] * shape[1], false)?;
         let [q, k, v] = &self.qkv;
-        self.flash.dispatch_bias_grad(
-            ctx,
-            encoder,
-            (q, k, v),
-            (d_o, &self.stats),
-            self.mask.as_ref().map(MaskBuffer::arg),
-            &grad,
-            &out,
-        )?;
-        Ok(Some((out, shape)))
+        let saved = ([q, k, v], d_o, &*self.stats);
+        record_table_grad(ctx, encoder, &self.flash, saved, self.mask.as_ref())
     }
 }
 
@@ -448,7 +465,7 @@ impl SdpaSaved {
             next("gradient dK")?,
             next("gradient dV")?,
         );
-        let relative_bias = match self.table_grad() {
+        let relative_bias = match table_grad(&self.flash, self.mask.as_ref()) {
             Some((_, shape)) => Some(
                 Array2::from_shape_vec(shape, next("gradient of the relative bias table")?)
                     .map_err(|e| Error::shape(e.to_string()))?,

@@ -110,6 +110,11 @@ fn head_backward(
     (d_q, d_k, d_v, d_table)
 }
 
+/// A relative bias table's gradient, `(buckets, heads)`, made zero on its first head's.
+fn g_table(table: &mut Option<Array2<f64>>, buckets: usize, heads: usize) -> &mut Array2<f64> {
+    table.get_or_insert_with(|| Array2::zeros((buckets, heads)))
+}
+
 /// `Err(ShapeMismatch)` unless the output gradient has the output's shape.
 fn check_grad_shape(d_o: &[usize], output: &[usize], what: &str) -> Result<()> {
     if d_o == output {
@@ -183,7 +188,7 @@ pub(crate) fn sdpa_backward(
             d_k.slice_mut(s![bi, hk, .., ..]).scaled_add(1.0, &gk);
             d_v.slice_mut(s![bi, hk, .., ..]).scaled_add(1.0, &gv);
             if let Some(gt) = gt {
-                let t = d_table.get_or_insert_with(|| Array2::zeros((gt.len(), h)));
+                let t = g_table(&mut d_table, gt.len(), h);
                 t.column_mut(hi).scaled_add(1.0, &Array1::from(gt));
             }
         }
@@ -250,7 +255,10 @@ pub(crate) fn attention_backward(
         b_v: proj.and_then(|p| p.b_v).map(|_| Array1::zeros(dv_kv)),
         w_o: w_o.as_ref().map(|_| Array2::zeros((d_v, d_out))),
         b_o: proj.and_then(|p| p.b_o).map(|_| Array1::zeros(d_out)),
+        relative_bias: None,
     };
+    // A relative bias table's gradient, summed over the batch.
+    let mut layer_table = None;
     for b in 0..batch {
         let xb = x3.index_axis(Axis(0), b).to_owned();
         let d_ob = d_o3.index_axis(Axis(0), b);
@@ -300,7 +308,7 @@ pub(crate) fn attention_backward(
             let at = bias.as_ref().map(|m| (m, b, h));
             // A shared K/V head's gradient sums its query heads'.
             let g = h / ratio;
-            let (gq, gk, gv, _) = head_backward(
+            let (gq, gk, gv, gt) = head_backward(
                 q.slice(head_cols(h, dk_h)),
                 k.slice(head_cols(g, dk_h)),
                 v.slice(head_cols(g, dv_h)),
@@ -310,6 +318,10 @@ pub(crate) fn attention_backward(
                 (at, mods.map(|m| (m, b, h))),
             );
             grad_q.slice_mut(head_cols(h, dk_h)).assign(&gq);
+            if let Some(gt) = gt {
+                let t = g_table(&mut layer_table, gt.len(), heads);
+                t.column_mut(h).scaled_add(1.0, &Array1::from(gt));
+            }
             let mut k_cols = grad_k.slice_mut(head_cols(g, dk_h));
             k_cols += &gk;
             let mut v_cols = grad_v.slice_mut(head_cols(g, dv_h));
@@ -341,5 +353,6 @@ pub(crate) fn attention_backward(
     g.x =
         g.x.into_shape_with_order(IxDyn(x.shape()))
             .map_err(shape_err)?;
+    g.relative_bias = layer_table;
     Ok(g)
 }

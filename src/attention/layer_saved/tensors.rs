@@ -43,6 +43,8 @@ pub(crate) struct TensorGradients {
     pub w_o: Option<Tensor>,
     /// `∂ℓ/∂b_O`.
     pub b_o: Option<Tensor>,
+    /// `∂ℓ/∂table` of a relative bias among the modifiers, `(buckets, heads)`.
+    pub relative_bias: Option<Tensor>,
 }
 
 impl Attention {
@@ -82,7 +84,9 @@ impl Attention {
         }
         x.input(rec, "X")?;
         ctx.check_alive()?;
-        crate::attention::refuse_modifiers(ctx, mask, "a layer forward saved for the backward")?;
+        if let Some(m) = mask.modifiers() {
+            m.check_differentiable()?;
+        }
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
         let bias = bias.as_ref().map(|b| b.view());
         op.check_saved_fits(ctx, &dims, bias.as_ref())?;
@@ -91,7 +95,7 @@ impl Attention {
             let parts = SavedParts {
                 x: x.clone(),
                 weights: layer.map(|l| l.device().clone()),
-                mask: MaskBuffer::upload(ctx, bias.as_ref(), None)?,
+                mask: MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?,
             };
             op.record_saved_into(ctx, rec.encoder(), &dims, parts, &wrap)
         })?;
@@ -166,7 +170,8 @@ impl LayerSaved {
         let wrap = rec.wrapper();
         let grads = ctx.scoped(|| {
             let encoder = rec.encoder();
-            let DeviceGrads { x, linear } = self.record_backward_into(ctx, encoder, rows, d_y)?;
+            let DeviceGrads { x, linear, table } =
+                self.record_backward_into(ctx, encoder, rows, d_y)?;
             let mut x = x.into_iter();
             let Some((dx, len)) = x.next() else {
                 return Err(Error::invalid("backward", "internal: no dX"));
@@ -175,9 +180,9 @@ impl LayerSaved {
             for (part, _) in x {
                 add::dispatch(ctx, encoder, len, &part, &dx)?;
             }
-            Ok((dx, linear))
+            Ok((dx, linear, table))
         })?;
-        let (dx, linear) = grads;
+        let (dx, linear, table) = grads;
         let mut g = TensorGradients {
             x: wrap(dx, self.x_shape.clone()),
             w_q: None,
@@ -188,6 +193,7 @@ impl LayerSaved {
             b_v: None,
             w_o: None,
             b_o: None,
+            relative_bias: table.map(|(t, shape)| wrap(t, shape.to_vec())),
         };
         for (name, lin, (r, c)) in linear {
             let (wf, bf) = match name {

@@ -19,8 +19,8 @@ use wgpu_attention::{
 pub struct GradArgs {
     /// dO = ∂loss/∂output, a .npy of the output's shape (context.npy's). With it, also write
     /// the gradient of each input as grad_<flag>.npy in its input's shape: grad_x.npy and
-    /// grad_wq/wk/wv/bq/bk/bv/wo/bo.npy for the flags given (run), or grad_q/k/v.npy (sdpa;
-    /// with --relative-bias also grad_relative_bias.npy, the table's, (buckets, heads)).
+    /// grad_wq/wk/wv/bq/bk/bv/wo/bo.npy for the flags given (run), or grad_q/k/v.npy (sdpa);
+    /// with --relative-bias also grad_relative_bias.npy, the table's, (buckets, heads).
     /// Computed on the GPU (the fused backward, and for run the projections' matmuls; f32
     /// arithmetic; one forward more when the weights are written too). NaN/Inf in any input
     /// is an error even with --propagate-nan.
@@ -147,6 +147,9 @@ impl GradArgs {
                 ("bo", g.b_o),
             ];
             grads.extend(named.into_iter().filter_map(|(n, a)| Some((n, a?))));
+        }
+        if let Some(t) = g.relative_bias {
+            grads.push(("relative_bias", t));
         }
         Ok((out, Grads(grads, "GPU")))
     }
