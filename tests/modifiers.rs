@@ -437,6 +437,47 @@ fn a_callers_mistake_is_one_located_error() {
     assert!(!err.contains('\n'), "{err}");
 }
 
+#[test]
+fn a_name_the_kernels_use_is_refused_before_any_pipeline() {
+    // A buffer or function named like a kernel's own binding or helper would be a
+    // redefinition where the two are compiled together (was wgpu's validation error, on
+    // some paths only): one error naming it, on every path.
+    let data = qkv(1, 2, 2, 9, 9, 8);
+    let [q, k, v] = &data;
+    let score = "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
+                 return score + NAME[h];\n}\n";
+    let helper = "fn load4(x: f32) -> f32 {\n    return x;\n}\n\
+                  fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
+                  return load4(1.0) > 0.0;\n}\n";
+    let cases = ["mask", "p", "bias", "out", "stats"].map(|name| {
+        Modifiers::new()
+            .score_mod("mine.wgsl", score.replace("NAME", name))
+            .buffer(name, BufferData::F32(vec![0.5; 2]))
+    });
+    let function = Modifiers::new().mask_mod("mine.wgsl", helper);
+    for mods in cases.iter().chain([&function]) {
+        let mask = Mask::none().with_modifiers(mods);
+        for op in [fused_on(Kernels::Storage), fused_on(Kernels::Subgroup)] {
+            for op in [op, op.return_weights(true)] {
+                let err = op
+                    .run(common::ctx(), Inputs::qkv(q, k, v).mask(&mask))
+                    .unwrap_err();
+                let text = err.to_string();
+                assert!(matches!(err, Error::InvalidArgument { .. }), "{text}");
+                assert!(text.contains("a name the kernels use"), "{text}");
+            }
+        }
+    }
+    // Another name runs.
+    let fine = Modifiers::new()
+        .score_mod("mine.wgsl", score.replace("NAME", "hbias"))
+        .buffer("hbias", BufferData::F32(vec![0.5; 2]));
+    let mask = Mask::none().with_modifiers(&fine);
+    fused_on(Kernels::Storage)
+        .run(common::ctx(), Inputs::qkv(q, k, v).mask(&mask))
+        .unwrap();
+}
+
 /// The forced variants whose key loops skip the tiles a mask modifier leaves empty: the
 /// storage kernel at two tile widths, the subgroup kernel, and the GPU family's kernel whole
 /// and with its keys split.

@@ -155,6 +155,7 @@ impl ModsUpload {
     /// The caller's code does not check; GPU errors.
     pub(crate) fn new(dev: &Device, mods: &Modifiers) -> Result<Self> {
         mods.check()?;
+        check_names(mods)?;
         let buffers = mods.all_buffers();
         let mut code = mods.wgsl(1, 0);
         // Where a part of a split call starts in the whole call (zeros for a whole call): a
@@ -243,6 +244,83 @@ impl ModsUpload {
         maps.insert(shape, map.clone());
         Ok(Some(map))
     }
+}
+
+/// The names a kernel that calls the modifiers declares at module scope (its bindings,
+/// functions, constants, types, the host's constants and element types, the prelude's), by
+/// kernel file: a caller's name among them would be a redefinition where the two are
+/// compiled together. Read from the sources once: a declaration there starts its line.
+fn kernel_names() -> &'static HashMap<String, &'static str> {
+    static NAMES: OnceLock<HashMap<String, &'static str>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        let mut names = HashMap::new();
+        for id in super::KernelId::ALL {
+            let info = id.info();
+            if !info.source.contains("wa_keep(") {
+                continue;
+            }
+            let params = (info.params)();
+            let texts = [info.source, super::wgsl::PRELUDE, params.as_str()];
+            let host = info
+                .constants
+                .iter()
+                .chain(info.dtypes)
+                .map(|s| s.to_string());
+            for name in texts.iter().flat_map(|t| declared(t)).chain(host) {
+                names.entry(name).or_insert(info.file);
+            }
+        }
+        names
+    })
+}
+
+/// The names WGSL `text` declares at module scope (lines that start unindented with a
+/// declaration, after any attributes).
+fn declared(text: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.starts_with(char::is_whitespace)) {
+        let mut rest = line.trim();
+        while let Some(attr) = rest.strip_prefix('@') {
+            // `@name` or `@name(...)`, then the next token.
+            let end = match attr.find(')') {
+                Some(close) if attr.find(' ').is_none_or(|sp| close < sp) => close + 1,
+                _ => attr.find(' ').unwrap_or(attr.len()),
+            };
+            rest = attr[end..].trim_start();
+        }
+        let name = if let Some(r) = rest.strip_prefix("var<") {
+            r.split_once('>').map(|(_, r)| ident(r))
+        } else {
+            ["fn ", "const ", "var ", "alias ", "struct ", "override "]
+                .iter()
+                .find_map(|kw| rest.strip_prefix(kw).map(ident))
+        };
+        out.extend(name.filter(|n| !n.is_empty()));
+    }
+    out
+}
+
+/// `Err` when a name the caller's code declares is one a kernel declares too.
+fn check_names(mods: &Modifiers) -> Result<()> {
+    let taken = kernel_names();
+    for name in mods.declared_names()? {
+        if let Some(file) = taken.get(&name) {
+            return Err(Error::invalid(
+                "modifiers",
+                format!(
+                    "`{name}` is a name the kernels use ({file} declares it): give the \
+                     modifier's buffer or function another name"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The error for a path that does not apply modifiers yet (it must never ignore them).

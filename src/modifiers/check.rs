@@ -85,6 +85,20 @@ impl Modifiers {
         Ok(())
     }
 
+    /// Every name the caller's code declares at module scope: its buffers, functions and
+    /// constants (each must differ from the names of the kernels it is compiled into).
+    ///
+    /// # Errors
+    /// As [`Modifiers::check`].
+    pub(crate) fn declared_names(&self) -> Result<Vec<String>> {
+        let (text, segments) = self.assemble(0, 0, false);
+        let module = parse_and_validate(&text, &segments)?;
+        let mut names: Vec<String> = self.buffers.iter().map(|b| b.name.clone()).collect();
+        names.extend(module.functions.iter().filter_map(|(_, f)| f.name.clone()));
+        names.extend(module.constants.iter().filter_map(|(_, c)| c.name.clone()));
+        Ok(names)
+    }
+
     /// Which of the batch and head indices the mask modifiers read, `[b, h]`: a block map
     /// is shared along an axis none of them reads. A caller's `mask_mod` reads an index
     /// when naga finds its argument used at all (passing it to a helper counts); of the
