@@ -365,9 +365,9 @@ fn a_callers_buffers_past_the_storage_binding_count_are_a_clear_error() {
     let mut mods = Modifiers::new().score_mod(
         "four.wgsl",
         "fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32 {\n    \
-         return score + a[0] + b1[0] + c[0] + d[0];\n}\n",
+         return score + m0[0] + m1[0] + m2[0] + m3[0];\n}\n",
     );
-    for name in ["a", "b1", "c", "d"] {
+    for name in ["m0", "m1", "m2", "m3"] {
         mods = mods.buffer(name, BufferData::F32(vec![0.0]));
     }
     let mask = Mask::none().with_modifiers(&mods);
