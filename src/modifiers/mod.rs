@@ -15,8 +15,8 @@
 //! (`d wa_score / d score`: the product of each score modifier's derivative at its input,
 //! the caller's `score_mod_grad` for its `score_mod`), from [`Modifiers::wgsl`].
 //!
-//! The f64 reference ([`crate::reference`]) cannot run WGSL: a caller gives the same
-//! modifiers as Rust closures too ([`Modifiers::score_mod_cpu`], [`Modifiers::mask_mod_cpu`],
+//! The f64 reference (`reference::run`, `reference::backward`) cannot run WGSL: a caller
+//! gives the same modifiers as Rust closures too ([`Modifiers::score_mod_cpu`], [`Modifiers::mask_mod_cpu`],
 //! [`Modifiers::score_mod_grad_cpu`]), which the reference applies where the kernels apply
 //! the WGSL. The kernels never see them.
 
