@@ -16,9 +16,9 @@
 //! the caller's `score_mod_grad` for its `score_mod`), from [`Modifiers::wgsl`].
 //!
 //! The f64 reference (`reference::run`, `reference::backward`) cannot run WGSL: a caller
-//! gives the same modifiers as Rust closures too ([`Modifiers::score_mod_cpu`], [`Modifiers::mask_mod_cpu`],
-//! [`Modifiers::score_mod_grad_cpu`]), which the reference applies where the kernels apply
-//! the WGSL. The kernels never see them.
+//! gives the same modifiers as Rust closures too ([`Modifiers::score_mod_cpu`],
+//! [`Modifiers::mask_mod_cpu`], [`Modifiers::score_mod_grad_cpu`]), which the reference
+//! applies where the kernels apply the WGSL. The kernels never see them.
 
 mod blocks;
 mod check;
