@@ -424,7 +424,7 @@ impl SdpaSaved {
         let dq = buffer::output(ctx, "dQ", q_len, nan)?;
         let dk = buffer::output(ctx, "dK", k_len, nan)?;
         let dv = buffer::output(ctx, "dV", v_len, nan)?;
-        let flat = ctx.scoped(|| {
+        let (flat, table_shape) = ctx.scoped(|| {
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -452,7 +452,8 @@ impl SdpaSaved {
             if let Some((t, [rows, cols])) = &table {
                 pending.push(readback::copy_out(ctx, &mut encoder, t, rows * cols));
             }
-            timing::submit_and_read(ctx, encoder, pending)
+            let table_shape = table.map(|(_, shape)| shape);
+            timing::submit_and_read(ctx, encoder, pending).map(|flat| (flat, table_shape))
         })?;
         let mut flat = flat.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
@@ -465,8 +466,8 @@ impl SdpaSaved {
             next("gradient dK")?,
             next("gradient dV")?,
         );
-        let relative_bias = match table_grad(&self.flash, self.mask.as_ref()) {
-            Some((_, shape)) => Some(
+        let relative_bias = match table_shape {
+            Some(shape) => Some(
                 Array2::from_shape_vec(shape, next("gradient of the relative bias table")?)
                     .map_err(|e| Error::shape(e.to_string()))?,
             ),

@@ -60,9 +60,15 @@ fn head_backward(
     // The first relative bias: its table's gradient is the incoming gradient at its output,
     // taken back through the score presets after it (`tail`).
     let presets = mods.map_or(&[][..], |(m, _, _)| m.presets());
-    let table = presets
-        .iter()
-        .position(|p| matches!(p, Preset::RelativeBias { .. }));
+    let table = presets.iter().enumerate().find_map(|(at, p)| match p {
+        Preset::RelativeBias {
+            buckets,
+            max_distance,
+            bidirectional,
+            ..
+        } => Some((at, *buckets, *max_distance, *bidirectional)),
+        _ => None,
+    });
     let tail = |i: usize, j: usize, at: usize| {
         let Some((m, b, h)) = mods else { return 1.0 };
         let mut t = logits[[i, j]];
@@ -78,10 +84,7 @@ fn head_backward(
         }
         g
     };
-    let mut d_table = table.map(|at| match &presets[at] {
-        Preset::RelativeBias { buckets, .. } => vec![0.0; *buckets as usize],
-        _ => unreachable!("position found a relative bias"),
-    });
+    let mut d_table = table.map(|(_, buckets, ..)| vec![0.0; buckets as usize]);
     let mut d_s = Array2::<f64>::zeros(p.raw_dim());
     for i in 0..p.nrows() {
         let d_i: f64 = (&p.row(i) * &d_p.row(i)).sum();
@@ -89,18 +92,9 @@ fn head_backward(
             if p[[i, j]] != 0.0 {
                 let incoming = p[[i, j]] * (d_p[[i, j]] - d_i);
                 d_s[[i, j]] = incoming * chain(i, j);
-                if let (Some(at), Some(acc)) = (table, d_table.as_mut()) {
-                    if let Preset::RelativeBias {
-                        buckets,
-                        max_distance,
-                        bidirectional,
-                        ..
-                    } = &presets[at]
-                    {
-                        let d = j as i64 - i as i64;
-                        let bucket = Preset::t5_bucket(d, *buckets, *max_distance, *bidirectional);
-                        acc[bucket as usize] += incoming * tail(i, j, at);
-                    }
+                if let (Some((at, buckets, reach, both)), Some(acc)) = (table, d_table.as_mut()) {
+                    let bucket = Preset::t5_bucket(j as i64 - i as i64, buckets, reach, both);
+                    acc[bucket as usize] += incoming * tail(i, j, at);
                 }
             }
         }
