@@ -11,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use ndarray::Array3;
-use wgpu_attention::{bench, reference, Attention, Context, Dims, Inputs, Kernels, Options};
+use wgpu_attention::{bench, reference, Attention, Context, Dims, Dtype, Inputs, Kernels, Options};
 
 fn open() -> Context {
     let ctx = Context::new().expect("benches need an adapter");
@@ -32,7 +32,7 @@ fn matmul(c: &mut Criterion) {
     let mut group = c.benchmark_group("matmul_512");
     group.sample_size(10);
     group.throughput(Throughput::Elements(2 * (m * m * m) as u64));
-    for variant in bench::matmul_candidates(&ctx, &Kernels::available(&ctx)) {
+    for variant in bench::matmul_candidates(&ctx, &Kernels::available(&ctx), Dtype::F32) {
         group.bench_function(BenchmarkId::from_parameter(variant), |b| {
             b.iter(|| bench::matmul(&ctx, variant, (m, m, m), 0, 1).unwrap())
         });
@@ -51,7 +51,8 @@ fn attention(c: &mut Criterion) {
         let dims = Dims::new(&op, &Inputs::x(&x)).unwrap();
         group.throughput(Throughput::Elements(dims.attention_flops() as u64));
         let fused = op.return_weights(false);
-        for variant in bench::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16) {
+        for variant in bench::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16, Dtype::F32)
+        {
             let op = fused.options(Options {
                 flash_variant: Some(variant),
                 ..Options::default()

@@ -121,12 +121,12 @@ fn main(
 
             for (var ii = 0u; ii < SG; ii++) { // unroll
                 let row = i0 + ii;
-                let lse = subgroupShuffle(st.x, ii);
-                let dd = subgroupShuffle(st.y, ii);
+                let lse = sg_shuffle1(st.x, ii);
+                let dd = sg_shuffle1(st.y, ii);
                 var qs: array<vec4<f32>, DK4>;
                 var s: array<f32, R>;
                 for (var c = 0u; c < DK4; c++) { // unroll
-                    qs[c] = subgroupShuffle(qr[c], ii);
+                    qs[c] = sg_shuffle4(qr[c], ii);
                     for (var r = 0u; r < R; r++) { // unroll
                         s[r] += dot(k[r][c], qs[c]);
                     }
@@ -151,7 +151,7 @@ fn main(
                 // dV += P·dO and dP = dO·v, one dO column at a time.
                 var dp: array<f32, R>;
                 for (var c = 0u; c < DV4; c++) { // unroll
-                    let dc = subgroupShuffle(dor[c], ii);
+                    let dc = sg_shuffle4(dor[c], ii);
                     for (var r = 0u; r < R; r++) { // unroll
                         dp[r] += dot(v[r][c], dc);
                         dv[r][c] = fma(vec4<f32>(pr[r]), dc, dv[r][c]);

@@ -123,14 +123,14 @@ fn main(
             var ks: array<vec4<f32>, DK4>;
             var s: array<f32, R>;
             for (var c = 0u; c < DK4; c++) { // unroll
-                ks[c] = subgroupShuffle(kr[c], jj);
+                ks[c] = sg_shuffle4(kr[c], jj);
                 for (var r = 0u; r < R; r++) { // unroll
                     s[r] += dot(q[r][c], ks[c]);
                 }
             }
             var dp: array<f32, R>;
             for (var c = 0u; c < DV4; c++) { // unroll
-                let vc = subgroupShuffle(vr[c], jj);
+                let vc = sg_shuffle4(vr[c], jj);
                 for (var r = 0u; r < R; r++) { // unroll
                     dp[r] += dot(d_o[r][c], vc);
                 }

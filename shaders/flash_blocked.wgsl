@@ -162,14 +162,14 @@ fn rank(lane: u32, size: u32) -> u32 { // if SGR
     if lane == 0u {
         base = atomicAdd(&ranked, size);
     }
-    return min(subgroupBroadcast(base, 0u) + lane, WG - 1u);
+    return min(sg_first_u(base) + lane, WG - 1u);
 }
 
 // SGR ≠ 0: the max (`is_max`) or sum of `x` over the TX lanes of this thread's row group.
 fn row_reduce(x: vec4<f32>, is_max: bool) -> vec4<f32> { // if SGR
     var y = x;
     for (var s = 1u; s < BC / 4u; s *= 2u) {
-        let other = subgroupShuffleXor(y, s);
+        let other = sg_xor4(y, s);
         y = select(y + other, max(y, other), is_max);
     }
     return y;

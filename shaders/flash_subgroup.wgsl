@@ -133,7 +133,7 @@ fn main(
         for (var jj = 0u; jj < SG; jj++) { // unroll
             var acc: array<f32, R>;
             for (var c = 0u; c < DK4; c++) { // unroll
-                let kc = subgroupShuffle(kr[c], jj);
+                let kc = sg_shuffle4(kr[c], jj);
                 for (var r = 0u; r < R; r++) { // unroll
                     acc[r] += dot(q[r][c], kc);
                 }
@@ -179,7 +179,7 @@ fn main(
                 oc[r] = o[r][c] * corr[r];
             }
             for (var jj = 0u; jj < SG; jj++) { // unroll
-                let vc = subgroupShuffle(vr[c], jj);
+                let vc = sg_shuffle4(vr[c], jj);
                 for (var r = 0u; r < R; r++) { // unroll
                     let pr = s[r][jj];
                     if SKIP_ZERO == 0u || !(pr == 0.0) {

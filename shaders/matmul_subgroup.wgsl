@@ -109,7 +109,7 @@ fn main(
         }
         for (var r = 0u; r < T; r++) { // unroll
             for (var l = 0u; l < SG; l++) { // unroll
-                let av = subgroupShuffle(a[r], l);
+                let av = sg_shuffle4(a[r], l);
                 let i = r * SG + l;
                 acc[i] += av.x * b[0] + av.y * b[1] + av.z * b[2] + av.w * b[3];
             }
@@ -133,13 +133,13 @@ fn main(
                     v[e] = x;
                     local_max = max(local_max, x);
                 }
-                let tile_max = subgroupMax(local_max);
+                let tile_max = sg_max1(local_max);
                 var local_sum = 0.0;
                 for (var e = 0u; e < 4u; e++) { // unroll
                     local_sum += exp2(v[e] - tile_max);
                 }
                 // A tile with nothing visible sums 0 (exp2 of NEG − NEG would be 1).
-                let tile_sum = select(subgroupAdd(local_sum), 0.0, tile_max == NEG);
+                let tile_sum = select(sg_add1(local_sum), 0.0, tile_max == NEG);
                 if lane == 0u && row < p.m {
                     let at = ((g * p.m + row) * p.tiles_n + t % p.tiles_n) * 2u;
                     c[at] = C_T(tile_max);

@@ -135,7 +135,7 @@ fn softmax_f32(row: &mut [f32], visible: usize, scale: f32) {
 /// # Errors
 /// GPU errors.
 pub fn fma_peak(ctx: &Context) -> Result<f64> {
-    let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+    let cpu = ctx.hardware().is_cpu();
     // Enough work to dwarf launch costs: ~2 GFLOP on a CPU adapter, ~1 TFLOP on a GPU.
     let (invocations, iters): (u32, u32) = if cpu {
         (16_384, 2_048)
@@ -167,7 +167,7 @@ pub fn matmul(
     warmup: usize,
     repeats: usize,
 ) -> Result<(Stats, Vec<(String, f64)>)> {
-    let problem = MatmulProblem::new(ctx, (m, n, k))?;
+    let problem = MatmulProblem::new(ctx, (m, n, k), crate::Dtype::F32)?;
     profiled(ctx, warmup, repeats, || problem.run(ctx, variant))
 }
 

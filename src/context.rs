@@ -15,6 +15,7 @@ use crate::settings::{Settings, TuneCache};
 mod adapter;
 mod backend;
 pub use crate::gpu::coop::CoopShape;
+pub use crate::gpu::hardware::StandIn;
 use adapter::select_async;
 pub use adapter::{list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT};
 pub use backend::Backend;
@@ -90,7 +91,15 @@ impl Context {
                 hint: NO_ADAPTER_HINT.to_string(),
             })?;
         let enumerated = start.elapsed();
-        let ctx = Self::from_adapter_async(adapter).await?;
+        // A misspelt switch is an error here (a device made from the caller's parts only
+        // logs it).
+        let stand_in = match options.stand_in {
+            Some(s) => s,
+            None => StandIn::from_env()?,
+        };
+        let ctx = Self::from_adapter_async(adapter)
+            .await?
+            .with_stand_in(stand_in);
         ctx.phases.add(Phase::Adapter, enumerated);
         Ok(ctx)
     }
@@ -125,7 +134,27 @@ impl Context {
         Context { dev, settings }
     }
 
-    /// The adapter's name, backend, device type and driver.
+    /// This context with the GPU stand-in on or off ([`StandIn`]; the default is
+    /// `WGPU_ATTENTION_STAND_IN`): under [`StandIn::Gpu`] a CPU adapter takes every decision
+    /// a discrete GPU takes, emulating the subgroup width and cooperative matrices it lacks.
+    /// For tests: slow, and its timings mean nothing. Call it before the first call.
+    #[must_use]
+    pub fn with_stand_in(mut self, stand_in: StandIn) -> Self {
+        self.dev.set_stand_in(stand_in);
+        self
+    }
+
+    /// Whether this context stands in for a GPU (see [`Context::with_stand_in`]).
+    pub fn standing_in(&self) -> StandIn {
+        match self.dev.hardware().stand_in {
+            true => StandIn::Gpu,
+            false => StandIn::Off,
+        }
+    }
+
+    /// The adapter's name, backend, device type and driver, as the kernels take them: under
+    /// the GPU stand-in the type is `DiscreteGpu` and the name ends in
+    /// `standing in for a GPU`.
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
         self.dev.adapter_info()
     }

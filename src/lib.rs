@@ -68,7 +68,9 @@ pub use attention::{
     Attention, Device, Dims, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output, Plan,
     Projections, Saved,
 };
-pub use context::{list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape};
+pub use context::{
+    list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape, StandIn,
+};
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use dtype::Dtype;
 pub use error::{Error, Result};

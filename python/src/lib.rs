@@ -83,6 +83,7 @@ fn options(backend: Option<&str>, name: Option<String>) -> Result<ContextOptions
     Ok(ContextOptions {
         backend: backend.map(str::parse::<Backend>).transpose()?,
         adapter_name: name,
+        ..Default::default()
     })
 }
 

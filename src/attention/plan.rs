@@ -57,7 +57,7 @@ impl Attention {
                 // First is the default when tuning is off: subgroup kernels where storage
                 // memory is slow (CPU adapters), storage kernels on GPUs.
                 let mut families = Kernels::available(ctx);
-                if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+                if ctx.hardware().is_cpu() {
                     families.reverse();
                 }
                 families
@@ -88,13 +88,18 @@ impl Attention {
         let flash = match self.flash {
             Some(v) => v,
             None if self.kernels == Kernels::Coop => FlashVariant::Coop,
-            None => tune::flash(ctx, &families, head, (dims.batch * dims.heads, dims.n))?,
+            None => tune::flash(
+                ctx,
+                (&families, self.dtype),
+                head,
+                (dims.batch * dims.heads, dims.n),
+            )?,
         };
         let family = flash.family();
         let matmul = match self.matmul {
             Some(v) => v,
             None if self.kernels == Kernels::Coop => MatmulVariant::Coop,
-            None => tune::matmul(ctx, &[family], dims.batch * dims.n)?,
+            None => tune::matmul(ctx, (&[family], self.dtype), dims.batch * dims.n)?,
         };
         if matmul == MatmulVariant::Coop || flash == FlashVariant::Coop {
             ctx.require_coop()?;

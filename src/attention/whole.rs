@@ -175,7 +175,7 @@ impl Attention {
         let groups = (dims.batch * dims.heads, dims.n);
         crate::tune::sparse_flash(
             ctx,
-            &self.families(ctx),
+            (&self.families(ctx), self.dtype),
             (widths, groups),
             plan.flash,
             density,

@@ -20,6 +20,9 @@ pub struct ContextOptions {
     pub backend: Option<Backend>,
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter_name: Option<String>,
+    /// Whether the adapter stands in for a GPU (default: `WGPU_ATTENTION_STAND_IN`, else
+    /// off; see [`crate::StandIn`] and docs/testing.md).
+    pub stand_in: Option<crate::StandIn>,
 }
 
 impl ContextOptions {

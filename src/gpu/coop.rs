@@ -113,21 +113,7 @@ impl Device {
     /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` and `Features::SUBGROUP` and the adapter
     /// reports one of the shapes they are built for ([`CoopShape`]).
     pub(crate) fn coop_shape(&self) -> Option<CoopShape> {
-        if let Some(shape) = self.dry_run_coop() {
-            return shape;
-        }
-        let features = self.device.features();
-        if !features.contains(wgpu::Features::SUBGROUP) {
-            return None;
-        }
-        if let Some(size) = emulate::size() {
-            let f16_inputs = features.contains(wgpu::Features::SHADER_F16);
-            return Some(CoopShape { size, f16_inputs });
-        }
-        pick(
-            &self.coop_properties(),
-            features.contains(wgpu::Features::SHADER_F16),
-        )
+        self.hardware().coop
     }
 
     /// The coop kernels' shape, or the error saying they cannot run here.

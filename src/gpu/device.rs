@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::coop;
+use super::hardware::{Hardware, StandIn};
 use super::pipeline::PipelineCache;
 use super::pool::Pool;
 use super::timing::{Profiling, Timing};
@@ -31,12 +32,10 @@ pub struct Device {
     memo: Mutex<Vec<Memo>>,
     unused_out: OnceLock<[wgpu::Buffer; 2]>,
     one: OnceLock<wgpu::Buffer>,
-    subgroup_size: Option<u32>,
     lost: Arc<Mutex<Option<String>>>,
-    /// What a dry-run device ([`Device::dry_run`]) stands for where wgpu's noop adapter cannot
-    /// say it: its type (wgpu 30's noop adapter reports a CPU whatever it is given) and its
-    /// cooperative-matrix shape (it reports none).
-    stands_for: Option<(wgpu::DeviceType, Option<coop::CoopShape>)>,
+    /// What the kernels take this device for: every GPU-or-CPU branch reads this (see
+    /// [`Hardware`]).
+    hardware: Hardware,
     /// Unique in the process: what a resource made on this device is checked against.
     id: u64,
 }
@@ -129,20 +128,29 @@ impl Device {
         // Errors outside our error scopes must not panic the caller's process; each forward
         // pass runs inside scopes, so anything landing here is reported on the next call.
         device.on_uncaptured_error(Arc::new(|_e: wgpu::Error| {}));
-        let limits = device.limits();
-        // Subgroup kernels are compiled for one size, so they need it fixed and known.
+        let stand_in = StandIn::from_env().unwrap_or_else(|e| {
+            log::warn!("{e}; the stand-in stays off");
+            StandIn::Off
+        });
+        let hardware = Hardware::of(&adapter, &device, stand_in);
+        let mut limits = device.limits();
+        limits.max_compute_workgroup_storage_size = hardware.workgroup_storage;
         let info = adapter.get_info();
-        let subgroup_size = (device.features().contains(wgpu::Features::SUBGROUP)
-            && info.subgroup_min_size == info.subgroup_max_size)
-            .then_some(info.subgroup_min_size);
         log::info!(
-            "adapter: {} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
+            "adapter: {}{} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
             info.name,
+            if hardware.stand_in {
+                super::hardware::STAND_IN_SUFFIX
+            } else {
+                ""
+            },
             info.backend,
-            info.device_type,
+            hardware.device_type,
             info.driver,
             info.driver_info,
-            subgroup_size.map_or("not fixed/none".to_string(), |s| s.to_string()),
+            hardware
+                .subgroup_size
+                .map_or("not fixed/none".to_string(), |s| s.to_string()),
             device.features()
         );
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -159,9 +167,8 @@ impl Device {
             memo: Mutex::default(),
             unused_out: OnceLock::new(),
             one: OnceLock::new(),
-            subgroup_size,
             lost,
-            stands_for: None,
+            hardware,
             timing: Timing::default(),
             phases: Phases::default(),
         }
@@ -196,23 +203,43 @@ impl Device {
                     hint: "dry runs need a native build".into(),
                 })?;
             let mut dev = Self::from_adapter_async(adapter).await?;
-            dev.stands_for = Some((what.device_type, what.coop));
+            // wgpu 30's noop adapter reports a CPU whatever it is given, and no
+            // cooperative matrices; a dry run emulates nothing.
+            dev.hardware.device_type = what.device_type;
+            dev.hardware.coop = what.coop;
+            dev.hardware.emulate = Default::default();
+            dev.hardware.stand_in = false;
+            dev.hardware.subgroup_range = what.subgroups;
+            dev.hardware.subgroup_size =
+                (what.subgroups.0 == what.subgroups.1).then_some(what.subgroups.0);
+            dev.hardware.workgroup_storage = what.limits.max_compute_workgroup_storage_size;
+            dev.limits.max_compute_workgroup_storage_size = dev.hardware.workgroup_storage;
             Ok(dev)
         })
     }
 
-    /// The adapter's name, backend, device type and driver (a dry run's device type).
+    /// The adapter's name, backend, device type and driver as the kernels take them: the
+    /// device type is [`Hardware`]'s (a dry run's, or a GPU's under the stand-in, whose name
+    /// then ends in `standing in for a GPU`, so every adapter line says so and the tuning
+    /// cache keeps its choices apart).
     pub(crate) fn adapter_info(&self) -> wgpu::AdapterInfo {
         let mut info = self.adapter.get_info();
-        if let Some((device_type, _)) = self.stands_for {
-            info.device_type = device_type;
+        info.device_type = self.hardware.device_type;
+        if self.hardware.stand_in {
+            info.name.push_str(super::hardware::STAND_IN_SUFFIX);
         }
         info
     }
 
-    /// The cooperative-matrix shape a dry-run device stands for (`Some(None)`: none).
-    pub(crate) fn dry_run_coop(&self) -> Option<Option<coop::CoopShape>> {
-        self.stands_for.map(|(_, coop)| coop)
+    /// What the kernels take this device for.
+    pub(crate) fn hardware(&self) -> &Hardware {
+        &self.hardware
+    }
+
+    /// Turns the GPU stand-in on or off (see [`StandIn`]); the device's limits follow.
+    pub(crate) fn set_stand_in(&mut self, stand_in: StandIn) {
+        self.hardware = Hardware::of(&self.adapter, &self.device, stand_in);
+        self.limits.max_compute_workgroup_storage_size = self.hardware.workgroup_storage;
     }
 
     /// The adapter's name for messages; the browser gives none, so there it is its backend.
@@ -232,7 +259,7 @@ impl Device {
 
     /// The subgroup size kernels can be compiled for (see [`crate::Context::subgroup_size`]).
     pub(crate) fn subgroup_size(&self) -> Option<u32> {
-        self.subgroup_size
+        self.hardware.subgroup_size
     }
 
     /// The wgpu device.
@@ -261,6 +288,7 @@ impl Device {
             .device
             .features()
             .contains(wgpu::Features::TIMESTAMP_QUERY)
+            // The real adapter's type: the stand-in changes what runs, not how it is timed.
             && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
         self.timing.set(on, timestamps)
     }
@@ -372,13 +400,16 @@ impl Device {
     /// # Errors
     /// [`Error::Unsupported`] without `Features::SUBGROUP` and a fixed subgroup size.
     pub(crate) fn require_subgroups(&self) -> Result<u32> {
-        self.subgroup_size.ok_or_else(|| Error::Unsupported {
-            feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
+        self.hardware
+            .subgroup_size
+            .ok_or_else(|| Error::Unsupported {
+                feature: "the subgroup kernels (wgpu::Features::SUBGROUP with one fixed subgroup \
                       size)"
-                .into(),
-            adapter: self.adapter_name(),
-            hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)".into(),
-        })
+                    .into(),
+                adapter: self.adapter_name(),
+                hint: "use Kernels::Storage or Kernels::Auto (CLI --kernels storage or auto)"
+                    .into(),
+            })
     }
 
     /// Waits until everything submitted to the device so far has run.

@@ -11,10 +11,12 @@
 pub(crate) mod buffer;
 pub(crate) mod coop;
 pub(crate) mod device;
+pub(crate) mod hardware;
 pub(crate) mod oneshot;
 pub(crate) mod pipeline;
 pub(crate) mod pool;
 pub(crate) mod readback;
+pub(crate) mod subgroups;
 pub(crate) mod texture;
 pub(crate) mod timing;
 

@@ -48,15 +48,10 @@ impl Kernel for Shader {
 pub(crate) fn coop_header(source: String, size: u32) -> String {
     let n = if size == 8 { 8 } else { 16 };
     let ty = format!("coop_mat{n}x{n}");
-    let text = format!(
+    format!(
         "enable wgpu_cooperative_matrix;\n{source}\n\
          alias CA = {ty}<AB_T, A>;\nalias CB = {ty}<AB_T, B>;\nalias CC = {ty}<f32, C>;\n"
-    );
-    // The test hook of tests/coop_emulated.rs (never set in normal use).
-    match crate::gpu::coop::emulate::size() {
-        Some(_) => crate::gpu::coop::emulate::rewrite(&text, n),
-        None => text,
-    }
+    )
 }
 
 /// Records `c ← a·b (+ bias)` for `mm` on cooperative matrices.

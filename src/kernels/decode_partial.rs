@@ -20,7 +20,7 @@ pub(crate) const THREADS: u32 = 64;
 /// (lavapipe runs a workgroup's subgroups one after the other on one core, so more threads
 /// only add rounds to the merge through workgroup memory, which is slow there).
 pub(crate) fn threads_for(ctx: &Device) -> u32 {
-    if ctx.adapter_info().device_type == wgpu::DeviceType::Cpu {
+    if ctx.hardware().is_cpu() {
         ctx.subgroup_size().unwrap_or(8).clamp(1, THREADS)
     } else {
         THREADS
@@ -192,7 +192,7 @@ impl Decode {
         let chunks =
             (self.heads / self.kv_heads.max(1) * self.m).div_ceil(rows_per_workgroup as usize);
         let groups = self.batch * self.kv_heads * chunks;
-        let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+        let cpu = ctx.hardware().is_cpu();
         block_for(self.len, groups, cpu)
     }
 
@@ -212,7 +212,7 @@ impl Decode {
         let (dk4, dv4) = self.widths4();
         let ratio = self.heads / self.kv_heads;
         let rows = ratio * self.m;
-        let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+        let cpu = ctx.hardware().is_cpu();
         let limit = ctx.limits().max_compute_workgroup_storage_size;
         let rows32 = u32_of("query rows per K/V head", rows)?;
         let kernel = if self.gpu_kernel.unwrap_or(!cpu) {

@@ -281,6 +281,8 @@ pub(crate) struct PipelineKey {
     pub f16: u8,
     /// The modifiers' code (see [`mods`]), 0 for none.
     pub mods: u64,
+    /// What the device emulates (the GPU stand-in's subgroups and cooperative matrices).
+    pub emulate: crate::gpu::hardware::Emulation,
 }
 
 impl PipelineKey {
@@ -297,13 +299,24 @@ impl PipelineKey {
             consts: values,
             f16,
             mods: 0,
+            emulate: Default::default(),
         }
     }
 
     /// The full WGSL text this key builds.
     pub fn source(&self) -> String {
         let info = self.kernel.info();
-        info.source_with_mods(&self.consts[..info.constants.len()], self.f16, self.mods)
+        let mut source =
+            info.source_with_mods(&self.consts[..info.constants.len()], self.f16, self.mods);
+        if info.coop && self.emulate.coop != 0 {
+            let size = self.constant("S").unwrap_or(16);
+            let wide = self.emulate.subgroup != 0;
+            source = crate::gpu::coop::emulate::rewrite(&source, size, wide);
+        }
+        if self.emulate.subgroup != 0 {
+            source = crate::gpu::subgroups::emulate(&source, self.emulate.subgroup);
+        }
+        source
     }
 
     /// The value of the kernel's constant `name` (its WGSL name) in this key, if it has one.
@@ -481,6 +494,7 @@ pub(crate) fn record_with<K: Kernel>(
 ) -> Result<()> {
     let mut key = PipelineKey::of::<K>(consts, f16);
     key.mods = mods.map_or(0, |m| m.upload.hash);
+    key.emulate = ctx.hardware().emulate;
     // Per dispatch: the label alone, not the whole description.
     let label = K::ID.file();
     if resources.len() != K::BINDINGS.len() {

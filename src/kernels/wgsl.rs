@@ -148,7 +148,9 @@ pub(crate) fn compose(
     }
     text.push_str(PRELUDE);
     text.push_str(params);
-    text.push_str(&unroll(&drop_disabled(source, consts), consts));
+    let body = unroll(&drop_disabled(source, consts), consts);
+    text.push_str(&body);
+    text.push_str(&crate::gpu::subgroups::native(&body));
     text
 }
 

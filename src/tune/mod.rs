@@ -17,6 +17,7 @@ pub(crate) mod sources;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::context::Context;
+use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::gpu::buffer;
 use crate::gpu::timing;
@@ -158,16 +159,19 @@ pub fn flash_candidates(
     families: &[Kernels],
     dk4: u32,
     dv4: u32,
+    dtype: Dtype,
 ) -> Vec<FlashVariant> {
     let storage = match families.contains(&Kernels::Storage) {
         true => storage_flash(ctx.adapter_info().device_type, ctx.limits(), (dk4, dv4)).1,
         false => Vec::new(),
     };
     let caps = Caps::of(ctx);
+    let coop = same_numerics(ctx, dtype)
+        && (families.contains(&Kernels::Storage) || families.contains(&Kernels::Coop));
     let wanted = |v: &FlashVariant| match v.family() {
         Kernels::Subgroup => families.contains(&Kernels::Subgroup),
         Kernels::Storage => storage.contains(v),
-        Kernels::Coop => families.contains(&Kernels::Storage) || families.contains(&Kernels::Coop),
+        Kernels::Coop => coop,
         Kernels::Auto => false,
     };
     flash::FAMILY
@@ -177,8 +181,18 @@ pub fn flash_candidates(
         .collect()
 }
 
-/// The candidates of the matmul in `families`.
-pub fn matmul_candidates(ctx: &Context, families: &[Kernels]) -> Vec<MatmulVariant> {
+/// Whether the cooperative-matrix kernels compute a `dtype` call with its own numerics: with
+/// f16 inputs (the tensor cores' usual shape) they round an f32 call's operands to f16, so
+/// they are candidates for f16 calls only; with f32 inputs, for both.
+pub(crate) fn same_numerics(ctx: &Device, dtype: Dtype) -> bool {
+    match ctx.coop_shape() {
+        Some(shape) => dtype == Dtype::F16 || !shape.f16_inputs,
+        None => false,
+    }
+}
+
+/// The candidates of the matmul in `families` for operands of `dtype`.
+pub fn matmul_candidates(ctx: &Context, families: &[Kernels], dtype: Dtype) -> Vec<MatmulVariant> {
     let mut v = Vec::new();
     if families.contains(&Kernels::Subgroup) && ctx.subgroup_size().is_some() {
         v.extend([1, 2, 4].map(|t| MatmulVariant::Subgroup { rows_per_lane: t }));
@@ -188,11 +202,12 @@ pub fn matmul_candidates(ctx: &Context, families: &[Kernels]) -> Vec<MatmulVaria
         v.push(MatmulVariant::Tiled);
         // The register-blocked kernel is for GPUs (on a CPU adapter its extra work per
         // workgroup-memory load buys nothing).
-        if ctx.adapter_info().device_type != wgpu::DeviceType::Cpu {
+        if !ctx.hardware().is_cpu() {
             v.extend(MATMUL_BLOCKED.map(|per_thread| MatmulVariant::Blocked { per_thread }));
         }
-        // Tensor cores where the device has them: timed like the others, kept if faster.
-        if ctx.coop_shape().is_some() {
+        // Tensor cores where the device has them and they keep the call's numerics: timed
+        // like the others, kept if faster.
+        if same_numerics(ctx, dtype) {
             v.push(MatmulVariant::Coop);
         }
     }
@@ -325,7 +340,7 @@ fn budgeted() -> bool {
 #[allow(clippy::too_many_arguments)]
 fn choose<T>(
     ctx: &Context,
-    families: &[Kernels],
+    (families, dtype): (&[Kernels], Dtype),
     kind: &str,
     detail: &str,
     candidates: &[T],
@@ -342,7 +357,7 @@ where
     }
     let mut ordered = vec![fallback];
     ordered.extend(candidates.iter().copied().filter(|&c| c != fallback));
-    let key = choice_key(ctx, families, kind, detail);
+    let key = choice_key(ctx, families, kind, detail, dtype);
     // A remembered choice this context cannot run (tensor cores turned off since) is none.
     let known: Option<Progress<T>> = ctx
         .tune_cache()
@@ -360,6 +375,15 @@ where
         let _tune = ctx.phases.enter(Phase::Tune);
         measure(&ordered, known)?
     };
+    // The GPU stand-in's times mean nothing: it ran every candidate (so each compiles and
+    // runs as a GPU's tuner would make it) and keeps the default, the same in every run.
+    let progress = match ctx.hardware().stand_in {
+        true => progress.map(|p| Progress {
+            best: fallback,
+            ..p
+        }),
+        false => progress,
+    };
     let Some(progress) = progress else {
         return Ok(fallback);
     };
@@ -373,12 +397,20 @@ where
     Ok(progress.best)
 }
 
-/// The tuning cache's key of a choice of `kind` among `families` for the bucket `detail`.
-pub(crate) fn choice_key(ctx: &Context, families: &[Kernels], kind: &str, detail: &str) -> String {
+/// The tuning cache's key of a choice of `kind` among `families` for the bucket `detail` of
+/// a call with operands of `dtype`: an f16 call never takes a choice measured for f32, nor
+/// the other way round (their candidates differ, see [`same_numerics`]).
+pub(crate) fn choice_key(
+    ctx: &Context,
+    families: &[Kernels],
+    kind: &str,
+    detail: &str,
+    dtype: Dtype,
+) -> String {
     let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
     key(
         ctx,
-        format!("{kind} {} {detail}", names.join("+")).trim_end(),
+        format!("{kind} {dtype} {} {detail}", names.join("+")).trim_end(),
     )
 }
 
@@ -452,14 +484,14 @@ fn regret() -> &'static std::sync::Mutex<std::collections::HashMap<String, f64>>
 /// measurements, `planned`.
 pub(crate) fn sparse_flash(
     ctx: &Context,
-    families: &[Kernels],
+    (families, dtype): (&[Kernels], Dtype),
     (widths, shape): ((usize, usize), (usize, usize)),
     planned: FlashVariant,
     density: f64,
     built: impl Fn(FlashVariant) -> bool,
 ) -> FlashVariant {
     let (bucket, detail) = flash_bucket(widths, shape);
-    let key = choice_key(ctx, families, "flash", &detail);
+    let key = choice_key(ctx, families, "flash", &detail, dtype);
     let Some(known) = ctx.tune_cache().get::<Progress<FlashVariant>>(&key) else {
         return planned;
     };
@@ -508,17 +540,17 @@ pub(crate) fn sparse_flash(
 /// GPU errors while measuring.
 pub fn flash(
     ctx: &Context,
-    families: &[Kernels],
+    (families, dtype): (&[Kernels], Dtype),
     (dk_h, dv_h): (usize, usize),
     (groups, n): (usize, usize),
 ) -> Result<FlashVariant> {
     let (dk4, dv4) = (dk_h.div_ceil(4) as u32, dv_h.div_ceil(4) as u32);
-    let candidates = flash_candidates(ctx, families, dk4, dv4);
+    let candidates = flash_candidates(ctx, families, dk4, dv4, dtype);
     let (bucket, detail) = flash_bucket((dk_h, dv_h), (groups, n));
     let fallback = default_flash(ctx, families[0], (dk4, dv4));
     choose(
         ctx,
-        families,
+        (families, dtype),
         "flash",
         &detail,
         &candidates,
@@ -531,9 +563,14 @@ pub fn flash(
             let data = |len: usize| -> Vec<f32> {
                 (0..len).map(|i| ((i % 23) as f32 - 11.0) / 11.0).collect()
             };
-            let q = buffer::upload(ctx, "tune Q", &data(g * m * dk))?;
-            let v = buffer::upload(ctx, "tune V", &data(g * m * dv))?;
-            let out = buffer::output(ctx, "tune O", g * m * dv, false)?;
+            // In the call's element type: an f16 call's candidates are timed in f16.
+            let f16 = dtype == Dtype::F16;
+            let q = buffer::upload_as(ctx, "tune Q", &data(g * m * dk), f16)?;
+            let v = buffer::upload_as(ctx, "tune V", &data(g * m * dv), f16)?;
+            let out = match f16 {
+                true => buffer::output_f16(ctx, "tune O", g * m * dv)?,
+                false => buffer::output(ctx, "tune O", g * m * dv, false)?,
+            };
             let u = |x: usize| x as u32;
             // (1, m, g·width): heads side by side in a row, as the calls lay them out.
             let qs = Strides::row_major(u(g * dk), u(dk), u(m * g * dk));
@@ -552,7 +589,7 @@ pub fn flash(
                 causal: false,
                 scale: 0.125,
                 kv_ratio: 1,
-                f16: false,
+                f16,
                 skip_zero: false,
                 key_split: crate::variant::KeySplit::Auto,
             };
@@ -578,12 +615,16 @@ pub fn flash(
 ///
 /// # Errors
 /// GPU errors while measuring.
-pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<MatmulVariant> {
-    let candidates = matmul_candidates(ctx, families);
+pub fn matmul(
+    ctx: &Context,
+    (families, dtype): (&[Kernels], Dtype),
+    rows: usize,
+) -> Result<MatmulVariant> {
+    let candidates = matmul_candidates(ctx, families, dtype);
     let fallback = default_matmul(families[0]);
     choose(
         ctx,
-        families,
+        (families, dtype),
         "matmul",
         "",
         &candidates,
@@ -592,7 +633,7 @@ pub fn matmul(ctx: &Context, families: &[Kernels], rows: usize) -> Result<Matmul
         1.0,
         |candidates, from| {
             let m = MATMUL_ANCHOR;
-            let problem = MatmulProblem::new(ctx, (m, m, m))?;
+            let problem = MatmulProblem::new(ctx, (m, m, m), dtype)?;
             let start = std::time::Instant::now();
             let mut clock = || start.elapsed().as_secs_f64() * 1e3;
             // The budget as for the fused kernel, the anchor's time standing in for the call's.
@@ -614,15 +655,26 @@ pub(crate) struct MatmulProblem {
 }
 
 impl MatmulProblem {
-    /// `(m, k)·(k, n)` with fixed operands uploaded.
-    pub(crate) fn new(ctx: &Context, (m, n, k): (usize, usize, usize)) -> Result<Self> {
+    /// `(m, k)·(k, n)` with fixed operands uploaded in `dtype` (f16: A, B and C, as the
+    /// projections of an f16 call).
+    pub(crate) fn new(
+        ctx: &Context,
+        (m, n, k): (usize, usize, usize),
+        dtype: Dtype,
+    ) -> Result<Self> {
+        use crate::kernels::matmul::{F16_A, F16_B, F16_C};
         let a: Vec<f32> = (0..m * k).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+        let f16 = dtype == Dtype::F16;
+        let bits = if f16 { F16_A | F16_B | F16_C } else { 0 };
         Ok(MatmulProblem {
-            mm: Matmul::plain(m, n, k, false, 0)?,
-            a: buffer::upload(ctx, "A", &a)?,
-            b: buffer::upload(ctx, "B", &b)?,
-            c: buffer::output(ctx, "C", m * n, false)?,
+            mm: Matmul::plain(m, n, k, false, bits)?,
+            a: buffer::upload_as(ctx, "A", &a, f16)?,
+            b: buffer::upload_as(ctx, "B", &b, f16)?,
+            c: match f16 {
+                true => buffer::output_f16(ctx, "C", m * n)?,
+                false => buffer::output(ctx, "C", m * n, false)?,
+            },
         })
     }
 

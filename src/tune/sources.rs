@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gpu::coop::CoopShape;
 use crate::gpu::device::{Device, DryRun};
@@ -518,14 +519,15 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
             for f16 in [false, true] {
                 // What the tuner offers the storage family here (tensor cores with it), then
                 // the subgroup family on a device of the given subgroup size.
+                let dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
                 let mut variants: Vec<(&Device, FlashVariant)> =
-                    super::flash_candidates(dev, &[Kernels::Storage], w4, w4)
+                    super::flash_candidates(dev, &[Kernels::Storage], w4, w4, dtype)
                         .into_iter()
                         .filter(|v| v.family() == Kernels::Storage || common)
                         .map(|v| (dev, v))
                         .collect();
                 if let Some(sub) = subgroup.as_ref().filter(|_| kib == 32 && common) {
-                    let offered = super::flash_candidates(sub, &[Kernels::Subgroup], w4, w4);
+                    let offered = super::flash_candidates(sub, &[Kernels::Subgroup], w4, w4, dtype);
                     variants.extend(offered.into_iter().map(|v| (sub, v)));
                 }
                 for (dev, variant) in variants {

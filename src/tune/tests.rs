@@ -9,7 +9,7 @@ use ndarray::Array3;
 use crate::settings::TuneCache;
 use crate::tune::{self, fastest, fastest_within, Bucket, MIN_TUNED_N};
 use crate::verify::{self, Case};
-use crate::{reference, Attention, Context, Kernels};
+use crate::{reference, Attention, Context, Dtype, Kernels};
 
 #[test]
 fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
@@ -22,12 +22,12 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
     let fam = Kernels::available(&ctx);
 
     // Too small to measure: the default, and nothing written.
-    let small = tune::flash(&ctx, &fam, (16, 16), (64, MIN_TUNED_N - 1)).unwrap();
+    let small = tune::flash(&ctx, (&fam, Dtype::F32), (16, 16), (64, MIN_TUNED_N - 1)).unwrap();
     assert_eq!(small, tune::default_flash(&ctx, fam[0], (4, 4)));
     assert!(!path.exists(), "a small problem must not be measured");
 
-    let chosen = tune::flash(&ctx, &fam, (16, 16), (1, 1024)).unwrap();
-    assert!(tune::flash_candidates(&ctx, &fam, 4, 4).contains(&chosen));
+    let chosen = tune::flash(&ctx, (&fam, Dtype::F32), (16, 16), (1, 1024)).unwrap();
+    assert!(tune::flash_candidates(&ctx, &fam, 4, 4, Dtype::F32).contains(&chosen));
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains("dk4=4 dv4=4 g~1 n~1024"), "{text}");
 
@@ -38,11 +38,11 @@ fn tuned_choice_is_a_candidate_and_is_remembered_on_disk() {
         .with_tuning(false)
         .with_tune_cache(TuneCache::at(Some(path)));
     assert_eq!(
-        tune::flash(&again, &fam, (16, 16), (1, 2047)).unwrap(),
+        tune::flash(&again, (&fam, Dtype::F32), (16, 16), (1, 2047)).unwrap(),
         chosen
     );
     assert_eq!(
-        tune::flash(&again, &fam, (13, 16), (1, 1500)).unwrap(),
+        tune::flash(&again, (&fam, Dtype::F32), (13, 16), (1, 1500)).unwrap(),
         chosen,
         "widths round up to whole vec4s and n to its bucket, so these share the choice"
     );
@@ -103,8 +103,8 @@ fn every_candidate_variant_matches_the_reference() {
         let bound = verify::tolerance(
             reference::logit_bound(&case.op(), data.x.view(), proj.as_ref()).unwrap(),
         );
-        let flash = tune::flash_candidates(ctx, &fam, 16, 16);
-        let matmul = tune::matmul_candidates(ctx, &fam);
+        let flash = tune::flash_candidates(ctx, &fam, 16, 16, Dtype::F32);
+        let matmul = tune::matmul_candidates(ctx, &fam, Dtype::F32);
         for (i, &fv) in flash.iter().enumerate() {
             for weights in [false, true] {
                 let mv = matmul[i % matmul.len()];
@@ -151,7 +151,7 @@ fn the_blocked_kernel_is_offered_on_gpus_only() {
     use crate::variant::FlashVariant;
     let ctx = crate::context::test_context();
     let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
-    let offered = tune::flash_candidates(ctx, &[Kernels::Storage], 16, 16);
+    let offered = tune::flash_candidates(ctx, &[Kernels::Storage], 16, 16, Dtype::F32);
     let blocked = |v: &FlashVariant| matches!(v, FlashVariant::Blocked { .. });
     if cpu {
         assert!(
@@ -310,10 +310,10 @@ fn each_bucket_has_its_own_choice_and_tiny_calls_never_tune() {
         .with_tuning(true)
         .with_tune_cache(TuneCache::at(None));
     let fam = Kernels::available(&ctx);
-    tune::flash(&ctx, &fam, (16, 16), (1, MIN_TUNED_N - 1)).unwrap();
+    tune::flash(&ctx, (&fam, Dtype::F32), (16, 16), (1, MIN_TUNED_N - 1)).unwrap();
     assert!(ctx.tune_cache().keys().is_empty(), "a tiny call measured");
-    tune::flash(&ctx, &fam, (16, 16), (1, 300)).unwrap();
-    tune::flash(&ctx, &fam, (16, 16), (2, 300)).unwrap();
+    tune::flash(&ctx, (&fam, Dtype::F32), (16, 16), (1, 300)).unwrap();
+    tune::flash(&ctx, (&fam, Dtype::F32), (16, 16), (2, 300)).unwrap();
     let keys = ctx.tune_cache().keys();
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert!(keys.iter().any(|k| k.ends_with("g~1 n~256")), "{keys:?}");
@@ -399,7 +399,13 @@ fn a_block_sparse_call_weighs_compiling_against_running() {
             compile_ms: 0.0,
         },
     ];
-    let key = choice_key(&ctx, &fam, "flash", &flash_bucket(shape.0, shape.1).1);
+    let key = choice_key(
+        &ctx,
+        &fam,
+        "flash",
+        &flash_bucket(shape.0, shape.1).1,
+        Dtype::F32,
+    );
     let progress = Progress {
         best: r4,
         ms: 200.0,
@@ -409,18 +415,64 @@ fn a_block_sparse_call_weighs_compiling_against_running() {
     };
     ctx.tune_cache().put(&key, &progress);
     // Dense, or no measurements for the bucket: the tuner's choice.
-    assert_eq!(sparse_flash(&ctx, &fam, shape, r4, 1.0, |_| false), r4);
+    assert_eq!(
+        sparse_flash(&ctx, (&fam, Dtype::F32), shape, r4, 1.0, |_| false),
+        r4
+    );
     let other = ((40, 40), (1, 16384));
-    assert_eq!(sparse_flash(&ctx, &fam, other, r4, 0.035, |_| false), r4);
+    assert_eq!(
+        sparse_flash(&ctx, (&fam, Dtype::F32), other, r4, 0.035, |_| false),
+        r4
+    );
     // 3.5 % of the blocks to visit (a 511-key window over 16384 causal rows): r=4 costs
     // 16 · 0.035 · 200 = 112 ms + 400 compiling, r=1 140 + 60. With r=4 made already, r=4.
-    assert_eq!(sparse_flash(&ctx, &fam, shape, r4, 0.035, |v| v == r4), r4);
+    assert_eq!(
+        sparse_flash(&ctx, (&fam, Dtype::F32), shape, r4, 0.035, |v| v == r4),
+        r4
+    );
     // Rent or buy: every r=1 call loses 28 ms to r=4, and once the loss passes r=4's
     // compiling less its 28 ms lead (372 ms: the 14th call), r=4 is compiled.
     let mut calls = 0;
-    while sparse_flash(&ctx, &fam, shape, r4, 0.035, |v| v == r1) == r1 {
+    while sparse_flash(&ctx, (&fam, Dtype::F32), shape, r4, 0.035, |v| v == r1) == r1 {
         calls += 1;
         assert!(calls < 100, "r=4 is never compiled");
     }
     assert_eq!(calls, 14, "r=1 until its losses pay for r=4's compiling");
+}
+
+/// The H100's f16 failure came from here: the tuning cache's key had no dtype, so an f16 call
+/// took a matmul measured for f32 (the cooperative-matrix one, never run with f16 storage).
+/// Now each dtype has its own choices, and the tensor-core kernels (f16 inputs) are offered
+/// to f16 calls only.
+#[test]
+fn an_f16_call_never_takes_a_choice_made_for_f32() {
+    let ctx = Context::new()
+        .unwrap()
+        .with_tuning(false)
+        .with_tune_cache(TuneCache::at(None));
+    let fam = [Kernels::Storage];
+    let f32_key = tune::choice_key(&ctx, &fam, "matmul", "", Dtype::F32);
+    let f16_key = tune::choice_key(&ctx, &fam, "matmul", "", Dtype::F16);
+    assert_ne!(f32_key, f16_key);
+    assert!(f16_key.contains("f16"), "{f16_key}");
+    // A choice remembered for f32 (a variant both dtypes may run) reaches f32 calls only.
+    let chosen = crate::MatmulVariant::Subgroup { rows_per_lane: 4 };
+    let progress = tune::Progress {
+        best: chosen,
+        ms: 1.0,
+        measured: 99,
+        cost: 0.0,
+        runs: Vec::new(),
+    };
+    let fam = [Kernels::Subgroup];
+    ctx.tune_cache().put(
+        &tune::choice_key(&ctx, &fam, "matmul", "", Dtype::F32),
+        &progress,
+    );
+    assert_eq!(tune::matmul(&ctx, (&fam, Dtype::F32), 10).unwrap(), chosen);
+    assert_eq!(
+        tune::matmul(&ctx, (&fam, Dtype::F16), 10).unwrap(),
+        tune::default_matmul(Kernels::Subgroup)
+    );
+    // tests/stand_in.rs: the tensor cores' f16 inputs are offered to f16 calls only.
 }

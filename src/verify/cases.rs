@@ -54,6 +54,10 @@ pub struct Case {
     pub sdpa: Option<(usize, usize)>,
     /// Score and mask modifiers, drawn from the seed after the mask.
     pub mods: ModsCase,
+    /// The fused kernel's variant, forced (`None`: the tuner's choice).
+    pub flash: Option<crate::FlashVariant>,
+    /// The matmul's variant, forced (`None`: the tuner's choice).
+    pub matmul: Option<crate::MatmulVariant>,
 }
 
 /// Which score and mask modifiers a [`Case`] has (presets, see [`crate::modifiers`]), at the
@@ -65,6 +69,8 @@ pub enum ModsCase {
     None,
     /// A sliding window: `n/4` keys back (at least 1), 2 ahead.
     Window,
+    /// A window to the left only: 4 keys back, none ahead (`--window 4,0`).
+    WindowLeft,
     /// Soft-capping at 2.
     Softcap,
     /// ALiBi with the standard slopes of the case's heads.
@@ -83,6 +89,7 @@ impl ModsCase {
         match self {
             ModsCase::None => "none",
             ModsCase::Window => "window",
+            ModsCase::WindowLeft => "window-left",
             ModsCase::Softcap => "softcap",
             ModsCase::Alibi => "alibi",
             ModsCase::Documents => "documents",
@@ -128,7 +135,18 @@ impl Case {
             dtype: Dtype::F32,
             sdpa: None,
             mods: ModsCase::None,
+            flash: None,
+            matmul: None,
         }
+    }
+
+    /// Per-head widths of Q/K and V.
+    pub fn head_widths(&self) -> (usize, usize) {
+        let (dk, dv) = match self.weights || self.sdpa.is_some() {
+            true => (self.d_k, self.d_v),
+            false => (self.d, self.d),
+        };
+        (dk / self.heads.max(1), dv / self.heads.max(1))
     }
 
     /// The same case on kernel family `kernels`, fused (no weights) or not.
@@ -148,6 +166,8 @@ impl Case {
             .options(crate::Options {
                 kernels: self.kernels,
                 nan_fill: true,
+                flash_variant: self.flash,
+                matmul_variant: self.matmul,
                 ..crate::Options::default()
             });
         if let Some(s) = self.scale {
@@ -268,6 +288,7 @@ impl Case {
         let presets = match self.mods {
             ModsCase::None => vec![],
             ModsCase::Window => vec![window()],
+            ModsCase::WindowLeft => vec![Preset::Window { left: 4, right: 0 }],
             ModsCase::Softcap => vec![softcap()],
             ModsCase::Alibi => vec![alibi()],
             ModsCase::Documents => vec![documents()],
@@ -316,6 +337,12 @@ impl fmt::Display for Case {
         }
         if self.kernels != Kernels::Auto {
             opts.push(format!("[{}]", self.kernels));
+        }
+        if let Some(v) = self.flash {
+            opts.push(format!("<{v}>"));
+        }
+        if let Some(v) = self.matmul {
+            opts.push(format!("<{v}>"));
         }
         match self.mask {
             MaskCase::None => {}
@@ -417,6 +444,41 @@ impl CaseData {
 
 /// The fixed sweep: every size the issue names, odd widths, d_k ≠ d_v, batch, heads,
 /// causal, bias, custom scale and large logits.
+/// A few cases that between them take every path of a call (projections with biases at odd
+/// widths, Q = K = V = X with causal, grouped-query `sdpa` with L ≠ S and key lengths, a left
+/// window with causal), small enough to run with every variant forced in turn under the GPU
+/// stand-in (`verify --quick --variants`, CI's).
+pub fn quick_cases() -> Vec<Case> {
+    vec![
+        Case {
+            bias: true,
+            ..Case::new(37, 13, 12, 8)
+        },
+        Case {
+            weights: false,
+            causal: true,
+            ..Case::new(65, 16, 16, 16)
+        },
+        Case {
+            sdpa: Some((53, 2)),
+            heads: 4,
+            batch: Some(2),
+            mask: MaskCase::Lengths,
+            causal: true,
+            ..Case::new(37, 16, 64, 32)
+        },
+        Case {
+            sdpa: Some((23, 4)),
+            heads: 4,
+            batch: Some(2),
+            causal: true,
+            mods: ModsCase::WindowLeft,
+            ..Case::new(23, 16, 64, 64)
+        },
+    ]
+}
+
+/// The fixed sweep `verify` runs.
 pub fn standard_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for &n in &[1usize, 2, 7, 37, 64, 129, 1000] {
@@ -566,6 +628,7 @@ pub fn standard_cases() -> Vec<Case> {
     };
     for (mods, causal) in [
         (ModsCase::Window, true),
+        (ModsCase::WindowLeft, true),
         (ModsCase::Softcap, false),
         (ModsCase::Alibi, true),
         (ModsCase::Documents, false),
@@ -639,6 +702,8 @@ pub fn random_cases(count: usize, seed: u64) -> Vec<Case> {
                     )
                 }),
                 mods: ModsCase::None,
+                flash: None,
+                matmul: None,
             }
         })
         .collect()

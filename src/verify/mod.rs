@@ -6,7 +6,9 @@ mod cases;
 
 use std::fmt;
 
-pub use cases::{random_cases, standard_cases, Case, CaseData, MaskCase, MaskData, ModsCase};
+pub use cases::{
+    quick_cases, random_cases, standard_cases, Case, CaseData, MaskCase, MaskData, ModsCase,
+};
 
 use crate::attention::{Attention, Dtype, Host, Inputs, Projections};
 use crate::context::Context;
@@ -166,6 +168,38 @@ pub fn on_every_path(ctx: &Context, cases: &[Case]) -> Vec<Case> {
         .iter()
         .flat_map(|c| paths.iter().map(move |&(k, f)| c.on(k, f)))
         .collect()
+}
+
+/// Every case of `cases` (each on its path) again with each variant a tuner may pick on
+/// `ctx` for it forced in turn: a fused case with each fused-kernel candidate of its family
+/// (tensor cores with the storage family), a case with the weights with each matmul
+/// candidate, for the case's element type ([`crate::tune::flash_candidates`],
+/// [`crate::tune::matmul_candidates`]).
+pub fn with_every_variant(ctx: &Context, cases: &[Case]) -> Vec<Case> {
+    let mut out = Vec::new();
+    for case in cases {
+        out.push(*case);
+        let family = match case.kernels {
+            Kernels::Auto => continue,
+            k => k,
+        };
+        if case.fused {
+            let (dk, dv) = case.head_widths();
+            let (dk4, dv4) = (dk.div_ceil(4) as u32, dv.div_ceil(4) as u32);
+            let variants = crate::tune::flash_candidates(ctx, &[family], dk4, dv4, case.dtype);
+            out.extend(variants.into_iter().map(|v| Case {
+                flash: Some(v),
+                ..*case
+            }));
+        } else {
+            let variants = crate::tune::matmul_candidates(ctx, &[family], case.dtype);
+            out.extend(variants.into_iter().map(|v| Case {
+                matmul: Some(v),
+                ..*case
+            }));
+        }
+    }
+    out
 }
 
 /// The table header `verify` prints.

@@ -450,7 +450,7 @@ pub fn matmul_record(
     peak: f64,
     progress: &ProgressBar,
 ) -> Result<Record> {
-    let variant = bench::tuned_matmul(ctx, &[family], m)?;
+    let variant = bench::tuned_matmul(ctx, (&[family], wgpu_attention::Dtype::F32), m)?;
     progress.set_message(format!("{variant}"));
     let flop = 2.0 * (m * m * m) as f64;
     let (stats, kernels_ms) = bench::matmul(ctx, variant, (m, m, m), warmup, repeats)?;

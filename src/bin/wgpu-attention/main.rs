@@ -52,6 +52,7 @@ impl AdapterArgs {
         ContextOptions {
             backend: self.backend,
             adapter_name: self.adapter.clone(),
+            ..Default::default()
         }
     }
 
@@ -106,6 +107,17 @@ enum Command {
         /// Operand type: f32, or f16 (bounds fitting f16's precision).
         #[arg(long, default_value = "f32")]
         dtype: Dtype,
+        /// Also run every case with each kernel variant the tuner may pick for it forced in
+        /// turn (fused kernels for the fused cases, matmuls for the others).
+        #[arg(long)]
+        variants: bool,
+        /// Only the cases whose line contains this text (e.g. `37x13`, `causal`).
+        #[arg(long)]
+        only: Option<String>,
+        /// A few cases that take every path of a call instead of the whole sweep (with
+        /// --variants: what CI runs under the GPU stand-in).
+        #[arg(long)]
+        quick: bool,
         #[command(flatten)]
         adapter: GpuArgs,
     },
@@ -156,7 +168,11 @@ pub fn print_timings(ctx: &Context, on: bool) {
     }
 }
 
-fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &GpuArgs) -> Result<bool> {
+fn verify_cmd(
+    (trials, seed, dtype): (usize, u64, Dtype),
+    (variants, only, quick): (bool, Option<&str>, bool),
+    adapter: &GpuArgs,
+) -> Result<bool> {
     let ctx = adapter.open()?;
     if dtype == Dtype::F16 {
         ctx.require_f16()?;
@@ -170,11 +186,22 @@ fn verify_cmd(trials: usize, seed: u64, dtype: Dtype, adapter: &GpuArgs) -> Resu
         "GPU vs f64 CPU reference; bound = relative-error tolerance (grows with the logit size)\n"
     );
     println!("{}", verify::HEADER);
-    let mut cases = verify::standard_cases();
+    let mut cases = match quick {
+        true => verify::quick_cases(),
+        false => verify::standard_cases(),
+    };
     cases.extend(verify::random_cases(trials, seed));
     let cases: Vec<_> = verify::on_every_path(&ctx, &cases)
         .into_iter()
         .map(|c| verify::Case { dtype, ..c })
+        .collect();
+    let cases = match variants {
+        true => verify::with_every_variant(&ctx, &cases),
+        false => cases,
+    };
+    let cases: Vec<_> = cases
+        .into_iter()
+        .filter(|c| only.is_none_or(|o| c.to_string().contains(o)))
         .collect();
     let mut failed = 0;
     // Drawn on a terminal only (indicatif hides it otherwise); lines print above it.
@@ -336,8 +363,15 @@ fn dispatch(command: &Command) -> Result<bool> {
             trials,
             seed,
             dtype,
+            variants,
+            only,
+            quick,
             adapter,
-        } => verify_cmd(*trials, *seed, *dtype, adapter),
+        } => verify_cmd(
+            (*trials, *seed, *dtype),
+            (*variants, only.as_deref(), *quick),
+            adapter,
+        ),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
         Command::Report(args) => report::report_cmd(args),
         Command::Shaders(args) => shaders_cmd::shaders_cmd(args),

@@ -15,8 +15,9 @@ pub(crate) fn size() -> Option<u32> {
     }
 }
 
-/// Byte offset of the bracket or parenthesis closing the one just before `text`.
-fn closing(text: &str, open: char, close: char) -> usize {
+/// Byte offset of the bracket or parenthesis closing the one just before `text` (its length
+/// when none does).
+pub(crate) fn closing(text: &str, open: char, close: char) -> usize {
     let mut depth = 1usize;
     for (i, c) in text.char_indices() {
         if c == open {
@@ -47,7 +48,15 @@ fn pointer_args(args: &str) -> (String, String, String) {
 }
 
 /// `source` (a composed coop kernel with side `size`) with the cooperative matrices emulated.
-pub(crate) fn rewrite(source: &str, size: u32) -> String {
+///
+/// With `wide` (the subgroups themselves emulated, wider than the hardware's: the GPU
+/// stand-in), the lanes of one subgroup run in several hardware subgroups, one after the
+/// other, and each emulated load and store is every lane's own: a lane could then store a
+/// matrix (`flash_coop`'s O += P·V reads a block of O and stores it back) before another lane
+/// of its subgroup has loaded it, and add to it twice. A workgroup barrier before each store
+/// keeps every earlier load of the workgroup ahead of it, as one collective operation would
+/// (the kernels make their cooperative operations in workgroup-uniform control flow).
+pub(crate) fn rewrite(source: &str, size: u32, wide: bool) -> String {
     let mut text: String = source
         .lines()
         .filter(|l| {
@@ -121,9 +130,15 @@ pub(crate) fn rewrite(source: &str, size: u32) -> String {
     for name in stored {
         text.push_str(&format!(
             "fn emu_store_{name}(m: EmuMat, off: u32, stride: u32, row_major: bool) {{\n\
+             {}\
              \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
              \x20       {name}[{at}] = m.v[i * EMU_S + j];\n\
-             \x20   }} }}\n}}\n"
+             \x20   }} }}\n}}\n",
+            if wide {
+                "    workgroupBarrier();\n"
+            } else {
+                ""
+            }
         ));
     }
     text

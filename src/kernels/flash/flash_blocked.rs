@@ -91,13 +91,14 @@ impl Inner {
         f16: bool,
     ) -> Result<Self> {
         let info = ctx.adapter_info();
+        let (min, max) = ctx.hardware().subgroup_range;
         let tx = keys / 4;
         // Row groups of TX aligned lanes, and only full subgroups (sizes are powers of 2).
         let has = ctx.device().features().contains(wgpu::Features::SUBGROUP)
             && tx.is_power_of_two()
-            && info.subgroup_min_size >= tx
-            && info.subgroup_max_size.is_power_of_two()
-            && ((rows / 4) * tx) % info.subgroup_max_size.max(1) == 0;
+            && min >= tx
+            && max.is_power_of_two()
+            && ((rows / 4) * tx) % max.max(1) == 0;
         let sgr = match opts.subgroups {
             Some(true) if !has => {
                 return Err(Error::Unsupported {

@@ -132,7 +132,7 @@ pub(crate) fn key_ranges(
 impl Flash {
     /// The key split `flash_blocked` runs this call with in blocks of `rows` × `keys`.
     pub(crate) fn key_ranges(&self, ctx: &Device, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
-        let cpu = ctx.adapter_info().device_type == wgpu::DeviceType::Cpu;
+        let cpu = ctx.hardware().is_cpu();
         let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
         key_ranges(
             self.key_split,

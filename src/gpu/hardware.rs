@@ -1,0 +1,187 @@
+//! What the kernels take an adapter for, decided once when its device opens and read by every
+//! branch that differs between a GPU and a CPU adapter: the device type the planner, the tuner,
+//! `flash_blocked`'s defaults, the key split, the decode kernel and the backward tiles look
+//! at; the subgroup width the subgroup kernels are compiled for (and the widths
+//! `flash_blocked`'s subgroup reductions may meet); the cooperative-matrix shape; the
+//! workgroup memory a kernel may plan for; and which of these are emulated in WGSL.
+//!
+//! The GPU stand-in ([`StandIn::Gpu`], `WGPU_ATTENTION_STAND_IN=gpu`) is the one switch that
+//! makes a CPU adapter (lavapipe in CI) take every decision a discrete GPU takes: device type
+//! `DiscreteGpu`, 32-lane subgroups (emulated through workgroup memory, see
+//! [`super::subgroups`]), cooperative matrices with f16 inputs (emulated, see
+//! [`super::coop::emulate`], [`STAND_IN_COOP_SIDE`]) and 48 KiB of workgroup memory, as on an
+//! NVIDIA H100. It is for
+//! tests: it is slow, and its timings mean nothing.
+
+use super::coop::{self, CoopShape};
+use crate::error::{Error, Result};
+
+/// Whether a CPU adapter stands in for a GPU (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StandIn {
+    /// The adapter is taken for what it is.
+    #[default]
+    Off,
+    /// The adapter takes every decision a discrete GPU takes (subgroups of
+    /// [`STAND_IN_SUBGROUP`] lanes, cooperative matrices, [`STAND_IN_WORKGROUP_KIB`] KiB of
+    /// workgroup memory), emulating in WGSL what it lacks.
+    Gpu,
+}
+
+/// The subgroup width the GPU stand-in emulates (NVIDIA's).
+pub const STAND_IN_SUBGROUP: u32 = 32;
+/// The workgroup memory the GPU stand-in plans for, KiB (an H100's under Vulkan).
+pub const STAND_IN_WORKGROUP_KIB: u32 = 48;
+/// The side of the cooperative matrices the GPU stand-in emulates (with f16 inputs) unless
+/// `WGPU_ATTENTION_COOP_EMULATE` names one: 8, not the H100's 16, because LLVM takes minutes
+/// to compile the 16 × 16 emulation of each coop kernel on lavapipe (8 × 8 takes seconds, and
+/// runs the kernels' several rounds of blocks per subgroup, where 16 × 16 on 32 lanes runs
+/// one).
+pub const STAND_IN_COOP_SIDE: u32 = 8;
+/// What the adapter line says after the adapter's name under the stand-in.
+pub const STAND_IN_SUFFIX: &str = " standing in for a GPU";
+
+impl StandIn {
+    /// `WGPU_ATTENTION_STAND_IN`: `gpu`, or `off` / `0` / empty / unset.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the variable for any other value.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("WGPU_ATTENTION_STAND_IN") {
+            Err(_) => Ok(StandIn::Off),
+            Ok(v) => v.parse(),
+        }
+    }
+}
+
+impl std::str::FromStr for StandIn {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gpu" => Ok(StandIn::Gpu),
+            "" | "off" | "0" | "none" => Ok(StandIn::Off),
+            other => Err(Error::invalid(
+                "WGPU_ATTENTION_STAND_IN",
+                format!("{other:?} is not a stand-in: use gpu or off"),
+            )),
+        }
+    }
+}
+
+/// What is emulated in WGSL on a device: part of every pipeline's key, since it changes the
+/// source built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct Emulation {
+    /// The subgroup width emulated through workgroup memory (0: the hardware's subgroups).
+    pub subgroup: u32,
+    /// The cooperative matrices' side emulated in private arrays (0: the hardware's).
+    pub coop: u32,
+}
+
+/// What the kernels take a device for (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hardware {
+    /// The device type every GPU-or-CPU branch reads.
+    pub device_type: wgpu::DeviceType,
+    /// The subgroup size the subgroup kernels are compiled for (`None`: not fixed, or no
+    /// subgroups).
+    pub subgroup_size: Option<u32>,
+    /// The smallest and largest subgroup a kernel may run in.
+    pub subgroup_range: (u32, u32),
+    /// The cooperative-matrix shape of the coop kernels, if any.
+    pub coop: Option<CoopShape>,
+    /// What runs emulated.
+    pub emulate: Emulation,
+    /// The workgroup memory kernels plan for, bytes.
+    pub workgroup_storage: u32,
+    /// Whether this is the GPU stand-in.
+    pub stand_in: bool,
+}
+
+impl Hardware {
+    /// The adapter as it is: its device type and subgroup sizes, the cooperative-matrix shape
+    /// it offers (or `WGPU_ATTENTION_COOP_EMULATE`'s, the coop kernels' test hook), and its
+    /// workgroup memory; then `stand_in` on top.
+    pub(crate) fn of(
+        adapter: &wgpu::Adapter,
+        device: &wgpu::Device,
+        stand_in: StandIn,
+    ) -> Hardware {
+        let info = adapter.get_info();
+        let features = device.features();
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let f16 = features.contains(wgpu::Features::SHADER_F16);
+        // Subgroup kernels are compiled for one size, so they need it fixed and known.
+        let subgroup_size = (subgroups && info.subgroup_min_size == info.subgroup_max_size)
+            .then_some(info.subgroup_min_size);
+        let mut emulate = Emulation::default();
+        let coop = match (subgroups, coop::emulate::size()) {
+            (false, _) => None,
+            (true, Some(size)) => {
+                emulate.coop = size;
+                Some(CoopShape {
+                    size,
+                    f16_inputs: f16,
+                })
+            }
+            (true, None) => {
+                let props = match features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                {
+                    true => adapter.cooperative_matrix_properties(),
+                    false => Vec::new(),
+                };
+                coop::pick(&props, f16)
+            }
+        };
+        let hw = Hardware {
+            device_type: info.device_type,
+            subgroup_size,
+            subgroup_range: (info.subgroup_min_size, info.subgroup_max_size),
+            coop,
+            emulate,
+            workgroup_storage: device.limits().max_compute_workgroup_storage_size,
+            stand_in: false,
+        };
+        match stand_in {
+            StandIn::Off => hw,
+            StandIn::Gpu => hw.standing_in_for_gpu(subgroups, f16),
+        }
+    }
+
+    /// This device taking a discrete GPU's decisions: what it has natively (an adapter that
+    /// is a GPU already keeps its own subgroups and tensor cores) and emulation for the rest.
+    /// Without subgroups (the emulation's barriers need nothing, but the kernels' subgroup
+    /// builtins need the feature to validate) the subgroup and coop kernels stay off.
+    fn standing_in_for_gpu(self, subgroups: bool, f16: bool) -> Hardware {
+        let sg = STAND_IN_SUBGROUP;
+        let mut emulate = self.emulate;
+        if subgroups {
+            emulate.subgroup = sg;
+        }
+        let coop = match subgroups {
+            true => {
+                let size = coop::emulate::size().unwrap_or(STAND_IN_COOP_SIDE);
+                emulate.coop = size;
+                Some(CoopShape {
+                    size,
+                    f16_inputs: f16,
+                })
+            }
+            false => None,
+        };
+        Hardware {
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            subgroup_size: subgroups.then_some(sg),
+            subgroup_range: (sg, sg),
+            coop,
+            emulate,
+            workgroup_storage: STAND_IN_WORKGROUP_KIB << 10,
+            stand_in: true,
+        }
+    }
+
+    /// Whether branches take the CPU adapter's way.
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
+    }
+}

@@ -1,0 +1,173 @@
+//! The GPU stand-in (`WGPU_ATTENTION_STAND_IN=gpu`, `Context::with_stand_in`): a CPU
+//! adapter taking every decision a discrete GPU takes, and the two paths that gave wrong
+//! answers on an H100 run through it against the f64 reference. CI runs the rest of the GPU's
+//! variants under it with `verify --quick --variants` (.ci/run).
+
+mod common;
+
+use wgpu_attention::verify::{self, Case, MaskCase, ModsCase};
+use wgpu_attention::{Context, Dtype, FlashVariant, Kernels, MatmulVariant, StandIn, TuneCache};
+
+fn stand_in() -> &'static Context {
+    static CTX: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
+    common::isolate();
+    CTX.get_or_init(|| {
+        Context::new()
+            .expect("GPU tests need an adapter")
+            .with_stand_in(StandIn::Gpu)
+            .with_tuning(false)
+            .with_tune_cache(TuneCache::at(None))
+    })
+}
+
+#[test]
+fn the_stand_in_takes_a_gpus_decisions() {
+    let ctx = stand_in();
+    let info = ctx.adapter_info();
+    assert!(
+        info.name.ends_with("standing in for a GPU"),
+        "{}",
+        info.name
+    );
+    assert_eq!(
+        info.device_type,
+        wgpu_attention::wgpu::DeviceType::DiscreteGpu
+    );
+    assert_eq!(ctx.standing_in(), StandIn::Gpu);
+    assert_eq!(ctx.subgroup_size(), Some(32));
+    assert_eq!(ctx.limits().max_compute_workgroup_storage_size, 48 << 10);
+    let coop = ctx.coop_shape().expect("emulated cooperative matrices");
+    assert_eq!((coop.size, coop.f16_inputs), (8, true));
+    // The storage family first, flash_blocked as its kernel, the GPU's matmuls; tensor
+    // cores (f16 inputs) for f16 calls only.
+    let fam = [Kernels::Storage];
+    let f32_flash = wgpu_attention::bench::flash_candidates(ctx, &fam, 16, 16, Dtype::F32);
+    assert!(
+        f32_flash
+            .iter()
+            .all(|v| matches!(v, FlashVariant::Blocked { .. })),
+        "{f32_flash:?}"
+    );
+    let f16_flash = wgpu_attention::bench::flash_candidates(ctx, &fam, 16, 16, Dtype::F16);
+    assert!(f16_flash.contains(&FlashVariant::Coop), "{f16_flash:?}");
+    let f32_mm = wgpu_attention::bench::matmul_candidates(ctx, &fam, Dtype::F32);
+    let f16_mm = wgpu_attention::bench::matmul_candidates(ctx, &fam, Dtype::F16);
+    assert!(f32_mm.contains(&MatmulVariant::Blocked { per_thread: 8 }));
+    assert!(!f32_mm.contains(&MatmulVariant::Coop), "{f32_mm:?}");
+    assert!(f16_mm.contains(&MatmulVariant::Coop), "{f16_mm:?}");
+    // Off again: lavapipe as it is.
+    let plain = Context::new()
+        .unwrap()
+        .with_stand_in(StandIn::Off)
+        .with_tune_cache(TuneCache::at(None));
+    assert_eq!(
+        plain.adapter_info().device_type,
+        wgpu_attention::wgpu::DeviceType::Cpu
+    );
+    assert_eq!(plain.coop_shape(), None);
+}
+
+/// Runs `case` on the stand-in and asserts it passes.
+fn passes(case: Case) {
+    let result = verify::run_case(stand_in(), &case, 7).unwrap();
+    assert!(result.passed(), "{result}");
+}
+
+/// The H100's first wrong answer: `[storage] f16` through the weights path and through the
+/// projections, where the tuner had handed f16 calls the cooperative-matrix matmul chosen
+/// for f32. The coop matmul with f16 storage, forced, on both paths.
+#[test]
+fn f16_through_the_coop_matmul_matches_the_reference() {
+    for case in [
+        Case {
+            weights: false,
+            ..Case::new(7, 5, 5, 5)
+        },
+        Case {
+            bias: true,
+            ..Case::new(37, 13, 10, 6)
+        },
+    ] {
+        passes(Case {
+            dtype: Dtype::F16,
+            matmul: Some(MatmulVariant::Coop),
+            ..case.on(Kernels::Storage, false)
+        });
+    }
+}
+
+/// The H100's second wrong answer: a left window with causal, context only, batch 2, four
+/// heads, a few dozen rows of width 16: what a GPU plans for it (flash_blocked 64 × 64,
+/// double-buffered, subgroup reductions over 16 of 32 lanes), and key lengths beside it.
+#[test]
+fn a_left_window_with_causal_matches_the_reference() {
+    for (n, mask) in [(23, MaskCase::None), (70, MaskCase::Lengths)] {
+        passes(Case {
+            sdpa: Some((n, 4)),
+            heads: 4,
+            batch: Some(2),
+            causal: true,
+            mods: ModsCase::WindowLeft,
+            mask,
+            ..Case::new(n, 16, 64, 64).on(Kernels::Auto, true)
+        });
+    }
+}
+
+/// The same call through the CLI under the environment switch, as the H100 ran it.
+#[test]
+fn the_cli_says_it_stands_in_and_computes_the_window_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let [q, k, v] = common::sdpa_arrays(2, 4, 23, 23, 16, 16);
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    for (name, a) in [("q.npy", &q), ("k.npy", &k), ("v.npy", &v)] {
+        wgpu_attention::npy::write(&dir.path().join(name), &a.clone().into_dyn()).unwrap();
+    }
+    let out = common::bin()
+        .env("WGPU_ATTENTION_STAND_IN", "gpu")
+        .args([
+            "sdpa",
+            "--q",
+            &path("q.npy"),
+            "--k",
+            &path("k.npy"),
+            "--v",
+            &path("v.npy"),
+            "--window",
+            "4,0",
+            "--causal",
+            "--context-only",
+            "--out",
+            &path("out"),
+        ])
+        .output()
+        .unwrap();
+    common::ok(&out);
+    let got = wgpu_attention::npy::read(&dir.path().join("out/context.npy")).unwrap();
+    let mods = wgpu_attention::Modifiers::new()
+        .preset(wgpu_attention::Preset::Window { left: 4, right: 0 });
+    let mask = wgpu_attention::Mask::none().with_modifiers(&mods);
+    let op = wgpu_attention::Attention::new().causal(true);
+    let inputs = wgpu_attention::Inputs::qkv(q.view(), k.view(), v.view()).mask(&mask);
+    let want = wgpu_attention::reference::run(&op, &inputs).unwrap();
+    let (rel, max) = wgpu_attention::reference::compare(&got, &want.context);
+    assert!(rel < 1e-5, "rel {rel:e}, max abs {max:e}");
+    // A misspelt switch is one error line naming the variable.
+    let bad = common::bin()
+        .env("WGPU_ATTENTION_STAND_IN", "gpus")
+        .args(["demo"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("WGPU_ATTENTION_STAND_IN"),
+        "{err}"
+    );
+    let demo = common::bin()
+        .env("WGPU_ATTENTION_STAND_IN", "gpu")
+        .args(["demo"])
+        .output()
+        .unwrap();
+    let text = common::ok(&demo);
+    assert!(text.contains("standing in for a GPU"), "{text}");
+}
