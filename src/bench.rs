@@ -29,7 +29,7 @@ pub fn write_shaders(
     crate::tune::sources::write(dir, subgroup_size)
 }
 
-pub use crate::tune::{flash_candidates, matmul as tuned_matmul, matmul_candidates};
+pub use crate::tune::{flash_candidates, matmul as tuned_matmul, matmul_candidates, COOP_TUNED};
 
 /// Self-attention with `Q = K = V = x` on the CPU in f32 with ndarray (matrixmultiply's
 /// GEMM, one thread): the honest CPU baseline for `bench`. Rows are processed in blocks, so

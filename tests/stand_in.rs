@@ -39,7 +39,8 @@ fn the_stand_in_takes_a_gpus_decisions() {
     let coop = ctx.coop_shape().expect("emulated cooperative matrices");
     assert_eq!((coop.size, coop.f16_inputs), (8, true));
     // The storage family first, flash_blocked as its kernel, the GPU's matmuls; tensor
-    // cores (f16 inputs) for f16 calls only.
+    // cores (f16 inputs) for f16 calls only, and only once they are trusted
+    // (tune::COOP_TUNED).
     let fam = [Kernels::Storage];
     let f32_flash = wgpu_attention::bench::flash_candidates(ctx, &fam, 16, 16, Dtype::F32);
     assert!(
@@ -48,13 +49,22 @@ fn the_stand_in_takes_a_gpus_decisions() {
             .all(|v| matches!(v, FlashVariant::Blocked { .. })),
         "{f32_flash:?}"
     );
+    let coop_tuned = wgpu_attention::bench::COOP_TUNED;
     let f16_flash = wgpu_attention::bench::flash_candidates(ctx, &fam, 16, 16, Dtype::F16);
-    assert!(f16_flash.contains(&FlashVariant::Coop), "{f16_flash:?}");
+    assert_eq!(
+        f16_flash.contains(&FlashVariant::Coop),
+        coop_tuned,
+        "{f16_flash:?}"
+    );
     let f32_mm = wgpu_attention::bench::matmul_candidates(ctx, &fam, Dtype::F32);
     let f16_mm = wgpu_attention::bench::matmul_candidates(ctx, &fam, Dtype::F16);
     assert!(f32_mm.contains(&MatmulVariant::Blocked { per_thread: 8 }));
     assert!(!f32_mm.contains(&MatmulVariant::Coop), "{f32_mm:?}");
-    assert!(f16_mm.contains(&MatmulVariant::Coop), "{f16_mm:?}");
+    assert_eq!(
+        f16_mm.contains(&MatmulVariant::Coop),
+        coop_tuned,
+        "{f16_mm:?}"
+    );
     // Off again: lavapipe as it is.
     let plain = Context::new()
         .unwrap()
@@ -170,4 +180,50 @@ fn the_cli_says_it_stands_in_and_computes_the_window_right() {
         .unwrap();
     let text = common::ok(&demo);
     assert!(text.contains("standing in for a GPU"), "{text}");
+}
+
+/// CI's coverage check: every fused-kernel and matmul variant the tuner may offer a GPU
+/// (the storage family, at every head width `shaders --out` writes, in f32 and f16) is among
+/// those `verify --quick --variants` forces in turn under the stand-in, which .ci/run runs
+/// for both dtypes (`--only "[storage]" --only "[coop]"`). A variant offered only at a width
+/// the quick cases lack fails here until a quick case reaches it.
+#[test]
+fn ci_forces_every_variant_a_gpu_may_be_offered() {
+    use std::collections::BTreeSet;
+    let ctx = stand_in();
+    let fam = [Kernels::Storage];
+    let mut offered = BTreeSet::new();
+    let mut forced = BTreeSet::new();
+    for dtype in [Dtype::F32, Dtype::F16] {
+        for d in [8u32, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256] {
+            let w4 = d.div_ceil(4);
+            for v in wgpu_attention::bench::flash_candidates(ctx, &fam, w4, w4, dtype) {
+                offered.insert(format!("{v} {dtype}"));
+            }
+        }
+        for v in wgpu_attention::bench::matmul_candidates(ctx, &fam, dtype) {
+            offered.insert(format!("{v} {dtype}"));
+        }
+        let cases: Vec<Case> = verify::on_every_path(ctx, &verify::quick_cases())
+            .into_iter()
+            .map(|c| Case { dtype, ..c })
+            .collect();
+        for case in verify::with_every_variant(ctx, &cases) {
+            if case.kernels != Kernels::Storage {
+                continue;
+            }
+            if let Some(v) = case.flash {
+                forced.insert(format!("{v} {dtype}"));
+            }
+            if let Some(v) = case.matmul {
+                forced.insert(format!("{v} {dtype}"));
+            }
+        }
+    }
+    let missing: Vec<_> = offered.difference(&forced).collect();
+    assert!(
+        missing.is_empty(),
+        "offered to a GPU but never forced by CI's verify: {missing:?}"
+    );
+    eprintln!("CI forces {} variants: {forced:?}", forced.len());
 }

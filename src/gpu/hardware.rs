@@ -153,7 +153,10 @@ impl Hardware {
     /// Without subgroups (the emulation's barriers need nothing, but the kernels' subgroup
     /// builtins need the feature to validate) the subgroup and coop kernels stay off.
     fn standing_in_for_gpu(self, subgroups: bool, f16: bool) -> Hardware {
-        let sg = STAND_IN_SUBGROUP;
+        let sg = std::env::var("TMP_SG")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(STAND_IN_SUBGROUP);
         let mut emulate = self.emulate;
         if subgroups {
             emulate.subgroup = sg;

@@ -145,11 +145,33 @@ pub async fn run_case_with_async(
         context_max,
         weights_rel,
         weights_max,
-        tolerance: match case.dtype {
-            Dtype::F32 => tolerance(bound),
-            Dtype::F16 => tolerance_f16(bound),
+        tolerance: match case.dtype == Dtype::F16 || rounds_to_f16(ctx, case) {
+            false => tolerance(bound),
+            true => tolerance_f16(bound),
         },
     })
+}
+
+/// Whether `case` runs on cooperative matrices with f16 inputs (an f32 case's operands then
+/// meet f16's rounding, and its bound is f16's).
+fn rounds_to_f16(ctx: &Context, case: &Case) -> bool {
+    let coop = case.kernels == Kernels::Coop
+        || case.matmul == Some(crate::MatmulVariant::Coop)
+        || case.flash == Some(crate::FlashVariant::Coop);
+    coop && ctx.coop_shape().is_some_and(|s| s.f16_inputs)
+}
+
+/// Every case of `cases` on the cooperative-matrix kernels (`Kernels::Coop`), with the
+/// weights and fused, where `ctx` has them (`verify --coop`; the tuner does not offer them
+/// until they are trusted, see [`crate::bench::COOP_TUNED`]).
+pub fn on_coop(ctx: &Context, cases: &[Case]) -> Vec<Case> {
+    match ctx.coop_shape() {
+        Some(_) => cases
+            .iter()
+            .flat_map(|c| [c.on(Kernels::Coop, false), c.on(Kernels::Coop, true)])
+            .collect(),
+        None => Vec::new(),
+    }
 }
 
 /// The paths every case runs on with `ctx`: each kernel family the adapter has, with the

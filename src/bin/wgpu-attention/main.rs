@@ -111,13 +111,18 @@ enum Command {
         /// turn (fused kernels for the fused cases, matmuls for the others).
         #[arg(long)]
         variants: bool,
-        /// Only the cases whose line contains this text (e.g. `37x13`, `causal`).
+        /// Only the cases whose line contains this text (e.g. `37x13`, `[storage]`);
+        /// repeatable: a case is kept when its line contains any.
         #[arg(long)]
-        only: Option<String>,
+        only: Vec<String>,
         /// A few cases that take every path of a call instead of the whole sweep (with
         /// --variants: what CI runs under the GPU stand-in).
         #[arg(long)]
         quick: bool,
+        /// Also run every case on the cooperative-matrix kernels (`--kernels coop`), where
+        /// the adapter has them (the tuner does not pick them yet).
+        #[arg(long)]
+        coop: bool,
         #[command(flatten)]
         adapter: GpuArgs,
     },
@@ -170,7 +175,7 @@ pub fn print_timings(ctx: &Context, on: bool) {
 
 fn verify_cmd(
     (trials, seed, dtype): (usize, u64, Dtype),
-    (variants, only, quick): (bool, Option<&str>, bool),
+    (variants, only, quick, coop): (bool, &[String], bool, bool),
     adapter: &GpuArgs,
 ) -> Result<bool> {
     let ctx = adapter.open()?;
@@ -191,7 +196,11 @@ fn verify_cmd(
         false => verify::standard_cases(),
     };
     cases.extend(verify::random_cases(trials, seed));
-    let cases: Vec<_> = verify::on_every_path(&ctx, &cases)
+    let mut on_paths = verify::on_every_path(&ctx, &cases);
+    if coop {
+        on_paths.extend(verify::on_coop(&ctx, &cases));
+    }
+    let cases: Vec<_> = on_paths
         .into_iter()
         .map(|c| verify::Case { dtype, ..c })
         .collect();
@@ -201,7 +210,7 @@ fn verify_cmd(
     };
     let cases: Vec<_> = cases
         .into_iter()
-        .filter(|c| only.is_none_or(|o| c.to_string().contains(o)))
+        .filter(|c| only.is_empty() || only.iter().any(|o| c.to_string().contains(o.as_str())))
         .collect();
     let mut failed = 0;
     // Drawn on a terminal only (indicatif hides it otherwise); lines print above it.
@@ -366,10 +375,11 @@ fn dispatch(command: &Command) -> Result<bool> {
             variants,
             only,
             quick,
+            coop,
             adapter,
         } => verify_cmd(
             (*trials, *seed, *dtype),
-            (*variants, only.as_deref(), *quick),
+            (*variants, only, *quick, *coop),
             adapter,
         ),
         Command::Bench(args) => bench_cmd::bench_cmd(args),

@@ -53,9 +53,10 @@ fn pointer_args(args: &str) -> (String, String, String) {
 /// stand-in), the lanes of one subgroup run in several hardware subgroups, one after the
 /// other, and each emulated load and store is every lane's own: a lane could then store a
 /// matrix (`flash_coop`'s O += P·V reads a block of O and stores it back) before another lane
-/// of its subgroup has loaded it, and add to it twice. A workgroup barrier before each store
-/// keeps every earlier load of the workgroup ahead of it, as one collective operation would
-/// (the kernels make their cooperative operations in workgroup-uniform control flow).
+/// of its subgroup has loaded it, and that lane would add to it twice. Since a cooperative
+/// matrix is seen only through its stores, the first lane of each subgroup alone stores
+/// (the others' copies are the same, or wrong only where they read what it stored), which is
+/// what one collective store does.
 pub(crate) fn rewrite(source: &str, size: u32, wide: bool) -> String {
     let mut text: String = source
         .lines()
