@@ -186,7 +186,7 @@ fn tune_command_fills_both_caches_in_the_directory_named() {
     );
     assert!(stdout.contains("flash-tiled"), "{stdout}");
     let choices = std::fs::read_to_string(&cache).expect("tune.json written");
-    assert!(choices.contains("flash storage"), "{choices}");
+    assert!(choices.contains("flash f32 storage"), "{choices}");
     // The compiled pipelines beside it, where the driver has a pipeline cache.
     let ctx = common::ctx();
     let info = ctx.adapter_info();

@@ -338,8 +338,10 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
 
 /// Whether a call's measuring is bounded by its own time (see [`fastest_within`]): yes unless
 /// `WGPU_ATTENTION_TUNE=full` (what `wgpu-attention tune` sets: it measures every candidate).
-fn budgeted() -> bool {
+fn budgeted(ctx: &Context) -> bool {
+    // The GPU stand-in runs every candidate (its times mean nothing; see `choose`).
     !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("full"))
+        && !ctx.hardware().stand_in
 }
 
 /// The remembered choice among `candidates` for `kind` (`detail` names the bucket), or the
@@ -377,7 +379,7 @@ where
     // estimated time (so measuring would stop before it: skip making the tuning problem).
     let done = known
         .as_ref()
-        .is_some_and(|p| p.measured >= ordered.len() || (budgeted() && p.cost > p.ms * scale));
+        .is_some_and(|p| p.measured >= ordered.len() || (budgeted(ctx) && p.cost > p.ms * scale));
     if done || rows < MIN_TUNED_N || !ctx.tuning() {
         return Ok(known.map_or(fallback, |p| p.best));
     }
@@ -418,6 +420,18 @@ pub(crate) fn choice_key(
     dtype: Dtype,
 ) -> String {
     let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
+    // f16 operands multiplied in f16 (flash-blocked's `f16_arithmetic`) are other numerics
+    // and other times than f16 operands multiplied in f32.
+    let hmul = dtype == Dtype::F16
+        && ctx
+            .blocked_options()
+            .f16_arithmetic
+            .unwrap_or(!ctx.hardware().is_cpu());
+    let dtype = if hmul {
+        "f16-products".to_string()
+    } else {
+        dtype.to_string()
+    };
     key(
         ctx,
         format!("{kind} {dtype} {} {detail}", names.join("+")).trim_end(),
@@ -605,7 +619,7 @@ pub fn flash(
             };
             let start = std::time::Instant::now();
             let mut clock = || start.elapsed().as_secs_f64() * 1e3;
-            let scale = if budgeted() {
+            let scale = if budgeted(ctx) {
                 bucket.scale
             } else {
                 f64::INFINITY
@@ -647,7 +661,7 @@ pub fn matmul(
             let start = std::time::Instant::now();
             let mut clock = || start.elapsed().as_secs_f64() * 1e3;
             // The budget as for the fused kernel, the anchor's time standing in for the call's.
-            let scale = if budgeted() { 1.0 } else { f64::INFINITY };
+            let scale = if budgeted(ctx) { 1.0 } else { f64::INFINITY };
             fastest_within(candidates, from, scale, &mut clock, |c| {
                 timing::measure(0, 1, || problem.run(ctx, c)).map(|(s, _)| s.median_ms)
             })

@@ -520,12 +520,17 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
                 // What the tuner offers the storage family here (tensor cores with it), then
                 // the subgroup family on a device of the given subgroup size.
                 let dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
-                let mut variants: Vec<(&Device, FlashVariant)> =
-                    super::flash_candidates(dev, &[Kernels::Storage], w4, w4, dtype)
-                        .into_iter()
-                        .filter(|v| v.family() == Kernels::Storage || common)
-                        .map(|v| (dev, v))
-                        .collect();
+                let mut offered = super::flash_candidates(dev, &[Kernels::Storage], w4, w4, dtype);
+                // The tensor-core kernel where the device has them, offered or not yet (see
+                // COOP_TUNED): it runs when forced, and its compile is checked for when it is.
+                if dev.coop_shape().is_some() && !offered.contains(&FlashVariant::Coop) {
+                    offered.push(FlashVariant::Coop);
+                }
+                let mut variants: Vec<(&Device, FlashVariant)> = offered
+                    .into_iter()
+                    .filter(|v| v.family() == Kernels::Storage || common)
+                    .map(|v| (dev, v))
+                    .collect();
                 if let Some(sub) = subgroup.as_ref().filter(|_| kib == 32 && common) {
                     let offered = super::flash_candidates(sub, &[Kernels::Subgroup], w4, w4, dtype);
                     variants.extend(offered.into_iter().map(|v| (sub, v)));

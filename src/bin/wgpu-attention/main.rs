@@ -70,13 +70,22 @@ pub struct GpuArgs {
     /// true or false (default: true on GPUs, false on CPU adapters).
     #[arg(long)]
     pub f16_arithmetic: Option<bool>,
+    /// flash-blocked's double buffering (stage the next chunk while computing): true or
+    /// false (default: true on GPUs, false on CPU adapters). For bisecting a GPU's answers.
+    #[arg(long)]
+    pub double_buffer: Option<bool>,
+    /// flash-blocked's row reductions through subgroup shuffles instead of workgroup memory:
+    /// true or false (default: where the adapter's subgroups allow). For bisecting.
+    #[arg(long)]
+    pub subgroup_reductions: Option<bool>,
 }
 
 impl GpuArgs {
     pub fn open(&self) -> Result<Context> {
         let blocked = wgpu_attention::BlockedOptions {
             f16_arithmetic: self.f16_arithmetic,
-            ..Default::default()
+            double_buffer: self.double_buffer,
+            subgroups: self.subgroup_reductions,
         };
         self.adapter.open().map(|c| c.with_blocked_options(blocked))
     }
