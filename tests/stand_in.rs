@@ -108,10 +108,15 @@ fn f16_through_the_coop_matmul_matches_the_reference() {
 
 /// The H100's second wrong answer: a left window with causal, context only, batch 2, four
 /// heads, a few dozen rows of width 16: what a GPU plans for it (flash_blocked 64 × 64,
-/// double-buffered, subgroup reductions over 16 of 32 lanes), and key lengths beside it.
+/// double-buffered, subgroup reductions over 16 of 32 lanes), with key lengths, and at 300
+/// rows, where the GPU splits the keys (flash_combine).
 #[test]
 fn a_left_window_with_causal_matches_the_reference() {
-    for (n, mask) in [(23, MaskCase::None), (70, MaskCase::Lengths)] {
+    for (n, mask) in [
+        (23, MaskCase::None),
+        (70, MaskCase::Lengths),
+        (300, MaskCase::None),
+    ] {
         passes(Case {
             sdpa: Some((n, 4)),
             heads: 4,

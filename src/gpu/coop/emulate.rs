@@ -128,18 +128,18 @@ pub(crate) fn rewrite(source: &str, size: u32, wide: bool) -> String {
              \x20   return m;\n}}\n"
         ));
     }
+    // Wide: the first lane of each subgroup alone stores (see the function's docs).
+    let (open, close) = match wide {
+        true => ("    if emu_li % EMU_SG == 0u {\n", "    }\n"),
+        false => ("", ""),
+    };
     for name in stored {
         text.push_str(&format!(
             "fn emu_store_{name}(m: EmuMat, off: u32, stride: u32, row_major: bool) {{\n\
-             {}\
+             {open}\
              \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
              \x20       {name}[{at}] = m.v[i * EMU_S + j];\n\
-             \x20   }} }}\n}}\n",
-            if wide {
-                "    workgroupBarrier();\n"
-            } else {
-                ""
-            }
+             \x20   }} }}\n{close}}}\n"
         ));
     }
     text
