@@ -232,3 +232,136 @@ fn ci_forces_every_variant_a_gpu_may_be_offered() {
     );
     eprintln!("CI forces {} variants: {forced:?}", forced.len());
 }
+
+fn arrays(b: usize, h: usize, kvh: usize, n: usize, d: usize) -> [ndarray::Array4<f32>; 3] {
+    let f = |salt: usize| {
+        move |(i, j, k, m): (usize, usize, usize, usize)| {
+            (((i * 31 + j * 17 + k * 7 + m * 3) * (salt + 2) + salt) as f32 * 0.0137).sin() * 1.5
+        }
+    };
+    [
+        ndarray::Array4::from_shape_fn((b, h, n, d), f(1)),
+        ndarray::Array4::from_shape_fn((b, kvh, n, d), f(2)),
+        ndarray::Array4::from_shape_fn((b, kvh, n, d), f(3)),
+    ]
+}
+
+/// The GPU's backward (flash_blocked's saved forward, the GPU tiles of flash_backward_dot,
+/// the storage backward kernels) with grouped-query heads and a left window with causal,
+/// against the f64 reference.
+#[test]
+fn the_gpu_backward_matches_the_reference() {
+    use wgpu_attention::{reference, Attention, Inputs, Mask, Modifiers, Options, Preset};
+    let ctx = &profiled();
+    let [q, k, v] = arrays(2, 4, 2, 45, 16);
+    let d_o = ndarray::Array4::from_shape_fn((2, 4, 45, 16), |(i, j, l, m)| {
+        ((i * 7 + j * 5 + l * 3 + m) as f32 * 0.11).cos()
+    });
+    let mods = Modifiers::new().preset(Preset::Window { left: 4, right: 0 });
+    for mods in [None, Some(&mods)] {
+        let mask = match mods {
+            Some(m) => Mask::none().with_modifiers(m),
+            None => Mask::none(),
+        };
+        let op = Attention::new().causal(true).options(Options {
+            nan_fill: true,
+            ..Options::default()
+        });
+        let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+        let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
+        let out = op
+            .return_weights(false)
+            .save_for_backward(true)
+            .run(ctx, inputs.clone())
+            .unwrap();
+        let g = out.saved.unwrap().backward(ctx, d_o.view()).unwrap();
+        for (name, got, want) in [
+            ("dQ", &g.q, &want.q),
+            ("dK", &g.k, &want.k),
+            ("dV", &g.v, &want.v),
+        ] {
+            let (rel, max) = reference::compare(got.as_ref().unwrap(), want.as_ref().unwrap());
+            assert!(
+                rel < 1e-5,
+                "window {}: {name} rel {rel:e}, max abs {max:e}",
+                mods.is_some()
+            );
+        }
+    }
+    ran(
+        ctx,
+        &[
+            "flash_backward_dot.wgsl",
+            "flash_backward_kv.wgsl",
+            "flash_backward_q.wgsl",
+        ],
+    );
+}
+
+/// A stand-in context of its own with per-kernel times on (which kernels ran).
+fn profiled() -> Context {
+    let ctx = Context::new()
+        .unwrap()
+        .with_stand_in(StandIn::Gpu)
+        .with_tuning(false)
+        .with_tune_cache(TuneCache::at(None));
+    ctx.set_profiling(true);
+    ctx
+}
+
+/// Asserts each of `kernels` ran in the last call on `ctx` (see [`profiled`]).
+fn ran(ctx: &Context, kernels: &[&str]) {
+    let times = ctx.kernel_times();
+    let names: Vec<_> = times.iter().map(|t| t.kernel).collect();
+    for k in kernels {
+        assert!(names.contains(k), "{k} never ran: {names:?}");
+    }
+}
+
+/// The GPU's decode kernel (decode_partial_gpu, its key blocks and the combine) through a KV
+/// cache, prefill then one-token steps, f32 and f16 caches, against the causal reference.
+#[test]
+fn the_gpu_decode_step_matches_the_reference() {
+    use wgpu_attention::{reference, Attention, Decoder, Inputs, KvCache, KvCacheSpec};
+    let ctx = &profiled();
+    for dtype in [Dtype::F32, Dtype::F16] {
+        let [q, k, v] = arrays(2, 4, 2, 300, 16);
+        let round = |a: &ndarray::Array4<f32>| match dtype {
+            Dtype::F16 => a.mapv(|x| wgpu_attention::half::f16::from_f32(x).to_f32()),
+            Dtype::F32 => a.clone(),
+        };
+        let op = Attention::new().causal(true);
+        let want = reference::run(&op, &Inputs::qkv(&q, &round(&k), &round(&v)))
+            .unwrap()
+            .context;
+        let spec = KvCacheSpec {
+            capacity: 300,
+            batch: 2,
+            kv_heads: 2,
+            d_k: 16,
+            d_v: 16,
+            dtype,
+        };
+        let mut cache = KvCache::new(ctx, spec).unwrap();
+        let dec = Decoder::new().nan_fill(true);
+        let mut outs = Vec::new();
+        for (from, to) in [(0, 297), (297, 298), (298, 299), (299, 300)] {
+            let r = ndarray::s![.., .., from..to, ..];
+            match dtype {
+                Dtype::F32 => cache.append(ctx, k.slice(r), v.slice(r)).unwrap(),
+                Dtype::F16 => {
+                    let half = |a: &ndarray::Array4<f32>| {
+                        a.slice(r).mapv(wgpu_attention::half::f16::from_f32)
+                    };
+                    cache.append(ctx, half(&k).view(), half(&v).view()).unwrap()
+                }
+            }
+            outs.push(dec.step(ctx, &cache, q.slice(r)).unwrap());
+        }
+        let views: Vec<_> = outs.iter().map(|o| o.view()).collect();
+        let got = ndarray::concatenate(ndarray::Axis(2), &views).unwrap();
+        let (rel, max) = reference::compare(&got.into_dyn(), &want);
+        assert!(rel < 1e-5, "{dtype}: rel {rel:e}, max abs {max:e}");
+    }
+    ran(ctx, &["decode_partial_gpu.wgsl", "decode_combine.wgsl"]);
+}
