@@ -186,8 +186,8 @@ pub fn flash_candidates(
 /// have passed `tools/gpu-check` on real tensor cores: on the H100 the coop matmul with f16
 /// storage gave wrong answers (issue 29: relative error 0.6-1.8 on every `[storage] f16` case
 /// it computed, while the same kernel passes under the GPU stand-in's emulation), and
-/// `flash_coop` fails under the stand-in's 32-lane emulation at head widths of 48 and more
-/// with two or more key tiles (see docs/testing.md; a NumPy run of its rounds is right).
+/// `flash_coop` fails under the stand-in's 32-lane emulation at wide heads with two or more
+/// key tiles (see docs/testing.md; a NumPy replay of its rounds is right).
 pub const COOP_TUNED: bool = false;
 
 /// Whether the cooperative-matrix kernels are candidates for a `dtype` call: with f16 inputs
