@@ -511,3 +511,21 @@ fn stderr_stays_quiet_on_a_machine_without_a_display() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.trim().is_empty(), "stderr: {stderr}");
 }
+
+/// A fresh clone's first run: Mesa's shader cache directory (.cargo/config.toml points it at
+/// target/tmp) does not exist yet, and Mesa would print a warning per driver instead of
+/// caching; the crate makes it first.
+#[test]
+fn a_missing_mesa_shader_cache_directory_is_made_not_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("not/yet/there");
+    let out = common::bin()
+        .env("MESA_SHADER_CACHE_DIR", &cache)
+        .arg("demo")
+        .output()
+        .unwrap();
+    common::ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("Failed to create"), "{stderr}");
+    assert!(cache.is_dir());
+}

@@ -138,6 +138,13 @@ fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
 }
 
 fn new_instance(backends: wgpu::Backends) -> wgpu::Instance {
+    // Mesa's drivers use MESA_SHADER_CACHE_DIR only where it exists, and print a warning
+    // per driver where it does not (this repository's .cargo/config.toml points it at
+    // target/tmp, absent on a fresh clone): make it first.
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(dir) = std::env::var_os("MESA_SHADER_CACHE_DIR").filter(|d| !d.is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.backends = backends;
     wgpu::Instance::new(desc)
