@@ -370,6 +370,12 @@ fn dispatch(command: &Command) -> Result<bool> {
                     for (i, a) in adapters.iter().enumerate() {
                         println!("[{i}] {a}");
                     }
+                    if wgpu_attention::StandIn::from_env()? == wgpu_attention::StandIn::Gpu {
+                        println!(
+                            "WGPU_ATTENTION_STAND_IN=gpu: the adapter a command opens ([0] \
+                             unless chosen) stands in for a GPU (docs/testing.md)"
+                        );
+                    }
                     Ok(true)
                 }
                 Err(e) => Err(e),
