@@ -188,35 +188,33 @@ fn the_cli_says_it_stands_in_and_computes_the_window_right() {
 }
 
 /// CI's coverage check: every fused-kernel and matmul variant the tuner may offer a GPU
-/// (the storage family, at every head width `shaders --out` writes, in f32 and f16) is among
-/// those `verify --quick --variants` forces in turn under the stand-in, which .ci/run runs
-/// for both dtypes (`--only "[storage]" --only "[coop]"`). A variant offered only at a width
-/// the quick cases lack fails here until a quick case reaches it.
+/// (the storage and subgroup families, at every head width `shaders --out` writes, in f32
+/// and f16) is among those `verify --quick --variants` forces in turn under the stand-in,
+/// which .ci/run runs for both dtypes. A variant offered only at a width the quick cases lack
+/// fails here until a quick case reaches it.
 #[test]
 fn ci_forces_every_variant_a_gpu_may_be_offered() {
     use std::collections::BTreeSet;
     let ctx = stand_in();
-    let fam = [Kernels::Storage];
     let mut offered = BTreeSet::new();
     let mut forced = BTreeSet::new();
     for dtype in [Dtype::F32, Dtype::F16] {
-        for d in [8u32, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256] {
-            let w4 = d.div_ceil(4);
-            for v in wgpu_attention::bench::flash_candidates(ctx, &fam, w4, w4, dtype) {
+        for fam in [[Kernels::Storage], [Kernels::Subgroup]] {
+            for d in [8u32, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256] {
+                let w4 = d.div_ceil(4);
+                for v in wgpu_attention::bench::flash_candidates(ctx, &fam, w4, w4, dtype) {
+                    offered.insert(format!("{v} {dtype}"));
+                }
+            }
+            for v in wgpu_attention::bench::matmul_candidates(ctx, &fam, dtype) {
                 offered.insert(format!("{v} {dtype}"));
             }
-        }
-        for v in wgpu_attention::bench::matmul_candidates(ctx, &fam, dtype) {
-            offered.insert(format!("{v} {dtype}"));
         }
         let cases: Vec<Case> = verify::on_every_path(ctx, &verify::quick_cases())
             .into_iter()
             .map(|c| Case { dtype, ..c })
             .collect();
         for case in verify::with_every_variant(ctx, &cases) {
-            if case.kernels != Kernels::Storage {
-                continue;
-            }
             if let Some(v) = case.flash {
                 forced.insert(format!("{v} {dtype}"));
             }

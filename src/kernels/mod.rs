@@ -160,19 +160,21 @@ impl KernelInfo {
     /// element types `f16`.
     #[cfg(test)]
     pub fn source_with(&self, values: &[u32], f16: u8) -> String {
-        self.source_with_mods(values, f16, 0)
+        self.source_built(values, f16, 0, true)
     }
 
-    /// [`KernelInfo::source_with`] with the modifiers registered under `mods` (0: none, the
-    /// identity stubs for a kernel that calls them; see [`mods`]).
-    pub fn source_with_mods(&self, values: &[u32], f16: u8, mods: u64) -> String {
+    /// The full WGSL text with the modifiers registered under `mods` (0: none, the identity
+    /// stubs for a kernel that calls them; see [`mods`]), its `// unroll` loops unrolled or
+    /// not.
+    fn source_built(&self, values: &[u32], f16: u8, mods: u64, unrolled: bool) -> String {
         let named: Vec<(&str, u32)> = self
             .constants
             .iter()
             .copied()
             .zip(values.iter().copied())
             .collect();
-        let source = wgsl::compose(self.source, self.dtypes, f16, &named, &(self.params)());
+        let params = (self.params)();
+        let source = wgsl::compose_with(self.source, self.dtypes, f16, &named, &params, unrolled);
         let source = self.with_coop(source, &named);
         let source = mods::with_modifiers(source, self.source, mods);
         // The marker first, so a tool reading the composed file (CI's compiler check) knows.
@@ -306,8 +308,10 @@ impl PipelineKey {
     /// The full WGSL text this key builds.
     pub fn source(&self) -> String {
         let info = self.kernel.info();
-        let mut source =
-            info.source_with_mods(&self.consts[..info.constants.len()], self.f16, self.mods);
+        // Emulated subgroups: loops kept (see `wgsl::compose_with`).
+        let unrolled = self.emulate.subgroup == 0;
+        let consts = &self.consts[..info.constants.len()];
+        let mut source = info.source_built(consts, self.f16, self.mods, unrolled);
         if info.coop && self.emulate.coop != 0 {
             let size = self.constant("S").unwrap_or(16);
             let wide = self.emulate.subgroup != 0;

@@ -128,12 +128,27 @@ impl Constants for NoConstants {
 /// The full WGSL text of a kernel: `enable f16;` when any element type is f16, the aliases
 /// (`alias Q_T = f16;`, bit `i` of `f16` for `dtypes[i]`), the constants, the prelude, the
 /// generated `struct Params`, then `source` with its `// unroll` loops unrolled.
+#[cfg(test)]
 pub(crate) fn compose(
     source: &str,
     dtypes: &[&str],
     f16: u8,
     consts: &[(&str, u32)],
     params: &str,
+) -> String {
+    compose_with(source, dtypes, f16, consts, params, true)
+}
+
+/// [`compose`], with the `// unroll` loops kept as loops unless `unrolled` (the emulated
+/// subgroups' builds: each exchange is two barriers, and LLVM compiles 32 unrolled copies of
+/// them for minutes where it compiles the loop in seconds).
+pub(crate) fn compose_with(
+    source: &str,
+    dtypes: &[&str],
+    f16: u8,
+    consts: &[(&str, u32)],
+    params: &str,
+    unrolled: bool,
 ) -> String {
     let mut text = String::new();
     if f16 != 0 {
@@ -148,7 +163,11 @@ pub(crate) fn compose(
     }
     text.push_str(PRELUDE);
     text.push_str(params);
-    let body = unroll(&drop_disabled(source, consts), consts);
+    let kept = drop_disabled(source, consts);
+    let body = match unrolled {
+        true => unroll(&kept, consts),
+        false => kept,
+    };
     text.push_str(&body);
     text.push_str(&crate::gpu::subgroups::native(&body));
     text
