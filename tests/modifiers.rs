@@ -449,7 +449,8 @@ fn a_name_the_kernels_use_is_refused_before_any_pipeline() {
     let helper = "fn load4(x: f32) -> f32 {\n    return x;\n}\n\
                   fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool {\n    \
                   return load4(1.0) > 0.0;\n}\n";
-    let cases = ["mask", "p", "bias", "out", "stats"].map(|name| {
+    // sg_xor4 and emu_li: the subgroup helpers' and their emulation's (src/gpu/subgroups.rs).
+    let cases = ["mask", "p", "bias", "out", "stats", "sg_xor4", "emu_li"].map(|name| {
         Modifiers::new()
             .score_mod("mine.wgsl", score.replace("NAME", name))
             .buffer(name, BufferData::F32(vec![0.5; 2]))

@@ -111,6 +111,16 @@ fn emu_gather(x: f32) {
 }
 ";
 
+/// Every declaration a composed kernel may get from here, native or emulated: names a
+/// caller's modifiers must not take (`kernels::mods`).
+pub(crate) fn declarations() -> String {
+    let defs = NATIVE.iter().chain(EMULATED).map(|(_, def)| *def);
+    let mut text: String = defs.map(|d| format!("{d}\n")).collect();
+    text.push_str("const EMU_SG: u32 = 32u;\nconst EMU_WG: u32 = 1u;\n");
+    text.push_str(EMULATION_BASE);
+    text
+}
+
 /// Whether `text` calls helper `name` (`name(` not preceded by an identifier character, and
 /// not its own definition).
 fn calls(text: &str, name: &str) -> bool {

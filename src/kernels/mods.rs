@@ -260,7 +260,13 @@ fn kernel_names() -> &'static HashMap<String, &'static str> {
                 continue;
             }
             let params = (info.params)();
-            let texts = [info.source, super::wgsl::PRELUDE, params.as_str()];
+            let helpers = crate::gpu::subgroups::declarations();
+            let texts = [
+                info.source,
+                super::wgsl::PRELUDE,
+                params.as_str(),
+                helpers.as_str(),
+            ];
             let host = info
                 .constants
                 .iter()
