@@ -25,7 +25,8 @@ fn the_stand_in_takes_a_gpus_decisions() {
     let ctx = stand_in();
     let info = ctx.adapter_info();
     assert!(
-        info.name.ends_with("standing in for a GPU"),
+        info.name
+            .ends_with("standing in for a GPU (32-lane subgroups)"),
         "{}",
         info.name
     );
@@ -65,6 +66,22 @@ fn the_stand_in_takes_a_gpus_decisions() {
         coop_tuned,
         "{f16_mm:?}"
     );
+    // Other widths: Intel's 16, AMD's wave64; the switch's spellings.
+    for (text, width) in [("gpu", 32), ("gpu:16", 16), ("gpu:32", 32), ("gpu:64", 64)] {
+        let stand_in: StandIn = text.parse().unwrap();
+        assert_eq!(stand_in.subgroup_width(), Some(width), "{text}");
+    }
+    for bad in ["gpu:8", "gpus", "cpu"] {
+        let err = bad.parse::<StandIn>().unwrap_err().to_string();
+        assert!(err.contains("WGPU_ATTENTION_STAND_IN"), "{err}");
+    }
+    let wide = Context::new()
+        .unwrap()
+        .with_stand_in(StandIn::GpuSubgroups(64))
+        .with_tune_cache(TuneCache::at(None));
+    assert_eq!(wide.subgroup_size(), Some(64));
+    assert_eq!(wide.standing_in(), StandIn::GpuSubgroups(64));
+    assert!(wide.adapter_info().name.contains("(64-lane subgroups)"));
     // Off again: lavapipe as it is.
     let plain = Context::new()
         .unwrap()

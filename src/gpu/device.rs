@@ -139,11 +139,7 @@ impl Device {
         log::info!(
             "adapter: {}{} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
             info.name,
-            if hardware.stand_in {
-                super::hardware::STAND_IN_SUFFIX
-            } else {
-                ""
-            },
+            hardware.name_suffix(),
             info.backend,
             hardware.device_type,
             info.driver,
@@ -225,9 +221,7 @@ impl Device {
     pub(crate) fn adapter_info(&self) -> wgpu::AdapterInfo {
         let mut info = self.adapter.get_info();
         info.device_type = self.hardware.device_type;
-        if self.hardware.stand_in {
-            info.name.push_str(super::hardware::STAND_IN_SUFFIX);
-        }
+        info.name.push_str(&self.hardware.name_suffix());
         info
     }
 

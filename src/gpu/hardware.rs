@@ -26,6 +26,9 @@ pub enum StandIn {
     /// [`STAND_IN_SUBGROUP`] lanes, cooperative matrices, [`STAND_IN_WORKGROUP_KIB`] KiB of
     /// workgroup memory), emulating in WGSL what it lacks.
     Gpu,
+    /// [`StandIn::Gpu`] with subgroups of this many lanes (16, 32 or 64: Intel's, NVIDIA's,
+    /// AMD's wave64), `WGPU_ATTENTION_STAND_IN=gpu:64`.
+    GpuSubgroups(u32),
 }
 
 /// The subgroup width the GPU stand-in emulates (NVIDIA's).
@@ -42,7 +45,17 @@ pub const STAND_IN_COOP_SIDE: u32 = 8;
 pub const STAND_IN_SUFFIX: &str = " standing in for a GPU";
 
 impl StandIn {
-    /// `WGPU_ATTENTION_STAND_IN`: `gpu`, or `off` / `0` / empty / unset.
+    /// The subgroup width it emulates (`None`: off).
+    pub fn subgroup_width(self) -> Option<u32> {
+        match self {
+            StandIn::Off => None,
+            StandIn::Gpu => Some(STAND_IN_SUBGROUP),
+            StandIn::GpuSubgroups(n) => Some(n),
+        }
+    }
+
+    /// `WGPU_ATTENTION_STAND_IN`: `gpu`, `gpu:N` (N = 16, 32 or 64 lanes), or `off` / `0` /
+    /// empty / unset.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the variable for any other value.
@@ -59,10 +72,13 @@ impl std::str::FromStr for StandIn {
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "gpu" => Ok(StandIn::Gpu),
+            "gpu:16" => Ok(StandIn::GpuSubgroups(16)),
+            "gpu:32" => Ok(StandIn::GpuSubgroups(32)),
+            "gpu:64" => Ok(StandIn::GpuSubgroups(64)),
             "" | "off" | "0" | "none" => Ok(StandIn::Off),
             other => Err(Error::invalid(
                 "WGPU_ATTENTION_STAND_IN",
-                format!("{other:?} is not a stand-in: use gpu or off"),
+                format!("{other:?} is not a stand-in: use gpu, gpu:16, gpu:32, gpu:64 or off"),
             )),
         }
     }
@@ -142,9 +158,9 @@ impl Hardware {
             workgroup_storage: device.limits().max_compute_workgroup_storage_size,
             stand_in: false,
         };
-        match stand_in {
-            StandIn::Off => hw,
-            StandIn::Gpu => hw.standing_in_for_gpu(subgroups, f16),
+        match stand_in.subgroup_width() {
+            None => hw,
+            Some(width) => hw.standing_in_for_gpu(width, subgroups, f16),
         }
     }
 
@@ -152,11 +168,7 @@ impl Hardware {
     /// is a GPU already keeps its own subgroups and tensor cores) and emulation for the rest.
     /// Without subgroups (the emulation's barriers need nothing, but the kernels' subgroup
     /// builtins need the feature to validate) the subgroup and coop kernels stay off.
-    fn standing_in_for_gpu(self, subgroups: bool, f16: bool) -> Hardware {
-        let sg = std::env::var("TMP_SG")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(STAND_IN_SUBGROUP);
+    fn standing_in_for_gpu(self, sg: u32, subgroups: bool, f16: bool) -> Hardware {
         let mut emulate = self.emulate;
         if subgroups {
             emulate.subgroup = sg;
@@ -180,6 +192,17 @@ impl Hardware {
             emulate,
             workgroup_storage: STAND_IN_WORKGROUP_KIB << 10,
             stand_in: true,
+        }
+    }
+
+    /// What follows the adapter's name in its lines: empty, or under the stand-in
+    /// `standing in for a GPU` and the subgroup width (which also keeps the tuning cache's
+    /// choices of each width apart).
+    pub(crate) fn name_suffix(&self) -> String {
+        match (self.stand_in, self.subgroup_size) {
+            (false, _) => String::new(),
+            (true, Some(w)) => format!("{STAND_IN_SUFFIX} ({w}-lane subgroups)"),
+            (true, None) => STAND_IN_SUFFIX.to_string(),
         }
     }
 

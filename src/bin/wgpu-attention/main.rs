@@ -370,10 +370,11 @@ fn dispatch(command: &Command) -> Result<bool> {
                     for (i, a) in adapters.iter().enumerate() {
                         println!("[{i}] {a}");
                     }
-                    if wgpu_attention::StandIn::from_env()? == wgpu_attention::StandIn::Gpu {
+                    if let Some(w) = wgpu_attention::StandIn::from_env()?.subgroup_width() {
                         println!(
-                            "WGPU_ATTENTION_STAND_IN=gpu: the adapter a command opens ([0] \
-                             unless chosen) stands in for a GPU (docs/testing.md)"
+                            "WGPU_ATTENTION_STAND_IN: the adapter a command opens ([0] unless \
+                             chosen) stands in for a GPU with {w}-lane subgroups \
+                             (docs/testing.md)"
                         );
                     }
                     Ok(true)
