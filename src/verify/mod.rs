@@ -3,12 +3,12 @@
 //! The problems themselves ([`Case`], the fixed and random sweeps) are in `cases.rs`.
 
 mod cases;
+mod sweep;
 
 use std::fmt;
 
-pub use cases::{
-    quick_cases, random_cases, standard_cases, Case, CaseData, MaskCase, MaskData, ModsCase,
-};
+pub use cases::{Case, CaseData, MaskCase, MaskData, ModsCase};
+pub use sweep::{quick_cases, random_cases, standard_cases};
 
 use crate::attention::{Attention, Dtype, Host, Inputs, Projections};
 use crate::context::Context;
