@@ -146,14 +146,7 @@ impl Context {
 
     /// Whether this context stands in for a GPU (see [`Context::with_stand_in`]).
     pub fn standing_in(&self) -> StandIn {
-        let hw = self.dev.hardware();
-        match (hw.stand_in, hw.subgroup_size) {
-            (false, _) => StandIn::Off,
-            (true, Some(w)) if w != crate::gpu::hardware::STAND_IN_SUBGROUP => {
-                StandIn::GpuSubgroups(w)
-            }
-            (true, _) => StandIn::Gpu,
-        }
+        self.dev.hardware().stand_in
     }
 
     /// The adapter's name, backend, device type and driver, as the kernels take them: under

@@ -248,16 +248,12 @@ fn ci_forces_every_variant_a_gpu_may_be_offered() {
     eprintln!("CI forces {} variants: {forced:?}", forced.len());
 }
 
+/// Q `(b, h, n, d)`, K and V `(b, kvh, n, d)`: smooth values in [-1.5, 1.5].
 fn arrays(b: usize, h: usize, kvh: usize, n: usize, d: usize) -> [ndarray::Array4<f32>; 3] {
-    let f = |salt: usize| {
-        move |(i, j, k, m): (usize, usize, usize, usize)| {
-            (((i * 31 + j * 17 + k * 7 + m * 3) * (salt + 2) + salt) as f32 * 0.0137).sin() * 1.5
-        }
-    };
     [
-        ndarray::Array4::from_shape_fn((b, h, n, d), f(1)),
-        ndarray::Array4::from_shape_fn((b, kvh, n, d), f(2)),
-        ndarray::Array4::from_shape_fn((b, kvh, n, d), f(3)),
+        common::smooth((b, h, n, d), 1, 1.5),
+        common::smooth((b, kvh, n, d), 2, 1.5),
+        common::smooth((b, kvh, n, d), 3, 1.5),
     ]
 }
 

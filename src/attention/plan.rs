@@ -144,7 +144,7 @@ impl Attention {
         if forced || dims.batch * dims.n > TINY_ROWS {
             return None;
         }
-        let device = ctx.adapter_info().device_type;
+        let device = ctx.hardware().device_type;
         let head4 = (
             (dims.d_k / dims.heads).div_ceil(4) as u32,
             (dims.d_v / dims.heads).div_ceil(4) as u32,

@@ -204,7 +204,7 @@ impl Device {
             dev.hardware.device_type = what.device_type;
             dev.hardware.coop = what.coop;
             dev.hardware.emulate = Default::default();
-            dev.hardware.stand_in = false;
+            dev.hardware.stand_in = StandIn::Off;
             dev.hardware.subgroup_range = what.subgroups;
             dev.hardware.subgroup_size =
                 (what.subgroups.0 == what.subgroups.1).then_some(what.subgroups.0);
@@ -232,6 +232,9 @@ impl Device {
 
     /// Turns the GPU stand-in on or off (see [`StandIn`]); the device's limits follow.
     pub(crate) fn set_stand_in(&mut self, stand_in: StandIn) {
+        if self.hardware.stand_in == stand_in {
+            return;
+        }
         self.hardware = Hardware::of(&self.adapter, &self.device, stand_in);
         self.limits.max_compute_workgroup_storage_size = self.hardware.workgroup_storage;
     }

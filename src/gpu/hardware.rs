@@ -110,8 +110,8 @@ pub(crate) struct Hardware {
     pub emulate: Emulation,
     /// The workgroup memory kernels plan for, bytes.
     pub workgroup_storage: u32,
-    /// Whether this is the GPU stand-in.
-    pub stand_in: bool,
+    /// The stand-in it is (`StandIn::Off`: the adapter as it is).
+    pub stand_in: StandIn,
 }
 
 impl Hardware {
@@ -156,19 +156,24 @@ impl Hardware {
             coop,
             emulate,
             workgroup_storage: device.limits().max_compute_workgroup_storage_size,
-            stand_in: false,
+            stand_in: StandIn::Off,
         };
         match stand_in.subgroup_width() {
             None => hw,
-            Some(width) => hw.standing_in_for_gpu(width, subgroups, f16),
+            Some(sg) => hw.standing_in_for_gpu((stand_in, sg), subgroups, f16),
         }
     }
 
-    /// This device taking a discrete GPU's decisions: what it has natively (an adapter that
-    /// is a GPU already keeps its own subgroups and tensor cores) and emulation for the rest.
-    /// Without subgroups (the emulation's barriers need nothing, but the kernels' subgroup
-    /// builtins need the feature to validate) the subgroup and coop kernels stay off.
-    fn standing_in_for_gpu(self, sg: u32, subgroups: bool, f16: bool) -> Hardware {
+    /// This device taking a discrete GPU's decisions, its subgroups emulated `sg` lanes wide
+    /// and its cooperative matrices emulated. Without subgroups (the emulation's barriers
+    /// need nothing, but the kernels' subgroup builtins need the feature to validate) the
+    /// subgroup and coop kernels stay off.
+    fn standing_in_for_gpu(
+        self,
+        (stand_in, sg): (StandIn, u32),
+        subgroups: bool,
+        f16: bool,
+    ) -> Hardware {
         let mut emulate = self.emulate;
         if subgroups {
             emulate.subgroup = sg;
@@ -191,7 +196,7 @@ impl Hardware {
             coop,
             emulate,
             workgroup_storage: STAND_IN_WORKGROUP_KIB << 10,
-            stand_in: true,
+            stand_in,
         }
     }
 
@@ -199,11 +204,16 @@ impl Hardware {
     /// `standing in for a GPU` and the subgroup width (which also keeps the tuning cache's
     /// choices of each width apart).
     pub(crate) fn name_suffix(&self) -> String {
-        match (self.stand_in, self.subgroup_size) {
+        match (self.is_stand_in(), self.subgroup_size) {
             (false, _) => String::new(),
             (true, Some(w)) => format!("{STAND_IN_SUFFIX} ({w}-lane subgroups)"),
             (true, None) => STAND_IN_SUFFIX.to_string(),
         }
+    }
+
+    /// Whether this is a GPU stand-in.
+    pub(crate) fn is_stand_in(&self) -> bool {
+        self.stand_in != StandIn::Off
     }
 
     /// Whether branches take the CPU adapter's way.

@@ -59,7 +59,7 @@ impl BackwardTiles {
 
     /// The shape for `ctx`'s adapter.
     pub fn for_adapter(ctx: &Device) -> Self {
-        match ctx.adapter_info().device_type {
+        match ctx.hardware().device_type {
             wgpu::DeviceType::Cpu => Self::CPU,
             _ => Self::GPU,
         }

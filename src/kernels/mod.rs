@@ -174,7 +174,7 @@ impl KernelInfo {
             .zip(values.iter().copied())
             .collect();
         let params = (self.params)();
-        let source = wgsl::compose_with(self.source, self.dtypes, f16, &named, &params, unrolled);
+        let source = wgsl::compose(self.source, self.dtypes, f16, &named, &params, unrolled);
         let source = self.with_coop(source, &named);
         let source = mods::with_modifiers(source, self.source, mods);
         // The marker first, so a tool reading the composed file (CI's compiler check) knows.
@@ -308,7 +308,7 @@ impl PipelineKey {
     /// The full WGSL text this key builds.
     pub fn source(&self) -> String {
         let info = self.kernel.info();
-        // Emulated subgroups: loops kept (see `wgsl::compose_with`).
+        // Emulated subgroups: loops kept (see `wgsl::compose`).
         let unrolled = self.emulate.subgroup == 0;
         let consts = &self.consts[..info.constants.len()];
         let mut source = info.source_built(consts, self.f16, self.mods, unrolled);

@@ -254,13 +254,13 @@ fn kernel_names() -> &'static HashMap<String, &'static str> {
     static NAMES: OnceLock<HashMap<String, &'static str>> = OnceLock::new();
     NAMES.get_or_init(|| {
         let mut names = HashMap::new();
+        let helpers = crate::gpu::subgroups::declarations();
         for id in super::KernelId::ALL {
             let info = id.info();
             if !info.source.contains("wa_keep(") {
                 continue;
             }
             let params = (info.params)();
-            let helpers = crate::gpu::subgroups::declarations();
             let texts = [
                 info.source,
                 super::wgsl::PRELUDE,

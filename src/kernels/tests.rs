@@ -43,7 +43,7 @@ fn every_kernel_parses_and_validates_with_naga() {
         }
         // The `// unroll` markers are an optimization: the loops must be valid as written.
         let named: Vec<(&str, u32)> = info.constants.iter().map(|n| (*n, ODD)).collect();
-        let rolled = wgsl::compose("", info.dtypes, 0, &named, &(info.params)())
+        let rolled = wgsl::compose("", info.dtypes, 0, &named, &(info.params)(), true)
             + info.source
             + &crate::gpu::subgroups::native(info.source);
         let rolled = info.with_coop(rolled, &named);

@@ -127,22 +127,11 @@ impl Constants for NoConstants {
 
 /// The full WGSL text of a kernel: `enable f16;` when any element type is f16, the aliases
 /// (`alias Q_T = f16;`, bit `i` of `f16` for `dtypes[i]`), the constants, the prelude, the
-/// generated `struct Params`, then `source` with its `// unroll` loops unrolled.
-#[cfg(test)]
+/// generated `struct Params`, then `source` with its `// unroll` loops unrolled unless
+/// `unrolled` is false (the emulated subgroups' builds: each exchange is two barriers, and
+/// LLVM compiles 32 unrolled copies of them for minutes where it compiles the loop in
+/// seconds), then the subgroup helpers it calls.
 pub(crate) fn compose(
-    source: &str,
-    dtypes: &[&str],
-    f16: u8,
-    consts: &[(&str, u32)],
-    params: &str,
-) -> String {
-    compose_with(source, dtypes, f16, consts, params, true)
-}
-
-/// [`compose`], with the `// unroll` loops kept as loops unless `unrolled` (the emulated
-/// subgroups' builds: each exchange is two barriers, and LLVM compiles 32 unrolled copies of
-/// them for minutes where it compiles the loop in seconds).
-pub(crate) fn compose_with(
     source: &str,
     dtypes: &[&str],
     f16: u8,

@@ -11,7 +11,7 @@ use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 /// The fused kernel's default variant in `family` (used when measuring is off) on `ctx`,
 /// for per-head widths in vec4s: see [`default_flash_on`].
 pub fn default_flash(ctx: &Context, family: Kernels, widths4: (u32, u32)) -> FlashVariant {
-    let device = ctx.adapter_info().device_type;
+    let device = ctx.hardware().device_type;
     default_flash_on(device, ctx.limits(), family, widths4)
 }
 
@@ -103,7 +103,7 @@ pub fn flash_candidates(
     dtype: Dtype,
 ) -> Vec<FlashVariant> {
     let storage = match families.contains(&Kernels::Storage) {
-        true => storage_flash(ctx.adapter_info().device_type, ctx.limits(), (dk4, dv4)).1,
+        true => storage_flash(ctx.hardware().device_type, ctx.limits(), (dk4, dv4)).1,
         false => Vec::new(),
     };
     let caps = Caps::of(ctx);

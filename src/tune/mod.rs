@@ -184,7 +184,7 @@ fn fastest_within<T: Copy + std::fmt::Debug>(
 fn budgeted(ctx: &Context) -> bool {
     // The GPU stand-in runs every candidate (its times mean nothing; see `choose`).
     !std::env::var("WGPU_ATTENTION_TUNE").is_ok_and(|v| v.eq_ignore_ascii_case("full"))
-        && !ctx.hardware().stand_in
+        && !ctx.hardware().is_stand_in()
 }
 
 /// The remembered choice among `candidates` for `kind` (`detail` names the bucket), or the
@@ -232,7 +232,7 @@ where
     };
     // The GPU stand-in's times mean nothing: it ran every candidate (so each compiles and
     // runs as a GPU's tuner would make it) and keeps the default, the same in every run.
-    let progress = match ctx.hardware().stand_in {
+    let progress = match ctx.hardware().is_stand_in() {
         true => progress.map(|p| Progress {
             best: fallback,
             ..p
@@ -265,11 +265,7 @@ pub(crate) fn choice_key(
     let names: Vec<String> = families.iter().map(|f| f.to_string()).collect();
     // f16 operands multiplied in f16 (flash-blocked's `f16_arithmetic`) are other numerics
     // and other times than f16 operands multiplied in f32.
-    let hmul = dtype == Dtype::F16
-        && ctx
-            .blocked_options()
-            .f16_arithmetic
-            .unwrap_or(!ctx.hardware().is_cpu());
+    let hmul = dtype == Dtype::F16 && ctx.blocked_options().f16_products(ctx);
     let dtype = if hmul {
         "f16-products".to_string()
     } else {

@@ -1,6 +1,7 @@
 //! Kernel verification: problems over many shapes and options, each run on the GPU and on
 //! the f64 CPU reference and compared. Drives `wgpu-attention verify` and the test suite.
-//! The problems themselves ([`Case`], the fixed and random sweeps) are in `cases.rs`.
+//! The problems themselves ([`Case`]) are in `cases.rs`, the fixed, quick and random sweeps
+//! in `sweep.rs`.
 
 mod cases;
 mod sweep;

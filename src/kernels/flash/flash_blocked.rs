@@ -70,6 +70,14 @@ pub struct BlockedOptions {
     pub f16_arithmetic: Option<bool>,
 }
 
+impl BlockedOptions {
+    /// Whether f16 operands are multiplied in f16 on `ctx` (`f16_arithmetic`, by default on
+    /// GPUs only).
+    pub(crate) fn f16_products(&self, ctx: &Device) -> bool {
+        self.f16_arithmetic.unwrap_or(!ctx.hardware().is_cpu())
+    }
+}
+
 /// The inner-loop constants [`BlockedOptions`] resolve to on one adapter: `(dbuf, sgr, hmul)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Inner {
@@ -90,7 +98,6 @@ impl Inner {
         (rows, keys): (u32, u32),
         f16: bool,
     ) -> Result<Self> {
-        let info = ctx.adapter_info();
         let (min, max) = ctx.hardware().subgroup_range;
         let tx = keys / 4;
         // Row groups of TX aligned lanes, and only full subgroups (sizes are powers of 2).
@@ -106,24 +113,18 @@ impl Inner {
                         "subgroup reductions in flash_blocked with {keys} keys per tile \
                          (wgpu::Features::SUBGROUP, subgroups of at least {tx} lanes)"
                     ),
-                    adapter: info.name,
+                    adapter: ctx.adapter_name(),
                     hint: "leave BlockedOptions::subgroups unset, or use 32 keys per tile".into(),
                 });
             }
             Some(on) => on,
             None => has,
         };
-        let hmul = f16
-            && opts
-                .f16_arithmetic
-                .unwrap_or(info.device_type != wgpu::DeviceType::Cpu);
+        let hmul = f16 && opts.f16_products(ctx);
         Ok(Inner {
             // On CPU adapters the second buffer only costs: lavapipe, n = 1024, d = 64, 16 %
             // slower at 64 × 64 blocks and 5 % at 64 × 32 (examples/blocked_bench.rs).
-            dbuf: u32::from(
-                opts.double_buffer
-                    .unwrap_or(info.device_type != wgpu::DeviceType::Cpu),
-            ),
+            dbuf: u32::from(opts.double_buffer.unwrap_or(!ctx.hardware().is_cpu())),
             sgr: u32::from(sgr),
             hmul: u32::from(hmul),
         })
