@@ -210,19 +210,6 @@ impl From<wgpu::Error> for Error {
     }
 }
 
-/// `Err(Overflow)` at the first NaN or infinity of `values`, the result `what` computed in
-/// `dtype`: finite inputs give finite results unless the arithmetic overflowed.
-pub(crate) fn check_overflow(what: &str, dtype: Dtype, values: &[f32]) -> Result<()> {
-    match values.iter().position(|x| !x.is_finite()) {
-        Some(index) => Err(Error::Overflow {
-            what: what.into(),
-            dtype,
-            index,
-        }),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

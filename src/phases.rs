@@ -1,6 +1,7 @@
 //! Where a context's wall time goes, by phase: opening the adapter, compiling pipelines,
-//! tuning, uploading weights, recording (with X's upload), the device's work, and reading
-//! back. Each call logs its own split at `info` level; [`crate::Context::phase_times`] gives
+//! tuning, uploading (operands and weights, checks included), recording (planning and
+//! encoding), the device's work, and reading back (checks included); a caller that reads
+//! files adds their `io`. Each call logs its own split at `info` level; [`crate::Context::phase_times`] gives
 //! the totals (the CLI's `--timings`).
 //!
 //! Phases nest: time inside an inner phase counts for it alone, except under
@@ -31,9 +32,9 @@ pub(crate) enum Phase {
     Compile,
     /// The autotuner measuring candidates (their compiles included).
     Tune,
-    /// Uploading the projections' weights.
+    /// Host → device copies: operands and weights, their checks included.
     Upload,
-    /// The rest of a call on the host: checks, planning, recording the passes, X's upload.
+    /// The rest of a call on the host: planning, recording the passes.
     Record,
     /// The device running the submitted work, waited for.
     Dispatch,
@@ -44,6 +45,9 @@ pub(crate) enum Phase {
 /// Wall time per phase, and how many pipelines were compiled.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PhaseTimes {
+    /// Reading and writing files (`.npy`), as the caller counts it: the CLI sets it from
+    /// [`crate::npy::io_time`]; the library's calls do no file I/O and leave it zero.
+    pub io: Duration,
     /// Enumerating adapters and opening the device.
     pub adapter: Duration,
     /// Creating pipelines: WGSL to the driver's code (outside tuning).
@@ -52,14 +56,15 @@ pub struct PhaseTimes {
     pub pipelines: usize,
     /// The autotuner measuring candidates, their compiles and runs included.
     pub tune: Duration,
-    /// Uploading the projections' weights.
+    /// Host → device: the operands (Q, K, V, X, a mask) and the projections' weights copied
+    /// into staging memory, their values checked on the way.
     pub upload: Duration,
-    /// The rest of the calls on the host: checks, planning, recording, X's (or Q, K, V's)
-    /// upload.
+    /// The rest of the calls on the host: planning, encoding the passes.
     pub record: Duration,
     /// The device running the submitted work (waited for).
     pub dispatch: Duration,
-    /// Mapping the results and copying them out.
+    /// Device → host: mapping the results and copying them out, checked for overflow on the
+    /// way.
     pub readback: Duration,
 }
 
@@ -78,7 +83,8 @@ impl PhaseTimes {
 
     /// The sum of every phase.
     pub fn total(&self) -> Duration {
-        self.adapter
+        self.io
+            + self.adapter
             + self.compile
             + self.tune
             + self.upload
@@ -91,6 +97,7 @@ impl PhaseTimes {
     pub fn since(&self, earlier: &PhaseTimes) -> PhaseTimes {
         let d = |a: Duration, b: Duration| a.saturating_sub(b);
         PhaseTimes {
+            io: d(self.io, earlier.io),
             adapter: d(self.adapter, earlier.adapter),
             compile: d(self.compile, earlier.compile),
             pipelines: self.pipelines.saturating_sub(earlier.pipelines),
@@ -106,6 +113,10 @@ impl PhaseTimes {
 impl fmt::Display for PhaseTimes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        // Only a caller that reads or writes files has an `io` phase.
+        if !self.io.is_zero() {
+            write!(f, "io {:.1} ms, ", ms(self.io))?;
+        }
         write!(
             f,
             "adapter {:.1} ms, compile {:.1} ms ({} pipelines), tune {:.1} ms, upload {:.1} ms, \

@@ -40,7 +40,7 @@ impl Layer {
         rec.submit()?;
         let y = y.to_array(ctx)?;
         let flat = y.as_slice().unwrap_or_default();
-        crate::error::check_overflow("decode output", self.op().dtype, flat)?;
+        crate::values::check_overflow("decode output", self.op().dtype, flat)?;
         y.into_dimensionality()
             .map_err(|e| Error::shape(e.to_string()))
     }

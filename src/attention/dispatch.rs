@@ -29,6 +29,10 @@ pub(super) struct Shape {
     pub n_kv: usize,
     pub d_k: usize,
     pub d_v: usize,
+    /// Q, K, V and the context are laid out heads-first, `(batch, heads, rows, width)`
+    /// (PyTorch's SDPA layout, read and written in place through the kernels' strides);
+    /// else `(batch, rows, heads·width)`.
+    pub heads_first: bool,
 }
 
 impl Shape {
@@ -46,6 +50,15 @@ impl Shape {
             n_kv,
             d_k: dims.d_k,
             d_v: dims.d_v,
+            heads_first: false,
+        }
+    }
+
+    /// This shape with Q, K, V and the context heads-first, `(batch, heads, rows, width)`.
+    pub(super) fn heads_first(self) -> Self {
+        Shape {
+            heads_first: true,
+            ..self
         }
     }
 
@@ -59,12 +72,13 @@ impl Shape {
             n_kv: dims.n,
             d_k: dims.d_k,
             d_v: dims.d_v,
+            heads_first: false,
         }
     }
 
     /// The fused kernels' problem for this shape, Q, K, V and the context laid out
-    /// `(batch, rows, heads·width)` (head `h` in columns `h·width..`), K and V with
-    /// `kv_heads` heads.
+    /// `(batch, rows, heads·width)` (head `h` in columns `h·width..`) or heads-first, K and
+    /// V with `kv_heads` heads.
     ///
     /// # Errors
     /// A size past u32 indexing.
@@ -83,20 +97,29 @@ impl Shape {
             n_kv,
             d_k,
             d_v,
+            heads_first,
         } = *self;
         let u = |what: &str, v: usize| u32_of(what, v);
         let (dk_h, dv_h) = (d_k / heads, d_v / heads);
-        let (dk_kv, dv_kv) = (kv_heads * dk_h, kv_heads * dv_h);
-        let k = Strides::row_major(
-            u("K width", dk_kv)?,
-            u("d_k/H", dk_h)?,
-            u("n·K width", n_kv * dk_kv)?,
-        );
-        let v = Strides::row_major(
-            u("V width", dv_kv)?,
-            u("d_v/H", dv_h)?,
-            u("n·V width", n_kv * dv_kv)?,
-        );
+        // One operand of `groups` heads of `rows` rows, `width` values each.
+        let layout = |name: &str, groups: usize, rows: usize, width: usize| -> Result<Strides> {
+            let what = |part: &str| format!("{name} {part}");
+            Ok(if heads_first {
+                Strides::row_major(
+                    u(&what("width"), width)?,
+                    u(&what("rows·width"), rows * width)?,
+                    u(&what("heads·rows·width"), groups * rows * width)?,
+                )
+            } else {
+                Strides::row_major(
+                    u(&what("heads·width"), groups * width)?,
+                    u(&what("width"), width)?,
+                    u(&what("rows·heads·width"), rows * groups * width)?,
+                )
+            })
+        };
+        let k = layout("K", kv_heads, n_kv, dk_h)?;
+        let v = layout("V", kv_heads, n_kv, dv_h)?;
         Ok(Flash {
             batch,
             heads,
@@ -104,10 +127,10 @@ impl Shape {
             n_kv,
             dk_h,
             dv_h,
-            q: Strides::row_major(u("d_k", d_k)?, u("d_k/H", dk_h)?, u("n·d_k", n_q * d_k)?),
+            q: layout("Q", heads, n_q, dk_h)?,
             k,
             v,
-            o: Strides::row_major(u("d_v", d_v)?, u("d_v/H", dv_h)?, u("n·d_v", n_q * d_v)?),
+            o: layout("context", heads, n_q, dv_h)?,
             causal,
             scale,
             kv_ratio: heads / kv_heads,
@@ -225,6 +248,7 @@ impl Attention {
             n_kv,
             d_k: _,
             d_v,
+            heads_first: _,
         } = shape;
         let (q, k, v) = operands.qkv();
         let mask = mask.map(MaskBuffer::arg);
@@ -323,6 +347,8 @@ impl Attention {
             n_q,
             n_kv,
             d_v,
+            v: op.v,
+            context: op.o,
             causal: self.causal,
             f16,
         };

@@ -487,7 +487,7 @@ impl LayerSaved {
         let mut values = values.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
             let v = values.next().unwrap_or_default();
-            crate::error::check_overflow(what, self.op.dtype, &v)?;
+            crate::values::check_overflow(what, self.op.dtype, &v)?;
             Ok(v)
         };
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());

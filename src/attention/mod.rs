@@ -289,22 +289,15 @@ impl Attention {
     ) -> Result<Output> {
         let _call = ctx.phases.call();
         self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        if !self.propagate {
-            check_finite("Q", &q)?;
-            check_finite("K", &k)?;
-            check_finite("V", &v)?;
-        }
         let (b, h, l, _) = q.dim();
         let bias = mask.bias([b, h, l, k.dim().2])?;
-        let inputs = [
-            ("Q", q.into_dyn()),
-            ("K", k.into_dyn()),
-            ("V", v.into_dyn()),
-        ];
-        self.check_dtype(ctx, &inputs)?;
+        if self.f16() {
+            ctx.require_f16()?;
+        }
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
-        self.sdpa_in_parts(ctx, q, k, v, bias, mask.modifiers())
+        // The values are checked on their way to the device (or before a split).
+        self.sdpa_in_parts(ctx, q, k, v, bias, mask.modifiers(), true)
             .await
     }
 }

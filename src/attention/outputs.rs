@@ -182,7 +182,7 @@ impl Gradients<Tensor> {
                 .map(|t| {
                     let a = t.to_array(ctx)?;
                     if let Some(s) = a.as_slice() {
-                        crate::error::check_overflow(what, crate::Dtype::F32, s)?;
+                        crate::values::check_overflow(what, crate::Dtype::F32, s)?;
                     }
                     Ok(a)
                 })

@@ -1,11 +1,12 @@
 //! Readback: the context and, when asked for, the weights copied out in the same encoder,
-//! one submit, one wait; then the results checked for overflow.
+//! one submit, one wait; the results copied out once, checked for overflow on the way.
 
 use super::Attention;
 use crate::context::Context;
-use crate::error::{check_overflow, Result};
+use crate::error::Result;
 use crate::gpu::readback;
 use crate::gpu::timing;
+use crate::values::overflow_at as check_overflow_at;
 
 impl Attention {
     /// [`Attention::read_back`], blocking: for the paths that have no async form (saved
@@ -36,22 +37,20 @@ impl Attention {
         if let (true, Some((w, len))) = (self.return_weights, weights) {
             pending.push(readback::copy_out(ctx, &mut encoder, w, len));
         }
-        let results = timing::submit_and_read_async(ctx, encoder, pending).await?;
+        let results = timing::submit_and_read_scanned_async(ctx, encoder, pending).await?;
         let mut results = results.into_iter();
-        let context = results.next().unwrap_or_default();
+        let (context, bad_context) = results.next().unwrap_or_default();
         let weights = results.next();
         // Finite inputs give finite results unless the arithmetic overflowed (products past
-        // f32's range, or f16 operands past f16's): say so rather than return inf or NaN.
-        let checked = if self.propagate {
-            vec![]
-        } else {
-            vec![("context", Some(&context)), ("weights", weights.as_ref())]
-        };
-        for (name, values) in checked {
-            if let Some(values) = values {
-                check_overflow(name, self.dtype, values)?;
+        // f32's range, or f16 operands past f16's): say so rather than return inf or NaN. The
+        // copies out found the first such value on their way.
+        if !self.propagate {
+            check_overflow_at("context", self.dtype, bad_context)?;
+            if let Some((_, bad)) = &weights {
+                check_overflow_at("weights", self.dtype, *bad)?;
             }
         }
+        let weights = weights.map(|(w, _)| w);
         Ok((context, weights))
     }
 }

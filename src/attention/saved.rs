@@ -458,7 +458,7 @@ impl SdpaSaved {
         let mut flat = flat.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
             let values = flat.next().unwrap_or_default();
-            crate::error::check_overflow(what, self.op.dtype, &values)?;
+            crate::values::check_overflow(what, self.op.dtype, &values)?;
             Ok(values)
         };
         let (dq, dk, dv) = (
@@ -530,6 +530,7 @@ mod tests {
             n_kv: 64,
             d_k: 512,
             d_v: 512,
+            heads_first: false,
         };
         let f = shape.flash(false, 1.0, false, false).unwrap();
         assert!(!queries_fit_textures(16384, &f));

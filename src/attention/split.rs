@@ -17,9 +17,13 @@ use crate::gpu::buffer;
 use crate::modifiers::Modifiers;
 
 impl Attention {
-    /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
+    /// Runs an SDPA call whole when its buffers fit the device, else in halves of the
     /// batch, then of the heads, then of the query rows, joined back in place; what cannot
-    /// be split small enough is the limit's error.
+    /// be split small enough is the limit's error. With `check`, Q, K and V's values are
+    /// checked (NaN/Inf unless passed through, f16's range under f16): while uploading
+    /// when the call runs whole, before splitting otherwise (so an error names the index in
+    /// the caller's arrays).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn sdpa_in_parts(
         &self,
         ctx: &Context,
@@ -28,6 +32,7 @@ impl Attention {
         v: ArrayView4<'_, f32>,
         bias: Option<ArrayView4<'_, f32>>,
         mods: Option<&Modifiers>,
+        check: bool,
     ) -> Result<Output> {
         let (batch, heads, l, e) = q.dim();
         let (s_len, e_v) = (k.dim().2, v.dim().3);
@@ -40,8 +45,21 @@ impl Attention {
         ];
         let weights = self.return_weights.then_some(bh * l * s_len);
         let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) else {
-            return self.sdpa_whole(ctx, q, k, v, bias, mods).await;
+            return self.sdpa_whole(ctx, [q, k, v], bias, mods, check).await;
         };
+        if check {
+            let inputs = [
+                ("Q", q.into_dyn()),
+                ("K", k.into_dyn()),
+                ("V", v.into_dyn()),
+            ];
+            if !self.propagate {
+                for (name, a) in &inputs {
+                    crate::values::check_finite(name, a)?;
+                }
+            }
+            self.check_dtype(ctx, &inputs)?;
+        }
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
@@ -78,6 +96,7 @@ impl Attention {
                     v.slice_axis(axis, kv),
                     slice_bias(&bias, axis, qs),
                     shifted.as_ref(),
+                    false,
                 ))
                 .await?,
             );
@@ -128,7 +147,7 @@ impl Attention {
             let op = self.causal(false);
             let shifted = mods.map(|m| m.shifted([0, 0, start]));
             let q_rows = q.slice_axis(Axis(2), rows);
-            let block = op.sdpa_in_parts(ctx, q_rows, k, v, part, shifted.as_ref());
+            let block = op.sdpa_in_parts(ctx, q_rows, k, v, part, shifted.as_ref(), false);
             outs.push(Box::pin(block).await?);
         }
         join_outputs(Axis(2), &outs[0], &outs[1])
@@ -184,7 +203,7 @@ impl Attention {
         };
         let op = self.scale(dims.scale);
         let out = op
-            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, mods)
+            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, mods, false)
             .await?;
         // (batch, heads, n, width) → (batch·n, d_v), then the output projection.
         let context = out

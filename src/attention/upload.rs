@@ -14,14 +14,19 @@ use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
+use crate::gpu::upload::{self, Stored};
 use crate::kernels::mods::ModsUpload;
 use crate::kernels::{u32_of, MaskArg};
 use crate::modifiers::Modifiers;
 
 /// Where a call's Q, K and V come from.
 pub(super) enum Source<'a, 'p> {
-    /// From the host, each `(batch, rows, heads·width)` row-major.
-    Qkv([Vec<f32>; 3]),
+    /// From the host, each `(batch, heads, rows, width)` (PyTorch's layout, any strides);
+    /// their values checked on the way up when `check`.
+    Qkv {
+        arrays: [ArrayView4<'a, f32>; 3],
+        check: bool,
+    },
     /// X `(…, n, d)` and its projections; without them Q = K = V = X.
     Projected {
         x: &'a ArrayViewD<'a, f32>,
@@ -44,7 +49,7 @@ impl<'p> Source<'_, 'p> {
     pub(super) fn weights(&self) -> Option<&DeviceWeights> {
         match self {
             Source::Projected { weights, .. } | Source::DeviceX { weights, .. } => *weights,
-            Source::Qkv(_) | Source::DeviceQkv(_) => None,
+            Source::Qkv { .. } | Source::DeviceQkv(_) => None,
         }
     }
 
@@ -53,7 +58,7 @@ impl<'p> Source<'_, 'p> {
     pub(super) fn kind(&self) -> String {
         let projected = self.weights().is_some() || self.projections().is_some();
         match self {
-            Source::Qkv(_) => "qkv".to_string(),
+            Source::Qkv { .. } => "qkv".to_string(),
             Source::DeviceQkv(_) => "device-qkv".to_string(),
             Source::Projected { .. } => format!("x projected={projected}"),
             Source::DeviceX { x_f16, .. } => format!("device-x f16={x_f16} projected={projected}"),
@@ -107,14 +112,24 @@ impl Attention {
     ) -> Result<Device<'a>> {
         let f16 = self.f16();
         match source {
-            Source::Qkv([q, k, v]) => Ok(Device {
-                q: Buf::unpooled(buffer::upload_as(ctx, "Q", q, f16)?),
-                kv: Some((
-                    Buf::unpooled(buffer::upload_as(ctx, "K", k, f16)?),
-                    Buf::unpooled(buffer::upload_as(ctx, "V", v, f16)?),
-                )),
-                host: None,
-            }),
+            Source::Qkv {
+                arrays: [q, k, v],
+                check,
+            } => {
+                let how = Stored {
+                    f16,
+                    finite: *check && !self.propagate,
+                    dry: crate::kernels::collecting(),
+                };
+                let up = |name: &str, a: &ArrayView4<'_, f32>| {
+                    upload::array(ctx, name, &a.view().into_dyn(), how)
+                };
+                Ok(Device {
+                    q: up("Q", q)?,
+                    kv: Some((up("K", k)?, up("V", v)?)),
+                    host: None,
+                })
+            }
             Source::DeviceQkv([q, k, v]) => Ok(Device {
                 q: Buf::unpooled((*q).clone()),
                 kv: Some((Buf::unpooled((*k).clone()), Buf::unpooled((*v).clone()))),
@@ -185,7 +200,7 @@ fn contiguous<'a, D: Dimension>(a: &'a ArrayView<'_, f32, D>) -> Cow<'a, [f32]> 
 
 /// A mask uploaded for the kernels: its bias, its modifiers, or both.
 pub(super) struct MaskBuffer {
-    buffer: Option<wgpu::Buffer>,
+    buffer: Option<Buf>,
     strides: [u32; 4],
     mods: Option<std::sync::Arc<ModsUpload>>,
 }
@@ -212,7 +227,12 @@ impl MaskBuffer {
             }));
         };
         let (data, strides) = crate::mask::gpu_layout(bias);
-        let buffer = buffer::upload(ctx, "mask", &data)?;
+        let how = Stored {
+            f16: false,
+            finite: false,
+            dry: crate::kernels::collecting(),
+        };
+        let buffer = upload::array(ctx, "mask", &ndarray::aview1(&data).into_dyn(), how)?;
         let mut s = [0u32; 4];
         for (out, stride) in s.iter_mut().zip(strides) {
             *out = u32_of("mask stride", stride)?;
@@ -227,7 +247,7 @@ impl MaskBuffer {
     /// As the kernels take it.
     pub(super) fn arg(&self) -> MaskArg<'_> {
         MaskArg {
-            buffer: self.buffer.as_ref(),
+            buffer: self.buffer.as_deref(),
             strides: self.strides,
             mods: self.mods.as_deref(),
         }

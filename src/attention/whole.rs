@@ -72,35 +72,31 @@ impl Attention {
         })
     }
 
-    /// A call on Q, K, V whose buffers fit.
+    /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (checked on
+    /// the way when `check`), the kernels reading them and writing the context in that layout
+    /// through their strides, the context read back straight into the returned array.
     pub(super) async fn sdpa_whole(
         &self,
         ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
+        [q, k, v]: [ArrayView4<'_, f32>; 3],
         bias: Option<ArrayView4<'_, f32>>,
         mods: Option<&Modifiers>,
+        check: bool,
     ) -> Result<Output> {
         let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
         let (batch, heads, l, _) = q.dim();
         let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
-        // Ours is (batch, rows, heads·width): move the heads next to the width.
-        let to_rows = |a: &ArrayView4<'_, f32>| -> Vec<f32> {
-            let rows = a.view().permuted_axes([0, 2, 1, 3]);
-            rows.as_standard_layout().iter().copied().collect()
+        let source = Source::Qkv {
+            arrays: [q, k, v],
+            check,
         };
-        let source = Source::Qkv([to_rows(&q), to_rows(&k), to_rows(&v)]);
-        let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]);
+        let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]).heads_first();
         let (context, weights) = self
             .run_whole(ctx, &dims, shape, &source, bias, mods)
             .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
-        let context = ArrayD::from_shape_vec(IxDyn(&[batch, l, heads, e_v]), context)
-            .map_err(shape_err)?
-            .permuted_axes(IxDyn(&[0, 2, 1, 3]))
-            .as_standard_layout()
-            .into_owned();
+        let context =
+            ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, e_v]), context).map_err(shape_err)?;
         let weights = weights
             .map(|w| ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, s_len]), w))
             .transpose()

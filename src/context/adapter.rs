@@ -173,16 +173,42 @@ pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
 }
 
 fn select(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
-    crate::gpu::oneshot::block_on(select_async(options))
+    crate::gpu::oneshot::block_on(select_from(options, true))
 }
 
+/// The adapters a context may open, best first. GL is initialised only as the fallback:
+/// when Vulkan, Metal or DX12 offer a hardware adapter, GL (slow to start, and never ranked
+/// above them) is left alone.
 pub(super) async fn select_async(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
+    select_from(options, false).await
+}
+
+/// Whether GL's adapters are enumerated too: when asked for, and for every listing
+/// (`every`) or when the other backends found no hardware adapter.
+fn wants_gl(backends: wgpu::Backends, found_hardware: bool, every: bool) -> bool {
+    backends.contains(wgpu::Backends::GL) && (every || !found_hardware)
+}
+
+async fn select_from(options: &ContextOptions, every: bool) -> Result<Vec<wgpu::Adapter>> {
     let backends = options.backends()?;
-    let instance = new_instance(backends);
-    let mut adapters = enumerate(&instance, backends).await;
-    if let Some(name) = options.name_filter() {
-        let name = name.to_lowercase();
-        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
+    let keep = |mut adapters: Vec<wgpu::Adapter>| {
+        if let Some(name) = options.name_filter() {
+            let name = name.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&name));
+        }
+        adapters
+    };
+    let primary = backends.difference(wgpu::Backends::GL);
+    let mut adapters = Vec::new();
+    if !primary.is_empty() {
+        adapters = keep(enumerate(&new_instance(primary), primary).await);
+    }
+    let hardware = adapters
+        .iter()
+        .any(|a| a.get_info().device_type != wgpu::DeviceType::Cpu);
+    if wants_gl(backends, hardware, every) {
+        let gl = wgpu::Backends::GL;
+        adapters.extend(keep(enumerate(&new_instance(gl), gl).await));
     }
     adapters.sort_by_key(|a| rank(&a.get_info()));
     Ok(adapters)
@@ -206,5 +232,24 @@ async fn enumerate(instance: &wgpu::Instance, backends: wgpu::Backends) -> Vec<w
             .await
             .into_iter()
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wants_gl;
+    use wgpu::Backends;
+
+    #[test]
+    fn gl_starts_only_as_the_fallback_or_for_a_listing() {
+        // A context with a hardware Vulkan/Metal/DX12 adapter found leaves GL alone.
+        assert!(!wants_gl(Backends::all(), true, false));
+        // No hardware adapter (lavapipe only, or none): GL is tried too.
+        assert!(wants_gl(Backends::all(), false, false));
+        // `devices` lists every adapter, GL's included.
+        assert!(wants_gl(Backends::all(), true, true));
+        // Never when the caller's backends leave GL out.
+        assert!(!wants_gl(Backends::VULKAN, false, true));
+        assert!(wants_gl(Backends::GL, false, false));
     }
 }

@@ -160,7 +160,7 @@ impl Decoder {
             crate::gpu::timing::submit_and_read(ctx, encoder, vec![pending])
         })?;
         let flat = flat.into_iter().next().unwrap_or_default();
-        crate::error::check_overflow("decode output", cache.spec().dtype, &flat)?;
+        crate::values::check_overflow("decode output", cache.spec().dtype, &flat)?;
         Array4::from_shape_vec((batch, heads, m, d_v), flat)
             .map_err(|e| Error::shape(e.to_string()))
     }

@@ -103,7 +103,7 @@ pub(crate) fn output_f16(ctx: &Device, label: &str, len: usize) -> Result<Buf> {
 
 /// A storage buffer of at least `bytes` from the context's pool, which kernels write and
 /// copies read: a size class up, so nothing may read its length from the buffer.
-fn pooled(ctx: &Device, label: &str, bytes: u64) -> Buf {
+pub(crate) fn pooled(ctx: &Device, label: &str, bytes: u64) -> Buf {
     let limits = ctx.limits();
     let max = limits
         .max_storage_buffer_binding_size

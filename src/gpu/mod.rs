@@ -1,7 +1,8 @@
 //! The device layer, the crate's ground floor: it knows wgpu and nothing of kernels, settings
 //! or the op. [`device`] (the open device, its limits, error scopes and the features the
 //! kernels need, [`coop`] among them), then the plumbing in data-flow order: [`buffer`]
-//! (upload and allocation, checked against the device's limits), [`texture`] (the
+//! (allocation, checked against the device's limits), [`upload`] (host arrays in one pass,
+//! checked on the way), [`texture`] (the
 //! `rgba32float` operand textures of the subgroup kernels), [`pool`] (intermediates reused
 //! across calls), [`pipeline`] (the compiled kernels, cached under an opaque hash of the
 //! kernels' key), [`timing`] (per-pass times while profiling, and the wall-clock
@@ -19,5 +20,6 @@ pub(crate) mod readback;
 pub(crate) mod subgroups;
 pub(crate) mod texture;
 pub(crate) mod timing;
+pub(crate) mod upload;
 
 pub use device::Device;

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::oneshot;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::phases::Phase;
+use crate::values::{first_non_finite, CHUNK};
 
 /// How long a readback waits for the GPU before giving up with an error.
 pub const READBACK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -160,6 +161,21 @@ pub async fn finish_async(
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {
+    let read = finish_scanned_async(ctx, submission, pending).await?;
+    Ok(read.into_iter().map(|(values, _)| values).collect())
+}
+
+/// [`finish_async`] that also returns, for each buffer, the index of its first NaN or
+/// infinity: found while copying it out (each chunk scanned while in cache), not in a second
+/// pass.
+///
+/// # Errors
+/// As [`finish`].
+pub async fn finish_scanned_async(
+    ctx: &Device,
+    submission: wgpu::SubmissionIndex,
+    pending: Vec<Pending>,
+) -> Result<Vec<(Vec<f32>, Option<usize>)>> {
     let mut pending = pending;
     let mut mapped = Vec::with_capacity(pending.len());
     for p in &mut pending {
@@ -169,16 +185,17 @@ pub async fn finish_async(
         mapped.push(rx);
     }
     #[cfg(not(target_arch = "wasm32"))]
-    {
+    let _readback = {
         {
             let _device = ctx.phases.enter(Phase::Dispatch);
             wait(ctx, submission)?;
         }
-        let _readback = ctx.phases.enter(Phase::Readback);
+        let readback = ctx.phases.enter(Phase::Readback);
         for rx in &mapped {
             take_mapped(ctx, rx)?.map_err(|e| Error::Readback(e.to_string()))?;
         }
-    }
+        readback
+    };
     #[cfg(target_arch = "wasm32")]
     {
         let _ = submission;
@@ -197,10 +214,9 @@ pub async fn finish_async(
                     .get_mapped_range()
                     .map_err(|e| Error::Readback(e.to_string()))?;
                 if p.f16 {
-                    let halves = bytemuck::cast_slice::<u8, half::f16>(&view);
-                    halves[..p.len].iter().map(|h| h.to_f32()).collect()
+                    copy_scanned(&bytemuck::cast_slice::<u8, half::f16>(&view)[..p.len])
                 } else {
-                    bytemuck::cast_slice::<u8, f32>(&view)[..p.len].to_vec()
+                    copy_scanned(&bytemuck::cast_slice::<u8, f32>(&view)[..p.len])
                 }
             };
             p.staging.unmap();
@@ -208,6 +224,61 @@ pub async fn finish_async(
             Ok(out)
         })
         .collect()
+}
+
+/// Values a readback can widen to f32 a chunk at a time.
+trait Widen: Copy {
+    fn widen(src: &[Self], dst: &mut [f32]);
+}
+
+impl Widen for f32 {
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl Widen for half::f16 {
+    fn widen(src: &[half::f16], dst: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(src, dst);
+    }
+}
+
+/// `src` widened into a new vector in one pass (parts of it on several threads when it is
+/// large), with the index of its first NaN or infinity.
+fn copy_scanned<T: Widen + Sync>(src: &[T]) -> (Vec<f32>, Option<usize>) {
+    let mut out = vec![0.0; src.len()];
+    let scan = |from: &[T], to: &mut [f32]| {
+        let mut bad = None;
+        for (c, (from, to)) in from.chunks(CHUNK).zip(to.chunks_mut(CHUNK)).enumerate() {
+            T::widen(from, to);
+            if bad.is_none() {
+                bad = first_non_finite(to).map(|i| c * CHUNK + i);
+            }
+        }
+        bad
+    };
+    let threads = crate::values::threads_for(src.len() * 4);
+    if threads == 1 {
+        let bad = scan(src, &mut out);
+        return (out, bad);
+    }
+    let per = src.len().div_ceil(threads).next_multiple_of(CHUNK);
+    let bad = std::thread::scope(|scope| {
+        let handles: Vec<_> = src
+            .chunks(per)
+            .zip(out.chunks_mut(per))
+            .map(|(from, to)| scope.spawn(move || scan(from, to)))
+            .collect();
+        let found: Vec<Option<usize>> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Some(0)))
+            .collect();
+        found
+            .into_iter()
+            .enumerate()
+            .find_map(|(part, bad)| bad.map(|i| part * per + i))
+    });
+    (out, bad)
 }
 
 #[cfg(test)]

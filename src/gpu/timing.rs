@@ -122,17 +122,31 @@ pub(crate) fn store(ctx: &Device, words: &[f32], labels: &[&'static str]) {
 /// As [`readback::finish_async`].
 pub(crate) async fn submit_and_read_async(
     ctx: &Device,
+    encoder: wgpu::CommandEncoder,
+    pending: Vec<readback::Pending>,
+) -> Result<Vec<Vec<f32>>> {
+    let read = submit_and_read_scanned_async(ctx, encoder, pending).await?;
+    Ok(read.into_iter().map(|(values, _)| values).collect())
+}
+
+/// [`submit_and_read_async`] with the index of each result's first NaN or infinity, found
+/// while copying it out ([`readback::finish_scanned_async`]).
+///
+/// # Errors
+/// As [`readback::finish_async`].
+pub(crate) async fn submit_and_read_scanned_async(
+    ctx: &Device,
     mut encoder: wgpu::CommandEncoder,
     mut pending: Vec<readback::Pending>,
-) -> Result<Vec<Vec<f32>>> {
+) -> Result<Vec<(Vec<f32>, Option<usize>)>> {
     let labels = end(ctx, &mut encoder).map(|(p, labels)| {
         pending.push(p);
         labels
     });
     let submission = ctx.queue.submit([encoder.finish()]);
-    let mut results = readback::finish_async(ctx, submission, pending).await?;
+    let mut results = readback::finish_scanned_async(ctx, submission, pending).await?;
     if let Some(labels) = labels {
-        store(ctx, &results.pop().unwrap_or_default(), &labels);
+        store(ctx, &results.pop().unwrap_or_default().0, &labels);
     }
     Ok(results)
 }

@@ -2,7 +2,7 @@
 //! stopping at `j = i` under the causal mask; V heads shared by groups of query heads.
 
 use super::wgsl::{uniform, NoConstants};
-use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
+use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
 use crate::error::Result;
 use crate::gpu::Device;
 
@@ -44,8 +44,9 @@ impl Kernel for Shader {
 }
 
 /// The sizes of one weighted sum: `batch · heads` weight matrices `n_q × n_kv`; V and the
-/// context row-major `(batch, n, heads·dv_h)` with the heads side by side, V with `kv_heads`
-/// heads each shared by `heads / kv_heads` query heads (grouped-query attention).
+/// context through their strides (`(batch, n, heads·dv_h)` with the heads side by side, or
+/// heads-first), V with `kv_heads` heads each shared by `heads / kv_heads` query heads
+/// (grouped-query attention).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WeightedSum {
     pub batch: usize,
@@ -55,6 +56,10 @@ pub(crate) struct WeightedSum {
     pub n_kv: usize,
     /// Value width over all heads.
     pub d_v: usize,
+    /// V's layout (column stride 1, head stride per K/V head).
+    pub v: Strides,
+    /// The context's layout (column stride 1).
+    pub context: Strides,
     pub causal: bool,
     /// V is f16.
     pub f16: bool,
@@ -77,12 +82,12 @@ impl WeightedSum {
             tiles_m: u32_of("row tiles", tiles_m)?,
             tiles_n: u32_of("column tiles", tiles_n)?,
             causal: u32::from(self.causal),
-            v_batch: u32_of("value batch stride", self.n_kv * kv_heads * dv_h)?,
-            v_head: u32_of("value head stride", dv_h)?,
-            v_row: u32_of("value row stride", kv_heads * dv_h)?,
-            c_batch: u32_of("context batch stride", self.n_q * self.d_v)?,
-            c_head: u32_of("context head stride", dv_h)?,
-            c_row: u32_of("context row stride", self.d_v)?,
+            v_batch: self.v.batch,
+            v_head: self.v.head,
+            v_row: self.v.row,
+            c_batch: self.context.batch,
+            c_head: self.context.head,
+            c_row: self.context.row,
             v_ratio: u32_of("heads per value head", heads / kv_heads)?,
             _pad: 0,
         };

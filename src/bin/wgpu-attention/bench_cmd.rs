@@ -68,6 +68,12 @@ pub struct BenchArgs {
     /// Also draw GFLOP/s against n, one line per path (GPU and CPU), into this .svg or .png.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Instead of the sweep: the host side of a whole call on Q, K, V arrays of (--batch,
+    /// --heads, n, --d) for each --n, f32 and f16: call, kernels, host (= call − kernels),
+    /// its upload, record and readback phases, beside a plain copy of the same bytes timed
+    /// in this process.
+    #[arg(long)]
+    host: bool,
     /// Token-by-token decoding instead: a growing KV cache (at the cache lengths --n) against
     /// the same step as a whole-call sdpa and a one-thread CPU decode.
     #[arg(long)]
@@ -229,6 +235,18 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     }
     if args.sparse {
         return sparse(args);
+    }
+    if args.host {
+        let ctx = args.adapter.open()?;
+        let sweep = crate::bench_host::HostSweep {
+            n: &args.n,
+            width: args.d,
+            heads: args.heads,
+            batch: args.batch,
+            repeats: args.repeats,
+            warmup: args.warmup,
+        };
+        return crate::bench_host::run(&ctx, &sweep);
     }
     if let Some(path) = &args.plot {
         plot::Format::from_path(path)?;

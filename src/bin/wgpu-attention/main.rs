@@ -5,6 +5,7 @@ mod args;
 mod bench_backward;
 mod bench_cmd;
 mod bench_decode;
+mod bench_host;
 mod bench_sparse;
 mod checkpoint_cmd;
 mod errors;
@@ -176,9 +177,12 @@ enum Command {
 }
 
 /// With `on`, prints the context's [`Context::phase_times`] to stderr as one line.
+/// The `--timings` line: the context's phases and this process's `.npy` I/O.
 pub fn print_timings(ctx: &Context, on: bool) {
     if on {
-        eprintln!("timings   {}", ctx.phase_times());
+        let mut t = ctx.phase_times();
+        t.io = wgpu_attention::npy::io_time();
+        eprintln!("timings   {t}");
     }
 }
 

@@ -61,9 +61,9 @@ pub fn sdpa(args: &SdpaArgs) -> Result<()> {
         }
         None => (op.run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask))?, None),
     };
-    crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;
     grad_cmd::write(grads, &args.op.out, args.op.dtype)?;
+    crate::print_timings(&ctx, args.op.timings);
     println!(
         "sdpa      Q {:?}, K {:?}, V {:?}, scale {}, causal {} -> {}",
         q.shape(),
@@ -171,8 +171,9 @@ struct OpArgs {
     /// Output directory (created if missing).
     #[arg(long)]
     out: PathBuf,
-    /// Print to stderr where the time went: adapter, pipeline compile, tune, upload, record,
-    /// dispatch, readback (the same line as RUST_LOG=info's `timings:`).
+    /// Print to stderr where the time went: io (.npy files), adapter, pipeline compile, tune,
+    /// upload (host → device, checks included), record (planning, encoding),
+    /// dispatch (until the device is done), readback (device → host, checks included).
     #[arg(long)]
     timings: bool,
     #[command(flatten)]
@@ -314,9 +315,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         None => (op.run(&ctx, inputs.mask(&mask))?, None),
     };
     let elapsed = start.elapsed();
-    crate::print_timings(&ctx, args.op.timings);
     args.op.write(&out)?;
     grad_cmd::write(grads, &args.op.out, args.op.dtype)?;
+    crate::print_timings(&ctx, args.op.timings);
     let info = ctx.adapter_info();
     println!(
         "adapter   {} ({:?}, {:?})",

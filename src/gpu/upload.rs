@@ -1,0 +1,245 @@
+//! Uploads of host arrays in one pass: each array is copied once, straight into the staging
+//! memory wgpu hands out for it (`Queue::write_buffer_with`, which unlike a buffer mapped at
+//! creation is not zeroed first), in chunks small enough to stay in cache while the checks on
+//! the values (NaN and infinities; f16's range) and the rounding to f16 are done on each chunk
+//! on its way through. A strided view (heads-first data sliced along an axis, a transposed
+//! array) is copied run by run along its last axis, never gathered into a contiguous copy
+//! first. The device buffers come from the context's pool, so calls of one shape reuse them.
+
+use ndarray::{ArrayViewD, Axis};
+
+use super::buffer::{check_len, pooled, Buf};
+use super::Device;
+use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::phases::Phase;
+use crate::values::{first_non_finite, first_past_f16, non_finite_at, past_f16, unravel, CHUNK};
+
+/// What an upload checks and how it stores the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stored {
+    /// Stored as f16 (rounded to nearest; values past f16's range are an error), else f32.
+    pub f16: bool,
+    /// NaN and infinities are an error ([`Error::NonFinite`]); else they go through.
+    pub finite: bool,
+    /// Only the buffer, not its contents: the pipeline dry run, which records nothing.
+    pub dry: bool,
+}
+
+/// Bytes of a buffer of `len` values stored as `f16` or f32 (f16 padded to whole `vec4`s).
+pub(crate) fn stored_bytes(len: usize, f16: bool) -> u64 {
+    match f16 {
+        true => (len.max(1).next_multiple_of(4) * 2) as u64,
+        false => (len.max(1) * 4) as u64,
+    }
+}
+
+/// Uploads `a` (any layout) row-major into a pooled storage buffer, as `how` says; `name`
+/// goes into the errors (the index of a bad value is `a`'s).
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when it is larger than the device allows, [`Error::NonFinite`]
+/// or the f16 range's error for a bad value, a validation error when wgpu refuses the write.
+pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let _upload = ctx.phases.enter(Phase::Upload);
+    check_len(ctx, name, a.len())?;
+    let bytes = stored_bytes(a.len(), how.f16);
+    let buf = pooled(ctx, name, bytes);
+    if how.dry {
+        return Ok(buf);
+    }
+    let size = wgpu::BufferSize::new(bytes).ok_or_else(|| Error::invalid(name, "empty"))?;
+    let mut view = ctx.queue.write_buffer_with(&buf, 0, size).ok_or_else(|| {
+        ctx.check_alive()
+            .err()
+            .unwrap_or_else(|| Error::Validation(format!("{name}: wgpu refused the upload")))
+    })?;
+    let width = if how.f16 { 2 } else { 4 };
+    let gathered;
+    let pieces = match pieces(a) {
+        Some(p) => p,
+        None => {
+            // Columns not adjacent in memory (a transposed view): gathered, the rare case.
+            gathered = a.iter().copied().collect::<Vec<_>>();
+            gathered
+                .chunks(CHUNK)
+                .enumerate()
+                .map(|(c, s)| (c * CHUNK, s))
+                .collect()
+        }
+    };
+    // The pieces in contiguous groups, one per thread, each writing its own part of the view.
+    let threads = crate::values::threads_for(a.len() * 4);
+    let per = a.len().div_ceil(threads).max(1);
+    let mut groups: Vec<&[(usize, &[f32])]> = Vec::with_capacity(threads);
+    let mut rest = &pieces[..];
+    while !rest.is_empty() {
+        let end = rest.partition_point(|&(pos, _)| pos < rest[0].0 + per);
+        let (group, tail) = rest.split_at(end.max(1));
+        groups.push(group);
+        rest = tail;
+    }
+    let mut parts = Vec::with_capacity(groups.len());
+    let mut remaining = view.slice(..);
+    for group in &groups {
+        let len: usize = group.iter().map(|(_, s)| s.len()).sum();
+        let (part, tail) = remaining.split_at(len * width);
+        parts.push(Part(part));
+        remaining = tail;
+    }
+    // f16's padding to a whole vec4, or the one-value stand-in for an empty array.
+    remaining.fill(0);
+    let fill = |group: &[(usize, &[f32])], Part(mut out): Part<'_>| {
+        let mut halves = vec![half::f16::ZERO; if how.f16 { CHUNK } else { 0 }];
+        let mut at = 0;
+        for &(first, chunk) in group {
+            if how.finite {
+                if let Some(i) = first_non_finite(chunk) {
+                    return Err((first + i, chunk[i], false));
+                }
+            }
+            let n = chunk.len() * width;
+            if how.f16 {
+                if let Some(i) = first_past_f16(chunk) {
+                    return Err((first + i, chunk[i], true));
+                }
+                let halves = &mut halves[..chunk.len()];
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(halves, chunk);
+                out.slice(at..at + n)
+                    .copy_from_slice(bytemuck::cast_slice(halves));
+            } else {
+                out.slice(at..at + n)
+                    .copy_from_slice(bytemuck::cast_slice(chunk));
+            }
+            at += n;
+        }
+        Ok(())
+    };
+    let results: Vec<std::result::Result<(), (usize, f32, bool)>> = if parts.len() > 1 {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = groups
+                .iter()
+                .zip(parts)
+                .map(|(group, part)| scope.spawn(move || fill(group, part)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err((usize::MAX, 0.0, false))))
+                .collect()
+        })
+    } else {
+        groups.iter().zip(parts).map(|(g, p)| fill(g, p)).collect()
+    };
+    drop(view);
+    // The first bad value in the caller's order: the groups are in that order.
+    match results.into_iter().find_map(std::result::Result::err) {
+        None => Ok(buf),
+        Some((usize::MAX, ..)) => Err(Error::invalid(name, "internal: an upload thread panicked")),
+        Some((at, value, false)) => Err(non_finite_at(name, a.shape(), at, value)),
+        Some((at, value, true)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
+    }
+}
+
+/// A part of the staging view that one thread fills. wgpu 30's `WriteOnly<T>` is `Send` for
+/// sized `T` only (its impl lacks `?Sized`), though a `WriteOnly<[u8]>` is as much an
+/// exclusive pointer to plain bytes.
+struct Part<'a>(wgpu::WriteOnly<'a, [u8]>);
+
+// SAFETY: a write-only, exclusive view of bytes, as wgpu-types' own `Send` impl for sized
+// `T: Send` reasons; the parts are disjoint (`split_at`) and joined before the view drops.
+unsafe impl Send for Part<'_> {}
+
+/// The values of `a` in row-major order as pieces of at most [`CHUNK`] values contiguous in
+/// memory, each with the row-major position of its first value; `None` when the last axis is
+/// not contiguous.
+fn pieces<'a>(a: &'a ArrayViewD<'_, f32>) -> Option<Vec<(usize, &'a [f32])>> {
+    let split = |start: usize, s: &'a [f32]| {
+        s.chunks(CHUNK)
+            .enumerate()
+            .map(move |(c, p)| (start + c * CHUNK, p))
+    };
+    if let Some(s) = a.as_slice() {
+        return Some(split(0, s).collect());
+    }
+    let last = Axis(a.ndim().checked_sub(1)?);
+    let width = a.len_of(last);
+    if a.stride_of(last) != 1 && width > 1 {
+        return None;
+    }
+    let mut out = Vec::new();
+    for (r, lane) in a.lanes(last).into_iter().enumerate() {
+        out.extend(split(r * width, lane.to_slice()?));
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array4, Axis};
+
+    fn read(ctx: &Device, buf: &wgpu::Buffer, len: usize, f16: bool) -> Vec<f32> {
+        crate::gpu::readback::read_as(ctx, buf, len, f16).unwrap()
+    }
+
+    const PLAIN: Stored = Stored {
+        f16: false,
+        finite: true,
+        dry: false,
+    };
+
+    #[test]
+    fn strided_views_upload_row_major_in_both_precisions() {
+        let ctx = crate::context::test_context();
+        let a = Array4::from_shape_fn((2, 3, 37, 7), |(b, h, i, c)| {
+            (b * 1000 + h * 100 + i) as f32 + c as f32 * 0.125
+        });
+        // Contiguous, sliced along the rows (runs of 7), and permuted (gathered).
+        let sliced = a.slice_axis(Axis(2), (5..30).into());
+        let permuted = a.view().permuted_axes([0, 2, 1, 3]);
+        for view in [a.view(), sliced, permuted] {
+            let want: Vec<f32> = view.iter().copied().collect();
+            for f16 in [false, true] {
+                let how = Stored { f16, ..PLAIN };
+                let buf = array(ctx, "A", &view.view().into_dyn(), how).unwrap();
+                let got = read(ctx, &buf, want.len(), f16);
+                let round = |v: f32| {
+                    if f16 {
+                        half::f16::from_f32(v).to_f32()
+                    } else {
+                        v
+                    }
+                };
+                let want: Vec<f32> = want.iter().map(|&v| round(v)).collect();
+                assert_eq!(got, want, "f16 {f16}, shape {:?}", view.shape());
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_value_is_named_at_its_index_in_the_callers_array() {
+        let ctx = crate::context::test_context();
+        let mut a = Array4::<f32>::ones((2, 3, 2000, 4));
+        a[[1, 2, 1500, 3]] = f32::NAN;
+        let sliced = a.slice_axis(Axis(2), (1000..2000).into()).into_dyn();
+        let err = array(ctx, "Q", &sliced, PLAIN).unwrap_err();
+        assert!(
+            matches!(&err, Error::NonFinite { array, index, .. } if array == "Q" && index == &[1, 2, 500, 3]),
+            "{err}"
+        );
+        // Passed through when asked, and then only f16's range is checked.
+        let through = Stored {
+            finite: false,
+            ..PLAIN
+        };
+        assert!(array(ctx, "Q", &sliced, through).is_ok());
+        a[[0, 1, 1999, 0]] = 1e6;
+        let f16 = Stored {
+            f16: true,
+            ..through
+        };
+        let err = array(ctx, "K", &a.view().into_dyn(), f16).unwrap_err();
+        assert!(err.to_string().contains("K[0, 1, 1999, 0]"), "{err}");
+    }
+}
