@@ -121,12 +121,19 @@ impl Attention {
                     finite: *check && !self.propagate,
                     dry: crate::kernels::collecting(),
                 };
-                let up = |name: &str, a: &ArrayView4<'_, f32>| {
-                    upload::array(ctx, name, &a.view().into_dyn(), how)
+                let named = [
+                    ("Q", q.view().into_dyn()),
+                    ("K", k.view().into_dyn()),
+                    ("V", v.view().into_dyn()),
+                ];
+                let mut bufs = upload::arrays(ctx, &named, how)?.into_iter();
+                let mut next = || {
+                    bufs.next()
+                        .ok_or_else(|| Error::invalid("upload", "internal: a buffer is missing"))
                 };
                 Ok(Device {
-                    q: up("Q", q)?,
-                    kv: Some((up("K", k)?, up("V", v)?)),
+                    q: next()?,
+                    kv: Some((next()?, next()?)),
                     host: None,
                 })
             }

@@ -104,17 +104,27 @@ pub(crate) fn output_f16(ctx: &Device, label: &str, len: usize) -> Result<Buf> {
 /// A storage buffer of at least `bytes` from the context's pool, which kernels write and
 /// copies read: a size class up, so nothing may read its length from the buffer.
 pub(crate) fn pooled(ctx: &Device, label: &str, bytes: u64) -> Buf {
+    pooled_as(ctx, label, bytes, storage_usage(ctx))
+}
+
+/// [`pooled`] with `usage`.
+pub(crate) fn pooled_as(ctx: &Device, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Buf {
     let limits = ctx.limits();
     let max = limits
         .max_storage_buffer_binding_size
         .min(limits.max_buffer_size);
-    ctx.pool.take(
-        &ctx.device,
-        label,
-        bytes,
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        max,
-    )
+    ctx.pool.take(&ctx.device, label, bytes, usage, max)
+}
+
+/// The usage of the storage buffers kernels write: on unified memory also `MAP_READ`, so a
+/// readback maps the buffer itself instead of copying it into a staging buffer.
+fn storage_usage(ctx: &Device) -> wgpu::BufferUsages {
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+    match ctx.hardware().unified_memory {
+        true => usage | wgpu::BufferUsages::MAP_READ,
+        false => usage,
+    }
 }
 
 /// A buffer holding `bytes` (a multiple of 4 long), written while mapped at creation. Unlike
@@ -157,7 +167,7 @@ pub(crate) fn output(ctx: &Device, label: &str, len: usize, nan_fill: bool) -> R
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: bytes,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        usage: storage_usage(ctx),
         mapped_at_creation: nan_fill,
     });
     if nan_fill {

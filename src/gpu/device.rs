@@ -91,6 +91,11 @@ impl Device {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::SHADER_F16
             | wgpu::Features::PIPELINE_CACHE;
+        // Unified memory: the operands' own buffers are mapped, no staging (see Hardware).
+        let wanted = match super::hardware::unified(adapter.get_info().device_type) {
+            true => wanted | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS,
+            false => wanted,
+        };
         let (coop, experimental_features) = coop::request(&adapter);
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgpu-attention"),

@@ -84,6 +84,15 @@ impl std::str::FromStr for StandIn {
     }
 }
 
+/// Whether a device of this type computes in the host's memory (a CPU adapter, an
+/// integrated GPU): such a device is opened with `MAPPABLE_PRIMARY_BUFFERS` where it has it.
+pub(crate) fn unified(device_type: wgpu::DeviceType) -> bool {
+    matches!(
+        device_type,
+        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
+    )
+}
+
 /// What is emulated in WGSL on a device: part of every pipeline's key, since it changes the
 /// source built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -112,6 +121,12 @@ pub(crate) struct Hardware {
     pub workgroup_storage: u32,
     /// The stand-in it is (`StandIn::Off`: the adapter as it is).
     pub stand_in: StandIn,
+    /// Device memory is host memory (a CPU adapter, an integrated GPU) and the device maps
+    /// its storage buffers (`MAPPABLE_PRIMARY_BUFFERS`): uploads are written straight into
+    /// the operands' buffers and results read straight out of theirs, with no staging
+    /// buffer (which there would be one more copy of the data in the process's memory). Off
+    /// under the stand-in (a discrete GPU's path, staging included).
+    pub unified_memory: bool,
 }
 
 impl Hardware {
@@ -157,6 +172,8 @@ impl Hardware {
             emulate,
             workgroup_storage: device.limits().max_compute_workgroup_storage_size,
             stand_in: StandIn::Off,
+            unified_memory: unified(info.device_type)
+                && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
         };
         match stand_in.subgroup_width() {
             None => hw,
@@ -197,6 +214,7 @@ impl Hardware {
             emulate,
             workgroup_storage: STAND_IN_WORKGROUP_KIB << 10,
             stand_in,
+            unified_memory: false,
         }
     }
 

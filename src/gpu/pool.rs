@@ -83,31 +83,50 @@ impl Pool {
         usage: wgpu::BufferUsages,
         max: u64,
     ) -> Buf {
-        // A class past the device's limit would fail where the request fits: serve it exact.
+        self.take_mapped(device, label, (bytes, usage, max), false)
+            .0
+    }
+
+    /// A free buffer of the class, or a new one (mapped at creation when `mapped`); with
+    /// whether it is mapped. A class past `max` (the device's limit) would fail where the
+    /// request fits: such a request is served exact. For a buffer the host writes (a
+    /// `MAP_WRITE` usage), `mapped`: a new one comes mapped and the flag says so (a reused
+    /// one is not mapped, and is mapped with `map_async`); created mapped, its zeroing by
+    /// wgpu happens here, on the calling thread, so uploads on several threads zero their
+    /// buffers side by side.
+    pub(crate) fn take_mapped(
+        &self,
+        device: &wgpu::Device,
+        label: &str,
+        (bytes, usage, max): (u64, wgpu::BufferUsages, u64),
+        mapped: bool,
+    ) -> (Buf, bool) {
         let size = Some(class_of(bytes)).filter(|&c| c <= max).unwrap_or(bytes);
         let key = (size, usage);
-        let mut state = self.lock();
-        let reused = state.free.get_mut(&key).and_then(Vec::pop);
-        let buffer = match reused {
-            Some(b) => {
-                state.stats.free_bytes -= size;
-                b
+        let reused = {
+            let mut state = self.lock();
+            let reused = state.free.get_mut(&key).and_then(Vec::pop);
+            match reused {
+                Some(_) => state.stats.free_bytes -= size,
+                None => state.stats.allocations += 1,
             }
-            None => {
-                state.stats.allocations += 1;
+            state.stats.in_use_bytes += size;
+            reused
+        };
+        let (buffer, mapped) = match reused {
+            Some(b) => (b, false),
+            None => (
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(label),
                     size,
                     usage,
-                    mapped_at_creation: false,
-                })
-            }
+                    mapped_at_creation: mapped,
+                }),
+                mapped,
+            ),
         };
-        state.stats.in_use_bytes += size;
-        Buf {
-            buffer,
-            home: Some((key, self.clone())),
-        }
+        let home = Some((key, self.clone()));
+        (Buf { buffer, home }, mapped)
     }
 
     /// Marks an encoder of the crate open until the guard is dropped: buffers dropped

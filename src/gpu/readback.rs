@@ -14,9 +14,12 @@ use crate::values::{first_non_finite, CHUNK};
 /// How long a readback waits for the GPU before giving up with an error.
 pub const READBACK_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// A staging buffer and how many f32s to read from it.
+/// A staging buffer (or, on unified memory, the result's own buffer) and how many f32s to
+/// read from it.
 pub struct Pending {
     staging: crate::gpu::pool::Buf,
+    /// `staging` is the result's own buffer (mapped where it is, not a copy).
+    direct: bool,
     len: usize,
     /// The values are f16 (read back widened to f32).
     f16: bool,
@@ -29,7 +32,11 @@ impl Drop for Pending {
         // Dropped half way (a failed wait or mapping, an error of the call): the buffer may be
         // mapped, or become so; it must not serve another readback.
         if self.mapping {
-            self.staging.keep_out_of_pool();
+            match self.direct {
+                // The result's buffer goes back to its owner's pool: unmapped.
+                true => self.staging.unmap(),
+                false => self.staging.keep_out_of_pool(),
+            }
         }
     }
 }
@@ -53,6 +60,16 @@ pub fn copy_out_as(
     len: usize,
     f16: bool,
 ) -> Pending {
+    if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
+        // Unified memory: the result is read where the kernels wrote it.
+        return Pending {
+            staging: crate::gpu::pool::Buf::unpooled(src.clone()),
+            direct: true,
+            len,
+            f16,
+            mapping: false,
+        };
+    }
     let bytes = match f16 {
         true => len.max(1).next_multiple_of(4) * 2,
         false => len.max(1) * std::mem::size_of::<f32>(),
@@ -67,6 +84,7 @@ pub fn copy_out_as(
     encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
     Pending {
         staging,
+        direct: false,
         len,
         f16,
         mapping: false,
@@ -104,6 +122,28 @@ pub fn wait(ctx: &Device, submission: wgpu::SubmissionIndex) -> Result<()> {
         })
         .map_err(|e| Error::Poll(e.to_string()))?;
     ctx.check_alive()
+}
+
+/// Maps the first `bytes` of `buffer` (a `MAP_WRITE` buffer of unified memory) for writing,
+/// waiting until it is (after whatever submitted work still uses it).
+///
+/// # Errors
+/// As [`wait_all`]; [`Error::Readback`] when the mapping fails.
+pub fn map_for_write(ctx: &Device, buffer: &wgpu::Buffer, bytes: u64) -> Result<()> {
+    let (send, rx) = oneshot::channel();
+    buffer.slice(..bytes).map_async(wgpu::MapMode::Write, send);
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        wait_all(ctx)?;
+        take_mapped(ctx, &rx)?.map_err(|e| Error::Readback(e.to_string()))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (ctx, rx);
+        Err(Error::Readback(
+            "the browser maps no storage buffer (unified memory is native only)".into(),
+        ))
+    }
 }
 
 /// Waits (at most [`READBACK_TIMEOUT`]) until everything submitted so far has run.

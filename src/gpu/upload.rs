@@ -1,6 +1,7 @@
 //! Uploads of host arrays in one pass: each array is copied once, straight into the staging
 //! memory wgpu hands out for it (`Queue::write_buffer_with`, which unlike a buffer mapped at
-//! creation is not zeroed first), in chunks small enough to stay in cache while the checks on
+//! creation is not zeroed first) or, on unified memory, into the operand's own buffer mapped
+//! (no staging: see `Hardware::unified_memory`), in chunks small enough to stay in cache while the checks on
 //! the values (NaN and infinities; f16's range) and the rounding to f16 are done on each chunk
 //! on its way through. A strided view (heads-first data sliced along an axis, a transposed
 //! array) is copied run by run along its last axis, never gathered into a contiguous copy
@@ -43,19 +44,64 @@ pub(crate) fn stored_bytes(len: usize, f16: bool) -> u64 {
 pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
     #[cfg(not(target_arch = "wasm32"))]
     let _upload = ctx.phases.enter(Phase::Upload);
+    upload(ctx, name, a, how)
+}
+
+/// [`array`] for several arrays side by side, on a thread each when they are large; the
+/// first error in `arrays`' order is the one returned.
+///
+/// # Errors
+/// As [`array`].
+pub(crate) fn arrays(
+    ctx: &Device,
+    arrays: &[(&str, ArrayViewD<'_, f32>)],
+    how: Stored,
+) -> Result<Vec<Buf>> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let _upload = ctx.phases.enter(Phase::Upload);
+    let total: usize = arrays.iter().map(|(_, a)| a.len() * 4).sum();
+    if how.dry || crate::values::threads_for(total) == 1 {
+        return arrays.iter().map(|(n, a)| upload(ctx, n, a, how)).collect();
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = arrays
+            .iter()
+            .map(|(n, a)| scope.spawn(move || upload(ctx, n, a, how)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::invalid("upload", "internal: a thread panicked"))
+                })
+            })
+            .collect()
+    })
+}
+
+/// [`array`] without its phase (the caller's).
+fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
     check_len(ctx, name, a.len())?;
     let bytes = stored_bytes(a.len(), how.f16);
-    let buf = pooled(ctx, name, bytes);
+    let unified = ctx.hardware().unified_memory;
     if how.dry {
-        return Ok(buf);
+        // Recorded, never run: a buffer of the size, not the pool's (whose next user would
+        // get it without the zeroing a new one has) and never touched.
+        let usage = if unified {
+            MAPPED_OPERAND
+        } else {
+            STAGED_OPERAND
+        };
+        let size = crate::gpu::pool::class_of(bytes);
+        return Ok(Buf::unpooled(ctx.device.create_buffer(
+            &wgpu::BufferDescriptor {
+                label: Some(name),
+                size,
+                usage,
+                mapped_at_creation: false,
+            },
+        )));
     }
-    let size = wgpu::BufferSize::new(bytes).ok_or_else(|| Error::invalid(name, "empty"))?;
-    let mut view = ctx.queue.write_buffer_with(&buf, 0, size).ok_or_else(|| {
-        ctx.check_alive()
-            .err()
-            .unwrap_or_else(|| Error::Validation(format!("{name}: wgpu refused the upload")))
-    })?;
-    let width = if how.f16 { 2 } else { 4 };
     let gathered;
     let pieces = match pieces(a) {
         Some(p) => p,
@@ -69,11 +115,81 @@ pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stor
                 .collect()
         }
     };
-    // The pieces in contiguous groups, one per thread, each writing its own part of the view.
-    let threads = crate::values::threads_for(a.len() * 4);
-    let per = a.len().div_ceil(threads).max(1);
+    let (buf, written) = if unified {
+        // Written where the kernels read it: no staging copy in the process's memory.
+        let limits = ctx.limits();
+        let max = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let wanted = (bytes, MAPPED_OPERAND, max);
+        let (mut buf, mapped) = ctx.pool.take_mapped(&ctx.device, name, wanted, true);
+        if !mapped {
+            if let Err(e) = super::readback::map_for_write(ctx, &buf, bytes) {
+                buf.keep_out_of_pool();
+                return Err(e);
+            }
+        }
+        let written = {
+            let mut range = buf
+                .slice(..bytes)
+                .get_mapped_range_mut()
+                .map_err(|e| Error::Validation(format!("{name}: {e}")))?;
+            write(range.slice(..), &pieces, how, a.len())
+        };
+        buf.unmap();
+        (buf, written)
+    } else {
+        let buf = pooled(ctx, name, bytes);
+        let size = wgpu::BufferSize::new(bytes).ok_or_else(|| Error::invalid(name, "empty"))?;
+        let mut view = ctx.queue.write_buffer_with(&buf, 0, size).ok_or_else(|| {
+            ctx.check_alive()
+                .err()
+                .unwrap_or_else(|| Error::Validation(format!("{name}: wgpu refused the upload")))
+        })?;
+        let written = write(view.slice(..), &pieces, how, a.len());
+        drop(view);
+        (buf, written)
+    };
+    match written {
+        Ok(()) => Ok(buf),
+        Err(Bad::Panicked) => Err(Error::invalid(name, "internal: an upload thread panicked")),
+        Err(Bad::NonFinite(at, value)) => Err(non_finite_at(name, a.shape(), at, value)),
+        Err(Bad::PastF16(at, value)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
+    }
+}
+
+/// The usage of an operand's buffer written through staging.
+const STAGED_OPERAND: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// The usage of an operand's buffer on unified memory: mapped for writing by the upload.
+const MAPPED_OPERAND: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST)
+    .union(wgpu::BufferUsages::MAP_WRITE);
+
+/// What stopped a write: the first bad value (row-major position and value), or a thread.
+enum Bad {
+    NonFinite(usize, f32),
+    PastF16(usize, f32),
+    Panicked,
+}
+
+/// Writes `pieces` (of `len` values in all) into `view` as `how` says, in contiguous groups
+/// of pieces, one per thread; the rest of `view` (f16's padding, an empty array's stand-in)
+/// zero. The first bad value in row-major order stops it.
+fn write(
+    view: wgpu::WriteOnly<'_, [u8]>,
+    pieces: &[(usize, &[f32])],
+    how: Stored,
+    len: usize,
+) -> std::result::Result<(), Bad> {
+    let width = if how.f16 { 2 } else { 4 };
+    let threads = crate::values::threads_for(len * 4);
+    let per = len.div_ceil(threads).max(1);
     let mut groups: Vec<&[(usize, &[f32])]> = Vec::with_capacity(threads);
-    let mut rest = &pieces[..];
+    let mut rest = pieces;
     while !rest.is_empty() {
         let end = rest.partition_point(|&(pos, _)| pos < rest[0].0 + per);
         let (group, tail) = rest.split_at(end.max(1));
@@ -81,14 +197,13 @@ pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stor
         rest = tail;
     }
     let mut parts = Vec::with_capacity(groups.len());
-    let mut remaining = view.slice(..);
+    let mut remaining = view;
     for group in &groups {
-        let len: usize = group.iter().map(|(_, s)| s.len()).sum();
-        let (part, tail) = remaining.split_at(len * width);
+        let values: usize = group.iter().map(|(_, s)| s.len()).sum();
+        let (part, tail) = remaining.split_at(values * width);
         parts.push(Part(part));
         remaining = tail;
     }
-    // f16's padding to a whole vec4, or the one-value stand-in for an empty array.
     remaining.fill(0);
     let fill = |group: &[(usize, &[f32])], Part(mut out): Part<'_>| {
         let mut halves = vec![half::f16::ZERO; if how.f16 { CHUNK } else { 0 }];
@@ -96,13 +211,13 @@ pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stor
         for &(first, chunk) in group {
             if how.finite {
                 if let Some(i) = first_non_finite(chunk) {
-                    return Err((first + i, chunk[i], false));
+                    return Err(Bad::NonFinite(first + i, chunk[i]));
                 }
             }
             let n = chunk.len() * width;
             if how.f16 {
                 if let Some(i) = first_past_f16(chunk) {
-                    return Err((first + i, chunk[i], true));
+                    return Err(Bad::PastF16(first + i, chunk[i]));
                 }
                 let halves = &mut halves[..chunk.len()];
                 half::slice::HalfFloatSliceExt::convert_from_f32_slice(halves, chunk);
@@ -116,7 +231,7 @@ pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stor
         }
         Ok(())
     };
-    let results: Vec<std::result::Result<(), (usize, f32, bool)>> = if parts.len() > 1 {
+    let results: Vec<std::result::Result<(), Bad>> = if parts.len() > 1 {
         std::thread::scope(|scope| {
             let handles: Vec<_> = groups
                 .iter()
@@ -125,20 +240,17 @@ pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stor
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or(Err((usize::MAX, 0.0, false))))
+                .map(|h| h.join().unwrap_or(Err(Bad::Panicked)))
                 .collect()
         })
     } else {
         groups.iter().zip(parts).map(|(g, p)| fill(g, p)).collect()
     };
-    drop(view);
-    // The first bad value in the caller's order: the groups are in that order.
-    match results.into_iter().find_map(std::result::Result::err) {
-        None => Ok(buf),
-        Some((usize::MAX, ..)) => Err(Error::invalid(name, "internal: an upload thread panicked")),
-        Some((at, value, false)) => Err(non_finite_at(name, a.shape(), at, value)),
-        Some((at, value, true)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
-    }
+    // The groups are in row-major order: the first error is the first bad value.
+    results
+        .into_iter()
+        .find_map(std::result::Result::err)
+        .map_or(Ok(()), Err)
 }
 
 /// A part of the staging view that one thread fills. wgpu 30's `WriteOnly<T>` is `Send` for

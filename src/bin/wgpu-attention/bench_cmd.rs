@@ -230,6 +230,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     bench::check_sizes("--n", &args.n)?;
     bench::check_sizes("--d", &[args.d])?;
     bench::check_sizes("--batch", &[args.batch])?;
+    crate::say_build_profile();
     if args.decode {
         return decode(args);
     }

@@ -177,6 +177,21 @@ enum Command {
 }
 
 /// With `on`, prints the context's [`Context::phase_times`] to stderr as one line.
+/// What `bench` and `report` print first: the profile that built this binary; in a debug
+/// build, also a warning on stderr (its CPU baseline runs at about half speed, so every
+/// GPU-over-CPU ratio comes out about twice too good).
+pub fn say_build_profile() {
+    if cfg!(debug_assertions) {
+        println!("build:   debug profile (timings are not representative)");
+        eprintln!(
+            "warning: this is a debug build: the CPU baseline runs at about half speed and the \
+             host code slower, so the ratios below are off; time with `cargo run --release -- …`"
+        );
+    } else {
+        println!("build:   release profile");
+    }
+}
+
 /// The `--timings` line: the context's phases and this process's `.npy` I/O.
 pub fn print_timings(ctx: &Context, on: bool) {
     if on {

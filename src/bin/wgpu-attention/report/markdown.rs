@@ -14,9 +14,9 @@ pub(super) fn render(r: &Report) -> String {
     let _ = writeln!(s, "# Results\n");
     let _ = writeln!(
         s,
-        "Measured by `wgpu-attention report --out DIR{}` on {date} at {} UTC: the sections \
-         Forward to First call are that command's output (it writes every row to \
-         `DIR/results.json` too).{}\n",
+        "Measured by `wgpu-attention report --out DIR{}` on {date} at {} UTC. Everything \
+         below, from the Forward section to the First call section, is what that command \
+         wrote (every row is also in `DIR/results.json`).{}\n",
         if r.quick { " --quick" } else { "" },
         r.date_utc.get(11..16).unwrap_or(""),
         if r.quick {
@@ -182,8 +182,8 @@ fn forward_md(s: &mut String, r: &Report) {
         if !shares.is_empty() {
             let _ = writeln!(
                 s,
-                "\nAt n = {n} the fused kernels alone (their own time) reach of the FMA \
-                 ceiling: {}.",
+                "\nAt n = {n}, timed alone (their own time, not the whole call's), the fused \
+                 kernels run at this share of the adapter's FMA ceiling: {}.",
                 shares.join(", ")
             );
         }

@@ -117,6 +117,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
         return Err(Error::invalid("--out", "a directory is required"));
     };
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, format!("cannot create: {e}")))?;
+    crate::say_build_profile();
     let started = Instant::now();
     let load_at_start = json::load_average();
     let sizes = Sizes::new(args.quick);

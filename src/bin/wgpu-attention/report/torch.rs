@@ -43,7 +43,9 @@ pub(super) fn forward(
         ),
         TorchPeer::Unavailable(why) => (
             without(if why.contains("no torch") {
-                "not available (no torch)".into()
+                "not available: `python3` on PATH has no `torch` (install it there to \
+                 compare)"
+                    .into()
             } else {
                 format!("not available ({why})")
             }),
