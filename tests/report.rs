@@ -77,3 +77,37 @@ fn report_quick_writes_markdown_and_json_with_every_section() {
         .collect();
     assert_eq!(left.len(), 2, "{left:?}");
 }
+
+#[test]
+fn bench_says_its_build_first_and_skips_what_is_past_a_sections_budget() {
+    let run = common::cli(&[
+        "bench",
+        "--n",
+        "64",
+        "--matmul",
+        "0",
+        "--section-budget",
+        "0",
+    ]);
+    let stdout = common::ok(&run);
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("build:") && first.contains("profile"),
+        "{stdout}"
+    );
+    // Every GPU path of the size is skipped, each saying why; the CPU baseline still runs.
+    let skipped: Vec<&str> = stdout.lines().filter(|l| l.contains("skipped:")).collect();
+    assert!(skipped.iter().any(|l| l.starts_with("gpu ")), "{stdout}");
+    assert!(
+        skipped.iter().all(|l| l.contains("--section-budget")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("cpu f32 ndarray"), "{stdout}");
+    // A debug build says so on stderr.
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(
+        stderr.contains("warning: this is a debug build"),
+        cfg!(debug_assertions),
+        "{stderr}"
+    );
+}

@@ -16,6 +16,14 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Seconds (or any quantity): a finite number, 0 or more.
+pub fn non_negative(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err("expected a number, 0 or more".into()),
+    }
+}
+
 /// A random seed: a whole number from 0 to 2⁶⁴ − 1.
 pub fn seed(s: &str) -> Result<u64, String> {
     s.trim()

@@ -68,6 +68,10 @@ pub struct BenchArgs {
     /// Also draw GFLOP/s against n, one line per path (GPU and CPU), into this .svg or .png.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Seconds each section (the matmul, each n of the sweep) may take: measurements past
+    /// it are skipped, each with a line that says so, so that no size stalls the rest.
+    #[arg(long, default_value_t = 60.0, value_parser = crate::args::non_negative)]
+    section_budget: f64,
     /// Instead of the sweep: the host side of a whole call on Q, K, V arrays of (--batch,
     /// --heads, n, --d) for each --n, f32 and f16: call, kernels, host (= call − kernels),
     /// its upload, record and readback phases, beside a plain copy of the same bytes timed
@@ -139,6 +143,9 @@ pub struct Sweep {
     pub resident: bool,
     /// No CPU baselines (f32 ndarray, f64 reference).
     pub no_cpu: bool,
+    /// What one n may take before its remaining measurements are skipped (`None`: no
+    /// limit).
+    pub budget: Option<std::time::Duration>,
 }
 
 impl Sweep {
@@ -155,7 +162,21 @@ impl Sweep {
             fused_only: args.fused_only,
             resident: args.resident,
             no_cpu: args.no_cpu,
+            budget: Some(std::time::Duration::from_secs_f64(args.section_budget)),
         }
+    }
+
+    /// Whether a section that started at `start` has spent its budget; if so, `what` goes
+    /// into `skipped` with the reason.
+    fn spent(&self, start: std::time::Instant, what: &str, skipped: &mut Vec<String>) -> bool {
+        let Some(budget) = self.budget.filter(|&b| start.elapsed() > b) else {
+            return false;
+        };
+        skipped.push(format!(
+            "{what:<39} skipped: this size's budget of {:.0} s is spent (--section-budget)",
+            budget.as_secs_f64()
+        ));
+        true
     }
 
     /// The progress steps of one n on `families`.
@@ -310,6 +331,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let say = |s: String| progress.suspend(|| println!("{s}"));
+    let _heartbeat = crate::heartbeat::Heartbeat::start("bench", &progress);
 
     progress.set_message("FMA ceiling");
     let peak = bench::fma_peak(&ctx)?;
@@ -521,6 +543,7 @@ pub fn attention_at(
     let dims = Dims::new(&Attention::new().heads(shape.heads), &Inputs::x(&x))?;
     let flop = dims.attention_flops();
     let (mut here, mut skipped) = (Vec::new(), Vec::new());
+    let start = std::time::Instant::now();
     let cpu_ms = if sweep.no_cpu {
         None
     } else {
@@ -538,6 +561,13 @@ pub fn attention_at(
     };
     // The f64 oracle the tests check against: slower, but the definition.
     let reference_ms = if sweep.no_cpu || n > REFERENCE_MAX_N {
+        None
+    } else if sweep.spent(
+        start,
+        &format!("{:<32} {n:>6}", "cpu f64 reference"),
+        &mut skipped,
+    ) {
+        progress.inc(1);
         None
     } else {
         progress.set_message(format!("cpu f64 reference n={n}"));
@@ -576,6 +606,10 @@ pub fn attention_at(
                     _ => "fused",
                 }
             );
+            if sweep.spent(start, &format!("{path:<32} {n:>6}"), &mut skipped) {
+                progress.inc(1);
+                continue;
+            }
             progress.set_message(format!("{path} n={n}"));
             let result = if resident {
                 bench::gpu_resident(ctx, &op, x.view(), shape.warmup, shape.repeats)

@@ -10,6 +10,7 @@ mod bench_sparse;
 mod checkpoint_cmd;
 mod errors;
 mod grad_cmd;
+mod heartbeat;
 mod model_bench;
 mod mods_args;
 mod report;

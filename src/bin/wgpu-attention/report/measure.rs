@@ -41,6 +41,8 @@ impl Run<'_> {
             fused_only: false,
             resident: false,
             no_cpu: false,
+            // The report budgets each call instead (`--max-call-ms`).
+            budget: None,
         }
     }
 

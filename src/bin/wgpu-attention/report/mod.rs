@@ -132,6 +132,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let say = |s: String| progress.suspend(|| println!("{s}"));
+    let _heartbeat = crate::heartbeat::Heartbeat::start("report", &progress);
 
     // The first calls run in processes of their own before this one sets up anything: they
     // are a user's first call, with the tuner's usual budget.
