@@ -151,3 +151,23 @@ fn timings_name_every_phase_of_a_cli_call() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_bad_value_in_x_is_named_through_the_projections_and_a_layer() {
+    use wgpu_attention::{ndarray::Array2, Layer, Projections};
+    let ctx = common::ctx();
+    let mut x = Array2::from_shape_fn((7, 8), |(i, j)| ((i * 8 + j) as f32 * 0.1).sin());
+    x[[3, 2]] = f32::INFINITY;
+    let w = Array2::from_shape_fn((8, 8), |(i, j)| ((i + 2 * j) as f32 * 0.05).cos());
+    let p = Projections::new(w.view(), w.view(), w.view());
+    let named = |e: Error| match e {
+        Error::NonFinite { array, index, .. } => (array, index),
+        other => panic!("{other}"),
+    };
+    let op = Attention::new().heads(2);
+    let e = op.run(ctx, Inputs::x(&x).projections(&p)).unwrap_err();
+    assert_eq!(named(e), ("X".to_string(), vec![3, 2]));
+    let layer = Layer::new(ctx, op, &p).unwrap();
+    let e = layer.run(ctx, Inputs::x(&x)).unwrap_err();
+    assert_eq!(named(e), ("X".to_string(), vec![3, 2]));
+}

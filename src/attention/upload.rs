@@ -159,7 +159,12 @@ impl Attention {
                 }),
             },
             Source::Projected { x, .. } if weights.is_some() => {
-                let x_buf = upload_as(ctx, "X", x.view(), f16)?;
+                let how = Stored {
+                    f16,
+                    finite: !self.propagate,
+                    dry: crate::kernels::collecting(),
+                };
+                let x_buf = upload::array(ctx, "X", &x.view(), how)?;
                 let w = weights.ok_or_else(|| Error::invalid("weights", "internal: none"))?;
                 let (q, k, v) =
                     self.record_projections(ctx, encoder, plan, (rows, d), (&x_buf, f16), w)?;
@@ -170,6 +175,16 @@ impl Attention {
                 })
             }
             Source::Projected { x, .. } => {
+                // Checked here, not while uploading: the host copy below is kept (the
+                // subgroup kernel packs K = V = X from it). Once, not again in the dry run.
+                if !crate::kernels::collecting() {
+                    if !self.propagate {
+                        crate::values::check_finite("X", x)?;
+                    }
+                    if f16 {
+                        crate::values::check_f16_range("X", x)?;
+                    }
+                }
                 let mut x_host = contiguous(x);
                 if f16 {
                     // What the device holds, for packing K = V = X on the host too.
