@@ -146,6 +146,8 @@ pub struct Sweep {
     /// What one n may take before its remaining measurements are skipped (`None`: no
     /// limit).
     pub budget: Option<std::time::Duration>,
+    /// The CPU baselines only up to this many FLOP a call (`None`: always).
+    pub cpu_flop_max: Option<f64>,
 }
 
 impl Sweep {
@@ -163,6 +165,7 @@ impl Sweep {
             resident: args.resident,
             no_cpu: args.no_cpu,
             budget: Some(std::time::Duration::from_secs_f64(args.section_budget)),
+            cpu_flop_max: None,
         }
     }
 
@@ -544,7 +547,16 @@ pub fn attention_at(
     let flop = dims.attention_flops();
     let (mut here, mut skipped) = (Vec::new(), Vec::new());
     let start = std::time::Instant::now();
-    let cpu_ms = if sweep.no_cpu {
+    let cpu_too_big = sweep.cpu_flop_max.is_some_and(|max| flop > max);
+    if cpu_too_big && !sweep.no_cpu {
+        skipped.push(format!(
+            "{:<32} {n:>6} left out: {:.0} GFLOP a call, minutes on one CPU thread",
+            "cpu baselines",
+            flop / 1e9
+        ));
+        progress.inc(2);
+    }
+    let cpu_ms = if sweep.no_cpu || cpu_too_big {
         None
     } else {
         progress.set_message(format!("cpu n={n}"));
@@ -560,7 +572,7 @@ pub fn attention_at(
         Some(stats.median_ms)
     };
     // The f64 oracle the tests check against: slower, but the definition.
-    let reference_ms = if sweep.no_cpu || n > REFERENCE_MAX_N {
+    let reference_ms = if sweep.no_cpu || cpu_too_big || n > REFERENCE_MAX_N {
         None
     } else if sweep.spent(
         start,

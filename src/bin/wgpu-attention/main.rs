@@ -61,6 +61,12 @@ impl AdapterArgs {
     pub fn open(&self) -> Result<Context> {
         Context::with_options(&self.options())
     }
+
+    /// The device type of the adapter [`AdapterArgs::open`] would pick, without opening it.
+    pub fn device_type(&self) -> Option<wgpu_attention::wgpu::DeviceType> {
+        let adapters = list_adapters(&self.options()).ok()?;
+        adapters.first().map(|a| a.info.device_type)
+    }
 }
 
 /// The adapter, and how the kernels of the commands that compute attention may run on it.

@@ -105,7 +105,7 @@ pub(super) fn child(args: &ReportArgs, which: usize) -> Result<bool> {
             || op.run(&ctx, Inputs::x(&x).projections(&proj)).map(drop),
         )?
     } else {
-        let (n, d) = Sizes::new(args.quick).first_call;
+        let (n, d) = Sizes::of(args).first_call;
         let x = Array3::from_shape_fn((1, n, d), |(_, i, j)| {
             ((i * 7 + j * 13) as f32 * 0.01).sin()
         });

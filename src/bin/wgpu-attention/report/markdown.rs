@@ -101,13 +101,15 @@ fn forward_md(s: &mut String, r: &Report) {
     let _ = writeln!(s, "## Forward\n");
     let _ = writeln!(
         s,
-        "Self-attention with Q = K = V = X, d = {}, one head, batch 1, not causal, through the \
+        "Self-attention with Q = K = V = X, d = {} over {} head(s), batch {}, not causal, through the \
          array API (`Attention::run` on `Inputs::x`: upload, kernels, readback); GPU columns \
          fused (no weights) and with the attention weights returned. A cell is the median \
          time, GFLOP/s (2·n²·(d_k+d_v)) and the one-thread f32 ndarray CPU path's time over \
          the cell's (above 1×: faster than that CPU path). PyTorch: \
          `F.scaled_dot_product_attention` under `torch.inference_mode()`, every CPU thread.\n",
-        f.d
+        f.d,
+        f.heads,
+        f.batch
     );
     let mut paths: Vec<&str> = Vec::new();
     for rec in &f.rows {
@@ -212,14 +214,16 @@ fn backward_md(s: &mut String, r: &Report) {
     let _ = writeln!(s, "## Backward\n");
     let _ = writeln!(
         s,
-        "`sdpa` on Q, K, V of (1, 1, n, {}), not causal: the fused forward (no weights, \
+        "`sdpa` on Q, K, V of ({}, {}, n, {}), not causal: the fused forward (no weights, \
          `Inputs::qkv`) and `Saved::backward` on a forward saved once (dO's upload, the \
          backward kernels, the gradients' readback). GFLOP/s counts the forward as \
          2·n²·(d_k+d_v) and the backward as 2.5× that; the CPU-time ratio is backward over \
          forward in CPU time of every thread of the process (on a CPU adapter the kernels' \
          own work). PyTorch: `F.scaled_dot_product_attention` with autograd, then \
          `.backward(dO)`, every CPU thread.\n",
-        b.d
+        b.batch,
+        b.heads,
+        b.d / b.heads.max(1)
     );
     s.push_str(&header(&[
         "path",

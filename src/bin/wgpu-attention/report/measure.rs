@@ -43,6 +43,7 @@ impl Run<'_> {
             no_cpu: false,
             // The report budgets each call instead (`--max-call-ms`).
             budget: None,
+            cpu_flop_max: self.sizes.cpu_flop_max,
         }
     }
 

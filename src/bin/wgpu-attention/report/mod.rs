@@ -55,9 +55,14 @@ pub struct ReportArgs {
 
 /// The sizes of each section.
 struct Sizes {
-    /// Forward: sequence lengths, and the width d (one head, batch 1).
+    /// Forward: sequence lengths, the width d over all heads, the heads and the batch.
     forward_n: Vec<usize>,
     d: usize,
+    heads: usize,
+    batch: usize,
+    /// The CPU peers (ndarray, the f64 reference, PyTorch's CPU SDPA) only where a
+    /// forward's FLOP stay under this (GPU-sized problems would take them minutes).
+    cpu_flop_max: Option<f64>,
     /// Backward: sequence lengths (width d, one head, batch 1).
     backward_n: Vec<usize>,
     /// Decode: cache lengths, batches, heads, width per head.
@@ -72,11 +77,32 @@ struct Sizes {
 }
 
 impl Sizes {
-    fn new(quick: bool) -> Self {
+    /// `--quick`'s, a GPU's (`gpu`: the default adapter is not a CPU) or a CPU adapter's.
+    fn new(quick: bool, gpu: bool) -> Self {
+        if !quick && gpu {
+            // What a GPU is used for: batch 4 × 16 heads of width 64, up to 16,384 tokens.
+            return Sizes {
+                forward_n: vec![1024, 4096, 16384],
+                d: 16 * 64,
+                heads: 16,
+                batch: 4,
+                cpu_flop_max: Some(2e10),
+                backward_n: vec![1024, 4096],
+                decode_n: vec![1024, 4096],
+                decode_batch: vec![1, 8],
+                decode_heads: 32,
+                decode_d: 128,
+                matmul: vec![1024, 4096],
+                first_call: (4096, 64),
+            };
+        }
         if quick {
             Sizes {
                 forward_n: vec![32, 96],
                 d: 16,
+                heads: 1,
+                batch: 1,
+                cpu_flop_max: None,
                 backward_n: vec![32],
                 decode_n: vec![8, 24],
                 decode_batch: vec![1, 2],
@@ -89,6 +115,9 @@ impl Sizes {
             Sizes {
                 forward_n: vec![256, 1024, 4096],
                 d: 64,
+                heads: 1,
+                batch: 1,
+                cpu_flop_max: None,
                 backward_n: vec![1024, 4096],
                 decode_n: vec![256, 1024, 4096],
                 decode_batch: vec![1, 8],
@@ -98,6 +127,29 @@ impl Sizes {
                 first_call: (1024, 64),
             }
         }
+    }
+}
+
+impl Sizes {
+    /// `args`' sizes: GPU-sized problems where the adapter a context would open is a GPU
+    /// (its own type, not the stand-in's: the stand-in is for tests).
+    fn of(args: &ReportArgs) -> Self {
+        let gpu = args
+            .adapter
+            .adapter
+            .device_type()
+            .is_some_and(|t| t != wgpu_attention::wgpu::DeviceType::Cpu);
+        Sizes::new(args.quick, gpu)
+    }
+
+    /// The lengths of `n` at which the CPU peers run (a forward of Q = K = V = X: 4·n²·d
+    /// FLOP a batch index under [`Sizes::cpu_flop_max`]).
+    fn cpu_sized(&self, n: &[usize]) -> Vec<usize> {
+        let flop = |n: usize| 4.0 * (n * n) as f64 * self.d as f64 * self.batch as f64;
+        n.iter()
+            .copied()
+            .filter(|&n| self.cpu_flop_max.is_none_or(|max| flop(n) <= max))
+            .collect()
     }
 }
 
@@ -120,7 +172,9 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
     crate::say_build_profile();
     let started = Instant::now();
     let load_at_start = json::load_average();
-    let sizes = Sizes::new(args.quick);
+    // GPU-sized problems where the adapter a context would open is a GPU (its own type, not
+    // the stand-in's: the stand-in is for tests).
+    let sizes = Sizes::of(args);
     let repeats = args
         .repeats
         .unwrap_or(if args.quick { 1 } else { 5 })
@@ -169,8 +223,8 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
         sizes: &sizes,
         shape: Shape {
             d: sizes.d,
-            heads: 1,
-            batch: 1,
+            heads: sizes.heads,
+            batch: sizes.batch,
             causal: false,
             warmup: WARMUP,
             repeats,
@@ -191,7 +245,8 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
 
     let (mut forward, timed_at) = run.forward(peak)?;
     let pytorch = if torch {
-        let (pytorch, rows) = torch::forward(&sizes.forward_n, &run.shape, &progress);
+        let (pytorch, rows) =
+            torch::forward(&sizes.cpu_sized(&sizes.forward_n), &run.shape, &progress);
         forward.pytorch = rows;
         pytorch
     } else {
@@ -202,7 +257,8 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
     let mut backward = run.backward(&timed_at)?;
     if torch {
         if pytorch.available {
-            backward.pytorch = torch::backward(&sizes.backward_n, &run.shape, &progress);
+            let n = sizes.cpu_sized(&sizes.backward_n);
+            backward.pytorch = torch::backward(&n, &run.shape, &progress);
         }
         progress.inc(1);
     }
@@ -258,4 +314,23 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
 /// `1 min 05 s` or `12.3 s` since `t`.
 fn elapsed(t: Instant) -> String {
     markdown::duration(t.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sizes;
+
+    #[test]
+    fn a_gpu_gets_gpu_sized_problems_and_the_cpu_peers_only_where_they_finish() {
+        let gpu = Sizes::new(false, true);
+        assert_eq!((gpu.batch, gpu.heads, gpu.d / gpu.heads), (4, 16, 64));
+        assert_eq!(gpu.forward_n.iter().max(), Some(&16384));
+        // 4·n²·d·batch: 17 GFLOP at 1024 (timed), 275 at 4096 and more (left out).
+        assert_eq!(gpu.cpu_sized(&gpu.forward_n), vec![1024]);
+        let cpu = Sizes::new(false, false);
+        assert_eq!((cpu.batch, cpu.heads), (1, 1));
+        assert_eq!(cpu.cpu_sized(&cpu.forward_n), cpu.forward_n);
+        // --quick is quick on any adapter.
+        assert_eq!(Sizes::new(true, true).forward_n, Sizes::new(true, false).forward_n);
+    }
 }
