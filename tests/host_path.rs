@@ -171,3 +171,22 @@ fn a_bad_value_in_x_is_named_through_the_projections_and_a_layer() {
     let e = layer.run(ctx, Inputs::x(&x)).unwrap_err();
     assert_eq!(named(e), ("X".to_string(), vec![3, 2]));
 }
+
+#[test]
+fn a_saved_forward_checks_its_inputs_on_the_way_up_at_the_callers_index() {
+    let ctx = common::ctx();
+    let [mut q, k, v] = common::sdpa_arrays(2, 3, 20, 20, 8, 8);
+    q[[1, 2, 7, 3]] = f32::NAN;
+    // Passing NaN through is not offered to a saved forward: an error either way.
+    for propagate in [false, true] {
+        let op = Attention::new().save_for_backward(true).options(Options {
+            propagate_non_finite: propagate,
+            ..Options::default()
+        });
+        let e = op.run(ctx, Inputs::qkv(&q, &k, &v)).unwrap_err();
+        assert!(
+            matches!(&e, Error::NonFinite { array, index, .. } if array == "Q" && index == &[1, 2, 7, 3]),
+            "{e}"
+        );
+    }
+}

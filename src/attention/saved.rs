@@ -17,10 +17,11 @@ use super::dispatch::Shape;
 use super::gradients::SdpaGradients;
 use super::split::fits;
 use super::upload::MaskBuffer;
-use super::{check_finite, Attention, Output};
+use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::timing;
+use crate::gpu::upload::{self, Stored};
 use crate::gpu::{buffer, readback};
 use crate::kernels::bias_grad::TableGrad;
 use crate::kernels::flash_backward_dot::BackwardTiles;
@@ -62,7 +63,13 @@ pub(crate) struct SdpaSaved {
     /// Q, K and V when they came as tensors ([`SdpaSaved`]'s tensor form), kept alive (their
     /// pooled buffers are `qkv`).
     _inputs: Option<[Tensor; 3]>,
-    /// The output, `(batch, L, heads, E_v)` in rows.
+    /// Q, K and V uploaded from arrays (the array form), kept alive (`qkv` are theirs).
+    _uploads: Vec<crate::gpu::buffer::Buf>,
+    /// Q, K, V, the output and the gradients are heads-first, `(batch, heads, rows, width)`
+    /// (the array form: the caller's layout, read and written in place); else in rows,
+    /// `(batch, rows, heads·width)` (the tensor form).
+    heads_first: bool,
+    /// The output, in the layout `heads_first` says.
     o: Tensor,
     /// `2·batch·heads·L` f32s: each row's log-sum-exp, then (written by each backward) its
     /// `D_i = dO_i·O_i`.
@@ -222,12 +229,6 @@ fn queries_fit_textures(max: u32, f: &Flash) -> bool {
     fits(f.dk_h) && fits(f.dv_h)
 }
 
-/// `(batch, heads, rows, width)` into ours, `(batch, rows, heads·width)`, row-major.
-fn to_rows(a: &ArrayView4<'_, f32>) -> Vec<f32> {
-    let rows = a.view().permuted_axes([0, 2, 1, 3]);
-    rows.as_standard_layout().iter().copied().collect()
-}
-
 /// Ours, `(batch, rows, heads·width)` flat, back into `(batch, heads, rows, width)`.
 fn from_rows(flat: Vec<f32>, [b, h, n, w]: [usize; 4]) -> Result<Array4<f32>> {
     let a = Array4::from_shape_vec((b, n, h, w), flat).map_err(|e| Error::shape(e.to_string()))?;
@@ -247,8 +248,14 @@ impl Attention {
         &self,
         dims: &super::shape::Dims,
         [batch, heads, kv_heads, l, s_len]: [usize; 5],
+        heads_first: bool,
     ) -> Result<Flash> {
         let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]);
+        let shape = if heads_first {
+            shape.heads_first()
+        } else {
+            shape
+        };
         let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
         flash.key_split = self.key_split;
         Ok(flash)
@@ -276,9 +283,6 @@ impl Attention {
     ) -> Result<(Output, SdpaSaved)> {
         let op = self.return_weights(false).propagate_non_finite(false);
         let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        check_finite("Q", &q)?;
-        check_finite("K", &k)?;
-        check_finite("V", &v)?;
         let (batch, heads, l, _) = q.dim();
         let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
         // The backward takes the modifiers back through their derivatives: refused here,
@@ -292,7 +296,9 @@ impl Attention {
             ("K", k.into_dyn()),
             ("V", v.into_dyn()),
         ];
-        op.check_dtype(ctx, &inputs)?;
+        if op.f16() {
+            ctx.require_f16()?;
+        }
         ctx.check_alive()?;
         let rows = batch * heads * l;
         let named = [
@@ -304,14 +310,17 @@ impl Attention {
         ];
         let bias = bias.as_ref().map(|b| b.view());
         fits(ctx, &named, None, bias.as_ref())?;
-        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len])?;
+        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len], true)?;
         let mut plan = op.plan(ctx, &dims)?;
-        let f16 = op.f16();
-        let qkv = [
-            buffer::upload_as(ctx, "Q", &to_rows(&q), f16)?,
-            buffer::upload_as(ctx, "K", &to_rows(&k), f16)?,
-            buffer::upload_as(ctx, "V", &to_rows(&v), f16)?,
-        ];
+        // Heads-first as the caller's arrays are, checked on the way up (NaN/Inf always: a
+        // gradient through them means nothing).
+        let how = Stored {
+            f16: op.f16(),
+            finite: true,
+            dry: false,
+        };
+        let uploads = upload::arrays(ctx, &inputs, how)?;
+        let qkv: [wgpu::Buffer; 3] = std::array::from_fn(|i| (*uploads[i]).clone());
         let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
@@ -351,7 +360,9 @@ impl Attention {
         let context = result?.0;
         log::info!("saved forward: {plan}");
         let output = Output {
-            context: from_rows(context, [batch, heads, l, e_v])?.into_dyn(),
+            context: Array4::from_shape_vec((batch, heads, l, e_v), context)
+                .map_err(|e| Error::shape(e.to_string()))?
+                .into_dyn(),
             weights: None,
             saved: None,
         };
@@ -364,10 +375,12 @@ impl Attention {
             v_shape: [batch, kv_heads, s_len, e_v],
             qkv,
             _inputs: None,
+            _uploads: uploads,
+            heads_first: true,
             o: Tensor::new(
                 ctx,
                 o,
-                vec![batch, l, heads, e_v],
+                vec![batch, heads, l, e_v],
                 crate::Dtype::F32,
                 std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
             ),
@@ -411,7 +424,6 @@ impl SdpaSaved {
                 self.out_shape
             )));
         }
-        check_finite("dO", &d_o)?;
         ctx.check_alive()?;
         let f = &self.flash;
         let [q_len, k_len, v_len] = [
@@ -419,7 +431,25 @@ impl SdpaSaved {
             self.k_shape.iter().product(),
             self.v_shape.iter().product::<usize>(),
         ];
-        let d_o = buffer::upload(ctx, "dO", &to_rows(&d_o))?;
+        // In the forward's layout, checked on the way up.
+        let how = Stored {
+            f16: false,
+            finite: true,
+            dry: false,
+        };
+        let d_o = match self.heads_first {
+            true => upload::array(ctx, "dO", &d_o.into_dyn(), how)?,
+            false => {
+                // Checked first, so that an error has the caller's index, then permuted.
+                crate::values::check_finite("dO", &d_o)?;
+                let rows = d_o.permuted_axes([0, 2, 1, 3]);
+                let how = Stored {
+                    finite: false,
+                    ..how
+                };
+                upload::array(ctx, "dO", &rows.into_dyn(), how)?
+            }
+        };
         let nan = self.op.nan_fill;
         let dq = buffer::output(ctx, "dQ", q_len, nan)?;
         let dk = buffer::output(ctx, "dK", k_len, nan)?;
@@ -433,7 +463,7 @@ impl SdpaSaved {
             timing::begin(ctx);
             let [q, k, v] = &self.qkv;
             let mask = self.mask.as_ref().map(MaskBuffer::arg);
-            let saved = (&d_o, self.o.buffer(ctx, "O")?, &*self.stats);
+            let saved = (&*d_o, self.o.buffer(ctx, "O")?, &*self.stats);
             self.kernels.record(
                 ctx,
                 &mut encoder,
@@ -474,10 +504,14 @@ impl SdpaSaved {
             None => None,
         };
         let [b, h, l, _] = self.out_shape;
+        let shaped = |flat: Vec<f32>, shape: [usize; 4]| match self.heads_first {
+            true => Array4::from_shape_vec(shape, flat).map_err(|e| Error::shape(e.to_string())),
+            false => from_rows(flat, shape),
+        };
         Ok(SdpaGradients {
-            q: from_rows(dq, [b, h, l, f.dk_h])?,
-            k: from_rows(dk, self.k_shape)?,
-            v: from_rows(dv, self.v_shape)?,
+            q: shaped(dq, [b, h, l, f.dk_h])?,
+            k: shaped(dk, self.k_shape)?,
+            v: shaped(dv, self.v_shape)?,
             relative_bias,
         })
     }

@@ -93,7 +93,7 @@ impl Attention {
             ("row statistics (2·batch·heads·L)", 2 * rows),
         ];
         fits(ctx, &named, None, bias.as_ref())?;
-        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len])?;
+        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len], false)?;
         let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers()))?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
@@ -141,6 +141,8 @@ impl Attention {
             v_shape: [batch, kv_heads, s_len, e_v],
             qkv: [q_buf, k_buf, v_buf],
             _inputs: Some([q.clone(), k.clone(), v.clone()]),
+            _uploads: Vec::new(),
+            heads_first: false,
             o: o.clone(),
             stats,
             mask: mask_buf,

@@ -331,6 +331,9 @@ mod tests {
         assert_eq!((cpu.batch, cpu.heads), (1, 1));
         assert_eq!(cpu.cpu_sized(&cpu.forward_n), cpu.forward_n);
         // --quick is quick on any adapter.
-        assert_eq!(Sizes::new(true, true).forward_n, Sizes::new(true, false).forward_n);
+        assert_eq!(
+            Sizes::new(true, true).forward_n,
+            Sizes::new(true, false).forward_n
+        );
     }
 }
