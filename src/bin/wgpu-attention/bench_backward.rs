@@ -154,7 +154,8 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
         }
         Outcome::Skipped(family, n, e) => println!("{family:<9} {n:>6}   skipped: {e}"),
     })?;
-    print_torch_peer(sweep);
+    let gpu = ctx.adapter_info().device_type != wgpu_attention::wgpu::DeviceType::Cpu;
+    print_torch_peer(sweep, gpu);
     Ok(())
 }
 
@@ -205,7 +206,8 @@ fn cpu_ratio(
     })
 }
 
-/// PyTorch's CPU SDPA on one n: forward and autograd backward medians, and its thread count.
+/// PyTorch's SDPA on one n: forward and autograd backward medians, the device it ran on and
+/// its CPU thread count.
 #[derive(Serialize)]
 pub struct TorchRow {
     pub n: usize,
@@ -213,6 +215,18 @@ pub struct TorchRow {
     /// `None` when only the forward was timed.
     pub backward_ms: Option<f64>,
     pub threads: usize,
+    /// `CPU`, or the GPU: `CUDA NVIDIA H100 80GB HBM3`, `MPS Apple GPU`.
+    pub device: String,
+}
+
+impl TorchRow {
+    /// `PyTorch CPU SDPA, 2 threads` or `PyTorch CUDA … SDPA`: `what` after the device.
+    pub fn label(&self, what: &str) -> String {
+        match self.device.as_str() {
+            "CPU" => format!("PyTorch CPU {what}, {} threads", self.threads),
+            gpu => format!("PyTorch {gpu} {what}"),
+        }
+    }
 }
 
 /// What `benches/torch_peer.py` gave.
@@ -225,11 +239,13 @@ pub enum TorchPeer {
     Failed(String),
 }
 
-/// PyTorch's CPU SDPA at each of `n` on `shape` (its heads, their width, batch, mask and
+/// PyTorch's SDPA at each of `n` on `shape` (its heads, their width, batch, mask and
 /// `repeats` timed calls after one untimed one; `shape.warmup` is not used), when `python3`
 /// has `torch` (`benches/torch_peer.py`): the forward with autograd recording and the
-/// backward, or with `forward_only` the forward alone under `torch.inference_mode()`.
-pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool) -> TorchPeer {
+/// backward, or with `forward_only` the forward alone under `torch.inference_mode()`. With
+/// `gpu` (our adapter is a GPU) on torch's GPU where it has one (CUDA, ROCm, MPS), so that
+/// a ratio compares the same kind of device; else on the CPU.
+pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool, gpu: bool) -> TorchPeer {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
     let n: Vec<String> = n.iter().map(|n| n.to_string()).collect();
     let mut cmd = std::process::Command::new("python3");
@@ -244,6 +260,11 @@ pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool) -> TorchPeer {
     }
     if forward_only {
         cmd.arg("--forward-only");
+    }
+    cmd.args(["--device", if gpu { "auto" } else { "cpu" }]);
+    if gpu {
+        // GPU-sized problems on a torch without a GPU: only what the CPU finishes.
+        cmd.args(["--cpu-flop-max", "2e10"]);
     }
     let out = match cmd.output() {
         Ok(out) if out.status.success() => out,
@@ -263,8 +284,19 @@ pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool) -> TorchPeer {
         .unwrap_or("?")
         .trim()
         .to_string();
+    let device = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("# device "))
+        .map_or("CPU".to_string(), |d| {
+            let (kind, name) = d.trim().split_once(' ').unwrap_or((d.trim(), ""));
+            match kind {
+                "cpu" => "CPU".to_string(),
+                other => format!("{} {}", other.to_uppercase(), name.replace('_', " ")),
+            }
+        });
     let rows = stdout
         .lines()
+        .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
             let [n, fwd, bwd, threads] = f[..] else {
@@ -275,6 +307,7 @@ pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool) -> TorchPeer {
                 forward_ms: fwd.parse().ok()?,
                 backward_ms: bwd.parse().ok(),
                 threads: threads.parse().ok()?,
+                device: device.clone(),
             })
         })
         .collect();
@@ -283,15 +316,15 @@ pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool) -> TorchPeer {
 
 /// Prints [`torch_peer`] on `sweep`'s shapes as rows of the backward table, or a line saying
 /// why there are none.
-fn print_torch_peer(sweep: &Sweep<'_>) {
-    let rows = match torch_peer(sweep.n, &sweep.shape, false) {
+fn print_torch_peer(sweep: &Sweep<'_>, gpu: bool) {
+    let rows = match torch_peer(sweep.n, &sweep.shape, false, gpu) {
         TorchPeer::Rows(_, rows) => rows,
         TorchPeer::Unavailable(why) => {
-            println!("pytorch-cpu: not available ({why})");
+            println!("pytorch: not available ({why})");
             return;
         }
         TorchPeer::Failed(line) => {
-            println!("pytorch-cpu: failed: {line}");
+            println!("pytorch: failed: {line}");
             return;
         }
     };
@@ -299,14 +332,20 @@ fn print_torch_peer(sweep: &Sweep<'_>) {
         let Some(bwd) = r.backward_ms else { continue };
         let (n, fwd) = (r.n as f64, r.forward_ms);
         let flop = 2.0 * n * n * 2.0 * sweep.shape.d as f64 * sweep.shape.batch as f64;
+        let name = match r.device.as_str() {
+            "CPU" => "torch-cpu".to_string(),
+            gpu => format!(
+                "torch-{}",
+                gpu.split(' ').next().unwrap_or("gpu").to_lowercase()
+            ),
+        };
         println!(
-            "{:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x {:>11}   PyTorch {} CPU threads, autograd",
-            "torch-cpu",
+            "{name:<9} {n:>6} {fwd:>10.2} {:>8.2} {bwd:>12.2} {:>8.2} {:>8.2}x {:>11}   {}, autograd",
             flop / (fwd * 1e6),
             2.5 * flop / (bwd * 1e6),
             bwd / fwd,
             "-",
-            r.threads
+            r.label("SDPA")
         );
     }
 }

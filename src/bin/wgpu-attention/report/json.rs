@@ -57,6 +57,8 @@ impl CpuJson {
 pub(super) struct TorchJson {
     pub available: bool,
     pub version: Option<String>,
+    /// Where it ran: `CPU`, or the GPU (`CUDA NVIDIA H100 80GB HBM3`).
+    pub device: Option<String>,
     /// Why there is no PyTorch column, when there is none.
     pub note: Option<String>,
 }

@@ -50,7 +50,8 @@ pub(super) fn render(r: &Report) -> String {
         .map_or(0, |t| t.threads);
     let _ = writeln!(
         s,
-        "- PyTorch (CPU): {}",
+        "- PyTorch ({}): {}",
+        r.pytorch.device.as_deref().unwrap_or("CPU"),
         match (&r.pytorch.version, &r.pytorch.note) {
             (Some(v), _) => format!("{v}, {torch_threads} threads"),
             (None, Some(note)) => note.clone(),
@@ -106,7 +107,8 @@ fn forward_md(s: &mut String, r: &Report) {
          fused (no weights) and with the attention weights returned. A cell is the median \
          time, GFLOP/s (2·n²·(d_k+d_v)) and the one-thread f32 ndarray CPU path's time over \
          the cell's (above 1×: faster than that CPU path). PyTorch: \
-         `F.scaled_dot_product_attention` under `torch.inference_mode()`, every CPU thread.\n",
+         `F.scaled_dot_product_attention` under `torch.inference_mode()`, on the GPU where the \
+         adapter is one and torch has one too (each call synchronised), else every CPU thread.\n",
         f.d,
         f.heads,
         f.batch
@@ -120,7 +122,7 @@ fn forward_md(s: &mut String, r: &Report) {
     let mut head = vec!["n".to_string()];
     head.extend(paths.iter().map(|p| column_name(p)));
     head.push(match f.pytorch.first() {
-        Some(t) => format!("PyTorch CPU SDPA, {} threads", t.threads),
+        Some(t) => t.label("SDPA"),
         None => "PyTorch CPU SDPA".into(),
     });
     let head: Vec<&str> = head.iter().map(String::as_str).collect();
@@ -220,7 +222,7 @@ fn backward_md(s: &mut String, r: &Report) {
          2·n²·(d_k+d_v) and the backward as 2.5× that; the CPU-time ratio is backward over \
          forward in CPU time of every thread of the process (on a CPU adapter the kernels' \
          own work). PyTorch: `F.scaled_dot_product_attention` with autograd, then \
-         `.backward(dO)`, every CPU thread.\n",
+         `.backward(dO)`, on torch's GPU or CPU as in the forward.\n",
         b.batch,
         b.heads,
         b.d / b.heads.max(1)
@@ -255,7 +257,7 @@ fn backward_md(s: &mut String, r: &Report) {
     for t in &b.pytorch {
         let Some(bwd) = t.backward_ms else { continue };
         s.push_str(&row(&[
-            format!("PyTorch CPU, {} threads", t.threads),
+            t.label("SDPA"),
             t.n.to_string(),
             format!(
                 "{} ms, {} GFLOP/s",

@@ -63,6 +63,8 @@ struct Sizes {
     /// The CPU peers (ndarray, the f64 reference, PyTorch's CPU SDPA) only where a
     /// forward's FLOP stay under this (GPU-sized problems would take them minutes).
     cpu_flop_max: Option<f64>,
+    /// The adapter is a GPU: PyTorch runs on its GPU (CUDA, ROCm, MPS) where it has one.
+    gpu: bool,
     /// Backward: sequence lengths (width d, one head, batch 1).
     backward_n: Vec<usize>,
     /// Decode: cache lengths, batches, heads, width per head.
@@ -87,6 +89,7 @@ impl Sizes {
                 heads: 16,
                 batch: 4,
                 cpu_flop_max: Some(2e10),
+                gpu,
                 backward_n: vec![1024, 4096],
                 decode_n: vec![1024, 4096],
                 decode_batch: vec![1, 8],
@@ -103,6 +106,7 @@ impl Sizes {
                 heads: 1,
                 batch: 1,
                 cpu_flop_max: None,
+                gpu,
                 backward_n: vec![32],
                 decode_n: vec![8, 24],
                 decode_batch: vec![1, 2],
@@ -118,6 +122,7 @@ impl Sizes {
                 heads: 1,
                 batch: 1,
                 cpu_flop_max: None,
+                gpu,
                 backward_n: vec![1024, 4096],
                 decode_n: vec![256, 1024, 4096],
                 decode_batch: vec![1, 8],
@@ -140,6 +145,16 @@ impl Sizes {
             .device_type()
             .is_some_and(|t| t != wgpu_attention::wgpu::DeviceType::Cpu);
         Sizes::new(args.quick, gpu)
+    }
+
+    /// The lengths of `n` PyTorch is asked for: on a GPU adapter all of them (torch takes its
+    /// GPU where it has one, and on its CPU leaves out what is past the CPU's share itself:
+    /// `benches/torch_peer.py --cpu-flop-max`), else [`Sizes::cpu_sized`].
+    fn torch_sized(&self, n: &[usize]) -> Vec<usize> {
+        match self.gpu {
+            true => n.to_vec(),
+            false => self.cpu_sized(n),
+        }
     }
 
     /// The lengths of `n` at which the CPU peers run (a forward of Q = K = V = X: 4·n²·d
@@ -245,8 +260,11 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
 
     let (mut forward, timed_at) = run.forward(peak)?;
     let pytorch = if torch {
-        let (pytorch, rows) =
-            torch::forward(&sizes.cpu_sized(&sizes.forward_n), &run.shape, &progress);
+        let (pytorch, rows) = torch::forward(
+            &sizes.torch_sized(&sizes.forward_n),
+            (&run.shape, sizes.gpu),
+            &progress,
+        );
         forward.pytorch = rows;
         pytorch
     } else {
@@ -257,8 +275,8 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
     let mut backward = run.backward(&timed_at)?;
     if torch {
         if pytorch.available {
-            let n = sizes.cpu_sized(&sizes.backward_n);
-            backward.pytorch = torch::backward(&n, &run.shape, &progress);
+            let n = sizes.torch_sized(&sizes.backward_n);
+            backward.pytorch = torch::backward(&n, (&run.shape, sizes.gpu), &progress);
         }
         progress.inc(1);
     }

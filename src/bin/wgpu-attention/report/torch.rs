@@ -17,6 +17,7 @@ fn without(note: String) -> TorchJson {
     TorchJson {
         available: false,
         version: None,
+        device: None,
         note: Some(note),
     }
 }
@@ -26,17 +27,18 @@ fn without(note: String) -> TorchJson {
 /// available or failed).
 pub(super) fn forward(
     n: &[usize],
-    shape: &Shape,
+    (shape, gpu): (&Shape, bool),
     progress: &ProgressBar,
 ) -> (TorchJson, Vec<TorchRow>) {
     progress.set_message("PyTorch forward");
-    let peer = torch_peer(n, shape, true);
+    let peer = torch_peer(n, shape, true, gpu);
     progress.inc(1);
     match peer {
         TorchPeer::Rows(version, rows) => (
             TorchJson {
                 available: true,
                 version: Some(version),
+                device: rows.first().map(|r| r.device.clone()),
                 note: None,
             },
             rows,
@@ -57,9 +59,13 @@ pub(super) fn forward(
 
 /// PyTorch's forward with autograd and its backward at each of `n` on `shape`; no rows where
 /// it fails. The caller counts its `progress` step.
-pub(super) fn backward(n: &[usize], shape: &Shape, progress: &ProgressBar) -> Vec<TorchRow> {
+pub(super) fn backward(
+    n: &[usize],
+    (shape, gpu): (&Shape, bool),
+    progress: &ProgressBar,
+) -> Vec<TorchRow> {
     progress.set_message("PyTorch backward");
-    match torch_peer(n, shape, false) {
+    match torch_peer(n, shape, false, gpu) {
         TorchPeer::Rows(_, rows) => rows,
         TorchPeer::Unavailable(_) | TorchPeer::Failed(_) => Vec::new(),
     }
