@@ -1,11 +1,12 @@
-//! Uploads of host arrays in one pass: each array is copied once, straight into the staging
-//! memory wgpu hands out for it (`Queue::write_buffer_with`, which unlike a buffer mapped at
-//! creation is not zeroed first) or, on unified memory, into the operand's own buffer mapped
-//! (no staging: see `Hardware::unified_memory`), in chunks small enough to stay in cache while the checks on
-//! the values (NaN and infinities; f16's range) and the rounding to f16 are done on each chunk
-//! on its way through. A strided view (heads-first data sliced along an axis, a transposed
-//! array) is copied run by run along its last axis, never gathered into a contiguous copy
-//! first. The device buffers come from the context's pool, so calls of one shape reuse them.
+//! Uploads of host arrays in one pass: each array is copied once, straight into mapped
+//! memory (a staging buffer from the context's pool, reused by the next call of the size:
+//! neither allocated nor zeroed again; or on unified memory the operand's own buffer, no
+//! staging: see `Hardware::unified_memory`), in chunks small enough to stay in cache while
+//! the checks on the values (NaN and infinities; f16's range) and the rounding to f16 are
+//! done on each chunk on its way through. A strided view (heads-first data sliced along an
+//! axis, a transposed array) is copied run by run along its last axis, never gathered into
+//! a contiguous copy first. The device buffers come from the context's pool, so calls of
+//! one shape reuse them.
 
 use ndarray::{ArrayViewD, Axis};
 
@@ -117,37 +118,26 @@ fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Res
     };
     let (buf, written) = if unified {
         // Written where the kernels read it: no staging copy in the process's memory.
-        let limits = ctx.limits();
-        let max = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
-        let wanted = (bytes, MAPPED_OPERAND, max);
-        let (mut buf, mapped) = ctx.pool.take_mapped(&ctx.device, name, wanted, true);
-        if !mapped {
-            if let Err(e) = super::readback::map_for_write(ctx, &buf, bytes) {
-                buf.keep_out_of_pool();
-                return Err(e);
-            }
-        }
-        let written = {
-            let mut range = buf
-                .slice(..bytes)
-                .get_mapped_range_mut()
-                .map_err(|e| Error::Validation(format!("{name}: {e}")))?;
-            write(range.slice(..), &pieces, how, a.len())
-        };
-        buf.unmap();
-        (buf, written)
+        write_mapped(ctx, name, MAPPED_OPERAND, bytes, |view| {
+            write(view, &pieces, how, a.len())
+        })?
     } else {
-        let buf = pooled(ctx, name, bytes);
-        let size = wgpu::BufferSize::new(bytes).ok_or_else(|| Error::invalid(name, "empty"))?;
-        let mut view = ctx.queue.write_buffer_with(&buf, 0, size).ok_or_else(|| {
-            ctx.check_alive()
-                .err()
-                .unwrap_or_else(|| Error::Validation(format!("{name}: wgpu refused the upload")))
+        // Through a staging buffer of the pool (reused by the next call of the size, so
+        // neither allocated nor faulted in again), copied in a submission of its own, which
+        // runs before the call's.
+        let (staging, written) = write_mapped(ctx, "upload staging", STAGING, bytes, |view| {
+            write(view, &pieces, how, a.len())
         })?;
-        let written = write(view.slice(..), &pieces, how, a.len());
-        drop(view);
+        let buf = pooled(ctx, name, bytes);
+        if written.is_ok() {
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("upload"),
+                });
+            encoder.copy_buffer_to_buffer(&staging, 0, &buf, 0, bytes);
+            ctx.queue.submit([encoder.finish()]);
+        }
         (buf, written)
     };
     match written {
@@ -157,6 +147,48 @@ fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Res
         Err(Bad::PastF16(at, value)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
     }
 }
+
+/// A pooled buffer of `usage` (host-writable) holding at least `bytes`, its first `bytes`
+/// mapped and handed to `fill`, then unmapped. A new one is created mapped (wgpu zeroes it
+/// there, on this thread); a reused one is mapped once the device is done with it, and is
+/// not zeroed again.
+///
+/// # Errors
+/// A mapping that fails (the buffer is then kept out of the pool).
+fn write_mapped<T>(
+    ctx: &Device,
+    name: &str,
+    usage: wgpu::BufferUsages,
+    bytes: u64,
+    fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>) -> T,
+) -> Result<(Buf, T)> {
+    let limits = ctx.limits();
+    let max = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
+    let (mut buf, mapped) = ctx
+        .pool
+        .take_mapped(&ctx.device, name, (bytes, usage, max), true);
+    if !mapped {
+        if let Err(e) = super::readback::map_for_write(ctx, &buf, bytes) {
+            buf.keep_out_of_pool();
+            return Err(e);
+        }
+    }
+    let filled = {
+        let mut range = buf
+            .slice(..bytes)
+            .get_mapped_range_mut()
+            .map_err(|e| Error::Validation(format!("{name}: {e}")))?;
+        fill(range.slice(..))
+    };
+    buf.unmap();
+    Ok((buf, filled))
+}
+
+/// The usage of the staging buffers of a device whose memory is not the host's.
+const STAGING: wgpu::BufferUsages =
+    wgpu::BufferUsages::MAP_WRITE.union(wgpu::BufferUsages::COPY_SRC);
 
 /// The usage of an operand's buffer written through staging.
 const STAGED_OPERAND: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -325,6 +357,34 @@ mod tests {
                 };
                 let want: Vec<f32> = want.iter().map(|&v| round(v)).collect();
                 assert_eq!(got, want, "f16 {f16}, shape {:?}", view.shape());
+            }
+        }
+    }
+
+    #[test]
+    fn both_ways_up_write_what_they_are_given_and_reuse_their_buffers() {
+        // Unified memory (lavapipe as it is: the operand's own buffer, mapped) and a discrete
+        // GPU's way (the stand-in: a pooled staging buffer, copied), twice each: the second
+        // upload of a size allocates nothing.
+        let unified = crate::context::test_context();
+        let staged = crate::Context::new()
+            .unwrap()
+            .with_tuning(false)
+            .with_stand_in(crate::StandIn::Gpu);
+        assert!(unified.hardware().unified_memory && !staged.hardware().unified_memory);
+        for ctx in [unified, &staged] {
+            for salt in [1.0f32, 2.0] {
+                let a = Array4::from_shape_fn((2, 3, 37, 7), |(b, h, i, c)| {
+                    salt * ((b * 1000 + h * 100 + i) as f32 + c as f32 * 0.125)
+                });
+                let want: Vec<f32> = a.iter().copied().collect();
+                let before = ctx.memory().allocations;
+                let buf = array(ctx, "A", &a.view().into_dyn(), PLAIN).unwrap();
+                assert_eq!(read(ctx, &buf, want.len(), false), want);
+                drop(buf);
+                if salt > 1.0 {
+                    assert_eq!(ctx.memory().allocations, before, "reused");
+                }
             }
         }
     }
