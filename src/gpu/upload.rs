@@ -64,6 +64,16 @@ pub(crate) fn arrays(
     if how.dry || crate::values::threads_for(total) == 1 {
         return arrays.iter().map(|(n, a)| upload(ctx, n, a, how)).collect();
     }
+    on_threads(ctx, arrays, how)
+}
+
+/// [`upload`] of each of `arrays` on a thread of its own.
+#[cfg(not(target_arch = "wasm32"))]
+fn on_threads(
+    ctx: &Device,
+    arrays: &[(&str, ArrayViewD<'_, f32>)],
+    how: Stored,
+) -> Result<Vec<Buf>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = arrays
             .iter()
@@ -78,6 +88,17 @@ pub(crate) fn arrays(
             })
             .collect()
     })
+}
+
+/// In the browser, one after the other: wgpu's objects stay on their thread there (and
+/// `threads_for` never asks for more than one).
+#[cfg(target_arch = "wasm32")]
+fn on_threads(
+    ctx: &Device,
+    arrays: &[(&str, ArrayViewD<'_, f32>)],
+    how: Stored,
+) -> Result<Vec<Buf>> {
+    arrays.iter().map(|(n, a)| upload(ctx, n, a, how)).collect()
 }
 
 /// [`array`] without its phase (the caller's).

@@ -40,6 +40,7 @@ pub(super) fn io_time() -> Duration {
 }
 
 /// Bytes per value of the dtypes read here.
+#[cfg(unix)]
 fn element_size(descr: &str) -> Option<usize> {
     match descr {
         "<f2" => Some(2),
