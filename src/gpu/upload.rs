@@ -143,12 +143,33 @@ fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Res
             write(view, &pieces, how, a.len())
         })?
     } else {
-        // Through a staging buffer of the pool (reused by the next call of the size, so
-        // neither allocated nor faulted in again), copied in a submission of its own, which
-        // runs before the call's.
-        let (staging, written) = write_mapped(ctx, "upload staging", STAGING, bytes, |view| {
-            write(view, &pieces, how, a.len())
-        })?;
+        staged(ctx, name, bytes, |view| write(view, &pieces, how, a.len()))?
+    };
+    match written {
+        Ok(()) => Ok(buf),
+        Err(Bad::Panicked) => Err(Error::invalid(name, "internal: an upload thread panicked")),
+        Err(Bad::NonFinite(at, value)) => Err(non_finite_at(name, a.shape(), at, value)),
+        Err(Bad::PastF16(at, value)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
+    }
+}
+
+/// A device buffer of `bytes` filled by `fill` through a staging buffer of the pool (reused by
+/// the next call of the size, so neither allocated nor faulted in again), copied in a
+/// submission of its own, which runs before the call's; nothing is copied when `fill` fails.
+/// In the browser, where a buffer maps again only asynchronously, through the staging memory
+/// `Queue::write_buffer_with` hands out, each call.
+///
+/// # Errors
+/// As [`write_mapped`]; a write that wgpu refuses.
+fn staged<E>(
+    ctx: &Device,
+    name: &str,
+    bytes: u64,
+    fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>) -> std::result::Result<(), E>,
+) -> Result<(Buf, std::result::Result<(), E>)> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let (staging, written) = write_mapped(ctx, "upload staging", STAGING, bytes, fill)?;
         let buf = pooled(ctx, name, bytes);
         if written.is_ok() {
             let mut encoder = ctx
@@ -159,13 +180,20 @@ fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Res
             encoder.copy_buffer_to_buffer(&staging, 0, &buf, 0, bytes);
             ctx.queue.submit([encoder.finish()]);
         }
-        (buf, written)
-    };
-    match written {
-        Ok(()) => Ok(buf),
-        Err(Bad::Panicked) => Err(Error::invalid(name, "internal: an upload thread panicked")),
-        Err(Bad::NonFinite(at, value)) => Err(non_finite_at(name, a.shape(), at, value)),
-        Err(Bad::PastF16(at, value)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
+        Ok((buf, written))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let buf = pooled(ctx, name, bytes);
+        let size = wgpu::BufferSize::new(bytes).ok_or_else(|| Error::invalid(name, "empty"))?;
+        let mut view = ctx.queue.write_buffer_with(&buf, 0, size).ok_or_else(|| {
+            ctx.check_alive()
+                .err()
+                .unwrap_or_else(|| Error::Validation(format!("{name}: wgpu refused the upload")))
+        })?;
+        let written = fill(view.slice(..));
+        drop(view);
+        Ok((buf, written))
     }
 }
 
@@ -208,6 +236,7 @@ fn write_mapped<T>(
 }
 
 /// The usage of the staging buffers of a device whose memory is not the host's.
+#[cfg(not(target_arch = "wasm32"))]
 const STAGING: wgpu::BufferUsages =
     wgpu::BufferUsages::MAP_WRITE.union(wgpu::BufferUsages::COPY_SRC);
 
