@@ -235,11 +235,24 @@ mod tests {
         for path in [&f32_path, &f16_path] {
             let file = File::open(path).unwrap();
             let got = read(&file).unwrap().expect("read directly");
-            assert_eq!(got.as_slice().unwrap(), &values[..], "{}", path.display());
+            let wrong = got.iter().zip(&values).position(|(a, b)| a != b);
+            assert_eq!(wrong, None, "{}", path.display());
             // The general parser agrees.
             let parsed = super::super::parse(&std::fs::read(path).unwrap()).unwrap();
             assert_eq!(parsed, got);
         }
+        // float64, narrowed as it is read (past the threads' threshold too).
+        let f64_path = dir.join("a64.npy");
+        // A relative change below f32's half-ulp, which narrowing rounds away.
+        let wide = values.iter().map(|&v| f64::from(v) * (1.0 + 1e-12));
+        let wide = ndarray::Array1::from_iter(wide);
+        ndarray_npy::WriteNpyExt::write_npy(&wide, std::fs::File::create(&f64_path).unwrap())
+            .unwrap();
+        let got = read(&File::open(&f64_path).unwrap())
+            .unwrap()
+            .expect("read directly");
+        let wrong = got.iter().zip(&values).position(|(a, b)| a != b);
+        assert_eq!(wrong, None, "the first value narrowed wrong");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
