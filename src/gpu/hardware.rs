@@ -84,13 +84,13 @@ impl std::str::FromStr for StandIn {
     }
 }
 
-/// Whether a device of this type computes in the host's memory (a CPU adapter, an
-/// integrated GPU): such a device is opened with `MAPPABLE_PRIMARY_BUFFERS` where it has it.
+/// Whether a device of this type computes in the host's memory, so that its buffers are the
+/// process's memory: a CPU adapter (lavapipe, SwiftShader, WARP). Such a device is opened with
+/// `MAPPABLE_PRIMARY_BUFFERS` where it has it. (Integrated GPUs share the host's memory too,
+/// but their mappable memory types can be slower for the kernels: untried, so they keep the
+/// staging path.)
 pub(crate) fn unified(device_type: wgpu::DeviceType) -> bool {
-    matches!(
-        device_type,
-        wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
-    )
+    device_type == wgpu::DeviceType::Cpu
 }
 
 /// What is emulated in WGSL on a device: part of every pipeline's key, since it changes the
@@ -121,7 +121,7 @@ pub(crate) struct Hardware {
     pub workgroup_storage: u32,
     /// The stand-in it is (`StandIn::Off`: the adapter as it is).
     pub stand_in: StandIn,
-    /// Device memory is host memory (a CPU adapter, an integrated GPU) and the device maps
+    /// Device memory is host memory (a CPU adapter: see [`unified`]) and the device maps
     /// its storage buffers (`MAPPABLE_PRIMARY_BUFFERS`): uploads are written straight into
     /// the operands' buffers and results read straight out of theirs, with no staging
     /// buffer (which there would be one more copy of the data in the process's memory). Off
