@@ -91,10 +91,17 @@ impl Device {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::SHADER_F16
             | wgpu::Features::PIPELINE_CACHE;
-        // Unified memory: the operands' own buffers are mapped, no staging (see Hardware).
-        let wanted = match super::hardware::unified(adapter.get_info().device_type) {
-            true => wanted | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS,
-            false => wanted,
+        // Unified memory (see Hardware): the operands' own buffers are mapped, no staging;
+        // and the allocator's blocks kept small, so that memory a call freed goes back to
+        // the process (its blocks are the process's memory there) rather than staying in a
+        // 64-256 MiB block until the next call.
+        let unified = super::hardware::unified(adapter.get_info().device_type);
+        let (wanted, memory_hints) = match unified {
+            true => (
+                wanted | wgpu::Features::MAPPABLE_PRIMARY_BUFFERS,
+                wgpu::MemoryHints::MemoryUsage,
+            ),
+            false => (wanted, wgpu::MemoryHints::Performance),
         };
         let (coop, experimental_features) = coop::request(&adapter);
         let desc = wgpu::DeviceDescriptor {
@@ -102,6 +109,7 @@ impl Device {
             required_features: (adapter.features() & wanted) | coop,
             required_limits: limits.clone(),
             experimental_features,
+            memory_hints,
             ..Default::default()
         };
         let (device, queue) =
