@@ -5,6 +5,8 @@ use serde::Serialize;
 use wgpu_attention::bench::{self, Stats};
 use wgpu_attention::{Attention, Context, Error, Inputs, Kernels, Options, Result};
 
+use crate::torch_peer::{torch_peer, TorchPeer};
+
 /// An attention problem and how to time it, as `bench`'s flags give them: width `d` split
 /// over `heads` (per-head width `d / heads`), `batch`, `causal`, and `warmup` untimed then
 /// `repeats` timed runs per measurement. `bench`'s forward sweep, its `--backward` table and
@@ -204,114 +206,6 @@ fn cpu_ratio(
         (Some(f), Some(b)) if f > 0.0 && b > 0.0 => Some(b / f),
         _ => None,
     })
-}
-
-/// PyTorch's SDPA on one n: forward and autograd backward medians, the device it ran on and
-/// its CPU thread count.
-#[derive(Serialize)]
-pub struct TorchRow {
-    pub n: usize,
-    pub forward_ms: f64,
-    /// `None` when only the forward was timed.
-    pub backward_ms: Option<f64>,
-    pub threads: usize,
-    /// `CPU`, or the GPU: `CUDA NVIDIA H100 80GB HBM3`, `MPS Apple GPU`.
-    pub device: String,
-}
-
-impl TorchRow {
-    /// `PyTorch CPU SDPA, 2 threads` or `PyTorch CUDA … SDPA`: `what` after the device.
-    pub fn label(&self, what: &str) -> String {
-        match self.device.as_str() {
-            "CPU" => format!("PyTorch CPU {what}, {} threads", self.threads),
-            gpu => format!("PyTorch {gpu} {what}"),
-        }
-    }
-}
-
-/// What `benches/torch_peer.py` gave.
-pub enum TorchPeer {
-    /// PyTorch's version, and a row per n.
-    Rows(String, Vec<TorchRow>),
-    /// No `python3`, or no `torch` in it: why.
-    Unavailable(String),
-    /// The script failed: its last line of stderr.
-    Failed(String),
-}
-
-/// PyTorch's SDPA at each of `n` on `shape` (its heads, their width, batch, mask and
-/// `repeats` timed calls after one untimed one; `shape.warmup` is not used), when `python3`
-/// has `torch` (`benches/torch_peer.py`): the forward with autograd recording and the
-/// backward, or with `forward_only` the forward alone under `torch.inference_mode()`. With
-/// `gpu` (our adapter is a GPU) on torch's GPU where it has one (CUDA, ROCm, MPS), so that
-/// a ratio compares the same kind of device; else on the CPU.
-pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool, gpu: bool) -> TorchPeer {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/torch_peer.py");
-    let n: Vec<String> = n.iter().map(|n| n.to_string()).collect();
-    let mut cmd = std::process::Command::new("python3");
-    cmd.arg(script)
-        .args(["--n", &n.join(",")])
-        .args(["--heads", &shape.heads.to_string()])
-        .args(["--e", &(shape.d / shape.heads).to_string()])
-        .args(["--batch", &shape.batch.to_string()])
-        .args(["--repeats", &shape.repeats.to_string()]);
-    if shape.causal {
-        cmd.arg("--causal");
-    }
-    if forward_only {
-        cmd.arg("--forward-only");
-    }
-    cmd.args(["--device", if gpu { "auto" } else { "cpu" }]);
-    if gpu {
-        // GPU-sized problems on a torch without a GPU: only what the CPU finishes.
-        cmd.args(["--cpu-flop-max", "2e10"]);
-    }
-    let out = match cmd.output() {
-        Ok(out) if out.status.success() => out,
-        Ok(out) if out.status.code() == Some(3) => {
-            return TorchPeer::Unavailable("python3 has no torch".into());
-        }
-        Ok(out) => {
-            let err = String::from_utf8_lossy(&out.stderr);
-            return TorchPeer::Failed(err.lines().last().unwrap_or("").to_string());
-        }
-        Err(e) => return TorchPeer::Unavailable(e.to_string()),
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let version = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("# torch "))
-        .unwrap_or("?")
-        .trim()
-        .to_string();
-    let device = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("# device "))
-        .map_or("CPU".to_string(), |d| {
-            let (kind, name) = d.trim().split_once(' ').unwrap_or((d.trim(), ""));
-            match kind {
-                "cpu" => "CPU".to_string(),
-                other => format!("{} {}", other.to_uppercase(), name.replace('_', " ")),
-            }
-        });
-    let rows = stdout
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let [n, fwd, bwd, threads] = f[..] else {
-                return None;
-            };
-            Some(TorchRow {
-                n: n.parse().ok()?,
-                forward_ms: fwd.parse().ok()?,
-                backward_ms: bwd.parse().ok(),
-                threads: threads.parse().ok()?,
-                device: device.clone(),
-            })
-        })
-        .collect();
-    TorchPeer::Rows(version, rows)
 }
 
 /// Prints [`torch_peer`] on `sweep`'s shapes as rows of the backward table, or a line saying

@@ -233,51 +233,6 @@ fn line(r: &Record) -> String {
     )
 }
 
-/// On a GPU adapter: PyTorch's SDPA forward on the same shapes on torch's GPU (CUDA, ROCm,
-/// MPS), in the same run, each n against our fastest fused path's kernel time (or its call
-/// time without per-kernel times): `ours / torch` above 1 is slower than PyTorch. Nothing
-/// but a line when torch has no GPU (its CPU at these sizes would take minutes).
-fn torch_on_the_gpu(n: &[usize], shape: &Shape, records: &[Record]) {
-    use crate::bench_backward::{torch_peer, TorchPeer};
-    let rows = match torch_peer(n, shape, true, true) {
-        TorchPeer::Rows(_, rows) => rows,
-        TorchPeer::Unavailable(why) => return println!("\npytorch: not available ({why})"),
-        TorchPeer::Failed(line) => return println!("\npytorch: failed: {line}"),
-    };
-    let rows: Vec<_> = rows.into_iter().filter(|r| r.device != "CPU").collect();
-    if rows.is_empty() {
-        return println!("\npytorch: python3's torch has no GPU here: left out");
-    }
-    println!(
-        "\nPyTorch on the same shapes (same run, {}):",
-        rows[0].label("SDPA")
-    );
-    for r in &rows {
-        let flop = 4.0 * (r.n * r.n) as f64 * shape.d as f64 * shape.batch as f64;
-        // Our fastest fused path at this n: its kernels' time where measured.
-        let ours = records
-            .iter()
-            .filter(|x| x.n == r.n && x.path.starts_with("gpu ") && !x.path.ends_with("+weights"))
-            .map(|x| match x.kernels_ms.is_empty() {
-                true => x.stats.median_ms,
-                false => x.kernels_ms.iter().map(|(_, ms)| ms).sum(),
-            })
-            .fold(f64::INFINITY, f64::min);
-        println!(
-            "{:<32} {:>6} {:>11.3}   {:>8.1} GFLOP/s   ours / torch {}",
-            "pytorch sdpa",
-            r.n,
-            r.forward_ms,
-            flop / (r.forward_ms * 1e6),
-            if ours.is_finite() {
-                format!("{:.2}", ours / r.forward_ms)
-            } else {
-                "-".into()
-            }
-        );
-    }
-}
-
 /// The attention records as one series per path (GPU families and CPU baselines), in the
 /// order the paths first appear.
 fn throughput_series(records: &[Record]) -> Vec<plot::Series> {
@@ -429,7 +384,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     }
     progress.finish_and_clear();
     if info.device_type != wgpu_attention::wgpu::DeviceType::Cpu {
-        torch_on_the_gpu(&args.n, &sweep.shape, &records);
+        crate::torch_peer::on_the_gpu(&args.n, &sweep.shape, &records);
     }
     if args.backward {
         let sweep = crate::bench_backward::Sweep {

@@ -16,6 +16,7 @@ mod mods_args;
 mod report;
 mod run_cmd;
 mod shaders_cmd;
+mod torch_peer;
 mod tune_cmd;
 
 use std::path::{Path, PathBuf};

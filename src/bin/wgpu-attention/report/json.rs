@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use wgpu_attention::bench;
 use wgpu_attention::wgpu::AdapterInfo;
 
-use crate::bench_backward::{Shape, TorchRow};
+use crate::bench_backward::Shape;
 use crate::bench_cmd::Record;
+use crate::torch_peer::TorchRow;
 
 /// The adapter as `results.json` names it.
 #[derive(Serialize)]

@@ -1,11 +1,12 @@
 //! PyTorch's side of the report: its CPU SDPA on the forward's and the backward's problems
-//! ([`crate::bench_backward::torch_peer`], where `python3` has `torch`), and what
+//! ([`crate::torch_peer::torch_peer`], where `python3` has `torch`), and what
 //! `results.json` says of PyTorch when there are no rows (left out, not available, failed).
 
 use indicatif::ProgressBar;
 
 use super::json::TorchJson;
-use crate::bench_backward::{torch_peer, Shape, TorchPeer, TorchRow};
+use crate::bench_backward::Shape;
+use crate::torch_peer::{torch_peer, TorchPeer, TorchRow};
 
 /// With `--no-torch`.
 pub(super) fn left_out() -> TorchJson {
