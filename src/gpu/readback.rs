@@ -41,24 +41,14 @@ impl Drop for Pending {
     }
 }
 
-/// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool.
+/// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool; on
+/// unified memory (a `MAP_READ` buffer), no copy: `src` itself is read. For the results of
+/// the caller's own call only (a buffer no one else maps meanwhile).
 pub fn copy_out(
     ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     len: usize,
-) -> Pending {
-    copy_out_as(ctx, encoder, src, len, false)
-}
-
-/// [`copy_out`] of `len` values stored as f16 when `f16` (as `buffer::upload_as` and
-/// `buffer::output_f16` lay them out: a multiple of four halves), read back as f32.
-pub fn copy_out_as(
-    ctx: &Device,
-    encoder: &mut wgpu::CommandEncoder,
-    src: &wgpu::Buffer,
-    len: usize,
-    f16: bool,
 ) -> Pending {
     if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
         // Unified memory: the result is read where the kernels wrote it.
@@ -66,10 +56,24 @@ pub fn copy_out_as(
             staging: crate::gpu::pool::Buf::unpooled(src.clone()),
             direct: true,
             len,
-            f16,
+            f16: false,
             mapping: false,
         };
     }
+    copy_out_as(ctx, encoder, src, len, false)
+}
+
+/// A copy of `len` values of `src` stored as f16 when `f16` (as `buffer::upload_as` and
+/// `buffer::output_f16` lay them out: a multiple of four halves), read back as f32, always
+/// through a staging buffer: `src` may be a tensor's or a memo's, which other threads may be
+/// reading too (a buffer maps for one reader at a time).
+pub fn copy_out_as(
+    ctx: &Device,
+    encoder: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    len: usize,
+    f16: bool,
+) -> Pending {
     let bytes = match f16 {
         true => len.max(1).next_multiple_of(4) * 2,
         false => len.max(1) * std::mem::size_of::<f32>(),
