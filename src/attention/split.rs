@@ -273,8 +273,12 @@ fn slice_bias<'a>(
 
 /// `parts` joined along `axis`, in row-major order like every other output.
 fn join(axis: Axis, parts: &[ArrayViewD<'_, f32>]) -> Result<ArrayD<f32>> {
+    // concatenate allocates its result row-major already: copied again only if not.
     ndarray::concatenate(axis, parts)
-        .map(|a| a.as_standard_layout().into_owned())
+        .map(|a| match a.is_standard_layout() {
+            true => a,
+            false => a.as_standard_layout().into_owned(),
+        })
         .map_err(|e| Error::shape(e.to_string()))
 }
 
