@@ -294,8 +294,15 @@ pub fn write(path: &Path, a: &ArrayD<f32>) -> Result<()> {
     let file =
         std::fs::File::create(path).map_err(|e| Error::io(path, format!("cannot create: {e}")))?;
     let a = a.as_standard_layout();
-    a.write_npy(std::io::BufWriter::new(file))
-        .map_err(|e| Error::io(path, format!("cannot write: {e}")))
+    let fail = |e: std::io::Error| Error::io(path, format!("cannot write: {e}"));
+    // The values' bytes in one write where they are little-endian already.
+    let values = a.as_slice().unwrap_or_default();
+    match direct::write_f32(&file, a.shape(), values) {
+        Some(written) => written.map_err(fail),
+        None => a
+            .write_npy(std::io::BufWriter::new(file))
+            .map_err(|e| Error::io(path, format!("cannot write: {e}"))),
+    }
 }
 
 #[cfg(test)]

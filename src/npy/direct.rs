@@ -202,6 +202,23 @@ pub(super) fn write_f16(file: File, shape: &[usize], values: &[f32]) -> io::Resu
     out.flush()
 }
 
+/// Writes `values` (row-major, of `shape`) as a float32 `.npy` to `file`: the header, then
+/// the values' bytes as they are in memory (little-endian hosts; `None` elsewhere, for the
+/// general writer).
+///
+/// # Errors
+/// A failed write.
+pub(super) fn write_f32(file: &File, shape: &[usize], values: &[f32]) -> Option<io::Result<()>> {
+    if cfg!(target_endian = "big") {
+        return None;
+    }
+    let mut out = file;
+    Some(
+        out.write_all(&header("<f4", shape))
+            .and_then(|()| out.write_all(bytemuck::cast_slice(values))),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
