@@ -17,7 +17,9 @@ mod backend;
 pub use crate::gpu::coop::CoopShape;
 pub use crate::gpu::hardware::StandIn;
 use adapter::select_async;
-pub use adapter::{list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT};
+pub use adapter::{
+    default_adapter, list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT,
+};
 pub use backend::Backend;
 
 /// An open device: the adapter, its device and queue, and the compiled kernels.

@@ -69,7 +69,8 @@ pub use attention::{
     Projections, Saved,
 };
 pub use context::{
-    list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape, StandIn,
+    default_adapter, list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape,
+    StandIn,
 };
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use dtype::Dtype;

@@ -255,13 +255,13 @@ impl Attention {
         };
         // X's values are checked on their way to the device when the call runs whole
         // (`forward_checked`); the weights', small, here.
+        let weights: Vec<_> = inputs.into_iter().filter(|(n, _)| *n != "X").collect();
         if !self.propagate {
-            for (name, a) in inputs.iter().filter(|(name, _)| *name != "X") {
+            for (name, a) in &weights {
                 check_finite(name, a)?;
             }
         }
         let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        let weights: Vec<_> = inputs.iter().filter(|(n, _)| *n != "X").cloned().collect();
         self.check_dtype(ctx, &weights)?;
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());

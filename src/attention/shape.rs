@@ -249,6 +249,22 @@ impl Attention {
         self.dtype == Dtype::F16
     }
 
+    /// Every value of `inputs`: no NaN or infinity (unless passed through), and with f16
+    /// operands [`Attention::check_dtype`]; errors name the caller's index. What a call that
+    /// splits checks first (a whole call checks its operands while uploading them).
+    pub(super) fn check_values(
+        &self,
+        ctx: &Context,
+        inputs: &[(&str, ArrayViewD<'_, f32>)],
+    ) -> Result<()> {
+        if !self.propagate {
+            for (name, a) in inputs {
+                check_finite(name, a)?;
+            }
+        }
+        self.check_dtype(ctx, inputs)
+    }
+
     /// With f16 operands: the device can run them, and every input is within f16's range.
     pub(super) fn check_dtype(
         &self,

@@ -53,12 +53,7 @@ impl Attention {
                 ("K", k.into_dyn()),
                 ("V", v.into_dyn()),
             ];
-            if !self.propagate {
-                for (name, a) in &inputs {
-                    crate::values::check_finite(name, a)?;
-                }
-            }
-            self.check_dtype(ctx, &inputs)?;
+            self.check_values(ctx, &inputs)?;
         }
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {

@@ -116,11 +116,7 @@ impl Attention {
                 arrays: [q, k, v],
                 check,
             } => {
-                let how = Stored {
-                    f16,
-                    finite: *check && !self.propagate,
-                    dry: crate::kernels::collecting(),
-                };
+                let how = stored(f16, *check && !self.propagate);
                 let named = [
                     ("Q", q.view().into_dyn()),
                     ("K", k.view().into_dyn()),
@@ -159,11 +155,7 @@ impl Attention {
                 }),
             },
             Source::Projected { x, .. } if weights.is_some() => {
-                let how = Stored {
-                    f16,
-                    finite: !self.propagate,
-                    dry: crate::kernels::collecting(),
-                };
+                let how = stored(f16, !self.propagate);
                 let x_buf = upload::array(ctx, "X", &x.view(), how)?;
                 let w = weights.ok_or_else(|| Error::invalid("weights", "internal: none"))?;
                 let (q, k, v) =
@@ -199,6 +191,16 @@ impl Attention {
                 })
             }
         }
+    }
+}
+
+/// How a call's operand goes up: as f16 or f32, checked for NaN/Inf when `finite`, and only
+/// as a buffer, without its contents, in the pipeline dry run (which records nothing).
+fn stored(f16: bool, finite: bool) -> Stored {
+    Stored {
+        f16,
+        finite,
+        dry: crate::kernels::collecting(),
     }
 }
 
@@ -249,11 +251,7 @@ impl MaskBuffer {
             }));
         };
         let (data, strides) = crate::mask::gpu_layout(bias);
-        let how = Stored {
-            f16: false,
-            finite: false,
-            dry: crate::kernels::collecting(),
-        };
+        let how = stored(false, false);
         let buffer = upload::array(ctx, "mask", &ndarray::aview1(&data).into_dyn(), how)?;
         let mut s = [0u32; 4];
         for (out, stride) in s.iter_mut().zip(strides) {

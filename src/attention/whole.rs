@@ -48,10 +48,7 @@ impl Attention {
             .then_some(dims.batch * dims.heads * dims.n * dims.n);
         if let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) {
             // X's values, before it is split (the whole call checks them while uploading).
-            if !self.propagate {
-                crate::values::check_finite("X", &x)?;
-            }
-            self.check_dtype(ctx, &[("X", x.view())])?;
+            self.check_values(ctx, &[("X", x.view())])?;
             return self
                 .forward_in_parts(ctx, dims, x, proj, (bias, mods), &too_big)
                 .await;

@@ -161,19 +161,28 @@ Run `wgpu-attention devices` to see what wgpu finds.";
 /// # Errors
 /// [`crate::Error::InvalidArgument`] when `WGPU_BACKEND` names an unknown backend.
 pub fn list_adapters(options: &ContextOptions) -> Result<Vec<AdapterSummary>> {
-    Ok(select(options)?
-        .into_iter()
-        .map(|a| AdapterSummary {
-            info: a.get_info(),
-            limits: a.limits(),
-            features: a.features(),
-            coop: a.cooperative_matrix_properties(),
-        })
-        .collect())
+    let adapters = crate::gpu::oneshot::block_on(select_from(options, true))?;
+    Ok(adapters.iter().map(summary).collect())
 }
 
-fn select(options: &ContextOptions) -> Result<Vec<wgpu::Adapter>> {
-    crate::gpu::oneshot::block_on(select_from(options, true))
+/// The adapter [`crate::Context::with_options`] would open for `options`, without opening
+/// it (and, as it, without starting GL where another backend has a hardware adapter);
+/// `None` when there is none.
+///
+/// # Errors
+/// As [`list_adapters`].
+pub fn default_adapter(options: &ContextOptions) -> Result<Option<AdapterSummary>> {
+    let adapters = crate::gpu::oneshot::block_on(select_async(options))?;
+    Ok(adapters.first().map(summary))
+}
+
+fn summary(a: &wgpu::Adapter) -> AdapterSummary {
+    AdapterSummary {
+        info: a.get_info(),
+        limits: a.limits(),
+        features: a.features(),
+        coop: a.cooperative_matrix_properties(),
+    }
 }
 
 /// The adapters a context may open, best first. GL is initialised only as the fallback:

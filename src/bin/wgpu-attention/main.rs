@@ -65,8 +65,8 @@ impl AdapterArgs {
 
     /// The device type of the adapter [`AdapterArgs::open`] would pick, without opening it.
     pub fn device_type(&self) -> Option<wgpu_attention::wgpu::DeviceType> {
-        let adapters = list_adapters(&self.options()).ok()?;
-        adapters.first().map(|a| a.info.device_type)
+        let adapter = wgpu_attention::default_adapter(&self.options()).ok()??;
+        Some(adapter.info.device_type)
     }
 }
 

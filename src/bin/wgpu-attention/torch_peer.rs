@@ -7,6 +7,10 @@ use serde::Serialize;
 use crate::bench_backward::Shape;
 use crate::bench_cmd::Record;
 
+/// The CPU peers (ndarray, the f64 reference, PyTorch's CPU SDPA) time a GPU-sized problem
+/// only up to this many FLOP a forward call: past it one CPU call takes minutes.
+pub const CPU_FLOP_MAX: f64 = 2e10;
+
 /// PyTorch's SDPA on one n: forward and autograd backward medians, the device it ran on and
 /// its CPU thread count.
 #[derive(Serialize)]
@@ -65,7 +69,7 @@ pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool, gpu: bool) -> 
     cmd.args(["--device", if gpu { "auto" } else { "cpu" }]);
     if gpu {
         // GPU-sized problems on a torch without a GPU: only what the CPU finishes.
-        cmd.args(["--cpu-flop-max", "2e10"]);
+        cmd.args(["--cpu-flop-max", &CPU_FLOP_MAX.to_string()]);
     }
     let out = match cmd.output() {
         Ok(out) if out.status.success() => out,

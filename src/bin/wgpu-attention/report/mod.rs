@@ -88,7 +88,7 @@ impl Sizes {
                 d: 16 * 64,
                 heads: 16,
                 batch: 4,
-                cpu_flop_max: Some(2e10),
+                cpu_flop_max: Some(crate::torch_peer::CPU_FLOP_MAX),
                 gpu,
                 backward_n: vec![1024, 4096],
                 decode_n: vec![1024, 4096],
