@@ -483,12 +483,14 @@ impl SdpaSaved {
                 pending.push(readback::copy_out(ctx, &mut encoder, t, rows * cols));
             }
             let table_shape = table.map(|(_, shape)| shape);
-            timing::submit_and_read(ctx, encoder, pending).map(|flat| (flat, table_shape))
+            let read = timing::submit_and_read_scanned_async(ctx, encoder, pending);
+            crate::gpu::oneshot::block_on(read).map(|flat| (flat, table_shape))
         })?;
+        // Each checked for overflow while it was copied out.
         let mut flat = flat.into_iter();
         let mut next = |what: &str| -> Result<Vec<f32>> {
-            let values = flat.next().unwrap_or_default();
-            crate::values::check_overflow(what, self.op.dtype, &values)?;
+            let (values, bad) = flat.next().unwrap_or_default();
+            crate::values::overflow_at(what, self.op.dtype, bad)?;
             Ok(values)
         };
         let (dq, dk, dv) = (
