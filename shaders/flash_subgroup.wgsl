@@ -14,7 +14,7 @@
 // it to every lane. With the loop bound SG constant, the shuffles have constant lanes once
 // unrolled.
 //
-// K and V are packed by pack.wgsl into rgba32float textures: key j of group g, values
+// K and V are packed by pack.wgsl into rgba32float textures (rgba16float from f16): key j of group g, values
 // 4c..4c+3, sits at texel ((j & mask)·D4 + c, g·rows + (j >> shift)).
 // Causal (top-left, PyTorch's is_causal): row i sees keys j ≤ i; tiles past the block's
 // last row are skipped.

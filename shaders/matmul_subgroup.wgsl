@@ -12,9 +12,9 @@
 // every logit with the same instructions, so the weights are normalized by exactly the logits
 // they are made of (a row with one dominant key gets weight 1 to the last bit or two).
 //
-// A and B are packed by pack.wgsl into rgba32float textures: row r of group g, values
-// 4c..4c+3, at texel ((r & mask)·D4 + c, g·rows + (r >> shift)). One workgroup is one
-// subgroup of SG lanes and computes an (SG·T) × (4·SG) tile of C: lane `l` owns output
+// A and B are packed by pack.wgsl into rgba32float textures (rgba16float from f16): row r
+// of group g, values 4c..4c+3, at texel ((r & mask)·D4 + c, g·rows + (r >> shift)). One
+// workgroup is one subgroup of SG lanes and computes an (SG·T) × (4·SG) tile of C: lane `l` owns output
 // columns 4·(tile_col·SG + l) .. +3 of every tile row. Per step of 4 along k, each lane
 // loads one texel of A for T rows and four texels of B, and subgroupShuffle shares the
 // A values; loops marked `// unroll` are unrolled by the host, so the lanes are constants.

@@ -1,19 +1,21 @@
-//! `rgba32float` textures that kernels fill with `textureStore` and read with `textureLoad`
-//! (four f32 values per texel), checked against the device's texture limits first.
+//! `rgba32float` (or `rgba16float`) textures that kernels fill with `textureStore` and read
+//! with `textureLoad` (four values per texel, read as f32), checked against the device's
+//! texture limits first.
 
 use super::Device;
 use crate::error::{Error, Result};
 
-/// A 2-D `rgba32float` texture of `width × height` texels, writable as a storage texture or
-/// by a copy, and readable with `textureLoad`; returns it with its default view.
+/// A 2-D `rgba32float` texture (`rgba16float` when `half`) of `width × height` texels,
+/// writable as a storage texture or by a copy, and readable with `textureLoad`; returns it
+/// with its default view.
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when a side exceeds `max_texture_dimension_2d`.
-pub fn rgba32f(
+pub fn rgba(
     ctx: &Device,
     label: &str,
-    width: u32,
-    height: u32,
+    (width, height): (u32, u32),
+    half: bool,
 ) -> Result<(wgpu::Texture, wgpu::TextureView)> {
     let max = ctx.limits().max_texture_dimension_2d;
     for (side, len) in [("width", width), ("height", height)] {
@@ -36,7 +38,10 @@ pub fn rgba32f(
         mip_level_count: 1,
         sample_count: 1,
         dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba32Float,
+        format: match half {
+            true => wgpu::TextureFormat::Rgba16Float,
+            false => wgpu::TextureFormat::Rgba32Float,
+        },
         usage: wgpu::TextureUsages::STORAGE_BINDING
             | wgpu::TextureUsages::TEXTURE_BINDING
             | wgpu::TextureUsages::COPY_DST,

@@ -1,6 +1,7 @@
 //! `shaders/pack.wgsl`: per-group matrices from a storage buffer into an `rgba32float`
-//! texture, the operand format of the subgroup kernels (also packed on the CPU when the
-//! source is a host array: [`Pack::upload`]).
+//! texture (`rgba16float` for an f16 source: the values as they are, in half the memory), the
+//! operand format of the subgroup kernels (also packed on the CPU when the source is a host
+//! array: [`Pack::upload`]).
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Binding, Dim, Kernel, KernelId, Slot, Strides};
@@ -42,6 +43,8 @@ impl Kernel for Shader {
     ];
     /// The source is f16 (widened to f32 as it is packed).
     const DTYPES: &'static [&'static str] = &["SRC_T"];
+    /// An f16 source packs into `rgba16float`.
+    const TEXELS_FOLLOW_DTYPE: bool = true;
     type Consts = NoConstants;
     type Params = PackParams;
 }
@@ -110,6 +113,8 @@ pub(crate) struct Packed {
     pub view: wgpu::TextureView,
     /// Its layout.
     pub layout: PackLayout,
+    /// Its texels are `rgba16float` (an f16 source's), else `rgba32float`.
+    pub half: bool,
 }
 
 /// One matrix per group to pack: `rows × width` values, element `(g, r, c)` at
@@ -157,7 +162,7 @@ impl Pack {
             self.width.div_ceil(4),
             ctx.limits().max_texture_dimension_2d,
         )?;
-        let (texture, view) = texture::rgba32f(ctx, what, layout.width, layout.height)?;
+        let (texture, view) = texture::rgba(ctx, what, (layout.width, layout.height), false)?;
         let (w, d4, shift) = (layout.width as usize, layout.d4 as usize, layout.shift);
         let mut texels = vec![0f32; w * layout.height as usize * 4];
         let s = self.src;
@@ -198,7 +203,11 @@ impl Pack {
                 depth_or_array_layers: 1,
             },
         );
-        Ok(Packed { view, layout })
+        Ok(Packed {
+            view,
+            layout,
+            half: false,
+        })
     }
 
     /// Records the pack of `src` into a new texture named `what`.
@@ -213,8 +222,12 @@ impl Pack {
         src: &wgpu::Buffer,
     ) -> Result<Packed> {
         let layout = self.layout(ctx, what)?;
-        let (_texture, view) = texture::rgba32f(ctx, what, layout.width, layout.height)?;
-        let packed = Packed { view, layout };
+        let (_texture, view) = texture::rgba(ctx, what, (layout.width, layout.height), self.f16)?;
+        let packed = Packed {
+            view,
+            layout,
+            half: self.f16,
+        };
         self.dispatch_into(ctx, encoder, src, &packed)?;
         Ok(packed)
     }
@@ -246,12 +259,12 @@ impl Pack {
     ) -> Result<()> {
         let groups = self.batch * self.heads;
         let layout = self.layout(ctx, "packed operand")?;
-        if layout != dst.layout {
+        if layout != dst.layout || self.f16 != dst.half {
             return Err(Error::invalid(
                 "pack",
                 format!(
-                    "internal: a texture of layout {:?} repacked as {layout:?}",
-                    dst.layout
+                    "internal: a texture of layout {:?} (f16 {}) repacked as {layout:?} (f16 {})",
+                    dst.layout, dst.half, self.f16
                 ),
             ));
         }
