@@ -65,8 +65,8 @@ pub mod fuzz;
 
 pub use attention::{Adam, MseLoss};
 pub use attention::{
-    Attention, Device, Dims, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output, Plan,
-    Projections, Saved,
+    Attention, Device, Dims, Files, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output,
+    Plan, Projections, Saved,
 };
 pub use context::{
     default_adapter, list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape,

@@ -15,6 +15,9 @@ use ndarray_npy::{ReadNpyError, ReadNpyExt, ReadableElement, WriteNpyExt};
 use crate::error::{Error, Result};
 
 mod direct;
+mod opened;
+
+pub use opened::Opened;
 
 /// What a parser found wrong, without the file name.
 type Parsed<T> = std::result::Result<T, String>;

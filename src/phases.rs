@@ -34,6 +34,8 @@ pub(crate) enum Phase {
     Tune,
     /// Host → device copies: operands and weights, their checks included.
     Upload,
+    /// Reading a file operand's values (the part of an upload from a file spent reading).
+    Io,
     /// The rest of a call on the host: planning, recording the passes.
     Record,
     /// The device running the submitted work, waited for.
@@ -45,8 +47,9 @@ pub(crate) enum Phase {
 /// Wall time per phase, and how many pipelines were compiled.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PhaseTimes {
-    /// Reading and writing files (`.npy`), as the caller counts it: the CLI sets it from
-    /// [`crate::npy::io_time`]; the library's calls do no file I/O and leave it zero.
+    /// Reading and writing files (`.npy`): a call's reads of the file operands it uploads
+    /// ([`crate::npy::Opened`]), plus what the caller adds (the CLI adds
+    /// [`crate::npy::io_time`], its other reads and its writes).
     pub io: Duration,
     /// Enumerating adapters and opening the device.
     pub adapter: Duration,
@@ -75,6 +78,7 @@ impl PhaseTimes {
             Phase::Compile => &mut self.compile,
             Phase::Tune => &mut self.tune,
             Phase::Upload => &mut self.upload,
+            Phase::Io => &mut self.io,
             Phase::Record => &mut self.record,
             Phase::Dispatch => &mut self.dispatch,
             Phase::Readback => &mut self.readback,
@@ -200,6 +204,42 @@ impl Phases {
     /// Sets the totals to zero.
     pub(crate) fn reset(&self) {
         self.lock().totals = PhaseTimes::default();
+    }
+}
+
+// The browser uploads no files.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+impl Guard<'_> {
+    /// Closes the phase, moving `d` of its time (at most what it was open) to `to`: a phase
+    /// whose wall time includes work of another kind done on other threads (an upload's
+    /// reads from files).
+    pub(crate) fn close_moving(self, to: Phase, d: Duration) {
+        let Some(since) = self.active.then(|| self.open_since()).flatten() else {
+            return;
+        };
+        let (phases, phase) = (self.phases, self.phase());
+        drop(self);
+        let moved = d.min(since.elapsed());
+        let mut state = phases.lock();
+        if let Some(phase) = phase {
+            let slot = state.totals.slot(phase);
+            *slot = slot.saturating_sub(moved);
+        }
+        *state.totals.slot(to) += moved;
+    }
+
+    /// When this thread's innermost phase (this guard's) opened or last resumed.
+    fn open_since(&self) -> Option<Instant> {
+        let state = self.phases.lock();
+        let stack = state.stacks.get(&std::thread::current().id())?;
+        stack.last().map(|(_, since)| *since)
+    }
+
+    /// This thread's innermost phase (this guard's).
+    fn phase(&self) -> Option<Phase> {
+        let state = self.phases.lock();
+        let stack = state.stacks.get(&std::thread::current().id())?;
+        stack.last().map(|(p, _)| *p)
     }
 }
 

@@ -3,13 +3,15 @@
 //!
 //! An input kind converts at the edge, as `ndarray` does with `AsArray`: any array or view of
 //! `f32` (`&Array2`, `ArrayView4`, `&ArrayD`, …) is a [`Host`] operand, whose results come
-//! back as `ArrayD<f32>`; a `&`[`Tensor`] is a [`Device`] operand, whose results stay on the
-//! device as tensors. One call takes one kind.
+//! back as `ArrayD<f32>`; a `&`[`Opened`] `.npy` file is a [`Files`] operand, read straight
+//! into the device's memory, its results arrays too; a `&`[`Tensor`] is a [`Device`] operand,
+//! whose results stay on the device as tensors. One call takes one kind.
 
 use ndarray::{ArrayBase, ArrayD, ArrayView, ArrayViewD, Data, Dimension};
 
 use super::projections::Projections;
 use crate::mask::Mask;
+use crate::npy::Opened;
 use crate::tensor::Tensor;
 use crate::variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 
@@ -42,12 +44,28 @@ pub enum Host {}
 #[derive(Debug, Clone, Copy)]
 pub enum Device {}
 
+/// Opened `.npy` files ([`Opened`]): each file's values go from the file to the device in
+/// one pass (a call on Q, K, V that fits the device; any other call reads them into arrays
+/// first); results come back as `ArrayD<f32>`, as for [`Host`].
+#[derive(Debug, Clone, Copy)]
+pub enum Files {}
+
 impl sealed::Sealed for Host {}
+impl sealed::Sealed for Files {}
 impl sealed::Sealed for Device {}
 
 impl Kind for Host {
     type Value = ArrayD<f32>;
     type Ref<'a> = ArrayViewD<'a, f32>;
+    const HEADS_SECOND: bool = true;
+    fn shape<'s>(r: &'s Self::Ref<'_>) -> &'s [usize] {
+        r.shape()
+    }
+}
+
+impl Kind for Files {
+    type Value = ArrayD<f32>;
+    type Ref<'a> = &'a Opened;
     const HEADS_SECOND: bool = true;
     fn shape<'s>(r: &'s Self::Ref<'_>) -> &'s [usize] {
         r.shape()
@@ -63,8 +81,8 @@ impl Kind for Device {
     }
 }
 
-/// One operand of a call: any `f32` array or view (a [`Host`] operand) or a `&`[`Tensor`]
-/// (a [`Device`] operand).
+/// One operand of a call: any `f32` array or view (a [`Host`] operand), a `&`[`Opened`]
+/// file (a [`Files`] operand) or a `&`[`Tensor`] (a [`Device`] operand).
 pub trait Operand<'a> {
     /// The kind of call it makes.
     type Kind: Kind;
@@ -84,6 +102,13 @@ impl<'a, D: Dimension> Operand<'a> for ArrayView<'a, f32, D> {
     type Kind = Host;
     fn operand(self) -> ArrayViewD<'a, f32> {
         self.into_dyn()
+    }
+}
+
+impl<'a> Operand<'a> for &'a Opened {
+    type Kind = Files;
+    fn operand(self) -> &'a Opened {
+        self
     }
 }
 

@@ -36,7 +36,7 @@ use ndarray::{ArrayView4, ArrayViewD};
 pub use crate::dtype::Dtype;
 pub use crate::values::check_finite;
 pub(crate) use gradients::{LayerGradients, SdpaGradients};
-pub use inputs::{Device, Host, Inputs, Kind, Operand, Options, ProjectionsArg};
+pub use inputs::{Device, Files, Host, Inputs, Kind, Operand, Options, ProjectionsArg};
 pub use outputs::{Backward, Gradients, Output, Saved};
 pub use plan::{Plan, TINY_ROWS};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
@@ -302,6 +302,42 @@ impl Attention {
         // The values are checked on their way to the device (or before a split).
         self.sdpa_in_parts(ctx, q, k, v, bias, mask.modifiers(), true)
             .await
+    }
+
+    /// A call on Q, K, V in opened `.npy` files, blocking: when it fits the device whole,
+    /// each file's values go straight from the file into the device's memory (checked on
+    /// the way); past the limits, the files are read into arrays and the call is split.
+    pub(crate) fn sdpa_files(
+        &self,
+        ctx: &Context,
+        [q, k, v]: [&crate::npy::Opened; 3],
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        block_on(async {
+            let _call = ctx.phases.call();
+            self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
+            let (qs, ks) = (q.shape(), k.shape());
+            let bias = mask.bias([qs[0], qs[1], qs[2], ks[2]])?;
+            if self.f16() {
+                ctx.require_f16()?;
+            }
+            ctx.check_alive()?;
+            let bias = bias.as_ref().map(|b| b.view());
+            let mods = mask.modifiers();
+            let shapes = [q.shape(), k.shape(), v.shape()];
+            if self.sdpa_fits(ctx, shapes, bias.as_ref()).is_ok() {
+                let values = [q, k, v].map(crate::gpu::upload::Values::File);
+                return self.sdpa_whole(ctx, values, bias, mods, true).await;
+            }
+            let four = |f: &crate::npy::Opened| -> Result<ndarray::Array4<f32>> {
+                f.read()?
+                    .into_dimensionality()
+                    .map_err(|e| Error::shape(e.to_string()))
+            };
+            let (q, k, v) = (four(q)?, four(k)?, four(v)?);
+            self.sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, mods, true)
+                .await
+        })
     }
 }
 

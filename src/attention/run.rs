@@ -6,7 +6,7 @@
 
 use ndarray::{ArrayViewD, Ix4};
 
-use super::inputs::{Device, Host, Inputs, Kind, Operands};
+use super::inputs::{Device, Files, Host, Inputs, Kind, Operands};
 use super::outputs::{Output, Saved};
 use super::weights::Layer;
 use super::Attention;
@@ -88,6 +88,46 @@ impl Run for Host {
             layer.forward_masked(ctx, x.view(), &mask)
         }
     }
+}
+
+impl Run for Files {
+    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Files>) -> Result<Output> {
+        match &inputs.operands {
+            Operands::Qkv([q, k, v]) if !op.save && inputs.projections.is_none() => {
+                op.sdpa_files(ctx, [*q, *k, *v], &inputs.mask_or_none())
+            }
+            _ => read_files(inputs, |host| Host::run(op, ctx, host)),
+        }
+    }
+
+    fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Files>) -> Result<Output> {
+        read_files(inputs, |host| Host::run_layer(layer, ctx, host))
+    }
+}
+
+/// `f` on the same inputs with each file read into an array: the calls on files that do not
+/// go from the files to the device directly.
+fn read_files(
+    inputs: &Inputs<'_, Files>,
+    f: impl FnOnce(&Inputs<'_, Host>) -> Result<Output>,
+) -> Result<Output> {
+    let read = |files: &[&crate::npy::Opened]| -> Result<Vec<ndarray::ArrayD<f32>>> {
+        files.iter().map(|o| o.read()).collect()
+    };
+    let (arrays, qkv) = match &inputs.operands {
+        Operands::X(x) => (read(&[x])?, false),
+        Operands::Qkv([q, k, v]) => (read(&[q, k, v])?, true),
+    };
+    let operands = match qkv {
+        true => Operands::Qkv([0, 1, 2].map(|i| arrays[i].view())),
+        false => Operands::X(arrays[0].view()),
+    };
+    let host = Inputs {
+        operands,
+        projections: inputs.projections.as_ref().map(|p| p.reborrow()),
+        mask: inputs.mask.as_ref().map(|m| m.reborrow()),
+    };
+    f(&host)
 }
 
 impl Run for Device {

@@ -319,6 +319,7 @@ impl Attention {
             finite: true,
             dry: false,
         };
+        let inputs = inputs.map(|(n, a)| (n, upload::Values::Array(a)));
         let uploads = upload::arrays(ctx, &inputs, how)?;
         let qkv: [wgpu::Buffer; 3] = std::array::from_fn(|i| (*uploads[i]).clone());
         let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;

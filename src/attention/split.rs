@@ -14,6 +14,7 @@ use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
+use crate::gpu::upload::Values;
 use crate::modifiers::Modifiers;
 
 impl Attention {
@@ -34,18 +35,11 @@ impl Attention {
         mods: Option<&Modifiers>,
         check: bool,
     ) -> Result<Output> {
-        let (batch, heads, l, e) = q.dim();
-        let (s_len, e_v) = (k.dim().2, v.dim().3);
-        let (bh, bkv) = (batch * heads, batch * k.dim().1);
-        let named = [
-            ("Q (batch·heads·L·E)", bh * l * e),
-            ("K (batch·kv_heads·S·E)", bkv * s_len * e),
-            ("V (batch·kv_heads·S·E_v)", bkv * s_len * e_v),
-            ("context (batch·heads·L·E_v)", bh * l * e_v),
-        ];
-        let weights = self.return_weights.then_some(bh * l * s_len);
-        let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) else {
-            return self.sdpa_whole(ctx, [q, k, v], bias, mods, check).await;
+        let (batch, heads, l, _) = q.dim();
+        let Err(too_big) = self.sdpa_fits(ctx, [q.shape(), k.shape(), v.shape()], bias.as_ref())
+        else {
+            let values = [q, k, v].map(|a| Values::Array(a.into_dyn()));
+            return self.sdpa_whole(ctx, values, bias, mods, check).await;
         };
         if check {
             let inputs = [
@@ -97,6 +91,28 @@ impl Attention {
             );
         }
         join_outputs(axis, &outs[0], &outs[1])
+    }
+
+    /// Whether a call on Q, K, V of these (4-d, checked) shapes fits the device whole: else
+    /// the first limit it exceeds.
+    pub(super) fn sdpa_fits(
+        &self,
+        ctx: &Context,
+        [q, k, v]: [&[usize]; 3],
+        bias: Option<&ArrayView4<'_, f32>>,
+    ) -> Result<()> {
+        let side = |s: &[usize], i: usize| s.get(i).copied().unwrap_or(0);
+        let (batch, heads, l, e) = (side(q, 0), side(q, 1), side(q, 2), side(q, 3));
+        let (s_len, e_v) = (side(k, 2), side(v, 3));
+        let (bh, bkv) = (batch * heads, batch * side(k, 1));
+        let named = [
+            ("Q (batch·heads·L·E)", bh * l * e),
+            ("K (batch·kv_heads·S·E)", bkv * s_len * e),
+            ("V (batch·kv_heads·S·E_v)", bkv * s_len * e_v),
+            ("context (batch·heads·L·E_v)", bh * l * e_v),
+        ];
+        let weights = self.return_weights.then_some(bh * l * s_len);
+        fits(ctx, &named, weights, bias)
     }
 
     /// One head of one sequence too large for the device: the query rows in two halves, each

@@ -14,17 +14,19 @@ use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
-use crate::gpu::upload::{self, Stored};
+use crate::gpu::upload::{self, Stored, Values};
 use crate::kernels::mods::ModsUpload;
 use crate::kernels::{u32_of, MaskArg};
 use crate::modifiers::Modifiers;
 
 /// Where a call's Q, K and V come from.
+// One per call, on the stack: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Source<'a, 'p> {
-    /// From the host, each `(batch, heads, rows, width)` (PyTorch's layout, any strides);
-    /// their values checked on the way up when `check`.
+    /// From the host, each `(batch, heads, rows, width)` (PyTorch's layout; arrays of any
+    /// strides, or opened `.npy` files); their values checked on the way up when `check`.
     Qkv {
-        arrays: [ArrayView4<'a, f32>; 3],
+        values: [Values<'a>; 3],
         check: bool,
     },
     /// X `(…, n, d)` and its projections; without them Q = K = V = X.
@@ -113,15 +115,11 @@ impl Attention {
         let f16 = self.f16();
         match source {
             Source::Qkv {
-                arrays: [q, k, v],
+                values: [q, k, v],
                 check,
             } => {
                 let how = stored(f16, *check && !self.propagate);
-                let named = [
-                    ("Q", q.view().into_dyn()),
-                    ("K", k.view().into_dyn()),
-                    ("V", v.view().into_dyn()),
-                ];
+                let named = [("Q", q.clone()), ("K", k.clone()), ("V", v.clone())];
                 let mut bufs = upload::arrays(ctx, &named, how)?.into_iter();
                 let mut next = || {
                     bufs.next()

@@ -18,8 +18,16 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::Buf;
 use crate::gpu::timing;
+use crate::gpu::upload::Values;
 use crate::modifiers::Modifiers;
 use crate::variant::Kernels;
+
+/// A 4-d shape's sides.
+fn four(shape: &[usize]) -> Result<[usize; 4]> {
+    shape
+        .try_into()
+        .map_err(|_| Error::shape(format!("expected a 4-d shape, got {shape:?}")))
+}
 
 /// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.
 type Flat = (Vec<f32>, Option<Vec<f32>>);
@@ -74,22 +82,24 @@ impl Attention {
         })
     }
 
-    /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (checked on
-    /// the way when `check`), the kernels reading them and writing the context in that layout
-    /// through their strides, the context read back straight into the returned array.
+    /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (arrays or
+    /// opened files; checked on the way when `check`), the kernels reading them and writing
+    /// the context in that layout through their strides, the context read back straight into
+    /// the returned array.
     pub(super) async fn sdpa_whole(
         &self,
         ctx: &Context,
-        [q, k, v]: [ArrayView4<'_, f32>; 3],
+        [q, k, v]: [Values<'_>; 3],
         bias: Option<ArrayView4<'_, f32>>,
         mods: Option<&Modifiers>,
         check: bool,
     ) -> Result<Output> {
         let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        let (batch, heads, l, _) = q.dim();
-        let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
+        let [batch, heads, l, _] = four(q.shape())?;
+        let [_, kv_heads, s_len, _] = four(k.shape())?;
+        let e_v = four(v.shape())?[3];
         let source = Source::Qkv {
-            arrays: [q, k, v],
+            values: [q, k, v],
             check,
         };
         let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]).heads_first();

@@ -5,17 +5,21 @@
 //! the checks on the values (NaN and infinities; f16's range) and the rounding to f16 are
 //! done on each chunk on its way through. A strided view (heads-first data sliced along an
 //! axis, a transposed array) is copied run by run along its last axis, never gathered into
-//! a contiguous copy first. The device buffers come from the context's pool, so calls of
-//! one shape reuse them.
+//! a contiguous copy first. An opened `.npy` file ([`crate::npy::Opened`]) is read a chunk
+//! at a time straight into that memory, with the same checks: no array of it on the host.
+//! The device buffers come from the context's pool, so calls of one shape reuse them.
 
 use ndarray::{ArrayViewD, Axis};
 
 use super::buffer::{check_len, pooled, Buf};
 use super::Device;
 use crate::error::{Error, Result};
+use crate::npy::Opened;
+use crate::phases::Instant;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::phases::Phase;
 use crate::values::{first_non_finite, first_past_f16, non_finite_at, past_f16, unravel, CHUNK};
+use std::time::Duration;
 
 /// What an upload checks and how it stores the values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +30,31 @@ pub(crate) struct Stored {
     pub finite: bool,
     /// Only the buffer, not its contents: the pipeline dry run, which records nothing.
     pub dry: bool,
+}
+
+/// What an upload copies: an array (any layout) or an opened `.npy` file.
+#[derive(Clone)]
+pub(crate) enum Values<'a> {
+    Array(ArrayViewD<'a, f32>),
+    File(&'a Opened),
+}
+
+impl Values<'_> {
+    /// The shape of the values (an error's index is into it).
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Values::Array(a) => a.shape(),
+            Values::File(f) => f.shape(),
+        }
+    }
+
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Values::Array(a) => a.len(),
+            Values::File(f) => f.len(),
+        }
+    }
 }
 
 /// Bytes of a buffer of `len` values stored as `f16` or f32 (f16 padded to whole `vec4`s).
@@ -45,35 +74,48 @@ pub(crate) fn stored_bytes(len: usize, f16: bool) -> u64 {
 pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
     #[cfg(not(target_arch = "wasm32"))]
     let _upload = ctx.phases.enter(Phase::Upload);
-    upload(ctx, name, a, how)
+    upload(ctx, name, &Values::Array(a.view()), how).map(|(buf, _)| buf)
 }
 
-/// [`array`] for several arrays side by side, on a thread each when they are large; the
-/// first error in `arrays`' order is the one returned.
+/// [`array`] for several arrays (or files) side by side, on a thread each when they are
+/// large; the first error in `arrays`' order is the one returned.
 ///
 /// # Errors
 /// As [`array`].
-pub(crate) fn arrays(
-    ctx: &Device,
-    arrays: &[(&str, ArrayViewD<'_, f32>)],
-    how: Stored,
-) -> Result<Vec<Buf>> {
+pub(crate) fn arrays(ctx: &Device, arrays: &[(&str, Values<'_>)], how: Stored) -> Result<Vec<Buf>> {
     #[cfg(not(target_arch = "wasm32"))]
-    let _upload = ctx.phases.enter(Phase::Upload);
+    let upload_phase = ctx.phases.enter(Phase::Upload);
     let total: usize = arrays.iter().map(|(_, a)| a.len() * 4).sum();
-    if how.dry || crate::values::threads_for(total) == 1 {
-        return arrays.iter().map(|(n, a)| upload(ctx, n, a, how)).collect();
-    }
-    on_threads(ctx, arrays, how)
+    let (bufs, reading) = if how.dry || crate::values::threads_for(total) == 1 {
+        let mut reading = Duration::ZERO;
+        let mut bufs = Vec::with_capacity(arrays.len());
+        for (n, a) in arrays {
+            let (buf, read) = upload(ctx, n, a, how)?;
+            reading += read;
+            bufs.push(buf);
+        }
+        (bufs, reading)
+    } else {
+        let done = on_threads(ctx, arrays, how)?;
+        // Side by side: the longest reading is the wall time the reads took.
+        let reading = done.iter().map(|d| d.1).max().unwrap_or_default();
+        (done.into_iter().map(|d| d.0).collect(), reading)
+    };
+    // The time spent reading files is `io`, not the upload's.
+    #[cfg(not(target_arch = "wasm32"))]
+    upload_phase.close_moving(Phase::Io, reading);
+    #[cfg(target_arch = "wasm32")]
+    let _ = reading;
+    Ok(bufs)
 }
 
 /// [`upload`] of each of `arrays` on a thread of its own.
 #[cfg(not(target_arch = "wasm32"))]
 fn on_threads(
     ctx: &Device,
-    arrays: &[(&str, ArrayViewD<'_, f32>)],
+    arrays: &[(&str, Values<'_>)],
     how: Stored,
-) -> Result<Vec<Buf>> {
+) -> Result<Vec<(Buf, Duration)>> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = arrays
             .iter()
@@ -95,14 +137,15 @@ fn on_threads(
 #[cfg(target_arch = "wasm32")]
 fn on_threads(
     ctx: &Device,
-    arrays: &[(&str, ArrayViewD<'_, f32>)],
+    arrays: &[(&str, Values<'_>)],
     how: Stored,
-) -> Result<Vec<Buf>> {
+) -> Result<Vec<(Buf, Duration)>> {
     arrays.iter().map(|(n, a)| upload(ctx, n, a, how)).collect()
 }
 
-/// [`array`] without its phase (the caller's).
-fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
+/// [`array`] without its phase (the caller's); with the time its reads from a file took
+/// (its longest thread's).
+fn upload(ctx: &Device, name: &str, a: &Values<'_>, how: Stored) -> Result<(Buf, Duration)> {
     check_len(ctx, name, a.len())?;
     let bytes = stored_bytes(a.len(), how.f16);
     let unified = ctx.hardware().unified_memory;
@@ -115,41 +158,44 @@ fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Res
             STAGED_OPERAND
         };
         let size = crate::gpu::pool::class_of(bytes);
-        return Ok(Buf::unpooled(ctx.device.create_buffer(
-            &wgpu::BufferDescriptor {
-                label: Some(name),
-                size,
-                usage,
-                mapped_at_creation: false,
-            },
-        )));
+        let buf = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(name),
+            size,
+            usage,
+            mapped_at_creation: false,
+        });
+        return Ok((Buf::unpooled(buf), Duration::ZERO));
     }
     let gathered;
-    let pieces = match pieces(a) {
-        Some(p) => p,
-        None => {
-            // Columns not adjacent in memory (a transposed view): gathered, the rare case.
-            gathered = a.iter().copied().collect::<Vec<_>>();
-            gathered
-                .chunks(CHUNK)
-                .enumerate()
-                .map(|(c, s)| (c * CHUNK, s))
-                .collect()
-        }
+    let runs = match a {
+        Values::File(f) => Runs::File(f, a.len()),
+        Values::Array(a) => Runs::Slices(match pieces(a) {
+            Some(p) => p,
+            None => {
+                // Columns not adjacent in memory (a transposed view): gathered, the rare case.
+                gathered = a.iter().copied().collect::<Vec<_>>();
+                gathered
+                    .chunks(CHUNK)
+                    .enumerate()
+                    .map(|(c, s)| (c * CHUNK, s))
+                    .collect()
+            }
+        }),
     };
     let (buf, written) = if unified {
         // Written where the kernels read it: no staging copy in the process's memory.
         write_mapped(ctx, name, MAPPED_OPERAND, bytes, |view| {
-            write(view, &pieces, how, a.len())
+            write(view, &runs, how, a.len())
         })?
     } else {
-        staged(ctx, name, bytes, |view| write(view, &pieces, how, a.len()))?
+        staged(ctx, name, bytes, |view| write(view, &runs, how, a.len()))?
     };
     match written {
-        Ok(()) => Ok(buf),
+        Ok(reading) => Ok((buf, reading)),
         Err(Bad::Panicked) => Err(Error::invalid(name, "internal: an upload thread panicked")),
         Err(Bad::NonFinite(at, value)) => Err(non_finite_at(name, a.shape(), at, value)),
         Err(Bad::PastF16(at, value)) => Err(past_f16(name, &unravel(at, a.shape()), value)),
+        Err(Bad::Read(e)) => Err(e),
     }
 }
 
@@ -161,12 +207,12 @@ fn upload(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Res
 ///
 /// # Errors
 /// As [`write_mapped`]; a write that wgpu refuses.
-fn staged<E>(
+fn staged<T, E>(
     ctx: &Device,
     name: &str,
     bytes: u64,
-    fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>) -> std::result::Result<(), E>,
-) -> Result<(Buf, std::result::Result<(), E>)> {
+    fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>) -> std::result::Result<T, E>,
+) -> Result<(Buf, std::result::Result<T, E>)> {
     #[cfg(not(target_arch = "wasm32"))]
     {
         let (staging, written) = write_mapped(ctx, "upload staging", STAGING, bytes, fill)?;
@@ -251,46 +297,113 @@ const MAPPED_OPERAND: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST)
     .union(wgpu::BufferUsages::MAP_WRITE);
 
-/// What stopped a write: the first bad value (row-major position and value), or a thread.
+/// What stopped a write: the first bad value (row-major position and value), a file's
+/// read, or a thread.
 enum Bad {
     NonFinite(usize, f32),
     PastF16(usize, f32),
+    Read(Error),
     Panicked,
 }
 
-/// Writes `pieces` (of `len` values in all) into `view` as `how` says, in contiguous groups
-/// of pieces, one per thread; the rest of `view` (f16's padding, an empty array's stand-in)
-/// zero. The first bad value in row-major order stops it.
+/// The values of an upload as runs in row-major order, each at most [`CHUNK`] values: slices
+/// of the caller's array (each with the position of its first value), or the chunks of an
+/// opened file (of `len` values), read into the writing thread's scratch as they come.
+enum Runs<'a> {
+    Slices(Vec<(usize, &'a [f32])>),
+    File(&'a Opened, usize),
+}
+
+/// A writing thread's buffers for a file's chunks, and the time it spent reading them.
+#[derive(Default)]
+struct Scratch {
+    values: Vec<f32>,
+    raw: Vec<u64>,
+    reading: Duration,
+}
+
+impl Runs<'_> {
+    /// The number of runs.
+    fn count(&self) -> usize {
+        match self {
+            Runs::Slices(p) => p.len(),
+            Runs::File(_, len) => len.div_ceil(CHUNK),
+        }
+    }
+
+    /// The position of run `i`'s first value (`i == count()`: the number of values).
+    fn start(&self, i: usize, len: usize) -> usize {
+        match self {
+            Runs::Slices(p) => p.get(i).map_or(len, |r| r.0),
+            Runs::File(..) => (i * CHUNK).min(len),
+        }
+    }
+
+    /// Run `i`'s values.
+    fn run<'s>(
+        &'s self,
+        i: usize,
+        scratch: &'s mut Scratch,
+    ) -> std::result::Result<&'s [f32], Bad> {
+        match self {
+            Runs::Slices(p) => Ok(p[i].1),
+            Runs::File(file, len) => {
+                let first = i * CHUNK;
+                let n = CHUNK.min(len - first);
+                scratch.values.resize(CHUNK, 0.0);
+                let out = &mut scratch.values[..n];
+                let start = Instant::now();
+                file.read_at(first, out, &mut scratch.raw)
+                    .map_err(Bad::Read)?;
+                scratch.reading += start.elapsed();
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Writes `runs` (of `len` values in all) into `view` as `how` says, in contiguous groups
+/// of runs, one per thread; the rest of `view` (f16's padding, an empty array's stand-in)
+/// zero. The first bad value in row-major order stops it. Returns the time the longest
+/// thread spent reading a file's chunks.
 fn write(
     view: wgpu::WriteOnly<'_, [u8]>,
-    pieces: &[(usize, &[f32])],
+    runs: &Runs<'_>,
     how: Stored,
     len: usize,
-) -> std::result::Result<(), Bad> {
+) -> std::result::Result<Duration, Bad> {
     let width = if how.f16 { 2 } else { 4 };
     let threads = crate::values::threads_for(len * 4);
     let per = len.div_ceil(threads).max(1);
-    let mut groups: Vec<&[(usize, &[f32])]> = Vec::with_capacity(threads);
-    let mut rest = pieces;
-    while !rest.is_empty() {
-        let end = rest.partition_point(|&(pos, _)| pos < rest[0].0 + per);
-        let (group, tail) = rest.split_at(end.max(1));
-        groups.push(group);
-        rest = tail;
+    // Groups of runs, as index ranges, each of about `per` values.
+    let count = runs.count();
+    let mut groups: Vec<std::ops::Range<usize>> = Vec::with_capacity(threads);
+    let mut first = 0;
+    while first < count {
+        let want = runs.start(first, len) + per;
+        let mut end = first + 1;
+        while end < count && runs.start(end, len) < want {
+            end += 1;
+        }
+        groups.push(first..end);
+        first = end;
     }
     let mut parts = Vec::with_capacity(groups.len());
     let mut remaining = view;
     for group in &groups {
-        let values: usize = group.iter().map(|(_, s)| s.len()).sum();
+        let values = runs.start(group.end, len) - runs.start(group.start, len);
         let (part, tail) = remaining.split_at(values * width);
         parts.push(Part(part));
         remaining = tail;
     }
     remaining.fill(0);
-    let fill = |group: &[(usize, &[f32])], Part(mut out): Part<'_>| {
+    let fill = |group: std::ops::Range<usize>, Part(mut out): Part<'_>| {
         let mut halves = vec![half::f16::ZERO; if how.f16 { CHUNK } else { 0 }];
+        let mut scratch = Scratch::default();
         let mut at = 0;
-        for &(first, chunk) in group {
+        for i in group {
+            let first = runs.start(i, len);
+            let chunk = runs.run(i, &mut scratch)?;
             if how.finite {
                 if let Some(i) = first_non_finite(chunk) {
                     return Err(Bad::NonFinite(first + i, chunk[i]));
@@ -311,14 +424,14 @@ fn write(
             }
             at += n;
         }
-        Ok(())
+        Ok(scratch.reading)
     };
-    let results: Vec<std::result::Result<(), Bad>> = if parts.len() > 1 {
+    let results: Vec<std::result::Result<Duration, Bad>> = if parts.len() > 1 {
         std::thread::scope(|scope| {
             let handles: Vec<_> = groups
                 .iter()
                 .zip(parts)
-                .map(|(group, part)| scope.spawn(move || fill(group, part)))
+                .map(|(group, part)| scope.spawn(move || fill(group.clone(), part)))
                 .collect();
             handles
                 .into_iter()
@@ -326,13 +439,18 @@ fn write(
                 .collect()
         })
     } else {
-        groups.iter().zip(parts).map(|(g, p)| fill(g, p)).collect()
+        groups
+            .iter()
+            .zip(parts)
+            .map(|(g, p)| fill(g.clone(), p))
+            .collect()
     };
     // The groups are in row-major order: the first error is the first bad value.
-    results
-        .into_iter()
-        .find_map(std::result::Result::err)
-        .map_or(Ok(()), Err)
+    let mut reading = Duration::ZERO;
+    for r in results {
+        reading = reading.max(r?);
+    }
+    Ok(reading)
 }
 
 /// A part of the staging view that one thread fills. wgpu 30's `WriteOnly<T>` is `Send` for

@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 
 use ndarray::ArrayD;
 
-#[cfg(unix)]
-use crate::values::threads_for;
-use crate::values::CHUNK;
+use crate::values::{threads_for, CHUNK};
 
 static IO_NANOS: AtomicU64 = AtomicU64::new(0);
 
@@ -50,13 +48,29 @@ fn element_size(descr: &str) -> Option<usize> {
     }
 }
 
-/// The array in `file` when it is one of the common kinds, `None` to leave it to the
-/// general parser.
+/// Where the values of a common file are: `shape`, `elem` bytes each from byte `data` on.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(unix), allow(dead_code))]
+pub(super) struct Header {
+    pub shape: Vec<usize>,
+    pub elem: usize,
+    pub data: u64,
+}
+
+impl Header {
+    /// The number of values.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// The header of `file` when it is one of the common kinds (and its length adds up), `None`
+/// to leave it to the general parser.
 ///
 /// # Errors
 /// A read that fails part way.
 #[cfg(unix)]
-pub(super) fn read(file: &File) -> io::Result<Option<ArrayD<f32>>> {
+pub(super) fn read_header(file: &File) -> io::Result<Option<Header>> {
     use std::os::unix::fs::FileExt;
     let size = file.metadata()?.len();
     let mut pre = [0u8; 12];
@@ -101,26 +115,33 @@ pub(super) fn read(file: &File) -> io::Result<Option<ArrayD<f32>>> {
     let fits = count
         .and_then(|n| n.checked_mul(elem))
         .is_some_and(|bytes| data.checked_add(bytes as u64) == Some(size));
-    let (Some(count), true) = (count, fits) else {
-        return Ok(None);
-    };
-    // Zeroed by the allocator (fresh pages from the OS when large: no pass of ours).
-    let mut values = vec![0f32; count];
-    fill(file, data, elem, &mut values)?;
-    Ok(ArrayD::from_shape_vec(shape, values).ok())
+    Ok(fits.then_some(Header { shape, elem, data }))
 }
 
 /// Elsewhere the general parser reads every file.
 #[cfg(not(unix))]
-pub(super) fn read(_file: &File) -> io::Result<Option<ArrayD<f32>>> {
+pub(super) fn read_header(_file: &File) -> io::Result<Option<Header>> {
     Ok(None)
 }
 
-/// Reads `out.len()` values of `elem` bytes from `file` at byte `at` into `out`, widened to
-/// f32, in parts on several threads when large.
-#[cfg(unix)]
-fn fill(file: &File, at: u64, elem: usize, out: &mut [f32]) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
+/// The array in `file` when it is one of the common kinds, `None` to leave it to the
+/// general parser.
+///
+/// # Errors
+/// A read that fails part way.
+pub(super) fn read(file: &File) -> io::Result<Option<ArrayD<f32>>> {
+    let Some(h) = read_header(file)? else {
+        return Ok(None);
+    };
+    // Zeroed by the allocator (fresh pages from the OS when large: no pass of ours).
+    let mut values = vec![0f32; h.len()];
+    fill(file, &h, &mut values)?;
+    Ok(ArrayD::from_shape_vec(h.shape, values).ok())
+}
+
+/// Reads all of `h`'s values from `file` into `out`, widened to f32, in parts on several
+/// threads when large.
+pub(super) fn fill(file: &File, h: &Header, out: &mut [f32]) -> io::Result<()> {
     let threads = threads_for(out.len() * 4);
     let per = out
         .len()
@@ -128,27 +149,7 @@ fn fill(file: &File, at: u64, elem: usize, out: &mut [f32]) -> io::Result<()> {
         .next_multiple_of(CHUNK)
         .max(CHUNK);
     let part = |index: usize, dst: &mut [f32]| -> io::Result<()> {
-        let mut from = at + (index * per * elem) as u64;
-        if elem == 4 {
-            return file.read_exact_at(bytemuck::cast_slice_mut(dst), from);
-        }
-        let mut halves = vec![half::f16::ZERO; if elem == 2 { CHUNK } else { 0 }];
-        let mut doubles = vec![0f64; if elem == 8 { CHUNK } else { 0 }];
-        for d in dst.chunks_mut(CHUNK) {
-            if elem == 2 {
-                let h = &mut halves[..d.len()];
-                file.read_exact_at(bytemuck::cast_slice_mut(h), from)?;
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&*h, d);
-            } else {
-                let x = &mut doubles[..d.len()];
-                file.read_exact_at(bytemuck::cast_slice_mut(x), from)?;
-                for (o, v) in d.iter_mut().zip(x.iter()) {
-                    *o = *v as f32;
-                }
-            }
-            from += (d.len() * elem) as u64;
-        }
-        Ok(())
+        read_at(file, h, index * per, dst, &mut Vec::new())
     };
     if threads == 1 {
         return part(0, out);
@@ -165,6 +166,56 @@ fn fill(file: &File, at: u64, elem: usize, out: &mut [f32]) -> io::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Reads `out.len()` of `h`'s values from value `first` on into `out`, widened to f32 a
+/// chunk at a time through `scratch` (float16 and float64; float32 straight into `out`).
+/// Without `pread` (not unix) never called: every file goes to the general parser there.
+///
+/// # Errors
+/// A read that fails, or a range past the file's values.
+pub(super) fn read_at(
+    file: &File,
+    h: &Header,
+    first: usize,
+    out: &mut [f32],
+    scratch: &mut Vec<u64>,
+) -> io::Result<()> {
+    if first + out.len() > h.len() {
+        return Err(io::Error::other("internal: a read past the values"));
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, scratch);
+        Err(io::Error::other("not read directly on this platform"))
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileExt;
+        let mut from = h.data + (first * h.elem) as u64;
+        if h.elem == 4 {
+            return file.read_exact_at(bytemuck::cast_slice_mut(out), from);
+        }
+        // u64s: aligned for the f16 and f64 views of the bytes read (CHUNK of them hold a
+        // chunk of f64s).
+        scratch.resize(CHUNK, 0);
+        for d in out.chunks_mut(CHUNK) {
+            let words = &mut scratch[..(d.len() * h.elem).div_ceil(8)];
+            let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(words)[..d.len() * h.elem];
+            file.read_exact_at(bytes, from)?;
+            if h.elem == 2 {
+                let halves: &[half::f16] = bytemuck::cast_slice(bytes);
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(halves, d);
+            } else {
+                let doubles: &[f64] = bytemuck::cast_slice(bytes);
+                for (o, v) in d.iter_mut().zip(doubles) {
+                    *o = *v as f32;
+                }
+            }
+            from += (d.len() * h.elem) as u64;
+        }
+        Ok(())
+    }
 }
 
 /// The header of a version 1.0 `.npy` of `descr` values in C order and `shape`, padded so

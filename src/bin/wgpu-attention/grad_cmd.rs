@@ -48,15 +48,11 @@ fn read_grad_output(path: &Path, want: &[usize], output: &str) -> Result<ArrayD<
 impl GradArgs {
     /// `sdpa`'s dO, read and checked against the context's shape `(batch, heads, L, E_v)` and
     /// for NaN/Inf, or `None` without `--grad-output`.
-    pub fn sdpa_grad_output(
-        &self,
-        [q, v]: [ArrayView4<'_, f32>; 2],
-    ) -> Result<Option<Array4<f32>>> {
+    pub fn sdpa_grad_output(&self, [q, v]: [&[usize]; 2]) -> Result<Option<Array4<f32>>> {
         let Some(path) = &self.grad_output else {
             return Ok(None);
         };
-        let (b, h, l, _) = q.dim();
-        let want = [b, h, l, v.dim().3];
+        let want = [q[0], q[1], q[2], v[3]];
         let d_o = read_grad_output(path, &want, "context (batch, heads, L, E_v)")?;
         if let Some((index, &value)) = d_o.indexed_iter().find(|(_, v)| !v.is_finite()) {
             return Err(Error::NonFinite {

@@ -204,7 +204,7 @@ pub fn say_build_profile() {
 pub fn print_timings(ctx: &Context, on: bool) {
     if on {
         let mut t = ctx.phase_times();
-        t.io = wgpu_attention::npy::io_time();
+        t.io += wgpu_attention::npy::io_time();
         eprintln!("timings   {t}");
     }
 }

@@ -29,36 +29,48 @@ pub struct SdpaArgs {
     mods: crate::mods_args::ModArgs,
 }
 
-fn read_4d(path: &Path) -> Result<ndarray::Array4<f32>> {
-    let a = npy::read(path)?;
-    let shape = a.shape().to_vec();
-    a.into_dimensionality().map_err(|_| {
-        Error::shape(format!(
-            "{}: expected a 4-D array (batch, heads, rows, width), got shape {shape:?}",
-            path.display()
-        ))
-    })
+/// All of an opened Q, K or V file's values (4-d, checked when opened).
+fn read_4d(file: &npy::Opened) -> Result<ndarray::Array4<f32>> {
+    file.read()?
+        .into_dimensionality()
+        .map_err(|e| Error::shape(format!("{}: {e}", file.path().display())))
+}
+
+/// Opens a Q, K or V file (its header read, its values left on disk until the upload reads
+/// them straight into device memory), checking that it is 4-d.
+fn open_4d(path: &Path) -> Result<npy::Opened> {
+    let a = npy::Opened::open(path)?;
+    match a.shape().len() {
+        4 => Ok(a),
+        _ => Err(Error::shape(format!(
+            "{}: expected a 4-D array (batch, heads, rows, width), got shape {:?}",
+            path.display(),
+            a.shape()
+        ))),
+    }
 }
 
 pub fn sdpa(args: &SdpaArgs) -> Result<()> {
-    let (q, k, v) = (read_4d(&args.q)?, read_4d(&args.k)?, read_4d(&args.v)?);
+    let (q, k, v) = (open_4d(&args.q)?, open_4d(&args.k)?, open_4d(&args.v)?);
     let op = args.op.op();
     // Check the problem before opening a device, so bad input fails fast.
     let dims = Dims::new(&op, &Inputs::qkv(&q, &k, &v))?;
     let (mask_array, lengths) = args.op.read_mask()?;
     let mods = args.mods.modifiers()?;
     let mask = with_lengths(mask_array.as_ref(), lengths.as_deref()).with_modifiers(&mods);
-    let (b, h, l, _) = q.dim();
-    mask.check([b, h, l, k.dim().2])?;
-    let d_o = args.op.grad.sdpa_grad_output([q.view(), v.view()])?;
+    let (qs, ks) = (q.shape(), k.shape());
+    mask.check([qs[0], qs[1], qs[2], ks[2]])?;
+    let d_o = args.op.grad.sdpa_grad_output([q.shape(), v.shape()])?;
     let ctx = args.op.adapter.open()?;
-    let qkv = [q.view(), k.view(), v.view()];
     let (out, grads) = match &d_o {
         Some(d_o) => {
             let op = (&op, !args.op.context_only);
+            let (q, k, v) = (read_4d(&q)?, read_4d(&k)?, read_4d(&v)?);
+            let qkv = [q.view(), k.view(), v.view()];
             let (out, grads) = grad_cmd::GradArgs::sdpa_on_gpu(&ctx, op, qkv, &mask, d_o)?;
             (out, Some(grads))
         }
+        // Each file's values go from the file into device memory in one pass.
         None => (op.run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask))?, None),
     };
     args.op.write(&out)?;
