@@ -1,5 +1,5 @@
 // Copies per-group matrices out of a storage buffer into an rgba32float texture (rgba16float
-// when SRC_T is f16: the host rewrites the format, src/kernels/pack.rs) for the
+// when TEX_T is f16: the host rewrites the format, src/kernels/pack.rs) for the
 // subgroup kernels (flash_subgroup.wgsl, matmul_subgroup.wgsl), zero-padding each row to a
 // multiple of 4 values:
 //
@@ -8,8 +8,9 @@
 // (2^shift rows side by side per texture row, so long sequences fit the texture limits).
 // Element (j, col) of group g = (batch index b, head h) is src[off + b·batch + h·head +
 // j·row + col·col_stride], so a transposed operand packs as well. One invocation per texel,
-// linear 2-D grid of 64-wide workgroups. The host prepends `alias SRC_T` (f32 or f16): an
-// f16 operand's values go into half-float texels as they are.
+// linear 2-D grid of 64-wide workgroups. The host prepends `alias SRC_T` (f32 or f16) and
+// `alias TEX_T` (the texels' type: an f16 operand's values go into half-float texels as they
+// are, or widened into the f32 texture a layer's weight was first packed into).
 //
 // The host prepends, from src/kernels/pack.rs: the constants and element-type aliases
 // named there, shaders/prelude.wgsl (NEG, FLOOR, LOG2E, mask_offset, add_bias), and

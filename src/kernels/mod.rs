@@ -80,10 +80,10 @@ pub(crate) trait Kernel {
     /// and subgroups): its source then gets [`coop_matmul::coop_header`], sized by its
     /// constant `S`.
     const COOP: bool = false;
-    /// Whether its storage textures hold what its first element type holds: in a build
-    /// where `DTYPES[0]` is f16, every `texture_storage_2d<rgba32float, …>` of its file is
-    /// `rgba16float` (half the memory and bandwidth, and exact for f16 values).
-    const TEXELS_FOLLOW_DTYPE: bool = false;
+    /// The element type (an index into `DTYPES`) its storage textures' texels follow: in a
+    /// build where that type is f16, every `texture_storage_2d<rgba32float, …>` of its file
+    /// is `rgba16float` (half the memory and bandwidth, and exact for f16 values).
+    const TEXEL_DTYPE: Option<usize> = None;
     /// Its specialisation constants.
     type Consts: Constants;
     /// Its uniform block.
@@ -108,8 +108,8 @@ pub(crate) enum Slot {
     ReadWrite(&'static str),
     /// `texture_2d<f32>`, read with `textureLoad`.
     Texture(&'static str),
-    /// `texture_storage_2d<rgba32float, write>` (`rgba16float` when the kernel's texels
-    /// follow its f16 element type: [`Kernel::TEXELS_FOLLOW_DTYPE`]).
+    /// `texture_storage_2d<rgba32float, write>` (`rgba16float` when the kernel's texel
+    /// element type is f16: [`Kernel::TEXEL_DTYPE`]).
     StorageTexture(&'static str),
 }
 
@@ -134,8 +134,8 @@ pub(crate) struct KernelInfo {
     pub trusted: bool,
     /// [`Kernel::COOP`].
     pub coop: bool,
-    /// [`Kernel::TEXELS_FOLLOW_DTYPE`].
-    pub texels_follow_dtype: bool,
+    /// [`Kernel::TEXEL_DTYPE`].
+    pub texel_dtype: Option<usize>,
     /// The generated `struct Params`.
     pub params: fn() -> String,
     /// `(name, WGSL type, offset)` of the uniform's fields.
@@ -157,7 +157,7 @@ impl KernelInfo {
             subgroups_if: K::SUBGROUPS_IF,
             trusted: K::TRUSTED,
             coop: K::COOP,
-            texels_follow_dtype: K::TEXELS_FOLLOW_DTYPE,
+            texel_dtype: K::TEXEL_DTYPE,
             params: K::Params::wgsl,
             fields: K::Params::FIELDS,
             params_size: std::mem::size_of::<K::Params>(),
@@ -185,7 +185,7 @@ impl KernelInfo {
         let source = wgsl::compose(self.source, self.dtypes, f16, &named, &params, unrolled);
         let source = self.with_coop(source, &named);
         let source = mods::with_modifiers(source, self.source, mods);
-        let source = match self.texels_follow_dtype && f16 & 1 != 0 {
+        let source = match self.texel_dtype.is_some_and(|i| f16 & (1 << i) != 0) {
             true => source.replace(
                 "texture_storage_2d<rgba32float,",
                 "texture_storage_2d<rgba16float,",

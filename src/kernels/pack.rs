@@ -41,10 +41,9 @@ impl Kernel for Shader {
         Slot::StorageTexture("dst"),
         Slot::Read("src4"),
     ];
-    /// The source is f16 (widened to f32 as it is packed).
-    const DTYPES: &'static [&'static str] = &["SRC_T"];
-    /// An f16 source packs into `rgba16float`.
-    const TEXELS_FOLLOW_DTYPE: bool = true;
+    /// The source is f16; the texels are f16 (`rgba16float`, else `rgba32float`).
+    const DTYPES: &'static [&'static str] = &["SRC_T", "TEX_T"];
+    const TEXEL_DTYPE: Option<usize> = Some(1);
     type Consts = NoConstants;
     type Params = PackParams;
 }
@@ -259,12 +258,12 @@ impl Pack {
     ) -> Result<()> {
         let groups = self.batch * self.heads;
         let layout = self.layout(ctx, "packed operand")?;
-        if layout != dst.layout || self.f16 != dst.half {
+        if layout != dst.layout {
             return Err(Error::invalid(
                 "pack",
                 format!(
-                    "internal: a texture of layout {:?} (f16 {}) repacked as {layout:?} (f16 {})",
-                    dst.layout, dst.half, self.f16
+                    "internal: a texture of layout {:?} repacked as {layout:?}",
+                    dst.layout
                 ),
             ));
         }
@@ -296,7 +295,9 @@ impl Pack {
             ctx,
             encoder,
             &NoConstants,
-            u8::from(self.f16),
+            // The source's type, and the texels' (an f16 weight is repacked into the
+            // rgba32float texture its layer was built with).
+            u8::from(self.f16) | (u8::from(dst.half) << 1),
             &params,
             &[src.into(), Binding::Texture(&dst.view), src4.into()],
             texels.div_ceil(64),
