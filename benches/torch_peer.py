@@ -5,7 +5,7 @@
 synchronised, so the time is the device's work).
 
     python3 benches/torch_peer.py --n 1024,4096 --heads 1 --e 64 --batch 1 [--causal] [--repeats 3]
-        [--device cpu|auto] [--cpu-flop-max F]
+        [--device cpu|auto] [--cpu-flop-max F] [--dtype float32|float16]
 
 `--device auto` takes the GPU torch has (CUDA, ROCm through the same API, or Apple's MPS) and
 the CPU without one: the callers pass it when their own adapter is a GPU, so that both sides
@@ -16,6 +16,7 @@ is recorded for a backward, and backward_ms is `-`.
 
 Exits 3 without PyTorch (the bench then leaves the peer out).
 """
+
 import argparse
 import statistics
 import sys
@@ -49,7 +50,9 @@ def main() -> None:
     p.add_argument("--forward-only", action="store_true")
     p.add_argument("--device", choices=["cpu", "auto"], default="cpu")
     p.add_argument("--cpu-flop-max", type=float, default=None)
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     a = p.parse_args()
+    dtype = getattr(torch, a.dtype)
     torch.manual_seed(0)
     dev, name = pick_device(a.device)
     print("# torch", torch.__version__, flush=True)
@@ -68,7 +71,7 @@ def main() -> None:
         if dev.type == "cpu" and a.cpu_flop_max is not None and flop > a.cpu_flop_max:
             continue
         if a.forward_only:
-            q, k, v = (torch.randn(shape, device=dev) for _ in range(3))
+            q, k, v = (torch.randn(shape, device=dev, dtype=dtype) for _ in range(3))
             fwd = []
             with torch.inference_mode():
                 for i in range(a.repeats + 1):
@@ -80,8 +83,11 @@ def main() -> None:
                         fwd.append((time.perf_counter() - t0) * 1e3)
             print(n, statistics.median(fwd), "-", torch.get_num_threads(), flush=True)
             continue
-        q, k, v = (torch.randn(shape, device=dev, requires_grad=True) for _ in range(3))
-        d_o = torch.randn(shape, device=dev)
+        q, k, v = (
+            torch.randn(shape, device=dev, dtype=dtype, requires_grad=True)
+            for _ in range(3)
+        )
+        d_o = torch.randn(shape, device=dev, dtype=dtype)
         fwd, bwd = [], []
         for i in range(a.repeats + 1):
             sync()
@@ -97,7 +103,13 @@ def main() -> None:
             if i > 0:  # the first is a warm-up
                 fwd.append((t1 - t0) * 1e3)
                 bwd.append((t2 - t1) * 1e3)
-        print(n, statistics.median(fwd), statistics.median(bwd), torch.get_num_threads(), flush=True)
+        print(
+            n,
+            statistics.median(fwd),
+            statistics.median(bwd),
+            torch.get_num_threads(),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

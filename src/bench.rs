@@ -197,12 +197,11 @@ pub fn gpu_attention(
 /// Whatever the forward pass returns.
 pub fn gpu_resident(
     ctx: &Context,
-    op: &Attention,
+    (op, dtype): (&Attention, crate::Dtype),
     x: ArrayView3<'_, f32>,
-    warmup: usize,
-    repeats: usize,
+    (warmup, repeats): (usize, usize),
 ) -> Result<(Stats, Vec<(String, f64)>)> {
-    let x = crate::Tensor::from_array(ctx, x.into_dyn(), crate::Dtype::F32)?;
+    let x = crate::Tensor::from_array(ctx, x.into_dyn(), dtype)?;
     profiled(ctx, warmup, repeats, || {
         op.run(ctx, crate::Inputs::x(&x))?;
         ctx.synchronize()?;

@@ -17,6 +17,8 @@ pub struct Shape {
     pub heads: usize,
     pub batch: usize,
     pub causal: bool,
+    /// The GPU paths' operand type (the CPU's stay f32).
+    pub dtype: wgpu_attention::Dtype,
     pub warmup: usize,
     pub repeats: usize,
 }
@@ -86,10 +88,13 @@ pub fn measure(
         let (q, k, v, d_o) = (wave(1), wave(2), wave(3), wave(5));
         let flop = 2.0 * (n * n * 2 * shape.d * shape.batch) as f64;
         for &family in families {
-            let op = Attention::new().causal(shape.causal).options(Options {
-                kernels: family,
-                ..Options::default()
-            });
+            let op = Attention::new()
+                .causal(shape.causal)
+                .dtype(shape.dtype)
+                .options(Options {
+                    kernels: family,
+                    ..Options::default()
+                });
             let arrays = [q.view(), k.view(), v.view(), d_o.view()];
             let outcome =
                 match bench::gpu_forward_backward(ctx, &op, arrays, shape.warmup, shape.repeats) {
@@ -126,11 +131,15 @@ pub fn table(ctx: &Context, sweep: &Sweep<'_>, families: &[Kernels]) -> Result<(
     let shape = &sweep.shape;
     let e = shape.d / shape.heads;
     println!(
-        "\nbackward (sdpa, {} heads of width {e}, batch {}{}; forward FLOP = 2·n²·(d_k+d_v)·batch, \
+        "\nbackward (sdpa, {} heads of width {e}, batch {}{}{}; forward FLOP = 2·n²·(d_k+d_v)·batch, \
          backward FLOP = 2.5× forward; wall clock per call, median of {}):",
         shape.heads,
         shape.batch,
         if shape.causal { ", causal" } else { "" },
+        match shape.dtype {
+            wgpu_attention::Dtype::F16 => ", f16 operands",
+            wgpu_attention::Dtype::F32 => "",
+        },
         shape.repeats
     );
     println!(

@@ -94,6 +94,11 @@ pub struct BenchArgs {
     /// How the --decode cache stores K and V: f32, or f16 (half the memory and bandwidth).
     #[arg(long, default_value = "f32")]
     decode_dtype: wgpu_attention::Dtype,
+    /// Operand type of the GPU paths of the sweep and of --backward: f32, or f16 (needs
+    /// SHADER_F16; arithmetic as `--dtype f16` everywhere). The CPU baselines stay f32;
+    /// PyTorch's peer on a GPU runs in the same dtype.
+    #[arg(long, default_value = "f32")]
+    dtype: wgpu_attention::Dtype,
     /// Block sparsity instead: at each --n, the causal fused forward alone and with a mask
     /// modifier that empties most key tiles (a 512-key window, documents of 2,048 tokens),
     /// side by side (--d, --heads, --batch; --kernels auto, storage or subgroup).
@@ -158,6 +163,7 @@ impl Sweep {
                 heads: args.heads,
                 batch: args.batch,
                 causal: args.causal,
+                dtype: args.dtype,
                 warmup: args.warmup,
                 repeats: args.repeats,
             },
@@ -607,6 +613,7 @@ pub fn attention_at(
             let op = Attention::new()
                 .heads(shape.heads)
                 .causal(shape.causal)
+                .dtype(shape.dtype)
                 .options(Options {
                     kernels: family,
                     ..Options::default()
@@ -614,11 +621,15 @@ pub fn attention_at(
                 .return_weights(weights);
             let plan = op.plan(ctx, &dims)?;
             let path = format!(
-                "gpu {family} {}",
+                "gpu {family} {}{}",
                 match (weights, resident) {
                     (_, true) => "resident",
                     (true, _) => "+weights",
                     _ => "fused",
+                },
+                match shape.dtype {
+                    wgpu_attention::Dtype::F16 => " f16",
+                    wgpu_attention::Dtype::F32 => "",
                 }
             );
             if sweep.spent(start, &format!("{path:<32} {n:>6}"), &mut skipped) {
@@ -627,7 +638,8 @@ pub fn attention_at(
             }
             progress.set_message(format!("{path} n={n}"));
             let result = if resident {
-                bench::gpu_resident(ctx, &op, x.view(), shape.warmup, shape.repeats)
+                let runs = (shape.warmup, shape.repeats);
+                bench::gpu_resident(ctx, (&op, shape.dtype), x.view(), runs)
             } else {
                 bench::gpu_attention(ctx, &op, x.view(), shape.warmup, shape.repeats)
             };

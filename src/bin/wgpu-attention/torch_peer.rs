@@ -66,6 +66,9 @@ pub fn torch_peer(n: &[usize], shape: &Shape, forward_only: bool, gpu: bool) -> 
     if forward_only {
         cmd.arg("--forward-only");
     }
+    if shape.dtype == wgpu_attention::Dtype::F16 {
+        cmd.args(["--dtype", "float16"]);
+    }
     cmd.args(["--device", if gpu { "auto" } else { "cpu" }]);
     if gpu {
         // GPU-sized problems on a torch without a GPU: only what the CPU finishes.
@@ -134,8 +137,12 @@ pub fn on_the_gpu(n: &[usize], shape: &Shape, records: &[Record]) {
         return println!("\npytorch: python3's torch has no GPU here: left out");
     }
     println!(
-        "\nPyTorch on the same shapes (same run, {}):",
-        rows[0].label("SDPA")
+        "\nPyTorch on the same shapes (same run, {}, {}):",
+        rows[0].label("SDPA"),
+        match shape.dtype {
+            wgpu_attention::Dtype::F16 => "float16",
+            wgpu_attention::Dtype::F32 => "float32",
+        }
     );
     for r in &rows {
         let flop = 4.0 * (r.n * r.n) as f64 * shape.d as f64 * shape.batch as f64;

@@ -241,6 +241,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<bool> {
             heads: sizes.heads,
             batch: sizes.batch,
             causal: false,
+            dtype: wgpu_attention::Dtype::F32,
             warmup: WARMUP,
             repeats,
         },
