@@ -36,7 +36,8 @@
 //   dots) and P·V (f16 products) multiply in f16; scores, m, l and O accumulate in f32.
 //
 // Causal (top-left, PyTorch's is_causal): key tiles past the block's last row are never
-// visited; keys past a row inside a tile weigh 0. Mask (MASK ≠ 0): a bias read through its
+// visited; keys past a row inside a tile weigh 0; a group's query blocks are dispatched last
+// rows first (the heaviest first, the lightest at the end of the grid). Mask (MASK ≠ 0): a bias read through its
 // strides, f32::MIN marks a key masked out; the running max starts at FLOOR, so masked keys
 // weigh exactly 0 and a row with nothing visible is written as zeros. SKIP_ZERO ≠ 0: keys of
 // weight exactly 0 are left out of the sum (NaN/Inf values there never reach the row).
@@ -196,7 +197,14 @@ fn main(
     let ty = li / tx_n;
     let tx = li % tx_n;
     let g = id / splits / p.blocks;
-    let row0 = (id / splits % p.blocks) * BR;
+    // Causal: each group's query blocks run last rows first, the heaviest (they see the most
+    // keys) starting first and the lightest ending the dispatch, so no long block is left to
+    // run alone at the end.
+    var blk = id / splits % p.blocks;
+    if p.causal != 0u {
+        blk = p.blocks - 1u - blk;
+    }
+    let row0 = blk * BR;
     let b = g / p.heads;
     let h = g % p.heads;
     // Grouped-query attention: kv_ratio query heads share one K/V head.

@@ -88,7 +88,9 @@ fn main(
         return;
     }
     let g = id / p.blocks;
-    let row0 = (id % p.blocks) * BQ;
+    // Causal: last rows (the heaviest blocks) first, the lightest ending the dispatch.
+    let blk = select(id % p.blocks, p.blocks - 1u - id % p.blocks, p.causal != 0u);
+    let row0 = blk * BQ;
     let b = g / p.heads;
     let h = g % p.heads;
     let hk = h / p.kv_ratio;
