@@ -34,7 +34,7 @@ fn matmul(c: &mut Criterion) {
     group.throughput(Throughput::Elements(2 * (m * m * m) as u64));
     for variant in bench::matmul_candidates(&ctx, &Kernels::available(&ctx), Dtype::F32) {
         group.bench_function(BenchmarkId::from_parameter(variant), |b| {
-            b.iter(|| bench::matmul(&ctx, variant, (m, m, m), 0, 1).unwrap())
+            b.iter(|| bench::matmul(&ctx, (variant, Dtype::F32), (m, m, m), 0, 1).unwrap())
         });
     }
     group.finish();

@@ -155,19 +155,20 @@ pub fn fma_peak(ctx: &Context) -> Result<f64> {
     Ok(best)
 }
 
-/// A matmul `m × k` by `k × n` with `variant`: wall-clock statistics of the dispatch
-/// (operands already on the GPU) and, when profiling is on, the kernels' median times.
+/// A matmul `m × k` by `k × n` with `variant` on operands of `dtype` (f16 operands
+/// accumulate in f32): wall-clock statistics of the dispatch (operands already on the GPU)
+/// and, when profiling is on, the kernels' median times.
 ///
 /// # Errors
 /// Size limits and GPU errors.
 pub fn matmul(
     ctx: &Context,
-    variant: MatmulVariant,
+    (variant, dtype): (MatmulVariant, crate::Dtype),
     (m, n, k): (usize, usize, usize),
     warmup: usize,
     repeats: usize,
 ) -> Result<(Stats, Vec<(String, f64)>)> {
-    let problem = MatmulProblem::new(ctx, (m, n, k), crate::Dtype::F32)?;
+    let problem = MatmulProblem::new(ctx, (m, n, k), dtype)?;
     profiled(ctx, warmup, repeats, || problem.run(ctx, variant))
 }
 

@@ -351,13 +351,17 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     if args.matmul > 0 {
         let m = args.matmul;
         say(format!(
-            "matmul {m}x{m}x{m} (operands on the GPU; subgroup family includes packing):"
+            "matmul {m}x{m}x{m}{} (operands on the GPU; subgroup family includes packing):",
+            match args.dtype {
+                wgpu_attention::Dtype::F16 => ", f16 operands, f32 accumulation",
+                wgpu_attention::Dtype::F32 => "",
+            }
         ));
         say(HEADER.to_string());
         for &family in &families {
             let r = matmul_record(
                 &ctx,
-                family,
+                (family, args.dtype),
                 m,
                 (args.warmup, args.repeats),
                 peak,
@@ -490,23 +494,25 @@ fn sparse(args: &BenchArgs) -> Result<bool> {
     Ok(true)
 }
 
-/// Times the square matmul `m × m × m` with the variant the tuner picks in `family`; the
-/// share of the FMA ceiling `peak` from the matmul kernel's own time where there is one.
+/// Times the square matmul `m × m × m` on operands of `dtype` with the variant the tuner
+/// picks in `family`; the share of the FMA ceiling `peak` from the matmul kernel's own time
+/// where there is one.
 ///
 /// # Errors
 /// Size limits and GPU errors.
 pub fn matmul_record(
     ctx: &wgpu_attention::Context,
-    family: Kernels,
+    (family, dtype): (Kernels, wgpu_attention::Dtype),
     m: usize,
     (warmup, repeats): (usize, usize),
     peak: f64,
     progress: &ProgressBar,
 ) -> Result<Record> {
-    let variant = bench::tuned_matmul(ctx, (&[family], wgpu_attention::Dtype::F32), m)?;
+    let variant = bench::tuned_matmul(ctx, (&[family], dtype), m)?;
     progress.set_message(format!("{variant}"));
     let flop = 2.0 * (m * m * m) as f64;
-    let (stats, kernels_ms) = bench::matmul(ctx, variant, (m, m, m), warmup, repeats)?;
+    let runs = (warmup, repeats);
+    let (stats, kernels_ms) = bench::matmul(ctx, (variant, dtype), (m, m, m), runs.0, runs.1)?;
     progress.inc(1);
     // The kernel's own share, from its GPU time where there is one.
     let kernel_ms = kernels_ms
@@ -515,7 +521,10 @@ pub fn matmul_record(
         .map_or(stats.median_ms, |(_, ms)| *ms);
     Ok(Record {
         kind: "matmul",
-        path: variant.to_string(),
+        path: match dtype {
+            wgpu_attention::Dtype::F16 => format!("{variant} f16"),
+            wgpu_attention::Dtype::F32 => variant.to_string(),
+        },
         n: m,
         d: m,
         heads: 1,

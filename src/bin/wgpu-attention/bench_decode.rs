@@ -54,6 +54,9 @@ pub struct Row {
     /// The CPU decode's median over this row's.
     pub vs_cpu: Option<f64>,
     pub kernels_ms: Vec<(String, f64)>,
+    /// The KV-cache decode's read of K and V (the whole cache of every sequence and head,
+    /// as the cache stores it) over its kernels' time, GB/s; `None` for the other paths.
+    pub kv_read_gb_s: Option<f64>,
 }
 
 impl Row {
@@ -75,14 +78,34 @@ impl Row {
             vs_whole: ratio(whole),
             vs_cpu: ratio(cpu),
             kernels_ms,
+            kv_read_gb_s: None,
         }
+    }
+
+    /// With the K/V bytes a step reads: its read rate over its decode kernels' time (the
+    /// step's wall time without per-kernel times).
+    fn reading(mut self, kv_bytes: f64) -> Self {
+        let decode: f64 = self
+            .kernels_ms
+            .iter()
+            .filter(|(k, _)| k.starts_with("decode"))
+            .map(|(_, ms)| ms)
+            .sum();
+        let ms = if decode > 0.0 {
+            decode
+        } else {
+            self.stats.median_ms
+        };
+        self.kv_read_gb_s = Some(kv_bytes / (ms * 1e6));
+        self
     }
 }
 
 fn print_row(r: &Row) {
     let ratio = |r: Option<f64>| r.map_or("-".into(), |r| format!("{r:.2}x"));
+    let gb_s = r.kv_read_gb_s.map_or("-".into(), |g| format!("{g:.1}"));
     println!(
-        "{:>5} {:>7}  {:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8}  {}",
+        "{:>5} {:>7}  {:<28} {:>9.3}  {:>8.3}-{:<8.3} {:>10.1} {:>10.1}  {:>9} {:>8} {:>9}  {}",
         r.batch,
         r.cache_len,
         r.path,
@@ -93,6 +116,7 @@ fn print_row(r: &Row) {
         r.tokens_per_s,
         ratio(r.vs_whole),
         ratio(r.vs_cpu),
+        gb_s,
         crate::bench_backward::kernels(&r.kernels_ms),
     );
 }
@@ -114,13 +138,14 @@ pub fn run(ctx: &Context, b: &DecodeBench<'_>) -> Result<()> {
         b.repeats, b.warmup
     );
     println!(
-        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu  kernels (ms)"
+        "batch   cache  path                         ms/step   spread (min-max)    steps/s   tokens/s  vs whole   vs cpu  K/V GB/s  kernels (ms)"
     );
     measure(ctx, b, print_row)?;
     println!(
         "\nvs whole / vs cpu: that path's median over this row's (above 1: this row is faster); \
          the GPU decode's K/V block size is chosen per step (see the decode module; \
-         --decode-block forces one)."
+         --decode-block forces one). K/V GB/s: the K and V of the whole cache (batch · heads · \
+         cache · 2d values, as stored) over the decode kernels' time."
     );
     Ok(())
 }
@@ -212,8 +237,13 @@ pub fn measure(ctx: &Context, b: &DecodeBench<'_>, mut each: impl FnMut(&Row)) -
             };
             let (w, c) = (Some(whole.median_ms), cpu_stats.map(|s| s.median_ms));
             let at = (batch, len);
+            let elem = match b.dtype {
+                Dtype::F16 => 2.0,
+                Dtype::F32 => 4.0,
+            };
+            let kv_bytes = |len: usize| (batch * b.heads * len * 2 * b.d) as f64 * elem;
             let mut here = vec![
-                Row::new(at, "gpu kv-cache decode", gpu, (w, c), kernels),
+                Row::new(at, "gpu kv-cache decode", gpu, (w, c), kernels).reading(kv_bytes(len)),
                 Row::new(at, "gpu whole-call sdpa", whole, (None, c), Vec::new()),
             ];
             if let Some(cs) = cpu_stats {

@@ -75,7 +75,7 @@ impl Run<'_> {
             for family in timed {
                 let r = crate::bench_cmd::matmul_record(
                     self.ctx,
-                    family,
+                    (family, wgpu_attention::Dtype::F32),
                     m,
                     (self.shape.warmup, self.shape.repeats),
                     peak,
