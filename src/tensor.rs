@@ -38,11 +38,10 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use crate::context::Context;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::gpu::buffer::{self, Buf};
+use crate::gpu::buffer::Buf;
 use crate::gpu::pool::OpenGuard;
 use crate::gpu::readback;
 use crate::gpu::timing;
-use crate::values::check_finite;
 
 /// An array on the device (see the [module](self)).
 #[derive(Clone, Debug)]
@@ -73,17 +72,23 @@ impl Tensor {
                 format!("empty array of shape {:?}", a.shape()),
             ));
         }
-        check_finite("tensor", &a)?;
         let f16 = dtype == Dtype::F16;
         if f16 {
             ctx.require_f16()?;
-            crate::values::check_f16_range("tensor", &a)?;
         }
-        let data: Vec<f32> = a.iter().copied().collect();
-        let buffer = ctx.scoped(|| buffer::upload_as(ctx, "tensor", &data, f16))?;
+        // One pass: copied from `a`'s layout into the device's memory, NaN/Inf and f16's
+        // range checked on the way (the first bad value named at its index in `a`).
+        let how = crate::gpu::upload::Stored {
+            f16,
+            finite: true,
+            dry: false,
+        };
+        let buffer = ctx.scoped(|| crate::gpu::upload::array(ctx, "tensor", &a, how))?;
+        // The caller's, not the pool's: held as long as the tensor is (not in the pool's
+        // figures, which count what calls hand back).
         Ok(Tensor::new(
             ctx,
-            Buf::unpooled(buffer),
+            Buf::unpooled(buffer.detach()),
             a.shape().to_vec(),
             dtype,
             Arc::new(AtomicBool::new(true)),

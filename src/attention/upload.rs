@@ -13,7 +13,7 @@ use super::weights::DeviceWeights;
 use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::buffer::{self, Buf};
+use crate::gpu::buffer::Buf;
 use crate::gpu::upload::{self, Stored, Values};
 use crate::kernels::mods::ModsUpload;
 use crate::kernels::{u32_of, MaskArg};
@@ -182,8 +182,10 @@ impl Attention {
                         *v = half::f16::from_f32(*v).to_f32();
                     }
                 }
+                let how = stored(f16, false);
+                let x_buf = upload::array(ctx, "X", &ndarray::aview1(&x_host).into_dyn(), how)?;
                 Ok(Device {
-                    q: Buf::unpooled(buffer::upload_as(ctx, "X", &x_host, f16)?),
+                    q: x_buf,
                     kv: None,
                     host: Some(x_host),
                 })
@@ -202,14 +204,22 @@ fn stored(f16: bool, finite: bool) -> Stored {
     }
 }
 
-/// Uploads an array (row-major, copied only when it is not already) as f32 or f16.
+/// Uploads an array (any layout) as f32 or f16 in one pass (`gpu::upload`: no
+/// intermediate copy, staging reused) into a buffer of its own, which the caller keeps (a
+/// weight, a bias, a layer's saved X). Its values are not checked here (the callers check
+/// them where they need to).
 pub(super) fn upload_as<D: Dimension>(
     ctx: &Context,
     label: &str,
     a: ArrayView<'_, f32, D>,
     f16: bool,
 ) -> Result<wgpu::Buffer> {
-    buffer::upload_as(ctx, label, contiguous(&a).as_ref(), f16)
+    let how = Stored {
+        f16,
+        finite: false,
+        dry: false,
+    };
+    Ok(upload::array(ctx, label, &a.into_dyn(), how)?.detach())
 }
 
 /// The elements of an array in row-major order, copied only when it is not already.

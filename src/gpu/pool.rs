@@ -201,6 +201,15 @@ impl Buf {
     }
 }
 
+impl Buf {
+    /// The buffer itself, out of the pool for good: one that its holder keeps (a layer's
+    /// weight) rather than one a call hands back.
+    pub(crate) fn detach(mut self) -> wgpu::Buffer {
+        self.keep_out_of_pool();
+        self.buffer.clone()
+    }
+}
+
 impl std::ops::Deref for Buf {
     type Target = wgpu::Buffer;
     fn deref(&self) -> &wgpu::Buffer {
