@@ -242,6 +242,40 @@ pub(crate) fn timed_submit(
     })
 }
 
+/// How long one submission of `f`'s passes took, as the tuner compares candidates: the sum
+/// of the passes' GPU timestamps where the device takes timestamps that bracket the work (a
+/// GPU with `TIMESTAMP_QUERY`: profiling is turned on for this submission if it was off),
+/// else the wall clock around its submit and wait (what a CPU adapter's work costs, and on a
+/// GPU without timestamps the best there is).
+///
+/// # Errors
+/// As [`timed_submit`].
+pub(crate) fn gpu_time(
+    ctx: &Device,
+    f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
+) -> Result<f64> {
+    let before = ctx.timing.mode();
+    let stamped = match before {
+        Profiling::Timestamps => true,
+        Profiling::WallClock => false,
+        Profiling::Off => {
+            // Timestamps, or nothing: the wall-clock mode submits each pass on its own.
+            let on = ctx.set_profiling(true) == Profiling::Timestamps;
+            if !on {
+                ctx.set_profiling(false);
+            }
+            on
+        }
+    };
+    let timed = timed_submit(ctx, f);
+    if before == Profiling::Off && stamped {
+        ctx.set_profiling(false);
+    }
+    let (wall, times) = timed?;
+    let gpu: f64 = times.iter().map(|t| t.ms).sum();
+    Ok(if stamped && gpu > 0.0 { gpu } else { wall })
+}
+
 /// Median and spread of repeated timings, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Stats {

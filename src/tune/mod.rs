@@ -464,10 +464,9 @@ pub fn flash(
                 f64::INFINITY
             };
             fastest_within(candidates, from, scale, &mut clock, |c| {
-                timing::timed_submit(ctx, |enc| {
+                timing::gpu_time(ctx, |enc| {
                     variant::record_flash(ctx, enc, &op, c, (&q, &q, &v), &out, None, None)
                 })
-                .map(|t| t.0)
             })
         },
     )
@@ -502,7 +501,7 @@ pub fn matmul(
             // The budget as for the fused kernel, the anchor's time standing in for the call's.
             let scale = if budgeted(ctx) { 1.0 } else { f64::INFINITY };
             fastest_within(candidates, from, scale, &mut clock, |c| {
-                timing::measure(0, 1, || problem.run(ctx, c)).map(|(s, _)| s.median_ms)
+                problem.time(ctx, c)
             })
         },
     )
@@ -538,6 +537,15 @@ impl MatmulProblem {
                 true => buffer::output_f16(ctx, "C", m * n)?,
                 false => buffer::output(ctx, "C", m * n, false)?,
             },
+        })
+    }
+
+    /// One dispatch with `variant`, timed as the tuner compares candidates
+    /// ([`timing::gpu_time`]: GPU timestamps where there are, else the wall clock).
+    fn time(&self, ctx: &Context, variant: MatmulVariant) -> Result<f64> {
+        let p = self;
+        timing::gpu_time(ctx, |enc| {
+            variant::record_matmul(ctx, enc, &p.mm, variant, &p.a, &p.b, &p.a, &p.c)
         })
     }
 
