@@ -65,7 +65,7 @@ impl Attention {
             axis.index()
         );
         let half = k.len_of(axis) / 2;
-        let mut outs = Vec::new();
+        let mut joined = Joined::new(axis, q.len_of(axis));
         for (part, kv, qs) in [
             (0, (..half).into(), (..half * q_per_kv).into()),
             (1, (half..).into(), (half * q_per_kv..).into()),
@@ -77,7 +77,7 @@ impl Attention {
                 _ => [0, part * half * q_per_kv, 0],
             };
             let shifted = mods.map(|m| m.shifted(at));
-            outs.push(
+            joined.add(
                 Box::pin(self.sdpa_in_parts(
                     ctx,
                     q.slice_axis(axis, qs),
@@ -88,9 +88,9 @@ impl Attention {
                     false,
                 ))
                 .await?,
-            );
+            )?;
         }
-        join_outputs(axis, &outs[0], &outs[1])
+        joined.finish()
     }
 
     /// Whether a call on Q, K, V of these (4-d, checked) shapes fits the device whole: else
@@ -134,7 +134,7 @@ impl Attention {
         buffer::check_len(ctx, "V (S·E_v)", v.len())?;
         log::info!("{too_big}: splitting the {l} query rows");
         let half = l / 2;
-        let mut outs = Vec::new();
+        let mut joined = Joined::new(Axis(2), l);
         for (start, end) in [(0, half), (half, l)] {
             let rows: ndarray::Slice = (start..end).into();
             let part = slice_bias(&bias, Axis(2), rows);
@@ -159,9 +159,9 @@ impl Attention {
             let shifted = mods.map(|m| m.shifted([0, 0, start]));
             let q_rows = q.slice_axis(Axis(2), rows);
             let block = op.sdpa_in_parts(ctx, q_rows, k, v, part, shifted.as_ref(), false);
-            outs.push(Box::pin(block).await?);
+            joined.add(Box::pin(block).await?)?;
         }
-        join_outputs(Axis(2), &outs[0], &outs[1])
+        joined.finish()
     }
 
     /// A checked call on X too large for the device: Q, K and V projected on the CPU (f32,
@@ -283,22 +283,63 @@ fn slice_bias<'a>(
 }
 
 /// `parts` joined along `axis`, in row-major order like every other output.
-fn join(axis: Axis, parts: &[ArrayViewD<'_, f32>]) -> Result<ArrayD<f32>> {
-    // concatenate allocates its result row-major already: copied again only if not.
-    ndarray::concatenate(axis, parts)
-        .map(|a| match a.is_standard_layout() {
-            true => a,
-            false => a.as_standard_layout().into_owned(),
-        })
-        .map_err(|e| Error::shape(e.to_string()))
+/// A split call's outputs, filled part by part along `axis` (of `len` in all): each part's
+/// context and weights are copied into their place as soon as the part is back, and the
+/// part dropped, so at most one part's outputs exist beside the whole's.
+struct Joined {
+    axis: Axis,
+    len: usize,
+    at: usize,
+    context: Option<ArrayD<f32>>,
+    weights: Option<ArrayD<f32>>,
 }
 
-/// Two parts' outputs, contexts and weights, joined along `axis`.
-fn join_outputs(axis: Axis, a: &Output, b: &Output) -> Result<Output> {
-    let context = join(axis, &[a.context.view(), b.context.view()])?;
-    let weights = match (&a.weights, &b.weights) {
-        (Some(wa), Some(wb)) => Some(join(axis, &[wa.view(), wb.view()])?),
-        _ => None,
-    };
-    Ok(Output::new(context, weights))
+impl Joined {
+    fn new(axis: Axis, len: usize) -> Self {
+        Joined {
+            axis,
+            len,
+            at: 0,
+            context: None,
+            weights: None,
+        }
+    }
+
+    /// Copies `part` (the next along the axis) into place.
+    fn add(&mut self, part: Output) -> Result<()> {
+        let n = part.context.len_of(self.axis);
+        let (axis, len, at) = (self.axis, self.len, self.at);
+        let place = |whole: &mut Option<ArrayD<f32>>, a: &ArrayD<f32>| -> Result<()> {
+            // Zeroed by the allocator: fresh pages, not a pass of ours.
+            let whole = whole.get_or_insert_with(|| {
+                let mut shape = a.shape().to_vec();
+                shape[axis.index()] = len;
+                ArrayD::zeros(shape)
+            });
+            let fits = at + a.len_of(axis) <= len && whole.ndim() == a.ndim();
+            let mut place = match fits {
+                true => whole.slice_axis_mut(axis, (at..at + a.len_of(axis)).into()),
+                false => return Err(Error::shape("internal: a split call's part does not fit")),
+            };
+            if place.shape() != a.shape() {
+                return Err(Error::shape("internal: a split call's part does not fit"));
+            }
+            place.assign(a);
+            Ok(())
+        };
+        place(&mut self.context, &part.context)?;
+        if let Some(w) = &part.weights {
+            place(&mut self.weights, w)?;
+        }
+        self.at += n;
+        Ok(())
+    }
+
+    /// The whole call's outputs.
+    fn finish(self) -> Result<Output> {
+        match (self.context, self.at == self.len) {
+            (Some(context), true) => Ok(Output::new(context, self.weights)),
+            _ => Err(Error::shape("internal: a split call's parts do not cover it")),
+        }
+    }
 }
