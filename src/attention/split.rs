@@ -339,7 +339,9 @@ impl Joined {
     fn finish(self) -> Result<Output> {
         match (self.context, self.at == self.len) {
             (Some(context), true) => Ok(Output::new(context, self.weights)),
-            _ => Err(Error::shape("internal: a split call's parts do not cover it")),
+            _ => Err(Error::shape(
+                "internal: a split call's parts do not cover it",
+            )),
         }
     }
 }
