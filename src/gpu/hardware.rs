@@ -22,9 +22,9 @@ pub enum StandIn {
     /// The adapter is taken for what it is.
     #[default]
     Off,
-    /// The adapter takes every decision a discrete GPU takes (subgroups of
-    /// [`STAND_IN_SUBGROUP`] lanes, cooperative matrices, [`STAND_IN_WORKGROUP_KIB`] KiB of
-    /// workgroup memory), emulating in WGSL what it lacks.
+    /// The adapter takes every decision a discrete GPU takes (subgroups of 32 lanes,
+    /// cooperative matrices, 48 KiB of workgroup memory: `STAND_IN_SUBGROUP`,
+    /// `STAND_IN_WORKGROUP_KIB`), emulating in WGSL what it lacks.
     Gpu,
     /// [`StandIn::Gpu`] with subgroups of this many lanes (16, 32 or 64: Intel's, NVIDIA's,
     /// AMD's wave64), `WGPU_ATTENTION_STAND_IN=gpu:64`.
