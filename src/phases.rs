@@ -214,32 +214,23 @@ impl Guard<'_> {
     /// whose wall time includes work of another kind done on other threads (an upload's
     /// reads from files).
     pub(crate) fn close_moving(self, to: Phase, d: Duration) {
-        let Some(since) = self.active.then(|| self.open_since()).flatten() else {
+        // This thread's innermost phase (this guard's), and when it opened or last resumed.
+        let open = self.active.then(|| {
+            let state = self.phases.lock();
+            let stack = state.stacks.get(&std::thread::current().id())?;
+            stack
+                .last()
+                .map(|&(phase, since)| (phase, d.min(since.elapsed())))
+        });
+        let phases = self.phases;
+        drop(self);
+        let Some((phase, moved)) = open.flatten() else {
             return;
         };
-        let (phases, phase) = (self.phases, self.phase());
-        drop(self);
-        let moved = d.min(since.elapsed());
         let mut state = phases.lock();
-        if let Some(phase) = phase {
-            let slot = state.totals.slot(phase);
-            *slot = slot.saturating_sub(moved);
-        }
+        let slot = state.totals.slot(phase);
+        *slot = slot.saturating_sub(moved);
         *state.totals.slot(to) += moved;
-    }
-
-    /// When this thread's innermost phase (this guard's) opened or last resumed.
-    fn open_since(&self) -> Option<Instant> {
-        let state = self.phases.lock();
-        let stack = state.stacks.get(&std::thread::current().id())?;
-        stack.last().map(|(_, since)| *since)
-    }
-
-    /// This thread's innermost phase (this guard's).
-    fn phase(&self) -> Option<Phase> {
-        let state = self.phases.lock();
-        let stack = state.stacks.get(&std::thread::current().id())?;
-        stack.last().map(|(p, _)| *p)
     }
 }
 

@@ -50,6 +50,7 @@ pub use weights::Layer;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::oneshot::block_on;
+use crate::gpu::upload::Values;
 use crate::mask::Mask;
 use crate::variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 use shape::named_inputs;
@@ -269,75 +270,51 @@ impl Attention {
             .await
     }
 
-    /// PyTorch's `scaled_dot_product_attention` on Q, K, V arrays in its layout, blocking.
+    /// PyTorch's `scaled_dot_product_attention` on Q, K, V in its layout (arrays, or opened
+    /// `.npy` files), blocking.
     pub(crate) fn sdpa_masked(
         &self,
         ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
+        qkv: [Values<'_>; 3],
         mask: &Mask<'_>,
     ) -> Result<Output> {
-        block_on(self.sdpa_masked_async(ctx, q, k, v, mask))
+        block_on(self.sdpa_masked_async(ctx, qkv, mask))
     }
 
-    /// [`Attention::sdpa_masked`] without blocking.
+    /// [`Attention::sdpa_masked`] without blocking. A call that fits the device runs whole,
+    /// each operand uploaded as it is, its values checked on the way (a file read straight
+    /// into device memory); one past the limits is split, files read into arrays first.
     pub(crate) async fn sdpa_masked_async(
         &self,
         ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
+        qkv: [Values<'_>; 3],
         mask: &Mask<'_>,
     ) -> Result<Output> {
         let _call = ctx.phases.call();
-        self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        let (b, h, l, _) = q.dim();
-        let bias = mask.bias([b, h, l, k.dim().2])?;
+        let shapes = [qkv[0].shape(), qkv[1].shape(), qkv[2].shape()];
+        self.sdpa_dims(shapes[0], shapes[1], shapes[2])?;
+        let [q, k] = [shapes[0], shapes[1]];
+        let bias = mask.bias([q[0], q[1], q[2], k[2]])?;
         if self.f16() {
             ctx.require_f16()?;
         }
         ctx.check_alive()?;
         let bias = bias.as_ref().map(|b| b.view());
-        // The values are checked on their way to the device (or before a split).
-        self.sdpa_in_parts(ctx, q, k, v, bias, mask.modifiers(), true)
-            .await
-    }
-
-    /// A call on Q, K, V in opened `.npy` files, blocking: when it fits the device whole,
-    /// each file's values go straight from the file into the device's memory (checked on
-    /// the way); past the limits, the files are read into arrays and the call is split.
-    pub(crate) fn sdpa_files(
-        &self,
-        ctx: &Context,
-        [q, k, v]: [&crate::npy::Opened; 3],
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        block_on(async {
-            let _call = ctx.phases.call();
-            self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-            let (qs, ks) = (q.shape(), k.shape());
-            let bias = mask.bias([qs[0], qs[1], qs[2], ks[2]])?;
-            if self.f16() {
-                ctx.require_f16()?;
-            }
-            ctx.check_alive()?;
-            let bias = bias.as_ref().map(|b| b.view());
-            let mods = mask.modifiers();
-            let shapes = [q.shape(), k.shape(), v.shape()];
-            if self.sdpa_fits(ctx, shapes, bias.as_ref()).is_ok() {
-                let values = [q, k, v].map(crate::gpu::upload::Values::File);
-                return self.sdpa_whole(ctx, values, bias, mods, true).await;
-            }
-            let four = |f: &crate::npy::Opened| -> Result<ndarray::Array4<f32>> {
-                f.read()?
-                    .into_dimensionality()
-                    .map_err(|e| Error::shape(e.to_string()))
-            };
-            let (q, k, v) = (four(q)?, four(k)?, four(v)?);
-            self.sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, mods, true)
-                .await
-        })
+        let mods = mask.modifiers();
+        if self.sdpa_fits(ctx, shapes, bias.as_ref()).is_ok() {
+            return self.sdpa_whole(ctx, qkv, bias, mods, true).await;
+        }
+        // Past the limits: the values are checked before the split (at the caller's index).
+        let arrays = [qkv[0].array()?, qkv[1].array()?, qkv[2].array()?];
+        fn four<'a>(
+            a: &'a ndarray::CowArray<'_, f32, ndarray::IxDyn>,
+        ) -> Result<ArrayView4<'a, f32>> {
+            a.view()
+                .into_dimensionality()
+                .map_err(|e| Error::shape(e.to_string()))
+        }
+        let (q, k, v) = (four(&arrays[0])?, four(&arrays[1])?, four(&arrays[2])?);
+        self.sdpa_in_parts(ctx, q, k, v, bias, mods, true).await
     }
 }
 

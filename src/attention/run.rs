@@ -12,6 +12,7 @@ use super::weights::Layer;
 use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::upload::Values;
 use crate::tensor::{Recorder, Tensor};
 
 /// How a call runs for each [`Kind`] of operand.
@@ -36,6 +37,11 @@ fn four<'a>(a: &ArrayViewD<'a, f32>, name: &str) -> Result<ndarray::ArrayView4<'
             a.shape()
         ))
     })
+}
+
+/// Q, K and V views as what an upload copies.
+fn arrays<'a>(qkv: [ndarray::ArrayView4<'a, f32>; 3]) -> [Values<'a>; 3] {
+    qkv.map(|a| Values::Array(a.into_dyn()))
 }
 
 fn no_projections<K: Kind>(inputs: &Inputs<'_, K>, why: &str) -> Result<()> {
@@ -66,7 +72,7 @@ impl Run for Host {
                     let (out, saved) = op.sdpa_saved(ctx, q, k, v, &mask)?;
                     Ok(out.with_saved(saved.into()))
                 } else {
-                    op.sdpa_masked(ctx, q, k, v, &mask)
+                    op.sdpa_masked(ctx, arrays([q, k, v]), &mask)
                 }
             }
         }
@@ -94,7 +100,7 @@ impl Run for Files {
     fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Files>) -> Result<Output> {
         match &inputs.operands {
             Operands::Qkv([q, k, v]) if !op.save && inputs.projections.is_none() => {
-                op.sdpa_files(ctx, [*q, *k, *v], &inputs.mask_or_none())
+                op.sdpa_masked(ctx, [*q, *k, *v].map(Values::File), &inputs.mask_or_none())
             }
             _ => read_files(inputs, |host| Host::run(op, ctx, host)),
         }
@@ -198,7 +204,7 @@ impl Attention {
             Operands::Qkv([q, k, v]) => {
                 no_projections(&inputs, QKV_PROJECTED)?;
                 let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
-                self.sdpa_masked_async(ctx, q, k, v, &mask).await
+                self.sdpa_masked_async(ctx, arrays([q, k, v]), &mask).await
             }
         }
     }

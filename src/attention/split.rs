@@ -282,7 +282,6 @@ fn slice_bias<'a>(
     })
 }
 
-/// `parts` joined along `axis`, in row-major order like every other output.
 /// A split call's outputs, filled part by part along `axis` (of `len` in all): each part's
 /// context and weights are copied into their place as soon as the part is back, and the
 /// part dropped, so at most one part's outputs exist beside the whole's.

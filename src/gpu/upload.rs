@@ -55,6 +55,17 @@ impl Values<'_> {
             Values::File(f) => f.len(),
         }
     }
+
+    /// The values as an array: the caller's view, or the file read whole.
+    ///
+    /// # Errors
+    /// A file that cannot be read now.
+    pub fn array(&self) -> Result<ndarray::CowArray<'_, f32, ndarray::IxDyn>> {
+        Ok(match self {
+            Values::Array(a) => a.view().into(),
+            Values::File(f) => f.read()?.into(),
+        })
+    }
 }
 
 /// Bytes of a buffer of `len` values stored as `f16` or f32 (f16 padded to whole `vec4`s).
@@ -168,7 +179,7 @@ fn upload(ctx: &Device, name: &str, a: &Values<'_>, how: Stored) -> Result<(Buf,
     }
     let gathered;
     let runs = match a {
-        Values::File(f) => Runs::File(f, a.len()),
+        Values::File(f) => Runs::File(f),
         Values::Array(a) => Runs::Slices(match pieces(a) {
             Some(p) => p,
             None => {
@@ -308,10 +319,10 @@ enum Bad {
 
 /// The values of an upload as runs in row-major order, each at most [`CHUNK`] values: slices
 /// of the caller's array (each with the position of its first value), or the chunks of an
-/// opened file (of `len` values), read into the writing thread's scratch as they come.
+/// opened file, read into the writing thread's scratch as they come.
 enum Runs<'a> {
     Slices(Vec<(usize, &'a [f32])>),
-    File(&'a Opened, usize),
+    File(&'a Opened),
 }
 
 /// A writing thread's buffers for a file's chunks, and the time it spent reading them.
@@ -327,7 +338,7 @@ impl Runs<'_> {
     fn count(&self) -> usize {
         match self {
             Runs::Slices(p) => p.len(),
-            Runs::File(_, len) => len.div_ceil(CHUNK),
+            Runs::File(f) => f.len().div_ceil(CHUNK),
         }
     }
 
@@ -347,9 +358,9 @@ impl Runs<'_> {
     ) -> std::result::Result<&'s [f32], Bad> {
         match self {
             Runs::Slices(p) => Ok(p[i].1),
-            Runs::File(file, len) => {
+            Runs::File(file) => {
                 let first = i * CHUNK;
-                let n = CHUNK.min(len - first);
+                let n = CHUNK.min(file.len() - first);
                 scratch.values.resize(CHUNK, 0.0);
                 let out = &mut scratch.values[..n];
                 let start = Instant::now();

@@ -130,18 +130,23 @@ pub(super) fn read_header(_file: &File) -> io::Result<Option<Header>> {
 /// # Errors
 /// A read that fails part way.
 pub(super) fn read(file: &File) -> io::Result<Option<ArrayD<f32>>> {
-    let Some(h) = read_header(file)? else {
-        return Ok(None);
-    };
+    read_header(file)?.map(|h| values(file, &h)).transpose()
+}
+
+/// All of `h`'s values from `file`, as an f32 array of its shape.
+///
+/// # Errors
+/// A read that fails part way.
+pub(super) fn values(file: &File, h: &Header) -> io::Result<ArrayD<f32>> {
     // Zeroed by the allocator (fresh pages from the OS when large: no pass of ours).
     let mut values = vec![0f32; h.len()];
-    fill(file, &h, &mut values)?;
-    Ok(ArrayD::from_shape_vec(h.shape, values).ok())
+    fill(file, h, &mut values)?;
+    ArrayD::from_shape_vec(h.shape.clone(), values).map_err(io::Error::other)
 }
 
 /// Reads all of `h`'s values from `file` into `out`, widened to f32, in parts on several
 /// threads when large.
-pub(super) fn fill(file: &File, h: &Header, out: &mut [f32]) -> io::Result<()> {
+fn fill(file: &File, h: &Header, out: &mut [f32]) -> io::Result<()> {
     let threads = threads_for(out.len() * 4);
     let per = out
         .len()

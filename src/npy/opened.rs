@@ -114,10 +114,7 @@ impl Opened {
         match &self.body {
             Body::File { file, header } => {
                 let _io = direct::clock();
-                let mut values = vec![0f32; header.len()];
-                direct::fill(file, header, &mut values).map_err(|e| self.cannot(e))?;
-                ArrayD::from_shape_vec(header.shape.clone(), values)
-                    .map_err(|e| Error::shape(e.to_string()))
+                direct::values(file, header).map_err(|e| self.cannot(e))
             }
             Body::Held(a) => Ok(a.clone()),
         }

@@ -494,6 +494,14 @@ fn sparse(args: &BenchArgs) -> Result<bool> {
     Ok(true)
 }
 
+/// What a measured path's name ends in for its operands' type: ` f16`, or nothing for f32.
+fn f16_tag(dtype: wgpu_attention::Dtype) -> &'static str {
+    match dtype {
+        wgpu_attention::Dtype::F16 => " f16",
+        wgpu_attention::Dtype::F32 => "",
+    }
+}
+
 /// Times the square matmul `m × m × m` on operands of `dtype` with the variant the tuner
 /// picks in `family`; the share of the FMA ceiling `peak` from the matmul kernel's own time
 /// where there is one.
@@ -511,8 +519,7 @@ pub fn matmul_record(
     let variant = bench::tuned_matmul(ctx, (&[family], dtype), m)?;
     progress.set_message(format!("{variant}"));
     let flop = 2.0 * (m * m * m) as f64;
-    let runs = (warmup, repeats);
-    let (stats, kernels_ms) = bench::matmul(ctx, (variant, dtype), (m, m, m), runs.0, runs.1)?;
+    let (stats, kernels_ms) = bench::matmul(ctx, (variant, dtype), (m, m, m), warmup, repeats)?;
     progress.inc(1);
     // The kernel's own share, from its GPU time where there is one.
     let kernel_ms = kernels_ms
@@ -521,10 +528,7 @@ pub fn matmul_record(
         .map_or(stats.median_ms, |(_, ms)| *ms);
     Ok(Record {
         kind: "matmul",
-        path: match dtype {
-            wgpu_attention::Dtype::F16 => format!("{variant} f16"),
-            wgpu_attention::Dtype::F32 => variant.to_string(),
-        },
+        path: format!("{variant}{}", f16_tag(dtype)),
         n: m,
         d: m,
         heads: 1,
@@ -636,10 +640,7 @@ pub fn attention_at(
                     (true, _) => "+weights",
                     _ => "fused",
                 },
-                match shape.dtype {
-                    wgpu_attention::Dtype::F16 => " f16",
-                    wgpu_attention::Dtype::F32 => "",
-                }
+                f16_tag(shape.dtype)
             );
             if sweep.spent(start, &format!("{path:<32} {n:>6}"), &mut skipped) {
                 progress.inc(1);
