@@ -139,6 +139,15 @@ impl Tensor {
     /// # Errors
     /// [`Error::InvalidArgument`] naming `what` otherwise.
     pub(crate) fn buffer(&self, ctx: &Context, what: &str) -> Result<&wgpu::Buffer> {
+        self.buf(ctx, what).map(|b| &**b)
+    }
+
+    /// [`Tensor::buffer`] as the pool's handle: what a readback that maps it where it lies
+    /// holds on to.
+    ///
+    /// # Errors
+    /// As [`Tensor::buffer`].
+    pub(crate) fn buf(&self, ctx: &Context, what: &str) -> Result<&Buf> {
         if self.inner.context != ctx.id() {
             return Err(Error::invalid(
                 what,

@@ -144,8 +144,8 @@ impl Attention {
                     wrap(b, s, Dtype::F32)
                 })?;
             let (y, width) = match &projected {
-                Some(y) => (&**y, dims.d_out),
-                None => (saved.context.buffer(ctx, "context")?, dims.d_v),
+                Some(y) => (y, dims.d_out),
+                None => (saved.context.buf(ctx, "context")?, dims.d_v),
             };
             let (y, _) = self.read_back_blocking(ctx, encoder, y, rows * width, None)?;
             let context_out = ArrayD::from_shape_vec(IxDyn(&saved.out_shape), y)

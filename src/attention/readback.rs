@@ -15,9 +15,9 @@ impl Attention {
         &self,
         ctx: &Context,
         encoder: wgpu::CommandEncoder,
-        context: &wgpu::Buffer,
+        context: &crate::gpu::pool::Buf,
         context_len: usize,
-        weights: Option<(&wgpu::Buffer, usize)>,
+        weights: Option<(&crate::gpu::pool::Buf, usize)>,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         crate::gpu::oneshot::block_on(self.read_back(ctx, encoder, context, context_len, weights))
     }
@@ -29,9 +29,9 @@ impl Attention {
         &self,
         ctx: &Context,
         mut encoder: wgpu::CommandEncoder,
-        context: &wgpu::Buffer,
+        context: &crate::gpu::pool::Buf,
         context_len: usize,
-        weights: Option<(&wgpu::Buffer, usize)>,
+        weights: Option<(&crate::gpu::pool::Buf, usize)>,
     ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let mut pending = vec![readback::copy_out(ctx, &mut encoder, context, context_len)];
         if let (true, Some((w, len))) = (self.return_weights, weights) {

@@ -272,7 +272,7 @@ impl Attention {
         timing::begin(ctx);
         let out = self.record_call(ctx, &mut encoder, plan, dims, shape, source, masking)?;
         let rows = shape.batch * shape.n_q;
-        let weights = out.weights.as_ref().map(|w| (&**w, out.weights_len));
+        let weights = out.weights.as_ref().map(|w| (w, out.weights_len));
         self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
             .await
     }

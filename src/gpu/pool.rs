@@ -126,7 +126,7 @@ impl Pool {
             ),
         };
         let home = Some((key, self.clone()));
-        (Buf { buffer, home }, mapped)
+        (Buf::new(buffer, home), mapped)
     }
 
     /// Marks an encoder of the crate open until the guard is dropped: buffers dropped
@@ -178,48 +178,74 @@ impl Drop for OpenGuard {
     }
 }
 
-/// A device buffer, from the pool (returned to it when dropped) or not.
-#[derive(Debug)]
+/// A device buffer, from the pool (returned to it when the last of its clones is dropped) or
+/// not. A clone shares the buffer: a readback that maps a result where it lies holds one, so
+/// the buffer cannot go to another caller (and be bound or mapped there) while it is mapped,
+/// whatever its first holder drops meanwhile.
+#[derive(Debug, Clone)]
 pub(crate) struct Buf {
+    inner: Arc<Held>,
+}
+
+#[derive(Debug)]
+struct Held {
     buffer: wgpu::Buffer,
-    home: Option<(Key, Pool)>,
+    home: Mutex<Option<(Key, Pool)>>,
 }
 
 impl Buf {
+    fn new(buffer: wgpu::Buffer, home: Option<(Key, Pool)>) -> Self {
+        Buf {
+            inner: Arc::new(Held {
+                buffer,
+                home: Mutex::new(home),
+            }),
+        }
+    }
+
     /// A buffer that is not the pool's (dropped as any buffer is).
     pub(crate) fn unpooled(buffer: wgpu::Buffer) -> Self {
-        Buf { buffer, home: None }
+        Buf::new(buffer, None)
     }
 
     /// Drops this buffer for good when it is dropped, instead of handing it to the next
     /// caller: a staging buffer whose mapping a failed call left pending or mapped would make
     /// the next copy into it a validation error.
-    pub(crate) fn keep_out_of_pool(&mut self) {
-        if let Some((key, pool)) = self.home.take() {
+    pub(crate) fn keep_out_of_pool(&self) {
+        let home = self
+            .inner
+            .home
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((key, pool)) = home {
             pool.forget(key);
         }
     }
-}
 
-impl Buf {
     /// The buffer itself, out of the pool for good: one that its holder keeps (a layer's
     /// weight) rather than one a call hands back.
-    pub(crate) fn detach(mut self) -> wgpu::Buffer {
+    pub(crate) fn detach(self) -> wgpu::Buffer {
         self.keep_out_of_pool();
-        self.buffer.clone()
+        self.inner.buffer.clone()
     }
 }
 
 impl std::ops::Deref for Buf {
     type Target = wgpu::Buffer;
     fn deref(&self) -> &wgpu::Buffer {
-        &self.buffer
+        &self.inner.buffer
     }
 }
 
-impl Drop for Buf {
+impl Drop for Held {
     fn drop(&mut self) {
-        if let Some((key, pool)) = self.home.take() {
+        let home = self
+            .home
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((key, pool)) = home {
             pool.give_back(key, self.buffer.clone());
         }
     }

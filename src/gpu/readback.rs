@@ -42,18 +42,20 @@ impl Drop for Pending {
 }
 
 /// Records a copy of the first `len` f32s of `src` into a staging buffer from the pool; on
-/// unified memory (a `MAP_READ` buffer), no copy: `src` itself is read. For the results of
-/// the caller's own call only (a buffer no one else maps meanwhile).
+/// unified memory (a `MAP_READ` buffer), no copy: `src` itself is read, and the pending
+/// readback holds it (a clone of the `Buf`), so it goes back to the pool only once it is
+/// unmapped, whenever its first holder drops it. For the results of the caller's own call
+/// only (a buffer no one else maps meanwhile).
 pub fn copy_out(
     ctx: &Device,
     encoder: &mut wgpu::CommandEncoder,
-    src: &wgpu::Buffer,
+    src: &crate::gpu::pool::Buf,
     len: usize,
 ) -> Pending {
     if src.usage().contains(wgpu::BufferUsages::MAP_READ) {
         // Unified memory: the result is read where the kernels wrote it.
         return Pending {
-            staging: crate::gpu::pool::Buf::unpooled(src.clone()),
+            staging: src.clone(),
             direct: true,
             len,
             f16: false,
@@ -327,6 +329,48 @@ fn copy_scanned<T: Widen + Sync>(src: &[T]) -> (Vec<f32>, Option<usize>) {
 
 #[cfg(test)]
 mod tests {
+    use crate::gpu::pool::{Buf, Pool};
+
+    #[test]
+    fn a_result_read_where_it_lies_goes_back_to_its_pool_only_once_read() {
+        // On unified memory a result is mapped where the kernels wrote it. Its caller may drop
+        // its handle before the readback ends (the backward's relative-bias gradient did): the
+        // buffer must not serve another caller meanwhile, who would bind it to a submission
+        // or map it while it is mapped here (validation errors, seen in CI as a race between
+        // two tests on one device).
+        let ctx = crate::context::test_context();
+        assert!(
+            ctx.hardware().unified_memory,
+            "the test context is lavapipe's: unified memory, results mapped where they lie"
+        );
+        let pool = Pool::default();
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::MAP_READ;
+        let take = || pool.take(ctx.device(), "result", 37 * 4, usage, u64::MAX);
+        let values: Vec<f32> = (0..37).map(|i| i as f32 * 0.5).collect();
+        let result = take();
+        ctx.queue()
+            .write_buffer(&result, 0, bytemuck::cast_slice(&values));
+        let first = (*result).clone();
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor::default());
+        let pending = super::copy_out(ctx, &mut encoder, &result, 37);
+        drop(result);
+        let meanwhile = take();
+        assert!(
+            *meanwhile != first,
+            "handed out while its readback is pending"
+        );
+        let submission = ctx.queue().submit([encoder.finish()]);
+        let got = super::finish(ctx, submission, vec![pending]).unwrap();
+        assert_eq!(got[0], values);
+        // Read and unmapped: back in the pool, the next request of its class gets it.
+        let next = take();
+        assert!(*next == first, "not back in the pool once read");
+    }
+
     #[test]
     fn nan_fill_really_poisons_outputs_no_kernel_writes() {
         // The guarantee the sweep relies on: a NaN-filled output buffer reads back as NaN until a
@@ -356,7 +400,7 @@ mod tests {
         // of that size must get another buffer, or its copy is a validation error.
         let ctx = crate::context::test_context();
         let values: Vec<f32> = (0..1000).map(|i| i as f32).collect();
-        let src = crate::gpu::buffer::upload(ctx, "src", &values).unwrap();
+        let src = Buf::unpooled(crate::gpu::buffer::upload(ctx, "src", &values).unwrap());
         for _ in 0..3 {
             let mut encoder = ctx
                 .device()

@@ -414,7 +414,12 @@ impl Profiler {
         });
         encoder.resolve_query_set(&self.set, 0..count, &resolved, 0);
         // Read as f32 words; `times` puts the u64 ticks back together.
-        let pending = readback::copy_out(ctx, encoder, &resolved, 2 * count as usize);
+        let pending = readback::copy_out(
+            ctx,
+            encoder,
+            &crate::gpu::pool::Buf::unpooled(resolved),
+            2 * count as usize,
+        );
         Some((pending, self.labels))
     }
 }

@@ -272,7 +272,7 @@ fn write_mapped<T>(
     let max = limits
         .max_storage_buffer_binding_size
         .min(limits.max_buffer_size);
-    let (mut buf, mapped) = ctx
+    let (buf, mapped) = ctx
         .pool
         .take_mapped(&ctx.device, name, (bytes, usage, max), true);
     if !mapped {
