@@ -45,13 +45,19 @@ fn main() -> Result<()> {
         double_buffer: Some(false),
         subgroups: Some(false),
         f16_arithmetic: Some(false),
+        vector_loads: Some(false),
     };
     let on = Some(true);
+    let vec = BlockedOptions {
+        vector_loads: on,
+        ..off
+    };
     let mut rows = Vec::new();
     for (rows_, keys) in [(64, 64), (64, 32)] {
         let v = FlashVariant::Blocked { rows: rows_, keys };
         let mut opts = vec![
             ("plain", off, Dtype::F32),
+            ("vec", vec, Dtype::F32),
             (
                 "dbuf",
                 BlockedOptions {
@@ -61,6 +67,7 @@ fn main() -> Result<()> {
                 Dtype::F32,
             ),
             ("f16 plain", off, Dtype::F16),
+            ("f16 vec", vec, Dtype::F16),
             (
                 "f16 dbuf",
                 BlockedOptions {

@@ -34,6 +34,9 @@
 // - HMUL ≠ 0 (f16 operands, SHADER_F16): H_T = f16, so the chunks and P sit in workgroup
 //   memory as vec4<f16> and Q·Kᵀ (Q pre-scaled by scale·log2 e while staged, 4-term f16
 //   dots) and P·V (f16 products) multiply in f16; scores, m, l and O accumulate in f32.
+// - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K and V are
+//   multiples of 4): Q, K and V are bound as arrays of vec4s and each 4 values of a row
+//   come in one vector load (128 bits in f32, 64 in f16) instead of 4 scalar ones.
 //
 // Causal (top-left, PyTorch's is_causal): key tiles past the block's last row are never
 // visited; keys past a row inside a tile weigh 0; a group's query blocks are dispatched last
@@ -55,29 +58,35 @@
 // Bounds (why the module is created without naga's runtime checks): every storage access is
 // guarded by the row, key or column it reads being inside the problem (row < n_q, key < n_kv
 // or kv_end ≤ n_kv, column < dk_h or dv_h), and the host lays each buffer out to hold every
-// element its strides address inside the problem; the mask is read only with MASK ≠ 0, at a
-// row < n_q and a key < kv_end. Workgroup and private arrays: with BR, BC multiples of 4,
-// WG = (BR/4)·(BC/4), TX = BC/4, VC a multiple of 4 dividing BC (flash_blocked.rs enforces
-// these), ty < BR/4 and tx < TX, so 4·ty + r < BR and tx + TX·e < BC (pool rows < BR + BC,
-// columns < DC4 < QS, so < HALF; p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4;
-// t < VC·DV4 ≤ HALF; `cur` and the staging offset are 0, or 0 and HALF with DBUF ≠ 0, whose
-// pool holds 2·HALF; red < WG, and with SGR ≠ 0, where `red` is one vec4, `red` is never
-// read or written and `rank` clamps the thread number to WG − 1). Split partials: slot <
-// groups·n_q·splits and c < DV4, and the host sizes the partial buffers to
-// groups·n_q·splits·(DV4 vec4s, 2 f32s). Every loop runs a bounded count. tests/flash_blocked.rs compares the kernel with its checked twin
-// (Context::with_runtime_checks) on sizes that fit no tile, by default and with each of
-// DBUF, SGR and HMUL alone.
+// element its strides address inside the problem (with VEC ≠ 0, the vec4 at (base + col)/4
+// holds elements base + col .. base + col + 3 of one row: base + col is a multiple of 4 and
+// col + 3 < width); the mask is read only with MASK ≠ 0, at a row < n_q and a key < kv_end.
+// Workgroup and private arrays: with BR, BC multiples of 4, WG = (BR/4)·(BC/4), TX = BC/4,
+// VC a multiple of 4 dividing BC (flash_blocked.rs enforces these), ty < BR/4 and tx < TX,
+// so 4·ty + r < BR and tx + TX·e < BC (pool rows < BR + BC, columns < DC4 < QS, so < HALF;
+// p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4; t < VC·DV4 ≤ HALF; `cur` and the
+// staging offset are 0, or 0 and HALF with DBUF ≠ 0, whose pool holds 2·HALF; red < WG, and
+// with SGR ≠ 0, where `red` is one vec4, `red` is never read or written and `rank` clamps the
+// thread number to WG − 1). Split partials: slot < groups·n_q·splits and c < DV4, and the
+// host sizes the partial buffers to groups·n_q·splits·(DV4 vec4s, 2 f32s). Every loop runs a
+// bounded count. tests/flash_blocked.rs compares the kernel with its checked twin
+// (Context::with_runtime_checks) on sizes that fit no tile, by default and with each of DBUF,
+// SGR, HMUL and VEC alone.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
-// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, SPLIT, DBUF, SGR, HMUL and the
-// element-type aliases Q_T, KV_T (f32 or f16) and H_T (f16 with HMUL, else f32: then all
-// arithmetic is f32); lines marked `// if SGR` only with SGR ≠ 0; shaders/prelude.wgsl, the
-// `struct Params` shared with flash_tiled.wgsl.
+// (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, SPLIT, DBUF, SGR,
+// HMUL and VEC, the element-type aliases Q_T, KV_T (f32 or f16) and H_T (f16 with HMUL, else
+// f32: then all arithmetic is f32); lines marked `// if SGR` only with SGR ≠ 0 (`// if VEC`
+// with VEC ≠ 0, `// if !VEC` with VEC = 0); shaders/prelude.wgsl, the `struct Params` shared
+// with flash_tiled.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
-@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>;
-@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>; // if !VEC
+@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>; // if !VEC
+@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>; // if !VEC
+@group(0) @binding(1) var<storage, read> q_buf: array<vec4<Q_T>>; // if VEC
+@group(0) @binding(2) var<storage, read> k_buf: array<vec4<KV_T>>; // if VEC
+@group(0) @binding(3) var<storage, read> v_buf: array<vec4<KV_T>>; // if VEC
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
@@ -98,7 +107,7 @@ var<workgroup> red: array<vec4<f32>, max(WG * (1u - min(SGR, 1u)), 1u)>;
 var<workgroup> ranked: atomic<u32>; // if SGR
 
 // Values col..col+3 of row `base` of Q (zero past d_k).
-fn load_q(base: u32, col: u32) -> vec4<f32> {
+fn load_q(base: u32, col: u32) -> vec4<f32> { // if !VEC
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) { // unroll
         if col + e < p.dk_h {
@@ -109,7 +118,7 @@ fn load_q(base: u32, col: u32) -> vec4<f32> {
 }
 
 // Values col..col+3 of row `base` of K (`is_k`) or V, zero past `width`.
-fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> {
+fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> { // if !VEC
     var v = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) { // unroll
         if col + e < width {
@@ -121,6 +130,20 @@ fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> {
         }
     }
     return v;
+}
+
+// VEC ≠ 0 (every width, offset and stride a multiple of 4): the same values as one vector
+// load each. `base` and `col` are multiples of 4 and col + 3 < d_k (col < 4·DK4 = d_k).
+fn load_q(base: u32, col: u32) -> vec4<f32> { // if VEC
+    return vec4<f32>(q_buf[(base + col) / 4u]);
+}
+
+// As the scalar `load_kv`, for VEC ≠ 0 (col + 3 < width, as for `load_q`).
+fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> { // if VEC
+    if is_k {
+        return vec4<f32>(k_buf[(base + col) / 4u]);
+    }
+    return vec4<f32>(v_buf[(base + col) / 4u]);
 }
 
 // Stages chunk d0 (in vec4s) of the block's Q rows and of the keys j0.. into `pool` at `at`.

@@ -252,11 +252,13 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     ];
     let runs: Vec<_> = runs.into_iter().zip(BLOCKS).collect();
     twins(common::ctx(), &checked(BlockedOptions::default()), &runs);
-    // Each option alone: the double buffer, subgroup reductions, f16 arithmetic.
+    // Each option alone: the double buffer, subgroup reductions, f16 arithmetic, vector
+    // loads (the defaults above have them wherever widths and strides are multiples of 4).
     let off = BlockedOptions {
         double_buffer: Some(false),
         subgroups: Some(false),
         f16_arithmetic: Some(false),
+        vector_loads: Some(false),
     };
     let on = Some(true);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
@@ -285,6 +287,20 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
                 ..off
             },
             (f16, BLOCKS[1]),
+        ),
+        (
+            BlockedOptions {
+                vector_loads: on,
+                ..off
+            },
+            (f16, BLOCKS[0]),
+        ),
+        (
+            BlockedOptions {
+                vector_loads: on,
+                ..off
+            },
+            runs[1],
         ),
     ];
     if sgr {
@@ -344,11 +360,13 @@ fn inner_loop_cases(dtype: Dtype) -> Vec<Case> {
 #[test]
 fn each_inner_loop_alone_matches_the_reference() {
     // The default context runs every inner loop the adapter allows (the tests above); here
-    // the plain loop, the double buffer alone and the subgroup reductions alone.
+    // the plain loop, the double buffer alone, the subgroup reductions alone and the vector
+    // loads alone.
     let off = BlockedOptions {
         double_buffer: Some(false),
         subgroups: Some(false),
         f16_arithmetic: Some(false),
+        vector_loads: Some(false),
     };
     let cases = inner_loop_cases(Dtype::F32);
     check_on(&ctx_with(off), &cases, &BLOCKS[..2]);
@@ -363,6 +381,11 @@ fn each_inner_loop_alone_matches_the_reference() {
         ..off
     });
     check_on(&ctx, &cases, &BLOCKS[1..2]);
+    let vec = BlockedOptions {
+        vector_loads: Some(true),
+        ..off
+    };
+    check_on(&ctx_with(vec), &cases, &BLOCKS[..2]);
 }
 
 #[test]

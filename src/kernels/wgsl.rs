@@ -166,9 +166,11 @@ pub(crate) fn compose(
 const IF: &str = "// if ";
 
 /// Drops every line that ends in `// if NAME` while constant `NAME` of `consts` is 0 (or
-/// unknown); a line that opens a block (ends in `{` before the marker) goes with its whole
-/// block. For code a device may be unable to compile even when it never runs (subgroup
-/// builtins and operations without `Features::SUBGROUP`).
+/// unknown), and every line that ends in `// if !NAME` while it is not; a line that opens a
+/// block (ends in `{` before the marker) goes with its whole block. For code a device may be
+/// unable to compile even when it never runs (subgroup builtins and operations without
+/// `Features::SUBGROUP`), and for declarations whose type a constant picks (a binding read
+/// as scalars or as vec4s).
 pub(crate) fn drop_disabled(source: &str, consts: &[(&str, u32)]) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
@@ -179,9 +181,13 @@ pub(crate) fn drop_disabled(source: &str, consts: &[(&str, u32)]) -> String {
             .rfind(IF)
             .filter(|_| !line.trim_start().starts_with("//"))
             .and_then(|at| {
-                let name = line[at + IF.len()..].trim();
+                let marked = line[at + IF.len()..].trim();
+                let (name, negated) = match marked.strip_prefix('!') {
+                    Some(name) => (name, true),
+                    None => (marked, false),
+                };
                 let on = consts.iter().any(|(n, v)| *n == name && *v != 0);
-                (!on).then_some(at)
+                (on == negated).then_some(at)
             });
         match drop {
             Some(at) if line[..at].trim_end().ends_with('{') => {
@@ -306,6 +312,15 @@ mod tests {
         );
         assert_eq!(drop_disabled(src, &[("SG", 1)]), src);
         assert_eq!(drop_disabled(src, &[]), "a\n// a comment // if SG\nc\n");
+        // `!NAME`: kept while the constant is 0 (or unknown), dropped otherwise.
+        let src = "x: f32; // if !V\nx: vec4<f32>; // if V\nfn g() { // if !V\n    y;\n}\nz\n";
+        assert_eq!(
+            drop_disabled(src, &[("V", 1)]),
+            "x: vec4<f32>; // if V\nz\n"
+        );
+        let scalar = "x: f32; // if !V\nfn g() { // if !V\n    y;\n}\nz\n";
+        assert_eq!(drop_disabled(src, &[("V", 0)]), scalar);
+        assert_eq!(drop_disabled(src, &[]), scalar);
     }
 
     uniform! {

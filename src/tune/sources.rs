@@ -102,11 +102,19 @@ fn subgroup_gpu(sg: u32) -> Result<Device> {
 }
 
 /// `flash_blocked`'s plain inner loop: no double buffer, no subgroup reductions, f32
-/// arithmetic (the variants with them are [`blocked_inner`]'s).
+/// arithmetic (the variants with them are [`blocked_inner`]'s); vector loads where the
+/// layout allows, as every adapter reads them.
 const PLAIN: BlockedOptions = BlockedOptions {
     double_buffer: Some(false),
     subgroups: Some(false),
     f16_arithmetic: Some(false),
+    vector_loads: None,
+};
+
+/// [`PLAIN`] with scalar loads (what head sizes that are not multiples of 4 run).
+const SCALAR: BlockedOptions = BlockedOptions {
+    vector_loads: Some(false),
+    ..PLAIN
 };
 
 /// What a recording reads and writes: stand-in buffers on a dry-run device.
@@ -319,6 +327,7 @@ fn blocked_inner(gpus: &[(u32, Device)]) -> Result<Vec<(String, PipelineKey)>> {
                             double_buffer: Some(dbuf),
                             subgroups: Some(sgr),
                             f16_arithmetic: Some(hmul),
+                            vector_loads: None,
                         };
                         let variant = FlashVariant::Blocked { rows, keys };
                         let Ok(key) = fused_key(dev, &op, variant, opts, mask) else {
@@ -549,13 +558,17 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
                     // With a mask, and with NaN/Inf pass-through (keys of weight 0 skipped),
                     // as masked and `propagate_non_finite` calls build them: at the common
                     // head sizes, f32, the least memory.
+                    // And with scalar loads, as head sizes that are not multiples of 4 run.
                     if family == "storage" && kib == 32 && !f16 && common {
-                        for (skip_zero, tag) in [(false, "mask"), (true, "mask-skip0")] {
+                        let scalar = [(false, true, "mask"), (true, true, "mask-skip0")];
+                        let scalar = scalar.into_iter().chain([(false, false, "scalar")]);
+                        for (skip_zero, mask, tag) in scalar {
                             let op = Flash {
                                 skip_zero,
                                 ..problem(d, f16)
                             };
-                            let key = fused_key(dev, &op, variant, PLAIN, true)?;
+                            let opts = if mask { PLAIN } else { SCALAR };
+                            let key = fused_key(dev, &op, variant, opts, mask)?;
                             if seen.insert(key) {
                                 files.push((
                                     family,

@@ -87,6 +87,10 @@ pub struct GpuArgs {
     /// true or false (default: where the adapter's subgroups allow). For bisecting.
     #[arg(long)]
     pub subgroup_reductions: Option<bool>,
+    /// flash-blocked's vector loads (4 values of a row of Q, K, V in one load, where every
+    /// width and stride is a multiple of 4): true or false (default: true). For bisecting.
+    #[arg(long)]
+    pub vector_loads: Option<bool>,
 }
 
 impl GpuArgs {
@@ -95,6 +99,7 @@ impl GpuArgs {
             f16_arithmetic: self.f16_arithmetic,
             double_buffer: self.double_buffer,
             subgroups: self.subgroup_reductions,
+            vector_loads: self.vector_loads,
         };
         self.adapter.open().map(|c| c.with_blocked_options(blocked))
     }

@@ -47,6 +47,8 @@ constants! {
         sgr => "SGR",
         /// 1 to multiply in f16 (`H_T = f16`, Q pre-scaled); statistics and sums stay f32.
         hmul => "HMUL",
+        /// 1 to read Q, K and V as vec4s (every width, offset and stride a multiple of 4).
+        vec => "VEC",
     }
 }
 
@@ -68,6 +70,10 @@ pub struct BlockedOptions {
     /// the softmax statistics and the output accumulators stay f32). `None`: on GPUs, off on
     /// CPU adapters (lavapipe), where f16 brings no speed. Ignored with f32 operands.
     pub f16_arithmetic: Option<bool>,
+    /// Read Q, K and V with one vector load per 4 values of a row, where the layout allows
+    /// it (head widths and every offset and stride of Q, K and V multiples of 4; elsewhere 4
+    /// scalar loads, whatever this says). `None`: on, on every adapter.
+    pub vector_loads: Option<bool>,
 }
 
 impl BlockedOptions {
@@ -78,12 +84,14 @@ impl BlockedOptions {
     }
 }
 
-/// The inner-loop constants [`BlockedOptions`] resolve to on one adapter: `(dbuf, sgr, hmul)`.
+/// The inner-loop constants [`BlockedOptions`] resolve to on one adapter: `(dbuf, sgr, hmul,
+/// vec)` (`vec`: wherever the layout allows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Inner {
     pub dbuf: u32,
     pub sgr: u32,
     pub hmul: u32,
+    pub vec: u32,
 }
 
 impl Inner {
@@ -127,6 +135,7 @@ impl Inner {
             dbuf: u32::from(opts.double_buffer.unwrap_or(!ctx.hardware().is_cpu())),
             sgr: u32::from(sgr),
             hmul: u32::from(hmul),
+            vec: u32::from(opts.vector_loads.unwrap_or(true)),
         })
     }
 }
@@ -251,6 +260,7 @@ impl FlashBlockedConsts {
                     dbuf: inner.dbuf,
                     sgr: inner.sgr,
                     hmul: inner.hmul,
+                    vec: inner.vec,
                 };
                 if c.workgroup_bytes() <= limit {
                     return Ok(c);
@@ -289,22 +299,24 @@ impl FlashBlockedConsts {
 }
 
 impl Flash {
-    /// The constants [`Flash::dispatch_blocked`] builds the kernel with on a device with
-    /// `limits`, `has_mask` (0 or 1) saying whether a mask is bound.
-    ///
-    /// # Errors
-    /// As [`FlashBlockedConsts::new`].
-    pub fn blocked_consts(
-        &self,
-        limits: &wgpu::Limits,
-        shape: (u32, u32),
-        has_mask: u32,
-    ) -> Result<FlashBlockedConsts> {
-        self.blocked_consts_with(limits, shape, has_mask, Inner::default())
+    /// Whether each 4 values of a row of Q, K and V are one aligned vec4: head widths and
+    /// every offset and stride multiples of 4 (`VEC`).
+    pub fn vector_layout(&self) -> bool {
+        let aligned = |s: crate::kernels::Strides| {
+            [s.off, s.batch, s.head, s.row]
+                .iter()
+                .all(|x| x.is_multiple_of(4))
+        };
+        self.dk_h.is_multiple_of(4)
+            && self.dv_h.is_multiple_of(4)
+            && aligned(self.q)
+            && aligned(self.k)
+            && aligned(self.v)
     }
 
-    /// As [`Flash::blocked_consts`], with the inner loop `inner` (`hmul` only with f16
-    /// operands).
+    /// The constants [`Flash::dispatch_blocked`] builds the kernel with on a device with
+    /// `limits`, `has_mask` (0 or 1) saying whether a mask is bound, its inner loop `inner`
+    /// (`hmul` only with f16 operands, `vec` only where [`Flash::vector_layout`] holds).
     ///
     /// # Errors
     /// As [`FlashBlockedConsts::new`].
@@ -317,6 +329,7 @@ impl Flash {
     ) -> Result<FlashBlockedConsts> {
         let inner = Inner {
             hmul: inner.hmul * u32::from(self.f16),
+            vec: inner.vec * u32::from(self.vector_layout()),
             ..inner
         };
         Ok(FlashBlockedConsts {
@@ -343,11 +356,17 @@ impl Flash {
         out: FlashOut<'_>,
         mask: Option<MaskArg<'_>>,
     ) -> Result<()> {
+        let inner = Inner::resolve(ctx, opts, (rows, keys), self.f16)?;
         if let Some(split) = self.key_ranges(ctx, (rows, keys)) {
+            // The split's partials with the plain inner loop, read as vec4s where they can be.
+            let plain = Inner {
+                vec: inner.vec,
+                ..Inner::default()
+            };
             return self.dispatch_blocked_split(
                 ctx,
                 encoder,
-                (rows, keys),
+                (rows, keys, plain),
                 split,
                 (q, k, v),
                 out,
@@ -357,7 +376,6 @@ impl Flash {
         let mods = MaskArg::mods(mask);
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
-        let inner = Inner::resolve(ctx, opts, (rows, keys), self.f16)?;
         let limits = ctx.limits();
         let consts = match self.blocked_consts_with(limits, (rows, keys), has_mask, inner) {
             // The double buffer does not fit: single-buffered, unless it was asked for.
@@ -452,6 +470,7 @@ mod tests {
             dbuf: 1,
             sgr: 1,
             hmul: 1,
+            vec: 1,
         };
         let c = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), all).unwrap();
         assert_eq!((c.dbuf, c.hmul, c.chunk4, c.v_keys), (1, 1, 8, 32));

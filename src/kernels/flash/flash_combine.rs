@@ -143,7 +143,8 @@ impl Flash {
         )
     }
 
-    /// Records `flash_blocked` split into `split`'s key ranges, then the combine into `out`.
+    /// Records `flash_blocked` split into `split`'s key ranges (its inner loop `inner`), then
+    /// the combine into `out`.
     ///
     /// # Errors
     /// As [`Flash::dispatch_blocked`]; partial buffers or a grid past the device's limits.
@@ -152,7 +153,7 @@ impl Flash {
         &self,
         ctx: &Device,
         encoder: &mut wgpu::CommandEncoder,
-        (rows, keys): (u32, u32),
+        (rows, keys, inner): (u32, u32, super::flash_blocked::Inner),
         split: KeyRanges,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
         out: FlashOut<'_>,
@@ -162,7 +163,7 @@ impl Flash {
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let consts = super::flash_blocked::FlashBlockedConsts {
             split: 1,
-            ..self.blocked_consts(ctx.limits(), (rows, keys), has_mask)?
+            ..self.blocked_consts_with(ctx.limits(), (rows, keys), has_mask, inner)?
         };
         let (mut params, workgroups) = self.params(rows as usize, mask_strides)?;
         let map = self.block_map(ctx, mods, rows as usize, keys)?;
