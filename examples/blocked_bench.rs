@@ -46,11 +46,16 @@ fn main() -> Result<()> {
         subgroups: Some(false),
         f16_arithmetic: Some(false),
         vector_loads: Some(false),
+        resident_queries: Some(false),
     };
     let on = Some(true);
     let vec = BlockedOptions {
         vector_loads: on,
         ..off
+    };
+    let qres = BlockedOptions {
+        resident_queries: on,
+        ..vec
     };
     let mut rows = Vec::new();
     for (rows_, keys) in [(64, 64), (64, 32)] {
@@ -58,6 +63,7 @@ fn main() -> Result<()> {
         let mut opts = vec![
             ("plain", off, Dtype::F32),
             ("vec", vec, Dtype::F32),
+            ("vec+qres", qres, Dtype::F32),
             (
                 "dbuf",
                 BlockedOptions {
@@ -68,6 +74,7 @@ fn main() -> Result<()> {
             ),
             ("f16 plain", off, Dtype::F16),
             ("f16 vec", vec, Dtype::F16),
+            ("f16 vec+qres", qres, Dtype::F16),
             (
                 "f16 dbuf",
                 BlockedOptions {

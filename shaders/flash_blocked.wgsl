@@ -37,6 +37,9 @@
 // - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K and V are
 //   multiples of 4): Q, K and V are bound as arrays of vec4s and each 4 values of a row
 //   come in one vector load (128 bits in f32, 64 in f16) instead of 4 scalar ones.
+// - QRES ≠ 0 (where workgroup memory holds it): the block's Q rows are staged once, whole,
+//   into `q_sh` before the first key tile and stay there; the chunks then hold K alone, so
+//   each key tile loads BC rows from memory instead of BR + BC.
 //
 // Causal (top-left, PyTorch's is_causal): key tiles past the block's last row are never
 // visited; keys past a row inside a tile weigh 0; a group's query blocks are dispatched last
@@ -63,7 +66,8 @@
 // col + 3 < width); the mask is read only with MASK ≠ 0, at a row < n_q and a key < kv_end.
 // Workgroup and private arrays: with BR, BC multiples of 4, WG = (BR/4)·(BC/4), TX = BC/4,
 // VC a multiple of 4 dividing BC (flash_blocked.rs enforces these), ty < BR/4 and tx < TX,
-// so 4·ty + r < BR and tx + TX·e < BC (pool rows < BR + BC, columns < DC4 < QS, so < HALF;
+// so 4·ty + r < BR and tx + TX·e < BC (pool rows < QR + BC, columns < DC4 < QS, so < HALF;
+// q_sh rows < BR, columns < DK4 < QRS (d0 + c < DK4: DC4 divides DK4);
 // p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4; t < VC·DV4 ≤ HALF; `cur` and the
 // staging offset are 0, or 0 and HALF with DBUF ≠ 0, whose pool holds 2·HALF; red < WG, and
 // with SGR ≠ 0, where `red` is one vec4, `red` is never read or written and `rank` clamps the
@@ -71,13 +75,13 @@
 // host sizes the partial buffers to groups·n_q·splits·(DV4 vec4s, 2 f32s). Every loop runs a
 // bounded count. tests/flash_blocked.rs compares the kernel with its checked twin
 // (Context::with_runtime_checks) on sizes that fit no tile, by default and with each of DBUF,
-// SGR, HMUL and VEC alone.
+// SGR, HMUL, VEC and QRES alone.
 //
 // The host prepends, from src/kernels/flash_blocked.rs: the constants BR, BC, WG, DK4, DV4
 // (head widths in vec4s, rounded up), DC4, VC, OC, MASK, SKIP_ZERO, LSE, SPLIT, DBUF, SGR,
-// HMUL and VEC, the element-type aliases Q_T, KV_T (f32 or f16) and H_T (f16 with HMUL, else
+// HMUL, VEC and QRES, the element-type aliases Q_T, KV_T (f32 or f16) and H_T (f16 with HMUL, else
 // f32: then all arithmetic is f32); lines marked `// if SGR` only with SGR ≠ 0 (`// if VEC`
-// with VEC ≠ 0, `// if !VEC` with VEC = 0); shaders/prelude.wgsl, the `struct Params` shared
+// and `// if QRES` likewise, `// if !VEC` with VEC = 0); shaders/prelude.wgsl, the `struct Params` shared
 // with flash_tiled.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -93,13 +97,19 @@
 
 // Row stride of the Q and K chunks in vec4s, padded so neighbouring K rows hit other banks.
 const QS: u32 = DC4 + 1u;
+// Q rows in a chunk: BR, or none with QRES ≠ 0 (Q is in `q_sh`).
+const QR: u32 = BR * (1u - min(QRES, 1u));
+// QRES ≠ 0: row stride of `q_sh` in vec4s (padded as QS).
+const QRS: u32 = DK4 + 1u;
 // Row stride of the P tile in vec4s.
 const PS: u32 = (BC + 3u) / 4u;
-// One chunk buffer: the Q and K chunks (BR + BC rows of QS) or a V chunk (VC rows of DV4).
-const HALF: u32 = max((BR + BC) * QS, VC * DV4);
+// One chunk buffer: the Q and K chunks (QR + BC rows of QS) or a V chunk (VC rows of DV4).
+const HALF: u32 = max((QR + BC) * QS, VC * DV4);
 // One chunk buffer, or two (DBUF ≠ 0: the next chunk is staged while this one is used).
 var<workgroup> pool: array<vec4<H_T>, (1u + min(DBUF, 1u)) * HALF>;
 var<workgroup> p_sh: array<vec4<H_T>, BR * PS>;
+// QRES ≠ 0: the block's Q rows, whole (pre-scaled with HMUL ≠ 0, as in the chunks).
+var<workgroup> q_sh: array<vec4<H_T>, BR * QRS>; // if QRES
 // One vec4 (its 4 rows) per thread: partial row maxima, at the end partial row sums
 // (one unused vec4 with SGR ≠ 0, where subgroup shuffles reduce them).
 var<workgroup> red: array<vec4<f32>, max(WG * (1u - min(SGR, 1u)), 1u)>;
@@ -146,24 +156,41 @@ fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> { // if VEC
     return vec4<f32>(v_buf[(base + col) / 4u]);
 }
 
-// Stages chunk d0 (in vec4s) of the block's Q rows and of the keys j0.. into `pool` at `at`.
-// HMUL ≠ 0: Q comes pre-scaled (scale·log2 e), so the f16 scores stay small.
+// Values col..col+3 of the block's Q row `r` (zero past n_q). HMUL ≠ 0: pre-scaled by
+// scale·log2 e, so the f16 scores stay small.
+fn q_row(r: u32, row0: u32, col: u32, q_base: u32) -> vec4<H_T> {
+    var v = vec4<f32>(0.0);
+    if row0 + r < p.n_q {
+        v = load_q(q_base + (row0 + r) * p.q_row, col);
+        if HMUL != 0u {
+            v *= p.scale_log2;
+        }
+    }
+    return vec4<H_T>(v);
+}
+
+// Stages chunk d0 (in vec4s) of the block's Q rows (QR of them: none with QRES ≠ 0) and of
+// the keys j0.. into `pool` at `at`.
 fn stage_qk(at: u32, li: u32, row0: u32, j0: u32, d0: u32, q_base: u32, k_base: u32) {
-    for (var t = li; t < (BR + BC) * DC4; t += WG) {
+    for (var t = li; t < (QR + BC) * DC4; t += WG) {
         let r = t / DC4;
         let col = (d0 + t % DC4) * 4u;
-        var v = vec4<f32>(0.0);
-        if r < BR {
-            if row0 + r < p.n_q {
-                v = load_q(q_base + (row0 + r) * p.q_row, col);
-                if HMUL != 0u {
-                    v *= p.scale_log2;
-                }
+        if r < QR {
+            pool[at + r * QS + t % DC4] = q_row(r, row0, col, q_base);
+        } else {
+            var v = vec4<f32>(0.0);
+            if j0 + r - QR < p.n_kv {
+                v = load_kv(true, k_base + (j0 + r - QR) * p.k_row, col, p.dk_h);
             }
-        } else if j0 + r - BR < p.n_kv {
-            v = load_kv(true, k_base + (j0 + r - BR) * p.k_row, col, p.dk_h);
+            pool[at + r * QS + t % DC4] = vec4<H_T>(v);
         }
-        pool[at + r * QS + t % DC4] = vec4<H_T>(v);
+    }
+}
+
+// QRES ≠ 0: stages the block's BR rows of Q, whole, into `q_sh`.
+fn stage_q(li: u32, row0: u32, q_base: u32) { // if QRES
+    for (var t = li; t < BR * DK4; t += WG) {
+        q_sh[t / DK4 * QRS + t % DK4] = q_row(t / DK4, row0, t % DK4 * 4u, q_base);
     }
 }
 
@@ -256,6 +283,8 @@ fn main(
     var l = vec4<f32>(0.0);
     // Where in `pool` the chunk in use sits (0, or HALF every other step with DBUF ≠ 0).
     var cur = 0u;
+    // QRES ≠ 0: Q once, read after the barrier that follows the first chunk's staging.
+    stage_q(li, row0, q_base); // if QRES
     if DBUF != 0u {
         stage_qk(0u, li, row0, kv_lo, 0u, q_base, k_base);
         workgroupBarrier();
@@ -280,10 +309,13 @@ fn main(
             for (var c = 0u; c < DC4; c++) { // unroll
                 var qv: array<vec4<H_T>, 4>;
                 for (var r = 0u; r < 4u; r++) { // unroll
-                    qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                    if QRES == 0u {
+                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                    }
+                    qv[r] = q_sh[(4u * ty + r) * QRS + d0 + c]; // if QRES
                 }
                 for (var e = 0u; e < 4u; e++) { // unroll
-                    let kv = pool[cur + (BR + tx + tx_n * e) * QS + c];
+                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
                     for (var r = 0u; r < 4u; r++) { // unroll
                         s[r][e] += f32(dot(qv[r], kv));
                     }

@@ -11,10 +11,14 @@ use wgpu_attention::{
     Attention, BlockedOptions, Context, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Options,
 };
 
-const BLOCKS: [FlashVariant; 3] = [
+const BLOCKS: [FlashVariant; 4] = [
     FlashVariant::Blocked { rows: 64, keys: 64 },
     FlashVariant::Blocked { rows: 64, keys: 32 },
     FlashVariant::Blocked { rows: 32, keys: 64 },
+    FlashVariant::Blocked {
+        rows: 128,
+        keys: 32,
+    },
 ];
 
 /// `case.op()` with its fused kernel forced to `v` and its keys split as `split`: the
@@ -249,16 +253,22 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
             mask: MaskCase::Lengths,
             ..plain(100, 8)
         },
+        Case {
+            causal: true,
+            ..plain(150, 12)
+        },
     ];
     let runs: Vec<_> = runs.into_iter().zip(BLOCKS).collect();
     twins(common::ctx(), &checked(BlockedOptions::default()), &runs);
     // Each option alone: the double buffer, subgroup reductions, f16 arithmetic, vector
-    // loads (the defaults above have them wherever widths and strides are multiples of 4).
+    // loads (the defaults above have them wherever widths and strides are multiples of 4),
+    // resident queries (the defaults above have them wherever they fit).
     let off = BlockedOptions {
         double_buffer: Some(false),
         subgroups: Some(false),
         f16_arithmetic: Some(false),
         vector_loads: Some(false),
+        resident_queries: Some(false),
     };
     let on = Some(true);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
@@ -301,6 +311,22 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
                 ..off
             },
             runs[1],
+        ),
+        (
+            BlockedOptions {
+                resident_queries: on,
+                ..off
+            },
+            runs[0],
+        ),
+        (
+            BlockedOptions {
+                resident_queries: on,
+                double_buffer: on,
+                vector_loads: on,
+                ..off
+            },
+            (f16, BLOCKS[0]),
         ),
     ];
     if sgr {
@@ -360,13 +386,14 @@ fn inner_loop_cases(dtype: Dtype) -> Vec<Case> {
 #[test]
 fn each_inner_loop_alone_matches_the_reference() {
     // The default context runs every inner loop the adapter allows (the tests above); here
-    // the plain loop, the double buffer alone, the subgroup reductions alone and the vector
-    // loads alone.
+    // the plain loop, the double buffer alone, the subgroup reductions alone, the vector
+    // loads alone, the resident queries alone, and everything a GPU turns on.
     let off = BlockedOptions {
         double_buffer: Some(false),
         subgroups: Some(false),
         f16_arithmetic: Some(false),
         vector_loads: Some(false),
+        resident_queries: Some(false),
     };
     let cases = inner_loop_cases(Dtype::F32);
     check_on(&ctx_with(off), &cases, &BLOCKS[..2]);
@@ -386,6 +413,20 @@ fn each_inner_loop_alone_matches_the_reference() {
         ..off
     };
     check_on(&ctx_with(vec), &cases, &BLOCKS[..2]);
+    let qres = BlockedOptions {
+        resident_queries: Some(true),
+        ..off
+    };
+    check_on(&ctx_with(qres), &cases, &BLOCKS[..2]);
+    let gpu = BlockedOptions {
+        double_buffer: Some(true),
+        subgroups: None,
+        f16_arithmetic: Some(true),
+        vector_loads: Some(true),
+        resident_queries: Some(true),
+    };
+    check_on(&ctx_with(gpu), &cases, &BLOCKS[..2]);
+    check_on(&ctx_with(gpu), &inner_loop_cases(Dtype::F16), &BLOCKS[..2]);
 }
 
 #[test]

@@ -287,7 +287,7 @@ registry! {
 
 /// The most constants one kernel may have: the slots of a [`PipelineKey`]. A
 /// [`constants!`](wgsl::constants) table with more does not compile.
-pub(crate) const MAX_CONSTS: usize = 16;
+pub(crate) const MAX_CONSTS: usize = 20;
 
 /// What a cached pipeline is built from, derived from a kernel's description: the kernel,
 /// its constants' values (in its [`Constants::NAMES`] order), and which element types are f16.

@@ -41,11 +41,13 @@ fn every_kernel_parses_and_validates_with_naga() {
         if all_f16 != 0 {
             parse(&info, &info.source_with(&consts, all_f16));
         }
-        // The `// unroll` markers are an optimization: the loops must be valid as written.
+        // The `// unroll` markers are an optimization: the loops must be valid as written
+        // (the `// if` lines kept or dropped as the constants say).
         let named: Vec<(&str, u32)> = info.constants.iter().map(|n| (*n, ODD)).collect();
+        let kept = wgsl::drop_disabled(info.source, &named);
         let rolled = wgsl::compose("", info.dtypes, 0, &named, &(info.params)(), true)
-            + info.source
-            + &crate::gpu::subgroups::native(info.source);
+            + &kept
+            + &crate::gpu::subgroups::native(&kept);
         let rolled = info.with_coop(rolled, &named);
         parse(&info, &mods::with_modifiers(rolled, info.source, 0));
     }

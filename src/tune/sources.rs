@@ -109,6 +109,7 @@ const PLAIN: BlockedOptions = BlockedOptions {
     subgroups: Some(false),
     f16_arithmetic: Some(false),
     vector_loads: None,
+    resident_queries: Some(false),
 };
 
 /// [`PLAIN`] with scalar loads (what head sizes that are not multiples of 4 run).
@@ -296,8 +297,9 @@ fn backward(dev: &Device) -> Result<Vec<(String, PipelineKey)>> {
 /// `flash_blocked`'s inner loops as a GPU runs them: double buffer, subgroup reductions,
 /// both, and with f16 operands f16 arithmetic, alone and with both, for blocks of 64 × 64
 /// and 64 × 32, d = 64 and 128, on each of `gpus` (a double buffer that does not fit is left
-/// out, as the kernel leaves it out), and the default GPU loop with a mask. Named `…-dbuf`,
-/// `…-sgr`, `…-hmul`, `-mask`, then `-wg<KiB>k` past 32 KiB.
+/// out, as the kernel leaves it out), resident queries alone, with subgroup reductions and
+/// with both, and the default GPU loop with a mask. Named `…-dbuf`, `…-sgr`, `…-hmul`,
+/// `…-qres`, `-mask`, then `-wg<KiB>k` past 32 KiB.
 ///
 /// # Errors
 /// As [`recorded`], but for the variants that do not fit, which are left out.
@@ -311,23 +313,31 @@ fn blocked_inner(gpus: &[(u32, Device)]) -> Result<Vec<(String, PipelineKey)>> {
                 for f16 in [false, true] {
                     let op = problem(d, f16);
                     let t = if f16 { "f16" } else { "f32" };
-                    let mut inners = vec![(true, false, false), (false, true, false)];
-                    inners.push((true, true, false));
+                    // (double buffer, subgroup reductions, f16 arithmetic, resident Q).
+                    let mut inners = vec![(true, false, false, false), (false, true, false, false)];
+                    inners.push((true, true, false, false));
+                    // Resident queries alone, with subgroups (where the double buffer does
+                    // not fit beside them) and with both (a GPU's default where all fit).
+                    inners.extend([(false, false, false, true), (false, true, false, true)]);
+                    inners.push((true, true, false, true));
                     if f16 {
-                        inners.extend([(false, false, true), (true, true, true)]);
+                        inners.extend([(false, false, true, false), (true, true, true, false)]);
+                        inners.push((true, true, true, true));
                     }
                     // What a GPU runs by default with a mask too (32 KiB, f32).
                     let masked = kib == GPU_WORKGROUP_KIB[0] && !f16;
                     let inners = inners
                         .into_iter()
                         .map(|i| (i, false))
-                        .chain(masked.then_some(((true, true, false), true)));
-                    for ((dbuf, sgr, hmul), mask) in inners {
+                        .chain(masked.then_some(((true, true, false, true), true)));
+                    for ((dbuf, sgr, hmul, qres), mask) in inners {
                         let opts = BlockedOptions {
                             double_buffer: Some(dbuf),
                             subgroups: Some(sgr),
                             f16_arithmetic: Some(hmul),
                             vector_loads: None,
+                            // Left to the kernel, as a GPU leaves it (within 32 KiB).
+                            resident_queries: if qres { None } else { Some(false) },
                         };
                         let variant = FlashVariant::Blocked { rows, keys };
                         let Ok(key) = fused_key(dev, &op, variant, opts, mask) else {
@@ -338,7 +348,9 @@ fn blocked_inner(gpus: &[(u32, Device)]) -> Result<Vec<(String, PipelineKey)>> {
                         // variants.
                         let on = |name| key.constant(name).is_some_and(|c| c != 0);
                         let tags = [(on("DBUF"), "-dbuf"), (on("SGR"), "-sgr")];
-                        let tags = tags.into_iter().chain([(on("HMUL"), "-hmul")]);
+                        let tags = tags
+                            .into_iter()
+                            .chain([(on("HMUL"), "-hmul"), (on("QRES"), "-qres")]);
                         let tags: Vec<&str> = tags.filter(|t| t.0).map(|t| t.1).collect();
                         if tags.is_empty() || !seen.insert(key) {
                             continue;

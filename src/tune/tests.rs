@@ -164,9 +164,12 @@ fn the_blocked_kernel_is_offered_on_gpus_only() {
     // Under a GPU's limits every shape fits at d = 64; at d = 256, 32 keys per tile would
     // leave each thread 8 output vec4s (spills), so that shape is not offered.
     let gpu = tune::sources::gpu_limits();
-    assert_eq!(tune::candidates::blocked_candidates(&gpu, 16, 16).len(), 3);
-    assert!(!tune::candidates::blocked_candidates(&gpu, 64, 64)
-        .contains(&FlashVariant::Blocked { rows: 64, keys: 32 }));
+    assert_eq!(tune::candidates::blocked_candidates(&gpu, 16, 16).len(), 4);
+    let at_256 = tune::candidates::blocked_candidates(&gpu, 64, 64);
+    for keys_32 in [(64, 32), (128, 32)] {
+        let (rows, keys) = keys_32;
+        assert!(!at_256.contains(&FlashVariant::Blocked { rows, keys }));
+    }
 }
 
 #[test]

@@ -91,6 +91,10 @@ pub struct GpuArgs {
     /// width and stride is a multiple of 4): true or false (default: true). For bisecting.
     #[arg(long)]
     pub vector_loads: Option<bool>,
+    /// flash-blocked's resident queries (a block's Q rows staged once into workgroup memory,
+    /// not with every key tile): true or false (default: where the block stays within 32 KiB).
+    #[arg(long)]
+    pub resident_queries: Option<bool>,
 }
 
 impl GpuArgs {
@@ -100,6 +104,7 @@ impl GpuArgs {
             double_buffer: self.double_buffer,
             subgroups: self.subgroup_reductions,
             vector_loads: self.vector_loads,
+            resident_queries: self.resident_queries,
         };
         self.adapter.open().map(|c| c.with_blocked_options(blocked))
     }

@@ -49,6 +49,8 @@ constants! {
         hmul => "HMUL",
         /// 1 to read Q, K and V as vec4s (every width, offset and stride a multiple of 4).
         vec => "VEC",
+        /// 1 to keep the block's Q rows in workgroup memory for the whole key loop.
+        qres => "QRES",
     }
 }
 
@@ -74,6 +76,12 @@ pub struct BlockedOptions {
     /// it (head widths and every offset and stride of Q, K and V multiples of 4; elsewhere 4
     /// scalar loads, whatever this says). `None`: on, on every adapter.
     pub vector_loads: Option<bool>,
+    /// Stage the block's query rows into workgroup memory once, before the first key tile,
+    /// instead of again with every tile (each tile then loads its keys alone). `None`: on
+    /// every adapter wherever the block's workgroup memory stays within 32 KiB with it (on
+    /// lavapipe, 64 × 32 blocks at d = 64, 15 % faster; past 32 KiB GPUs lose occupancy);
+    /// `Some(true)`: wherever it fits the device's limit, a limit error elsewhere.
+    pub resident_queries: Option<bool>,
 }
 
 impl BlockedOptions {
@@ -85,13 +93,14 @@ impl BlockedOptions {
 }
 
 /// The inner-loop constants [`BlockedOptions`] resolve to on one adapter: `(dbuf, sgr, hmul,
-/// vec)` (`vec`: wherever the layout allows).
+/// vec, qres)` (`vec`: wherever the layout allows; `dbuf` and `qres`: where they fit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Inner {
     pub dbuf: u32,
     pub sgr: u32,
     pub hmul: u32,
     pub vec: u32,
+    pub qres: u32,
 }
 
 impl Inner {
@@ -136,6 +145,7 @@ impl Inner {
             sgr: u32::from(sgr),
             hmul: u32::from(hmul),
             vec: u32::from(opts.vector_loads.unwrap_or(true)),
+            qres: u32::from(opts.resident_queries.unwrap_or(true)),
         })
     }
 }
@@ -167,6 +177,12 @@ const MAX_CHUNK4: u32 = 8;
 /// The most output vec4 columns a thread keeps (its 4 rows × 4 vec4s = 64 f32 registers):
 /// more spills on real GPUs (8 at 64 × 32 blocks, d = 256, spilled 326 registers on RDNA3).
 const MAX_OUT4: u32 = 4;
+
+/// The most workgroup memory resident queries take by default (`BlockedOptions::
+/// resident_queries` left `None`): past it RDNA3 runs fewer than 4 subgroups per SIMD
+/// (64 × 32 blocks at d = 128 in f32, 47–52 KB, `.ci/gpu-shader-stats`), so the block
+/// stages Q with each tile instead.
+const RESIDENT_BYTES: u32 = 32 << 10;
 
 /// The most output vec4 columns per thread with f16 arithmetic (wider falls back to f32
 /// arithmetic: 64 × 32 blocks at d = 128, 4 columns, spilled 18 registers on RDNA3).
@@ -238,8 +254,14 @@ impl FlashBlockedConsts {
             .find(|&c| keys % c == 0 && (c * dv4 <= V_CHUNK4 || c == 4))
             .unwrap_or(4);
         for chunk4 in (1..=MAX_CHUNK4.min(dk4)).rev().filter(|c| dk4 % c == 0) {
-            // Single-buffered, the widest V chunk only (its buffer is shared with Q/K's).
-            let narrowest_v = if inner.dbuf != 0 { 4 } else { widest_v };
+            // Single-buffered with Q in the chunks, the widest V chunk only (its buffer is
+            // shared with Q/K's, which are larger); with resident queries, the K chunk alone
+            // is small, so the V chunk shrinks too.
+            let narrowest_v = if inner.dbuf != 0 || inner.qres != 0 {
+                4
+            } else {
+                widest_v
+            };
             for v_keys in (narrowest_v..=widest_v).rev().step_by(4) {
                 if keys % v_keys != 0 {
                     continue;
@@ -261,6 +283,7 @@ impl FlashBlockedConsts {
                     sgr: inner.sgr,
                     hmul: inner.hmul,
                     vec: inner.vec,
+                    qres: inner.qres,
                 };
                 if c.workgroup_bytes() <= limit {
                     return Ok(c);
@@ -279,9 +302,16 @@ impl FlashBlockedConsts {
 
     /// Workgroup memory used, as the shader declares it.
     pub fn workgroup_bytes(&self) -> u64 {
-        let half = ((self.rows + self.keys) * (self.chunk4 + 1)).max(self.v_keys * self.dv4);
+        let resident = self.qres != 0;
+        let q_rows = if resident { 0 } else { self.rows };
+        let half = ((q_rows + self.keys) * (self.chunk4 + 1)).max(self.v_keys * self.dv4);
         let pool = u64::from(half) * (1 + u64::from(self.dbuf.min(1)));
-        let p = u64::from(self.rows * self.keys.div_ceil(4));
+        let q_sh = if resident {
+            u64::from(self.rows * (self.dk4 + 1))
+        } else {
+            0
+        };
+        let p = u64::from(self.rows * self.keys.div_ceil(4)) + q_sh;
         // vec4<f16> is 8 bytes; `red` shrinks to one vec4 and an atomic counter with subgroups.
         let h_t = if self.hmul != 0 { 8 } else { 16 };
         let red = if self.sgr != 0 {
@@ -377,14 +407,42 @@ impl Flash {
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
         let limits = ctx.limits();
-        let consts = match self.blocked_consts_with(limits, (rows, keys), has_mask, inner) {
-            // The double buffer does not fit: single-buffered, unless it was asked for.
-            Err(Error::LimitExceeded { .. }) if inner.dbuf != 0 && opts.double_buffer.is_none() => {
-                let inner = Inner { dbuf: 0, ..inner };
-                self.blocked_consts_with(limits, (rows, keys), has_mask, inner)?
-            }
-            c => c?,
+        // What does not fit the workgroup memory goes, unless it was asked for: the resident
+        // queries first, then the double buffer, then both. Resident queries left to the
+        // adapter stay within RESIDENT_BYTES.
+        let drop_q = inner.qres != 0 && opts.resident_queries.is_none();
+        let drop_d = inner.dbuf != 0 && opts.double_buffer.is_none();
+        let budget = wgpu::Limits {
+            max_compute_workgroup_storage_size: limits
+                .max_compute_workgroup_storage_size
+                .min(RESIDENT_BYTES),
+            ..limits.clone()
         };
+        let fit = |inner: Inner| {
+            let limits = if drop_q && inner.qres != 0 {
+                &budget
+            } else {
+                limits
+            };
+            self.blocked_consts_with(limits, (rows, keys), has_mask, inner)
+        };
+        let fallbacks = [
+            drop_q.then_some(Inner { qres: 0, ..inner }),
+            drop_d.then_some(Inner { dbuf: 0, ..inner }),
+            (drop_q && drop_d).then_some(Inner {
+                qres: 0,
+                dbuf: 0,
+                ..inner
+            }),
+        ];
+        let mut fitted = fit(inner);
+        for inner in fallbacks.into_iter().flatten() {
+            if !matches!(fitted, Err(Error::LimitExceeded { .. })) {
+                break;
+            }
+            fitted = fit(inner);
+        }
+        let consts = fitted?;
         let consts = FlashBlockedConsts { lse, ..consts };
         let (params, workgroups) = self.params(rows as usize, mask_strides)?;
         let map = self.block_map(ctx, mods, rows as usize, keys)?;
@@ -471,6 +529,7 @@ mod tests {
             sgr: 1,
             hmul: 1,
             vec: 1,
+            qres: 0,
         };
         let c = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), all).unwrap();
         assert_eq!((c.dbuf, c.hmul, c.chunk4, c.v_keys), (1, 1, 8, 32));
@@ -490,5 +549,22 @@ mod tests {
             (4, 32, 2, 16)
         );
         assert_eq!(two.workgroup_bytes(), 32 << 10);
+    }
+
+    #[test]
+    fn resident_queries_take_their_rows_out_of_the_chunks() {
+        let qres = Inner {
+            qres: 1,
+            ..Inner::default()
+        };
+        // 64 × 32 at d = 64: Q (64 rows of 17 vec4s) + P (64 × 8) + a chunk of 32 K rows of
+        // 9 vec4s or 16 V rows of 16 + `red` (128 vec4s): the V chunk shrinks to fit 32 KiB.
+        let c = FlashBlockedConsts::fit(&limits(32 << 10), (64, 32), (16, 16), qres).unwrap();
+        assert_eq!((c.chunk4, c.v_keys, c.qres), (8, 16, 1));
+        assert_eq!(c.workgroup_bytes(), (64 * 17 + 64 * 8 + 32 * 9 + 128) * 16);
+        // 64 × 64: P doubles, past 32 KiB; 48 KiB holds it.
+        let c = FlashBlockedConsts::fit(&limits(32 << 10), (64, 64), (16, 16), qres);
+        assert!(matches!(c, Err(Error::LimitExceeded { .. })));
+        assert!(FlashBlockedConsts::fit(&limits(48 << 10), (64, 64), (16, 16), qres).is_ok());
     }
 }

@@ -67,8 +67,9 @@ impl std::fmt::Display for FlashVariant {
 }
 
 /// The block shapes (query rows × keys) of `flash_blocked.wgsl` offered on a device, best
-/// first.
-pub(crate) const BLOCKED_SHAPES: [(u32, u32); 3] = [(64, 64), (64, 32), (32, 64)];
+/// first. 128 × 32 (256 threads) reads each key tile for twice the rows of 64 × 32, at the
+/// same registers per thread: the tuner measures whether that pays on the device.
+pub(crate) const BLOCKED_SHAPES: [(u32, u32); 4] = [(64, 64), (64, 32), (32, 64), (128, 32)];
 
 /// The keys per tile of `flash_tiled.wgsl` offered on a device.
 pub(crate) const TILED_KEYS: [u32; 3] = [16, 32, 64];
