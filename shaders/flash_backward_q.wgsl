@@ -21,22 +21,31 @@
 // applies them, and its block map (wa_span, wa_block) for this kernel's blocks of rows and
 // tiles of keys: tiles no row of the block sees are skipped; a row with nothing visible (lse = LSE_EMPTY) gets dQ = 0.
 //
+// VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K, V and dO, which
+// dQ shares with Q, are multiples of 4): every buffer is bound as an array of vec4s, and each
+// 4 values of a row are one vector load or store.
+//
 // The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows per
-// workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, MASK, the
+// workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, MASK, VEC, the
 // element types Q_T and KV_T, shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
-@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>;
-@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>;
-@group(0) @binding(4) var<storage, read> do_buf: array<f32>;
+@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>; // if !VEC
+@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>; // if !VEC
+@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>; // if !VEC
+@group(0) @binding(4) var<storage, read> do_buf: array<f32>; // if !VEC
+@group(0) @binding(1) var<storage, read> q_buf: array<vec4<Q_T>>; // if VEC
+@group(0) @binding(2) var<storage, read> k_buf: array<vec4<KV_T>>; // if VEC
+@group(0) @binding(3) var<storage, read> v_buf: array<vec4<KV_T>>; // if VEC
+@group(0) @binding(4) var<storage, read> do_buf: array<vec4<f32>>; // if VEC
 @group(0) @binding(5) var<storage, read> stats: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dq_buf: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dq_buf: array<f32>; // if !VEC
+@group(0) @binding(6) var<storage, read_write> dq_buf: array<vec4<f32>>; // if VEC
 @group(0) @binding(7) var<storage, read> mask: array<f32>;
 
 // Values 4c..4c+3 of the row at `base` of Q (which = 0), K (1), V (2) or dO (3), zero past
 // `width` or when `inside` is false.
-fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
+fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> { // if !VEC
     var x = vec4<f32>(0.0);
     for (var e = 0u; e < 4u; e++) { // unroll
         let col = c * 4u + e;
@@ -53,12 +62,34 @@ fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
 }
 
 // Stores values 4c..4c+3 of `x` into the row at `base` of dQ, those below `width`.
-fn store4(base: u32, c: u32, width: u32, x: vec4<f32>) {
+fn store4(base: u32, c: u32, width: u32, x: vec4<f32>) { // if !VEC
     for (var e = 0u; e < 4u; e++) { // unroll
         let col = c * 4u + e;
         if col < width {
             dq_buf[base + col] = x[e];
         }
+    }
+}
+
+// As the scalar `load4` and `store4`, for VEC ≠ 0: `base` is a multiple of 4 and a column
+// 4c < width holds all of 4c..4c+3 (width is a multiple of 4).
+fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> { // if VEC
+    var x = vec4<f32>(0.0);
+    if inside && c * 4u < width {
+        let at = base / 4u + c;
+        switch which {
+            case 0u: { x = vec4<f32>(q_buf[at]); }
+            case 1u: { x = vec4<f32>(k_buf[at]); }
+            case 2u: { x = vec4<f32>(v_buf[at]); }
+            default: { x = do_buf[at]; }
+        }
+    }
+    return x;
+}
+
+fn store4(base: u32, c: u32, width: u32, x: vec4<f32>) { // if VEC
+    if c * 4u < width {
+        dq_buf[base / 4u + c] = x;
     }
 }
 

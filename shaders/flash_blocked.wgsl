@@ -34,9 +34,10 @@
 // - HMUL ≠ 0 (f16 operands, SHADER_F16): H_T = f16, so the chunks and P sit in workgroup
 //   memory as vec4<f16> and Q·Kᵀ (Q pre-scaled by scale·log2 e while staged, 4-term f16
 //   dots) and P·V (f16 products) multiply in f16; scores, m, l and O accumulate in f32.
-// - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K and V are
-//   multiples of 4): Q, K and V are bound as arrays of vec4s and each 4 values of a row
-//   come in one vector load (128 bits in f32, 64 in f16) instead of 4 scalar ones.
+// - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K, V and the
+//   output are multiples of 4): Q, K, V and the output are bound as arrays of vec4s, and
+//   each 4 values of a row come in one vector load (128 bits in f32, 64 in f16) instead of
+//   4 scalar ones, and go out in one vector store.
 // - QRES ≠ 0 (where workgroup memory holds it): the block's Q rows are staged once, whole,
 //   into `q_sh` before the first key tile and stay there; the chunks then hold K alone, so
 //   each key tile loads BC rows from memory instead of BR + BC.
@@ -61,8 +62,8 @@
 // Bounds (why the module is created without naga's runtime checks): every storage access is
 // guarded by the row, key or column it reads being inside the problem (row < n_q, key < n_kv
 // or kv_end ≤ n_kv, column < dk_h or dv_h), and the host lays each buffer out to hold every
-// element its strides address inside the problem (with VEC ≠ 0, the vec4 at (base + col)/4
-// holds elements base + col .. base + col + 3 of one row: base + col is a multiple of 4 and
+// element its strides address inside the problem (with VEC ≠ 0, the vec4 at (base + col)/4,
+// loaded or stored, holds elements base + col .. base + col + 3 of one row: base + col is a multiple of 4 and
 // col + 3 < width); the mask is read only with MASK ≠ 0, at a row < n_q and a key < kv_end.
 // Workgroup and private arrays: with BR, BC multiples of 4, WG = (BR/4)·(BC/4), TX = BC/4,
 // VC a multiple of 4 dividing BC (flash_blocked.rs enforces these), ty < BR/4 and tx < TX,
@@ -91,7 +92,8 @@
 @group(0) @binding(1) var<storage, read> q_buf: array<vec4<Q_T>>; // if VEC
 @group(0) @binding(2) var<storage, read> k_buf: array<vec4<KV_T>>; // if VEC
 @group(0) @binding(3) var<storage, read> v_buf: array<vec4<KV_T>>; // if VEC
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>; // if !VEC
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>; // if VEC
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
@@ -205,6 +207,35 @@ fn stage_v(at: u32, li: u32, j: u32, v_base: u32) {
     }
 }
 
+// Stores `v` at elements at..at+3 of `out` (`at` a multiple of 4: a split partial).
+fn store_out4(at: u32, v: vec4<f32>) { // if !VEC
+    for (var e = 0u; e < 4u; e++) { // unroll
+        out[at + e] = v[e];
+    }
+}
+
+// Stores the values of `v` that are inside the row, columns col..col+3 of the row at `at`
+// of the output.
+fn store_row(at: u32, col: u32, v: vec4<f32>) { // if !VEC
+    for (var e = 0u; e < 4u; e++) { // unroll
+        if col + e < p.dv_h {
+            out[at + col + e] = v[e];
+        }
+    }
+}
+
+// As `store_out4` and `store_row`, for VEC ≠ 0: `at` and `col` are multiples of 4 and
+// col < d_v means col + 3 < d_v.
+fn store_out4(at: u32, v: vec4<f32>) { // if VEC
+    out[at / 4u] = v;
+}
+
+fn store_row(at: u32, col: u32, v: vec4<f32>) { // if VEC
+    if col < p.dv_h {
+        out[(at + col) / 4u] = v;
+    }
+}
+
 // SGR ≠ 0: this thread's number in the workgroup, lane + the sizes of the subgroups ranked
 // before its own, so the TX threads of a row group are TX aligned lanes of one subgroup
 // (the host picks SGR only when every subgroup size is a multiple of TX dividing WG).
@@ -309,7 +340,7 @@ fn main(
             for (var c = 0u; c < DC4; c++) { // unroll
                 var qv: array<vec4<H_T>, 4>;
                 for (var r = 0u; r < 4u; r++) { // unroll
-                    if QRES == 0u {
+                    if QRES == 0u { // if !QRES
                         qv[r] = pool[cur + (4u * ty + r) * QS + c];
                     }
                     qv[r] = q_sh[(4u * ty + r) * QRS + d0 + c]; // if QRES
@@ -449,9 +480,7 @@ fn main(
                 for (var k = 0u; k < OC; k++) { // unroll
                     let c = tx + tx_n * k;
                     if c < DV4 {
-                        for (var e = 0u; e < 4u; e++) { // unroll
-                            out[(slot * DV4 + c) * 4u + e] = o[r * OC + k][e];
-                        }
+                        store_out4((slot * DV4 + c) * 4u, o[r * OC + k]);
                     }
                 }
             }
@@ -469,11 +498,7 @@ fn main(
         if i < p.n_q {
             for (var k = 0u; k < OC; k++) { // unroll
                 let c = tx + tx_n * k;
-                for (var e = 0u; e < 4u; e++) { // unroll
-                    if c * 4u + e < p.dv_h {
-                        out[o_base + i * p.o_row + c * 4u + e] = o[r * OC + k][e] * inv[r];
-                    }
-                }
+                store_row(o_base + i * p.o_row, c * 4u, o[r * OC + k] * inv[r]);
             }
         }
     }

@@ -327,6 +327,9 @@ impl Attention {
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
         let run = |plan: &crate::Plan| {
             ctx.scoped(|| {
+                // Declared first, dropped last: buffers dropped while recording (a key split's
+                // partials) are not handed out before this encoder is submitted.
+                let _open = ctx.pool.open();
                 let mut encoder =
                     ctx.device
                         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -456,6 +459,8 @@ impl SdpaSaved {
         let dk = buffer::output(ctx, "dK", k_len, nan)?;
         let dv = buffer::output(ctx, "dV", v_len, nan)?;
         let (flat, table_shape) = ctx.scoped(|| {
+            // As in the forward: the table gradient's scratch is not reused before the submit.
+            let _open = ctx.pool.open();
             let mut encoder = ctx
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {

@@ -31,6 +31,8 @@ constants! {
         dv4 => "DV4",
         /// 1 when a mask is bound.
         mask => "MASK",
+        /// 1 to read and write every buffer as vec4s ([`Flash::vector_layout`]).
+        vec => "VEC",
     }
 }
 
@@ -77,6 +79,7 @@ impl Flash {
             dk4,
             dv4,
             mask,
+            vec: u32::from(self.vector_layout()),
         })
     }
 

@@ -430,10 +430,9 @@ pub fn flash(
             let f16 = dtype == Dtype::F16;
             let q = buffer::upload_as(ctx, "tune Q", &data(g * m * dk), f16)?;
             let v = buffer::upload_as(ctx, "tune V", &data(g * m * dv), f16)?;
-            let out = match f16 {
-                true => buffer::output_f16(ctx, "tune O", g * m * dv)?,
-                false => buffer::output(ctx, "tune O", g * m * dv, false)?,
-            };
+            // Every fused kernel writes f32, whatever its operands (an f16-sized output had
+            // flash_blocked, unchecked, store past its end while an f16 call was tuned).
+            let out = buffer::output(ctx, "tune O", g * m * dv, false)?;
             let u = |x: usize| x as u32;
             // (1, m, g·width): heads side by side in a row, as the calls lay them out.
             let qs = Strides::row_major(u(g * dk), u(dk), u(m * g * dk));

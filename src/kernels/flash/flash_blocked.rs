@@ -47,7 +47,7 @@ constants! {
         sgr => "SGR",
         /// 1 to multiply in f16 (`H_T = f16`, Q pre-scaled); statistics and sums stay f32.
         hmul => "HMUL",
-        /// 1 to read Q, K and V as vec4s (every width, offset and stride a multiple of 4).
+        /// 1 to read Q, K, V and write the output as vec4s ([`Flash::vector_layout`]).
         vec => "VEC",
         /// 1 to keep the block's Q rows in workgroup memory for the whole key loop.
         qres => "QRES",
@@ -72,9 +72,10 @@ pub struct BlockedOptions {
     /// the softmax statistics and the output accumulators stay f32). `None`: on GPUs, off on
     /// CPU adapters (lavapipe), where f16 brings no speed. Ignored with f32 operands.
     pub f16_arithmetic: Option<bool>,
-    /// Read Q, K and V with one vector load per 4 values of a row, where the layout allows
-    /// it (head widths and every offset and stride of Q, K and V multiples of 4; elsewhere 4
-    /// scalar loads, whatever this says). `None`: on, on every adapter.
+    /// Read Q, K and V (and write the output) with one vector load (store) per 4 values of a
+    /// row, where the layout allows it (head widths and every offset and stride of Q, K, V
+    /// and the output multiples of 4; elsewhere 4 scalar loads, whatever this says). `None`:
+    /// on, on every adapter.
     pub vector_loads: Option<bool>,
     /// Stage the block's query rows into workgroup memory once, before the first key tile,
     /// instead of again with every tile (each tile then loads its keys alone). `None`: on
@@ -329,21 +330,6 @@ impl FlashBlockedConsts {
 }
 
 impl Flash {
-    /// Whether each 4 values of a row of Q, K and V are one aligned vec4: head widths and
-    /// every offset and stride multiples of 4 (`VEC`).
-    pub fn vector_layout(&self) -> bool {
-        let aligned = |s: crate::kernels::Strides| {
-            [s.off, s.batch, s.head, s.row]
-                .iter()
-                .all(|x| x.is_multiple_of(4))
-        };
-        self.dk_h.is_multiple_of(4)
-            && self.dv_h.is_multiple_of(4)
-            && aligned(self.q)
-            && aligned(self.k)
-            && aligned(self.v)
-    }
-
     /// The constants [`Flash::dispatch_blocked`] builds the kernel with on a device with
     /// `limits`, `has_mask` (0 or 1) saying whether a mask is bound, its inner loop `inner`
     /// (`hmul` only with f16 operands, `vec` only where [`Flash::vector_layout`] holds).

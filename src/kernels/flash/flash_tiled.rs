@@ -254,6 +254,20 @@ impl Flash {
         }
     }
 
+    /// Whether each 4 values of a row of Q, K, V and the output (dO and the gradients in
+    /// the backward, laid out as O, Q, K and V) are one aligned vec4: head widths and every
+    /// offset and stride multiples of 4 (the kernels' `VEC`).
+    pub fn vector_layout(&self) -> bool {
+        let aligned = |s: crate::kernels::Strides| {
+            [s.off, s.batch, s.head, s.row]
+                .iter()
+                .all(|x| x.is_multiple_of(4))
+        };
+        self.dk_h.is_multiple_of(4)
+            && self.dv_h.is_multiple_of(4)
+            && [self.q, self.k, self.v, self.o].into_iter().all(aligned)
+    }
+
     /// Per-head widths in vec4s, rounded up: `(DK4, DV4)`.
     pub fn widths4(&self) -> Result<(u32, u32)> {
         Ok((
