@@ -34,40 +34,16 @@
 // workgroup), CT (threads per key), WG = BC·CT, BR (query rows per tile), DK4, DV4 (per-head
 // widths in vec4s, rounded up), MASK, VEC, the element types Q_T and KV_T (f32 or f16; all arithmetic is f32),
 // shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
+// Bindings 1-4 (Q, K, V, dO) and `load4` are in shaders/flash_backward_io.wgsl, which the
+// kernel registry appends.
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q_buf: array<Q_T>; // if !VEC
-@group(0) @binding(2) var<storage, read> k_buf: array<KV_T>; // if !VEC
-@group(0) @binding(3) var<storage, read> v_buf: array<KV_T>; // if !VEC
-@group(0) @binding(4) var<storage, read> do_buf: array<f32>; // if !VEC
-@group(0) @binding(1) var<storage, read> q_buf: array<vec4<Q_T>>; // if VEC
-@group(0) @binding(2) var<storage, read> k_buf: array<vec4<KV_T>>; // if VEC
-@group(0) @binding(3) var<storage, read> v_buf: array<vec4<KV_T>>; // if VEC
-@group(0) @binding(4) var<storage, read> do_buf: array<vec4<f32>>; // if VEC
 @group(0) @binding(5) var<storage, read> stats: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dk_buf: array<f32>; // if !VEC
 @group(0) @binding(7) var<storage, read_write> dv_buf: array<f32>; // if !VEC
 @group(0) @binding(6) var<storage, read_write> dk_buf: array<vec4<f32>>; // if VEC
 @group(0) @binding(7) var<storage, read_write> dv_buf: array<vec4<f32>>; // if VEC
 @group(0) @binding(8) var<storage, read> mask: array<f32>;
-
-// Values 4c..4c+3 of the row at `base` of Q (which = 0), K (1), V (2) or dO (3), zero past
-// `width` or when `inside` is false.
-fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> { // if !VEC
-    var x = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) { // unroll
-        let col = c * 4u + e;
-        if inside && col < width {
-            switch which {
-                case 0u: { x[e] = f32(q_buf[base + col]); }
-                case 1u: { x[e] = f32(k_buf[base + col]); }
-                case 2u: { x[e] = f32(v_buf[base + col]); }
-                default: { x[e] = do_buf[base + col]; }
-            }
-        }
-    }
-    return x;
-}
 
 // Stores values 4c..4c+3 of `x` into the row at `base` of dK (`is_k`) or dV, those
 // below `width`.
@@ -84,22 +60,8 @@ fn store4(is_k: bool, base: u32, c: u32, width: u32, x: vec4<f32>) { // if !VEC
     }
 }
 
-// As the scalar `load4` and `store4`, for VEC ≠ 0: `base` is a multiple of 4 and a column
-// 4c < width holds all of 4c..4c+3 (width is a multiple of 4).
-fn load4(which: u32, inside: bool, base: u32, c: u32, width: u32) -> vec4<f32> { // if VEC
-    var x = vec4<f32>(0.0);
-    if inside && c * 4u < width {
-        let at = base / 4u + c;
-        switch which {
-            case 0u: { x = vec4<f32>(q_buf[at]); }
-            case 1u: { x = vec4<f32>(k_buf[at]); }
-            case 2u: { x = vec4<f32>(v_buf[at]); }
-            default: { x = do_buf[at]; }
-        }
-    }
-    return x;
-}
-
+// As the scalar `store4`, for VEC ≠ 0: `base` is a multiple of 4 and a column 4c < width
+// holds all of 4c..4c+3 (width is a multiple of 4).
 fn store4(is_k: bool, base: u32, c: u32, width: u32, x: vec4<f32>) { // if VEC
     if c * 4u < width {
         if is_k {

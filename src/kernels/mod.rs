@@ -215,10 +215,16 @@ impl KernelInfo {
 /// starts with.
 pub(crate) const TRUSTED_MARKER: &str = "// runtime checks: off";
 
+/// The WGSL files under `shaders/` that are no kernel of their own: the prelude every kernel
+/// gets, and code the registry appends to the kernels that share it.
+#[cfg(test)]
+pub(crate) const SHARED_WGSL: &[&str] = &["prelude.wgsl", "flash_backward_io.wgsl"];
+
 /// The registry: every kernel, its module (`src/kernels/<name>.rs`) and its WGSL file
-/// (`shaders/<name>.wgsl`), which share the name.
+/// (`shaders/<name>.wgsl`), which share the name; `+ shared` appends `shaders/<shared>.wgsl`
+/// (code two kernels share, one of `SHARED_WGSL`) to the kernel's source.
 macro_rules! registry {
-    ($($id:ident => $module:ident),* $(,)?) => {
+    ($($id:ident => $module:ident $(+ $shared:ident)?),* $(,)?) => {
         /// Every kernel the crate has.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub(crate) enum KernelId {
@@ -245,7 +251,10 @@ macro_rules! registry {
                 match self {
                     $(KernelId::$id => KernelInfo::of::<$module::Shader>(
                         self.file(),
-                        include_str!(concat!("../../shaders/", stringify!($module), ".wgsl")),
+                        concat!(
+                            include_str!(concat!("../../shaders/", stringify!($module), ".wgsl")),
+                            $("\n", include_str!(concat!("../../shaders/", stringify!($shared), ".wgsl")),)?
+                        ),
                     )),*
                 }
             }
@@ -266,8 +275,8 @@ registry! {
     FlashCombine => flash_combine,
     FlashSubgroup => flash_subgroup,
     FlashBackwardDot => flash_backward_dot,
-    FlashBackwardKv => flash_backward_kv,
-    FlashBackwardQ => flash_backward_q,
+    FlashBackwardKv => flash_backward_kv + flash_backward_io,
+    FlashBackwardQ => flash_backward_q + flash_backward_io,
     FlashBackwardKvSubgroup => flash_backward_kv_subgroup,
     FlashBackwardQSubgroup => flash_backward_q_subgroup,
     FmaPeak => fma_peak,
