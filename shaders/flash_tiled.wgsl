@@ -44,7 +44,7 @@ var<workgroup> v_tile: array<vec4<f32>, BK * DV4>;
 // Values 4c..4c+3 of a row that starts at `base` and has `width` values (zero past it).
 fn load4(buf_is_k: bool, base: u32, c: u32, width: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    for (var e = 0u; e < 4u; e++) {
+    for (var e = 0u; e < 4u; e++) { // unroll
         let col = c * 4u + e;
         if col < width {
             if buf_is_k {
@@ -78,10 +78,10 @@ fn main(
     var m = FLOOR;
     var l = 0.0;
     let q_base = p.q_off + b * p.q_batch + h * p.q_head + row * p.q_row;
-    for (var c = 0u; c < DK4; c++) {
+    for (var c = 0u; c < DK4; c++) { // unroll
         var v = vec4<f32>(0.0);
         if row < p.n_q {
-            for (var e = 0u; e < 4u; e++) {
+            for (var e = 0u; e < 4u; e++) { // unroll
                 let col = c * 4u + e;
                 if col < p.dk_h {
                     v[e] = f32(q_buf[q_base + col]);
@@ -90,7 +90,7 @@ fn main(
         }
         q[c] = v * p.scale_log2;
     }
-    for (var c = 0u; c < DV4; c++) {
+    for (var c = 0u; c < DV4; c++) { // unroll
         o[c] = vec4<f32>(0.0);
     }
 
@@ -136,7 +136,7 @@ fn main(
         var tile_max = NEG;
         for (var jj = 0u; jj < BK; jj++) {
             var acc = 0.0;
-            for (var c = 0u; c < DK4; c++) {
+            for (var c = 0u; c < DK4; c++) { // unroll
                 acc += dot(q[c], k_tile[jj * DK4 + c]);
             }
             if jj >= count || (p.causal != 0u && j0 + jj > row) {
@@ -159,7 +159,7 @@ fn main(
         let corr = exp2(m - m_new);
         m = m_new;
         l *= corr;
-        for (var c = 0u; c < DV4; c++) {
+        for (var c = 0u; c < DV4; c++) { // unroll
             o[c] *= corr;
         }
         for (var jj = 0u; jj < count; jj++) {
@@ -169,7 +169,7 @@ fn main(
             // !(w == 0.0) because `!=` compiles to an ordered compare, false for a NaN weight.
             if !(pr == 0.0) {
                 l += pr;
-                for (var c = 0u; c < DV4; c++) {
+                for (var c = 0u; c < DV4; c++) { // unroll
                     o[c] += pr * v_tile[jj * DV4 + c];
                 }
             }
@@ -184,8 +184,8 @@ fn main(
         if LSE != 0u {
             lse[g * p.n_q + row] = select(m + log2(l), LSE_EMPTY, l == 0.0);
         }
-        for (var c = 0u; c < DV4; c++) {
-            for (var e = 0u; e < 4u; e++) {
+        for (var c = 0u; c < DV4; c++) { // unroll
+            for (var e = 0u; e < 4u; e++) { // unroll
                 let col = c * 4u + e;
                 if col < p.dv_h {
                     out[o_base + col] = o[c][e] * inv;

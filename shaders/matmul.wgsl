@@ -67,14 +67,14 @@ fn main(
     let b_base = p.b_off + bi * p.b_batch + (hi / p.b_ratio) * p.b_head;
 
     var acc: array<array<f32, 4>, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
+    for (var i = 0u; i < 4u; i++) { // unroll
+        for (var j = 0u; j < 4u; j++) { // unroll
             acc[i][j] = 0.0;
         }
     }
 
     for (var k0 = 0u; k0 < p.k; k0 += TK) {
-        for (var e = 0u; e < 4u; e++) {
+        for (var e = 0u; e < 4u; e++) { // unroll
             let idx = li + e * 256u;
             // A tile: idx = row · TK + kk
             let ar = idx / TK;
@@ -97,12 +97,12 @@ fn main(
         for (var kk = 0u; kk < TK; kk++) {
             var ar: array<f32, 4>;
             var br: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
+            for (var i = 0u; i < 4u; i++) { // unroll
                 ar[i] = a_tile[kk * TILE + lid.y + 16u * i];
                 br[i] = b_tile[kk * TILE + lid.x + 16u * i];
             }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
+            for (var i = 0u; i < 4u; i++) { // unroll
+                for (var j = 0u; j < 4u; j++) { // unroll
                     acc[i][j] = fma(ar[i], br[j], acc[i][j]);
                 }
             }

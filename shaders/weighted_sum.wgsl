@@ -48,7 +48,7 @@ fn main(
     // skipped for writing.
     var w_rows: array<u32, 4>;
     var v_cols: array<u32, 4>;
-    for (var i = 0u; i < 4u; i++) {
+    for (var i = 0u; i < 4u; i++) { // unroll
         let row = min(m0 + lid.y + 8u * i, p.n_q - 1u);
         w_rows[i] = (g * p.n_q + row) * p.n_kv;
         let col = min(n0 + lid.x + 8u * i, p.dv_h - 1u);
@@ -57,24 +57,24 @@ fn main(
     }
 
     var acc: array<array<f32, 4>, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
+    for (var i = 0u; i < 4u; i++) { // unroll
+        for (var j = 0u; j < 4u; j++) { // unroll
             acc[i][j] = 0.0;
         }
     }
     for (var k = 0u; k < k_end; k++) {
         var wr: array<f32, 4>;
         var vr: array<f32, 4>;
-        for (var i = 0u; i < 4u; i++) {
+        for (var i = 0u; i < 4u; i++) { // unroll
             wr[i] = w[w_rows[i] + k];
             vr[i] = f32(v[v_cols[i] + k * p.v_row]);
         }
-        for (var i = 0u; i < 4u; i++) {
+        for (var i = 0u; i < 4u; i++) { // unroll
             // A key of weight 0 (masked, hidden, underflowed) adds nothing: skipping it keeps a
             // NaN/Inf value there out of the row when such inputs are passed through. Written
             // !(w == 0.0) because `!=` compiles to an ordered compare, false for a NaN weight.
             if !(wr[i] == 0.0) {
-                for (var j = 0u; j < 4u; j++) {
+                for (var j = 0u; j < 4u; j++) { // unroll
                     acc[i][j] = fma(wr[i], vr[j], acc[i][j]);
                 }
             }

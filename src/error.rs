@@ -153,7 +153,13 @@ pub enum Error {
 fn limit_advice(limit_name: &str) -> &'static str {
     match limit_name {
         "max_texture_dimension_2d" => {
-            "use the storage kernels (Kernels::Storage or Kernels::Auto; CLI --kernels storage)"
+            "use the storage kernels (Kernels::Storage; CLI --kernels storage)"
+        }
+        crate::kernels::loops::LIMIT_NAME => {
+            "llvmpipe (lavapipe) silently stops an invocation's loops past that, so the call is \
+             refused rather than answered wrong: ask for the context alone (the fused pass \
+             splits its keys to fit; CLI --context-only), pass fewer keys per call, \
+             or use another adapter (`wgpu-attention devices` lists them)"
         }
         "max_compute_workgroup_storage_size" => {
             "choose a variant with smaller tiles, or let Kernels::Auto choose"

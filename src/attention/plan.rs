@@ -115,8 +115,9 @@ impl Attention {
     }
 
     /// Whether a call planned with `plan` that failed with `err` runs again on the storage
-    /// kernels: texture sides bound the subgroup family only, so when the family was not
-    /// forced, the storage kernels take what does not fit in a texture.
+    /// kernels: texture sides bound the subgroup kernels only (the fused one, or the
+    /// matmul a tiny call takes), so when the family was not forced, the storage kernels
+    /// take what does not fit in a texture.
     pub(super) fn retries_on_storage<T>(&self, plan: &Plan, result: &Result<T>) -> bool {
         matches!(
             result,
@@ -125,7 +126,8 @@ impl Attention {
                 ..
             })
         ) && self.kernels == Kernels::Auto
-            && plan.family() == Kernels::Subgroup
+            && (plan.family() == Kernels::Subgroup
+                || matches!(plan.matmul, MatmulVariant::Subgroup { .. }))
     }
 
     /// The plan of a tiny call ([`TINY_ROWS`]) under [`Kernels::Auto`] with no variant

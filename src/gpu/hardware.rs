@@ -127,6 +127,10 @@ pub(crate) struct Hardware {
     /// buffer (which there would be one more copy of the data in the process's memory). Off
     /// under the stand-in (a discrete GPU's path, staging included).
     pub unified_memory: bool,
+    /// The loop iterations one invocation may run before the driver silently stops its
+    /// loops (`Some(65_535)` on llvmpipe, under the stand-in too: see
+    /// [`crate::kernels::loops`]).
+    pub loop_cap: Option<u64>,
 }
 
 impl Hardware {
@@ -174,6 +178,11 @@ impl Hardware {
             stand_in: StandIn::Off,
             unified_memory: unified(info.device_type)
                 && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
+            loop_cap: crate::kernels::loops::cap_of(&info).unwrap_or_else(|err| {
+                log::warn!("{err}; taking the adapter's own cap");
+                crate::kernels::loops::is_llvmpipe(&info)
+                    .then_some(crate::kernels::loops::LLVMPIPE_LOOP_CAP)
+            }),
         };
         match stand_in.subgroup_width() {
             None => hw,
@@ -215,6 +224,7 @@ impl Hardware {
             workgroup_storage: STAND_IN_WORKGROUP_KIB << 10,
             stand_in,
             unified_memory: false,
+            loop_cap: self.loop_cap,
         }
     }
 

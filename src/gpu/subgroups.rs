@@ -73,8 +73,8 @@ const EMULATED: &[(&str, &str)] = &[
         "fn sg_max1(x: f32) -> f32 {\n    \
          emu_gather(x);\n    \
          var m = bitcast<f32>(emu_x[emu_base()].x);\n    \
-         for (var i = 1u; i < emu_lanes(); i++) {\n        \
-         m = max(m, bitcast<f32>(emu_x[emu_base() + i].x));\n    }\n    \
+         for (var i = 0u; i < EMU_SG; i++) { // unroll\n        \
+         if i < emu_lanes() { m = max(m, bitcast<f32>(emu_x[emu_base() + i].x)); }\n    }\n    \
          return m;\n}",
     ),
     (
@@ -82,8 +82,8 @@ const EMULATED: &[(&str, &str)] = &[
         "fn sg_add1(x: f32) -> f32 {\n    \
          emu_gather(x);\n    \
          var s = 0.0;\n    \
-         for (var i = 0u; i < emu_lanes(); i++) {\n        \
-         s += bitcast<f32>(emu_x[emu_base() + i].x);\n    }\n    \
+         for (var i = 0u; i < EMU_SG; i++) { // unroll\n        \
+         if i < emu_lanes() { s += bitcast<f32>(emu_x[emu_base() + i].x); }\n    }\n    \
          return s;\n}",
     ),
 ];
@@ -270,10 +270,13 @@ pub(crate) fn emulate(source: &str, width: u32) -> String {
         lets.join("\n"),
         &text[body..]
     );
-    let defs: Vec<&str> = EMULATED
+    // The reductions' loops over the lanes are unrolled here, whether or not the kernel's
+    // own `// unroll` loops are: lavapipe caps an invocation's loop iterations
+    // (`crate::kernels::loops`), and these would add a lane count per call.
+    let defs: Vec<String> = EMULATED
         .iter()
         .filter(|(name, _)| calls(&text, name))
-        .map(|(_, def)| *def)
+        .map(|(_, def)| crate::kernels::wgsl::unroll(def, &[("EMU_SG", width)]))
         .collect();
     format!(
         "{text}\n// Subgroups of {width} lanes emulated through workgroup memory \

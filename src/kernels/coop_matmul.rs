@@ -39,6 +39,18 @@ impl Kernel for Shader {
     const COOP: bool = true;
     type Consts = CoopConsts;
     type Params = MatmulParams;
+
+    /// Rounds of output blocks (one subgroup at least each: every round counted), each over
+    /// K in steps of 16 with its staging, then its four-part epilogue.
+    fn loops(c: &CoopConsts, p: &MatmulParams, _b: super::loops::Build) -> u64 {
+        let run = super::loops::run;
+        let s = u64::from(c.size).max(1);
+        let blocks = (64 / (2 * s)).pow(2);
+        let step = 1 + run(64 * 16 / 128) + run(16 / s);
+        let epilogue = run(4) + 4 * run((s * s * 4).div_ceil(128));
+        let round = 1 + run(u64::from(p.k).div_ceil(16) * step) + epilogue;
+        run(blocks * round)
+    }
 }
 
 /// What the host puts around a coop kernel's composed `source`: the

@@ -3,6 +3,7 @@
 //! output tiles in workgroup memory. The [`Matmul`] problem is shared with
 //! `matmul_subgroup.rs`, so either kernel computes the same thing.
 
+use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
 use crate::error::Result;
@@ -71,6 +72,14 @@ impl Kernel for Shader {
     const DTYPES: &'static [&'static str] = &["A_T", "B_T", "C_T"];
     type Consts = NoConstants;
     type Params = MatmulParams;
+
+    /// Per K tile of `TK`: its loop, the staging's and the products' `// unroll` loops and
+    /// the `TK` loop; the set-up's and the epilogue's 4 × 4.
+    fn loops(_c: &NoConstants, p: &MatmulParams, b: Build) -> u64 {
+        let (m4, tk) = (b.marked(4), 16);
+        let tile = 1 + m4 + run(tk) + tk * (m4 + m4 + 4 * m4);
+        run(u64::from(p.k).div_ceil(tk) * tile) + m4 + 4 * m4 + run(4) + 4 * run(4)
+    }
 }
 
 /// One matmul problem.

@@ -86,6 +86,19 @@ impl Kernel for Shader {
     const DTYPES: &'static [&'static str] = &["A_T", "B_T", "C_T"];
     type Consts = MatmulBlockedConsts;
     type Params = MatmulBlockedParams;
+
+    /// Per stage of `TK = 4·KQ` (one more stage than K has): its loads and stores (`LOADS`
+    /// each, with their 4-wide loops) and the products over the stage; every loop counted.
+    fn loops(c: &MatmulBlockedConsts, p: &MatmulBlockedParams, _b: super::loops::Build) -> u64 {
+        let run = super::loops::run;
+        let (tb, tk) = (u64::from(c.tb), 4 * u64::from(c.kq).max(1));
+        let loads = (tk * 16 * tb).div_ceil(256);
+        let copy = run(loads) + 2 * loads * run(4);
+        let products = run(tk) + tk * (2 * run(tb) + tb * (run(4) + 4 * run(tb)));
+        let stages = u64::from(p.k).div_ceil(tk) + 1;
+        let epilogue = run(tb) + tb * (run(4) + 4 * (run(tb) + tb * run(4)));
+        run(stages * (1 + 2 * copy + products)) + run(4 * tb * tb) + epilogue
+    }
 }
 
 /// Whether the strided operand `s` reaches only whole aligned vec4s inside `buf`: contiguous

@@ -86,6 +86,16 @@ impl Kernel for Shader {
     const SUBGROUPS: bool = true;
     type Consts = MatmulSubgroupConsts;
     type Params = MatmulSubgroupParams;
+
+    /// One iteration per 4 of K with its `// unroll` loops (counted where they stay loops),
+    /// and the epilogues' `// unroll` loops.
+    fn loops(c: &MatmulSubgroupConsts, p: &MatmulSubgroupParams, b: super::loops::Build) -> u64 {
+        let (t, sg) = (u64::from(c.rows_per_lane), u64::from(c.sg));
+        let m = |n| b.marked(n);
+        let step = 1 + m(t) + m(4) + m(t) + t * m(sg);
+        let epilogue = m(t) + t * (m(sg) + sg * 2 * m(4));
+        super::loops::run(u64::from(p.k).div_ceil(4) * step) + 2 * epilogue
+    }
 }
 
 /// What the kernel does after the products.

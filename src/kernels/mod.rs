@@ -10,6 +10,7 @@
 //! The pipeline cache key ([`PipelineKey`]) is derived from that description, and a unit test
 //! checks every description against what naga reads in the WGSL.
 
+pub(crate) mod loops;
 pub(crate) mod wgsl;
 
 pub(crate) mod adam;
@@ -88,6 +89,15 @@ pub(crate) trait Kernel {
     type Consts: Constants;
     /// Its uniform block.
     type Params: Uniform;
+
+    /// An upper bound on the loop iterations its busiest invocation runs over all its loops,
+    /// for a dispatch with `consts` and `params` in `build` (see [`loops`]: lavapipe stops
+    /// an invocation's loops past 65,535 and the dispatch is refused before that). The
+    /// default, 0, is for kernels whose loops are bounded by their constants alone, far
+    /// below the cap; a kernel with a loop over a problem's size must count it.
+    fn loops(_consts: &Self::Consts, _params: &Self::Params, _build: loops::Build) -> u64 {
+        0
+    }
 }
 
 /// One dimension of a workgroup size.
@@ -557,6 +567,11 @@ pub(crate) fn record_with<K: Kernel>(
             });
         }
     }
+    loops::check(
+        label,
+        K::loops(consts, params, loops::Build::of(key.emulate)),
+        ctx.hardware().loop_cap,
+    )?;
     if K::SUBGROUPS {
         ctx.require_subgroups()?;
     }

@@ -24,6 +24,11 @@ impl Kernel for Shader {
     const BINDINGS: &'static [Slot] = &[Slot::Read("partial"), Slot::ReadWrite("stats")];
     type Consts = NoConstants;
     type Params = RowStatsParams;
+
+    /// Two passes over the tiles.
+    fn loops(_c: &NoConstants, p: &RowStatsParams, _b: super::loops::Build) -> u64 {
+        2 * super::loops::run(u64::from(p.tiles))
+    }
 }
 
 /// Records `stats[row] ← (max, sum)` over the `tiles` partial `(max, sum)` pairs of each of

@@ -40,6 +40,12 @@ impl Kernel for Shader {
     const BINDINGS: &'static [Slot] = &[Slot::ReadWrite("s"), Slot::Read("mask")];
     type Consts = SoftmaxConsts;
     type Params = SoftmaxParams;
+
+    /// Three strided passes over a row's columns and two tree reductions.
+    fn loops(_c: &SoftmaxConsts, p: &SoftmaxParams, _b: super::loops::Build) -> u64 {
+        let run = super::loops::run;
+        3 * run(super::loops::strided(u64::from(p.cols), 64)) + 2 * run(6)
+    }
 }
 
 /// Records `scores ← softmax(scale · scores + mask)` row by row, in place, for

@@ -41,6 +41,12 @@ impl Kernel for Shader {
     const DTYPES: &'static [&'static str] = &["V_T"];
     type Consts = NoConstants;
     type Params = WeightedSumParams;
+
+    /// One iteration per key (and its `// unroll` loops), the set-up and the 4 × 4 epilogue.
+    fn loops(_c: &NoConstants, p: &WeightedSumParams, b: super::loops::Build) -> u64 {
+        let (m4, run) = (b.marked(4), super::loops::run);
+        run(u64::from(p.n_kv) * (1 + m4 + m4 + 4 * m4)) + m4 + m4 + 4 * m4 + run(4) + 4 * run(4)
+    }
 }
 
 /// The sizes of one weighted sum: `batch · heads` weight matrices `n_q × n_kv`; V and the

@@ -1,7 +1,7 @@
 //! A test hook for the coop kernels on adapters without cooperative matrices (lavapipe):
 //! with `WGPU_ATTENTION_COOP_EMULATE=8` (or `16`), `Context::coop_shape` reports that shape
 //! and every coop kernel's source is rewritten so each invocation holds whole S × S matrices
-//! in private arrays (`coopLoad`, `coopStore`, `coopMultiplyAdd` become plain loops over the
+//! in private arrays (`coopLoad`, `coopStore`, `coopMultiplyAdd` become straight-line code over the
 //! same workgroup arrays, same offsets and strides). Slow, but it runs the kernels' own
 //! staging, rounds, spare slots, softmax and epilogues, so `tests/coop_emulated.rs` can check
 //! them against the reference where no tensor core is at hand. Never set in normal use.
@@ -103,28 +103,52 @@ pub(crate) fn rewrite(source: &str, size: u32, wide: bool) -> String {
             text.replace_range(at..args_end + 1, &replacement);
         }
     }
-    let ss = size * size;
+    // Straight-line code, no loops: lavapipe stops an invocation's loops after 65,535
+    // iterations in all (`crate::kernels::loops`), and looped multiplies (S³ + S² + S
+    // iterations each) crossed that within a few key tiles of `flash_coop`, silently.
+    let s = size as usize;
+    let ss = s * s;
+    let mut mad = String::new();
+    for i in 0..s {
+        for j in 0..s {
+            let ij = i * s + j;
+            mad.push_str(&format!("    s = r.v[{ij}];"));
+            for k in 0..s {
+                mad.push_str(&format!(
+                    " s = fma(a.v[{}], b.v[{}], s);",
+                    i * s + k,
+                    k * s + j
+                ));
+            }
+            mad.push_str(&format!(" r.v[{ij}] = s;\n"));
+        }
+    }
     text.push_str(&format!(
         "\nconst EMU_S: u32 = {size}u;\nstruct EmuMat {{ v: array<f32, {ss}> }}\n\
          alias CA = EmuMat;\nalias CB = EmuMat;\nalias CC = EmuMat;\n\
          fn emu_mad(a: EmuMat, b: EmuMat, c: EmuMat) -> EmuMat {{\n\
          \x20   var r = c;\n\
-         \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
-         \x20       var s = r.v[i * EMU_S + j];\n\
-         \x20       for (var k = 0u; k < EMU_S; k++) {{ s = fma(a.v[i * EMU_S + k], b.v[k * EMU_S + j], s); }}\n\
-         \x20       r.v[i * EMU_S + j] = s;\n\
-         \x20   }} }}\n\
+         \x20   var s = 0.0;\n{mad}\
          \x20   return r;\n}}\n"
     ));
     // Element (i, j) of a matrix at `off`: row-major i·stride + j, else j·stride + i.
-    let at = "select(off + j * stride + i, off + i * stride + j, row_major)";
+    let each = |stmt: &dyn Fn(usize, String) -> String| -> String {
+        let mut out = String::new();
+        for i in 0..s {
+            for j in 0..s {
+                let at = format!(
+                    "select(off + {j}u * stride + {i}u, off + {i}u * stride + {j}u, row_major)"
+                );
+                out.push_str(&stmt(i * s + j, at));
+            }
+        }
+        out
+    };
     for name in loaded {
+        let body = each(&|ij, at| format!("    m.v[{ij}] = f32({name}[{at}]);\n"));
         text.push_str(&format!(
             "fn emu_load_{name}(off: u32, stride: u32, row_major: bool) -> EmuMat {{\n\
-             \x20   var m: EmuMat;\n\
-             \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
-             \x20       m.v[i * EMU_S + j] = f32({name}[{at}]);\n\
-             \x20   }} }}\n\
+             \x20   var m: EmuMat;\n{body}\
              \x20   return m;\n}}\n"
         ));
     }
@@ -134,12 +158,10 @@ pub(crate) fn rewrite(source: &str, size: u32, wide: bool) -> String {
         false => ("", ""),
     };
     for name in stored {
+        let body = each(&|ij, at| format!("    {name}[{at}] = m.v[{ij}];\n"));
         text.push_str(&format!(
             "fn emu_store_{name}(m: EmuMat, off: u32, stride: u32, row_major: bool) {{\n\
-             {open}\
-             \x20   for (var i = 0u; i < EMU_S; i++) {{ for (var j = 0u; j < EMU_S; j++) {{\n\
-             \x20       {name}[{at}] = m.v[i * EMU_S + j];\n\
-             \x20   }} }}\n{close}}}\n"
+             {open}{body}{close}}}\n"
         ));
     }
     text

@@ -8,6 +8,7 @@
 use super::flash_tiled::{Flash, FlashOut};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
+use crate::kernels::loops::{self, run, Build};
 use crate::kernels::wgsl::constants;
 use crate::kernels::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
 
@@ -169,6 +170,40 @@ impl Kernel for Shader {
     const SUBGROUPS_IF: Option<&'static str> = Some("SGR");
     type Consts = FlashBlockedConsts;
     type Params = super::flash_tiled::FlashParams;
+
+    /// Per key tile (of a key range, with `SPLIT`): the head-dimension chunks of Q·Kᵀ with
+    /// their staging, the row reductions, and the V chunks of P·V with theirs; every staging
+    /// counted on both `DBUF` branches, both reductions, and `// unroll` loops where they
+    /// stay loops.
+    fn loops(c: &FlashBlockedConsts, p: &super::flash_tiled::FlashParams, b: Build) -> u64 {
+        let u = |x: u32| u64::from(x);
+        let (br, bc, wg) = (u(c.rows), u(c.keys).max(4), u(c.threads).max(1));
+        let (dk4, dv4, oc) = (u(c.dk4), u(c.dv4), u(c.out4));
+        let (dc4, vc) = (u(c.chunk4).max(1), u(c.v_keys).max(4));
+        let m = |n| b.marked(n);
+        let m4 = m(4);
+        let staged = |elems| {
+            let trips = loops::strided(elems, wg);
+            run(trips) + trips * m4
+        };
+        let qr = if c.qres != 0 { 0 } else { br };
+        let (stage_qk, stage_v) = (staged((qr + bc) * dc4), staged(vc * dv4));
+        let chunk = 1 + stage_qk + stage_v + m(dc4) + dc4 * 7 * m4;
+        let steps = u64::from(u64::BITS - (bc / 4).leading_zeros());
+        let reduce = run(steps) + run(bc / 4);
+        let probs = m4 + 4 * (m4 + m(oc)) + 16 * m(oc);
+        let v_step = m4 + m4 + 4 * (m(oc) + oc * m4);
+        let v_chunk = 1 + stage_v + stage_qk + run(vc / 4) + (vc / 4) * v_step;
+        let chunks = run(dk4.div_ceil(dc4)) + dk4.div_ceil(dc4) * chunk;
+        let tile = 1 + chunks + reduce + probs + run(bc.div_ceil(vc)) + bc.div_ceil(vc) * v_chunk;
+        let keys = match c.split {
+            0 => u(p.n_kv),
+            _ => u(p.split_keys).min(u(p.n_kv)),
+        };
+        let tiles = keys.div_ceil(bc) + 1;
+        let edges = staged(br * dk4) + stage_qk + reduce + 3 * (m4 + 4 * m(oc)) + 16 * oc * m4;
+        run(tiles * tile) + edges
+    }
 }
 
 /// The largest V chunk, in vec4s (8 KiB).

@@ -73,6 +73,15 @@ impl Kernel for Shader {
     ];
     type Consts = SplitCombineConsts;
     type Params = SplitCombineParams;
+
+    /// Two passes over the key ranges, then the `// unroll` store.
+    fn loops(
+        _c: &SplitCombineConsts,
+        p: &SplitCombineParams,
+        b: crate::kernels::loops::Build,
+    ) -> u64 {
+        2 * crate::kernels::loops::run(u64::from(p.splits)) + b.marked(4)
+    }
 }
 
 /// How a split call's keys are cut: `splits` ranges of `keys` keys (a multiple of the tile).
@@ -131,16 +140,62 @@ pub(crate) fn key_ranges(
 
 impl Flash {
     /// The key split `flash_blocked` runs this call with in blocks of `rows` × `keys`.
+    ///
+    /// On a device that caps an invocation's loop iterations (llvmpipe: see
+    /// [`crate::kernels::loops`]) the ranges are also short enough for one range's loops to
+    /// fit, whatever `key_split` says: the split is invisible in the result, and a long call
+    /// is then right where it would otherwise be refused.
     pub(crate) fn key_ranges(&self, ctx: &Device, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
         let cpu = ctx.hardware().is_cpu();
         let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
-        key_ranges(
-            self.key_split,
-            cpu,
-            workgroups,
-            self.n_kv,
-            keys.max(1) as usize,
-        )
+        let tile = keys.max(1) as usize;
+        let base = key_ranges(self.key_split, cpu, workgroups, self.n_kv, tile);
+        let Some(cap) = ctx.hardware().loop_cap else {
+            return base;
+        };
+        let fits = |range: usize| {
+            self.range_loops(ctx, (rows, keys), range)
+                .is_some_and(|n| n <= cap)
+        };
+        let longest = base.map_or(self.n_kv, |r| r.keys);
+        if fits(longest) || !fits(tile) {
+            // Fits as it is; or not even one tile per range does, and the dispatch says so.
+            return base;
+        }
+        // The most whole tiles a range may hold (the count grows with the range).
+        let (mut lo, mut hi) = (1, longest.div_ceil(tile));
+        while lo + 1 < hi {
+            let mid = (lo + hi) / 2;
+            if fits(mid * tile) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let keys = lo * tile;
+        Some(KeyRanges {
+            splits: self.n_kv.div_ceil(keys),
+            keys,
+        })
+    }
+
+    /// The loop iterations of one invocation of `flash_blocked` split into ranges of
+    /// `range` keys (`None` when the block does not fit the device at all).
+    fn range_loops(&self, ctx: &Device, (rows, keys): (u32, u32), range: usize) -> Option<u64> {
+        use crate::kernels::Kernel;
+        let consts = super::flash_blocked::FlashBlockedConsts {
+            split: 1,
+            ..self
+                .blocked_consts_with(ctx.limits(), (rows, keys), 0, Default::default())
+                .ok()?
+        };
+        let (mut params, _) = self.params(rows as usize, [0; 4]).ok()?;
+        params.split_keys = u32::try_from(range).ok()?;
+        params.splits = u32::try_from(self.n_kv.div_ceil(range.max(1))).ok()?;
+        let build = crate::kernels::loops::Build::of(ctx.hardware().emulate);
+        Some(<super::flash_blocked::Shader as Kernel>::loops(
+            &consts, &params, build,
+        ))
     }
 
     /// Records `flash_blocked` split into `split`'s key ranges (its inner loop `inner`), then

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::coop::CoopShape;
 use crate::gpu::Device;
 use crate::kernels::coop_matmul::F16_AB;
+use crate::kernels::loops::{self, run, Build};
 use crate::kernels::wgsl::constants;
 use crate::kernels::{record, Dim, Kernel, KernelId, MaskArg, Slot};
 
@@ -50,6 +51,32 @@ impl Kernel for Shader {
     const COOP: bool = true;
     type Consts = FlashCoopConsts;
     type Params = FlashParams;
+
+    /// Per key tile: K and V staging, the rounds of S = Q·Kᵀ and O += P·V blocks (at least
+    /// two subgroups share a workgroup of 128: subgroups are at most 64 lanes), the rows'
+    /// two passes over the tile, and the O rescale; the emulated matrices are loop-free.
+    fn loops(c: &FlashCoopConsts, p: &FlashParams, b: Build) -> u64 {
+        let u = |x: u32| u64::from(x);
+        let (s, d, bq, bkv) = (u(c.size).max(1), u(c.d), u(c.rows), u(c.keys).max(1));
+        let wg = 128;
+        let nsg = match b.emulate.subgroup {
+            0 => 2,
+            w => (wg / u64::from(w)).max(1),
+        };
+        let sq = bq / s;
+        let (ts, to) = (sq * (bkv / s), sq * (d / s));
+        let (rs, ro) = (ts.div_ceil(nsg), to.div_ceil(nsg));
+        let tile = 1
+            + 2 * run(loops::strided(bkv * d, wg))
+            + run(rs)
+            + rs * run(d / s)
+            + 2 * run(bkv)
+            + run(loops::strided(bq * d, wg))
+            + run(ro)
+            + ro * run(bkv / s);
+        let tiles = u(p.n_kv).div_ceil(bkv) + 1;
+        run(tiles * tile) + 2 * run(loops::strided(bq * d, wg))
+    }
 }
 
 /// The block shapes (query rows × keys) tried, largest first; those that are multiples of

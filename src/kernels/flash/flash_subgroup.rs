@@ -6,6 +6,7 @@
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
 use crate::error::Result;
 use crate::gpu::Device;
+use crate::kernels::loops::Build;
 use crate::kernels::pack::Pack;
 use crate::kernels::wgsl::constants;
 use crate::kernels::{record_with, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
@@ -49,6 +50,20 @@ impl Kernel for Shader {
     const SUBGROUPS: bool = true;
     type Consts = FlashSubgroupConsts;
     type Params = FlashParams;
+
+    /// One iteration of the key loop per subgroup of keys; everything inside it, and Q's
+    /// load and the output's store, is `// unroll` loops (counted where they stay loops).
+    fn loops(c: &FlashSubgroupConsts, p: &FlashParams, b: Build) -> u64 {
+        let (sg, r) = (u64::from(c.sg.max(1)), u64::from(c.rows_per_lane));
+        let (dk4, dv4) = (u64::from(c.dk4), u64::from(c.dv4));
+        let m = |n| b.marked(n);
+        let scores = m(sg) + sg * (m(dk4) + dk4 * m(r) + m(r));
+        let values = m(dv4) + dv4 * (m(r) + m(sg) + sg * m(r) + m(r));
+        let tile = 1 + m(dk4) + m(dv4) + m(r) + scores + m(r) + r * m(sg) + values;
+        let tiles = u64::from(p.n_kv).div_ceil(sg) + 1;
+        let edges = 2 * m(r) + r * (m(dk4) + dk4 * m(4) + 2 * m(dv4) + dv4 * m(4));
+        crate::kernels::loops::run(tiles * tile) + edges
+    }
 }
 
 impl Flash {

@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::Device;
 use crate::kernels::block_map::{BlockMap, MapShape};
+use crate::kernels::loops::{self, run, Build};
 use crate::kernels::mods::{ModsBind, ModsUpload};
 use crate::kernels::wgsl::{constants, uniform};
 use crate::kernels::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
@@ -91,6 +92,25 @@ impl Kernel for Shader {
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
     type Consts = FlashTiledConsts;
     type Params = FlashParams;
+
+    /// Per key tile: the tile's loop, its K and V staging, the scores and the P·V loops
+    /// over its keys; around it Q's load and the output's store (`// unroll` loops, counted
+    /// only where they stay loops).
+    fn loops(c: &FlashTiledConsts, p: &FlashParams, b: Build) -> u64 {
+        let (bk, dk4, dv4) = (u64::from(c.keys), u64::from(c.dk4), u64::from(c.dv4));
+        let wg = ROWS as u64;
+        let m4 = b.marked(4);
+        let stage = |width4| {
+            let trips = loops::strided(bk * width4, wg);
+            run(trips) + trips * m4
+        };
+        let scores = run(bk) + bk * b.marked(dk4);
+        let values = b.marked(dv4) + run(bk) + bk * b.marked(dv4);
+        let tile = 1 + stage(dk4) + stage(dv4) + scores + values;
+        let tiles = u64::from(p.n_kv).div_ceil(bk.max(1)) + 1;
+        let edges = b.marked(dk4) + dk4 * m4 + 2 * b.marked(dv4) + dv4 * m4;
+        run(tiles * tile) + edges
+    }
 }
 
 /// The workgroup memory of K/V tiles of `keys` rows at per-head widths `(dk4, dv4)` in vec4s.

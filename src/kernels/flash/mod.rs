@@ -174,7 +174,41 @@ pub(crate) fn record(
     opts: BlockedOptions,
     io: FusedIo<'_>,
 ) -> Result<()> {
-    kernel_of(variant).record(dev, encoder, op, variant, opts, io)
+    let result = kernel_of(variant).record(dev, encoder, op, variant, opts, io);
+    match &result {
+        Err(crate::error::Error::LimitExceeded { limit_name, .. })
+            if *limit_name == crate::kernels::loops::LIMIT_NAME
+                && !matches!(variant, FlashVariant::Blocked { .. }) =>
+        {
+            // Past the device's loop cap (llvmpipe, see `kernels::loops`): only
+            // `flash_blocked` splits its keys into ranges short enough to fit. Nothing was
+            // recorded for the refused kernel (the cap is checked first).
+            let fallback = blocked_fallback(dev, op)?;
+            if !matches!(fallback, FlashVariant::Blocked { .. }) {
+                return result;
+            }
+            log::warn!(
+                "{variant} over {} keys would pass this adapter's loop cap ({} iterations                  per invocation, past which llvmpipe silently stops loops): {fallback} with                  its keys split runs instead",
+                op.n_kv,
+                dev.hardware().loop_cap.unwrap_or_default()
+            );
+            record(dev, encoder, op, fallback, opts, io)
+        }
+        _ => result,
+    }
+}
+
+/// The `flash_blocked` shape a call falls back to (the cooperative kernel's modifiers and
+/// non-finite values, the loop cap): the first that fits the device, else `flash_tiled`.
+fn blocked_fallback(dev: &Device, op: &Flash) -> Result<FlashVariant> {
+    let widths = op.widths4()?;
+    let blocked = [(64, 64), (64, 32), (32, 64), (32, 32)]
+        .into_iter()
+        .find(|&s| FlashBlockedConsts::new(dev.limits(), s, widths).is_ok());
+    Ok(match blocked {
+        Some((rows, keys)) => FlashVariant::Blocked { rows, keys },
+        None => FlashVariant::Tiled { keys: 16 },
+    })
 }
 
 impl Fused for Tiled {
@@ -310,15 +344,7 @@ impl Fused for Coop {
         // row): calls passing non-finite values through take flash_blocked, and so do calls
         // with score or mask modifiers, which the cooperative kernel does not apply yet.
         if op.skip_zero || MaskArg::mods(io.mask).is_some() {
-            let widths = op.widths4()?;
-            let blocked = [(64, 64), (64, 32), (32, 64), (32, 32)]
-                .into_iter()
-                .find(|&s| FlashBlockedConsts::new(dev.limits(), s, widths).is_ok());
-            let fallback = match blocked {
-                Some((rows, keys)) => FlashVariant::Blocked { rows, keys },
-                None => FlashVariant::Tiled { keys: 16 },
-            };
-            return record(dev, encoder, op, fallback, opts, io);
+            return record(dev, encoder, op, blocked_fallback(dev, op)?, opts, io);
         }
         let qkv = (io.q, io.k, io.v);
         flash_coop::dispatch(dev, encoder, op, qkv, io.out, io.mask)
