@@ -152,8 +152,9 @@ impl Context {
     }
 
     /// The adapter's name, backend, device type and driver, as the kernels take them: under
-    /// the GPU stand-in the type is `DiscreteGpu` and the name ends in
-    /// `standing in for a GPU`.
+    /// the GPU stand-in the type is `DiscreteGpu` and the name says `standing in for a GPU`,
+    /// and, where the device grants less workgroup memory than the stand-in plans for, how
+    /// much it pretends (`, pretending 48 KiB of workgroup memory (the device grants 32 KiB)`).
     pub fn adapter_info(&self) -> wgpu::AdapterInfo {
         self.dev.adapter_info()
     }

@@ -40,6 +40,28 @@ pub struct Device {
     id: u64,
 }
 
+/// What follows the adapter's name (and the stand-in's words) in its lines when the kernels
+/// plan for more than the device grants: empty, or under the GPU stand-in on lavapipe
+/// `, pretending 48 KiB of workgroup memory (the device grants 32 KiB)`. The stand-in plans
+/// for an H100's 48 KiB so that lavapipe runs the kernels sized for it (`flash_blocked`
+/// widens its chunks with the memory); lavapipe runs them, but its device reports 32 KiB, and
+/// the Vulkan validation layers say so (`VUID-RuntimeSpirv-Workgroup-06530`; docs/testing.md,
+/// "Validation layers").
+fn pretended(planned: &wgpu::Limits, granted: &wgpu::Limits) -> String {
+    let (plan, grant) = (
+        planned.max_compute_workgroup_storage_size,
+        granted.max_compute_workgroup_storage_size,
+    );
+    match plan > grant {
+        true => format!(
+            ", pretending {} KiB of workgroup memory (the device grants {} KiB)",
+            plan >> 10,
+            grant >> 10
+        ),
+        false => String::new(),
+    }
+}
+
 /// How many values [`Device::memo`] keeps.
 pub(crate) const MEMO_CAPACITY: usize = 8;
 
@@ -150,9 +172,10 @@ impl Device {
         limits.max_compute_workgroup_storage_size = hardware.workgroup_storage;
         let info = adapter.get_info();
         log::info!(
-            "adapter: {}{} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
+            "adapter: {}{}{} ({:?}, {:?}, driver {} {}); subgroup size {}; features {:?}",
             info.name,
             hardware.name_suffix(),
+            pretended(&limits, &device.limits()),
             info.backend,
             hardware.device_type,
             info.driver,
@@ -235,6 +258,8 @@ impl Device {
         let mut info = self.adapter.get_info();
         info.device_type = self.hardware.device_type;
         info.name.push_str(&self.hardware.name_suffix());
+        info.name
+            .push_str(&pretended(&self.limits, &self.device.limits()));
         info
     }
 
