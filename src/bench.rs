@@ -17,8 +17,9 @@ use crate::variant::{Kernels, MatmulVariant};
 
 pub use crate::gpu::timing::{kernel_medians, measure, Stats};
 /// Writes the fully specialised WGSL of every kernel variant the tuner may pick on a GPU to
-/// `dir/<family>/<variant>.wgsl` (`wgpu-attention shaders`): the storage family's fused and
-/// unfused kernels; the subgroup family's fused variants with `subgroup_size`. Returns the files written.
+/// `dir/<family>/<variant>.wgsl` (`wgpu-attention shaders`): every kernel variant a GPU's
+/// tuner, lavapipe and the GPU stand-in may run (the subgroup family at 8, 16, 32 and 64
+/// lanes, and at `subgroup_size` too). Returns the files written.
 ///
 /// # Errors
 /// [`Error::Io`] when a file cannot be written.

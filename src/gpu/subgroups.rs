@@ -8,7 +8,10 @@
 //! workgroup memory among `W` consecutive invocations (a virtual subgroup, numbered as
 //! Vulkan numbers lanes: `local_invocation_index % W`), and the entry point's subgroup
 //! builtins with the same numbering. Every kernel calls them in workgroup-uniform control
-//! flow (its header says so), which the emulation's barriers need; naga checks it.
+//! flow (its header says so), which the emulation's barriers need. naga 30 does not check
+//! it (it accepts subgroup calls and barriers in divergent code); Tint's uniformity analysis
+//! does, and CI runs it on every kernel variant, the emulated sources included
+//! (`static_gates_ci` in `.ci/run`, docs/testing.md "Static gates").
 
 /// The first line of the helpers' block in a composed source.
 const BEGIN: &str = "// subgroup helpers (src/gpu/subgroups.rs)";

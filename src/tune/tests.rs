@@ -238,7 +238,7 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         "storage/matmul-f16-abc.wgsl",
         "storage/softmax-mask1-f32.wgsl",
         "storage/weighted-sum-f16.wgsl",
-        "subgroup/flash-subgroup-r2-d128-f16.wgsl",
+        "subgroup/flash-subgroup-r2-d128-f16-sg8.wgsl",
         "coop/coop-matmul-16-f32.wgsl",
         "coop/flash-coop-16-d128-f16.wgsl",
         "coop/flash-coop-16-d128-f16-wg64k.wgsl",
@@ -273,11 +273,24 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         .any(|f| f.ends_with("flash-blocked-64x32-d128-f16-hmul.wgsl")));
     // flash_tiled is lavapipe's: a GPU never runs it unless asked.
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    let gpu_families = ["storage", "coop", "subgroup"].map(|f| dir.path().join(f));
     assert!(
-        !names.iter().any(|f| f.contains("flash-tiled")),
+        !files
+            .iter()
+            .any(|f| gpu_families.iter().any(|g| f.starts_with(g))
+                && f.display().to_string().contains("flash-tiled")),
         "{names:?}"
     );
-    for f in &files {
+    assert!(names.iter().any(|f| f.contains("cpu/flash-tiled")));
+    // The subgroup family past 8 lanes and the stand-in's emulated sources are left to the
+    // static gates (`static_gates_ci`, which parse and validate every file): unrolled over
+    // 16-64 lanes, naga takes minutes on them.
+    let wide = ["-sg16.wgsl", "-sg32.wgsl", "-sg64.wgsl"];
+    let stand_in = dir.path().join("stand-in");
+    let checked = files.iter().filter(|f| {
+        !f.starts_with(&stand_in) && !wide.iter().any(|w| f.display().to_string().ends_with(w))
+    });
+    for f in checked {
         let text = std::fs::read_to_string(f).unwrap();
         let module = naga::front::wgsl::parse_str(&text)
             .unwrap_or_else(|e| panic!("{}: {}", f.display(), e.emit_to_string(&text)));

@@ -1,5 +1,7 @@
 //! `wgpu-attention shaders --out DIR`: the fully specialised WGSL of every kernel variant
-//! the tuner may pick on a GPU, for offline compiler checks (`.ci/gpu-shader-stats`).
+//! either profile may run (a GPU's tuner's, lavapipe's, the subgroup family's, the GPU
+//! stand-in's emulated sources), for offline compiler checks (`.ci/gpu-shader-stats` on the
+//! GPU families; Tint and naga's MSL/HLSL back ends on all: `static_gates_ci` in `.ci/run`).
 
 use std::path::PathBuf;
 
@@ -14,8 +16,8 @@ pub struct ShadersArgs {
     /// Directory to write `<family>/<variant>.wgsl` into (created if missing).
     #[arg(long)]
     pub out: PathBuf,
-    /// Also write the subgroup family's variants, for the default adapter's subgroup size
-    /// (they need one; without an adapter only the storage family is written).
+    /// Also write the subgroup family's variants for the default adapter's subgroup size
+    /// (without it they are written at 8, 16, 32 and 64 lanes).
     #[arg(long)]
     pub subgroup: bool,
     #[command(flatten)]
