@@ -32,7 +32,9 @@
 //
 // The host prepends, from src/kernels/flash_backward_kv.rs: the constants BC (keys per
 // workgroup), CT (threads per key), WG = BC·CT, BR (query rows per tile), DK4, DV4 (per-head
-// widths in vec4s, rounded up), MASK, VEC, the element types Q_T and KV_T (f32 or f16; all arithmetic is f32),
+// widths in vec4s, rounded up), KC and VC (vec4 columns of K and V per thread, ⌈DK4 / CT⌉
+// and ⌈DV4 / CT⌉: host constants, so that its `// unroll` loops over them are unrolled), MASK,
+// VEC, the element types Q_T and KV_T (f32 or f16; all arithmetic is f32),
 // shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
 // Bindings 1-4 (Q, K, V, dO) and `load4` are in shaders/flash_backward_io.wgsl, which the
 // kernel registry appends.
@@ -72,10 +74,6 @@ fn store4(is_k: bool, base: u32, c: u32, width: u32, x: vec4<f32>) { // if VEC
     }
 }
 
-
-// Columns (vec4s) of K and V per thread.
-const KC: u32 = (DK4 + CT - 1u) / CT;
-const VC: u32 = (DV4 + CT - 1u) / CT;
 
 // (q·k, dO·v) of row `r` of the tile over the vec4 columns t + CT·c that `k` and `v` hold.
 fn partial(k: array<vec4<f32>, KC>, v: array<vec4<f32>, VC>, r: u32, t: u32) -> vec2<f32> {

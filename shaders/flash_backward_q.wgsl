@@ -26,8 +26,10 @@
 // 4 values of a row are one vector load or store.
 //
 // The host prepends, from src/kernels/flash_backward_q.rs: the constants BR (rows per
-// workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, MASK, VEC, the
-// element types Q_T and KV_T, shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
+// workgroup), CT (threads per row), WG = BR·CT, BC (keys per tile), DK4, DV4, KC and VC (vec4
+// columns of Q and dO per thread, ⌈DK4 / CT⌉ and ⌈DV4 / CT⌉: host constants, so that its
+// `// unroll` loops over them are unrolled), MASK, VEC, the element types Q_T and KV_T,
+// shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs).
 // Bindings 1-4 (Q, K, V, dO) and `load4` are in shaders/flash_backward_io.wgsl, which the
 // kernel registry appends.
 
@@ -54,10 +56,6 @@ fn store4(base: u32, c: u32, width: u32, x: vec4<f32>) { // if VEC
         dq_buf[base / 4u + c] = x;
     }
 }
-
-// Columns (vec4s) of Q and dO per thread.
-const KC: u32 = (DK4 + CT - 1u) / CT;
-const VC: u32 = (DV4 + CT - 1u) / CT;
 
 // (q·k, dO·v) of key `jj` of the tile over the vec4 columns t + CT·c that `q` and `d_o` hold.
 fn partial(q: array<vec4<f32>, KC>, d_o: array<vec4<f32>, VC>, jj: u32, t: u32) -> vec2<f32> {

@@ -94,7 +94,9 @@ impl std::fmt::Debug for SdpaSaved {
 }
 
 /// Which backward kernels a saved forward's backward runs: the subgroup family's (rows per
-/// lane) when the forward ran on it and Q and dO fit its textures, else the storage ones.
+/// lane) when the forward ran on it and Q and dO fit its textures, or on a loop-capped
+/// adapter (lavapipe) when the storage ones would pass the cap and they would not; else the
+/// storage ones.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct BackwardKernels {
     pub subgroup: Option<(u32, u32)>,
@@ -105,15 +107,21 @@ impl BackwardKernels {
     /// For a forward of `flash` with `variant` on `ctx`.
     pub(super) fn choose(ctx: &Context, variant: FlashVariant, flash: &Flash) -> Self {
         let max = ctx.limits().max_texture_dimension_2d;
+        let tiles = BackwardTiles::for_adapter(ctx);
+        let subgroup = match variant {
+            // Q and dO must fit textures too (the forward packed only K and V).
+            FlashVariant::Subgroup { .. } => queries_fit_textures(max, flash),
+            // The storage kernels loop over every key (dQ) or query row (dK/dV) one at a
+            // time, the subgroup ones a subgroup of them at a time.
+            _ => {
+                subgroup_within_loop_cap(ctx, flash, tiles)
+                    && queries_fit_textures(max, flash)
+                    && keys_fit_textures(max, flash)
+            }
+        };
         BackwardKernels {
-            subgroup: match variant {
-                // Q and dO must fit textures too (the forward packed only K and V).
-                FlashVariant::Subgroup { .. } if queries_fit_textures(max, flash) => {
-                    Some(SUBGROUP_PER_LANE)
-                }
-                _ => None,
-            },
-            tiles: BackwardTiles::for_adapter(ctx),
+            subgroup: subgroup.then_some(SUBGROUP_PER_LANE),
+            tiles,
         }
     }
 
@@ -227,6 +235,27 @@ fn queries_fit_textures(max: u32, f: &Flash) -> bool {
         PackLayout::new("Q", f.batch * f.heads, f.n_q, width.div_ceil(4), max).is_ok()
     };
     fits(f.dk_h) && fits(f.dv_h)
+}
+
+/// Whether K and V fit the subgroup backward's textures (it packs them itself).
+fn keys_fit_textures(max: u32, f: &Flash) -> bool {
+    let kv_heads = f.heads / f.kv_ratio.max(1);
+    let fits = |width: usize| {
+        PackLayout::new("K", f.batch * kv_heads, f.n_kv, width.div_ceil(4), max).is_ok()
+    };
+    fits(f.dk_h) && fits(f.dv_h)
+}
+
+/// Whether, on a loop-capped adapter (lavapipe), the storage backward's kernels would pass
+/// its cap (and be refused) while the subgroup backward's stay within it.
+fn subgroup_within_loop_cap(ctx: &Context, f: &Flash, tiles: BackwardTiles) -> bool {
+    let Some(cap) = ctx.hardware().loop_cap else {
+        return false;
+    };
+    let storage = f.storage_backward_loops(ctx, tiles).unwrap_or(0);
+    storage > cap
+        && f.subgroup_backward_loops(ctx, SUBGROUP_PER_LANE)
+            .is_some_and(|n| n <= cap)
 }
 
 /// Ours, `(batch, rows, heads·width)` flat, back into `(batch, heads, rows, width)`.

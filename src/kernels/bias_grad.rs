@@ -5,7 +5,8 @@
 //! uniform as the fused forward; no float atomics.
 
 use super::bias_grad_reduce::{self, ReduceParams};
-use super::flash_tiled::Flash;
+use super::flash_tiled::{Flash, FlashParams};
+use super::loops::{run, Build};
 use super::mods::ModsBind;
 use super::wgsl::constants;
 use super::{record, record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -41,7 +42,15 @@ impl Kernel for Shader {
     /// Bit 0: Q is f16; bit 1: K and V are f16.
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
     type Consts = BiasGradConsts;
-    type Params = super::flash_tiled::FlashParams;
+    type Params = FlashParams;
+
+    /// The loop over the diagonal's rows (at most `min(n_q, n_kv)`), each with a loop over
+    /// the `d_k` columns of q·k and one over the `d_v` of dO·v (inside an `if`, counted).
+    /// On lavapipe that passes the cap at about 500 rows at d 64: the call is refused there.
+    fn loops(_: &BiasGradConsts, p: &FlashParams, _: Build) -> u64 {
+        let rows = u64::from(p.n_q.min(p.n_kv));
+        run(rows) + rows * (run(u64::from(p.dk_h)) + run(u64::from(p.dv_h)))
+    }
 }
 
 /// The relative bias whose table's gradient [`Flash::dispatch_bias_grad`] records: its
@@ -130,5 +139,38 @@ impl Flash {
             &[(&partial).into(), (&bucket_of).into(), table.into()],
             (cells as u64).div_ceil(bias_grad_reduce::THREADS),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loops_count_the_diagonal_and_both_widths_per_row() {
+        let p = |n_q, n_kv| FlashParams {
+            n_q,
+            n_kv,
+            dk_h: 64,
+            dv_h: 64,
+            ..Default::default()
+        };
+        let build = Build::of(crate::gpu::hardware::Emulation::default());
+        // The longest diagonal's 3 rows (4), each with 65 + 65.
+        assert_eq!(
+            Shader::loops(&BiasGradConsts { mask: 0 }, &p(3, 100), build),
+            394
+        );
+        assert!(Shader::loops(&BiasGradConsts { mask: 0 }, &p(512, 512), build) > 65_535);
+        let r = bias_grad_reduce::ReduceParams {
+            batch: 2,
+            heads: 1,
+            diags: 9,
+            buckets: 4,
+        };
+        assert_eq!(
+            bias_grad_reduce::Shader::loops(&super::super::wgsl::NoConstants, &r, build),
+            3 + 2 * 10
+        );
     }
 }

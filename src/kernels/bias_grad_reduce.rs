@@ -2,6 +2,7 @@
 //! of `bias_grad.wgsl`, one thread per (bucket, head); dispatched by
 //! [`super::flash_tiled::Flash::dispatch_bias_grad`].
 
+use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{Dim, Kernel, KernelId, Slot};
 
@@ -31,4 +32,10 @@ impl Kernel for Shader {
     ];
     type Consts = NoConstants;
     type Params = ReduceParams;
+
+    /// The loop over the batch, each over every diagonal.
+    fn loops(_: &NoConstants, p: &ReduceParams, _: Build) -> u64 {
+        let batch = u64::from(p.batch);
+        run(batch) + batch * run(u64::from(p.diags))
+    }
 }

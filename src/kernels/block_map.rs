@@ -4,6 +4,7 @@
 //! caches it) and bound with the modifiers at `@group(1)`, where the generated `wa_block`
 //! reads it.
 
+use super::loops::{run, strided, Build};
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
@@ -42,7 +43,24 @@ impl Kernel for Shader {
     const BINDINGS: &'static [Slot] = &[Slot::ReadWrite("blocks")];
     type Consts = BlockMapConsts;
     type Params = BlockMapParams;
+
+    /// The loop over the key blocks in chunks of [`CHUNK`] (`⌈nkb / CHUNK⌉`), each chunk
+    /// clearing and then reading its flags (`⌈CHUNK / WG⌉` each) and running the loop over
+    /// its key blocks: the thread's keys of each (`⌈KB / WG⌉`) × the block's rows (QR).
+    fn loops(c: &BlockMapConsts, p: &BlockMapParams, _: Build) -> u64 {
+        let nkb = u64::from(p.nkb);
+        let chunks = strided(nkb, CHUNK);
+        let flags = run(strided(CHUNK, WG));
+        let keys = strided(u64::from(c.keys), WG);
+        let per_block = run(keys) + keys * run(u64::from(c.rows));
+        // Each chunk's key-block loop ends once: its iterations add up to `nkb`.
+        run(chunks) + chunks * (2 * flags + 1) + nkb * (1 + per_block)
+    }
 }
+
+/// `block_map.wgsl`'s threads per workgroup (`WG`) and key blocks per chunk (`CHUNK`).
+const WG: u64 = 64;
+const CHUNK: u64 = 256;
 
 /// What a block map is computed for: its block shape and the problem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,8 +92,9 @@ impl MapShape {
 /// A block map on the device: one `u32` state per block, then two per query block (its
 /// span of keys), and the uniform the generated `wa_block` and `wa_span` index it with,
 /// `[(batch stride, head stride, query blocks, key blocks), (rows, keys, span base, on)]`
-/// in groups and blocks; `on = 0` when the map would not fit in one binding (every tile is
-/// then partial: correct, only slower).
+/// in groups and blocks; `on = 0` when the map would not fit in one binding, or when made
+/// on the device its kernel's loops would pass the adapter's loop cap (every tile is then
+/// partial: correct, only slower).
 #[derive(Debug)]
 pub(crate) struct BlockMap {
     pub blocks: wgpu::Buffer,
@@ -109,6 +128,33 @@ impl BlockMap {
             && nkb > 0
             && bytes <= ctx.limits().max_storage_buffer_binding_size
             && words <= u64::from(u32::MAX);
+        // Presets only: made on the host from their definitions, O(1) per block.
+        let grid = crate::modifiers::Grid {
+            rows: shape.rows as usize,
+            keys: shape.keys as usize,
+            n_q: shape.n_q as usize,
+            n_kv: shape.n_kv as usize,
+            causal: shape.causal,
+            gb: gb as usize,
+            gh: gh as usize,
+        };
+        let on_host = fits.then(|| mods.source.preset_block_map(grid)).flatten();
+        let consts = BlockMapConsts {
+            rows: shape.rows,
+            keys: shape.keys,
+        };
+        // Made here, its loops must stay within a loop-capped adapter's cap (lavapipe): a
+        // longer map is not made, as one that does not fit.
+        let hw = ctx.hardware();
+        let per_invocation = |nkb: u64| {
+            let p = BlockMapParams {
+                nkb: u32::try_from(nkb).unwrap_or(u32::MAX),
+                ..Default::default()
+            };
+            <Shader as Kernel>::loops(&consts, &p, Build::of(hw.emulate))
+        };
+        let fits =
+            fits && (on_host.is_some() || hw.loop_cap.is_none_or(|cap| per_invocation(nkb) <= cap));
         let narrow = |v: u64| if fits { v as u32 } else { 0 };
         let uniform = [
             narrow(if axes[0] { gh } else { 0 }),
@@ -121,17 +167,7 @@ impl BlockMap {
             u32::from(fits),
         ];
         let uniform = crate::gpu::buffer::uniform(ctx, "block map", &uniform)?;
-        // Presets only: made on the host from their definitions, O(1) per block.
-        let grid = crate::modifiers::Grid {
-            rows: shape.rows as usize,
-            keys: shape.keys as usize,
-            n_q: shape.n_q as usize,
-            n_kv: shape.n_kv as usize,
-            causal: shape.causal,
-            gb: gb as usize,
-            gh: gh as usize,
-        };
-        if let Some(words) = fits.then(|| mods.source.preset_block_map(grid)).flatten() {
+        if let Some(words) = on_host {
             let blocks =
                 crate::gpu::buffer::upload(ctx, "block map", bytemuck::cast_slice(&words))?;
             return Ok(BlockMap { blocks, uniform });
@@ -154,10 +190,6 @@ impl BlockMap {
             gh: gh as u32,
             query_blocks: u32_of("block map query blocks", query_blocks as usize)?,
             span_base: span_base as u32,
-        };
-        let consts = BlockMapConsts {
-            rows: shape.rows,
-            keys: shape.keys,
         };
         let mut encoder = ctx
             .device
@@ -184,6 +216,22 @@ impl BlockMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loops_count_every_key_block_against_the_rows() {
+        let c = BlockMapConsts { rows: 64, keys: 64 };
+        let p = |nkb| BlockMapParams {
+            nkb,
+            ..Default::default()
+        };
+        let build = Build::of(crate::gpu::hardware::Emulation::default());
+        // By hand, 2 key blocks: the chunk loop (1 trip, 2), its flags' two loops (4 trips,
+        // 5 each) and the key-block loop's end (1), and per key block its trip (1), the
+        // thread's keys (1 trip, 2) and the rows (65): 2 + 11 + 2 · 68.
+        assert_eq!(Shader::loops(&c, &p(2), build), 149);
+        // About 1,000 key blocks (64,000 keys at 64 rows) pass lavapipe's cap.
+        assert!(Shader::loops(&c, &p(1_000), build) > 65_535);
+    }
     use crate::gpu::readback;
     use crate::kernels::mods::ModsUpload;
     use crate::modifiers::{BufferData, Modifiers, Preset};

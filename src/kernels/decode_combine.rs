@@ -1,6 +1,7 @@
 //! `shaders/decode_combine.wgsl`: step 2 of a decode step, the key blocks' partial results
 //! (see `decode_partial.rs`) merged into each query row's output.
 
+use super::loops::{run, Build};
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
@@ -43,6 +44,12 @@ impl Kernel for Shader {
     ];
     type Consts = CombineConsts;
     type Params = CombineParams;
+
+    /// Two loops over the row's key blocks (the maximum, then the sums), and the store's
+    /// `// unroll` loop of 4.
+    fn loops(_: &CombineConsts, p: &CombineParams, b: Build) -> u64 {
+        2 * run(u64::from(p.blocks)) + b.marked(4)
+    }
 }
 
 /// Records the combine of `rows` rows' `blocks` partials (`o_part`, `ml_part`) into `out`,

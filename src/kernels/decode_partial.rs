@@ -3,6 +3,7 @@
 //! keys. [`Decode`] describes the problem, chooses the key block and records both steps (the
 //! combine is `decode_combine.rs`).
 
+use super::loops::{run, strided, Build};
 use super::mods::{ModsBind, ModsUpload};
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Dim, Kernel, KernelId, Slot};
@@ -92,6 +93,24 @@ impl Kernel for Shader {
     ];
     type Consts = PartialConsts;
     type Params = PartialParams;
+
+    /// The thread's run of `⌈block / WG⌉` keys (the block's keys split over its WG threads)
+    /// around `// unroll` loops only (K's DK4 texels × GC rows, V's DV4, and per row the
+    /// rescale's and the sum's DV4); before it the rows' Q (GC × DK4) and the maxima (GC);
+    /// after it, per row (GC), the merge: its partial (DV4), the ⌈log2 WG⌉ rounds (DV4
+    /// each) and the output's store (`⌈DV4 / WG⌉`). The `// unroll` loops count only where
+    /// they stay loops (`Build::marked`): natively the key run and the merge's loops alone.
+    fn loops(c: &PartialConsts, p: &PartialParams, b: Build) -> u64 {
+        let m = |n| b.marked(n);
+        let (wg, gc) = (u64::from(c.threads.max(1)), u64::from(c.rows));
+        let (dk4, dv4) = (u64::from(c.dk4), u64::from(c.dv4));
+        let per_key = m(dk4) + dk4 * m(gc) + m(dv4) + m(gc) + gc * 2 * m(dv4);
+        let keys = strided(u64::from(p.block), wg);
+        let rounds = u64::from(wg.next_power_of_two().trailing_zeros());
+        let merge = m(dv4) + run(rounds) + rounds * m(dv4) + run(strided(dv4, wg));
+        let start = m(gc) + gc * m(dk4) + m(gc);
+        start + run(keys) + keys * per_key + m(gc) + gc * merge
+    }
 }
 
 impl PartialConsts {
@@ -139,6 +158,46 @@ enum Partial {
     Cpu(PartialConsts),
     /// `decode_partial_gpu.wgsl`.
     Gpu(super::decode_partial_gpu::GpuPartialConsts),
+}
+
+impl Partial {
+    /// Its loop iterations per invocation ([`Kernel::loops`]) for blocks of `block` keys.
+    fn loops(&self, block: usize, build: Build) -> u64 {
+        let p = PartialParams {
+            block: u32::try_from(block).unwrap_or(u32::MAX),
+            ..Default::default()
+        };
+        match self {
+            Partial::Cpu(c) => <Shader as Kernel>::loops(c, &p, build),
+            Partial::Gpu(c) => <super::decode_partial_gpu::Shader as Kernel>::loops(c, &p, build),
+        }
+    }
+
+    /// `block` (a multiple of [`THREADS`]), or where its loops would pass `cap` the largest
+    /// multiple of [`THREADS`] below it whose loops do not (at least [`THREADS`]: a block
+    /// that still passes is refused when it is recorded). A thread's loops grow with the
+    /// block's keys, and more blocks only lengthen the combine's two loops by one each.
+    fn within_loop_cap(&self, block: usize, cap: Option<u64>, build: Build) -> usize {
+        let wg = THREADS as usize;
+        let Some(cap) = cap.filter(|&cap| self.loops(block, build) > cap) else {
+            return block;
+        };
+        // The most tiles of `wg` keys that fit, by bisection (the count grows with them).
+        let (mut lo, mut hi) = (1, block / wg);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.loops(mid * wg, build) <= cap {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        log::debug!(
+            "decode: blocks of {block} keys pass the loop cap {cap}: {}",
+            lo * wg
+        );
+        lo * wg
+    }
 }
 
 /// One decode step: `heads · m` new query rows per batch index against `len` cached keys.
@@ -235,6 +294,9 @@ impl Decode {
             .unwrap_or_else(|| self.block(ctx, gc))
             .next_multiple_of(wg)
             .max(wg);
+        // On a loop-capped adapter (lavapipe), blocks no longer than a thread's key run fits.
+        let hw = ctx.hardware();
+        let block = kernel.within_loop_cap(block, hw.loop_cap, Build::of(hw.emulate));
         // Keys before `first` are outside every row's window: no block holds them.
         let kv0 = self.first.min(self.len.saturating_sub(1)) / wg * wg;
         let blocks = (self.len - kv0).div_ceil(block);
@@ -340,6 +402,7 @@ pub(crate) fn block_for(len: usize, groups: usize, cpu: bool) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::super::decode_partial_gpu::GpuPartialConsts;
     use super::*;
 
     #[test]
@@ -365,6 +428,23 @@ mod tests {
         // A CPU adapter's one subgroup of 8.
         let c = PartialConsts::new(1, (16, 16), 8, 32 << 10).unwrap();
         assert_eq!((c.rows, c.threads), (1, 8));
+    }
+
+    #[test]
+    fn blocks_shrink_to_the_loop_cap() {
+        let native = Build::of(crate::gpu::hardware::Emulation::default());
+        let cpu = Partial::Cpu(PartialConsts::new(1, (4, 4), 8, 32 << 10).unwrap());
+        // One thread's run of keys is the block's eighth: 1 << 20 keys pass the cap.
+        assert!(cpu.loops(1 << 20, native) > 65_535);
+        let block = cpu.within_loop_cap(1 << 20, Some(65_535), native);
+        assert!(block.is_multiple_of(64) && block < 1 << 20);
+        assert!(cpu.loops(block, native) <= 65_535 && cpu.loops(block + 64, native) > 65_535);
+        // No cap, or a block that fits: unchanged.
+        assert_eq!(cpu.within_loop_cap(1 << 20, None, native), 1 << 20);
+        assert_eq!(cpu.within_loop_cap(4096, Some(65_535), native), 4096);
+        let gpu = Partial::Gpu(GpuPartialConsts::new(1, (4, 4), 32 << 10).unwrap());
+        let block = gpu.within_loop_cap(1 << 24, Some(65_535), native);
+        assert!(gpu.loops(block, native) <= 65_535 && block > 64);
     }
 
     #[test]

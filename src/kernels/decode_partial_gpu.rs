@@ -5,6 +5,7 @@
 //! `decode_partial.wgsl`, whose per-thread key runs suit a CPU.
 
 use super::decode_partial::{PartialParams, THREADS};
+use super::loops::{run, strided, Build};
 use super::wgsl::constants;
 use super::{Dim, Kernel, KernelId, Slot};
 use crate::error::{Error, Result};
@@ -47,6 +48,31 @@ impl Kernel for Shader {
     ];
     type Consts = GpuPartialConsts;
     type Params = PartialParams;
+
+    /// The block's key-tile loop (`⌈block / WG⌉` tiles of WG keys) around: the scores' loop
+    /// over K's DK4 texels (GC rows each, `// unroll`), the scores' store (GC), and the loop
+    /// over the thread's key group's keys of the tile (`⌈WG / KG⌉`: V's OC texels, per row
+    /// the rescale's and the sum's OC); before it Q's staging (`⌈GC·DK4 / WG⌉`) and the
+    /// maxima (GC); after it the key groups' partials (GC × OC) and their merge, a loop over
+    /// the GC rows (two over the KG groups, and per output column OC one more). The
+    /// `// unroll` loops count only where they stay loops (`Build::marked`).
+    fn loops(c: &GpuPartialConsts, p: &PartialParams, b: Build) -> u64 {
+        let m = |n| b.marked(n);
+        let (wg, gc, kg, oc) = (
+            u64::from(c.threads.max(1)),
+            u64::from(c.rows),
+            u64::from(c.key_groups),
+            u64::from(c.out4),
+        );
+        let dk4 = u64::from(c.dk4);
+        let scores = run(dk4) + dk4 * m(gc) + m(gc);
+        let keys = strided(wg, kg);
+        let tile = scores + run(keys) + keys * (m(oc) + m(gc) + gc * 2 * m(oc));
+        let tiles = strided(u64::from(p.block), wg);
+        let start = run(strided(gc * dk4, wg)) + m(gc);
+        let merge = m(gc) + gc * m(oc) + run(gc) + gc * (2 * run(kg) + m(oc) + oc * run(kg));
+        start + run(tiles) + tiles * tile + merge
+    }
 }
 
 impl GpuPartialConsts {

@@ -3,8 +3,12 @@
 //! first half holds each row's log-sum-exp). Same [`Flash`] problem and uniform as the fused
 //! forward (`flash_tiled.rs`); the backward kernels' shared parts are here too.
 
+use super::flash_backward_kv_subgroup::BackwardSubgroupConsts;
 use super::flash_tiled::{Flash, FlashParams};
+use super::loops::{run, Build};
 use super::wgsl::NoConstants;
+use super::{flash_backward_kv, flash_backward_kv_subgroup};
+use super::{flash_backward_q, flash_backward_q_subgroup};
 use super::{record, Dim, Kernel, KernelId, Slot};
 use crate::error::{Error, Result};
 use crate::gpu::Device;
@@ -25,6 +29,11 @@ impl Kernel for Shader {
     ];
     type Consts = NoConstants;
     type Params = FlashParams;
+
+    /// The one loop, over the row's `d_v` values.
+    fn loops(_: &NoConstants, p: &FlashParams, _: Build) -> u64 {
+        run(u64::from(p.dv_h))
+    }
 }
 
 /// The tile shape of a backward kernel: a workgroup owns `owners` keys (`flash_backward_kv`)
@@ -136,6 +145,39 @@ pub(crate) fn partials(tiles: &BackwardTiles) -> u64 {
 }
 
 impl Flash {
+    /// The most loop iterations one invocation of the storage backward's dK/dV or dQ
+    /// kernel runs for this problem with `tiles` on `ctx` ([`Kernel::loops`]).
+    ///
+    /// # Errors
+    /// As [`Flash::backward_kv_consts`] and [`Flash::backward_q_consts`].
+    pub fn storage_backward_loops(&self, ctx: &Device, tiles: BackwardTiles) -> Result<u64> {
+        let build = Build::of(ctx.hardware().emulate);
+        let kv = self.backward_kv_consts(ctx.limits(), tiles, 0)?;
+        let q = self.backward_q_consts(ctx.limits(), tiles, 0)?;
+        let (params, _) = self.params(q.rows as usize, [0; 4])?;
+        Ok(flash_backward_kv::Shader::loops(&kv, &params, build)
+            .max(flash_backward_q::Shader::loops(&q, &params, build)))
+    }
+
+    /// As [`Flash::storage_backward_loops`] for the subgroup backward's kernels with
+    /// `(kv_per_lane, q_per_lane)`; `None` without a fixed subgroup size.
+    pub fn subgroup_backward_loops(&self, ctx: &Device, (kv, q): (u32, u32)) -> Option<u64> {
+        let build = Build::of(ctx.hardware().emulate);
+        let sg = ctx.subgroup_size()?;
+        let (dk4, dv4) = self.widths4().ok()?;
+        let consts = |per_lane| BackwardSubgroupConsts {
+            sg,
+            per_lane,
+            dk4,
+            dv4,
+            mask: 0,
+        };
+        let (params, _) = self.params((sg * q) as usize, [0; 4]).ok()?;
+        let kv_loops = flash_backward_kv_subgroup::Shader::loops(&consts(kv), &params, build);
+        let q_loops = flash_backward_q_subgroup::Shader::loops(&consts(q), &params, build);
+        Some(kv_loops.max(q_loops))
+    }
+
     /// Records `D_i = dO_i·O_i` of every query row into the second half of `stats`
     /// (`2·batch·heads·n_q` f32s); `d_o` and `o` are laid out as [`Flash::o`].
     ///
@@ -166,6 +208,16 @@ impl Flash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dot_loops_over_the_value_width() {
+        let p = FlashParams {
+            dv_h: 64,
+            ..Default::default()
+        };
+        let build = Build::of(crate::gpu::hardware::Emulation::default());
+        assert_eq!(Shader::loops(&NoConstants, &p, build), 65);
+    }
 
     #[test]
     fn tiles_shrink_to_fit_threads_and_workgroup_memory() {

@@ -4,6 +4,7 @@
 
 use super::flash_backward_dot::{partials, BackwardTiles};
 use super::flash_tiled::{Flash, FlashParams};
+use super::loops::{run, strided, Build};
 use super::mods::ModsBind;
 use super::wgsl::constants;
 use super::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -28,6 +29,10 @@ constants! {
         dk4 => "DK4",
         /// Value width of one head in vec4s, rounded up.
         dv4 => "DV4",
+        /// Vec4 columns of K (and dK) per thread, `⌈DK4 / CT⌉`.
+        kc => "KC",
+        /// Vec4 columns of V (and dV) per thread, `⌈DV4 / CT⌉`.
+        vc => "VC",
         /// 1 when a mask is bound.
         mask => "MASK",
         /// 1 to read and write every buffer as vec4s ([`Flash::vector_layout`]).
@@ -52,6 +57,33 @@ impl Kernel for Shader {
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
     type Consts = BackwardKvConsts;
     type Params = FlashParams;
+
+    /// For each of the `kv_ratio` query heads of the K/V head, the row-tile loop over its
+    /// rows (`⌈n_q / BR⌉` tiles) around: Q's, dO's (`load4`'s 4 values each where scalar)
+    /// and the statistics' staging loops, with CT > 1 the partials' loop over the tile's
+    /// rows (`partial`: its KC and VC loops), and the loop over the tile's rows (`partial`
+    /// or the CT partials' sum, then dV's VC and dK's KC columns); before it K's and V's
+    /// loads, after it dK's and dV's stores (`store4`'s 4 where scalar). `// unroll` loops
+    /// count only where they stay loops (`Build::marked`).
+    fn loops(c: &BackwardKvConsts, p: &FlashParams, b: Build) -> u64 {
+        let m = |n| b.marked(n);
+        let (br, ct, wg) = (u64::from(c.rows), u64::from(c.split), u64::from(c.threads));
+        let (kc, vc) = (u64::from(c.kc), u64::from(c.vc));
+        let four = if c.vec != 0 { 0 } else { m(4) };
+        let stage = |w4: u32| {
+            let trips = strided(br * u64::from(w4), wg);
+            run(trips) + trips * four
+        };
+        let partial = m(kc) + m(vc);
+        let split = if ct > 1 { run(br) + br * partial } else { 0 };
+        let per_row = if ct > 1 { m(ct) } else { partial } + m(vc) + m(kc);
+        let stats = run(strided(br, wg));
+        let tile = stage(c.dk4) + stage(c.dv4) + stats + split + run(br) + br * per_row;
+        let tiles = strided(u64::from(p.n_q), br);
+        let heads = u64::from(p.kv_ratio);
+        let edges = 2 * (m(kc) + kc * four + m(vc) + vc * four);
+        run(heads) + heads * (run(tiles) + tiles * tile) + edges
+    }
 }
 
 impl Flash {
@@ -78,6 +110,8 @@ impl Flash {
             rows: t.tile,
             dk4,
             dv4,
+            kc: dk4.div_ceil(t.split.max(1)),
+            vc: dv4.div_ceil(t.split.max(1)),
             mask,
             vec: u32::from(self.vector_layout()),
         })
@@ -130,5 +164,43 @@ impl Flash {
             mods,
             (kv_groups * blocks) as u64,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::hardware::Emulation;
+    use crate::kernels::loops::LLVMPIPE_LOOP_CAP;
+
+    #[test]
+    fn loops_count_every_row_tile_of_every_query_head() {
+        // Lavapipe's shape (64 keys of one thread, 32-row tiles) at d 16, vector loads.
+        let c = BackwardKvConsts {
+            keys: 64,
+            split: 1,
+            threads: 64,
+            rows: 32,
+            dk4: 4,
+            dv4: 4,
+            kc: 4,
+            vc: 4,
+            mask: 0,
+            vec: 1,
+        };
+        let p = |n_q, kv_ratio| FlashParams {
+            n_q,
+            n_kv: 64,
+            kv_ratio,
+            ..Default::default()
+        };
+        let native = Build::of(Emulation::default());
+        // By hand, 64 rows of one head: the head loop (1 trip, 2), the tile loop (2 trips, 3),
+        // per tile Q's and dO's staging (2 trips, 3 each), the statistics' (1 trip, 2) and
+        // the 32 rows (33): 2 + 3 + 2 · 41.
+        assert_eq!(Shader::loops(&c, &p(64, 1), native), 87);
+        let loops = |n_q, ratio| Shader::loops(&c, &p(n_q, ratio), native);
+        assert!(loops(64, 4) > 4 * 80);
+        assert!(loops(40_000, 1) <= LLVMPIPE_LOOP_CAP && loops(70_000, 1) > LLVMPIPE_LOOP_CAP);
     }
 }

@@ -5,6 +5,7 @@
 
 use super::flash_backward_q_subgroup;
 use super::flash_tiled::{Flash, FlashParams};
+use super::loops::{run, strided, Build};
 use super::mods::ModsBind;
 use super::pack::Pack;
 use super::wgsl::constants;
@@ -49,6 +50,25 @@ impl Kernel for Shader {
     const SUBGROUPS: bool = true;
     type Consts = BackwardSubgroupConsts;
     type Params = FlashParams;
+
+    /// For each of the `kv_ratio` query heads of the K/V head, the loop over its rows in
+    /// steps of SG (`⌈n_q / SG⌉`) around `// unroll` loops only: Q's and dO's texel loads,
+    /// and per row of the step (SG) the scores (DK4 × R), P (R), dP and dV (DV4 × R) and
+    /// dK (R × DK4); before it K's and V's loads (R × DK4 and DV4, `load4`'s 4 each), after
+    /// it dK's and dV's stores (R × DK4 and DV4, 4 each). The `// unroll` loops count only
+    /// where they stay loops (`Build::marked`): natively the count is the row loop's alone.
+    fn loops(c: &BackwardSubgroupConsts, p: &FlashParams, b: Build) -> u64 {
+        let m = |n| b.marked(n);
+        let (sg, r) = (u64::from(c.sg.max(1)), u64::from(c.per_lane));
+        let (dk4, dv4) = (u64::from(c.dk4), u64::from(c.dv4));
+        let per_row = m(dk4) + dk4 * m(r) + m(r) + m(dv4) + dv4 * m(r) + m(r) + r * m(dk4);
+        let step = m(dk4) + m(dv4) + m(sg) + sg * per_row;
+        let steps = strided(u64::from(p.n_q), sg);
+        let heads = u64::from(p.kv_ratio);
+        let rows = m(dk4) + dk4 * m(4) + m(dv4) + dv4 * m(4);
+        let edges = 2 * (m(r) + r * rows);
+        run(heads) + heads * (run(steps) + steps * step) + edges
+    }
 }
 
 impl Flash {
@@ -159,5 +179,38 @@ impl Flash {
             q_mods,
             workgroups,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::hardware::Emulation;
+    use crate::kernels::loops::LLVMPIPE_LOOP_CAP;
+
+    #[test]
+    fn loops_step_a_subgroup_of_rows_at_a_time() {
+        let c = BackwardSubgroupConsts {
+            sg: 8,
+            per_lane: 1,
+            dk4: 16,
+            dv4: 16,
+            mask: 0,
+        };
+        let p = |n_q| FlashParams {
+            n_q,
+            kv_ratio: 1,
+            ..Default::default()
+        };
+        let native = Build::of(Emulation::default());
+        // Natively only the head loop (1 trip) and the row loop (⌈n_q / 8⌉ trips) remain.
+        assert_eq!(Shader::loops(&c, &p(80), native), 2 + 11);
+        assert!(Shader::loops(&c, &p(500_000), native) <= LLVMPIPE_LOOP_CAP);
+        // Emulated subgroups keep the per-row `// unroll` loops.
+        let rolled = Build::of(Emulation {
+            subgroup: 8,
+            coop: 0,
+        });
+        assert!(Shader::loops(&c, &p(80), rolled) > 10 * 8 * 16);
     }
 }

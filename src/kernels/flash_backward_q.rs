@@ -4,7 +4,8 @@
 //! fused forward.
 
 use super::flash_backward_dot::{partials, BackwardTiles};
-use super::flash_tiled::Flash;
+use super::flash_tiled::{Flash, FlashParams};
+use super::loops::{run, strided, Build};
 use super::mods::ModsBind;
 use super::wgsl::constants;
 use super::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -29,6 +30,10 @@ constants! {
         dk4 => "DK4",
         /// Value width of one head in vec4s, rounded up.
         dv4 => "DV4",
+        /// Vec4 columns of Q (and dQ) per thread, `⌈DK4 / CT⌉`.
+        kc => "KC",
+        /// Vec4 columns of dO per thread, `⌈DV4 / CT⌉`.
+        vc => "VC",
         /// 1 when a mask is bound.
         mask => "MASK",
         /// 1 to read and write every buffer as vec4s ([`Flash::vector_layout`]).
@@ -51,7 +56,35 @@ impl Kernel for Shader {
     /// Bit 0: Q is f16; bit 1: K and V are f16.
     const DTYPES: &'static [&'static str] = &["Q_T", "KV_T"];
     type Consts = BackwardQConsts;
-    type Params = super::flash_tiled::FlashParams;
+    type Params = FlashParams;
+
+    /// The key-tile loop over the row's keys (`⌈keys / BC⌉` tiles, causal: at most up to the
+    /// last row) around: K's and V's staging loops (`load4`'s 4 values each where scalar),
+    /// with CT > 1 the partials' loop over the tile's keys (`partial`: its KC and VC loops),
+    /// and the loop over the tile's keys (`partial` or the CT partials' sum, then dQ's KC
+    /// columns); before it Q's and dO's loads, after it dQ's store (`store4`'s 4 where
+    /// scalar). `// unroll` loops count only where they stay loops (`Build::marked`).
+    fn loops(c: &BackwardQConsts, p: &FlashParams, b: Build) -> u64 {
+        let m = |n| b.marked(n);
+        let (bc, ct, wg) = (u64::from(c.keys), u64::from(c.split), u64::from(c.threads));
+        let (kc, vc) = (u64::from(c.kc), u64::from(c.vc));
+        let four = if c.vec != 0 { 0 } else { m(4) };
+        let stage = |w4: u32| {
+            let trips = strided(bc * u64::from(w4), wg);
+            run(trips) + trips * four
+        };
+        let partial = m(kc) + m(vc);
+        let split = if ct > 1 { run(bc) + bc * partial } else { 0 };
+        let per_key = if ct > 1 { m(ct) } else { partial } + m(kc);
+        let tile = stage(c.dk4) + stage(c.dv4) + split + run(bc) + bc * per_key;
+        let keys = match p.causal {
+            0 => p.n_kv,
+            _ => p.n_kv.min(p.n_q),
+        };
+        let tiles = strided(u64::from(keys), bc);
+        let edges = m(kc) + kc * four + m(vc) + vc * four + m(kc) + kc * four;
+        run(tiles) + tiles * tile + edges
+    }
 }
 
 impl Flash {
@@ -78,6 +111,8 @@ impl Flash {
             keys: t.tile,
             dk4,
             dv4,
+            kc: dk4.div_ceil(t.split.max(1)),
+            vc: dv4.div_ceil(t.split.max(1)),
             mask,
             vec: u32::from(self.vector_layout()),
         })
@@ -127,5 +162,59 @@ impl Flash {
             mods,
             workgroups,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::hardware::Emulation;
+    use crate::kernels::loops::LLVMPIPE_LOOP_CAP;
+
+    /// Lavapipe's shape ([`BackwardTiles::CPU`]: 64 rows of one thread, 32-key tiles) at
+    /// d = 16 (or 64), vector loads.
+    fn consts(dk4: u32) -> BackwardQConsts {
+        BackwardQConsts {
+            rows: 64,
+            split: 1,
+            threads: 64,
+            keys: 32,
+            dk4,
+            dv4: dk4,
+            kc: dk4,
+            vc: dk4,
+            mask: 0,
+            vec: 1,
+        }
+    }
+
+    fn params(n_q: u32, n_kv: u32, causal: bool) -> FlashParams {
+        FlashParams {
+            n_q,
+            n_kv,
+            causal: u32::from(causal),
+            kv_ratio: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn loops_count_every_key_tile() {
+        let native = Build::of(Emulation::default());
+        // By hand, 64 keys at d 16: the tile loop's 2 trips and its end (3), per tile K's and
+        // V's staging (128 vec4s over 64 threads: 2 trips and an end each) and the 32 keys
+        // (33): 3 + 2 · 39.
+        assert_eq!(Shader::loops(&consts(4), &params(1, 64, false), native), 81);
+        // Emulated builds keep the `// unroll` loops: per key `partial`'s KC and VC loops
+        // and dQ's KC (5 each with their ends).
+        let rolled = Build::of(Emulation {
+            subgroup: 32,
+            coop: 0,
+        });
+        assert!(Shader::loops(&consts(4), &params(1, 64, false), rolled) >= 81 + 2 * 32 * 15);
+        // d 64: 40,000 keys fit lavapipe's cap, 70,000 do not; causal stops at the last row.
+        let at = |n_kv, causal| Shader::loops(&consts(16), &params(4, n_kv, causal), native);
+        assert!(at(40_000, false) <= LLVMPIPE_LOOP_CAP && at(70_000, false) > LLVMPIPE_LOOP_CAP);
+        assert!(at(70_000, true) < at(64, false));
     }
 }

@@ -1,6 +1,7 @@
 //! `shaders/fma_peak.wgsl`: independent chains of multiply-adds, the adapter's f32 arithmetic
 //! ceiling for `bench`.
 
+use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{record, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
@@ -27,6 +28,11 @@ impl Kernel for Shader {
     const BINDINGS: &'static [Slot] = &[Slot::ReadWrite("out")];
     type Consts = NoConstants;
     type Params = FmaPeakParams;
+
+    /// The one loop, `iters` trips.
+    fn loops(_: &NoConstants, p: &FmaPeakParams, _: Build) -> u64 {
+        run(u64::from(p.iters))
+    }
 }
 
 /// Records `invocations` invocations of `iters` iterations each, writing one value each to

@@ -1,5 +1,6 @@
 //! `shaders/mse.wgsl`: the mean squared error's gradient and per-workgroup sums of squares.
 
+use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
@@ -32,6 +33,11 @@ impl Kernel for Shader {
     ];
     type Consts = NoConstants;
     type Params = MseParams;
+
+    /// The workgroup's reduction: strides 128, 64, …, 1 (small and constant; stated anyway).
+    fn loops(_: &NoConstants, _: &MseParams, _: Build) -> u64 {
+        run((PER_GROUP as u64).trailing_zeros().into())
+    }
 }
 
 /// Records `d_o ← scale·(o − t)` and `partial[w] ← Σ (o − t)²` over each workgroup `w` of
