@@ -13,8 +13,10 @@ use crate::mask::Mask;
 use crate::modifiers::Modifiers;
 
 mod backward;
+mod f16;
 #[cfg(test)]
 pub(crate) use backward::sdpa_backward;
+pub use f16::{round_f16, run_f16};
 
 fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)
@@ -331,6 +333,21 @@ pub(crate) fn attention_masked(
     proj: Option<&Projections<'_>>,
     mask: &Mask<'_>,
 ) -> Result<Output<ndarray::ArrayD<f64>>> {
+    attention_masked_rounded(op, x, proj, mask, None)
+}
+
+/// [`attention_masked`] with the projected Q, K and V passed through `round` (the f16
+/// path's storage between kernels, [`run_f16`]).
+///
+/// # Errors
+/// As [`run`].
+fn attention_masked_rounded(
+    op: &Attention,
+    x: ArrayViewD<'_, f32>,
+    proj: Option<&Projections<'_>>,
+    mask: &Mask<'_>,
+    round: Option<fn(f64) -> f64>,
+) -> Result<Output<ndarray::ArrayD<f64>>> {
     let dims = op.dims(x.shape(), proj)?;
     if !op.propagates_non_finite() {
         check_inputs_finite(&x, proj)?;
@@ -361,11 +378,17 @@ pub(crate) fn attention_masked(
         let xb = x3.index_axis(Axis(0), b).to_owned();
         let (q, k, v) = match proj {
             None => (xb.clone(), xb.clone(), xb),
-            Some(p) => (
-                project(&xb, &p.w_q, p.b_q.as_ref()),
-                project(&xb, &p.w_k, p.b_k.as_ref()),
-                project(&xb, &p.w_v, p.b_v.as_ref()),
-            ),
+            Some(p) => {
+                let stored = |a: Array2<f64>| match round {
+                    Some(r) => a.mapv(r),
+                    None => a,
+                };
+                (
+                    stored(project(&xb, &p.w_q, p.b_q.as_ref())),
+                    stored(project(&xb, &p.w_k, p.b_k.as_ref())),
+                    stored(project(&xb, &p.w_v, p.b_v.as_ref())),
+                )
+            }
         };
         for h in 0..heads {
             let qh = q.slice(s![.., h * dk_h..(h + 1) * dk_h]);

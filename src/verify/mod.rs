@@ -4,6 +4,7 @@
 //! in `sweep.rs`.
 
 mod cases;
+mod f16;
 mod sweep;
 
 use std::fmt;
@@ -11,7 +12,9 @@ use std::fmt;
 pub use cases::{Case, CaseData, MaskCase, MaskData, ModsCase};
 pub use sweep::{quick_cases, random_cases, standard_cases};
 
-use crate::attention::{Attention, Dtype, Host, Inputs, Projections};
+use ndarray::ArrayD;
+
+use crate::attention::{Attention, Dtype, Host, Inputs, Output, Projections};
 use crate::context::Context;
 use crate::error::Result;
 use crate::mask::Mask;
@@ -67,10 +70,127 @@ pub fn tolerance(logit_bound: f64) -> f64 {
     5e-6 + 4.0 * EPS32 * logit_bound
 }
 
-/// The bound for f16 operands: each operand carries a relative rounding of up to ε16/2, so
-/// the context starts at a few ε16 and the logits' rounding grows with L as in [`tolerance`].
-pub fn tolerance_f16(logit_bound: f64) -> f64 {
+/// The bound where kernels round f32 operands to f16 that the reference keeps in f32 (an
+/// f32 case on cooperative matrices with f16 inputs, which round whatever they stage): each
+/// operand carries a relative rounding of up to ε16/2, so the context starts at a few ε16
+/// and the logits' rounding grows with L as in [`tolerance`]. An f16 case
+/// ([`crate::Dtype::F16`]) is held to a bound of its own, against the reference on the
+/// rounded operands ([`Expected`]).
+pub fn tolerance_kernel_rounded(logit_bound: f64) -> f64 {
     4.0 * EPS16 + 2.0 * EPS16 * logit_bound
+}
+
+/// What a case's result is compared with: the f64 reference on the case's arrays (for an
+/// f16 case, [`reference::run_f16`]: on its inputs rounded to f16 and its projected Q, K,
+/// V rounded as the device stores them) and the relative-error bound both the context and
+/// the weights must meet.
+///
+/// The bound is [`tolerance`] of the logit size for f32 arithmetic, and for an f16 case that
+/// plus what the f16 rounding the reference cannot reproduce exactly can move the result:
+/// projections whose f32 value straddles an f16 rounding boundary, and where the kernels
+/// multiply in f16 (f16 arithmetic in `flash_blocked`, cooperative matrices with f16
+/// inputs), that arithmetic; bounded element by element through the softmax, `A·V` and `W_O`
+/// (the model is stated in full in `src/verify/f16.rs`).
+#[derive(Debug, Clone)]
+pub struct Expected {
+    case: Case,
+    reference: Output<ArrayD<f64>>,
+    tolerance: f64,
+}
+
+impl Expected {
+    /// The reference and bound of `case` run by `case.op()` on `data` on `ctx` (whose
+    /// adapter and options say which arithmetic the kernels may do).
+    ///
+    /// # Errors
+    /// Whatever the reference returns.
+    pub fn new(ctx: &Context, case: &Case, data: &CaseData) -> Result<Self> {
+        Self::with_op(ctx, case, &case.op(), data)
+    }
+
+    /// [`Expected::new`] for `case` run by `op` (the case's options with a variant forced).
+    ///
+    /// # Errors
+    /// Whatever the reference returns.
+    pub fn with_op(ctx: &Context, case: &Case, op: &Attention, data: &CaseData) -> Result<Self> {
+        let proj = data.projections();
+        let mask = data.mask();
+        let f16 = case.dtype == Dtype::F16;
+        let oracle = if f16 {
+            reference::run_f16
+        } else {
+            reference::run
+        };
+        let (cpu, bound) = match &data.qkv {
+            None => (
+                oracle(op, &inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask))?,
+                reference::logit_bound(op, data.x.view(), proj.as_ref())?,
+            ),
+            Some([q, k, v]) => {
+                let (q, k, v) = (q.view(), k.view(), v.view());
+                let scale = op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale;
+                // |scale · q·k| ≤ |scale| · E · max|q| · max|k|.
+                let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
+                let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
+                (oracle(op, &Inputs::qkv(q, k, v).mask(&mask))?, bound)
+            }
+        };
+        // ALiBi moves the logits by up to its slope times the distance.
+        let bound = bound + data.mods_bound();
+        let tolerance = if f16 {
+            let arith = f16::F16Arithmetic::of(ctx, case, op, data);
+            let (context, weights) = f16::bound(op, data, &cpu, arith)?;
+            let rounding = if case.fused {
+                context
+            } else {
+                context.max(weights)
+            };
+            // The f32 arithmetic's error is relative to the result on the device's operands,
+            // which is within `rounding` of the reference's.
+            let f32_part = tolerance(bound);
+            f32_part + rounding * (1.0 + f32_part)
+        } else if rounds_to_f16(ctx, case) {
+            tolerance_kernel_rounded(bound)
+        } else {
+            tolerance(bound)
+        };
+        Ok(Expected {
+            case: *case,
+            reference: cpu,
+            tolerance,
+        })
+    }
+
+    /// The reference's context and weights (the weights always).
+    pub fn reference(&self) -> &Output<ArrayD<f64>> {
+        &self.reference
+    }
+
+    /// The relative-error bound.
+    pub fn tolerance(&self) -> f64 {
+        self.tolerance
+    }
+
+    /// How a result with `context` and `weights` compares: a result of the case's path with
+    /// the weights needs them (a fused one returns none and only its context is checked).
+    pub fn check(&self, context: &ArrayD<f32>, weights: Option<&ArrayD<f32>>) -> CaseResult {
+        let cpu = &self.reference;
+        let (context_rel, context_max) = reference::compare(context, &cpu.context);
+        let (weights_rel, weights_max) = match (weights, &cpu.weights, self.case.fused) {
+            (Some(g), Some(c), false) => reference::compare(g, c),
+            // The fused path returns no weights by design; only the context is checked.
+            (None, _, true) => (0.0, 0.0),
+            _ => (f64::INFINITY, f64::INFINITY),
+        };
+        CaseResult {
+            case: self.case,
+            context_rel,
+            context_max,
+            weights_rel,
+            weights_max,
+            tolerance: self.tolerance,
+        }
+    }
 }
 
 /// Runs `case` with data from `seed` on the GPU and the reference and compares them.
@@ -109,48 +229,28 @@ pub async fn run_case_with_async(
     seed: u64,
 ) -> Result<CaseResult> {
     let data = case.data(seed);
+    let gpu = run_gpu(ctx, &op, &data).await?;
+    let expected = Expected::with_op(ctx, case, &op, &data)?;
+    Ok(expected.check(&gpu.context, gpu.weights.as_ref()))
+}
+
+/// `op` on the GPU on the case's arrays `data`.
+///
+/// # Errors
+/// Whatever the GPU path returns.
+pub async fn run_gpu(ctx: &Context, op: &Attention, data: &CaseData) -> Result<Output> {
     let proj = data.projections();
     let mask = data.mask();
-    let (gpu, cpu, bound) = match &data.qkv {
-        None => (
+    match &data.qkv {
+        None => {
             op.run_async(ctx, inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask))
-                .await?,
-            reference::run(&op, &inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask))?,
-            reference::logit_bound(&op, data.x.view(), proj.as_ref())?,
-        ),
-        Some([q, k, v]) => {
-            let (q, k, v) = (q.view(), k.view(), v.view());
-            let scale = op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale;
-            // |scale · q·k| ≤ |scale| · E · max|q| · max|k|.
-            let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
-            let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
-            (
-                op.run_async(ctx, Inputs::qkv(q, k, v).mask(&mask)).await?,
-                reference::run(&op, &Inputs::qkv(q, k, v).mask(&mask))?,
-                bound,
-            )
+                .await
         }
-    };
-    // ALiBi moves the logits by up to its slope times the distance.
-    let bound = bound + data.mods_bound();
-    let (context_rel, context_max) = reference::compare(&gpu.context, &cpu.context);
-    let (weights_rel, weights_max) = match (&gpu.weights, &cpu.weights, case.fused) {
-        (Some(g), Some(c), false) => reference::compare(g, c),
-        // The fused path returns no weights by design; only the context is checked.
-        (None, _, true) => (0.0, 0.0),
-        _ => (f64::INFINITY, f64::INFINITY),
-    };
-    Ok(CaseResult {
-        case: *case,
-        context_rel,
-        context_max,
-        weights_rel,
-        weights_max,
-        tolerance: match case.dtype == Dtype::F16 || rounds_to_f16(ctx, case) {
-            false => tolerance(bound),
-            true => tolerance_f16(bound),
-        },
-    })
+        Some([q, k, v]) => {
+            op.run_async(ctx, Inputs::qkv(q.view(), k.view(), v.view()).mask(&mask))
+                .await
+        }
+    }
 }
 
 /// Whether `case` runs on cooperative matrices with f16 inputs (an f32 case's operands then

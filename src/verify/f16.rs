@@ -1,0 +1,362 @@
+//! The bound an f16 case ([`crate::Dtype::F16`]) must meet against
+//! [`crate::reference::run_f16`], the f64 evaluation of what the device holds (inputs and
+//! projected Q, K, V rounded to f16). The model, term by term:
+//!
+//! 1. **f32 arithmetic** on the operands the device holds: the f32 bound [`super::tolerance`]
+//!    of the case's logit size, as an f32 case (the kernels are the same).
+//! 2. **Stored projections.** A projection computes `q = x·w + b` in f32 (f16 × f16 products
+//!    are exact in f32; `d` additions: `|q₃₂ − q| ≤ γ_{d+1}·(Σ|x·w| + |b|)`, `γ_n = n·u/(1 − n·u)`,
+//!    `u = 2⁻²⁴`) and stores it rounded to the nearest f16; the reference rounds the exact
+//!    `q`. Both roundings are monotone, so the device's value lies between the roundings of
+//!    the interval's ends: its error bound is their difference, 0 for every element whose
+//!    interval holds no f16 rounding boundary, one f16 spacing for the few that do. (The
+//!    device's f32 → f16 conversion is assumed to round to nearest, as lavapipe's does and
+//!    as `half` does on the host; one that truncated would fail here, visibly.)
+//! 3. **f16 products** (`flash_blocked` with `BlockedOptions::f16_arithmetic`, GPUs'
+//!    default): Q is pre-scaled and rounded to f16, and 4-term dots multiply and add in f16:
+//!    each logit is off by at most `γ¹⁶₆·|scale|·Σ|q|·|k|` (`u = 2⁻¹¹`) and, for values in
+//!    f16's subnormal range, `2⁻²⁴·(Σ|k| + d_k)`. P rounded to f16 and P·V multiplied in f16:
+//!    each term of the context is off by `γ¹⁶₂` relative, and by `2⁻²⁵·(|v| + 1)` where it
+//!    underflows (scaled by `1/l`, `l ≥ 1` the row's sum).
+//! 4. **Cooperative matrices with f16 inputs**: P is rounded to f16 (`u = 2⁻¹¹` relative per
+//!    term, the same underflow), and the f32 context to f16 before `W_O` (`2⁻¹¹·|c|` and
+//!    `2⁻²⁵` per element, times `|W_O|`).
+//!
+//! Terms 2–4 perturb the logits by at most `t_ij` (the score modifiers are shifts or
+//! soft-capping, which does not enlarge a difference) and the values and the products of
+//! P·V as above. Softmax depends only on the logits' differences, so a weight's ratio to the
+//! reference's lies in `[1/S⁺, 1/S⁻]`, `S^± = a_ij + Σ_{j'≠j} a_ij'·e^{±(t_ij + t_ij')}`:
+//! a row dominated by one key barely moves whatever its logits do, and the bound is large
+//! only where the rows' leading logits are close. These bounds go through `A·V` and `W_O`
+//! element by element; the result's relative bound is their 2-norm over the reference's
+//! (the same norm [`crate::reference::compare`] takes), added to term 1 (whose error is
+//! relative to the result on the device's operands, so it is scaled by one plus theirs).
+//! Term 3's worst case grows with the logits and the row length (all of a row's roundings
+//! the same way): in the stand-in's whole f16 sweep some fused cases on `flash_blocked`
+//! reach 0.05 to 0.5 while their errors stay under 5e-3.
+
+use ndarray::{s, Array2, Array3, Array4, ArrayD, ArrayView2, Axis, Zip};
+
+use super::{Case, CaseData};
+use crate::attention::{Attention, Output};
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::reference::round_f16;
+use crate::variant::{FlashVariant, MatmulVariant};
+
+/// f32's unit roundoff.
+const U32: f64 = 1.0 / 16_777_216.0;
+/// f16's unit roundoff, 2^-11.
+const U16: f64 = 1.0 / 2048.0;
+/// Half of f16's least subnormal: the most a value rounded into f16's subnormal range moves.
+const UNDER16: f64 = 1.0 / 33_554_432.0;
+
+/// `γ_n = n·u / (1 − n·u)`: the relative error of `n` rounded operations in unit roundoff
+/// `u`.
+fn gamma(n: usize, u: f64) -> f64 {
+    let nu = n as f64 * u;
+    nu / (1.0 - nu)
+}
+
+/// Which f16 arithmetic the kernels may do beyond storing f16 operands.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct F16Arithmetic {
+    /// Products in f16 (term 3): `flash_blocked` with f16 arithmetic, wherever the context's
+    /// [`crate::BlockedOptions`] turn it on (GPUs, by default).
+    pub products: bool,
+    /// P rounded to f16 for P·V on cooperative matrices with f16 inputs (term 4,
+    /// `flash_coop`).
+    pub coop_weights: bool,
+    /// The context rounded to f16 for `W_O` on cooperative matrices with f16 inputs (term 4,
+    /// `coop_matmul`).
+    pub coop_context: bool,
+}
+
+impl F16Arithmetic {
+    /// What the kernels of `op` on `ctx` may do for `case` on `data`: from the call's plan
+    /// (its fused kernel, whether that computes the context, its matmul), and wherever the
+    /// plan does not settle it, everything the adapter and its options allow (a fused call
+    /// with block-sparse modifiers and no variant forced may take another fused kernel).
+    pub(super) fn of(ctx: &Context, case: &Case, op: &Attention, data: &CaseData) -> Self {
+        let dims = match &data.qkv {
+            Some([q, k, v]) => op.sdpa_dims(q.shape(), k.shape(), v.shape()),
+            None => op.dims(data.x.shape(), data.projections().as_ref()),
+        };
+        let plan = dims.and_then(|d| op.plan(ctx, &d)).ok();
+        let products = ctx.blocked_options().f16_products(ctx);
+        let coop = ctx.coop_shape().is_some_and(|s| s.f16_inputs);
+        let Some(plan) = plan else {
+            return F16Arithmetic {
+                products,
+                coop_weights: coop,
+                coop_context: coop,
+            };
+        };
+        let swappable = case.fused && case.flash.is_none() && !data.mods.presets().is_empty();
+        let fused_context = plan.fused || plan.weights_from_stats();
+        F16Arithmetic {
+            products: products
+                && fused_context
+                && (matches!(plan.flash, FlashVariant::Blocked { .. }) || swappable),
+            coop_weights: coop && fused_context && (plan.flash == FlashVariant::Coop || swappable),
+            coop_context: coop && plan.matmul == MatmulVariant::Coop,
+        }
+    }
+}
+
+/// One side of the attention, `(batch, heads, rows, width)`: the values the reference uses
+/// and a bound on how far the device's may be from each.
+struct Operand {
+    value: Array4<f64>,
+    err: Array4<f64>,
+}
+
+impl Operand {
+    /// Values the device holds exactly (rounded on the host as the reference rounds them).
+    fn exact(value: Array4<f64>) -> Self {
+        let err = Array4::zeros(value.raw_dim());
+        Operand { value, err }
+    }
+
+    /// `(batch, rows, groups·width)` values and bounds as `(batch, groups, rows, width)`.
+    fn heads((value, err): (Array3<f64>, Array3<f64>), groups: usize) -> Result<Self> {
+        let split = |a: Array3<f64>| -> Result<Array4<f64>> {
+            let (b, n, w) = a.dim();
+            Ok(a.into_shape_with_order((b, n, groups, w / groups))
+                .map_err(|e| Error::shape(e.to_string()))?
+                .permuted_axes([0, 2, 1, 3]))
+        };
+        Ok(Operand {
+            value: split(value)?,
+            err: split(err)?,
+        })
+    }
+
+    fn head(&self, b: usize, h: usize) -> (ArrayView2<'_, f64>, ArrayView2<'_, f64>) {
+        (
+            self.value.slice(s![b, h, .., ..]),
+            self.err.slice(s![b, h, .., ..]),
+        )
+    }
+}
+
+/// An f32 array as the f16 path uploads it, in f64.
+fn stored<D: ndarray::Dimension>(a: &ndarray::Array<f32, D>) -> ndarray::Array<f64, D> {
+    a.mapv(|v| f64::from(half::f16::from_f32(v).to_f32()))
+}
+
+/// `x·w + b` over X's rows `(batch, n, d)` as the reference computes it (rounded to f16)
+/// and each value's bound (term 2 of the module's model).
+fn projected(
+    x: &Array3<f64>,
+    w: &ndarray::Array2<f32>,
+    b: Option<&ndarray::Array1<f32>>,
+) -> (Array3<f64>, Array3<f64>) {
+    let (batch, n, d) = x.dim();
+    let w = stored(w);
+    let w_abs = w.mapv(f64::abs);
+    let cols = w.ncols();
+    let mut value = Array3::zeros((batch, n, cols));
+    let mut err = Array3::zeros((batch, n, cols));
+    // The f32 accumulation's radius, with room for the f64 evaluation's own rounding.
+    let g = gamma(d + 1, U32) + 1e-14;
+    for bi in 0..batch {
+        let xb = x.index_axis(Axis(0), bi);
+        let mut exact = xb.dot(&w);
+        let mut size = xb.mapv(f64::abs).dot(&w_abs);
+        if let Some(b) = b {
+            let b = stored(b);
+            exact += &b;
+            size += &b.mapv(f64::abs);
+        }
+        Zip::from(value.index_axis_mut(Axis(0), bi))
+            .and(err.index_axis_mut(Axis(0), bi))
+            .and(&exact)
+            .and(&size)
+            .for_each(|v, e, &q, &m| {
+                let r = g * m;
+                *v = round_f16(q);
+                *e = round_f16(q + r) - round_f16(q - r);
+            });
+    }
+    (value, err)
+}
+
+/// Q, K and V as the device holds them, per head, with their bounds.
+fn operands(op: &Attention, data: &CaseData) -> Result<[Operand; 3]> {
+    if let Some([q, k, v]) = &data.qkv {
+        return Ok([q, k, v].map(|a| Operand::exact(stored(a))));
+    }
+    let proj = data.projections();
+    let dims = op.dims(data.x.shape(), proj.as_ref())?;
+    let x = stored(&data.x)
+        .into_shape_with_order((dims.batch, dims.n, dims.d))
+        .map_err(|e| Error::shape(e.to_string()))?;
+    match (&data.weights, &data.biases) {
+        (None, _) => {
+            let x = Operand::heads((x.clone(), Array3::zeros(x.raw_dim())), dims.heads)?;
+            Ok([
+                Operand::exact(x.value.clone()),
+                Operand::exact(x.value.clone()),
+                x,
+            ])
+        }
+        (Some((w_q, w_k, w_v)), biases) => {
+            let b = |i: usize| {
+                biases.as_ref().map(|(q, k, v)| match i {
+                    0 => q,
+                    1 => k,
+                    _ => v,
+                })
+            };
+            Ok([
+                Operand::heads(projected(&x, w_q, b(0)), dims.heads)?,
+                Operand::heads(projected(&x, w_k, b(1)), dims.kv_heads)?,
+                Operand::heads(projected(&x, w_v, b(2)), dims.kv_heads)?,
+            ])
+        }
+    }
+}
+
+/// 2-norm.
+fn norm<D: ndarray::Dimension>(a: &ndarray::Array<f64, D>) -> f64 {
+    a.iter().map(|v| v * v).sum::<f64>().sqrt()
+}
+
+/// `‖err‖ / ‖reference‖` (`‖err‖` where the reference is 0, as `compare` measures it).
+fn relative<D: ndarray::Dimension, E: ndarray::Dimension>(
+    err: &ndarray::Array<f64, D>,
+    reference: &ndarray::Array<f64, E>,
+) -> f64 {
+    let r = norm(reference);
+    if r > 0.0 {
+        norm(err) / r
+    } else {
+        norm(err)
+    }
+}
+
+/// The relative bounds (context, weights) of terms 2–4 for the case whose arrays are `data`
+/// and whose f16 reference ([`crate::reference::run_f16`]) is `reference`, run by `op` with
+/// `arith`.
+///
+/// # Errors
+/// The shape errors of the reference.
+pub(super) fn bound(
+    op: &Attention,
+    data: &CaseData,
+    reference: &Output<ArrayD<f64>>,
+    arith: F16Arithmetic,
+) -> Result<(f64, f64)> {
+    let [q, k, v] = operands(op, data)?;
+    let (batch, heads, n_q, dk) = q.value.dim();
+    let (kv_heads, n_kv, dv) = (k.value.dim().1, k.value.dim().2, v.value.dim().3);
+    let scale = f64::from(match &data.qkv {
+        Some([q, k, v]) => op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale,
+        None => op.dims(data.x.shape(), data.projections().as_ref())?.scale,
+    })
+    .abs();
+    // The reference's weights, always returned, as (batch, heads, n_q, n_kv).
+    let weights = reference
+        .weights
+        .as_ref()
+        .ok_or_else(|| Error::invalid("reference", "no weights"))?
+        .view()
+        .into_shape_with_order((batch, heads, n_q, n_kv))
+        .map_err(|e| Error::shape(e.to_string()))?;
+    // P·V's relative error per term (terms 3 and 4) and whether P may underflow in f16.
+    let rho = match arith {
+        F16Arithmetic { products: true, .. } => gamma(2, U16),
+        F16Arithmetic {
+            coop_weights: true, ..
+        } => U16,
+        _ => 0.0,
+    };
+    let mut d_weights = Array4::<f64>::zeros((batch, heads, n_q, n_kv));
+    let mut d_context = Array3::<f64>::zeros((batch, n_q, heads * dv));
+    let mut context_abs = Array3::<f64>::zeros((batch, n_q, heads * dv));
+    for b in 0..batch {
+        for h in 0..heads {
+            let g = h / (heads / kv_heads);
+            let (qv, qe) = q.head(b, h);
+            let (kv, ke) = k.head(b, g);
+            let (vv, ve) = v.head(b, g);
+            let k_abs = &kv.mapv(f64::abs) + &ke;
+            let v_abs = &vv.mapv(f64::abs) + &ve;
+            let a = weights.slice(s![b, h, .., ..]);
+            // Term 2 (and 3) on the logits.
+            let mut t = (qe.dot(&k_abs.t()) + qv.mapv(f64::abs).dot(&ke.t())) * scale;
+            if arith.products {
+                let q_abs = &qv.mapv(f64::abs) + &qe;
+                t = t + q_abs.dot(&k_abs.t()) * (gamma(6, U16) * scale);
+                let under = k_abs
+                    .sum_axis(Axis(1))
+                    .mapv(|s| 2.0 * UNDER16 * (s + dk as f64));
+                t += &under;
+            }
+            let da = weight_bounds(&a, &t);
+            // Through A·V: the weights' bounds, the values', P·V's rounding.
+            let mut dc = da.dot(&v_abs) + a.dot(&ve);
+            let reach = &a + &da;
+            if rho > 0.0 {
+                dc = dc + reach.dot(&v_abs) * rho;
+                for (i, mut row) in dc.outer_iter_mut().enumerate() {
+                    let ai = a.row(i);
+                    let max = ai.fold(0.0f64, |m, &x| m.max(x));
+                    let visible = ai.mapv(|x| f64::from(u8::from(x > 0.0)));
+                    let under = visible.dot(&v_abs).mapv(|s| s + visible.sum());
+                    row.scaled_add(UNDER16 * max, &under);
+                }
+            }
+            let cols = s![b, .., h * dv..(h + 1) * dv];
+            d_context.slice_mut(cols).assign(&dc);
+            context_abs
+                .slice_mut(cols)
+                .assign(&(reach.dot(&v_abs) + &dc));
+            d_weights.slice_mut(s![b, h, .., ..]).assign(&da);
+        }
+    }
+    // Through W_O: the context's bounds, and (term 4) its rounding to f16.
+    let d_out = match data.output.as_ref() {
+        Some((w_o, _)) if data.weights.is_some() && data.qkv.is_none() => {
+            let w_abs = stored(w_o).mapv(f64::abs);
+            let flat = |a: Array3<f64>| -> Result<Array2<f64>> {
+                a.into_shape_with_order((batch * n_q, heads * dv))
+                    .map_err(|e| Error::shape(e.to_string()))
+            };
+            let mut out = flat(d_context)?.dot(&w_abs);
+            if arith.coop_context {
+                let c = flat(context_abs)?.mapv(|c| U16 * c + UNDER16);
+                out = out + c.dot(&w_abs);
+            }
+            out.into_dyn()
+        }
+        _ => d_context.into_dyn(),
+    };
+    Ok((
+        relative(&d_out, &reference.context),
+        relative(&d_weights, &weights.to_owned()),
+    ))
+}
+
+/// Each weight's bound where row `i`'s logits may each move by up to `t[i, j]` (see the
+/// module's model): `a_ij · max(1/S⁻ − 1, 1 − 1/S⁺)`.
+fn weight_bounds(a: &ArrayView2<'_, f64>, t: &Array2<f64>) -> Array2<f64> {
+    let mut out = Array2::zeros(a.raw_dim());
+    for ((a, t), mut out) in a.outer_iter().zip(t.outer_iter()).zip(out.outer_iter_mut()) {
+        let up: f64 = a.iter().zip(t).map(|(&a, &t)| a * t.exp()).sum();
+        let down: f64 = a.iter().zip(t).map(|(&a, &t)| a * (-t).exp()).sum();
+        for ((&a, &t), out) in a.iter().zip(t).zip(out.iter_mut()) {
+            if a > 0.0 && t.is_finite() {
+                // The other keys' sums (clamped: a ≈ 1 leaves rounding noise).
+                let s_up = a + t.exp() * (up - a * t.exp()).max(0.0);
+                let s_down = a + (-t).exp() * (down - a * (-t).exp()).max(0.0);
+                *out = a * (1.0 / s_down - 1.0).max(1.0 - 1.0 / s_up);
+            } else if a > 0.0 {
+                // Logits that may move without bound: the weight may be anything in [0, 1].
+                *out = 1.0;
+            }
+        }
+    }
+    out
+}
