@@ -149,13 +149,17 @@ pub enum Error {
     },
 }
 
+/// The `limit_name` of a dispatch refused for the loop iterations one invocation would run
+/// (lavapipe's cap: `src/kernels/loops.rs`).
+pub(crate) const LOOP_LIMIT: &str = "loop iterations per invocation";
+
 /// What to do about an exceeded limit, by the limit's name.
 fn limit_advice(limit_name: &str) -> &'static str {
     match limit_name {
         "max_texture_dimension_2d" => {
             "use the storage kernels (Kernels::Storage; CLI --kernels storage)"
         }
-        crate::kernels::loops::LIMIT_NAME => {
+        LOOP_LIMIT => {
             "llvmpipe (lavapipe) silently stops an invocation's loops past that, so the call is \
              refused rather than answered wrong: ask for the context alone (the fused pass \
              splits its keys to fit; CLI --context-only), pass fewer keys per call, \

@@ -16,6 +16,41 @@
 use super::coop::{self, CoopShape};
 use crate::error::{Error, Result};
 
+/// llvmpipe's cap: the loop iterations one invocation runs over all its loops, past which it
+/// silently stops them (see `src/kernels/loops.rs`).
+pub(crate) const LLVMPIPE_LOOP_CAP: u64 = 65_535;
+
+/// The cap a device takes: `WGPU_ATTENTION_LOOP_CAP` (`off`, or a number: a test hook that
+/// lowers or lifts it on any adapter), else [`LLVMPIPE_LOOP_CAP`] on llvmpipe and none
+/// elsewhere.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the variable for a value that is neither.
+pub(crate) fn loop_cap(info: &wgpu::AdapterInfo) -> Result<Option<u64>> {
+    match std::env::var("WGPU_ATTENTION_LOOP_CAP") {
+        Ok(v) => parse_cap(&v),
+        Err(_) => Ok(is_llvmpipe(info).then_some(LLVMPIPE_LOOP_CAP)),
+    }
+}
+
+/// Whether the adapter is Mesa's llvmpipe (lavapipe under Vulkan, llvmpipe under GL).
+pub(crate) fn is_llvmpipe(info: &wgpu::AdapterInfo) -> bool {
+    let has = |s: &str| s.to_ascii_lowercase().contains("llvmpipe");
+    has(&info.name) || has(&info.driver)
+}
+
+fn parse_cap(v: &str) -> Result<Option<u64>> {
+    match v.trim() {
+        "off" | "none" => Ok(None),
+        n => n.parse::<u64>().map(Some).map_err(|_| {
+            Error::invalid(
+                "WGPU_ATTENTION_LOOP_CAP",
+                format!("{n:?} is not a cap: give a number of iterations, or off"),
+            )
+        }),
+    }
+}
+
 /// Whether a CPU adapter stands in for a GPU (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StandIn {
@@ -129,7 +164,7 @@ pub(crate) struct Hardware {
     pub unified_memory: bool,
     /// The loop iterations one invocation may run before the driver silently stops its
     /// loops (`Some(65_535)` on llvmpipe, under the stand-in too: see
-    /// [`crate::kernels::loops`]).
+    /// `src/kernels/loops.rs`, [`loop_cap`]).
     pub loop_cap: Option<u64>,
 }
 
@@ -178,10 +213,9 @@ impl Hardware {
             stand_in: StandIn::Off,
             unified_memory: unified(info.device_type)
                 && features.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
-            loop_cap: crate::kernels::loops::cap_of(&info).unwrap_or_else(|err| {
+            loop_cap: loop_cap(&info).unwrap_or_else(|err| {
                 log::warn!("{err}; taking the adapter's own cap");
-                crate::kernels::loops::is_llvmpipe(&info)
-                    .then_some(crate::kernels::loops::LLVMPIPE_LOOP_CAP)
+                is_llvmpipe(&info).then_some(LLVMPIPE_LOOP_CAP)
             }),
         };
         match stand_in.subgroup_width() {
@@ -247,5 +281,17 @@ impl Hardware {
     /// Whether branches take the CPU adapter's way.
     pub(crate) fn is_cpu(&self) -> bool {
         self.device_type == wgpu::DeviceType::Cpu
+    }
+}
+
+#[cfg(test)]
+mod loop_cap_tests {
+    use super::*;
+
+    #[test]
+    fn the_loop_cap_variable_takes_off_or_a_number() {
+        assert_eq!(parse_cap("off").unwrap(), None);
+        assert_eq!(parse_cap(" 100 ").unwrap(), Some(100));
+        assert!(parse_cap("lots").is_err());
     }
 }

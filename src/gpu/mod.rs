@@ -20,6 +20,7 @@ pub(crate) mod readback;
 pub(crate) mod subgroups;
 pub(crate) mod texture;
 pub(crate) mod timing;
+pub(crate) mod unroll;
 pub(crate) mod upload;
 
 pub use device::Device;

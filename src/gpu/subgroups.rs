@@ -275,11 +275,11 @@ pub(crate) fn emulate(source: &str, width: u32) -> String {
     );
     // The reductions' loops over the lanes are unrolled here, whether or not the kernel's
     // own `// unroll` loops are: lavapipe caps an invocation's loop iterations
-    // (`crate::kernels::loops`), and these would add a lane count per call.
+    // (`src/kernels/loops.rs`), and these would add a lane count per call.
     let defs: Vec<String> = EMULATED
         .iter()
         .filter(|(name, _)| calls(&text, name))
-        .map(|(_, def)| crate::kernels::wgsl::unroll(def, &[("EMU_SG", width)]))
+        .map(|(_, def)| super::unroll::unroll(def, &[("EMU_SG", width)]))
         .collect();
     format!(
         "{text}\n// Subgroups of {width} lanes emulated through workgroup memory \

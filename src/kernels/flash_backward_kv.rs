@@ -171,7 +171,7 @@ impl Flash {
 mod tests {
     use super::*;
     use crate::gpu::hardware::Emulation;
-    use crate::kernels::loops::LLVMPIPE_LOOP_CAP;
+    use crate::gpu::hardware::LLVMPIPE_LOOP_CAP;
 
     #[test]
     fn loops_count_every_row_tile_of_every_query_head() {

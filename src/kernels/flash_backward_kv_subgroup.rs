@@ -186,7 +186,7 @@ impl Flash {
 mod tests {
     use super::*;
     use crate::gpu::hardware::Emulation;
-    use crate::kernels::loops::LLVMPIPE_LOOP_CAP;
+    use crate::gpu::hardware::LLVMPIPE_LOOP_CAP;
 
     #[test]
     fn loops_step_a_subgroup_of_rows_at_a_time() {

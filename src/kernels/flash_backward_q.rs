@@ -169,7 +169,7 @@ impl Flash {
 mod tests {
     use super::*;
     use crate::gpu::hardware::Emulation;
-    use crate::kernels::loops::LLVMPIPE_LOOP_CAP;
+    use crate::gpu::hardware::LLVMPIPE_LOOP_CAP;
 
     /// Lavapipe's shape ([`BackwardTiles::CPU`]: 64 rows of one thread, 32-key tiles) at
     /// d = 16 (or 64), vector loads.

@@ -6,7 +6,7 @@
 //! once more and exits: the writes that depend on later iterations never happen and nothing
 //! reports it. `flash_tiled` over 60,000 keys gave a relative error of 1.02 that way, and the
 //! emulated cooperative matrices failed under the stand-in for the same reason
-//! (../shared/notes/checks-2026-11-28.md).
+//! (docs/testing.md, "lavapipe's loop cap").
 //!
 //! So every kernel states an upper bound on the loop iterations of its busiest invocation
 //! ([`crate::kernels::Kernel::loops`]) from its constants and uniform, and [`check`] refuses
@@ -26,11 +26,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::hardware::Emulation;
 
-/// llvmpipe's cap: the loop iterations one invocation runs over all its loops.
-pub const LLVMPIPE_LOOP_CAP: u64 = 65_535;
-
-/// The `limit_name` of the error a dispatch past the cap gets.
-pub const LIMIT_NAME: &str = "loop iterations per invocation";
+pub(crate) use crate::error::LOOP_LIMIT as LIMIT_NAME;
 
 /// How a kernel's build runs its loops: what its count needs beyond its constants and uniform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -90,40 +86,10 @@ pub(crate) fn check(label: &str, iterations: u64, cap: Option<u64>) -> Result<()
     }
 }
 
-/// The cap a device takes: `WGPU_ATTENTION_LOOP_CAP` (`off`, or a number: a test hook that
-/// lowers or lifts it on any adapter), else [`LLVMPIPE_LOOP_CAP`] on llvmpipe and none
-/// elsewhere.
-///
-/// # Errors
-/// [`Error::InvalidArgument`] naming the variable for a value that is neither.
-pub(crate) fn cap_of(info: &wgpu::AdapterInfo) -> Result<Option<u64>> {
-    match std::env::var("WGPU_ATTENTION_LOOP_CAP") {
-        Ok(v) => parse_cap(&v),
-        Err(_) => Ok(is_llvmpipe(info).then_some(LLVMPIPE_LOOP_CAP)),
-    }
-}
-
-/// Whether the adapter is Mesa's llvmpipe (lavapipe under Vulkan, llvmpipe under GL).
-pub(crate) fn is_llvmpipe(info: &wgpu::AdapterInfo) -> bool {
-    let has = |s: &str| s.to_ascii_lowercase().contains("llvmpipe");
-    has(&info.name) || has(&info.driver)
-}
-
-fn parse_cap(v: &str) -> Result<Option<u64>> {
-    match v.trim() {
-        "off" | "none" => Ok(None),
-        n => n.parse::<u64>().map(Some).map_err(|_| {
-            Error::invalid(
-                "WGPU_ATTENTION_LOOP_CAP",
-                format!("{n:?} is not a cap: give a number of iterations, or off"),
-            )
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::hardware::LLVMPIPE_LOOP_CAP;
 
     #[test]
     fn a_count_past_the_cap_is_an_error_that_names_it() {
@@ -134,9 +100,6 @@ mod tests {
         for want in ["flash_tiled", "70000 loop iterations", "65535", "llvmpipe"] {
             assert!(text.contains(want), "{text}");
         }
-        assert_eq!(parse_cap("off").unwrap(), None);
-        assert_eq!(parse_cap(" 100 ").unwrap(), Some(100));
-        assert!(parse_cap("lots").is_err());
     }
 
     #[test]

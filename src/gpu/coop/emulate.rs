@@ -104,7 +104,7 @@ pub(crate) fn rewrite(source: &str, size: u32, wide: bool) -> String {
         }
     }
     // Straight-line code, no loops: lavapipe stops an invocation's loops after 65,535
-    // iterations in all (`crate::kernels::loops`), and looped multiplies (S³ + S² + S
+    // iterations in all (`src/kernels/loops.rs`), and looped multiplies (S³ + S² + S
     // iterations each) crossed that within a few key tiles of `flash_coop`, silently.
     let s = size as usize;
     let ss = s * s;

@@ -1,0 +1,187 @@
+//! Recording a dispatch: the kernel's pipeline (made once per key), its bind groups and its
+//! grid, after the checks no wgpu validation makes in a word one can act on (the bindings,
+//! the modifiers' storage buffers, lavapipe's loop cap); or, while [`collect_keys`] runs, only
+//! the pipeline keys a call would need.
+
+use super::*;
+
+/// Records one dispatch of kernel `K` into `encoder`: built with `consts` and element types
+/// `f16`, `params` at binding 0, `resources` at bindings 1, 2, … (as [`Kernel::BINDINGS`]
+/// lists them), over `workgroups` workgroups.
+///
+/// # Errors
+/// [`Error::LimitExceeded`] when the grid cannot hold `workgroups`; an internal
+/// [`Error::InvalidArgument`] when `resources` do not match the kernel's bindings.
+pub(crate) fn record<K: Kernel>(
+    ctx: &Device,
+    encoder: &mut wgpu::CommandEncoder,
+    consts: &K::Consts,
+    f16: u8,
+    params: &K::Params,
+    resources: &[Binding<'_>],
+    workgroups: u64,
+) -> Result<()> {
+    record_with::<K>(
+        ctx,
+        encoder,
+        (consts, f16),
+        params,
+        resources,
+        None,
+        workgroups,
+    )
+}
+
+/// [`record`] of a kernel that calls the modifiers' functions: built with `mods`' code (or
+/// the identity stubs without), its buffers (and block map) bound at group 1.
+///
+/// # Errors
+/// As [`record`].
+pub(crate) fn record_with<K: Kernel>(
+    ctx: &Device,
+    encoder: &mut wgpu::CommandEncoder,
+    (consts, f16): (&K::Consts, u8),
+    params: &K::Params,
+    resources: &[Binding<'_>],
+    mods: Option<mods::ModsBind<'_>>,
+    workgroups: u64,
+) -> Result<()> {
+    let mut key = PipelineKey::of::<K>(consts, f16);
+    key.mods = mods.map_or(0, |m| m.upload.hash);
+    key.emulate = ctx.hardware().emulate;
+    // Per dispatch: the label alone, not the whole description.
+    let label = K::ID.file();
+    if resources.len() != K::BINDINGS.len() {
+        return Err(Error::invalid(
+            label,
+            format!(
+                "internal: {} resources bound, the kernel declares {}",
+                resources.len(),
+                K::BINDINGS.len()
+            ),
+        ));
+    }
+    if let Some(m) = &mods {
+        // A caller's buffers take a storage binding each: say so before wgpu's validation
+        // does, in a word no one can act on.
+        let storage = K::BINDINGS
+            .iter()
+            .filter(|s| matches!(s, Slot::Read(_) | Slot::ReadWrite(_)))
+            .count()
+            + m.upload.buffers.len()
+            + usize::from(m.map.is_some());
+        let limit = ctx.limits().max_storage_buffers_per_shader_stage as usize;
+        if storage > limit {
+            return Err(Error::LimitExceeded {
+                what: format!(
+                    "{label} with the modifiers' {} buffer(s) (the presets share one)",
+                    m.upload.buffers.len()
+                ),
+                needed: format!("{storage} storage buffers"),
+                limit: format!("{limit} per shader stage"),
+                limit_name: "max_storage_buffers_per_shader_stage",
+            });
+        }
+    }
+    loops::check(
+        label,
+        K::loops(consts, params, loops::Build::of(key.emulate)),
+        ctx.hardware().loop_cap,
+    )?;
+    if K::SUBGROUPS {
+        ctx.require_subgroups()?;
+    }
+    if K::COOP {
+        ctx.require_coop()?;
+    }
+    let (x, y) = grid(
+        workgroups,
+        ctx.limits().max_compute_workgroups_per_dimension,
+    )?;
+    if x == 0 {
+        return Ok(());
+    }
+    if COLLECTING.with(|c| c.borrow_mut().as_mut().map(|keys| keys.push(key)).is_some()) {
+        return Ok(());
+    }
+    log::debug!("{label} {consts:?}: {workgroups} workgroups as {x}x{y}");
+    let pipeline = ctx.pipelines.get(ctx, &key)?;
+    let uniform = crate::gpu::buffer::uniform(ctx, label, params)?;
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: uniform.as_entire_binding(),
+    }];
+    entries.extend(
+        resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: match *r {
+                    Binding::Buffer(b) => b.as_entire_binding(),
+                    Binding::Texture(t) => wgpu::BindingResource::TextureView(t),
+                },
+            }),
+    );
+    let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let mods_group = mods.map(|m| {
+        let entries = m.entries();
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("modifier buffers"),
+            layout: &pipeline.get_bind_group_layout(1),
+            entries: &entries,
+        })
+    });
+    timing::pass(ctx, encoder, label, |pass| {
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        if let Some(g) = &mods_group {
+            pass.set_bind_group(1, g, &[]);
+        }
+        pass.dispatch_workgroups(x, y, 1);
+    })
+}
+
+std::thread_local! {
+    /// While [`collect_keys`] runs on this thread: the pipeline keys [`record`] was asked
+    /// for, instead of recording.
+    static COLLECTING: std::cell::RefCell<Option<Vec<PipelineKey>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with [`record`] only noting which pipelines it would use (nothing is recorded
+/// and no pipeline is made), and returns their keys: what a call will need, so that
+/// [`crate::gpu::pipeline::PipelineCache::prepare`] can compile them side by side first.
+///
+/// # Errors
+/// `f`'s error.
+pub(crate) fn collect_keys(f: impl FnOnce() -> Result<()>) -> Result<Vec<PipelineKey>> {
+    /// Puts the outer state back however `f` ends (a panic caught upstream included), so
+    /// the thread never stays in collecting mode, where `record` records nothing.
+    struct Restore(Option<Option<Vec<PipelineKey>>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                COLLECTING.with(|c| *c.borrow_mut() = outer);
+            }
+        }
+    }
+    let mut restore = Restore(Some(
+        COLLECTING.with(|c| c.borrow_mut().replace(Vec::new())),
+    ));
+    let result = f();
+    let keys = COLLECTING.with(|c| c.borrow_mut().take());
+    if let Some(outer) = restore.0.take() {
+        COLLECTING.with(|c| *c.borrow_mut() = outer);
+    }
+    result.map(|()| keys.unwrap_or_default())
+}
+
+/// Whether [`collect_keys`] is running on this thread (nothing is recorded).
+pub(crate) fn collecting() -> bool {
+    COLLECTING.with(|c| c.borrow().is_some())
+}
