@@ -188,7 +188,9 @@ pub(crate) fn record(
                 return result;
             }
             log::warn!(
-                "{variant} over {} keys would pass this adapter's loop cap ({} iterations                  per invocation, past which llvmpipe silently stops loops): {fallback} with                  its keys split runs instead",
+                "{variant} over {} keys would pass this adapter's loop cap ({} iterations per \
+                 invocation, past which llvmpipe silently stops loops): {fallback} with its keys \
+                 split runs instead",
                 op.n_kv,
                 dev.hardware().loop_cap.unwrap_or_default()
             );
