@@ -81,7 +81,7 @@ fn clean_reduction_reports_nothing_and_sums_right_at_every_subgroup_width() {
             d.subgroup_size = sg;
             d.seed = seed;
             d.bind(0, 0, Resource::Buffer(f32_bytes(&x)));
-            d.bind(0, 1, Resource::Buffer(f32_bytes(&vec![f32::NAN; 3])));
+            d.bind(0, 1, Resource::Buffer(f32_bytes(&[f32::NAN; 3])));
             let report = shader.run(&mut d).unwrap();
             assert!(report.findings.is_empty(), "{report}");
             let out = f32s(d.buffer(0, 1).unwrap());
