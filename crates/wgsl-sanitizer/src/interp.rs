@@ -651,6 +651,7 @@ fn subgroup_main(p: &Prog, lock: &(Mutex<Shared>, Condvar), s: u32, wg_id: [u32;
         lane_ops: 0,
         iters: vec![0; w],
         wg_id,
+        in_init: false,
     };
     let r = ex.run_entry();
     let mut g = ex.g.take().expect("the baton");
@@ -708,6 +709,8 @@ struct Exec<'p, 's> {
     lane_ops: u64,
     iters: Vec<u64>,
     wg_id: [u32; 3],
+    /// Evaluating a local variable's initialiser (constant), emitted or not.
+    in_init: bool,
 }
 
 fn data<'a>(fr: &'a Frame, h: Handle<Expression>) -> &'a [u32] {
@@ -879,7 +882,12 @@ impl<'p> Exec<'p, '_> {
         self.locals.push(locals);
         for (i, (_, lv)) in f.local_variables.iter().enumerate() {
             if let Some(init) = lv.init {
-                self.ensure(&mut fr, init)?;
+                // A constant (or override) expression, evaluated at the function's entry
+                // even where it is also emitted later.
+                self.in_init = true;
+                let r = self.ensure(&mut fr, init);
+                self.in_init = false;
+                r?;
                 let v = data(&fr, init).to_vec();
                 let n = self.locals[depth as usize][i].0 as usize;
                 for l in lanes(mask) {
@@ -896,9 +904,11 @@ impl<'p> Exec<'p, '_> {
     /// Evaluates a non-emitted (constant-like) expression for every lane, once.
     fn ensure(&mut self, fr: &mut Frame, h: Handle<Expression>) -> Res<()> {
         if matches!(fr.vals[h.index()], Val::Empty) {
-            if fr.prep.emitted[h.index()] {
+            if fr.prep.emitted[h.index()] && !self.in_init {
                 return Err(internal(&format!(
-                    "expression {h:?} used before it is emitted"
+                    "expression {h:?} ({:?}) of `{}` used before it is emitted",
+                    fr.f.expressions[h],
+                    fr.f.name.as_deref().unwrap_or("?")
                 )));
             }
             let full = self.full();
