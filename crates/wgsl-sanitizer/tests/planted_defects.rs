@@ -396,3 +396,55 @@ fn main() {
     let err = shader.check_supported("main").unwrap_err().to_string();
     assert!(err.contains("Determinant"), "{err}");
 }
+
+#[test]
+fn cooperative_matrices_multiply_16x16_f16_into_f32() {
+    let src = "
+enable f16;
+enable wgpu_cooperative_matrix;
+@group(0) @binding(0) var<storage, read> a: array<f16>;
+@group(0) @binding(1) var<storage, read> b: array<f16>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+var<workgroup> at: array<f16, 256>;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    for (var i = lid; i < 256u; i += 32u) {
+        at[i] = a[i];
+    }
+    workgroupBarrier();
+    let ma = coopLoadT<coop_mat16x16<f16, A>>(&at[0], 16u);
+    let mb = coopLoadT<coop_mat16x16<f16, B>>(&b[0], 16u);
+    var acc = coop_mat16x16<f32, C>();
+    acc = coopMultiplyAdd(ma, mb, acc);
+    coopStoreT(acc, &c[0], 16u);
+}
+";
+    let h = |x: f32| half::f16::from_f32(x);
+    let a: Vec<half::f16> = (0..256)
+        .map(|i| h(((i * 7) % 13) as f32 / 8.0 - 0.75))
+        .collect();
+    let b: Vec<half::f16> = (0..256)
+        .map(|i| h(((i * 5) % 11) as f32 / 4.0 - 1.25))
+        .collect();
+    let bytes = |v: &[half::f16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (report, d) = run(
+        src,
+        [1, 1, 1],
+        32,
+        &[
+            (0, bytes(&a)),
+            (1, bytes(&b)),
+            (2, f32_bytes(&[f32::NAN; 256])),
+        ],
+    );
+    assert!(report.findings.is_empty(), "{report}");
+    let c = f32s(d.buffer(0, 2).unwrap());
+    for i in 0..16 {
+        for j in 0..16 {
+            let want: f32 = (0..16)
+                .map(|k| a[i * 16 + k].to_f32() * b[k * 16 + j].to_f32())
+                .sum();
+            assert_eq!(c[i * 16 + j], want, "c[{i}][{j}]");
+        }
+    }
+}
