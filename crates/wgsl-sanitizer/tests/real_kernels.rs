@@ -264,3 +264,44 @@ fn flash_inputs(n: usize, seed: u64) -> Dispatch {
     dsp.bind(0, 6, Resource::Buffer(f32_bytes(&[0.0; 4])));
     dsp
 }
+
+const COOP: &str = include_str!("kernels/coop-matmul-16-f16-ab.wgsl");
+
+#[test]
+fn coop_matmul_16x16_f16_is_clean_and_right_at_32_and_64_lanes() {
+    let (m, n, k) = (70usize, 67usize, 37usize);
+    let h = |v: Vec<f32>| -> Vec<half::f16> { v.into_iter().map(half::f16::from_f32).collect() };
+    let (a, b) = (h(values(m * k, 1)), h(values(k * n, 2)));
+    let bytes = |v: &[half::f16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (tiles_m, tiles_n) = (m.div_ceil(64) as u32, n.div_ceil(64) as u32);
+    let (m32, n32, k32) = (m as u32, n as u32, k as u32);
+    let params = [
+        m32, n32, k32, 1, 1, tiles_m, tiles_n, 0, 0, 0, 0, k32, 1, 0, 0, 0, n32, 1, 0, 0, 0, n32,
+        1, 0,
+    ];
+    let shader = Shader::parse(COOP).unwrap();
+    for sg in [32, 64] {
+        let mut d = Dispatch::new("main", [tiles_m * tiles_n, 1, 1]);
+        d.subgroup_size = sg;
+        d.bind(0, 0, Resource::Buffer(u32_bytes(&params)));
+        d.bind(0, 1, Resource::Buffer(bytes(&a)));
+        d.bind(0, 2, Resource::Buffer(bytes(&b)));
+        d.bind(0, 3, Resource::Buffer(vec![0; 8]));
+        d.bind(0, 4, Resource::Buffer(f32_bytes(&vec![f32::NAN; m * n])));
+        let report = shader.run(&mut d).unwrap();
+        assert!(report.findings.is_empty(), "{sg} lanes:\n{report}");
+        let c = f32s(d.buffer(0, 4).unwrap());
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k)
+                    .map(|kk| a[i * k + kk].to_f64() * b[kk * n + j].to_f64())
+                    .sum();
+                let got = c[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "{sg} lanes: c[{i}][{j}] = {got}, want {want}"
+                );
+            }
+        }
+    }
+}
