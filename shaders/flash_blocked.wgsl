@@ -32,8 +32,9 @@
 //   one subgroup, and the row maxima and sums are reduced by subgroupShuffleXor butterflies
 //   (identical in every lane) instead of going through `red`.
 // - HMUL ≠ 0 (f16 operands, SHADER_F16): H_T = f16, so the chunks and P sit in workgroup
-//   memory as vec4<f16> and Q·Kᵀ (Q pre-scaled by scale·log2 e while staged, 4-term f16
-//   dots) and P·V (f16 products) multiply in f16; scores, m, l and O accumulate in f32.
+//   memory as vec4<f16> (Q pre-scaled by scale·log2 e while staged) and P·V multiplies in
+//   f16; Q·Kᵀ widens its f16 operands to f32 (exact products, f32 sums), and scores, m, l
+//   and O accumulate in f32.
 // - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K, V and the
 //   output are multiples of 4): Q, K, V and the output are bound as arrays of vec4s, and
 //   each 4 values of a row come in one vector load (128 bits in f32, 64 in f16) instead of
@@ -337,18 +338,21 @@ fn main(
             } else {
                 stage_v(HALF - cur, li, j0, v_base);
             }
+            // HMUL ≠ 0: the f16 operands widened to f32, whose products of two f16 values are
+            // exact and whose sums keep f32's precision (f16 sums of logits in the thousands
+            // would be off by whole units).
             for (var c = 0u; c < DC4; c++) { // unroll
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 for (var r = 0u; r < 4u; r++) { // unroll
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
-                    qv[r] = q_sh[(4u * ty + r) * QRS + d0 + c]; // if QRES
+                    qv[r] = vec4<f32>(q_sh[(4u * ty + r) * QRS + d0 + c]); // if QRES
                 }
                 for (var e = 0u; e < 4u; e++) { // unroll
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     for (var r = 0u; r < 4u; r++) { // unroll
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }

@@ -142,10 +142,33 @@ fn assert_none(problems: &[String]) {
 
 #[test]
 fn every_f16_verify_case_has_a_bound_under_5e_2_that_a_wrong_answer_cannot_meet() {
+    every_case_bounded(common::ctx());
+}
+
+/// The same under the GPU stand-in, whose plans take a GPU's f16 arithmetic
+/// (`flash_blocked` with f16 operands in workgroup memory and f16 products for P·V, and the
+/// cooperative matrices' f16 inputs where they run), so its bounds have the terms lavapipe's
+/// plans do not.
+#[test]
+fn every_f16_verify_case_under_the_stand_in_has_a_bound_under_5e_2_as_well() {
+    static CTX: std::sync::OnceLock<wgpu_attention::Context> = std::sync::OnceLock::new();
+    common::isolate();
+    let ctx = CTX.get_or_init(|| {
+        wgpu_attention::Context::new()
+            .expect("GPU tests need an adapter")
+            .with_stand_in(wgpu_attention::StandIn::Gpu)
+            .with_tuning(false)
+            .with_tune_cache(wgpu_attention::TuneCache::at(None))
+    });
+    every_case_bounded(ctx);
+}
+
+/// Every f16 case `verify` runs on `ctx`: its bound under 0.05, the right answer passes it
+/// and the wrong ones fail it.
+fn every_case_bounded(ctx: &wgpu_attention::Context) {
     // The reference's answer in f32 stands in for the GPU's (which meets the bound as it
     // does: `verify --dtype f16`, and the test below on the largest logits), so that every
     // case is checked in seconds, without compiling its kernels.
-    let ctx = common::ctx();
     let start = Instant::now();
     let cases = f16_cases(ctx);
     let (mut all, mut worst, mut singles) = (Vec::new(), (0.0f64, String::new()), 0);
@@ -160,7 +183,8 @@ fn every_f16_verify_case_has_a_bound_under_5e_2_that_a_wrong_answer_cannot_meet(
     // A context of one value (the sweep's `1x3 dk=2 dv=1` with a batch of one) has no other
     // order of its rows; the other sabotages fail it.
     eprintln!(
-        "{} f16 cases in {:.1} s; largest bound {:.2e} ({}); {singles} contexts of one value",
+        "stand-in {:?}: {} f16 cases in {:.1} s; largest bound {:.2e} ({}); {singles} contexts of one value",
+        ctx.standing_in(),
         cases.len(),
         start.elapsed().as_secs_f64(),
         worst.0,

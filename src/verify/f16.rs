@@ -12,12 +12,15 @@
 //!    interval holds no f16 rounding boundary, one f16 spacing for the few that do. (The
 //!    device's f32 → f16 conversion is assumed to round to nearest, as lavapipe's does and
 //!    as `half` does on the host; one that truncated would fail here, visibly.)
-//! 3. **f16 products** (`flash_blocked` with `BlockedOptions::f16_arithmetic`, GPUs'
-//!    default): Q is pre-scaled and rounded to f16, and 4-term dots multiply and add in f16:
-//!    each logit is off by at most `γ¹⁶₆·|scale|·Σ|q|·|k|` (`u = 2⁻¹¹`) and, for values in
-//!    f16's subnormal range, `2⁻²⁴·(Σ|k| + d_k)`. P rounded to f16 and P·V multiplied in f16:
-//!    each term of the context is off by `γ¹⁶₂` relative, and by `2⁻²⁵·(|v| + 1)` where it
-//!    underflows (scaled by `1/l`, `l ≥ 1` the row's sum).
+//! 3. **f16 arithmetic** (`flash_blocked` with `BlockedOptions::f16_arithmetic`, GPUs'
+//!    default): Q is pre-scaled by `scale·log₂e` and rounded to f16 as it is staged; the
+//!    kernel widens the f16 operands of Q·Kᵀ to f32, so each product is exact and the sums
+//!    are term 1's. The pre-scaling's deviation is computed from the values, not bounded
+//!    ([`prescaled_logits`]). (Until 2026-11-29 the kernel added 4-term dots in f16: at
+//!    logits in the thousands those sums are off by whole units, and no bound under 0.05
+//!    could be given: 0.45 for `50x16 |X|x30`.) P rounded to f16 and P·V multiplied in f16:
+//!    each term of the context is off by `γ¹⁶₂` relative (`u = 2⁻¹¹`), and by
+//!    `2⁻²⁵·(|v| + 1)` where it underflows (scaled by `1/l`, `l ≥ 1` the row's sum).
 //! 4. **Cooperative matrices with f16 inputs**: P is rounded to f16 (`u = 2⁻¹¹` relative per
 //!    term, the same underflow), and the f32 context to f16 before `W_O` (`2⁻¹¹·|c|` and
 //!    `2⁻²⁵` per element, times `|W_O|`).
@@ -31,9 +34,8 @@
 //! element by element; the result's relative bound is their 2-norm over the reference's
 //! (the same norm [`crate::reference::compare`] takes), added to term 1 (whose error is
 //! relative to the result on the device's operands, so it is scaled by one plus theirs).
-//! Term 3's worst case grows with the logits and the row length (all of a row's roundings
-//! the same way): in the stand-in's whole f16 sweep some fused cases on `flash_blocked`
-//! reach 0.05 to 0.5 while their errors stay under 5e-3.
+//! The largest bound of the f16 sweeps (lavapipe, and the stand-in's whole sweep): see
+//! docs/testing.md.
 
 use ndarray::{s, Array2, Array3, Array4, ArrayD, ArrayView2, Axis, Zip};
 
@@ -249,13 +251,13 @@ pub(super) fn bound(
     arith: F16Arithmetic,
 ) -> Result<(f64, f64)> {
     let [q, k, v] = operands(op, data)?;
-    let (batch, heads, n_q, dk) = q.value.dim();
+    let (batch, heads, n_q, _) = q.value.dim();
     let (kv_heads, n_kv, dv) = (k.value.dim().1, k.value.dim().2, v.value.dim().3);
-    let scale = f64::from(match &data.qkv {
+    let signed_scale = f64::from(match &data.qkv {
         Some([q, k, v]) => op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale,
         None => op.dims(data.x.shape(), data.projections().as_ref())?.scale,
-    })
-    .abs();
+    });
+    let scale = signed_scale.abs();
     // The reference's weights, always returned, as (batch, heads, n_q, n_kv).
     let weights = reference
         .weights
@@ -284,19 +286,15 @@ pub(super) fn bound(
             let k_abs = &kv.mapv(f64::abs) + &ke;
             let v_abs = &vv.mapv(f64::abs) + &ve;
             let a = weights.slice(s![b, h, .., ..]);
-            // Term 2 (and 3) on the logits.
-            let mut t = (qe.dot(&k_abs.t()) + qv.mapv(f64::abs).dot(&ke.t())) * scale;
-            if arith.products {
-                let q_abs = &qv.mapv(f64::abs) + &qe;
-                t = t + q_abs.dot(&k_abs.t()) * (gamma(6, U16) * scale);
-                let under = k_abs
-                    .sum_axis(Axis(1))
-                    .mapv(|s| 2.0 * UNDER16 * (s + dk as f64));
-                t += &under;
-            }
+            // Term 2 (and 3) on the logits, and the weights' and context's bounds.
+            let t = if arith.products {
+                prescaled_logits((qv, qe), (kv, ke), signed_scale)
+            } else {
+                (qe.dot(&k_abs.t()) + qv.mapv(f64::abs).dot(&ke.t())) * scale
+            };
             let da = weight_bounds(&a, &t);
-            // Through A·V: the weights' bounds, the values', P·V's rounding.
             let mut dc = da.dot(&v_abs) + a.dot(&ve);
+            // Through A·V: P·V's rounding.
             let reach = &a + &da;
             if rho > 0.0 {
                 dc = dc + reach.dot(&v_abs) * rho;
@@ -337,6 +335,49 @@ pub(super) fn bound(
         relative(&d_out, &reference.context),
         relative(&d_weights, &weights.to_owned()),
     ))
+}
+
+/// Term 3's logits for one head: how far each may be from the reference's when Q is
+/// pre-scaled and rounded as the kernel stages it, `q̂ = f16(q · scale·log₂e)` (the f32
+/// product rounded to f16), and multiplied by K exactly (the kernel widens both to f32: a
+/// product of two f16 values is exact in f32, and the f32 sums are term 1's). The deviation
+/// `D_i = q̂_i/log₂e − scale·q_i` is computed here from the values, as an interval where the
+/// device's `q` is itself uncertain (term 2) or where f32's roundings of `scale·log₂e` and of
+/// the product could move `q̂` across an f16 rounding boundary (both rounding functions are
+/// monotone): logit `(i, j)` is off by at most `|Σ_e c_ie·k_je| + Σ_e r_ie·|k_je| +
+/// Σ_e |q̂_ie|·δk_je` (centre `c`, radius `r`, `δk` term 2's bound on `k`), in natural-log
+/// units (the kernel's log₂ scores divided by `log₂e`).
+fn prescaled_logits(
+    (qv, qe): (ArrayView2<'_, f64>, ArrayView2<'_, f64>),
+    (kv, ke): (ArrayView2<'_, f64>, ArrayView2<'_, f64>),
+    scale: f64,
+) -> Array2<f64> {
+    let log2e = std::f64::consts::LOG2_E;
+    let scaled = scale * log2e;
+    // f32's roundings of `scale·log₂e` and of the product, with room to spare.
+    let slop = 4.0 * U32;
+    let mut centre = Array2::<f64>::zeros(qv.raw_dim());
+    let mut radius = Array2::<f64>::zeros(qv.raw_dim());
+    let mut q_hat = Array2::<f64>::zeros(qv.raw_dim());
+    Zip::from(&mut centre)
+        .and(&mut radius)
+        .and(&mut q_hat)
+        .and(&qv)
+        .and(&qe)
+        .for_each(|c, r, h, &q, &e| {
+            let (x, y) = ((q - e) * scaled, (q + e) * scaled);
+            let (lo, hi) = (x.min(y), x.max(y));
+            let (lo, hi) = (
+                round_f16(lo - lo.abs() * slop),
+                round_f16(hi + hi.abs() * slop),
+            );
+            let (d_lo, d_hi) = (lo / log2e - scale * q, hi / log2e - scale * q);
+            *c = 0.5 * (d_lo + d_hi);
+            // f64's own roundings in the difference.
+            *r = 0.5 * (d_hi - d_lo) + 1e-15 * (scale * q).abs();
+            *h = lo.abs().max(hi.abs()) / log2e;
+        });
+    centre.dot(&kv.t()).mapv(f64::abs) + radius.dot(&kv.mapv(f64::abs).t()) + q_hat.dot(&ke.t())
 }
 
 /// Each weight's bound where row `i`'s logits may each move by up to `t[i, j]` (see the
