@@ -106,7 +106,10 @@ impl Disk {
         if let Some(dir) = self.path.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let tmp = self.path.with_extension("bin.tmp");
+        // This process's own temporary file: two processes may save at once.
+        let tmp = self
+            .path
+            .with_extension(format!("bin.{}.tmp", std::process::id()));
         if std::fs::write(&tmp, &data).is_ok() {
             let _ = std::fs::rename(&tmp, &self.path);
         }

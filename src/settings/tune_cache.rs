@@ -85,7 +85,9 @@ impl TuneCache {
                 let _ = std::fs::create_dir_all(dir);
             }
             if let Ok(text) = serde_json::to_string_pretty(&on_disk) {
-                let tmp = path.with_extension("json.tmp");
+                // A file of this process's own: two processes tuning at once (CI runs two
+                // verify sweeps side by side) must not write into one temporary file.
+                let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
                 if std::fs::write(&tmp, text).is_ok() {
                     let _ = std::fs::rename(&tmp, path);
                 }
