@@ -19,9 +19,11 @@
 // whole diagonal). lse_i and D_i as the dQ kernel reads them (flash_backward_q.wgsl). Causal:
 // diagonals above the main one are 0.
 //
-// The host prepends, from src/kernels/bias_grad.rs: the constant MASK (1 when a mask is
-// bound), the element types Q_T and KV_T, shaders/prelude.wgsl, and the `struct Params` of
-// the fused forward (flash_tiled.rs), `blocks` being workgroups per (batch, head); it appends
+// The host prepends, from src/kernels/bias_grad.rs: the constants MASK (1 when a mask is
+// bound) and DK, DV (the head widths, so that the `// unroll` loops over them are unrolled:
+// lavapipe's loop cap then counts one iteration per row), the element types Q_T and KV_T,
+// shaders/prelude.wgsl, and the `struct Params` of the fused forward (flash_tiled.rs),
+// `blocks` being workgroups per (batch, head); it appends
 // the modifiers (src/kernels/mods.rs).
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -67,7 +69,7 @@ fn main(
         let k_base = p.k_off + b * p.k_batch + hk * p.k_head + j * p.k_row;
         let v_base = p.v_off + b * p.v_batch + hk * p.v_head + j * p.v_row;
         var qk = 0.0;
-        for (var c = 0u; c < p.dk_h; c++) {
+        for (var c = 0u; c < DK; c++) { // unroll
             qk = fma(f32(q_buf[q_base + c]), f32(k_buf[k_base + c]), qk);
         }
         // As the forward (in the log2 domain): the score modifiers on the scaled score, the
@@ -82,7 +84,7 @@ fn main(
         let pr = select(exp2(x - lse), 0.0, x == NEG);
         if !(pr == 0.0) {
             var dp = 0.0;
-            for (var c = 0u; c < p.dv_h; c++) {
+            for (var c = 0u; c < DV; c++) { // unroll
                 dp = fma(do_buf[o_base + c], f32(v_buf[v_base + c]), dp);
             }
             let d_i = stats[rows + g * p.n_q + i];

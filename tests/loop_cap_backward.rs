@@ -114,3 +114,41 @@ fn a_decode_step_over_70000_cached_keys_is_right() {
         );
     }
 }
+
+#[test]
+fn a_t5_bias_gradient_over_800_rows_at_d_64_is_right() {
+    // The table's gradient sums each diagonal of the score matrix in one invocation, a row
+    // at a time: with its q·k and dO·v loops unrolled (the head widths are constants) it
+    // counts about one iteration per row, not 131, and 800 rows pass the cap's 500 or so
+    // that refused it before.
+    use wgpu_attention::modifiers::{Modifiers, Preset};
+    use wgpu_attention::{Kernels, Mask};
+    let ctx = common::ctx();
+    let (n, d) = (800, 64);
+    let (q, k, v) = (
+        arr((1, 1, n, d), 0.013),
+        arr((1, 1, n, d), 0.029),
+        arr((1, 1, n, d), 0.041),
+    );
+    let d_o = arr((1, 1, n, d), 0.07);
+    let mods = Modifiers::new().preset(Preset::RelativeBias {
+        table: (0..32).map(|i| (i as f32 * 0.37).sin()).collect(),
+        buckets: 32,
+        max_distance: 128,
+        bidirectional: true,
+    });
+    let mask = Mask::none().with_modifiers(&mods);
+    let op = Attention::new().save_for_backward(true).options(Options {
+        kernels: Kernels::Storage,
+        ..Options::default()
+    });
+    let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+    let out = op.run(ctx, inputs).unwrap();
+    let g = out.saved.unwrap().backward(ctx, d_o.view()).unwrap();
+    let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
+    let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
+    let (got, want) = (g.relative_bias.unwrap(), want.relative_bias.unwrap());
+    let (rel, max_abs) = reference::compare(&got, &want);
+    eprintln!("T5 table gradient over {n} rows: relative error {rel:e}");
+    assert!(rel < 1e-3, "relative error {rel:e} (max abs {max_abs:e})");
+}

@@ -24,6 +24,10 @@ constants! {
     pub(crate) struct BiasGradConsts {
         /// 1 when a mask is bound.
         mask => "MASK",
+        /// `d_k` per head: the q·k loop's length, unrolled.
+        dk => "DK",
+        /// `d_v` per head: the dO·v loop's length, unrolled.
+        dv => "DV",
     }
 }
 
@@ -44,12 +48,12 @@ impl Kernel for Shader {
     type Consts = BiasGradConsts;
     type Params = FlashParams;
 
-    /// The loop over the diagonal's rows (at most `min(n_q, n_kv)`), each with a loop over
-    /// the `d_k` columns of q·k and one over the `d_v` of dO·v (inside an `if`, counted).
-    /// On lavapipe that passes the cap at about 500 rows at d 64: the call is refused there.
-    fn loops(_: &BiasGradConsts, p: &FlashParams, _: Build) -> u64 {
+    /// The loop over the diagonal's rows (at most `min(n_q, n_kv)`); per row the loops over
+    /// the `d_k` columns of q·k and the `d_v` of dO·v are unrolled (host constants), except
+    /// in builds that keep `// unroll` loops (the stand-in's), which count them.
+    fn loops(c: &BiasGradConsts, p: &FlashParams, build: Build) -> u64 {
         let rows = u64::from(p.n_q.min(p.n_kv));
-        run(rows) + rows * (run(u64::from(p.dk_h)) + run(u64::from(p.dv_h)))
+        run(rows) + rows * (build.marked(u64::from(c.dk)) + build.marked(u64::from(c.dv)))
     }
 }
 
@@ -104,7 +108,14 @@ impl Flash {
         record_with::<Shader>(
             ctx,
             encoder,
-            (&BiasGradConsts { mask: has_mask }, self.f16_bits()),
+            (
+                &BiasGradConsts {
+                    mask: has_mask,
+                    dk: u32_of("d_k", self.dk_h)?,
+                    dv: u32_of("d_v", self.dv_h)?,
+                },
+                self.f16_bits(),
+            ),
             &params,
             &[
                 q.into(),
@@ -155,13 +166,22 @@ mod tests {
             dv_h: 64,
             ..Default::default()
         };
+        let consts = BiasGradConsts {
+            mask: 0,
+            dk: 64,
+            dv: 64,
+        };
         let build = Build::of(crate::gpu::hardware::Emulation::default());
-        // The longest diagonal's 3 rows (4), each with 65 + 65.
-        assert_eq!(
-            Shader::loops(&BiasGradConsts { mask: 0 }, &p(3, 100), build),
-            394
-        );
-        assert!(Shader::loops(&BiasGradConsts { mask: 0 }, &p(512, 512), build) > 65_535);
+        // The longest diagonal's 3 rows (4); the widths' loops unrolled.
+        assert_eq!(Shader::loops(&consts, &p(3, 100), build), 4);
+        // 65,534 rows fit lavapipe's cap at any width.
+        assert!(Shader::loops(&consts, &p(65_534, 65_534), build) <= 65_535);
+        // Builds that keep the loops (the stand-in's) count 65 + 65 per row.
+        let kept = Build {
+            unrolled: false,
+            ..build
+        };
+        assert_eq!(Shader::loops(&consts, &p(3, 100), kept), 394);
         let r = bias_grad_reduce::ReduceParams {
             batch: 2,
             heads: 1,

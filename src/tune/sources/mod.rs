@@ -420,14 +420,20 @@ fn block_maps() -> Vec<(String, PipelineKey)> {
 }
 
 /// A relative bias table's gradient (the fused backward with T5's bias): the diagonal sums,
-/// f32 and f16 operands, with and without a mask, and their reduction into buckets.
+/// f32 and f16 operands, with and without a mask (at d 64: the head widths are constants
+/// of its loops' lengths, nothing else), and their reduction into buckets.
 fn bias_grads() -> Vec<(String, PipelineKey)> {
     use crate::kernels::bias_grad::{self, BiasGradConsts};
     use crate::kernels::bias_grad_reduce;
     let mut v = Vec::new();
     for (dtype, bits) in [("f32", 0), ("f16", 3)] {
         for mask in [0, 1] {
-            let key = PipelineKey::of::<bias_grad::Shader>(&BiasGradConsts { mask }, bits);
+            let consts = BiasGradConsts {
+                mask,
+                dk: 64,
+                dv: 64,
+            };
+            let key = PipelineKey::of::<bias_grad::Shader>(&consts, bits);
             v.push((format!("bias-grad-{dtype}-mask{mask}"), key));
         }
     }
