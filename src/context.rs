@@ -16,6 +16,7 @@ mod adapter;
 mod backend;
 pub use crate::gpu::coop::CoopShape;
 pub use crate::gpu::hardware::StandIn;
+pub use crate::gpu::sanitizer::{Sanitize, SanitizerSummary};
 use adapter::select_async;
 pub use adapter::{
     default_adapter, list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT,
@@ -99,9 +100,14 @@ impl Context {
             Some(s) => s,
             None => StandIn::from_env()?,
         };
+        let sanitize = match options.sanitize {
+            Some(s) => s,
+            None => Sanitize::from_env()?,
+        };
         let ctx = Self::from_adapter_async(adapter)
             .await?
-            .with_stand_in(stand_in);
+            .with_stand_in(stand_in)
+            .with_sanitizer(sanitize);
         ctx.phases.add(Phase::Adapter, enumerated);
         Ok(ctx)
     }
@@ -144,6 +150,44 @@ impl Context {
     pub fn with_stand_in(mut self, stand_in: StandIn) -> Self {
         self.dev.set_stand_in(stand_in);
         self
+    }
+
+    /// This context with every dispatch run by the WGSL sanitizer (`wgsl-sanitizer`) at
+    /// subgroups of [`Sanitize::Lanes`] lanes, or on the adapter ([`Sanitize::Off`]; the
+    /// default is `WGPU_ATTENTION_SANITIZE`). Under it a call is planned as a discrete GPU of
+    /// that subgroup width plans it (native subgroups, 16 × 16 cooperative matrices, f16
+    /// where the device has it, 48 KiB of workgroup memory), each dispatch's kernel is the
+    /// native text such a GPU gets, and the interpreter runs it on the device's buffers as
+    /// they are just before it, writing its results back: the answer is the sanitizer's. A
+    /// data race, an index out of bounds, a read of unwritten workgroup memory, a divergent
+    /// barrier or a read of an inactive lane is an [`crate::Error::Sanitizer`] naming the
+    /// kernel, its constants, the WGSL line and both invocations; NaN or infinity made from
+    /// finite operands is a logged warning. For tests: slow. Call it before the first call.
+    #[must_use]
+    pub fn with_sanitizer(mut self, sanitize: Sanitize) -> Self {
+        self.dev.set_sanitize(sanitize);
+        self
+    }
+
+    /// Under the sanitizer, runs each kernel's text as `edit` rewrites it (given the kernel
+    /// file's name and its composed text; `None` keeps it): for tests that plant a defect
+    /// in a real kernel (a barrier removed) and expect the sanitizer to name it.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_sanitizer_edit(mut self, edit: crate::gpu::sanitizer::KernelEdit) -> Self {
+        self.dev.sanitizer.edit = Some(edit);
+        self
+    }
+
+    /// Whether (and at which subgroup width) dispatches run under the WGSL sanitizer.
+    pub fn sanitizing(&self) -> Sanitize {
+        self.dev.sanitize_setting()
+    }
+
+    /// What ran under the WGSL sanitizer on this context so far and what it found (one line
+    /// as `Display`).
+    pub fn sanitizer_summary(&self) -> SanitizerSummary {
+        self.dev.sanitizer_summary()
     }
 
     /// Whether this context stands in for a GPU (see [`Context::with_stand_in`]).

@@ -139,6 +139,22 @@ pub enum Error {
         index: usize,
     },
 
+    /// Under the WGSL sanitizer (`WGPU_ATTENTION_SANITIZE`, [`crate::Context::with_sanitizer`]):
+    /// a kernel did what a GPU punishes (a data race, an index out of bounds, a read of
+    /// unwritten workgroup memory, a divergent barrier, a read of an inactive lane), or the
+    /// interpreter could not run it.
+    #[error(
+        "WGSL sanitizer, {kernel}: {message}; a GPU may answer wrong here: this is a bug in \
+         wgpu-attention (or in a caller's modifier WGSL): please report it"
+    )]
+    Sanitizer {
+        /// The kernel file and its variant (constants, f16 element types, subgroup width).
+        kernel: String,
+        /// What was found (kind, WGSL line:column, both invocations, the element), or why
+        /// the kernel could not run.
+        message: String,
+    },
+
     /// A file could not be read or written.
     #[error("{}: {message}", path.display())]
     Io {

@@ -70,7 +70,7 @@ pub use attention::{
 };
 pub use context::{
     default_adapter, list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape,
-    StandIn,
+    Sanitize, SanitizerSummary, StandIn,
 };
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use dtype::Dtype;

@@ -23,6 +23,10 @@ pub struct ContextOptions {
     /// Whether the adapter stands in for a GPU (default: `WGPU_ATTENTION_STAND_IN`, else
     /// off; see [`crate::StandIn`] and docs/testing.md).
     pub stand_in: Option<crate::StandIn>,
+    /// Whether every dispatch runs under the WGSL sanitizer, and at which subgroup width
+    /// (default: `WGPU_ATTENTION_SANITIZE`, else off; see
+    /// [`crate::Context::with_sanitizer`]).
+    pub sanitize: Option<crate::Sanitize>,
 }
 
 impl ContextOptions {

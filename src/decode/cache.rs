@@ -209,7 +209,10 @@ impl KvCache {
                         Dtype::F32 => wgpu::TextureFormat::Rgba32Float,
                         Dtype::F16 => wgpu::TextureFormat::Rgba16Float,
                     },
-                    usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+                    // COPY_SRC: the WGSL sanitizer reads every bound texture back.
+                    usage: wgpu::TextureUsages::TEXTURE_BINDING
+                        | wgpu::TextureUsages::COPY_DST
+                        | wgpu::TextureUsages::COPY_SRC,
                     view_formats: &[],
                 }))
             })?;

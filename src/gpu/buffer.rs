@@ -199,6 +199,7 @@ pub(crate) fn uniform<P: bytemuck::Pod>(
         ctx,
         label,
         bytemuck::bytes_of(params),
-        wgpu::BufferUsages::UNIFORM,
+        // COPY_SRC: the WGSL sanitizer reads a modifier's uniforms back.
+        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_SRC,
     )
 }

@@ -10,6 +10,7 @@ use super::coop;
 use super::hardware::{Hardware, StandIn};
 use super::pipeline::PipelineCache;
 use super::pool::Pool;
+use super::sanitizer::{Sanitize, Sanitizer};
 use super::timing::{Profiling, Timing};
 use crate::error::{Error, Result};
 use crate::phases::{Phase, Phases};
@@ -38,6 +39,8 @@ pub struct Device {
     hardware: Hardware,
     /// Unique in the process: what a resource made on this device is checked against.
     id: u64,
+    /// The WGSL sanitizer's parsed kernels and tally (used while [`Hardware::sanitize`]).
+    pub(crate) sanitizer: Sanitizer,
 }
 
 /// What follows the adapter's name (and the stand-in's words) in its lines when the kernels
@@ -167,7 +170,11 @@ impl Device {
             log::warn!("{e}; the stand-in stays off");
             StandIn::Off
         });
-        let hardware = Hardware::of(&adapter, &device, stand_in);
+        let sanitize = Sanitize::from_env().unwrap_or_else(|e| {
+            log::warn!("{e}; the sanitizer stays off");
+            Sanitize::Off
+        });
+        let hardware = Hardware::of(&adapter, &device, stand_in, sanitize);
         let mut limits = device.limits();
         limits.max_compute_workgroup_storage_size = hardware.workgroup_storage;
         let info = adapter.get_info();
@@ -203,6 +210,7 @@ impl Device {
             hardware,
             timing: Timing::default(),
             phases: Phases::default(),
+            sanitizer: Sanitizer::default(),
         }
     }
 
@@ -241,6 +249,7 @@ impl Device {
             dev.hardware.coop = what.coop;
             dev.hardware.emulate = Default::default();
             dev.hardware.stand_in = StandIn::Off;
+            dev.hardware.sanitize = None;
             dev.hardware.subgroup_range = what.subgroups;
             dev.hardware.subgroup_size =
                 (what.subgroups.0 == what.subgroups.1).then_some(what.subgroups.0);
@@ -273,8 +282,27 @@ impl Device {
         if self.hardware.stand_in == stand_in {
             return;
         }
-        self.hardware = Hardware::of(&self.adapter, &self.device, stand_in);
+        let sanitize = self.sanitize_setting();
+        self.hardware = Hardware::of(&self.adapter, &self.device, stand_in, sanitize);
         self.limits.max_compute_workgroup_storage_size = self.hardware.workgroup_storage;
+    }
+
+    /// Turns the WGSL sanitizer on (at a subgroup width) or off (see
+    /// [`super::sanitizer`]); the device's limits follow. Under it the stand-in is off.
+    pub(crate) fn set_sanitize(&mut self, sanitize: Sanitize) {
+        if self.sanitize_setting() == sanitize {
+            return;
+        }
+        let stand_in = self.hardware.stand_in;
+        self.hardware = Hardware::of(&self.adapter, &self.device, stand_in, sanitize);
+        self.limits.max_compute_workgroup_storage_size = self.hardware.workgroup_storage;
+    }
+
+    /// The sanitizer's setting.
+    pub(crate) fn sanitize_setting(&self) -> Sanitize {
+        self.hardware
+            .sanitize
+            .map_or(Sanitize::Off, Sanitize::Lanes)
     }
 
     /// The adapter's name for messages; the browser gives none, so there it is its backend.
@@ -390,7 +418,10 @@ impl Device {
                 self.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("unused output"),
                     size: 16,
-                    usage: wgpu::BufferUsages::STORAGE,
+                    // Copies: the WGSL sanitizer reads every bound buffer back.
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 })
             })

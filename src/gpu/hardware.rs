@@ -14,6 +14,7 @@
 //! tests: it is slow, and its timings mean nothing.
 
 use super::coop::{self, CoopShape};
+use super::sanitizer::Sanitize;
 use crate::error::{Error, Result};
 
 /// llvmpipe's cap: the loop iterations one invocation runs over all its loops, past which it
@@ -78,6 +79,10 @@ pub const STAND_IN_WORKGROUP_KIB: u32 = 48;
 pub const STAND_IN_COOP_SIDE: u32 = 8;
 /// What the adapter line says after the adapter's name under the stand-in.
 pub const STAND_IN_SUFFIX: &str = " standing in for a GPU";
+/// What the adapter line says after the adapter's name under the WGSL sanitizer.
+pub const SANITIZER_SUFFIX: &str = ", every dispatch run by the WGSL sanitizer as a GPU";
+/// The side of the cooperative matrices under the sanitizer: an H100's 16 × 16 × 16.
+pub const SANITIZER_COOP_SIDE: u32 = 16;
 
 impl StandIn {
     /// The subgroup width it emulates (`None`: off).
@@ -166,16 +171,21 @@ pub(crate) struct Hardware {
     /// loops (`Some(65_535)` on llvmpipe, under the stand-in too: see
     /// `src/kernels/loops.rs`, [`loop_cap`]).
     pub loop_cap: Option<u64>,
+    /// The subgroup width every dispatch runs at under the WGSL sanitizer (`None`: the
+    /// adapter runs them; see [`super::sanitizer`]).
+    pub sanitize: Option<u32>,
 }
 
 impl Hardware {
     /// The adapter as it is: its device type and subgroup sizes, the cooperative-matrix shape
     /// it offers (or `WGPU_ATTENTION_COOP_EMULATE`'s, the coop kernels' test hook), and its
-    /// workgroup memory; then `stand_in` on top.
+    /// workgroup memory; then `stand_in` on top, or, under the sanitizer, the GPU that
+    /// `sanitize` stands for (which takes precedence).
     pub(crate) fn of(
         adapter: &wgpu::Adapter,
         device: &wgpu::Device,
         stand_in: StandIn,
+        sanitize: Sanitize,
     ) -> Hardware {
         let info = adapter.get_info();
         let features = device.features();
@@ -217,7 +227,11 @@ impl Hardware {
                 log::warn!("{err}; taking the adapter's own cap");
                 is_llvmpipe(&info).then_some(LLVMPIPE_LOOP_CAP)
             }),
+            sanitize: None,
         };
+        if let Some(sg) = sanitize.lanes() {
+            return hw.sanitized(sg, f16);
+        }
         match stand_in.subgroup_width() {
             None => hw,
             Some(sg) => hw.standing_in_for_gpu((stand_in, sg), subgroups, f16),
@@ -259,6 +273,30 @@ impl Hardware {
             stand_in,
             unified_memory: false,
             loop_cap: self.loop_cap,
+            sanitize: None,
+        }
+    }
+
+    /// The GPU the WGSL sanitizer runs every dispatch as (see [`super::sanitizer`]): a
+    /// discrete GPU's decisions, native subgroups of `sg` lanes, cooperative matrices of
+    /// 16 × 16 (or `WGPU_ATTENTION_COOP_EMULATE`'s side) with f16 inputs where the device has
+    /// f16, 48 KiB of workgroup memory, nothing emulated and no loop cap (the adapter runs no
+    /// kernel).
+    fn sanitized(self, sg: u32, f16: bool) -> Hardware {
+        Hardware {
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            subgroup_size: Some(sg),
+            subgroup_range: (sg, sg),
+            coop: Some(CoopShape {
+                size: coop::emulate::size().unwrap_or(SANITIZER_COOP_SIDE),
+                f16_inputs: f16,
+            }),
+            emulate: Emulation::default(),
+            workgroup_storage: STAND_IN_WORKGROUP_KIB << 10,
+            stand_in: StandIn::Off,
+            unified_memory: false,
+            loop_cap: None,
+            sanitize: Some(sg),
         }
     }
 
@@ -266,6 +304,9 @@ impl Hardware {
     /// `standing in for a GPU` and the subgroup width (which also keeps the tuning cache's
     /// choices of each width apart).
     pub(crate) fn name_suffix(&self) -> String {
+        if let Some(sg) = self.sanitize {
+            return format!("{SANITIZER_SUFFIX} ({sg}-lane subgroups)");
+        }
         match (self.is_stand_in(), self.subgroup_size) {
             (false, _) => String::new(),
             (true, Some(w)) => format!("{STAND_IN_SUFFIX} ({w}-lane subgroups)"),

@@ -17,6 +17,7 @@ pub(crate) mod oneshot;
 pub(crate) mod pipeline;
 pub(crate) mod pool;
 pub(crate) mod readback;
+pub(crate) mod sanitizer;
 pub(crate) mod subgroups;
 pub(crate) mod texture;
 pub(crate) mod timing;

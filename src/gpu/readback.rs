@@ -152,6 +152,33 @@ pub fn map_for_write(ctx: &Device, buffer: &wgpu::Buffer, bytes: u64) -> Result<
     }
 }
 
+/// Asks for the whole of `buffer` (a `MAP_READ` buffer) to be mapped for reading; [`mapped`]
+/// waits for the answers once the submission that fills it has run (the sanitizer's
+/// readback of a dispatch's resources).
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn map_read(
+    buffer: &wgpu::Buffer,
+) -> oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>> {
+    let (send, rx) = oneshot::channel();
+    buffer.slice(..).map_async(wgpu::MapMode::Read, send);
+    rx
+}
+
+/// Waits for the mappings [`map_read`] asked for (after [`wait`] on their submission).
+///
+/// # Errors
+/// [`Error::Readback`] when one fails or never comes.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn mapped(
+    ctx: &Device,
+    mappings: Vec<oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>>,
+) -> Result<()> {
+    for rx in &mappings {
+        take_mapped(ctx, rx)?.map_err(|e| Error::Readback(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Waits (at most [`READBACK_TIMEOUT`]) until everything submitted so far has run.
 ///
 /// # Errors

@@ -42,9 +42,11 @@ pub fn rgba(
             true => wgpu::TextureFormat::Rgba16Float,
             false => wgpu::TextureFormat::Rgba32Float,
         },
+        // COPY_SRC: the WGSL sanitizer reads every bound texture back.
         usage: wgpu::TextureUsages::STORAGE_BINDING
             | wgpu::TextureUsages::TEXTURE_BINDING
-            | wgpu::TextureUsages::COPY_DST,
+            | wgpu::TextureUsages::COPY_DST
+            | wgpu::TextureUsages::COPY_SRC,
         view_formats: &[],
     });
     let view = texture.create_view(&Default::default());

@@ -175,7 +175,10 @@ impl BlockMap {
         let blocks = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("block map"),
             size: if fits { bytes } else { 16 },
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            // COPY_DST: the WGSL sanitizer writes what its kernel made back.
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         if !fits {

@@ -130,15 +130,21 @@ pub(crate) struct ModsBind<'a> {
 }
 
 impl ModsBind<'_> {
-    /// The bind group entries, bindings 0, 1, ….
-    pub(crate) fn entries(&self) -> Vec<wgpu::BindGroupEntry<'_>> {
+    /// The buffers, bindings 0, 1, … (every one read-only to the kernels).
+    pub(crate) fn buffers(&self) -> Vec<&wgpu::Buffer> {
         let mut out: Vec<_> = self.upload.buffers.iter().collect();
         out.push(&self.upload.origin);
         if let Some(m) = self.map {
             out.push(&m.blocks);
             out.push(&m.uniform);
         }
-        out.into_iter()
+        out
+    }
+
+    /// The bind group entries, bindings 0, 1, ….
+    pub(crate) fn entries(&self) -> Vec<wgpu::BindGroupEntry<'_>> {
+        self.buffers()
+            .into_iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
                 binding: i as u32,

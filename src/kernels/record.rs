@@ -104,6 +104,18 @@ pub(crate) fn record_with<K: Kernel>(
     if COLLECTING.with(|c| c.borrow_mut().as_mut().map(|keys| keys.push(key)).is_some()) {
         return Ok(());
     }
+    if ctx.sanitized_lanes().is_some() {
+        let params = bytemuck::bytes_of(params);
+        return sanitized::<K>(
+            ctx,
+            encoder,
+            (&key, consts),
+            params,
+            resources,
+            mods,
+            [x, y, 1],
+        );
+    }
     log::debug!("{label} {consts:?}: {workgroups} workgroups as {x}x{y}");
     let pipeline = ctx.pipelines.get(ctx, &key)?;
     let uniform = crate::gpu::buffer::uniform(ctx, label, params)?;
@@ -144,6 +156,179 @@ pub(crate) fn record_with<K: Kernel>(
         }
         pass.dispatch_workgroups(x, y, 1);
     })
+}
+
+/// [`record_with`] under the WGSL sanitizer (`crate::gpu::sanitizer`): the dispatch runs in
+/// the interpreter now, on the native kernel text, over the device's buffers as they are;
+/// its first error found is this dispatch's error, naming the kernel, its variant, the line
+/// (of the composed kernel, and of `shaders/` where the line is found there) and both
+/// invocations; warnings are logged.
+///
+/// # Errors
+/// [`Error::Sanitizer`] for a finding, or a kernel the interpreter cannot run; GPU errors.
+#[cfg(not(target_arch = "wasm32"))]
+fn sanitized<K: Kernel>(
+    ctx: &Device,
+    encoder: &mut wgpu::CommandEncoder,
+    (key, consts): (&PipelineKey, &K::Consts),
+    params: &[u8],
+    resources: &[Binding<'_>],
+    mods: Option<mods::ModsBind<'_>>,
+    workgroups: [u32; 3],
+) -> Result<()> {
+    use crate::gpu::pipeline::PipelineRecipe;
+    use crate::gpu::sanitizer::{Bound, BoundAs, Job};
+    let label = K::ID.file();
+    let mut bound = vec![Bound {
+        group: 0,
+        binding: 0,
+        what: BoundAs::Bytes(params),
+    }];
+    for (i, (r, slot)) in resources.iter().zip(K::BINDINGS).enumerate() {
+        let writable = matches!(slot, Slot::ReadWrite(_) | Slot::StorageTexture(_));
+        bound.push(Bound {
+            group: 0,
+            binding: i as u32 + 1,
+            what: match *r {
+                Binding::Buffer(b) => BoundAs::Buffer(b, writable),
+                Binding::Texture(t) => BoundAs::Texture(t, writable),
+            },
+        });
+    }
+    let group1 = mods.as_ref().map(|m| m.buffers()).unwrap_or_default();
+    for (i, b) in group1.into_iter().enumerate() {
+        bound.push(Bound {
+            group: 1,
+            binding: i as u32,
+            what: BoundAs::Buffer(b, false),
+        });
+    }
+    let source = || key.source();
+    let job = Job {
+        label,
+        hash: key.pipeline_hash().0,
+        wgsl: &source,
+        entry: K::ENTRY,
+        workgroups,
+        bound: &bound,
+    };
+    let report = ctx.sanitize(encoder, &job)?;
+    if report.findings.is_empty() {
+        return Ok(());
+    }
+    let lanes = ctx.sanitized_lanes().unwrap_or(0);
+    let mut variant = format!(
+        "{label} {consts:?}, f16 mask {:#b}, {lanes}-lane subgroups",
+        key.f16
+    );
+    if key.mods != 0 {
+        variant.push_str(&format!(", modifiers {:#x}", key.mods));
+    }
+    let text = ctx.sanitizer_text(label, key.source());
+    let kept = dump(label, key, &text);
+    let own = K::ID.info().source;
+    let described: Vec<(bool, String)> = report
+        .findings
+        .iter()
+        .map(|f| {
+            let error = f.severity == wgsl_sanitizer::Severity::Error;
+            (error, describe(f, &text, (label, own)))
+        })
+        .collect();
+    for ((error, d), f) in described.iter().zip(&report.findings) {
+        match error {
+            true => log::error!("WGSL sanitizer, {variant}: {d}"),
+            false => {
+                let once = format!("{label} {:#b} {:?} {:?}", key.f16, f.kind, f.location);
+                if ctx.first_warning(once) {
+                    log::warn!("WGSL sanitizer, {variant}: {d} (logged once)");
+                }
+            }
+        }
+    }
+    let mut errors = described.into_iter().filter(|(e, _)| *e).map(|(_, d)| d);
+    let Some(first) = errors.next() else {
+        return Ok(());
+    };
+    let others = errors.count();
+    let mut message = first;
+    if others > 0 {
+        message.push_str(&format!(
+            " (and {others} more findings in this dispatch, logged)"
+        ));
+    }
+    if let Some(path) = kept {
+        message.push_str(&format!("; the kernel's text: {}", path.display()));
+    }
+    Err(Error::Sanitizer {
+        kernel: variant,
+        message,
+    })
+}
+
+/// Under the browser there is no sanitizer (the interpreter runs a workgroup's subgroups
+/// on threads).
+#[cfg(target_arch = "wasm32")]
+fn sanitized<K: Kernel>(
+    _: &Device,
+    _: &mut wgpu::CommandEncoder,
+    _: (&PipelineKey, &K::Consts),
+    _: &[u8],
+    _: &[Binding<'_>],
+    _: Option<mods::ModsBind<'_>>,
+    _: [u32; 3],
+) -> Result<()> {
+    Err(Error::Sanitizer {
+        kernel: K::ID.file().to_string(),
+        message: "the WGSL sanitizer runs natively only".into(),
+    })
+}
+
+/// A finding in one line, each WGSL place with its text and, where that line is found once
+/// in the kernel's own file, its line there (`shaders/<file>:LINE`).
+#[cfg(not(target_arch = "wasm32"))]
+fn describe(f: &wgsl_sanitizer::Finding, text: &str, (label, own): (&str, &str)) -> String {
+    let place = |at: Option<(u32, u32)>| -> String {
+        let Some((line, column)) = at else {
+            return String::new();
+        };
+        let code = text
+            .lines()
+            .nth(line.saturating_sub(1) as usize)
+            .unwrap_or("")
+            .trim();
+        let mut found = own.lines().enumerate().filter(|(_, l)| l.trim() == code);
+        let in_file = match (found.next(), found.next()) {
+            (Some((i, _)), None) if !code.is_empty() => format!(", shaders/{label}:{}", i + 1),
+            _ => String::new(),
+        };
+        format!(" [line {line}:{column}{in_file}: `{code}`]")
+    };
+    format!(
+        "{f}{}{}",
+        place(f.location),
+        match f.other_location {
+            Some(_) => format!(" other side{}", place(f.other_location)),
+            None => String::new(),
+        }
+    )
+}
+
+/// Writes the kernel's composed text where a finding can be read against it again:
+/// `$TMPDIR/wgpu-attention-sanitizer/<kernel>-<hash>.wgsl` (`None` when it cannot be).
+#[cfg(not(target_arch = "wasm32"))]
+fn dump(label: &str, key: &PipelineKey, text: &str) -> Option<std::path::PathBuf> {
+    use crate::gpu::pipeline::PipelineRecipe;
+    let dir = std::env::temp_dir().join("wgpu-attention-sanitizer");
+    std::fs::create_dir_all(&dir).ok()?;
+    let name = format!(
+        "{}-{:08x}.wgsl",
+        label.trim_end_matches(".wgsl"),
+        key.pipeline_hash().0 as u32
+    );
+    let path = dir.join(name);
+    std::fs::write(&path, text).ok()?;
+    Some(path)
 }
 
 std::thread_local! {

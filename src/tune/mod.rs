@@ -223,6 +223,11 @@ where
     let done = known
         .as_ref()
         .is_some_and(|p| p.measured >= ordered.len() || (budgeted(ctx) && p.cost > p.ms * scale));
+    // Under the WGSL sanitizer nothing is measured (its times mean nothing, and it would
+    // interpret every candidate): the default, the same in every run.
+    if ctx.sanitized_lanes().is_some() {
+        return Ok(fallback);
+    }
     if done || rows < MIN_TUNED_N || !ctx.tuning() {
         return Ok(known.map_or(fallback, |p| p.best));
     }

@@ -132,6 +132,8 @@ struct Prog<'a> {
     groups: [u32; 3],
     check_nf: bool,
     max_lane_ops: u64,
+    /// Never-written workgroup memory reads zero ([`crate::Dispatch::zero_workgroup_memory`]).
+    zero_wg: bool,
     /// Leaf count of each private global.
     private_n: Vec<u32>,
     private_init: Vec<Vec<u32>>,
@@ -388,6 +390,7 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch) -> Res<Report> {
         groups: d.workgroups,
         check_nf: d.check_non_finite,
         max_lane_ops: d.max_lane_ops,
+        zero_wg: d.zero_workgroup_memory,
         private_n,
         private_init,
     };
@@ -424,7 +427,12 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch) -> Res<Report> {
                     g.st_ep = g.counter;
                     for mm in g.mem.iter_mut() {
                         if let GMem::Words { data, shadow } = mm {
-                            data.iter_mut().for_each(|x| *x = 0xdead_beef);
+                            let fill = if d.zero_workgroup_memory {
+                                0
+                            } else {
+                                0xdead_beef
+                            };
+                            data.iter_mut().for_each(|x| *x = fill);
                             shadow.iter_mut().for_each(|s| *s = Shadow::default());
                         }
                     }
@@ -1785,7 +1793,7 @@ impl<'p> Exec<'p, '_> {
                             }
                             uninit |= u;
                         }
-                        if uninit {
+                        if uninit && !self.p.zero_wg {
                             // Garbage, as a GPU that does not zero workgroup memory.
                             for (d, s) in dst.iter_mut().zip(&shadow[o..o + n]) {
                                 if !s.init {

@@ -122,6 +122,11 @@ pub struct Dispatch {
     pub check_non_finite: bool,
     /// Stop after this many lane-operations (a runaway loop), with an error. Default 2^40.
     pub max_lane_ops: u64,
+    /// Workgroup memory starts at zero, as WGSL specifies and wgpu's pipelines do by default
+    /// (`zero_initialize_workgroup_memory`): a read of an element this workgroup never wrote
+    /// is still a finding, but reads zero, so what follows is what such a pipeline computes.
+    /// Default off: it reads garbage, as on a GPU that does not zero it.
+    pub zero_workgroup_memory: bool,
 }
 
 impl Dispatch {
@@ -136,6 +141,7 @@ impl Dispatch {
             resources: BTreeMap::new(),
             check_non_finite: true,
             max_lane_ops: 1 << 40,
+            zero_workgroup_memory: false,
         }
     }
 

@@ -151,6 +151,12 @@ enum Command {
         /// the adapter has them (the tuner does not pick them yet).
         #[arg(long)]
         coop: bool,
+        /// Run every dispatch under the WGSL sanitizer as a GPU with subgroups of this many
+        /// lanes (32, 64 or 16; 32 when no width is given): data races, indices out of
+        /// bounds, reads of unwritten workgroup memory, divergent barriers and inactive-lane
+        /// reads are errors; slow (default: WGPU_ATTENTION_SANITIZE, else off).
+        #[arg(long, value_name = "LANES", num_args = 0..=1, default_missing_value = "32")]
+        sanitize: Option<wgpu_attention::Sanitize>,
         #[command(flatten)]
         adapter: GpuArgs,
     },
@@ -222,9 +228,13 @@ pub fn print_timings(ctx: &Context, on: bool) {
 fn verify_cmd(
     (trials, seed, dtype): (usize, u64, Dtype),
     (variants, only, quick, coop): (bool, &[String], bool, bool),
+    sanitize: Option<wgpu_attention::Sanitize>,
     adapter: &GpuArgs,
 ) -> Result<bool> {
-    let ctx = adapter.open()?;
+    let mut ctx = adapter.open()?;
+    if let Some(s) = sanitize {
+        ctx = ctx.with_sanitizer(s);
+    }
     if dtype == Dtype::F16 {
         ctx.require_f16()?;
     }
@@ -279,6 +289,15 @@ fn verify_cmd(
     }
     progress.finish_and_clear();
     println!("\n{} passed, {} failed", cases.len() - failed, failed);
+    if ctx.sanitizing() != wgpu_attention::Sanitize::Off {
+        let summary = ctx.sanitizer_summary();
+        println!("{summary}");
+        // A finding is an error of its case, so it failed above; this catches one that a
+        // caller's fallback took for another error.
+        if summary.total_errors() > 0 || summary.failed > 0 {
+            return Ok(false);
+        }
+    }
     Ok(failed == 0)
 }
 
@@ -429,10 +448,12 @@ fn dispatch(command: &Command) -> Result<bool> {
             only,
             quick,
             coop,
+            sanitize,
             adapter,
         } => verify_cmd(
             (*trials, *seed, *dtype),
             (*variants, only, *quick, *coop),
+            *sanitize,
             adapter,
         ),
         Command::Bench(args) => bench_cmd::bench_cmd(args),

@@ -1,0 +1,142 @@
+//! The WGSL sanitizer wired into the crate (`Context::with_sanitizer`,
+//! `WGPU_ATTENTION_SANITIZE`, `verify --sanitize`): calls planned as a GPU with 32- and
+//! 64-lane subgroups, every dispatch interpreted on the native kernels, right against the f64
+//! reference; and a real kernel with a barrier removed reported as a race at its line.
+
+mod common;
+
+use wgpu_attention::verify::{self, Case, ModsCase};
+use wgpu_attention::{BlockedOptions, Context, Dtype, Error, Kernels, Sanitize, TuneCache};
+
+/// A context under the sanitizer at `lanes`. flash_blocked's subgroup reductions (SGR) are
+/// off: their `ranked` counter is read before this workgroup writes it (it relies on WGSL's
+/// zeroed workgroup memory), which the sanitizer reports as an error until the kernel
+/// initialises it.
+fn sanitized(lanes: u32) -> Context {
+    common::isolate();
+    Context::new()
+        .expect("GPU tests need an adapter")
+        .with_sanitizer(Sanitize::Lanes(lanes))
+        .with_tuning(false)
+        .with_tune_cache(TuneCache::at(None))
+        .with_blocked_options(BlockedOptions {
+            subgroups: Some(false),
+            ..Default::default()
+        })
+}
+
+/// Grouped-query attention (4 query heads on 2 K/V heads), causal with a window 4 keys
+/// back, on Q, K, V.
+fn window_gqa(kernels: Kernels, fused: bool, dtype: Dtype) -> Case {
+    Case {
+        sdpa: Some((23, 2)),
+        heads: 4,
+        batch: Some(2),
+        causal: true,
+        mods: ModsCase::WindowLeft,
+        kernels,
+        fused,
+        dtype,
+        ..Case::new(19, 16, 32, 32)
+    }
+}
+
+#[test]
+fn the_sanitizer_plans_as_a_gpu_of_its_width() {
+    let ctx = sanitized(64);
+    assert_eq!(ctx.sanitizing(), Sanitize::Lanes(64));
+    let info = ctx.adapter_info();
+    assert!(
+        info.name.contains("WGSL sanitizer") && info.name.contains("64-lane"),
+        "{}",
+        info.name
+    );
+    assert_eq!(
+        info.device_type,
+        wgpu_attention::wgpu::DeviceType::DiscreteGpu
+    );
+    assert_eq!(ctx.subgroup_size(), Some(64));
+    assert_eq!(ctx.limits().max_compute_workgroup_storage_size, 48 << 10);
+    let coop = ctx
+        .coop_shape()
+        .expect("cooperative matrices, as an H100's");
+    assert_eq!(coop.size, 16);
+    assert_eq!(ctx.sanitizer_summary().total_dispatches(), 0);
+    for (text, want) in [("32", Sanitize::Lanes(32)), ("16", Sanitize::Lanes(16))] {
+        assert_eq!(text.parse::<Sanitize>().unwrap(), want);
+    }
+}
+
+#[test]
+fn calls_under_the_sanitizer_match_the_reference_at_32_and_64_lanes() {
+    for lanes in [32, 64] {
+        let ctx = sanitized(lanes);
+        let mut cases = Vec::new();
+        for dtype in [Dtype::F32, Dtype::F16] {
+            for fused in [false, true] {
+                cases.push(window_gqa(Kernels::Storage, fused, dtype));
+            }
+        }
+        // The subgroup family's fused kernel at the sanitizer's width, on textures.
+        cases.push(window_gqa(Kernels::Subgroup, true, Dtype::F32));
+        for (i, case) in cases.iter().enumerate() {
+            let r = verify::run_case(&ctx, case, 7 + i as u64)
+                .unwrap_or_else(|e| panic!("{lanes} lanes, {case}: {e}"));
+            assert!(r.passed(), "{lanes} lanes: {r}");
+        }
+        let summary = ctx.sanitizer_summary();
+        assert_eq!(summary.total_errors(), 0, "{summary}");
+        assert_eq!(summary.failed, 0, "{summary}");
+        for kernel in ["flash_blocked.wgsl", "flash_subgroup.wgsl", "softmax.wgsl"] {
+            assert!(summary.dispatches.contains_key(kernel), "{summary}");
+        }
+        assert!(
+            summary.to_string().contains(&format!("{lanes}-lane")),
+            "{summary}"
+        );
+    }
+}
+
+/// flash_blocked without its row reduction's barrier (SGR off: the partial maxima go
+/// through `red`): the rows' threads read `red` while others write it.
+fn without_the_reduction_barrier(kernel: &str, text: &str) -> Option<String> {
+    if kernel != "flash_blocked.wgsl" {
+        return None;
+    }
+    let at = text.find("red[li] = mx;")?;
+    let barrier = at + text[at..].find("workgroupBarrier();")?;
+    Some(format!(
+        "{}{}",
+        &text[..barrier],
+        &text[barrier + "workgroupBarrier();".len()..]
+    ))
+}
+
+#[test]
+fn a_removed_barrier_in_a_real_kernel_is_a_race_at_its_line() {
+    let ctx = sanitized(32).with_sanitizer_edit(without_the_reduction_barrier);
+    let case = window_gqa(Kernels::Storage, true, Dtype::F32);
+    let err = verify::run_case(&ctx, &case, 7).expect_err("a race");
+    let Error::Sanitizer { kernel, message } = &err else {
+        panic!("not the sanitizer's error: {err}");
+    };
+    assert!(kernel.starts_with("flash_blocked.wgsl"), "{kernel}");
+    assert!(
+        message.contains("data race on workgroup memory") && message.contains("`red`"),
+        "{message}"
+    );
+    // The line in the kernel's own file: the write or the read of `red`.
+    let file = include_str!("../shaders/flash_blocked.wgsl");
+    let line_of = |code: &str| {
+        file.lines()
+            .position(|l| l.trim().starts_with(code))
+            .map(|i| format!("shaders/flash_blocked.wgsl:{}", i + 1))
+            .expect(code)
+    };
+    let (write, read) = (line_of("red[li] = mx;"), line_of("m_new = max(m_new, red["));
+    assert!(
+        message.contains(&write) || message.contains(&read),
+        "{write} or {read} in: {message}"
+    );
+    assert!(ctx.sanitizer_summary().total_errors() > 0);
+}
