@@ -99,6 +99,9 @@ pub struct SanitizerSummary {
     pub lane_ops: u64,
     /// Time spent interpreting.
     pub time: Duration,
+    /// Time spent parsing and validating kernels (once per pipeline) and moving the bound
+    /// resources to and from the device.
+    pub overhead: Duration,
     /// Errors found (distinct kind and place per dispatch), per kernel file.
     pub errors: BTreeMap<&'static str, u64>,
     /// Warnings (NaN or infinity from finite operands), per kernel file.
@@ -133,13 +136,14 @@ impl fmt::Display for SanitizerSummary {
         write!(
             f,
             "sanitizer ({}-lane subgroups): {} dispatches of {} kernels ({}), {:.3e} lane-ops \
-             in {secs:.1} s ({:.0} M/s); ",
+             in {secs:.1} s ({:.0} M/s; {:.1} s more parsing kernels and moving buffers); ",
             self.lanes,
             self.total_dispatches(),
             self.dispatches.len(),
             list(&self.dispatches),
             self.lane_ops as f64,
             self.lane_ops as f64 / secs.max(1e-9) / 1e6,
+            self.overhead.as_secs_f64(),
         )?;
         match (self.total_errors(), self.total_warnings(), self.failed) {
             (0, 0, 0) => f.write_str("found nothing"),
@@ -274,6 +278,7 @@ impl Device {
         job: &Job<'_>,
     ) -> Result<wgsl_sanitizer::Report> {
         let lanes = self.sanitized_lanes().unwrap_or(32);
+        let began = std::time::Instant::now();
         let shader = self.sanitized_shader(job)?;
         let fresh = self
             .device
@@ -326,6 +331,12 @@ impl Device {
             }
         };
         self.write_back(job.bound, &read, &dispatch)?;
+        let mut tally = self
+            .sanitizer
+            .tally
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        tally.overhead += began.elapsed().saturating_sub(elapsed);
         Ok(report)
     }
 
@@ -339,6 +350,7 @@ impl Device {
         if let Some(s) = shaders.get(&job.hash) {
             return Ok(s.clone());
         }
+        let began = std::time::Instant::now();
         let text = self.sanitizer_text(job.label, (job.wgsl)());
         let shader = wgsl_sanitizer::Shader::parse(&text).map_err(|e| Error::Sanitizer {
             kernel: job.label.to_string(),
@@ -346,6 +358,12 @@ impl Device {
         })?;
         let shader = Arc::new(shader);
         shaders.insert(job.hash, shader.clone());
+        log::debug!(
+            "sanitizer: {} parsed ({} lines) in {:.2} s",
+            job.label,
+            text.lines().count(),
+            began.elapsed().as_secs_f64()
+        );
         Ok(shader)
     }
 
