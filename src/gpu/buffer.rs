@@ -58,7 +58,9 @@ pub(crate) fn upload(ctx: &Device, label: &str, data: &[f32]) -> Result<wgpu::Bu
         ctx,
         label,
         bytemuck::cast_slice(contents),
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        // COPY_DST: kernels write some (Adam's state), and the WGSL sanitizer writes what
+        // they wrote back.
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
     )
 }
 
@@ -83,7 +85,7 @@ pub(crate) fn upload_as(
         ctx,
         label,
         bytemuck::cast_slice(&halves),
-        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
     )
 }
 

@@ -379,6 +379,14 @@ impl Device {
             staged.push(match b.what {
                 BoundAs::Bytes(_) => None,
                 BoundAs::Buffer(buf, _) => {
+                    if !buf.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+                        return Err(Error::Sanitizer {
+                            kernel: format!("binding ({}, {})", b.group, b.binding),
+                            message: "internal: a buffer made without COPY_SRC cannot be \
+                                      read for the sanitizer"
+                                .into(),
+                        });
+                    }
                     let bytes = buf.size() & !3;
                     let staging = self.staging(bytes);
                     if bytes > 0 {
@@ -476,6 +484,14 @@ impl Device {
                         continue;
                     };
                     let last = (0..words).rev().find(changed).unwrap_or(first);
+                    if !buf.usage().contains(wgpu::BufferUsages::COPY_DST) {
+                        return Err(Error::Sanitizer {
+                            kernel: format!("binding ({}, {})", b.group, b.binding),
+                            message: "internal: the kernel wrote a buffer made without \
+                                      COPY_DST, so its results cannot go back to the device"
+                                .into(),
+                        });
+                    }
                     self.queue
                         .write_buffer(buf, 4 * first as u64, &new[4 * first..4 * last + 4]);
                 }
