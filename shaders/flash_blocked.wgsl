@@ -274,6 +274,13 @@ fn main(
     }
     let part = id % splits;
     var li = local;
+    // The rank counter starts at 0 by this workgroup's own store: WGSL zeroes workgroup
+    // memory, but a kernel that relies on it breaks wherever it is not (wgpu's option to
+    // skip it, other compilers of this text).
+    if local == 0u { // if SGR
+        atomicStore(&ranked, 0u);
+    }
+    workgroupBarrier(); // if SGR
     li = rank(lane, sg_size); // if SGR
     let tx_n = max(BC / 4u, 1u);
     let ty = li / tx_n;
