@@ -21,13 +21,19 @@
 //
 // Subgroups share out the S×S output matrices of each product: in round r subgroup `sid`
 // takes matrix r·nsg + sid. The subgroup count is read through workgroupUniformLoad so the
-// rounds are workgroup-uniform (barriers, cooperative operations); a subgroup past the last
-// matrix computes the last one again and stores it to S spare rows no one reads (strides
+// rounds are workgroup-uniform (barriers, cooperative operations). A subgroup past the last
+// matrix loads and multiplies the last one's inputs with the others (naga rejects
+// cooperative loads and multiplies under a branch on the subgroup id, which it counts as
+// non-uniform) but stores nothing: its stores sit under `mine`, the same in all of its
+// lanes, which naga accepts (it checks no cooperative store's control flow). Its O += P·V
+// starts from S spare rows of O, zeroed once and never written again, not from the last
+// matrix, which that matrix's owner stores in the same barrier interval. So each matrix of
+// S and O has one writer per interval, and no one reads it there but that writer (strides
 // are constants: naga 30's SPIR-V writer fails on a computed cooperative-store stride).
 //
 // In bounds, by construction (D, BQ, BKV multiples of S): a load or store of an S×S matrix
 // at row r0 + S ≤ rows and column c0 + S ≤ stride touches at most (rows − 1)·stride +
-// stride − 1 < rows·stride elements of its array; the spare rows follow the BQ rows.
+// stride − 1 < rows·stride elements of its array; O's spare rows follow its BQ rows.
 // Every load and store starts at a multiple of S elements and every stride is a multiple of
 // 16 elements (at least 16 bytes), as Vulkan's cooperative-matrix loads want.
 
@@ -46,9 +52,9 @@ const TO: u32 = SQ * (D / S); // matrices of O
 
 var<workgroup> q_tile: array<AB_T, BQ * D>; // [BQ][D]
 var<workgroup> kv_tile: array<AB_T, BKV * D>; // [BKV][D]: K, then V
-var<workgroup> s_tile: array<f32, (BQ + S) * BKV>; // [BQ][BKV] + S spare rows
+var<workgroup> s_tile: array<f32, BQ * BKV>; // [BQ][BKV]
 var<workgroup> p_tile: array<AB_T, BQ * BKV>; // [BQ][BKV]
-var<workgroup> o_tile: array<f32, (BQ + S) * D>; // [BQ][D] + S spare rows
+var<workgroup> o_tile: array<f32, (BQ + S) * D>; // [BQ][D] + S spare rows, all zero
 var<workgroup> row_m: array<f32, BQ>;
 var<workgroup> row_l: array<f32, BQ>;
 var<workgroup> row_a: array<f32, BQ>;
@@ -111,6 +117,9 @@ fn main(
         q_tile[t] = AB_T(x);
         o_tile[t] = 0.0;
     }
+    for (var t = li; t < S * D; t += WG) {
+        o_tile[BQ * D + t] = 0.0;
+    }
     if li < BQ {
         row_m[li] = FLOOR;
         row_l[li] = 0.0;
@@ -135,8 +144,9 @@ fn main(
                 let kb = coopLoad<CB>(&kv_tile[tj * S * D + kk], D);
                 acc = coopMultiplyAdd(qa, kb, acc);
             }
-            let mine = t < TS;
-            coopStoreT(acc, &s_tile[select(BQ * BKV, ti * S * BKV + tj * S, mine)], BKV);
+            if t < TS {
+                coopStoreT(acc, &s_tile[ti * S * BKV + tj * S], BKV);
+            }
         }
         workgroupBarrier();
 
@@ -181,14 +191,16 @@ fn main(
             let tc = min(t, TO - 1u);
             let ti = tc / (D / S);
             let tj = tc % (D / S);
-            var acc = coopLoadT<CC>(&o_tile[ti * S * D + tj * S], D);
+            let mine = t < TO;
+            var acc = coopLoadT<CC>(&o_tile[select(BQ * D, ti * S * D + tj * S, mine)], D);
             for (var kk = 0u; kk < BKV; kk += S) {
                 let pa = coopLoadT<CA>(&p_tile[ti * S * BKV + kk], BKV);
                 let vb = coopLoadT<CB>(&kv_tile[kk * D + tj * S], D);
                 acc = coopMultiplyAdd(pa, vb, acc);
             }
-            let mine = t < TO;
-            coopStoreT(acc, &o_tile[select(BQ * D, ti * S * D + tj * S, mine)], D);
+            if mine {
+                coopStoreT(acc, &o_tile[ti * S * D + tj * S], D);
+            }
         }
         workgroupBarrier();
     }

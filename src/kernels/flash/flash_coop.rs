@@ -83,11 +83,12 @@ impl Kernel for Shader {
 /// the cooperative matrices' side.
 const SHAPES: [(u32, u32); 6] = [(32, 32), (32, 16), (16, 32), (16, 16), (16, 8), (8, 8)];
 
-/// Workgroup memory of the shader at these constants, in bytes.
+/// Workgroup memory of the shader at these constants, in bytes: Q, K/V and P as `AB_T`; the
+/// scores, O with its `S` spare rows, and the rows' statistics in f32.
 fn workgroup_bytes(c: &FlashCoopConsts, f16_inputs: bool) -> u64 {
     let [s, d, bq, bkv] = [c.size, c.d, c.rows, c.keys].map(u64::from);
     let ab = if f16_inputs { 2 } else { 4 };
-    ab * (bq * d + bkv * d + bq * bkv) + 4 * ((bq + s) * (bkv + d) + 3 * bq + 1)
+    ab * (bq * d + bkv * d + bq * bkv) + 4 * (bq * bkv + (bq + s) * d + 3 * bq + 1)
 }
 
 /// The constants for `op` with `shape` under `limits`: the largest block of [`SHAPES`] whose
@@ -289,9 +290,10 @@ mod tests {
         };
         let c = consts(&op, f16, &kib(64), (0, 0)).unwrap();
         assert_eq!((c.d, c.rows, c.keys), (128, 32, 32));
+        // 16 query rows of 32 keys: 31,940 bytes (the scores without spare rows).
         let c = consts(&op, f16, &kib(32), (0, 0)).unwrap();
-        assert_eq!((c.rows, c.keys), (16, 16));
-        assert!(workgroup_bytes(&c, true) <= 32 << 10);
+        assert_eq!((c.rows, c.keys), (16, 32));
+        assert_eq!(workgroup_bytes(&c, true), 31_940);
         op.dk_h = 1000;
         assert!(matches!(
             consts(&op, f16, &kib(16), (0, 0)),
