@@ -268,7 +268,7 @@ fn flash_inputs(n: usize, seed: u64) -> Dispatch {
 const COOP: &str = include_str!("kernels/coop-matmul-16-f16-ab.wgsl");
 
 #[test]
-fn coop_matmul_16x16_f16_is_clean_and_right_at_32_and_64_lanes() {
+fn coop_matmul_16x16_f16_is_clean_and_right_at_16_32_and_64_lanes() {
     let (m, n, k) = (70usize, 67usize, 37usize);
     let h = |v: Vec<f32>| -> Vec<half::f16> { v.into_iter().map(half::f16::from_f32).collect() };
     let (a, b) = (h(values(m * k, 1)), h(values(k * n, 2)));
@@ -280,7 +280,9 @@ fn coop_matmul_16x16_f16_is_clean_and_right_at_32_and_64_lanes() {
         1, 0,
     ];
     let shader = Shader::parse(COOP).unwrap();
-    for sg in [32, 64] {
+    // 16 lanes: eight subgroups for four blocks, four of them spare (they stored into one
+    // shared spare slot, a write-write race, until they stored nothing).
+    for sg in [16, 32, 64] {
         let mut d = Dispatch::new("main", [tiles_m * tiles_n, 1, 1]);
         d.subgroup_size = sg;
         d.bind(0, 0, Resource::Buffer(u32_bytes(&params)));

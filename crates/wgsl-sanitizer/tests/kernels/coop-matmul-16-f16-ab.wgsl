@@ -82,12 +82,16 @@ struct Params {
 //
 // Uniformity: cooperative operations run in subgroup-uniform control flow and barriers in
 // workgroup-uniform control flow, so the number of subgroups is read through
-// `workgroupUniformLoad`, and a subgroup without a block this round (more subgroups than
-// blocks) computes block BLOCKS − 1 again and stores it to a spare slot no one reads.
+// `workgroupUniformLoad`. A subgroup without a block this round (more subgroups than
+// blocks) loads and multiplies block BLOCKS − 1's inputs with the others (naga rejects
+// cooperative loads and multiplies under a branch on the subgroup id, which it counts as
+// non-uniform) but stores nothing: its store sits under `q < BLOCKS`, the same in all of
+// its lanes, which naga accepts (it checks no cooperative store's control flow). Each slot
+// of `c_tile` has one writer per barrier interval, so no two subgroups ever race on one.
 //
 // In bounds, by construction: a block's rows br + 2S ≤ 64 = TILE and kk + S ≤ BK, so A
 // loads touch at most (TILE − 1)·BK + BK − 1 < TILE·BK; B loads at most
-// (BK − 1)·TILE + TILE − 1 < BK·TILE; stores slot·S·S + S·S ≤ (BLOCKS + 1)·S·S. Every
+// (BK − 1)·TILE + TILE − 1 < BK·TILE; stores q·S·S + S·S ≤ BLOCKS·S·S (q < BLOCKS). Every
 // load and store starts at a multiple of S elements, with strides of at least 16 bytes.
 
 // flags (as matmul.wgsl)
@@ -111,7 +115,7 @@ const BLOCKS: u32 = BLOCKS_SIDE * BLOCKS_SIDE;
 
 var<workgroup> a_tile: array<AB_T, TILE * BK>; // [TILE rows][BK], row-major
 var<workgroup> b_tile: array<AB_T, BK * TILE>; // [BK][TILE cols], row-major
-var<workgroup> c_tile: array<f32, (BLOCKS + 1u) * S * S>; // one S×S slot per block + spare
+var<workgroup> c_tile: array<f32, BLOCKS * S * S>; // one S×S slot per block
 var<workgroup> subgroups: u32;
 
 @compute @workgroup_size(128, 1, 1)
@@ -151,7 +155,6 @@ fn main(
     for (var r = 0u; r < rounds; r++) {
         let q = r * nsg + sid;
         let qc = min(q, BLOCKS - 1u);
-        let slot = min(q, BLOCKS);
         let br = (qc / BLOCKS_SIDE) * BLOCK;
         let bc = (qc % BLOCKS_SIDE) * BLOCK;
         var c00 = CC();
@@ -203,7 +206,9 @@ fn main(
             } else if part == 3u {
                 cm = c11;
             }
-            coopStoreT(cm, &c_tile[slot * S * S], S);
+            if q < BLOCKS {
+                coopStoreT(cm, &c_tile[q * S * S], S);
+            }
             workgroupBarrier();
             for (var e = q_lo * S * S + li; e < q_hi * S * S; e += WG) {
                 let qq = e / (S * S);
