@@ -125,10 +125,11 @@ pub fn flash_candidates(
 /// Whether the tuner offers the cooperative-matrix kernels at all (they run wherever a caller
 /// forces them: `Kernels::Coop`, `MatmulVariant::Coop`, `FlashVariant::Coop`). Off until they
 /// have passed `tools/gpu-check` on real tensor cores: on the H100 the coop matmul with f16
-/// storage gave wrong answers (issue 29: relative error 0.6-1.8 on every `[storage] f16` case
-/// it computed, while the same kernel passes under the GPU stand-in's emulation), and
-/// `flash_coop` fails under the stand-in's 32-lane emulation at wide heads with two or more
-/// key tiles (see docs/testing.md; a NumPy replay of its rounds is right).
+/// storage gave wrong answers (relative error 0.6-1.8 on every `[storage] f16` case it
+/// computed), while the same kernel is right under the GPU stand-in's emulation and under the
+/// WGSL sanitizer at 16 × 16; the lead is naga's SPIR-V, which declares the Vulkan memory
+/// model for coop modules without marking any access non-private
+/// (`tools/coop-memory-model/README.md`, with the test that decides it on a GPU).
 pub const COOP_TUNED: bool = false;
 
 /// Whether the cooperative-matrix kernels are candidates for a `dtype` call: with f16 inputs
