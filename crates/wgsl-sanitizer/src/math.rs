@@ -35,6 +35,17 @@ pub fn to_f64(k: K, w: u32) -> f64 {
     }
 }
 
+/// A leaf of kind `k` from an f64 (rounded to the kind; integers truncated).
+pub fn from_f64(k: K, v: f64) -> u32 {
+    match k {
+        K::F32 => (v as f32).to_bits(),
+        K::F16 => hw(v),
+        K::I32 => v as i32 as u32,
+        K::U32 => v as u32,
+        K::Bool => (v != 0.0) as u32,
+    }
+}
+
 /// Whether a leaf is a finite number (non-floats always are).
 #[inline]
 pub fn finite(k: K, w: u32) -> bool {
