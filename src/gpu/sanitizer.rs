@@ -108,6 +108,24 @@ pub struct SanitizerSummary {
     pub warnings: BTreeMap<&'static str, u64>,
     /// Dispatches the interpreter could not run (an unsupported construct, a bad binding).
     pub failed: u64,
+    /// The most loop iterations one invocation ran (all its loops together) in any dispatch,
+    /// with that dispatch's kernel file and its stated bound (`Kernel::loops`, the count
+    /// lavapipe's loop-cap guard trusts: `src/kernels/loops.rs`).
+    pub loops: LoopPeak,
+    /// Dispatches that ran more loop iterations than their kernel's stated bound (each also
+    /// counted in `errors`: the guard against lavapipe's cap is then unsafe), per kernel file.
+    pub over_bound: BTreeMap<&'static str, u64>,
+}
+
+/// The dispatch whose invocation ran the most loop iterations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoopPeak {
+    /// Loop iterations of its busiest invocation (what the interpreter counted).
+    pub iterations: u64,
+    /// What its kernel states as the bound.
+    pub bound: u64,
+    /// Its kernel file.
+    pub kernel: &'static str,
 }
 
 impl SanitizerSummary {
@@ -146,7 +164,7 @@ impl fmt::Display for SanitizerSummary {
             self.overhead.as_secs_f64(),
         )?;
         match (self.total_errors(), self.total_warnings(), self.failed) {
-            (0, 0, 0) => f.write_str("found nothing"),
+            (0, 0, 0) => f.write_str("found nothing")?,
             (e, w, x) => {
                 write!(f, "found {e} errors")?;
                 if e > 0 {
@@ -159,8 +177,110 @@ impl fmt::Display for SanitizerSummary {
                 if x > 0 {
                     write!(f, ", {x} dispatches it could not run")?;
                 }
-                Ok(())
             }
+        }
+        let peak = &self.loops;
+        write!(
+            f,
+            "; loop iterations per invocation at most {} ({}, stated bound {}; lavapipe's cap {})",
+            grouped(peak.iterations),
+            peak.kernel.trim_end_matches(".wgsl"),
+            grouped(peak.bound),
+            grouped(crate::gpu::hardware::LLVMPIPE_LOOP_CAP),
+        )?;
+        if !self.over_bound.is_empty() {
+            write!(
+                f,
+                ", past the stated bound in {} dispatches ({})",
+                self.over_bound.values().sum::<u64>(),
+                list(&self.over_bound)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `n` with its digits grouped by three: `65,535`.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Every device's tally together: what [`SanitizerSummary::process`] gives.
+static PROCESS: Mutex<SanitizerSummary> = Mutex::new(SanitizerSummary {
+    lanes: 0,
+    dispatches: BTreeMap::new(),
+    lane_ops: 0,
+    time: Duration::ZERO,
+    overhead: Duration::ZERO,
+    errors: BTreeMap::new(),
+    warnings: BTreeMap::new(),
+    failed: 0,
+    loops: LoopPeak {
+        iterations: 0,
+        bound: 0,
+        kernel: "",
+    },
+    over_bound: BTreeMap::new(),
+});
+
+/// One dispatch for the tally.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+struct Noted<'a> {
+    label: &'static str,
+    lanes: u32,
+    /// What it found (`None`: the interpreter could not run it).
+    report: Option<&'a wgsl_sanitizer::Report>,
+    /// Its kernel's stated loop bound.
+    loop_bound: u64,
+    /// Time spent interpreting it.
+    time: Duration,
+}
+
+impl SanitizerSummary {
+    /// What ran under the sanitizer in this process so far, on every context together, and
+    /// what it found (the line a command ends with under `WGPU_ATTENTION_SANITIZE`); `lanes`
+    /// is 0 when nothing ran.
+    pub fn process() -> SanitizerSummary {
+        PROCESS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Counts one dispatch: an invocation past the stated loop bound is an error.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    fn note(&mut self, d: &Noted<'_>) {
+        self.lanes = d.lanes;
+        self.time += d.time;
+        let Some(report) = d.report else {
+            self.failed += 1;
+            return;
+        };
+        *self.dispatches.entry(d.label).or_default() += 1;
+        self.lane_ops += report.lane_ops;
+        let over = report.max_loop_iterations > d.loop_bound;
+        let errors = report.errors().count() as u64 + u64::from(over);
+        let warnings = report.findings.len() as u64 + u64::from(over) - errors;
+        if over {
+            *self.over_bound.entry(d.label).or_default() += 1;
+        }
+        if report.max_loop_iterations > self.loops.iterations || self.loops.kernel.is_empty() {
+            self.loops = LoopPeak {
+                iterations: report.max_loop_iterations,
+                bound: d.loop_bound,
+                kernel: d.label,
+            };
+        }
+        if errors > 0 {
+            *self.errors.entry(d.label).or_default() += errors;
+        }
+        if warnings > 0 {
+            *self.warnings.entry(d.label).or_default() += warnings;
         }
     }
 }
@@ -221,6 +341,9 @@ pub(crate) struct Job<'a> {
     pub entry: &'a str,
     pub workgroups: [u32; 3],
     pub bound: &'a [Bound<'a>],
+    /// The loop iterations per invocation the kernel states for this dispatch
+    /// (`Kernel::loops`): an invocation that runs more is an error of the dispatch.
+    pub loop_bound: u64,
 }
 
 impl Device {
@@ -248,6 +371,13 @@ impl Device {
         }
     }
 
+    /// Applies `f` to this device's tally and to the process's.
+    fn tallies(&self, f: impl Fn(&mut SanitizerSummary)) {
+        for tally in [&self.sanitizer.tally, &PROCESS] {
+            f(&mut tally.lock().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
     /// What ran under the sanitizer so far and what it found.
     pub(crate) fn sanitizer_summary(&self) -> SanitizerSummary {
         let mut s = self
@@ -268,7 +398,8 @@ impl Device {
     /// Runs `job` under the sanitizer (see the module docs): what `encoder` holds is submitted
     /// first (a fresh encoder takes its place), the bound resources are read back, the
     /// interpreter runs, and what the kernel wrote is written back. Returns the report; the
-    /// caller turns its findings into errors.
+    /// caller turns its findings, and loop iterations past `job.loop_bound`, into errors (the
+    /// tally counts both).
     ///
     /// # Errors
     /// [`Error::Sanitizer`] when the interpreter cannot run the kernel; GPU errors.
@@ -300,43 +431,22 @@ impl Device {
         let start = std::time::Instant::now();
         let ran = shader.run(&mut dispatch);
         let elapsed = start.elapsed();
-        let report = {
-            let mut tally = self
-                .sanitizer
-                .tally
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            tally.time += elapsed;
-            match ran {
-                Ok(report) => {
-                    *tally.dispatches.entry(job.label).or_default() += 1;
-                    tally.lane_ops += report.lane_ops;
-                    let errors = report.errors().count() as u64;
-                    let warnings = report.findings.len() as u64 - errors;
-                    if errors > 0 {
-                        *tally.errors.entry(job.label).or_default() += errors;
-                    }
-                    if warnings > 0 {
-                        *tally.warnings.entry(job.label).or_default() += warnings;
-                    }
-                    report
-                }
-                Err(e) => {
-                    tally.failed += 1;
-                    return Err(Error::Sanitizer {
-                        kernel: job.label.to_string(),
-                        message: format!("could not run it: {e}"),
-                    });
-                }
-            }
+        let ran = ran.map_err(|e| Error::Sanitizer {
+            kernel: job.label.to_string(),
+            message: format!("could not run it: {e}"),
+        });
+        let noted = Noted {
+            label: job.label,
+            lanes,
+            report: ran.as_ref().ok(),
+            loop_bound: job.loop_bound,
+            time: elapsed,
         };
+        self.tallies(|t| t.note(&noted));
+        let report = ran?;
         self.write_back(job.bound, &read, &dispatch)?;
-        let mut tally = self
-            .sanitizer
-            .tally
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        tally.overhead += began.elapsed().saturating_sub(elapsed);
+        let overhead = began.elapsed().saturating_sub(elapsed);
+        self.tallies(|t| t.overhead += overhead);
         Ok(report)
     }
 
@@ -592,13 +702,34 @@ mod tests {
             ..Default::default()
         };
         s.dispatches.insert("matmul.wgsl", 3);
-        assert!(s.to_string().ends_with("found nothing"), "{s}");
+        s.loops = LoopPeak {
+            iterations: 1234,
+            bound: 2000,
+            kernel: "matmul.wgsl",
+        };
+        let line = s.to_string();
+        assert!(line.contains("found nothing;"), "{line}");
+        assert!(
+            line.ends_with(
+                "loop iterations per invocation at most 1,234 (matmul, stated bound 2,000; \
+                 lavapipe's cap 65,535)"
+            ),
+            "{line}"
+        );
         s.errors.insert("matmul.wgsl", 1);
+        s.over_bound.insert("matmul.wgsl", 1);
         let line = s.to_string();
         assert!(
             line.contains("matmul x3") && line.contains("found 1 errors (matmul x1)"),
             "{line}"
         );
+        assert!(
+            line.ends_with("past the stated bound in 1 dispatches (matmul x1)"),
+            "{line}"
+        );
         assert!(!line.contains('\n'));
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1_000_000), "1,000,000");
     }
 }

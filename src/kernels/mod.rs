@@ -95,8 +95,8 @@ pub(crate) trait Kernel {
     /// An upper bound on the loop iterations its busiest invocation runs over all its loops,
     /// for a dispatch with `consts` and `params` in `build` (see [`loops`]: lavapipe stops
     /// an invocation's loops past 65,535 and the dispatch is refused before that). The
-    /// default, 0, is for kernels whose loops are bounded by their constants alone, far
-    /// below the cap; a kernel with a loop over a problem's size must count it.
+    /// default, 0, is for kernels without loops: a kernel with any loop counts it, and under
+    /// the WGSL sanitizer a dispatch that runs more than this is an error.
     fn loops(_consts: &Self::Consts, _params: &Self::Params, _build: loops::Build) -> u64 {
         0
     }

@@ -83,11 +83,8 @@ pub(crate) fn record_with<K: Kernel>(
             });
         }
     }
-    loops::check(
-        label,
-        K::loops(consts, params, loops::Build::of(key.emulate)),
-        ctx.hardware().loop_cap,
-    )?;
+    let loop_bound = K::loops(consts, params, loops::Build::of(key.emulate));
+    loops::check(label, loop_bound, ctx.hardware().loop_cap)?;
     if K::SUBGROUPS {
         ctx.require_subgroups()?;
     }
@@ -113,7 +110,7 @@ pub(crate) fn record_with<K: Kernel>(
             params,
             resources,
             mods,
-            [x, y, 1],
+            ([x, y, 1], loop_bound),
         );
     }
     log::debug!("{label} {consts:?}: {workgroups} workgroups as {x}x{y}");
@@ -162,7 +159,9 @@ pub(crate) fn record_with<K: Kernel>(
 /// the interpreter now, on the native kernel text, over the device's buffers as they are;
 /// its first error found is this dispatch's error, naming the kernel, its variant, the line
 /// (of the composed kernel, and of `shaders/` where the line is found there) and both
-/// invocations; warnings are logged.
+/// invocations; warnings are logged. An invocation that runs more loop iterations than
+/// `loop_bound` (the kernel's stated bound, [`Kernel::loops`]) is an error too: lavapipe's
+/// loop-cap guard (`loops::check`) trusts that bound.
 ///
 /// # Errors
 /// [`Error::Sanitizer`] for a finding, or a kernel the interpreter cannot run; GPU errors.
@@ -174,7 +173,7 @@ fn sanitized<K: Kernel>(
     params: &[u8],
     resources: &[Binding<'_>],
     mods: Option<mods::ModsBind<'_>>,
-    workgroups: [u32; 3],
+    (workgroups, loop_bound): ([u32; 3], u64),
 ) -> Result<()> {
     use crate::gpu::pipeline::PipelineRecipe;
     use crate::gpu::sanitizer::{Bound, BoundAs, Job};
@@ -211,9 +210,11 @@ fn sanitized<K: Kernel>(
         entry: K::ENTRY,
         workgroups,
         bound: &bound,
+        loop_bound,
     };
     let report = ctx.sanitize(encoder, &job)?;
-    if report.findings.is_empty() {
+    let over_bound = report.max_loop_iterations > loop_bound;
+    if report.findings.is_empty() && !over_bound {
         return Ok(());
     }
     let lanes = ctx.sanitized_lanes().unwrap_or(0);
@@ -246,7 +247,21 @@ fn sanitized<K: Kernel>(
             }
         }
     }
-    let mut errors = described.into_iter().filter(|(e, _)| *e).map(|(_, d)| d);
+    let loops = over_bound.then(|| {
+        let d = format!(
+            "one invocation ran {} loop iterations, more than the {loop_bound} its \
+             `Kernel::loops` states: the bound is wrong, so the guard against lavapipe's \
+             loop cap (src/kernels/loops.rs) is unsafe",
+            report.max_loop_iterations,
+        );
+        log::error!("WGSL sanitizer, {variant}: {d}");
+        d
+    });
+    let mut errors = described
+        .into_iter()
+        .filter(|(e, _)| *e)
+        .map(|(_, d)| d)
+        .chain(loops);
     let Some(first) = errors.next() else {
         return Ok(());
     };
@@ -276,7 +291,7 @@ fn sanitized<K: Kernel>(
     _: &[u8],
     _: &[Binding<'_>],
     _: Option<mods::ModsBind<'_>>,
-    _: [u32; 3],
+    _: ([u32; 3], u64),
 ) -> Result<()> {
     Err(Error::Sanitizer {
         kernel: K::ID.file().to_string(),

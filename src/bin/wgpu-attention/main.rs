@@ -405,10 +405,26 @@ fn main() -> ExitCode {
         .format_timestamp(None)
         .init();
     // A panic (a bug) has printed its one line from the hook; it exits 1 like any failure.
-    match std::panic::catch_unwind(|| dispatch(&cli.command)) {
+    let code = match std::panic::catch_unwind(|| dispatch(&cli.command)) {
         Ok(Ok(true)) => ExitCode::SUCCESS,
         Ok(Ok(false)) | Err(_) => ExitCode::FAILURE,
         Ok(Err(e)) => errors::fail(&e),
+    };
+    sanitizer_line(&cli.command, code)
+}
+
+/// Under the WGSL sanitizer, the command's last line on stderr says what ran and what was
+/// found (`verify` prints its own in its report, on stdout); a finding fails the command even
+/// where the command took it for another error and went on.
+fn sanitizer_line(command: &Command, code: ExitCode) -> ExitCode {
+    let summary = wgpu_attention::SanitizerSummary::process();
+    if summary.lanes == 0 || matches!(command, Command::Verify { .. }) {
+        return code;
+    }
+    eprintln!("{summary}");
+    match summary.total_errors() + summary.failed {
+        0 => code,
+        _ => ExitCode::FAILURE,
     }
 }
 

@@ -138,8 +138,22 @@ pub(crate) fn key_ranges(
     }
 }
 
+/// `split`, or where it has more than `most` ranges, the ranges of [`ranges`] for `most`
+/// (`None` when that is one range).
+fn within(split: Option<KeyRanges>, n_kv: usize, tile: usize, most: u64) -> Option<KeyRanges> {
+    match split {
+        Some(r) if r.splits as u64 > most => {
+            ranges(n_kv, tile, usize::try_from(most).unwrap_or(usize::MAX))
+        }
+        other => other,
+    }
+}
+
 impl Flash {
     /// The key split `flash_blocked` runs this call with in blocks of `rows` × `keys`.
+    ///
+    /// An automatic split ([`KeySplit::Auto`]) has no more ranges than the partial outputs'
+    /// buffer holds within the device's binding limit (none when that is one).
     ///
     /// On a device that caps an invocation's loop iterations (llvmpipe: see
     /// [`crate::kernels::loops`]) the ranges are also short enough for one range's loops to
@@ -149,7 +163,17 @@ impl Flash {
         let cpu = ctx.hardware().is_cpu();
         let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
         let tile = keys.max(1) as usize;
-        let base = key_ranges(self.key_split, cpu, workgroups, self.n_kv, tile);
+        let mut base = key_ranges(self.key_split, cpu, workgroups, self.n_kv, tile);
+        if self.key_split == KeySplit::Auto {
+            // One vec4 per row, range and d_v / 4 (the max/sum pair is smaller): a split that
+            // an automatic choice makes must not turn a call that fits into one refused.
+            let limits = ctx.limits();
+            let most = limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size);
+            let slot = self.batch * self.heads * self.n_q * self.dv_h.div_ceil(4) * 16;
+            base = within(base, self.n_kv, tile, most / slot.max(1) as u64);
+        }
         let Some(cap) = ctx.hardware().loop_cap else {
             return base;
         };
@@ -337,6 +361,18 @@ mod tests {
             }
         );
         assert_eq!(key_ranges(KeySplit::Ranges(4), true, 1, 37, 64), None);
+        // Within a binding limit: fewer ranges, or none where only one fits.
+        let r = key_ranges(KeySplit::Auto, false, 1, 4096, 64);
+        assert_eq!(within(r, 4096, 64, 16), r);
+        assert_eq!(
+            within(r, 4096, 64, 5),
+            Some(KeyRanges {
+                splits: 5,
+                keys: 832
+            })
+        );
+        assert_eq!(within(r, 4096, 64, 1), None);
+        assert_eq!(within(r, 4096, 64, 0), None);
         for n in [1, 7, 37, 300, 4097] {
             for want in 1..20 {
                 if let Some(r) = key_ranges(KeySplit::Ranges(want), false, 1, n, 32) {
