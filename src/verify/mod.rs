@@ -5,11 +5,13 @@
 
 mod cases;
 mod f16;
+mod steps;
 mod sweep;
 
 use std::fmt;
 
 pub use cases::{Case, CaseData, MaskCase, MaskData, ModsCase};
+pub use steps::{step_cases, Step, StepCase, StepResult, STEP_HEADER};
 pub use sweep::{quick_cases, random_cases, standard_cases};
 
 use ndarray::ArrayD;

@@ -157,6 +157,15 @@ enum Command {
         /// reads are errors; slow (default: WGPU_ATTENTION_SANITIZE, else off).
         #[arg(long, value_name = "LANES", num_args = 0..=1, default_missing_value = "32")]
         sanitize: Option<wgpu_attention::Sanitize>,
+        /// Also the fused backward (a saved forward, then its gradients) on each family:
+        /// grouped-query heads, causal with a window, presets and T5's bias table, f16
+        /// (default: under the sanitizer; `--gradients false` leaves them out).
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        gradients: Option<bool>,
+        /// Also token-by-token decoding through the KV cache: a prefill, one-token steps,
+        /// f32 and f16 caches, presets, small key blocks (default: under the sanitizer).
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+        decode: Option<bool>,
         #[command(flatten)]
         adapter: GpuArgs,
     },
@@ -228,7 +237,7 @@ pub fn print_timings(ctx: &Context, on: bool) {
 fn verify_cmd(
     (trials, seed, dtype): (usize, u64, Dtype),
     (variants, only, quick, coop): (bool, &[String], bool, bool),
-    sanitize: Option<wgpu_attention::Sanitize>,
+    (sanitize, gradients, decode): (Option<wgpu_attention::Sanitize>, Option<bool>, Option<bool>),
     adapter: &GpuArgs,
 ) -> Result<bool> {
     let mut ctx = adapter.open()?;
@@ -288,7 +297,32 @@ fn verify_cmd(
         progress.inc(1);
     }
     progress.finish_and_clear();
-    println!("\n{} passed, {} failed", cases.len() - failed, failed);
+    let sanitizing = ctx.sanitizing() != wgpu_attention::Sanitize::Off;
+    let steps: Vec<_> = verify::step_cases(
+        &ctx,
+        gradients.unwrap_or(sanitizing),
+        decode.unwrap_or(sanitizing),
+    )
+    .into_iter()
+    .filter(|c| only.is_empty() || only.iter().any(|o| c.to_string().contains(o.as_str())))
+    .collect();
+    if !steps.is_empty() {
+        println!("\n{}", verify::STEP_HEADER);
+    }
+    for (i, case) in steps.iter().enumerate() {
+        match case.run(&ctx, seed.wrapping_add(i as u64)) {
+            Ok(r) => {
+                failed += usize::from(!r.passed());
+                println!("{r}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("{:<58} error: {e}", case.to_string());
+            }
+        }
+    }
+    let total = cases.len() + steps.len();
+    println!("\n{} passed, {} failed", total - failed, failed);
     if ctx.sanitizing() != wgpu_attention::Sanitize::Off {
         let summary = ctx.sanitizer_summary();
         println!("{summary}");
@@ -465,11 +499,13 @@ fn dispatch(command: &Command) -> Result<bool> {
             quick,
             coop,
             sanitize,
+            gradients,
+            decode,
             adapter,
         } => verify_cmd(
             (*trials, *seed, *dtype),
             (*variants, only, *quick, *coop),
-            *sanitize,
+            (*sanitize, *gradients, *decode),
             adapter,
         ),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
