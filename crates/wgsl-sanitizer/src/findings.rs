@@ -90,7 +90,8 @@ pub struct Finding {
     pub detail: String,
     /// How many times this finding happened (same kind and place), counting lanes.
     pub count: u64,
-    /// The seed of the subgroup order it happened under.
+    /// The seed of the schedule it happened under ([`crate::Dispatch::seed`]): running the
+    /// dispatch again with this seed reproduces it.
     pub seed: u64,
 }
 
@@ -114,7 +115,11 @@ impl fmt::Display for Finding {
                 write!(f, " at {l}:{c}")?;
             }
         }
-        write!(f, " ({} times, seed {})", self.count, self.seed)
+        write!(
+            f,
+            " ({} times, under seed {}: the same seed reproduces it)",
+            self.count, self.seed
+        )
     }
 }
 

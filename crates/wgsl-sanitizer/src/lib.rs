@@ -6,7 +6,12 @@
 //! - each subgroup (16, 32 or 64 lanes, the caller's choice) runs its lanes in lockstep with an
 //!   active-lane mask through divergent control flow, and the subgroup builtins (`subgroupAdd`,
 //!   `subgroupShuffleXor`, `subgroupBroadcast`, ballots, ...) act on the active lanes;
-//! - the subgroups of a workgroup run one at a time between barriers, in a seeded random order;
+//! - the subgroups of a workgroup run one at a time, in a seeded random order, switching at
+//!   barriers and at some of their memory accesses, and the lanes of a subgroup run apart
+//!   where that shows without breaking lockstep (divergent branches and the lanes of a store
+//!   or atomic in a seeded order): [`Schedule`] says exactly what is and is not modelled.
+//!   A racy kernel's result then depends on the seed; every finding names the seed it
+//!   happened under, and [`Dispatch::seeds`] runs several;
 //! - f16 arithmetic is rounded to half after every operation, f32 is computed in f32.
 //!
 //! It reports ([`Finding`]): data races on workgroup memory and storage buffers, indices out
@@ -114,8 +119,16 @@ pub struct Dispatch {
     pub subgroup_size: u32,
     /// Values of pipeline-overridable constants, by name (or by `@id` as a decimal string).
     pub overrides: BTreeMap<String, f64>,
-    /// Seed of the order in which the subgroups of a workgroup run between barriers.
+    /// Seed of the schedule: the order in which the subgroups of a workgroup run and switch
+    /// between barriers, and the order of lanes apart ([`Schedule`]). The same seed gives the
+    /// same run; a finding names the seed it happened under.
     pub seed: u64,
+    /// How many seeds [`Shader::run`] tries: `seed`, `seed + 1`, ... until one of them has an
+    /// error (its findings and results are what the run returns), else the last one's.
+    /// Default 1.
+    pub seeds: u32,
+    /// How subgroups and lanes are interleaved between barriers ([`Schedule::default`]).
+    pub schedule: Schedule,
     /// The bound resources, by `(group, binding)`.
     pub resources: BTreeMap<(u32, u32), Resource>,
     /// Report NaN and infinity made from finite operands (warnings). Default on.
@@ -129,8 +142,68 @@ pub struct Dispatch {
     pub zero_workgroup_memory: bool,
 }
 
+/// How the sanitizer interleaves what a GPU may run in any order between two barriers
+/// (adversarially, so that a result that depends on the order differs between seeds).
+///
+/// Modelled:
+/// - the subgroups of a workgroup run one at a time, the next one drawn at random from those
+///   that can run, whenever the running one reaches a barrier, ends, or switches;
+/// - a subgroup switches, besides, at `switches_per_interval` of its memory instructions on
+///   workgroup memory or a writable storage buffer or texture (a load, store or atomic,
+///   cooperative loads and stores included) per barrier interval, at points drawn across the
+///   interval (its length estimated from the subgroup's previous interval): another subgroup
+///   then runs before that instruction, so a read-modify-write that is not atomic can lose an
+///   update, and a value read twice can change in between;
+/// - with `lanes_apart`, the lanes of a subgroup run apart where that is observable without
+///   breaking lockstep: the two sides of a divergent `if` (so also the lanes that leave a
+///   loop by a `break` under an `if` and those that stay) and the cases of a divergent
+///   `switch` run in a seeded order, and the lanes of one store or atomic (a `textureStore`
+///   included) make their accesses in a seeded order (a random rotation of the active lanes,
+///   reversed or not), so which lane's store survives on one address, and the values an atomic
+///   hands out, vary.
+///
+/// Not modelled: lanes of a subgroup interleaved inside one instruction or statement (a
+/// subgroup's instruction is performed by all its active lanes before anything else runs),
+/// lanes running ahead past the end of a construct (they reconverge at the end of each `if`,
+/// `switch` and loop, so a subgroup operation always sees every lane that reaches it), a
+/// load's lanes in another order (it changes no value), memory orderings weaker than
+/// sequential consistency between barriers, and workgroups running at the same time (they run
+/// one after another; races across workgroups are still found by the race checker).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Extra switches a subgroup makes per barrier interval at its memory instructions (0:
+    /// subgroups switch only at barriers). Each costs a thread hand-over, so the cost is
+    /// bounded by this times the number of subgroups and intervals, whatever a kernel's number
+    /// of accesses. Default 2.
+    pub switches_per_interval: u32,
+    /// The lanes of a subgroup apart (divergent branches and the lanes of a store or atomic in
+    /// a seeded order). Default on.
+    pub lanes_apart: bool,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Schedule {
+            switches_per_interval: 2,
+            lanes_apart: true,
+        }
+    }
+}
+
+impl Schedule {
+    /// The schedule before adversarial scheduling: subgroups switch only at barriers, lanes in
+    /// lockstep in a fixed order (the `else` side after the `if` side, lanes lowest first).
+    pub fn at_barriers_only() -> Schedule {
+        Schedule {
+            switches_per_interval: 0,
+            lanes_apart: false,
+        }
+    }
+}
+
 impl Dispatch {
-    /// A dispatch of `entry_point` over `workgroups`, 32 lanes per subgroup, seed 0, nothing bound.
+    /// A dispatch of `entry_point` over `workgroups`, 32 lanes per subgroup, seed 0 (one
+    /// seed), the default [`Schedule`], nothing bound.
     pub fn new(entry_point: &str, workgroups: [u32; 3]) -> Dispatch {
         Dispatch {
             entry_point: entry_point.to_string(),
@@ -138,6 +211,8 @@ impl Dispatch {
             subgroup_size: 32,
             overrides: BTreeMap::new(),
             seed: 0,
+            seeds: 1,
+            schedule: Schedule::default(),
             resources: BTreeMap::new(),
             check_non_finite: true,
             max_lane_ops: 1 << 40,
@@ -173,10 +248,16 @@ impl Dispatch {
 pub struct Report {
     /// Each distinct finding once (kind and place), with how often it happened.
     pub findings: Vec<Finding>,
-    /// Lane-operations interpreted: expressions and statements times the lanes active for them.
+    /// Lane-operations interpreted: expressions and statements times the lanes active for
+    /// them (all seeds run together).
     pub lane_ops: u64,
-    /// The most loop iterations (all loops together) one invocation ran.
+    /// The most loop iterations (all loops together) one invocation ran (under any seed).
     pub max_loop_iterations: u64,
+    /// The seed of the run reported (whose results the dispatch holds): the first of
+    /// [`Dispatch::seeds`] seeds with an error, else the last one run.
+    pub seed: u64,
+    /// How many seeds were run (the findings are the reported seed's).
+    pub seeds_run: u32,
 }
 
 impl Report {
@@ -251,7 +332,9 @@ impl Shader {
         prepare::check_supported(self, ep)
     }
 
-    /// Runs one dispatch; the resources in `dispatch` then hold what it wrote.
+    /// Runs one dispatch; the resources in `dispatch` then hold what it wrote. With
+    /// [`Dispatch::seeds`] above 1 it runs again from the same resources under the next seeds
+    /// until one has an error, and returns that run ([`Report::seed`] says which).
     ///
     /// # Errors
     /// [`Error::Dispatch`] when the dispatch does not fit the shader, [`Error::Unsupported`]
@@ -259,7 +342,26 @@ impl Shader {
     pub fn run(&self, dispatch: &mut Dispatch) -> Result<Report, Error> {
         let ep = self.entry_point(&dispatch.entry_point)?;
         prepare::check_supported(self, ep)?;
-        interp::run(self, ep, dispatch)
+        let seeds = dispatch.seeds.max(1);
+        let before = (seeds > 1).then(|| dispatch.resources.clone());
+        let (mut lane_ops, mut iterations) = (0, 0);
+        for i in 0..seeds {
+            let seed = dispatch.seed.wrapping_add(i as u64);
+            if i > 0 {
+                let before = before.as_ref().expect("kept");
+                dispatch.resources.clone_from(before);
+            }
+            let mut report = interp::run(self, ep, dispatch, seed)?;
+            lane_ops += report.lane_ops;
+            iterations = iterations.max(report.max_loop_iterations);
+            if i + 1 == seeds || report.errors().next().is_some() {
+                report.seeds_run = i + 1;
+                report.lane_ops = lane_ops;
+                report.max_loop_iterations = iterations;
+                return Ok(report);
+            }
+        }
+        unreachable!("at least one seed runs")
     }
 
     pub(crate) fn entry_point(&self, name: &str) -> Result<usize, Error> {

@@ -46,6 +46,7 @@ impl Exec<'_, '_> {
             })),
             ..pm.clone()
         };
+        self.instruction(Some(p), 1 << lane, false)?;
         let mut places = Vec::new();
         if p.off != INVALID {
             for c in 0..cols {

@@ -7,7 +7,7 @@ use std::sync::{Condvar, Mutex};
 use naga::{AddressSpace, Expression, Handle, Literal, TypeInner};
 
 use super::memory::GMem;
-use super::sched::{subgroup_main, Shared};
+use super::sched::{subgroup_main, Baton, Shared};
 use super::shadow::Shadow;
 use super::{Prog, Res};
 use crate::findings::FindingKind as FK;
@@ -226,8 +226,8 @@ fn bound(
     })
 }
 
-/// Runs the dispatch.
-pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch) -> Res<Report> {
+/// Runs the dispatch under `seed`.
+pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
     let m = &sh.module;
     let entry = &m.entry_points[ep];
     let w = d.subgroup_size;
@@ -282,12 +282,13 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch) -> Res<Report> {
         check_nf: d.check_non_finite,
         max_lane_ops: d.max_lane_ops,
         zero_wg: d.zero_workgroup_memory,
+        schedule: d.schedule,
         private_n: globals.private_n,
         private_init: globals.private_init,
     };
-    let lock = (
-        Mutex::new(Shared::new(globals.mem, n_sg, d.seed)),
-        Condvar::new(),
+    let lock: Baton = (
+        Mutex::new(Shared::new(globals.mem, n_sg, seed)),
+        (0..n_sg).map(|_| Condvar::new()).collect(),
     );
     let [gx, gy, gz] = d.workgroups;
     let mut result = Ok(());
@@ -334,12 +335,14 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch) -> Res<Report> {
             other: raw.other.map(|i| prog.invocation(i)),
             detail: raw.detail,
             count,
-            seed: d.seed,
+            seed,
         });
     }
     Ok(Report {
         findings,
         lane_ops: shared.lane_ops,
         max_loop_iterations: shared.max_iters,
+        seed,
+        seeds_run: 1,
     })
 }

@@ -5,7 +5,7 @@
 use naga::{Expression, Handle, Span};
 
 use super::shadow::{Acc, Race, Shadow};
-use super::{data, internal, lanes, ptrs, Exec, Frame, Ptr, Res, Val, INVALID};
+use super::{data, internal, ptrs, Exec, Frame, Ptr, Res, Val, INVALID};
 use crate::findings::FindingKind as FK;
 use crate::prepare::PtrMeta;
 use crate::types::K;
@@ -60,6 +60,19 @@ impl Exec<'_, '_> {
         Some(&mut v[o..o + n])
     }
 
+    /// Whether `p` points at memory that invocations share and can race on: workgroup
+    /// memory, a writable storage buffer or texture.
+    pub(super) fn is_shared(&mut self, p: Ptr) -> bool {
+        if p.local().is_some() || self.p.private_n[p.mem as usize] > 0 {
+            return false;
+        }
+        match &self.g().mem[p.mem as usize] {
+            GMem::Words { .. } => true,
+            GMem::Bytes { shadow, .. } | GMem::Tex { shadow, .. } => !shadow.is_empty(),
+            _ => false,
+        }
+    }
+
     /// Length of a pointer's memory, in its units.
     pub(super) fn mem_len(&mut self, p: Ptr) -> u32 {
         if let Some((depth, idx)) = p.local() {
@@ -111,7 +124,8 @@ impl Exec<'_, '_> {
     ) -> Res<()> {
         let pm = pointee(fr, pointer)?;
         let ps = ptrs(fr, pointer);
-        for l in lanes(mask) {
+        let first = ps.get(mask.trailing_zeros() as usize).copied();
+        for l in self.instruction(first, mask, false)? {
             let p = ps[l];
             let dst = &mut out[l * n..(l + 1) * n];
             if p.off == INVALID {
@@ -139,8 +153,10 @@ impl Exec<'_, '_> {
             return Err(internal("store of a non-value"));
         };
         let pm = pointee(fr, pointer)?;
-        for l in lanes(mask) {
-            let p = ptrs(fr, pointer)[l];
+        let ps = ptrs(fr, pointer);
+        let first = ps.get(mask.trailing_zeros() as usize).copied();
+        for l in self.instruction(first, mask, true)? {
+            let p = ps[l];
             if p.off != INVALID {
                 self.mem(fr, p, pm, &mut src[l * n..(l + 1) * n], l, span, true)?;
             }
@@ -334,8 +350,10 @@ impl Exec<'_, '_> {
         let k = pm.k.ok_or_else(|| internal("atomic kind"))?;
         let mut res = vec![0u32; self.w()];
         let signed = k == K::I32;
-        for l in lanes(mask) {
-            let p = ptrs(fr, pointer)[l];
+        let ps = ptrs(fr, pointer);
+        let first = ps.get(mask.trailing_zeros() as usize).copied();
+        for l in self.instruction(first, mask, true)? {
+            let p = ps[l];
             if p.off == INVALID {
                 continue;
             }

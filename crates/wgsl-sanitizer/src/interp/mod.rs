@@ -1,6 +1,8 @@
 //! The interpreter: one dispatch, workgroup after workgroup; in a workgroup each subgroup on
-//! its own thread, one running at a time (the lock is the baton), switching at barriers in a
-//! seeded random order; in a subgroup the lanes in lockstep under an active mask.
+//! its own thread, one running at a time (the lock is the baton), switching at barriers and at
+//! some memory accesses in a seeded random order ([`crate::Schedule`]); in a subgroup the
+//! lanes in lockstep under an active mask, apart where that is observable (divergent branches
+//! and the lanes of a store or atomic in a seeded order).
 //!
 //! - [`dispatch`]: setting up a dispatch (overrides, constants, the globals' memory), the
 //!   loop over workgroups, the findings turned into [`crate::Finding`]s;
@@ -11,7 +13,7 @@
 //!   writers and readers that finds races and uninitialised reads;
 //! - [`subgroup`], [`coop`], [`texture`]: subgroup operations, cooperative matrices, textures.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use naga::{Expression, Function, Handle, Span};
 
@@ -31,7 +33,7 @@ mod texture;
 
 pub use dispatch::run;
 
-use sched::Shared;
+use sched::{Baton, Shared, Switches};
 
 type Res<T> = Result<T, Error>;
 
@@ -91,6 +93,7 @@ struct Prog<'a> {
     max_lane_ops: u64,
     /// Never-written workgroup memory reads zero ([`crate::Dispatch::zero_workgroup_memory`]).
     zero_wg: bool,
+    schedule: crate::Schedule,
     /// Leaf count of each private global.
     private_n: Vec<u32>,
     private_init: Vec<Vec<u32>>,
@@ -201,7 +204,7 @@ fn expr_span(fr: &Frame, h: Handle<Expression>) -> Span {
 struct Exec<'p, 's> {
     p: &'p Prog<'p>,
     g: Option<MutexGuard<'s, Shared>>,
-    lock: &'s (Mutex<Shared>, Condvar),
+    lock: &'s Baton,
     sg: u32,
     inv0: u32,
     alive: u64,
@@ -213,6 +216,8 @@ struct Exec<'p, 's> {
     wg_id: [u32; 3],
     /// Evaluating a local variable's initialiser (constant), emitted or not.
     in_init: bool,
+    /// Where this subgroup switches in its current barrier interval.
+    switches: Switches,
 }
 
 impl Exec<'_, '_> {
@@ -273,4 +278,56 @@ fn fold(
         });
     }
     Ok(acc)
+}
+
+/// The lanes of a mask in the order they make their accesses.
+struct LaneOrder {
+    lanes: [u8; 64],
+    len: u8,
+    at: u8,
+}
+
+impl Iterator for LaneOrder {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        (self.at < self.len).then(|| {
+            self.at += 1;
+            self.lanes[self.at as usize - 1] as usize
+        })
+    }
+}
+
+impl Exec<'_, '_> {
+    /// Before a memory instruction of the lanes in `mask` on the memory of `p` (the first
+    /// active lane's pointer; `None` when there is none): when that
+    /// memory is shared (workgroup memory, a writable buffer or texture), another subgroup
+    /// may run first (a switch point), and with lanes apart a store or atomic (`reorder`)
+    /// makes its lanes' accesses in a seeded order: the active lanes rotated, reversed or
+    /// not. Returns that order (lowest lane first otherwise).
+    fn instruction(&mut self, p: Option<Ptr>, mask: u64, reorder: bool) -> Res<LaneOrder> {
+        let mut order = LaneOrder {
+            lanes: [0; 64],
+            len: 0,
+            at: 0,
+        };
+        for l in lanes(mask) {
+            order.lanes[order.len as usize] = l as u8;
+            order.len += 1;
+        }
+        if !p.is_some_and(|p| self.is_shared(p)) {
+            return Ok(order);
+        }
+        self.switch_point()?;
+        if reorder && self.apart() && order.len > 1 {
+            let n = order.len as u32;
+            let r = self.g().below(2 * n);
+            let active = &mut order.lanes[..n as usize];
+            active.rotate_left((r / 2) as usize);
+            if r & 1 == 1 {
+                active.reverse();
+            }
+        }
+        Ok(order)
+    }
 }

@@ -1,10 +1,11 @@
 //! The subgroups of a workgroup, each on its own scoped thread, one running at a time: the
 //! one whose number is `Shared::turn` holds the lock (the baton) and runs until it reaches a
-//! barrier or ends, then passes the turn to the next ready subgroup of a seeded random order
-//! (`pass_turn`); when every subgroup waits at a barrier (or is done) the barrier is checked
-//! and a new interval begins in a new order.
+//! barrier, ends, or switches at a memory instruction ([`crate::Schedule`]); the turn then
+//! goes to a subgroup drawn at random from those that can run (`pass_turn`), each thread
+//! waiting on a condition variable of its own. When every subgroup waits at a barrier (or is
+//! done) the barrier is checked and a new interval begins.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 use naga::Span;
 
@@ -14,6 +15,10 @@ use super::{splitmix, Exec, Prog, Res};
 use crate::findings::{Collector, FindingKind as FK, Raw};
 use crate::Error;
 
+/// The shared state and one condition variable per subgroup (its thread waits on it for
+/// its turn).
+pub(super) type Baton = (Mutex<Shared>, Vec<Condvar>);
+
 /// Where a subgroup is.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum St {
@@ -21,6 +26,13 @@ pub(super) enum St {
     Barrier(Span, naga::Barrier),
     Done,
 }
+
+/// Nobody's turn (the workgroup is done).
+const NOBODY: usize = usize::MAX;
+
+/// Memory instructions a subgroup is assumed to make in its first interval, before one of
+/// its intervals has been seen.
+const FIRST_ESTIMATE: u32 = 16;
 
 /// Shared by the subgroups of a dispatch; whoever holds the lock runs.
 pub(super) struct Shared {
@@ -33,10 +45,13 @@ pub(super) struct Shared {
     pub(super) st_ep: u32,
     wg_linear: u32,
     status: Vec<St>,
-    order: Vec<usize>,
-    pos: usize,
     turn: usize,
-    rng: u64,
+    /// The seeded random source of every scheduling decision (drawn by whoever runs, so a
+    /// seed gives one run).
+    pub(super) rng: u64,
+    /// Memory instructions each subgroup made in its first interval of the last workgroup
+    /// (where its switch points in the first interval of the next are drawn).
+    first_len: Vec<u32>,
     abort: bool,
     pub(super) error: Option<Error>,
     pub(super) lane_ops: u64,
@@ -53,15 +68,19 @@ impl Shared {
             st_ep: 0,
             wg_linear: 0,
             status: vec![St::Ready; n_sg as usize],
-            order: Vec::new(),
-            pos: 0,
-            turn: usize::MAX,
+            turn: NOBODY,
             rng: seed ^ 0x5eed_5eed_5eed_5eed,
+            first_len: vec![FIRST_ESTIMATE; n_sg as usize],
             abort: false,
             error: None,
             lane_ops: 0,
             max_iters: 0,
         }
+    }
+
+    /// A random number below `n` (`n` > 0) from the seeded source.
+    pub(super) fn below(&mut self, n: u32) -> u32 {
+        (((splitmix(&mut self.rng) >> 32) * n as u64) >> 32) as u32
     }
 
     /// Starts workgroup `linear`: new intervals, workgroup memory garbage (or zero) and never
@@ -86,10 +105,32 @@ impl Shared {
         for s in self.status.iter_mut() {
             *s = St::Ready;
         }
-        let order = shuffle(&mut self.rng, self.status.len());
-        self.turn = order[0];
-        self.order = order;
-        self.pos = 0;
+        self.turn = self.draw_ready(None).unwrap_or(NOBODY);
+    }
+
+    /// A subgroup that can run (other than `except`), drawn at random.
+    fn draw_ready(&mut self, except: Option<usize>) -> Option<usize> {
+        let ready = |(s, st): (usize, &St)| *st == St::Ready && Some(s) != except;
+        let n = self.status.iter().enumerate().filter(|x| ready(*x)).count();
+        if n == 0 {
+            return None;
+        }
+        let k = self.below(n as u32) as usize;
+        self.status
+            .iter()
+            .enumerate()
+            .filter(|x| ready(*x))
+            .nth(k)
+            .map(|(s, _)| s)
+    }
+
+    /// Wakes the subgroup whose turn it is (all of them when the dispatch is aborted).
+    fn wake(&self, cvs: &[Condvar]) {
+        if self.abort {
+            cvs.iter().for_each(Condvar::notify_all);
+        } else if let Some(cv) = cvs.get(self.turn) {
+            cv.notify_one();
+        }
     }
 
     /// The first invocation of subgroup `s` of the current workgroup.
@@ -118,26 +159,13 @@ impl Shared {
     }
 }
 
-fn shuffle(rng: &mut u64, n: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = (splitmix(rng) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
-/// Passes the baton: the next ready subgroup of this interval runs; when none is left, the
-/// barrier is resolved (checked, a new interval begun) or the workgroup is done.
+/// Passes the baton from a subgroup that waits at a barrier or is done: a ready subgroup
+/// runs; when none is left, the barrier is resolved (checked, a new interval begun) or the
+/// workgroup is done.
 fn pass_turn(g: &mut Shared, p: &Prog) {
-    g.pos += 1;
-    while g.pos < g.order.len() {
-        let s = g.order[g.pos];
-        if g.status[s] == St::Ready {
-            g.turn = s;
-            return;
-        }
-        g.pos += 1;
+    if let Some(s) = g.draw_ready(None) {
+        g.turn = s;
+        return;
     }
     // Everyone is at a barrier or done.
     let mut first: Option<(usize, Span)> = None;
@@ -165,7 +193,7 @@ fn pass_turn(g: &mut Shared, p: &Prog) {
         }
     }
     let Some((s0, span0)) = first else {
-        g.turn = usize::MAX;
+        g.turn = NOBODY;
         return;
     };
     if let Some(sd) = any_done {
@@ -192,26 +220,49 @@ fn pass_turn(g: &mut Shared, p: &Prog) {
             *st = St::Ready;
         }
     }
-    let n = g.status.len();
-    g.order = shuffle(&mut g.rng, n);
-    g.pos = 0;
-    while g.status[g.order[g.pos]] != St::Ready {
-        g.pos += 1;
+    g.turn = g.draw_ready(None).unwrap_or(NOBODY);
+}
+
+/// A subgroup's switches at memory instructions in its current barrier interval.
+pub(super) struct Switches {
+    /// Memory instructions on shared memory made in this interval.
+    count: u32,
+    /// Those of the previous interval (or an estimate), across which switch points are drawn.
+    estimate: u32,
+    /// Switch at the instruction after this many.
+    next: u32,
+    /// Switches left in this interval.
+    left: u32,
+    /// Whether this is the subgroup's first interval in its workgroup.
+    first: bool,
+}
+
+impl Switches {
+    /// A new interval of a subgroup that made `estimate` memory instructions in its last
+    /// (or is assumed to): `per_interval` switch points, the first drawn.
+    fn begin(g: &mut Shared, estimate: u32, per_interval: u32, first: bool) -> Switches {
+        let estimate = estimate.max(1);
+        Switches {
+            count: 0,
+            estimate,
+            next: if per_interval > 0 {
+                g.below(estimate)
+            } else {
+                0
+            },
+            left: per_interval,
+            first,
+        }
     }
-    g.turn = g.order[g.pos];
 }
 
 /// The thread of subgroup `s` of workgroup `wg_id` (linear index `linear`).
-pub(super) fn subgroup_main(
-    p: &Prog,
-    lock: &(Mutex<Shared>, Condvar),
-    s: u32,
-    wg_id: [u32; 3],
-    linear: u32,
-) {
+pub(super) fn subgroup_main(p: &Prog, lock: &Baton, s: u32, wg_id: [u32; 3], linear: u32) {
     let mut g = lock.0.lock().unwrap_or_else(|e| e.into_inner());
     while g.turn != s as usize && !g.abort {
-        g = lock.1.wait(g).unwrap_or_else(|e| e.into_inner());
+        g = lock.1[s as usize]
+            .wait(g)
+            .unwrap_or_else(|e| e.into_inner());
     }
     if g.abort {
         return;
@@ -225,6 +276,8 @@ pub(super) fn subgroup_main(
     };
     let w = p.w as usize;
     let private = p.private_init.iter().map(|init| init.repeat(w)).collect();
+    let estimate = g.first_len[s as usize];
+    let switches = Switches::begin(&mut g, estimate, p.schedule.switches_per_interval, true);
     let mut ex = Exec {
         p,
         g: Some(g),
@@ -238,9 +291,11 @@ pub(super) fn subgroup_main(
         iters: vec![0; w],
         wg_id,
         in_init: false,
+        switches,
     };
     let r = ex.run_entry();
     let mut g = ex.g.take().expect("the baton");
+    ex.end_interval(&mut g);
     g.lane_ops += ex.lane_ops;
     let mx = ex.iters.iter().copied().max().unwrap_or(0);
     g.max_iters = g.max_iters.max(mx);
@@ -257,11 +312,10 @@ pub(super) fn subgroup_main(
             g.abort = true;
         }
     }
-    drop(g);
-    lock.1.notify_all();
+    g.wake(&lock.1);
 }
 
-impl Exec<'_, '_> {
+impl<'s> Exec<'_, 's> {
     /// A workgroup or storage barrier reached by the lanes in `mask`.
     pub(super) fn barrier(&mut self, span: Span, flags: naga::Barrier, mask: u64) -> Res<()> {
         if mask != self.alive {
@@ -286,18 +340,63 @@ impl Exec<'_, '_> {
             );
         }
         let p = self.p;
-        let s = self.sg as usize;
         let mut g = self.g.take().expect("the baton");
-        g.status[s] = St::Barrier(span, flags);
+        self.end_interval(&mut g);
+        g.status[self.sg as usize] = St::Barrier(span, flags);
         pass_turn(&mut g, p);
-        self.lock.1.notify_all();
-        while g.turn != s && !g.abort {
-            g = self.lock.1.wait(g).unwrap_or_else(|e| e.into_inner());
-        }
-        let aborted = g.abort;
+        let mut g = self.hand_over(g)?;
+        let estimate = self.switches.count;
+        self.switches = Switches::begin(&mut g, estimate, p.schedule.switches_per_interval, false);
         self.g = Some(g);
-        if aborted {
+        Ok(())
+    }
+
+    /// Notes the length of the interval that ends (in its first interval, for the next
+    /// workgroup's subgroup of this number).
+    fn end_interval(&mut self, g: &mut Shared) {
+        if self.switches.first {
+            g.first_len[self.sg as usize] = self.switches.count;
+        }
+    }
+
+    /// Wakes whoever's turn it now is and waits for this subgroup's turn again.
+    fn hand_over(&mut self, mut g: MutexGuard<'s, Shared>) -> Res<MutexGuard<'s, Shared>> {
+        let s = self.sg as usize;
+        g.wake(&self.lock.1);
+        while g.turn != s && !g.abort {
+            g = self.lock.1[s].wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+        if g.abort {
+            self.g = Some(g);
             return Err(Error::Dispatch("aborted".into()));
+        }
+        Ok(g)
+    }
+
+    /// Before a memory instruction on shared memory: at the interval's switch points another
+    /// ready subgroup runs first.
+    pub(super) fn switch_point(&mut self) -> Res<()> {
+        let sw = &mut self.switches;
+        sw.count += 1;
+        if sw.left == 0 || sw.count <= sw.next {
+            return Ok(());
+        }
+        sw.left -= 1;
+        let mut g = self.g.take().expect("the baton");
+        // The next switch point, drawn across what is left of the interval.
+        let rest = self
+            .switches
+            .estimate
+            .saturating_sub(self.switches.count)
+            .max(1);
+        self.switches.next = self.switches.count + g.below(rest);
+        match g.draw_ready(Some(self.sg as usize)) {
+            Some(other) => {
+                g.turn = other;
+                let g = self.hand_over(g)?;
+                self.g = Some(g);
+            }
+            None => self.g = Some(g),
         }
         Ok(())
     }

@@ -168,6 +168,93 @@ impl<'p> Exec<'p, '_> {
         Ok(mask)
     }
 
+    /// Whether the lanes of a subgroup run apart ([`crate::Schedule::lanes_apart`]).
+    pub(super) fn apart(&self) -> bool {
+        self.p.schedule.lanes_apart
+    }
+
+    /// A `switch` for `mask`: each lane runs the case its selector matches (or the default).
+    fn switch(
+        &mut self,
+        fr: &mut Frame,
+        selector: Handle<Expression>,
+        cases: &'p [naga::SwitchCase],
+        mask: u64,
+    ) -> Res<u64> {
+        self.ensure(fr, selector)?;
+        let sel = data(fr, selector);
+        let mut case_masks = Vec::with_capacity(cases.len());
+        let mut matched = 0u64;
+        for c in cases {
+            let v = match c.value {
+                naga::SwitchValue::I32(v) => Some(v as u32),
+                naga::SwitchValue::U32(v) => Some(v),
+                naga::SwitchValue::Default => None,
+            };
+            let mut cm = 0u64;
+            if let Some(v) = v {
+                for l in lanes(mask & !matched) {
+                    if sel[l] == v {
+                        cm |= 1 << l;
+                    }
+                }
+                matched |= cm;
+            }
+            case_masks.push(cm);
+        }
+        for (i, c) in cases.iter().enumerate() {
+            if c.value == naga::SwitchValue::Default {
+                case_masks[i] = mask & !matched;
+            }
+        }
+        // The cases in groups, each run as a whole: cases that fall through (`case 1, 2:`)
+        // and the one they fall into. Lanes apart: the groups in a seeded order.
+        let mut groups = Vec::new();
+        let mut start = 0;
+        for (i, c) in cases.iter().enumerate() {
+            if !c.fall_through || i + 1 == cases.len() {
+                groups.push(start..i + 1);
+                start = i + 1;
+            }
+        }
+        let live = groups
+            .iter()
+            .filter(|r| case_masks[(*r).clone()].iter().any(|m| *m != 0))
+            .count();
+        if live > 1 && self.apart() {
+            for i in (1..groups.len()).rev() {
+                let j = self.g().below(i as u32 + 1) as usize;
+                groups.swap(i, j);
+            }
+        }
+        fr.brk.push(Brk {
+            is_loop: false,
+            brk: 0,
+            cont: 0,
+        });
+        let mut exit = 0u64;
+        for group in groups {
+            let mut carry = 0u64;
+            for i in group {
+                let run = case_masks[i] | carry;
+                let fell = if run != 0 {
+                    self.block(fr, &cases[i].body, run)?
+                } else {
+                    0
+                };
+                if cases[i].fall_through {
+                    carry = fell;
+                } else {
+                    exit |= fell;
+                    carry = 0;
+                }
+            }
+            exit |= carry;
+        }
+        let b = fr.brk.pop().expect("switch context");
+        Ok(exit | b.brk)
+    }
+
     /// Runs one statement for `mask`; returns the lanes that carry on after it.
     fn stmt(&mut self, fr: &mut Frame, stmt: &'p Statement, span: Span, mask: u64) -> Res<u64> {
         self.lane_ops += mask.count_ones() as u64;
@@ -186,73 +273,25 @@ impl<'p> Exec<'p, '_> {
             } => {
                 self.ensure(fr, condition)?;
                 let t = lanes_where(data(fr, condition), mask);
-                let a = if t != 0 {
-                    self.block(fr, accept, t)?
-                } else {
-                    0
-                };
                 let e = mask & !t;
-                let b = if e != 0 {
-                    self.block(fr, reject, e)?
+                // Lanes apart: the `else` side first, sometimes.
+                let sides = if t != 0 && e != 0 && self.apart() && self.g().below(2) == 1 {
+                    [(reject, e), (accept, t)]
                 } else {
-                    0
+                    [(accept, t), (reject, e)]
                 };
-                Ok(a | b)
+                let mut out = 0;
+                for (block, lanes) in sides {
+                    if lanes != 0 {
+                        out |= self.block(fr, block, lanes)?;
+                    }
+                }
+                Ok(out)
             }
             Statement::Switch {
                 selector,
                 ref cases,
-            } => {
-                self.ensure(fr, selector)?;
-                let sel = data(fr, selector).to_vec();
-                let mut case_masks = Vec::with_capacity(cases.len());
-                let mut matched = 0u64;
-                for c in cases {
-                    let v = match c.value {
-                        naga::SwitchValue::I32(v) => Some(v as u32),
-                        naga::SwitchValue::U32(v) => Some(v),
-                        naga::SwitchValue::Default => None,
-                    };
-                    let mut cm = 0u64;
-                    if let Some(v) = v {
-                        for l in lanes(mask & !matched) {
-                            if sel[l] == v {
-                                cm |= 1 << l;
-                            }
-                        }
-                        matched |= cm;
-                    }
-                    case_masks.push(cm);
-                }
-                for (i, c) in cases.iter().enumerate() {
-                    if c.value == naga::SwitchValue::Default {
-                        case_masks[i] = mask & !matched;
-                    }
-                }
-                fr.brk.push(Brk {
-                    is_loop: false,
-                    brk: 0,
-                    cont: 0,
-                });
-                let mut carry = 0u64;
-                let mut exit = 0u64;
-                for (i, c) in cases.iter().enumerate() {
-                    let run = case_masks[i] | carry;
-                    let fell = if run != 0 {
-                        self.block(fr, &c.body, run)?
-                    } else {
-                        0
-                    };
-                    if c.fall_through {
-                        carry = fell;
-                    } else {
-                        exit |= fell;
-                        carry = 0;
-                    }
-                }
-                let b = fr.brk.pop().expect("switch context");
-                Ok(exit | carry | b.brk)
-            }
+            } => self.switch(fr, selector, cases, mask),
             Statement::Loop {
                 ref body,
                 ref continuing,

@@ -58,12 +58,13 @@ impl Exec<'_, '_> {
         let coords = data(fr, coordinate).to_vec();
         let levels = level.map(|lv| data(fr, lv).to_vec());
         let mut bad: Vec<(usize, u32, u32, u32)> = Vec::new();
+        let order = self.instruction(Some(Ptr { mem: gi, off: 0 }), mask, false)?;
         let (tw, th) = {
             let g = self.g.as_mut().expect("the baton");
             let GMem::Tex { tex, .. } = &g.mem[gi as usize] else {
                 return Err(internal("texture memory"));
             };
-            for l in lanes(mask) {
+            for l in order {
                 let (x, y) = (coords[l * 2], coords[l * 2 + 1]);
                 let lev = levels.as_ref().map_or(0, |v| v[l]);
                 let dst = &mut out[l * 4..l * 4 + 4];
@@ -105,6 +106,7 @@ impl Exec<'_, '_> {
         let vk = fr.prep.metas[value.index()].k.unwrap_or(K::F32);
         let coords = data(fr, coordinate).to_vec();
         let vals = data(fr, value).to_vec();
+        let order = self.instruction(Some(Ptr { mem: gi, off: 0 }), mask, true)?;
         let mut acc = Acc {
             me: 0,
             ep: self.g().st_ep,
@@ -121,7 +123,7 @@ impl Exec<'_, '_> {
             let GMem::Tex { tex, shadow, .. } = &mut g.mem[gi as usize] else {
                 return Err(internal("texture memory"));
             };
-            for l in lanes(mask) {
+            for l in order {
                 let (x, y) = (coords[l * 2], coords[l * 2 + 1]);
                 if x >= tex.width || y >= tex.height {
                     events.push((l, x, y, None));
