@@ -114,8 +114,9 @@ struct Params {
 //   one subgroup, and the row maxima and sums are reduced by subgroupShuffleXor butterflies
 //   (identical in every lane) instead of going through `red`.
 // - HMUL ≠ 0 (f16 operands, SHADER_F16): H_T = f16, so the chunks and P sit in workgroup
-//   memory as vec4<f16> and Q·Kᵀ (Q pre-scaled by scale·log2 e while staged, 4-term f16
-//   dots) and P·V (f16 products) multiply in f16; scores, m, l and O accumulate in f32.
+//   memory as vec4<f16> (Q pre-scaled by scale·log2 e while staged) and P·V multiplies in
+//   f16; Q·Kᵀ widens its f16 operands to f32 (exact products, f32 sums), and scores, m, l
+//   and O accumulate in f32.
 // - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K, V and the
 //   output are multiples of 4): Q, K, V and the output are bound as arrays of vec4s, and
 //   each 4 values of a row come in one vector load (128 bits in f32, 64 in f16) instead of
@@ -293,6 +294,9 @@ fn main(
     }
     let part = id % splits;
     var li = local;
+    // The rank counter starts at 0 by this workgroup's own store: WGSL zeroes workgroup
+    // memory, but a kernel that relies on it breaks wherever it is not (wgpu's option to
+    // skip it, other compilers of this text).
     let tx_n = max(BC / 4u, 1u);
     let ty = li / tx_n;
     let tx = li % tx_n;
@@ -355,867 +359,870 @@ fn main(
             } else {
                 stage_v(HALF - cur, li, j0, v_base);
             }
+            // HMUL ≠ 0: the f16 operands widened to f32, whose products of two f16 values are
+            // exact and whose sums keep f32's precision (f16 sums of logits in the thousands
+            // would be off by whole units).
             {
                 const c = 0u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 1u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 2u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 3u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 4u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 5u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 6u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
             {
                 const c = 7u;
-                var qv: array<vec4<H_T>, 4>;
+                var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 1u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 2u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const r = 3u;
                     if QRES == 0u { // if !QRES
-                        qv[r] = pool[cur + (4u * ty + r) * QS + c];
+                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
                     }
                 }
                 {
                     const e = 0u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 1u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 2u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
                 {
                     const e = 3u;
-                    let kv = pool[cur + (QR + tx + tx_n * e) * QS + c];
+                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
                     {
                         const r = 0u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 1u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 2u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                     {
                         const r = 3u;
-                        s[r][e] += f32(dot(qv[r], kv));
+                        s[r][e] += dot(qv[r], kv);
                     }
                 }
             }
