@@ -169,6 +169,16 @@ impl Context {
         self
     }
 
+    /// Under the sanitizer, runs every dispatch under `seeds` schedules (seeds
+    /// `WGPU_ATTENTION_SANITIZE_SEED` on; default `WGPU_ATTENTION_SANITIZE_SEEDS`, else 1),
+    /// each from the same inputs: a finding names the seed that made it, and that seed alone
+    /// reproduces it. Costs `seeds` times the interpreting.
+    #[must_use]
+    pub fn with_sanitizer_seeds(mut self, seeds: u32) -> Self {
+        self.dev.sanitizer.seeds = Some(seeds.max(1));
+        self
+    }
+
     /// Under the sanitizer, runs each kernel's text as `edit` rewrites it (given the kernel
     /// file's name and its composed text; `None` keeps it): for tests that plant a defect
     /// in a real kernel (a barrier removed) and expect the sanitizer to name it.

@@ -141,4 +141,36 @@ fn a_removed_barrier_in_a_real_kernel_is_a_race_at_its_line() {
         "{write} or {read} in: {message}"
     );
     assert!(ctx.sanitizer_summary().total_errors() > 0);
+    assert!(
+        message.contains("WGPU_ATTENTION_SANITIZE_SEED=0 reproduces it"),
+        "{message}"
+    );
+}
+
+#[test]
+fn several_seeds_report_the_one_that_found_it_and_it_alone_reproduces_it() {
+    // Three schedules per dispatch from seed 5: a clean call stays right under each, and a
+    // race is reported with a seed of those three.
+    let clean = sanitized(32).with_sanitizer_seeds(3);
+    let case = window_gqa(Kernels::Storage, true, Dtype::F32);
+    verify::run_case(&clean, &case, 7).expect("right under three seeds");
+    assert_eq!(clean.sanitizer_summary().seeds, 3);
+    assert!(clean
+        .sanitizer_summary()
+        .to_string()
+        .contains("under 3 seeds"));
+
+    let racy = sanitized(32)
+        .with_sanitizer_seeds(3)
+        .with_blocked_options(BlockedOptions {
+            subgroups: Some(false),
+            ..Default::default()
+        })
+        .with_sanitizer_edit(without_the_reduction_barrier);
+    let err = verify::run_case(&racy, &case, 7).expect_err("a race");
+    let message = err.to_string();
+    assert!(
+        message.contains("WGPU_ATTENTION_SANITIZE_SEED=0 reproduces it"),
+        "the first seed with an error is reported: {message}"
+    );
 }

@@ -79,12 +79,24 @@ impl fmt::Display for Sanitize {
     }
 }
 
-/// The seed of the subgroups' order between barriers: `WGPU_ATTENTION_SANITIZE_SEED`, else 0.
+/// The first seed of the schedule (the subgroups' order, where they give up their turn, the
+/// order of divergent arms and of one instruction's lanes): `WGPU_ATTENTION_SANITIZE_SEED`,
+/// else 0.
 fn seed() -> u64 {
     std::env::var("WGPU_ATTENTION_SANITIZE_SEED")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// Seeds run per dispatch, from [`seed`] on (each from the same inputs; the first with an
+/// error is the one reported): `WGPU_ATTENTION_SANITIZE_SEEDS`, else 1.
+fn seeds_from_env() -> u32 {
+    std::env::var("WGPU_ATTENTION_SANITIZE_SEEDS")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&n: &u32| n > 0)
+        .unwrap_or(1)
 }
 
 /// What ran under the sanitizer on one device so far, and what it found: the line `verify`
@@ -95,6 +107,9 @@ pub struct SanitizerSummary {
     pub lanes: u32,
     /// Dispatches interpreted, per kernel file.
     pub dispatches: BTreeMap<&'static str, u64>,
+    /// The most schedules (seeds) one dispatch ran under (`WGPU_ATTENTION_SANITIZE_SEEDS`,
+    /// [`crate::Context::with_sanitizer_seeds`]).
+    pub seeds: u32,
     /// Lane-operations interpreted.
     pub lane_ops: u64,
     /// Time spent interpreting.
@@ -154,7 +169,7 @@ impl fmt::Display for SanitizerSummary {
         write!(
             f,
             "sanitizer ({}-lane subgroups): {} dispatches of {} kernels ({}), {:.3e} lane-ops \
-             in {secs:.1} s ({:.0} M/s; {:.1} s more parsing kernels and moving buffers); ",
+             in {secs:.1} s ({:.0} M/s; {:.1} s more parsing kernels and moving buffers){}; ",
             self.lanes,
             self.total_dispatches(),
             self.dispatches.len(),
@@ -162,6 +177,10 @@ impl fmt::Display for SanitizerSummary {
             self.lane_ops as f64,
             self.lane_ops as f64 / secs.max(1e-9) / 1e6,
             self.overhead.as_secs_f64(),
+            match self.seeds {
+                0 | 1 => String::new(),
+                n => format!(", each dispatch under {n} seeds"),
+            },
         )?;
         match (self.total_errors(), self.total_warnings(), self.failed) {
             (0, 0, 0) => f.write_str("found nothing")?,
@@ -217,6 +236,7 @@ fn grouped(n: u64) -> String {
 static PROCESS: Mutex<SanitizerSummary> = Mutex::new(SanitizerSummary {
     lanes: 0,
     dispatches: BTreeMap::new(),
+    seeds: 0,
     lane_ops: 0,
     time: Duration::ZERO,
     overhead: Duration::ZERO,
@@ -262,6 +282,7 @@ impl SanitizerSummary {
             return;
         };
         *self.dispatches.entry(d.label).or_default() += 1;
+        self.seeds = self.seeds.max(report.seeds_run);
         self.lane_ops += report.lane_ops;
         let over = report.max_loop_iterations > d.loop_bound;
         let errors = report.errors().count() as u64 + u64::from(over);
@@ -304,6 +325,9 @@ pub(crate) struct Sanitizer {
     logged: Mutex<std::collections::HashSet<String>>,
     /// A test's rewriting of the kernels' text (see [`crate::Context::with_sanitizer_edit`]).
     pub(crate) edit: Option<KernelEdit>,
+    /// Seeds per dispatch (see [`crate::Context::with_sanitizer_seeds`]; `None`: the
+    /// environment's).
+    pub(crate) seeds: Option<u32>,
 }
 
 /// A rewriting of a kernel's text under the sanitizer: given the kernel file's name and its
@@ -422,6 +446,7 @@ impl Device {
         let mut dispatch = wgsl_sanitizer::Dispatch::new(job.entry, job.workgroups);
         dispatch.subgroup_size = lanes;
         dispatch.seed = seed();
+        dispatch.seeds = self.sanitizer.seeds.unwrap_or_else(seeds_from_env);
         // The crate's pipelines zero workgroup memory (wgpu's default, as WGSL says): a read
         // of an element never written is still a finding, and reads zero, as there.
         dispatch.zero_workgroup_memory = true;

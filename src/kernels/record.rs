@@ -79,7 +79,7 @@ pub(crate) fn record_with<K: Kernel>(
                 ),
                 needed: format!("{storage} storage buffers"),
                 limit: format!("{limit} per shader stage"),
-                limit_name: "max_storage_buffers_per_shader_stage",
+                limit_name: Limit::MaxStorageBuffersPerShaderStage,
             });
         }
     }
@@ -275,6 +275,10 @@ fn sanitized<K: Kernel>(
     if let Some(path) = kept {
         message.push_str(&format!("; the kernel's text: {}", path.display()));
     }
+    message.push_str(&format!(
+        "; WGPU_ATTENTION_SANITIZE_SEED={} reproduces it",
+        report.seed
+    ));
     Err(Error::Sanitizer {
         kernel: variant,
         message,

@@ -157,6 +157,11 @@ enum Command {
         /// reads are errors; slow (default: WGPU_ATTENTION_SANITIZE, else off).
         #[arg(long, value_name = "LANES", num_args = 0..=1, default_missing_value = "32")]
         sanitize: Option<wgpu_attention::Sanitize>,
+        /// Under the sanitizer, run every dispatch under N schedules (seeds
+        /// WGPU_ATTENTION_SANITIZE_SEED on), each from the same inputs; a finding names the
+        /// seed that reproduces it (default: WGPU_ATTENTION_SANITIZE_SEEDS, else 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        sanitize_seeds: Option<u32>,
         /// Also the fused backward (a saved forward, then its gradients) on each family:
         /// grouped-query heads, causal with a window, presets and T5's bias table, f16
         /// (default: under the sanitizer; `--gradients false` leaves them out).
@@ -234,15 +239,27 @@ pub fn print_timings(ctx: &Context, on: bool) {
     }
 }
 
+/// verify's sanitizer options: the width, seeds per dispatch, and whether gradients and
+/// decoding run too.
+type Sanitizing = (
+    Option<wgpu_attention::Sanitize>,
+    Option<u32>,
+    Option<bool>,
+    Option<bool>,
+);
+
 fn verify_cmd(
     (trials, seed, dtype): (usize, u64, Dtype),
     (variants, only, quick, coop): (bool, &[String], bool, bool),
-    (sanitize, gradients, decode): (Option<wgpu_attention::Sanitize>, Option<bool>, Option<bool>),
+    (sanitize, seeds, gradients, decode): Sanitizing,
     adapter: &GpuArgs,
 ) -> Result<bool> {
     let mut ctx = adapter.open()?;
     if let Some(s) = sanitize {
         ctx = ctx.with_sanitizer(s);
+    }
+    if let Some(n) = seeds {
+        ctx = ctx.with_sanitizer_seeds(n);
     }
     if dtype == Dtype::F16 {
         ctx.require_f16()?;
@@ -499,13 +516,14 @@ fn dispatch(command: &Command) -> Result<bool> {
             quick,
             coop,
             sanitize,
+            sanitize_seeds,
             gradients,
             decode,
             adapter,
         } => verify_cmd(
             (*trials, *seed, *dtype),
             (*variants, only, *quick, *coop),
-            (*sanitize, *gradients, *decode),
+            (*sanitize, *sanitize_seeds, *gradients, *decode),
             adapter,
         ),
         Command::Bench(args) => bench_cmd::bench_cmd(args),
