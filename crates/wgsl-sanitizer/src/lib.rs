@@ -37,6 +37,7 @@
 //! assert_eq!(u32::from_le_bytes(out[4 * 5..4 * 6].try_into().unwrap()), 10);
 //! ```
 
+mod counters;
 mod findings;
 mod interp;
 mod math;
@@ -46,6 +47,7 @@ mod types;
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub use counters::{Counters, Sample, Traffic, BANKS, SECTOR_BYTES};
 pub use findings::{Finding, FindingKind, Invocation, Severity};
 
 /// Why a shader could not be run.
@@ -140,6 +142,14 @@ pub struct Dispatch {
     /// is still a finding, but reads zero, so what follows is what such a pipeline computes.
     /// Default off: it reads garbage, as on a GPU that does not zero it.
     pub zero_workgroup_memory: bool,
+    /// Count what the dispatch would spend on a GPU ([`Report::counters`]: FLOPs, global
+    /// sectors, bank conflicts, barriers, instructions). Default off (then nothing is
+    /// gathered).
+    pub counters: bool,
+    /// Which workgroups run ([`Sample::All`] by default): a sample of a large dispatch is
+    /// counted and scaled to the whole; the other workgroups do not run (their results are
+    /// not written).
+    pub sample: Sample,
 }
 
 /// How the sanitizer interleaves what a GPU may run in any order between two barriers
@@ -217,6 +227,8 @@ impl Dispatch {
             check_non_finite: true,
             max_lane_ops: 1 << 40,
             zero_workgroup_memory: false,
+            counters: false,
+            sample: Sample::All,
         }
     }
 
@@ -258,6 +270,9 @@ pub struct Report {
     pub seed: u64,
     /// How many seeds were run (the findings are the reported seed's).
     pub seeds_run: u32,
+    /// What the dispatch would spend on a GPU, when [`Dispatch::counters`] is on (the
+    /// reported seed's run; estimated from the sampled workgroups under [`Dispatch::sample`]).
+    pub counters: Option<Counters>,
 }
 
 impl Report {

@@ -82,6 +82,7 @@ impl Exec<'_, '_> {
         for (leaf, q) in m.iter_mut().zip(places) {
             self.mem(fr, q, &pm, std::slice::from_mut(leaf), lane, span, false)?;
         }
+        self.tally_flush(false);
         self.set_uniform(fr, h, &m, mask);
         Ok(())
     }
@@ -105,6 +106,7 @@ impl Exec<'_, '_> {
         for (leaf, q) in m.iter_mut().zip(places) {
             self.mem(fr, q, &pm, std::slice::from_mut(leaf), lane, span, true)?;
         }
+        self.tally_flush(true);
         Ok(())
     }
 
@@ -138,6 +140,7 @@ impl Exec<'_, '_> {
                 "a cooperative matrix operation in divergent control flow".into(),
             ));
         }
+        self.tally_add(|c| &mut c.coop_flops, (2 * am * ak * cn) as u64);
         let l = mask.trailing_zeros() as usize;
         let (an, bnn, cnn) = (am * ak, bk * bn, cm * cn);
         let av = &data(fr, a)[l * an..(l + 1) * an];

@@ -10,6 +10,7 @@ use super::memory::GMem;
 use super::sched::{subgroup_main, Baton, Shared};
 use super::shadow::Shadow;
 use super::{Prog, Res};
+use crate::counters::{self, Counters};
 use crate::findings::FindingKind as FK;
 use crate::math::from_f64;
 use crate::prepare::prepare;
@@ -221,6 +222,7 @@ fn bound(
                 data,
                 shadow: vec![Shadow::default(); granules],
                 binding: key,
+                uniform: space == AddressSpace::Uniform,
             }
         }
     })
@@ -283,6 +285,7 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
         max_lane_ops: d.max_lane_ops,
         zero_wg: d.zero_workgroup_memory,
         schedule: d.schedule,
+        count: d.counters,
         private_n: globals.private_n,
         private_init: globals.private_init,
     };
@@ -291,29 +294,46 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
         (0..n_sg).map(|_| Condvar::new()).collect(),
     );
     let [gx, gy, gz] = d.workgroups;
+    let total = u64::from(gx) * u64::from(gy) * u64::from(gz);
+    let mut counters = d.counters.then(|| Counters {
+        subgroup_size: w,
+        workgroups: total,
+        ..Counters::default()
+    });
+    let mut by_weight = std::collections::BTreeMap::new();
     let mut result = Ok(());
-    'outer: for z in 0..gz {
-        for y in 0..gy {
-            for x in 0..gx {
-                let linear = x + gx * (y + gy * z);
-                lock.0
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .begin_workgroup(linear, d.zero_workgroup_memory);
-                let wg_id = [x, y, z];
-                std::thread::scope(|scope| {
-                    for s in 0..n_sg {
-                        let prog = &prog;
-                        let lock = &lock;
-                        scope.spawn(move || subgroup_main(prog, lock, s, wg_id, linear));
-                    }
-                });
-                let mut g = lock.0.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(e) = g.error.take() {
-                    result = Err(e);
-                    break 'outer;
-                }
+    for (linear, weight) in counters::sample(total, d.sample, seed) {
+        let linear = linear as u32;
+        let wg_id = [linear % gx, (linear / gx) % gy, linear / (gx * gy)];
+        lock.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .begin_workgroup(linear, d.zero_workgroup_memory);
+        std::thread::scope(|scope| {
+            for s in 0..n_sg {
+                let prog = &prog;
+                let lock = &lock;
+                scope.spawn(move || subgroup_main(prog, lock, s, wg_id, linear));
             }
+        });
+        let mut g = lock.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = g.error.take() {
+            result = Err(e);
+            break;
+        }
+        if counters.is_some() {
+            // Summed per weight, scaled once at the end (no rounding per workgroup).
+            let wg = std::mem::take(&mut g.counters);
+            by_weight
+                .entry(weight.to_bits())
+                .or_insert_with(Counters::default)
+                .add_scaled(&wg, 1.0);
+        }
+    }
+    if let Some(c) = counters.as_mut() {
+        for (weight, sum) in &by_weight {
+            c.add_scaled(sum, f64::from_bits(*weight));
+            c.workgroups_counted += sum.subgroups / u64::from(n_sg.max(1));
         }
     }
     let shared = lock.0.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -344,5 +364,6 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
         max_loop_iterations: shared.max_iters,
         seed,
         seeds_run: 1,
+        counters,
     })
 }

@@ -21,6 +21,9 @@ impl Exec<'_, '_> {
         let meta = &fr.prep.metas[h.index()];
         let n = meta.n as usize;
         let expr = &fr.f.expressions[h];
+        if self.tally.is_some() && super::count::costs_expr(expr) {
+            self.tally_instruction(mask);
+        }
         match *expr {
             Expression::Literal(l) => {
                 let x = literal(l)?;
@@ -405,6 +408,17 @@ impl Exec<'_, '_> {
         if (lmat || rmat) && op == naga::BinaryOperator::Multiply && ln > 1 && rn > 1 {
             return Err(Error::Unsupported("matrix products".into()));
         }
+        if k.is_float()
+            && matches!(
+                op,
+                naga::BinaryOperator::Add
+                    | naga::BinaryOperator::Subtract
+                    | naga::BinaryOperator::Multiply
+                    | naga::BinaryOperator::Divide
+            )
+        {
+            self.tally_flops(k, n as u64, mask);
+        }
         let mut out = take_buf(fr, h, w * n);
         let (a, b) = (data(fr, left), data(fr, right));
         for l in lanes(mask) {
@@ -480,6 +494,19 @@ impl Exec<'_, '_> {
             .k
             .ok_or_else(|| internal("math kind"))?;
         let an = fr.prep.metas[a0.index()].n as usize;
+        if self.tally.is_some() {
+            let (per, special) = super::count::math_cost(fun);
+            let flops = if fun == M::Dot {
+                2 * an
+            } else {
+                per as usize * n
+            };
+            self.tally_flops(k, flops as u64, mask);
+            if special {
+                let lanes = u64::from(mask.count_ones());
+                self.tally_add(|c| &mut c.special, n as u64 * lanes);
+            }
+        }
         let mut out = take_buf(fr, h, w * n);
         let arg = |i: usize| args[i].map(|a| (data(fr, a), fr.prep.metas[a.index()].n as usize));
         let (x, y, z, q) = (arg(0), arg(1), arg(2), arg(3));

@@ -19,6 +19,8 @@ pub(super) enum GMem {
         /// Per 2-byte granule, for writable buffers only.
         shadow: Vec<Shadow>,
         binding: (u32, u32),
+        /// A uniform buffer (not counted as global traffic).
+        uniform: bool,
     },
     Words {
         data: Vec<u32>,
@@ -71,6 +73,12 @@ impl Exec<'_, '_> {
             GMem::Bytes { shadow, .. } | GMem::Tex { shadow, .. } => !shadow.is_empty(),
             _ => false,
         }
+    }
+
+    /// Whether `p` points at memory outside the lane's registers (not a local or private
+    /// variable): its accesses are memory instructions.
+    pub(super) fn is_global(&self, p: Ptr) -> bool {
+        p.local().is_none() && self.p.private_n[p.mem as usize] == 0
     }
 
     /// Length of a pointer's memory, in its units.
@@ -134,6 +142,7 @@ impl Exec<'_, '_> {
             }
             self.mem(fr, p, pm, dst, l, span, false)?;
         }
+        self.tally_flush(false);
         Ok(())
     }
 
@@ -161,6 +170,7 @@ impl Exec<'_, '_> {
                 self.mem(fr, p, pm, &mut src[l * n..(l + 1) * n], l, span, true)?;
             }
         }
+        self.tally_flush(true);
         fr.vals[value.index()] = Val::D(src);
         Ok(())
     }
@@ -186,6 +196,10 @@ impl Exec<'_, '_> {
                 buf.copy_from_slice(own);
             }
             return Ok(());
+        }
+        if self.tally.is_some() {
+            let offsets = pm.leaves.as_ref().map_or(&[][..], |l| &l.offsets[..]);
+            self.tally_access(p, pm.k, n, offsets);
         }
         let mut acc = Acc {
             me: self.inv0 + l as u32,
@@ -378,6 +392,7 @@ impl Exec<'_, '_> {
             self.mem(fr, p, pm, &mut [new], l, span, true)?;
             res[l] = old;
         }
+        self.tally_discard(u64::from(mask.count_ones()));
         if let Some(r) = result {
             fr.vals[r.index()] = Val::D(res);
         }

@@ -22,6 +22,7 @@ use crate::prepare::FnPrep;
 use crate::{Error, Invocation, Shader};
 
 mod coop;
+mod count;
 mod dispatch;
 mod expr;
 mod memory;
@@ -94,6 +95,8 @@ struct Prog<'a> {
     /// Never-written workgroup memory reads zero ([`crate::Dispatch::zero_workgroup_memory`]).
     zero_wg: bool,
     schedule: crate::Schedule,
+    /// Counting what the dispatch would spend ([`crate::Dispatch::counters`]).
+    count: bool,
     /// Leaf count of each private global.
     private_n: Vec<u32>,
     private_init: Vec<Vec<u32>>,
@@ -112,6 +115,11 @@ impl Prog<'_> {
             lane: li % self.w,
         }
     }
+}
+
+/// A random number from `state` (advanced).
+pub(crate) fn random(state: &mut u64) -> u64 {
+    splitmix(state)
 }
 
 fn splitmix(state: &mut u64) -> u64 {
@@ -218,6 +226,8 @@ struct Exec<'p, 's> {
     in_init: bool,
     /// Where this subgroup switches in its current barrier interval.
     switches: Switches,
+    /// What it would spend on a GPU, when counted.
+    tally: Option<Box<count::Tally>>,
 }
 
 impl Exec<'_, '_> {
@@ -314,6 +324,9 @@ impl Exec<'_, '_> {
         for l in lanes(mask) {
             order.lanes[order.len as usize] = l as u8;
             order.len += 1;
+        }
+        if self.tally.is_some() && p.is_some_and(|p| self.is_global(p)) {
+            self.tally_instruction(mask);
         }
         if !p.is_some_and(|p| self.is_shared(p)) {
             return Ok(order);

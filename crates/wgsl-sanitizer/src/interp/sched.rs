@@ -56,6 +56,8 @@ pub(super) struct Shared {
     pub(super) error: Option<Error>,
     pub(super) lane_ops: u64,
     pub(super) max_iters: u64,
+    /// The counts of the workgroup running (when counted).
+    pub(super) counters: crate::Counters,
 }
 
 impl Shared {
@@ -75,6 +77,7 @@ impl Shared {
             error: None,
             lane_ops: 0,
             max_iters: 0,
+            counters: crate::Counters::default(),
         }
     }
 
@@ -292,11 +295,17 @@ pub(super) fn subgroup_main(p: &Prog, lock: &Baton, s: u32, wg_id: [u32; 3], lin
         wg_id,
         in_init: false,
         switches,
+        tally: p.count.then(Box::default),
     };
     let r = ex.run_entry();
     let mut g = ex.g.take().expect("the baton");
     ex.end_interval(&mut g);
     g.lane_ops += ex.lane_ops;
+    if let Some(mut t) = ex.tally.take() {
+        t.c.subgroups = 1;
+        t.c.invocations = u64::from(alive.count_ones());
+        g.counters.add_scaled(&t.c, 1.0);
+    }
     let mx = ex.iters.iter().copied().max().unwrap_or(0);
     g.max_iters = g.max_iters.max(mx);
     match r {
@@ -339,6 +348,7 @@ impl<'s> Exec<'_, 's> {
                 },
             );
         }
+        self.tally_barrier();
         let p = self.p;
         let mut g = self.g.take().expect("the baton");
         self.end_interval(&mut g);

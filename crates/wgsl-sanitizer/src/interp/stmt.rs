@@ -258,6 +258,9 @@ impl<'p> Exec<'p, '_> {
     /// Runs one statement for `mask`; returns the lanes that carry on after it.
     fn stmt(&mut self, fr: &mut Frame, stmt: &'p Statement, span: Span, mask: u64) -> Res<u64> {
         self.lane_ops += mask.count_ones() as u64;
+        if self.tally.is_some() && super::count::costs_stmt(stmt) {
+            self.tally_instruction(mask);
+        }
         match *stmt {
             Statement::Emit(ref r) => {
                 for h in r.clone() {
@@ -303,6 +306,7 @@ impl<'p> Exec<'p, '_> {
                     for l in lanes(running) {
                         self.iters[l] += 1;
                     }
+                    self.tally_instruction(running);
                     if self.lane_ops > self.p.max_lane_ops {
                         return Err(Error::Dispatch(format!(
                             "more than {} lane-operations in one subgroup (a loop that never ends?)",

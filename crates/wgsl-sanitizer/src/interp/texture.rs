@@ -59,6 +59,7 @@ impl Exec<'_, '_> {
         let levels = level.map(|lv| data(fr, lv).to_vec());
         let mut bad: Vec<(usize, u32, u32, u32)> = Vec::new();
         let order = self.instruction(Some(Ptr { mem: gi, off: 0 }), mask, false)?;
+        self.tally_add(|c| &mut c.texture_reads, u64::from(mask.count_ones()));
         let (tw, th) = {
             let g = self.g.as_mut().expect("the baton");
             let GMem::Tex { tex, .. } = &g.mem[gi as usize] else {
@@ -107,6 +108,7 @@ impl Exec<'_, '_> {
         let coords = data(fr, coordinate).to_vec();
         let vals = data(fr, value).to_vec();
         let order = self.instruction(Some(Ptr { mem: gi, off: 0 }), mask, true)?;
+        self.tally_add(|c| &mut c.texture_writes, u64::from(mask.count_ones()));
         let mut acc = Acc {
             me: 0,
             ep: self.g().st_ep,
