@@ -1,7 +1,8 @@
 //! The WGSL sanitizer wired into the crate (`Context::with_sanitizer`,
 //! `WGPU_ATTENTION_SANITIZE`, `verify --sanitize`): calls planned as a GPU with 32- and
 //! 64-lane subgroups, every dispatch interpreted on the native kernels, right against the f64
-//! reference; and a real kernel with a barrier removed reported as a race at its line.
+//! reference; and a real kernel with a barrier removed, or a loop bound one past, reported
+//! at its line.
 
 mod common;
 
@@ -173,4 +174,38 @@ fn several_seeds_report_the_one_that_found_it_and_it_alone_reproduces_it() {
         message.contains("WGPU_ATTENTION_SANITIZE_SEED=0 reproduces it"),
         "the first seed with an error is reported: {message}"
     );
+}
+
+/// softmax with its writing loop's bound one past (`<=`): each row also writes the next
+/// row's first weight.
+fn softmax_one_past(kernel: &str, text: &str) -> Option<String> {
+    let bound = "for (var j = li; j < p.cols; j += WG) {";
+    (kernel == "softmax.wgsl" && text.contains(bound))
+        .then(|| text.replace(bound, "for (var j = li; j <= p.cols; j += WG) {"))
+}
+
+#[test]
+fn a_loop_bound_one_past_in_a_real_kernel_is_reported_at_its_line() {
+    let ctx = sanitized(32).with_sanitizer_edit(softmax_one_past);
+    let case = window_gqa(Kernels::Storage, false, Dtype::F32);
+    let err = verify::run_case(&ctx, &case, 7).expect_err("a write one past");
+    let Error::Sanitizer { kernel, message } = &err else {
+        panic!("not the sanitizer's error: {err}");
+    };
+    assert!(kernel.starts_with("softmax.wgsl"), "{kernel}");
+    // Row r's extra write lands on row r + 1's first weight, which row r + 1's workgroup
+    // writes too (or, past the last row, outside the buffer).
+    assert!(
+        message.contains("data race on a storage resource")
+            || message.contains("index out of bounds"),
+        "{message}"
+    );
+    // The extra write's line in the kernel's own file.
+    let file = include_str!("../shaders/softmax.wgsl");
+    let write = file
+        .lines()
+        .position(|l| l.trim() == "s[base + j] = w;")
+        .map(|i| format!("shaders/softmax.wgsl:{}", i + 1))
+        .expect("softmax's write");
+    assert!(message.contains(&write), "{write} in: {message}");
 }
