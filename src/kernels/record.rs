@@ -79,7 +79,7 @@ pub(crate) fn record_with<K: Kernel>(
                 ),
                 needed: format!("{storage} storage buffers"),
                 limit: format!("{limit} per shader stage"),
-                limit_name: Limit::MaxStorageBuffersPerShaderStage,
+                limit_name: "max_storage_buffers_per_shader_stage",
             });
         }
     }
