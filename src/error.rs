@@ -67,7 +67,7 @@ pub enum Error {
     /// A buffer or dispatch would exceed a limit of the device.
     #[error(
         "{what} needs {needed} but the device allows at most {limit} ({limit_name}); {}",
-        limit_advice(limit_name)
+        limit_name.advice()
     )]
     LimitExceeded {
         /// The buffer or dispatch.
@@ -76,8 +76,8 @@ pub enum Error {
         needed: String,
         /// The device limit (same unit).
         limit: String,
-        /// The wgpu limit's name.
-        limit_name: &'static str,
+        /// Which limit (its name is wgpu's where wgpu has one).
+        limit_name: Limit,
     },
 
     /// wgpu reported a validation error.
@@ -165,29 +165,80 @@ pub enum Error {
     },
 }
 
-/// The `limit_name` of a dispatch refused for the loop iterations one invocation would run
-/// (lavapipe's cap: `src/kernels/loops.rs`).
-pub(crate) const LOOP_LIMIT: &str = "loop iterations per invocation";
+/// The limit an [`Error::LimitExceeded`] names: what the call ran into, typed, so that a
+/// caller (and the library's own retries) decide by the variant, never by a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Limit {
+    /// `max_storage_buffer_binding_size`: one buffer a kernel binds.
+    MaxStorageBufferBindingSize,
+    /// `max_buffer_size`: one buffer.
+    MaxBufferSize,
+    /// `max_texture_dimension_2d`: a texture side (the subgroup kernels' operands).
+    MaxTextureDimension2d,
+    /// `max_compute_workgroup_storage_size`: a kernel's tiles in workgroup memory.
+    MaxComputeWorkgroupStorageSize,
+    /// `max_compute_workgroups_per_dimension`: a dispatch's grid.
+    MaxComputeWorkgroupsPerDimension,
+    /// `max_compute_invocations_per_workgroup`: a kernel's threads per workgroup.
+    MaxComputeInvocationsPerWorkgroup,
+    /// `max_storage_buffers_per_shader_stage`: a kernel's storage bindings (a caller's
+    /// modifier buffers take one each).
+    MaxStorageBuffersPerShaderStage,
+    /// Registers per thread (not a wgpu limit: what `flash_blocked` keeps in them).
+    Registers,
+    /// Indices past `u32` (the kernels index in 32 bits).
+    U32Indexing,
+    /// The loop iterations one invocation may run (lavapipe's cap: `src/kernels/loops.rs`).
+    LoopIterations,
+    /// A KV cache's capacity in keys.
+    KvCacheCapacity,
+}
 
-/// What to do about an exceeded limit, by the limit's name.
-fn limit_advice(limit_name: &str) -> &'static str {
-    match limit_name {
-        "max_texture_dimension_2d" => {
-            "use the storage kernels (Kernels::Storage; CLI --kernels storage)"
+impl Limit {
+    /// Its name in messages: wgpu's for wgpu's limits.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::MaxStorageBufferBindingSize => "max_storage_buffer_binding_size",
+            Limit::MaxBufferSize => "max_buffer_size",
+            Limit::MaxTextureDimension2d => "max_texture_dimension_2d",
+            Limit::MaxComputeWorkgroupStorageSize => "max_compute_workgroup_storage_size",
+            Limit::MaxComputeWorkgroupsPerDimension => "max_compute_workgroups_per_dimension",
+            Limit::MaxComputeInvocationsPerWorkgroup => "max_compute_invocations_per_workgroup",
+            Limit::MaxStorageBuffersPerShaderStage => "max_storage_buffers_per_shader_stage",
+            Limit::Registers => "registers",
+            Limit::U32Indexing => "u32 indexing",
+            Limit::LoopIterations => "loop iterations per invocation",
+            Limit::KvCacheCapacity => "KV cache capacity",
         }
-        LOOP_LIMIT => {
-            "llvmpipe (lavapipe) silently stops an invocation's loops past that, so the call is \
-             refused rather than answered wrong: ask for the context alone (the fused pass \
-             splits its keys to fit; CLI --context-only), pass fewer keys per call, \
-             or use another adapter (`wgpu-attention devices` lists them)"
+    }
+
+    /// What to do about it.
+    fn advice(self) -> &'static str {
+        match self {
+            Limit::MaxTextureDimension2d => {
+                "use the storage kernels (Kernels::Storage; CLI --kernels storage)"
+            }
+            Limit::LoopIterations => {
+                "llvmpipe (lavapipe) silently stops an invocation's loops past that, so the call \
+                 is refused rather than answered wrong: ask for the context alone (the fused \
+                 pass splits its keys to fit; CLI --context-only), pass fewer keys per call, \
+                 or use another adapter (`wgpu-attention devices` lists them)"
+            }
+            Limit::MaxComputeWorkgroupStorageSize => {
+                "choose a variant with smaller tiles, or let Kernels::Auto choose"
+            }
+            _ => {
+                "split the problem into smaller calls (fewer rows, heads or sequences per call), \
+                 or use an adapter with a higher limit (`wgpu-attention devices` lists them)"
+            }
         }
-        "max_compute_workgroup_storage_size" => {
-            "choose a variant with smaller tiles, or let Kernels::Auto choose"
-        }
-        _ => {
-            "split the problem into smaller calls (fewer rows, heads or sequences per call), or \
-             use an adapter with a higher limit (`wgpu-attention devices` lists them)"
-        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -314,22 +365,22 @@ mod tests {
 
     #[test]
     fn limit_exceeded_names_sizes_and_advice_by_limit() {
-        let limit = |limit_name| Error::LimitExceeded {
+        let limit = |limit_name: Limit| Error::LimitExceeded {
             what: "K".into(),
             needed: "300 MiB".into(),
             limit: "128 MiB".into(),
             limit_name,
         };
         says(
-            limit("max_storage_buffer_binding_size"),
+            limit(Limit::MaxStorageBufferBindingSize),
             &["K needs 300 MiB", "128 MiB", "smaller calls"],
         );
         says(
-            limit("max_texture_dimension_2d"),
+            limit(Limit::MaxTextureDimension2d),
             &["max_texture_dimension_2d", "--kernels storage"],
         );
         says(
-            limit("max_compute_workgroup_storage_size"),
+            limit(Limit::MaxComputeWorkgroupStorageSize),
             &["smaller tiles"],
         );
     }

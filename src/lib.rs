@@ -74,7 +74,7 @@ pub use context::{
 };
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use dtype::Dtype;
-pub use error::{Error, Result};
+pub use error::{Error, Limit, Result};
 pub use gpu::pool::MemoryStats;
 pub use gpu::timing::{KernelTime, Profiling};
 /// The half (2) whose `f16` an f16 [`KvCache`] takes.

@@ -184,7 +184,8 @@ pub(crate) fn record_matmul(
 /// row's log-sum-exp, when `out` asks for it) through its kernel in the fused family
 /// ([`crate::kernels::flash`]), `flash_blocked` with the context's inner-loop options;
 /// `host`, the contents of K = V when they are one host array, lets the subgroup variant
-/// pack them on the CPU.
+/// pack them on the CPU. Returns the variant recorded: `variant`, or the one that runs in
+/// its place (with a warning naming why: see [`flash::resolve`]).
 ///
 /// # Errors
 /// As the variant's kernel: size limits, no fixed subgroup size for the subgroup variant.
@@ -198,7 +199,7 @@ pub(crate) fn record_flash<'a>(
     out: impl Into<FlashOut<'a>>,
     mask: Option<MaskArg<'_>>,
     host: Option<&[f32]>,
-) -> Result<()> {
+) -> Result<FlashVariant> {
     let io = FusedIo {
         q,
         k,

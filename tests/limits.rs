@@ -5,7 +5,9 @@
 //!   matches the reference; what cannot be split small enough is a clear error.
 
 use ndarray::{Array2, Array3};
-use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Mask, Options, Projections};
+use wgpu_attention::{
+    reference, Attention, Error, Inputs, Kernels, Limit, Mask, Options, Projections,
+};
 
 mod common;
 use common::context_with;
@@ -127,7 +129,7 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         matches!(
             err,
             Error::LimitExceeded {
-                limit_name: "max_storage_buffer_binding_size",
+                limit_name: Limit::MaxStorageBufferBindingSize,
                 ..
             }
         ),

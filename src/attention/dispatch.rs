@@ -225,6 +225,17 @@ impl Attention {
         Ok(Some((out, d_out)))
     }
 
+    /// The fused pass's problem of a call of `shape` at `scale`: this op's causal flag,
+    /// dtype, NaN/Inf pass-through and key split.
+    ///
+    /// # Errors
+    /// Sizes past u32 indexing.
+    pub(super) fn fused_op(&self, shape: Shape, scale: f32) -> Result<Flash> {
+        let mut op = shape.flash(self.causal, scale, self.f16(), self.propagate)?;
+        op.key_split = self.key_split;
+        Ok(op)
+    }
+
     /// Records the attention proper, `softmax(scale·Q_h·K_hᵀ + mask)·V_h` per (batch, head),
     /// on Q, K, V laid out `(batch, rows, heads·width)` (head `h` in columns `h·width..`),
     /// into a new context buffer of the same layout; the weights `(batch, heads, n_q, n_kv)`
@@ -255,8 +266,7 @@ impl Attention {
         let u = |what: &str, v: usize| u32_of(what, v);
         // Q, K and V are f16 on the device under Dtype::F16, from the host or a projection.
         let f16 = self.f16();
-        let mut op = shape.flash(self.causal, scale, f16, self.propagate)?;
-        op.key_split = self.key_split;
+        let op = self.fused_op(shape, scale)?;
         let (q_s, k_s, ratio) = (op.q, op.k, op.kv_ratio);
         let dk_h = op.dk_h;
         let context = buffer::output(ctx, "context", batch * n_q * d_v, self.nan_fill)?;

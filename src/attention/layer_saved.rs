@@ -183,10 +183,11 @@ impl Attention {
             weights,
             mask: mask_buf,
         } = parts;
-        let plan = self.plan(ctx, dims)?;
         let shape = Shape::self_attention(dims);
         let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
         flash.key_split = self.key_split;
+        let mods = mask_buf.as_ref().is_some_and(|m| m.arg().mods.is_some());
+        let plan = self.resolved(ctx, self.plan(ctx, dims)?, &flash, mods)?;
         let rows = dims.batch * dims.n;
         let heads_rows = dims.batch * dims.heads * dims.n;
         let context = buffer::output(ctx, "context", rows * dims.d_v, self.nan_fill)?;

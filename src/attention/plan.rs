@@ -4,7 +4,8 @@
 use super::shape::Dims;
 use super::Attention;
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Limit, Result};
+use crate::kernels::flash_tiled::Flash;
 use crate::tune;
 use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 
@@ -114,6 +115,24 @@ impl Attention {
         })
     }
 
+    /// `plan` with the fused kernel that runs for `op` (`mods`: the call has score or mask
+    /// modifiers): the plan's, or the one put in its place, with a warning naming why
+    /// ([`crate::kernels::flash::resolve`]: `flash_coop` on a call it cannot take, a variant
+    /// past lavapipe's loop cap). What a call logs (`-v`) is this plan: the kernel that ran.
+    ///
+    /// # Errors
+    /// Sizes past u32; a variant the device cannot run.
+    pub(crate) fn resolved(
+        &self,
+        ctx: &Context,
+        plan: Plan,
+        op: &Flash,
+        mods: bool,
+    ) -> Result<Plan> {
+        let flash = crate::kernels::flash::resolve(ctx, op, plan.flash, mods)?;
+        Ok(Plan { flash, ..plan })
+    }
+
     /// Whether a call planned with `plan` that failed with `err` runs again on the storage
     /// kernels: texture sides bound the subgroup kernels only (the fused one, or the
     /// matmul a tiny call takes), so when the family was not forced, the storage kernels
@@ -121,8 +140,8 @@ impl Attention {
     pub(super) fn retries_on_storage<T>(&self, plan: &Plan, result: &Result<T>) -> bool {
         matches!(
             result,
-            Err(crate::error::Error::LimitExceeded {
-                limit_name: "max_texture_dimension_2d",
+            Err(Error::LimitExceeded {
+                limit_name: Limit::MaxTextureDimension2d,
                 ..
             })
         ) && self.kernels == Kernels::Auto

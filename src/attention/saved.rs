@@ -340,7 +340,8 @@ impl Attention {
         let bias = bias.as_ref().map(|b| b.view());
         fits(ctx, &named, None, bias.as_ref())?;
         let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len], true)?;
-        let mut plan = op.plan(ctx, &dims)?;
+        let mods = mask.modifiers().is_some();
+        let mut plan = op.resolved(ctx, op.plan(ctx, &dims)?, &flash, mods)?;
         // Heads-first as the caller's arrays are, checked on the way up (NaN/Inf always: a
         // gradient through them means nothing).
         let how = Stored {
@@ -387,7 +388,8 @@ impl Attention {
         let mut result = run(&plan);
         if op.retries_on_storage(&plan, &result) {
             // As a plain forward: past the textures' limit, the storage kernels take it.
-            plan = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
+            let storage = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
+            plan = op.resolved(ctx, storage, &flash, mods)?;
             result = run(&plan);
         }
         let context = result?.0;

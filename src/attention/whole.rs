@@ -129,6 +129,7 @@ impl Attention {
     ) -> Result<Flat> {
         let mut plan = self.plan(ctx, dims)?;
         plan.flash = self.sparse_flash(ctx, &plan, dims, shape, source, (bias.as_ref(), mods));
+        let plan = self.fused_resolved(ctx, plan, shape, dims.scale, mods)?;
         log::info!(
             "attention batch={} n={} n_kv={} d_k={} d_v={} heads={} kv_heads={} causal={}: {plan}",
             shape.batch,
@@ -147,10 +148,28 @@ impl Attention {
         self.prepare_pipelines(ctx, &plan, dims, shape, source, (bias.as_ref(), mods))?;
         let result = run(&plan).await;
         if self.retries_on_storage(&plan, &result) {
-            log::info!("over the texture limit: the storage kernels take it");
-            return run(&self.kernels(Kernels::Storage).plan(ctx, dims)?).await;
+            let storage = self.kernels(Kernels::Storage).plan(ctx, dims)?;
+            let storage = self.fused_resolved(ctx, storage, shape, dims.scale, mods)?;
+            log::info!("over the texture limit: the storage kernels take it: {storage}");
+            return run(&storage).await;
         }
         result
+    }
+
+    /// `plan` with the fused kernel that runs ([`Attention::resolved`]) when the plan runs
+    /// one (fused, or the context beside the subgroup matmul's weights).
+    fn fused_resolved(
+        &self,
+        ctx: &Context,
+        plan: Plan,
+        shape: Shape,
+        scale: f32,
+        mods: Option<&Modifiers>,
+    ) -> Result<Plan> {
+        if !(plan.fused || plan.weights_from_stats()) {
+            return Ok(plan);
+        }
+        self.resolved(ctx, plan, &self.fused_op(shape, scale)?, mods.is_some())
     }
 
     /// The fused kernel of a block-sparse call (mask presets whose host block map leaves

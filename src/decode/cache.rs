@@ -7,7 +7,7 @@ use ndarray::ArrayView4;
 
 use crate::context::Context;
 use crate::dtype::Dtype;
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 
 /// The sizes of a [`KvCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl Lines {
             what: what.to_string(),
             needed,
             limit,
-            limit_name: "max_texture_dimension_2d",
+            limit_name: Limit::MaxTextureDimension2d,
         };
         if per_line == 0 {
             return Err(too_big(
@@ -188,7 +188,7 @@ impl KvCache {
                 what: "KV cache".into(),
                 needed: format!("{rows} rows"),
                 limit: format!("{} texels", u32::MAX),
-                limit_name: "u32 indexing",
+                limit_name: Limit::U32Indexing,
             }
         })?;
         let texel = 4 * elem_bytes(spec.dtype);

@@ -2,7 +2,7 @@
 //! the device's limits first so an oversize problem is an `Err`, not a wgpu panic.
 
 use super::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 pub(crate) use crate::gpu::pool::Buf;
 
 const F32: u64 = std::mem::size_of::<f32>() as u64;
@@ -23,7 +23,7 @@ pub(crate) fn check_len(ctx: &Device, what: &str, len: usize) -> Result<u64> {
             what: what.to_string(),
             needed: mib(bytes),
             limit: mib(limits.max_storage_buffer_binding_size),
-            limit_name: "max_storage_buffer_binding_size",
+            limit_name: Limit::MaxStorageBufferBindingSize,
         });
     }
     if bytes > limits.max_buffer_size {
@@ -31,7 +31,7 @@ pub(crate) fn check_len(ctx: &Device, what: &str, len: usize) -> Result<u64> {
             what: what.to_string(),
             needed: mib(bytes),
             limit: mib(limits.max_buffer_size),
-            limit_name: "max_buffer_size",
+            limit_name: Limit::MaxBufferSize,
         });
     }
     // Kernels index with u32.
@@ -40,7 +40,7 @@ pub(crate) fn check_len(ctx: &Device, what: &str, len: usize) -> Result<u64> {
             what: what.to_string(),
             needed: format!("{len} elements"),
             limit: format!("{} elements", u32::MAX),
-            limit_name: "u32 indexing",
+            limit_name: Limit::U32Indexing,
         });
     }
     Ok(bytes)

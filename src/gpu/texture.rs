@@ -3,7 +3,7 @@
 //! texture limits first.
 
 use super::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 
 /// A 2-D `rgba32float` texture (`rgba16float` when `half`) of `width × height` texels,
 /// writable as a storage texture or by a copy, and readable with `textureLoad`; returns it
@@ -24,7 +24,7 @@ pub fn rgba(
                 what: format!("{label} texture {side}"),
                 needed: format!("{len} texels"),
                 limit: format!("{max} texels"),
-                limit_name: "max_texture_dimension_2d",
+                limit_name: Limit::MaxTextureDimension2d,
             });
         }
     }

@@ -7,7 +7,7 @@ use super::loops::{run, strided, Build};
 use super::mods::{ModsBind, ModsUpload};
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Dim, Kernel, KernelId, Slot};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::Device;
 
 /// The kernel.
@@ -140,7 +140,7 @@ impl PartialConsts {
                 what: "decode workgroup memory".into(),
                 needed: format!("{} bytes", c.workgroup_bytes()),
                 limit: format!("{limit} bytes"),
-                limit_name: "max_compute_workgroup_storage_size",
+                limit_name: Limit::MaxComputeWorkgroupStorageSize,
             });
         }
         Ok(c)

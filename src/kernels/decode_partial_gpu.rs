@@ -8,7 +8,7 @@ use super::decode_partial::{PartialParams, THREADS};
 use super::loops::{run, strided, Build};
 use super::wgsl::constants;
 use super::{Dim, Kernel, KernelId, Slot};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -102,7 +102,7 @@ impl GpuPartialConsts {
                 what: "decode workgroup memory".into(),
                 needed: format!("{} bytes", c.workgroup_bytes()),
                 limit: format!("{limit} bytes"),
-                limit_name: "max_compute_workgroup_storage_size",
+                limit_name: Limit::MaxComputeWorkgroupStorageSize,
             });
         }
         Ok(c)

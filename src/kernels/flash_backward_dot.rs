@@ -10,7 +10,7 @@ use super::wgsl::NoConstants;
 use super::{flash_backward_kv, flash_backward_kv_subgroup};
 use super::{flash_backward_q, flash_backward_q_subgroup};
 use super::{record, Dim, Kernel, KernelId, Slot};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::Device;
 
 /// The kernel.
@@ -127,7 +127,7 @@ impl BackwardTiles {
                 what: format!("{what} workgroup tile"),
                 needed: format!("{row} bytes"),
                 limit: format!("{limit} bytes"),
-                limit_name: "max_compute_workgroup_storage_size",
+                limit_name: Limit::MaxComputeWorkgroupStorageSize,
             });
         }
         Ok(t)

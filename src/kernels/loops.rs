@@ -11,7 +11,7 @@
 //! So every kernel states an upper bound on the loop iterations of its busiest invocation
 //! ([`crate::kernels::Kernel::loops`]) from its constants and uniform, and [`check`] refuses
 //! a dispatch past the device's cap ([`crate::gpu::Device`]'s `loop_cap`: 65,535 on llvmpipe,
-//! none elsewhere) with [`Error::LimitExceeded`] under [`LIMIT_NAME`], before anything is
+//! none elsewhere) with [`Error::LimitExceeded`] of [`Limit::LoopIterations`], before anything is
 //! recorded. The planner keeps calls under it where it can (the fused pass splits its keys
 //! into ranges, `flash_blocked` with a key split), so a long call there is right or refused,
 //! never silently wrong.
@@ -23,10 +23,8 @@
 //! more (NIR unrolls short constant loops), which only lowers the true count: the bound is
 //! never below it. `tests/loop_cap.rs` runs the kernels on both sides of their bound.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::hardware::Emulation;
-
-pub(crate) use crate::error::LOOP_LIMIT as LIMIT_NAME;
 
 /// How a kernel's build runs its loops: what its count needs beyond its constants and uniform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,7 +78,7 @@ pub(crate) fn check(label: &str, iterations: u64, cap: Option<u64>) -> Result<()
             what: format!("one invocation of {label}"),
             needed: format!("{iterations} loop iterations"),
             limit: format!("{cap}"),
-            limit_name: LIMIT_NAME,
+            limit_name: Limit::LoopIterations,
         }),
         _ => Ok(()),
     }

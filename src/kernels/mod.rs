@@ -49,7 +49,7 @@ pub(crate) use flash::{flash_blocked, flash_combine, flash_coop, flash_subgroup,
 #[cfg(test)]
 mod tests;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::pipeline::{PipelineHash, PipelineRecipe, PipelineSource};
 use crate::gpu::timing;
 use crate::gpu::Device;
@@ -411,7 +411,7 @@ pub(crate) fn grid(count: u64, max_per_dim: u32) -> Result<(u32, u32)> {
             what: "dispatch".into(),
             needed: format!("{count} workgroups"),
             limit: format!("{} workgroups", max * max),
-            limit_name: "max_compute_workgroups_per_dimension",
+            limit_name: Limit::MaxComputeWorkgroupsPerDimension,
         });
     }
     Ok((x as u32, y as u32))
@@ -497,7 +497,7 @@ pub(crate) fn u32_of(what: &str, v: usize) -> Result<u32> {
         what: what.to_string(),
         needed: v.to_string(),
         limit: u32::MAX.to_string(),
-        limit_name: "u32 indexing",
+        limit_name: Limit::U32Indexing,
     })
 }
 

@@ -5,7 +5,7 @@
 
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Binding, Dim, Kernel, KernelId, Slot, Strides};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::texture;
 use crate::gpu::Device;
 
@@ -84,7 +84,7 @@ impl PackLayout {
                 what: format!("{what} texture width (one row)"),
                 needed: format!("{d4} texels"),
                 limit: format!("{max_dim} texels"),
-                limit_name: "max_texture_dimension_2d",
+                limit_name: Limit::MaxTextureDimension2d,
             });
         }
         let mut shift = 0u32;
@@ -98,7 +98,7 @@ impl PackLayout {
                 what: format!("{what} texture height (batch·heads·rows)"),
                 needed: format!("{height} texels"),
                 limit: format!("{max_dim} texels"),
-                limit_name: "max_texture_dimension_2d",
+                limit_name: Limit::MaxTextureDimension2d,
             });
         }
         Ok(PackLayout {

@@ -470,6 +470,7 @@ pub fn flash(
             fastest_within(candidates, from, scale, &mut clock, |c| {
                 timing::gpu_time(ctx, |enc| {
                     variant::record_flash(ctx, enc, &op, c, (&q, &q, &v), &out, None, None)
+                        .map(|_| ())
                 })
             })
         },

@@ -117,12 +117,14 @@ impl Attention {
                 )
             })
         };
-        let mut plan = op.plan(ctx, &dims)?;
+        let mods = mask.modifiers().is_some();
+        let mut plan = op.resolved(ctx, op.plan(ctx, &dims)?, &flash, mods)?;
         let result = record(rec, &plan);
         if op.retries_on_storage(&plan, &result) {
             // As a plain call: past the textures' limit the storage kernels take it (what
             // was recorded before the check only repeats work).
-            plan = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
+            let storage = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
+            plan = op.resolved(ctx, storage, &flash, mods)?;
             record(rec, &plan)?;
         } else {
             result?;

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use super::{elem_bytes, padded, KvCache};
 use crate::context::Context;
 use crate::dtype::Dtype;
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::buffer;
 use crate::kernels::swap_heads::SwapHeads;
 use crate::tensor::{Recorder, Tensor};
@@ -155,7 +155,7 @@ impl KvCache {
                     false => format!("{} tokens ({} held + {m})", self.len + m, self.len),
                 },
                 limit: format!("{} tokens", self.spec.capacity),
-                limit_name: "KV cache capacity",
+                limit_name: Limit::KvCacheCapacity,
             });
         }
         Ok(())

@@ -6,7 +6,7 @@
 //! uniform as `flash_tiled.rs`.
 
 use super::flash_tiled::{Flash, FlashOut};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::Device;
 use crate::kernels::loops::{self, run, Build};
 use crate::kernels::wgsl::constants;
@@ -264,7 +264,7 @@ impl FlashBlockedConsts {
                 what,
                 needed: format!("{threads} threads"),
                 limit: format!("{max_threads} threads"),
-                limit_name: "max_compute_invocations_per_workgroup",
+                limit_name: Limit::MaxComputeInvocationsPerWorkgroup,
             });
         }
         let out4 = dv4.div_ceil(keys / 4);
@@ -273,7 +273,7 @@ impl FlashBlockedConsts {
                 what: format!("{what} output registers"),
                 needed: format!("{out4} vec4 columns per thread"),
                 limit: format!("{MAX_OUT4} (keys per tile ≥ d_v / 4)"),
-                limit_name: "registers",
+                limit_name: Limit::Registers,
             });
         }
         // f16 products beside 4 × out4 f32 accumulators: past MAX_HMUL_OUT4 RDNA3 spills.
@@ -332,7 +332,7 @@ impl FlashBlockedConsts {
             what: format!("{what} workgroup memory"),
             needed: format!("{needed} bytes"),
             limit: format!("{limit} bytes"),
-            limit_name: "max_compute_workgroup_storage_size",
+            limit_name: Limit::MaxComputeWorkgroupStorageSize,
         })
     }
 

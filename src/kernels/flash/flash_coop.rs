@@ -5,7 +5,7 @@
 //! copy of the scores. Runs only where [`crate::Context::coop_shape`] is `Some`.
 
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::coop::CoopShape;
 use crate::gpu::Device;
 use crate::kernels::coop_matmul::F16_AB;
@@ -124,8 +124,24 @@ pub(crate) fn consts(
         what: format!("flash-coop tiles at head width {d}"),
         needed: format!("{need} bytes"),
         limit: format!("{limit} bytes"),
-        limit_name: "max_compute_workgroup_storage_size",
+        limit_name: Limit::MaxComputeWorkgroupStorageSize,
     })
+}
+
+/// The loop iterations of `flash_coop`'s busiest invocation for `op` on `dev`: what
+/// recording it checks against the adapter's loop cap (the count does not depend on the
+/// mask or the saved log-sum-exp).
+///
+/// # Errors
+/// No cooperative-matrix shape; the tiles do not fit; sizes past u32.
+pub(crate) fn loops(dev: &Device, op: &Flash) -> Result<u64> {
+    let c = consts(op, dev.require_coop()?, dev.limits(), (0, 0))?;
+    let (params, _) = op.params(c.rows as usize, [0; 4])?;
+    Ok(Shader::loops(
+        &c,
+        &params,
+        Build::of(dev.hardware().emulate),
+    ))
 }
 
 /// The element-type bits of `op` on `shape`.
@@ -192,24 +208,9 @@ mod tests {
             }
             for d in [40, 64, 128] {
                 for f16 in [false, true] {
-                    let st = crate::kernels::Strides::row_major(d as u32, 0, 0);
                     let op = Flash {
-                        batch: 1,
-                        heads: 1,
-                        n_q: 1,
-                        n_kv: 1,
-                        dk_h: d,
-                        dv_h: d,
-                        q: st,
-                        k: st,
-                        v: st,
-                        o: st,
-                        causal: false,
-                        scale: 1.0,
-                        kv_ratio: 1,
                         f16,
-                        skip_zero: false,
-                        key_split: Default::default(),
+                        ..Flash::one_head(1, 1, d)
                     };
                     for kib in [32, 64] {
                         let limits = wgpu::Limits {
@@ -261,24 +262,9 @@ mod tests {
 
     #[test]
     fn blocks_shrink_to_fit_the_workgroup_memory() {
-        let st = crate::kernels::Strides::row_major(128, 0, 0);
         let mut op = Flash {
-            batch: 1,
-            heads: 1,
-            n_q: 1,
-            n_kv: 1,
-            dk_h: 128,
             dv_h: 100,
-            q: st,
-            k: st,
-            v: st,
-            o: st,
-            causal: false,
-            scale: 1.0,
-            kv_ratio: 1,
-            f16: false,
-            key_split: Default::default(),
-            skip_zero: false,
+            ..Flash::one_head(1, 1, 128)
         };
         let f16 = CoopShape {
             size: 16,

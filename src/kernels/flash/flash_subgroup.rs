@@ -67,6 +67,43 @@ impl Kernel for Shader {
 }
 
 impl Flash {
+    /// The constants of `flash_subgroup.wgsl` at subgroup size `sg` with `rows_per_lane`,
+    /// `(mask, lse)` its flags.
+    fn subgroup_consts(
+        &self,
+        sg: u32,
+        rows_per_lane: u32,
+        (mask, lse): (u32, u32),
+    ) -> Result<FlashSubgroupConsts> {
+        let (dk4, dv4) = self.widths4()?;
+        Ok(FlashSubgroupConsts {
+            sg,
+            rows_per_lane,
+            dk4,
+            dv4,
+            mask,
+            skip_zero: u32::from(self.skip_zero),
+            lse,
+        })
+    }
+
+    /// The loop iterations of `flash_subgroup`'s busiest invocation on `dev` with
+    /// `rows_per_lane`: what recording it checks against the adapter's loop cap (the count
+    /// does not depend on the mask or the saved log-sum-exp).
+    ///
+    /// # Errors
+    /// No fixed subgroup size; sizes past u32.
+    pub(crate) fn subgroup_loops(&self, dev: &Device, rows_per_lane: u32) -> Result<u64> {
+        let sg = dev.require_subgroups()?;
+        let consts = self.subgroup_consts(sg, rows_per_lane, (0, 0))?;
+        let (params, _) = self.params((sg * rows_per_lane) as usize, [0; 4])?;
+        Ok(Shader::loops(
+            &consts,
+            &params,
+            Build::of(dev.hardware().emulate),
+        ))
+    }
+
     /// Records `out ← softmax(scale·Q·Kᵀ + mask)·V` with `flash_subgroup.wgsl`,
     /// `rows_per_lane` query rows per lane, packing K and V first. When K and V are the same
     /// rows of the same buffer (no projections) and `host` holds that buffer's contents, they
@@ -118,17 +155,8 @@ impl Flash {
             v_rows: v_tex.layout.rows,
             ..params
         };
-        let (dk4, dv4) = self.widths4()?;
         let map = self.block_map(ctx, mods, (sg * rows_per_lane) as usize, sg)?;
-        let consts = FlashSubgroupConsts {
-            sg,
-            rows_per_lane,
-            dk4,
-            dv4,
-            mask: has_mask,
-            skip_zero: u32::from(self.skip_zero),
-            lse,
-        };
+        let consts = self.subgroup_consts(sg, rows_per_lane, (has_mask, lse))?;
         record_with::<Shader>(
             ctx,
             encoder,

@@ -5,7 +5,7 @@
 //! The [`Flash`] problem and its uniform are shared with `flash_subgroup.rs`: both kernels
 //! compute `softmax(scale·Q·Kᵀ + mask)·V` per (batch, head) in one pass.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Limit, Result};
 use crate::gpu::Device;
 use crate::kernels::block_map::{BlockMap, MapShape};
 use crate::kernels::loops::{self, run, Build};
@@ -288,11 +288,62 @@ impl Flash {
             && [self.q, self.k, self.v, self.o].into_iter().all(aligned)
     }
 
+    /// One (batch, head) of `n_q` queries against `n_kv` keys at head width `d`, rows
+    /// packed, not causal, f32, scale 1 (tests start from it).
+    #[cfg(test)]
+    pub(crate) fn one_head(n_q: usize, n_kv: usize, d: usize) -> Self {
+        let st = Strides::row_major(d as u32, 0, 0);
+        Flash {
+            batch: 1,
+            heads: 1,
+            n_q,
+            n_kv,
+            dk_h: d,
+            dv_h: d,
+            q: st,
+            k: st,
+            v: st,
+            o: st,
+            causal: false,
+            scale: 1.0,
+            kv_ratio: 1,
+            f16: false,
+            skip_zero: false,
+            key_split: Default::default(),
+        }
+    }
+
     /// Per-head widths in vec4s, rounded up: `(DK4, DV4)`.
     pub fn widths4(&self) -> Result<(u32, u32)> {
         Ok((
             u32_of("d_k per head", self.dk_h.div_ceil(4))?,
             u32_of("d_v per head", self.dv_h.div_ceil(4))?,
+        ))
+    }
+
+    /// The constants of `flash_tiled.wgsl` with tiles of `keys` keys, `(mask, lse)` its
+    /// flags.
+    fn tiled_consts(&self, keys: u32, (mask, lse): (u32, u32)) -> Result<FlashTiledConsts> {
+        let (dk4, dv4) = self.widths4()?;
+        Ok(FlashTiledConsts {
+            keys,
+            dk4,
+            dv4,
+            mask,
+            lse,
+        })
+    }
+
+    /// The loop iterations of `flash_tiled`'s busiest invocation on `dev` with tiles of
+    /// `keys` keys: what recording it checks against the adapter's loop cap (the count does
+    /// not depend on the mask or the saved log-sum-exp).
+    pub(crate) fn tiled_loops(&self, dev: &Device, keys: u32) -> Result<u64> {
+        let consts = self.tiled_consts(keys, (0, 0))?;
+        let (params, _) = self.params(ROWS, [0; 4])?;
+        Ok(Shader::loops(
+            &consts,
+            &params,
+            Build::of(dev.hardware().emulate),
         ))
     }
 
@@ -317,26 +368,19 @@ impl Flash {
         let mods = MaskArg::mods(mask);
         let (mask, mask_strides, has_mask) = MaskArg::bias_parts(ctx, mask);
         let (out, lse_buf, lse) = out.parts(ctx);
-        let (dk4, dv4) = self.widths4()?;
-        let needed = tile_bytes(keys, (dk4, dv4));
+        let consts = self.tiled_consts(keys, (has_mask, lse))?;
+        let needed = tile_bytes(keys, (consts.dk4, consts.dv4));
         let limit = u64::from(ctx.limits().max_compute_workgroup_storage_size);
         if needed > limit {
             return Err(Error::LimitExceeded {
                 what: format!("flash-tiled(bk={keys}) K/V tiles"),
                 needed: format!("{needed} bytes"),
                 limit: format!("{limit} bytes"),
-                limit_name: "max_compute_workgroup_storage_size",
+                limit_name: Limit::MaxComputeWorkgroupStorageSize,
             });
         }
         let (params, workgroups) = self.params(ROWS, mask_strides)?;
         let map = self.block_map(ctx, mods, ROWS, keys)?;
-        let consts = FlashTiledConsts {
-            keys,
-            dk4,
-            dv4,
-            mask: has_mask,
-            lse,
-        };
         record_with::<Shader>(
             ctx,
             encoder,

@@ -125,6 +125,13 @@ pub(crate) trait Fused: Sync {
     /// This kernel's variants a device with `caps` can run at per-head widths `widths4`
     /// (in vec4s), in the order the tuner tries them.
     fn variants(&self, caps: &Caps<'_>, widths4: (u32, u32)) -> Vec<FlashVariant>;
+    /// The loop iterations of the busiest invocation of `variant` (one of this kernel's)
+    /// over `op`'s keys on `dev`; `None` for `flash_blocked`, which splits its keys into
+    /// ranges within the adapter's loop cap.
+    ///
+    /// # Errors
+    /// Sizes past u32; a device without what the variant needs.
+    fn loops(&self, dev: &Device, op: &Flash, variant: FlashVariant) -> Result<Option<u64>>;
     /// Records `variant` (one of this kernel's) of `op`; `flash_blocked` runs its inner loop
     /// as `opts` say.
     ///
@@ -162,7 +169,104 @@ pub(crate) fn kernel_of(variant: FlashVariant) -> &'static dyn Fused {
         .expect("every FlashVariant belongs to a kernel of FAMILY")
 }
 
-/// Records `variant` of `op` with its kernel (see [`Fused::record`]).
+/// Why a fused call runs another kernel than the one its plan names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    /// `flash_coop` on a call that lets NaN/Inf through: a cooperative `P·V` does not leave
+    /// keys of weight 0 out, so a NaN there would reach the row.
+    CoopNonFinite,
+    /// `flash_coop` on a call with score or mask modifiers, which it does not apply.
+    CoopModifiers,
+    /// The variant over the call's keys would pass the adapter's loop cap (llvmpipe: see
+    /// `kernels::loops`); `flash_blocked` splits its keys into ranges short enough.
+    LoopCap {
+        /// The loop iterations of the asked variant's busiest invocation.
+        iterations: u64,
+        /// The adapter's cap.
+        cap: u64,
+    },
+}
+
+impl std::fmt::Display for Fallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fallback::CoopNonFinite => f.write_str(
+                "the call lets NaN/Inf through (propagate_non_finite) and a cooperative P·V \
+                 does not leave keys of weight 0 out",
+            ),
+            Fallback::CoopModifiers => {
+                f.write_str("the call has score or mask modifiers, which flash_coop does not apply")
+            }
+            Fallback::LoopCap { iterations, cap } => write!(
+                f,
+                "one invocation would run {iterations} loop iterations, past this adapter's loop \
+                 cap of {cap} (past which llvmpipe silently stops loops); flash_blocked splits \
+                 its keys into ranges within it"
+            ),
+        }
+    }
+}
+
+/// The variant that runs when `variant` of `op` is asked for (`mods`: the call has score or
+/// mask modifiers), and why it is another: `variant` itself, or `flash_blocked` (else
+/// `flash_tiled`) where `flash_coop` cannot take the call or where `variant` would pass the
+/// adapter's loop cap. Where no variant fits the cap, `variant` stays and recording it is
+/// refused ([`crate::error::Limit::LoopIterations`]).
+///
+/// # Errors
+/// Sizes past u32; a variant the device cannot run.
+pub(crate) fn runs_as(
+    dev: &Device,
+    op: &Flash,
+    variant: FlashVariant,
+    mods: bool,
+) -> Result<(FlashVariant, Option<Fallback>)> {
+    let (mut ran, mut why) = (variant, None);
+    if variant == FlashVariant::Coop && (op.skip_zero || mods) {
+        ran = blocked_fallback(dev, op)?;
+        why = Some(match op.skip_zero {
+            true => Fallback::CoopNonFinite,
+            false => Fallback::CoopModifiers,
+        });
+    }
+    let Some(cap) = dev.hardware().loop_cap else {
+        return Ok((ran, why));
+    };
+    match kernel_of(ran).loops(dev, op, ran)? {
+        Some(iterations) if iterations > cap => {
+            let fallback = blocked_fallback(dev, op)?;
+            if matches!(fallback, FlashVariant::Blocked { .. }) {
+                return Ok((fallback, Some(Fallback::LoopCap { iterations, cap })));
+            }
+            Ok((ran, why))
+        }
+        _ => Ok((ran, why)),
+    }
+}
+
+/// [`runs_as`], with a warning naming why when the variant that runs is not `variant`: what
+/// a call's plan and its recording both take, so the plan names the kernel that ran.
+///
+/// # Errors
+/// As [`runs_as`].
+pub(crate) fn resolve(
+    dev: &Device,
+    op: &Flash,
+    variant: FlashVariant,
+    mods: bool,
+) -> Result<FlashVariant> {
+    let (ran, why) = runs_as(dev, op, variant, mods)?;
+    if let Some(why) = why {
+        log::warn!(
+            "{variant} over {} keys does not run: {why}; {ran} runs instead",
+            op.n_kv
+        );
+    }
+    Ok(ran)
+}
+
+/// Records `variant` of `op` with its kernel (see [`Fused::record`]), or the variant that
+/// runs in its place ([`resolve`]); returns the variant recorded.
 ///
 /// # Errors
 /// As [`Fused::record`].
@@ -173,31 +277,10 @@ pub(crate) fn record(
     variant: FlashVariant,
     opts: BlockedOptions,
     io: FusedIo<'_>,
-) -> Result<()> {
-    let result = kernel_of(variant).record(dev, encoder, op, variant, opts, io);
-    match &result {
-        Err(crate::error::Error::LimitExceeded { limit_name, .. })
-            if *limit_name == crate::kernels::loops::LIMIT_NAME
-                && !matches!(variant, FlashVariant::Blocked { .. }) =>
-        {
-            // Past the device's loop cap (llvmpipe, see `kernels::loops`): only
-            // `flash_blocked` splits its keys into ranges short enough to fit. Nothing was
-            // recorded for the refused kernel (the cap is checked first).
-            let fallback = blocked_fallback(dev, op)?;
-            if !matches!(fallback, FlashVariant::Blocked { .. }) {
-                return result;
-            }
-            log::warn!(
-                "{variant} over {} keys would pass this adapter's loop cap ({} iterations per \
-                 invocation, past which llvmpipe silently stops loops): {fallback} with its keys \
-                 split runs instead",
-                op.n_kv,
-                dev.hardware().loop_cap.unwrap_or_default()
-            );
-            record(dev, encoder, op, fallback, opts, io)
-        }
-        _ => result,
-    }
+) -> Result<FlashVariant> {
+    let ran = resolve(dev, op, variant, MaskArg::mods(io.mask).is_some())?;
+    kernel_of(ran).record(dev, encoder, op, ran, opts, io)?;
+    Ok(ran)
 }
 
 /// The `flash_blocked` shape a call falls back to (the cooperative kernel's modifiers and
@@ -228,6 +311,13 @@ impl Fused for Tiled {
             .filter(|&keys| flash_tiled::tiles_fit(caps.limits, keys, widths4))
             .map(|keys| FlashVariant::Tiled { keys })
             .collect()
+    }
+
+    fn loops(&self, dev: &Device, op: &Flash, variant: FlashVariant) -> Result<Option<u64>> {
+        let FlashVariant::Tiled { keys } = variant else {
+            unreachable!("{variant} is not flash_tiled's");
+        };
+        op.tiled_loops(dev, keys).map(Some)
     }
 
     fn record(
@@ -261,6 +351,10 @@ impl Fused for Blocked {
             .filter(|&s| FlashBlockedConsts::new(caps.limits, s, widths4).is_ok())
             .map(|(rows, keys)| FlashVariant::Blocked { rows, keys })
             .collect()
+    }
+
+    fn loops(&self, _dev: &Device, _op: &Flash, _variant: FlashVariant) -> Result<Option<u64>> {
+        Ok(None)
     }
 
     fn record(
@@ -300,6 +394,13 @@ impl Fused for Subgroup {
         }
     }
 
+    fn loops(&self, dev: &Device, op: &Flash, variant: FlashVariant) -> Result<Option<u64>> {
+        let FlashVariant::Subgroup { rows_per_lane } = variant else {
+            unreachable!("{variant} is not flash_subgroup's");
+        };
+        op.subgroup_loops(dev, rows_per_lane).map(Some)
+    }
+
     fn record(
         &self,
         dev: &Device,
@@ -333,22 +434,77 @@ impl Fused for Coop {
         }
     }
 
+    fn loops(&self, dev: &Device, op: &Flash, _variant: FlashVariant) -> Result<Option<u64>> {
+        flash_coop::loops(dev, op).map(Some)
+    }
+
+    /// The calls `flash_coop` cannot take (non-finite values let through, modifiers) never
+    /// reach here: [`resolve`] gives them `flash_blocked`, and the plan names it.
     fn record(
         &self,
         dev: &Device,
         encoder: &mut wgpu::CommandEncoder,
         op: &Flash,
         _variant: FlashVariant,
-        opts: BlockedOptions,
+        _opts: BlockedOptions,
         io: FusedIo<'_>,
     ) -> Result<()> {
-        // Keys of weight 0 are not skipped in a cooperative P·V (a NaN there would reach the
-        // row): calls passing non-finite values through take flash_blocked, and so do calls
-        // with score or mask modifiers, which the cooperative kernel does not apply yet.
         if op.skip_zero || MaskArg::mods(io.mask).is_some() {
-            return record(dev, encoder, op, blocked_fallback(dev, op)?, opts, io);
+            return Err(crate::error::Error::invalid(
+                "flash-coop",
+                "internal: a call flash_coop cannot take reached it (see flash::resolve)",
+            ));
         }
         let qkv = (io.q, io.k, io.v);
         flash_coop::dispatch(dev, encoder, op, qkv, io.out, io.mask)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One head of `n_q` queries against `n_kv` keys at head width `d`.
+    fn problem(n_q: usize, n_kv: usize, d: usize, skip_zero: bool) -> Flash {
+        Flash {
+            skip_zero,
+            ..Flash::one_head(n_q, n_kv, d)
+        }
+    }
+
+    #[test]
+    fn coop_on_a_call_it_cannot_take_runs_flash_blocked_and_says_why() {
+        let dev = crate::context::test_context();
+        let blocked = blocked_fallback(dev, &problem(8, 64, 64, false)).unwrap();
+        assert!(matches!(blocked, FlashVariant::Blocked { .. }), "{blocked}");
+        // NaN/Inf let through: no cooperative-matrix shape is needed to know it falls back.
+        let ran = runs_as(dev, &problem(8, 64, 64, true), FlashVariant::Coop, false).unwrap();
+        assert_eq!(ran, (blocked, Some(Fallback::CoopNonFinite)));
+        let ran = runs_as(dev, &problem(8, 64, 64, false), FlashVariant::Coop, true).unwrap();
+        assert_eq!(ran, (blocked, Some(Fallback::CoopModifiers)));
+        assert!(Fallback::CoopModifiers.to_string().contains("modifiers"));
+        assert!(Fallback::CoopNonFinite.to_string().contains("NaN/Inf"));
+    }
+
+    #[test]
+    fn a_variant_past_the_loop_cap_runs_flash_blocked_and_says_why() {
+        let dev = crate::context::test_context();
+        let tiled = FlashVariant::Tiled { keys: 32 };
+        // Within any cap: the variant itself, no reason.
+        let short = problem(4, 256, 64, false);
+        assert_eq!(runs_as(dev, &short, tiled, false).unwrap(), (tiled, None));
+        let Some(cap) = dev.hardware().loop_cap else {
+            return; // No loop cap on this adapter: nothing falls back.
+        };
+        // flash_tiled with 32-key tiles at d 64 passes llvmpipe's cap past 24,672 keys.
+        let long = problem(4, 30_000, 64, false);
+        let iterations = long.tiled_loops(dev, 32).unwrap();
+        assert!(iterations > cap, "{iterations} <= {cap}");
+        let (ran, why) = runs_as(dev, &long, tiled, false).unwrap();
+        assert!(matches!(ran, FlashVariant::Blocked { .. }), "{ran}");
+        assert_eq!(why, Some(Fallback::LoopCap { iterations, cap }));
+        assert!(why.unwrap().to_string().contains("loop cap"));
+        // flash_blocked splits its keys itself: it runs as asked.
+        assert_eq!(runs_as(dev, &long, ran, false).unwrap(), (ran, None));
     }
 }

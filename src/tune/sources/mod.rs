@@ -186,7 +186,7 @@ fn recorded(
             }),
             host: None,
         };
-        flash::record(dev, &mut encoder, op, variant, opts, io)
+        flash::record(dev, &mut encoder, op, variant, opts, io).map(|_| ())
     })
 }
 
