@@ -62,6 +62,8 @@ mod variant;
 pub mod bench;
 #[doc(hidden)]
 pub mod fuzz;
+#[doc(hidden)]
+pub mod profile;
 
 pub use attention::{Adam, MseLoss};
 pub use attention::{

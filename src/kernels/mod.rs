@@ -40,7 +40,7 @@ pub(crate) mod row_stats;
 pub(crate) mod softmax;
 pub(crate) mod swap_heads;
 pub(crate) mod weighted_sum;
-pub(crate) use record::{collect_keys, collecting, record, record_with};
+pub(crate) use record::{capture, collect_keys, collecting, record, record_with, Captured};
 
 // The fused forward kernels live in `flash/`, behind one trait; their modules keep their
 // kernels' names here, as the registry below and the other kernels name them.

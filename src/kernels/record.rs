@@ -79,7 +79,7 @@ pub(crate) fn record_with<K: Kernel>(
                 ),
                 needed: format!("{storage} storage buffers"),
                 limit: format!("{limit} per shader stage"),
-                limit_name: "max_storage_buffers_per_shader_stage",
+                limit_name: Limit::MaxStorageBuffersPerShaderStage,
             });
         }
     }
@@ -99,6 +99,11 @@ pub(crate) fn record_with<K: Kernel>(
         return Ok(());
     }
     if COLLECTING.with(|c| c.borrow_mut().as_mut().map(|keys| keys.push(key)).is_some()) {
+        return Ok(());
+    }
+    if capturing() {
+        let captured = captured::<K>((&key, consts), params, resources, mods, [x, y, 1]);
+        CAPTURING.with(|c| c.borrow_mut().as_mut().map(|v| v.push(captured)));
         return Ok(());
     }
     if ctx.sanitized_lanes().is_some() {
@@ -388,4 +393,118 @@ pub(crate) fn collect_keys(f: impl FnOnce() -> Result<()>) -> Result<Vec<Pipelin
 /// Whether [`collect_keys`] is running on this thread (nothing is recorded).
 pub(crate) fn collecting() -> bool {
     COLLECTING.with(|c| c.borrow().is_some())
+}
+
+/// One dispatch as [`capture`] noted it instead of recording it: what the WGSL sanitizer
+/// needs to run it again on buffers of the same sizes (`crate::profile`).
+#[derive(Debug, Clone)]
+pub(crate) struct Captured {
+    /// The kernel file.
+    pub label: &'static str,
+    /// Its variant (the constants it was built with, and the f16 mask).
+    pub variant: String,
+    /// The kernel's full WGSL text.
+    pub source: String,
+    pub entry: &'static str,
+    pub workgroups: [u32; 3],
+    /// The parameters' bytes (group 0, binding 0).
+    pub params: Vec<u8>,
+    /// Every buffer bound (a texture: 0 bytes).
+    pub buffers: Vec<CapturedBuffer>,
+}
+
+/// One buffer of a [`Captured`] dispatch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CapturedBuffer {
+    pub group: u32,
+    pub binding: u32,
+    pub bytes: u64,
+    /// The buffer's identity (its hash): the same buffer in two dispatches of a call has
+    /// the same, so what one writes the next can read.
+    pub id: u64,
+}
+
+fn buffer_id(b: &wgpu::Buffer) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    b.hash(&mut h);
+    h.finish()
+}
+
+fn captured<K: Kernel>(
+    (key, consts): (&PipelineKey, &K::Consts),
+    params: &K::Params,
+    resources: &[Binding<'_>],
+    mods: Option<mods::ModsBind<'_>>,
+    workgroups: [u32; 3],
+) -> Captured {
+    let buffer = |group: u32, binding: u32, b: &wgpu::Buffer| CapturedBuffer {
+        group,
+        binding,
+        bytes: b.size(),
+        id: buffer_id(b),
+    };
+    let mut buffers: Vec<CapturedBuffer> = resources
+        .iter()
+        .enumerate()
+        .map(|(i, r)| match *r {
+            Binding::Buffer(b) => buffer(0, i as u32 + 1, b),
+            Binding::Texture(_) => CapturedBuffer {
+                group: 0,
+                binding: i as u32 + 1,
+                bytes: 0,
+                id: 0,
+            },
+        })
+        .collect();
+    let group1 = mods.as_ref().map(|m| m.buffers()).unwrap_or_default();
+    buffers.extend(
+        group1
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| buffer(1, i as u32, b)),
+    );
+    Captured {
+        label: K::ID.file(),
+        variant: format!("{consts:?}, f16 mask {:#b}", key.f16),
+        source: key.source(),
+        entry: K::ENTRY,
+        workgroups,
+        params: bytemuck::bytes_of(params).to_vec(),
+        buffers,
+    }
+}
+
+std::thread_local! {
+    /// While [`capture`] runs on this thread: the dispatches [`record`] was asked for.
+    static CAPTURING: std::cell::RefCell<Option<Vec<Captured>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn capturing() -> bool {
+    CAPTURING.with(|c| c.borrow().is_some())
+}
+
+/// Runs `f` with [`record`] noting each dispatch ([`Captured`]) instead of recording it
+/// (nothing runs on the device; what the call reads back is whatever its buffers held), and
+/// returns them in order.
+///
+/// # Errors
+/// `f`'s error.
+pub(crate) fn capture(f: impl FnOnce() -> Result<()>) -> Result<Vec<Captured>> {
+    /// Leaves capturing mode however `f` ends.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CAPTURING.with(|c| *c.borrow_mut() = None);
+        }
+    }
+    CAPTURING.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let restore = Restore;
+    let result = f();
+    let captured = CAPTURING
+        .with(|c| c.borrow_mut().take())
+        .unwrap_or_default();
+    drop(restore);
+    result.map(|()| captured)
 }

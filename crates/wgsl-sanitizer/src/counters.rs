@@ -85,7 +85,8 @@ pub struct Counters {
     /// Transcendentals (exp, exp2, log, log2, sqrt, inverseSqrt, sin, cos, tanh, pow), per
     /// component per lane: a GPU's special-function units.
     pub special: u64,
-    /// Subgroup-wide instructions: every expression that computes something (arithmetic,
+    /// Subgroup-wide instructions (a vector operation one per component, as on scalar
+    /// GPUs; a vector load or store one): every expression that computes something (arithmetic,
     /// conversions, selects, loads, dynamic indexing) and every statement that does (stores,
     /// atomics, barriers, subgroup operations, branches, loop iterations); constants, names
     /// and pointers to whole variables are free.

@@ -327,6 +327,18 @@ impl Shader {
         })
     }
 
+    /// Bytes of workgroup memory the module declares (all `var<workgroup>` together, as
+    /// naga lays them out): what a workgroup holds on the GPU (occupancy).
+    pub fn workgroup_memory_bytes(&self) -> u64 {
+        let ctx = self.module.to_ctx();
+        self.module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| u64::from(self.module.types[g.ty].inner.size(ctx)))
+            .sum()
+    }
+
     /// The names of the module's compute entry points.
     pub fn entry_points(&self) -> Vec<String> {
         self.module

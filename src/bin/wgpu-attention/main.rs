@@ -13,6 +13,7 @@ mod grad_cmd;
 mod heartbeat;
 mod model_bench;
 mod mods_args;
+mod profile_cmd;
 mod report;
 mod run_cmd;
 mod shaders_cmd;
@@ -186,6 +187,11 @@ enum Command {
     /// Write the fully specialised WGSL of every kernel variant the tuner may pick on a GPU
     /// to DIR/<family>/<variant>.wgsl, for offline shader-compiler checks.
     Shaders(shaders_cmd::ShadersArgs),
+    /// What each kernel of one forward call would spend on a GPU, counted on the CPU by the
+    /// WGSL sanitizer (FLOPs, 32-byte sectors, bank conflicts, barriers, instructions), with
+    /// occupancy and a predicted time and bottleneck on a device description (h100), for
+    /// every fused-kernel variant the tuner may pick.
+    Profile(profile_cmd::ProfileArgs),
     /// The example of the post "Building the Self-Attention Mechanism of Large Language Models
     /// from scratch": attention over the words of a sentence, printed as a table.
     ///
@@ -529,6 +535,7 @@ fn dispatch(command: &Command) -> Result<bool> {
         Command::Bench(args) => bench_cmd::bench_cmd(args),
         Command::Report(args) => report::report_cmd(args),
         Command::Shaders(args) => shaders_cmd::shaders_cmd(args),
+        Command::Profile(args) => profile_cmd::profile_cmd(args),
         Command::Tune(args) => tune_cmd::tune_cmd(args),
         Command::Demo {
             sentence,

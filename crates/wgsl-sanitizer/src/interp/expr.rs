@@ -22,7 +22,15 @@ impl Exec<'_, '_> {
         let n = meta.n as usize;
         let expr = &fr.f.expressions[h];
         if self.tally.is_some() && super::count::costs_expr(expr) {
-            self.tally_instruction(mask);
+            // A vector operation is one instruction per component on scalar GPUs (NVIDIA,
+            // AMD); an index or a texel read is one.
+            let per = match expr {
+                Expression::Access { .. } | Expression::ImageLoad { .. } => 1,
+                _ => n.max(1),
+            };
+            for _ in 0..per {
+                self.tally_instruction(mask);
+            }
         }
         match *expr {
             Expression::Literal(l) => {

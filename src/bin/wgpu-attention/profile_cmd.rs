@@ -1,0 +1,183 @@
+//! `wgpu-attention profile`: what each kernel of one forward call would spend on a GPU,
+//! counted on the CPU by the WGSL sanitizer's interpreter, for every fused-kernel variant
+//! the tuner may pick: counters, occupancy, predicted time and its bottleneck on a device
+//! description, beside PyTorch's measured H100 time where the notes have one.
+
+use clap::Args;
+use wgpu_attention::profile::{self, DeviceSpec, KernelProfile, Problem};
+use wgpu_attention::{Dtype, Result};
+
+/// Arguments of `profile`.
+#[derive(Args)]
+pub struct ProfileArgs {
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 16)]
+    pub heads: usize,
+    /// Sequence length (queries = keys).
+    #[arg(long, default_value_t = 1024)]
+    pub n: usize,
+    /// Per-head width.
+    #[arg(long, default_value_t = 64)]
+    pub d: usize,
+    #[arg(long, default_value = "f32")]
+    pub dtype: Dtype,
+    #[arg(long)]
+    pub causal: bool,
+    /// A left window of this many keys besides the query's own (with --causal: Mistral's
+    /// 511 is a window of 512).
+    #[arg(long)]
+    pub window: Option<u32>,
+    /// The device description: h100 or generic.
+    #[arg(long, default_value = "h100")]
+    pub device: DeviceSpec,
+    /// Workgroups counted per large dispatch (first, last, one per stratum between).
+    #[arg(long, default_value_t = 10)]
+    pub sample: u32,
+}
+
+/// PyTorch 2.11's SDPA on the H100, ms (../shared/notes/h100-2026-11-27.md; batch 4,
+/// 16 heads, no window).
+fn torch_h100(p: &Problem) -> Option<f64> {
+    if p.batch != 4 || p.heads != 16 || p.window.is_some() {
+        return None;
+    }
+    let f16 = p.dtype == Dtype::F16;
+    let table: &[(usize, usize, bool, bool, f64)] = &[
+        (64, 1024, false, false, 0.550),
+        (64, 1024, true, false, 0.365),
+        (64, 4096, false, false, 7.852),
+        (64, 4096, true, false, 4.268),
+        (64, 16384, false, false, 125.961),
+        (64, 16384, true, false, 66.232),
+        (128, 1024, false, false, 0.796),
+        (128, 1024, true, false, 0.490),
+        (128, 4096, false, false, 11.631),
+        (128, 4096, true, false, 6.014),
+        (64, 1024, false, true, 0.058),
+        (64, 1024, true, true, 0.046),
+        (64, 4096, false, true, 0.590),
+        (64, 4096, true, true, 0.342),
+        (128, 1024, false, true, 0.080),
+        (128, 4096, false, true, 0.834),
+        (128, 4096, true, true, 0.495),
+    ];
+    table
+        .iter()
+        .find(|r| r.0 == p.d && r.1 == p.n && r.2 == p.causal && r.3 == f16)
+        .map(|r| r.4)
+}
+
+/// Prints the profile of every variant.
+pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
+    let p = Problem {
+        batch: args.batch,
+        heads: args.heads,
+        n: args.n,
+        d: args.d,
+        dtype: args.dtype,
+        causal: args.causal,
+        window: args.window,
+    };
+    let dev = &args.device;
+    let ctx = profile::context(dev.lanes)?;
+    let began = std::time::Instant::now();
+    println!(
+        "profile: ({}, {}, {}, {}) {:?}{}{} on {} ({} SMs, {:.2} GHz model clock, {:.1} TFLOP/s \
+         f32, {:.2} TB/s); counted at {} lanes on <= {} workgroups per dispatch (+ first, last)",
+        p.batch,
+        p.heads,
+        p.n,
+        p.d,
+        p.dtype,
+        if p.causal { " causal" } else { "" },
+        p.window.map(|w| format!(" window {w}")).unwrap_or_default(),
+        dev.name,
+        dev.sms,
+        dev.clock() / 1e9,
+        dev.fma_flops / 1e12,
+        dev.dram_bandwidth / 1e12,
+        dev.lanes,
+        args.sample,
+    );
+    if let Some(ms) = torch_h100(&p) {
+        println!("PyTorch 2.11 SDPA on the H100 (measured): {ms:.3} ms");
+    }
+    for variant in profile::flash_variants(&ctx, &p) {
+        let kernels = match profile::profile_flash(&ctx, dev, &p, variant, args.sample) {
+            Ok(k) => k,
+            Err(e) => {
+                println!("\n{variant}: not profiled: {e}");
+                continue;
+            }
+        };
+        let total: f64 = kernels.iter().map(|k| k.prediction.time).sum();
+        println!("\n{variant}: predicted {:.3} ms", total * 1e3);
+        for k in &kernels {
+            print_kernel(k);
+        }
+    }
+    println!("\n(profiled in {:.1} s)", began.elapsed().as_secs_f64());
+    Ok(true)
+}
+
+/// Three lines per kernel: counters, occupancy, prediction.
+fn print_kernel(k: &KernelProfile) {
+    let c = &k.counters;
+    let pr = &k.prediction;
+    println!(
+        "  {} [{}]: {} workgroups of {} threads ({} counted)",
+        k.kernel.trim_end_matches(".wgsl"),
+        k.variant,
+        k.workgroups,
+        k.threads,
+        c.workgroups_counted
+    );
+    println!(
+        "    {:.3} GFLOP (f32 {:.3}, f16 {:.3}, coop {:.3}), {:.3} G special; global {:.1} MB \
+         requested in {:.1} MB of sectors ({:.0} % sector efficiency), {:.1} M loads; \
+         shared {:.1} M accesses, {:.2} ways; per lane {:.0} instructions, {:.1} barriers; \
+         {} atomics, {} texels",
+        c.flops() as f64 / 1e9,
+        c.flops_f32 as f64 / 1e9,
+        c.flops_f16 as f64 / 1e9,
+        c.coop_flops as f64 / 1e9,
+        c.special as f64 / 1e9,
+        (c.global.bytes_read + c.global.bytes_written) as f64 / 1e6,
+        c.global.sector_bytes() as f64 / 1e6,
+        100.0 * c.global.sector_efficiency(),
+        c.global.loads as f64 / 1e6,
+        c.shared_accesses as f64 / 1e6,
+        c.shared_ways(),
+        c.per_lane(c.lane_instructions),
+        c.per_lane(c.barriers * u64::from(c.subgroup_size)),
+        c.atomics,
+        c.texture_reads,
+    );
+    println!(
+        "    occupancy: {} workgroups ({} warps, {:.0} %) per SM, limited by {} ({} registers, \
+         {}; {} B shared)",
+        k.occupancy.workgroups,
+        k.occupancy.warps,
+        100.0 * k.occupancy.fraction,
+        k.occupancy.limit,
+        k.registers,
+        k.registers_from,
+        k.shared_bytes,
+    );
+    let ms = |s: f64| s * 1e3;
+    println!(
+        "    predicted {:.3} ms, {}-bound (issue {:.3}, FMA {:.3}, coop {:.3}, shared {:.3}, \
+         L2 {:.3}, DRAM {:.3}, latency {:.3} ms; {:.2} rounds per SM)",
+        ms(pr.time),
+        pr.bottleneck,
+        ms(pr.issue),
+        ms(pr.fma),
+        ms(pr.coop),
+        ms(pr.shared),
+        ms(pr.l2),
+        ms(pr.dram),
+        ms(pr.latency),
+        pr.rounds,
+    );
+}

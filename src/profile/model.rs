@@ -1,0 +1,203 @@
+//! Occupancy and a time model from one dispatch's counters: a roofline per SM (instruction
+//! issue, FMA, shared-memory wavefronts, L2 sectors, DRAM bytes) beside a latency bound (each
+//! SM's rounds of workgroups, each as long as one subgroup's chain of global loads, barriers
+//! and dependent instructions), the larger of the two.
+
+use wgsl_sanitizer::Counters;
+
+use super::DeviceSpec;
+
+/// How many workgroups one SM holds, and what limits it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Occupancy {
+    /// Workgroups resident per SM.
+    pub workgroups: u32,
+    /// Warps resident per SM.
+    pub warps: u32,
+    /// Of the SM's maximum warps.
+    pub fraction: f64,
+    /// What limits it: "registers", "shared memory", "threads", "workgroups".
+    pub limit: &'static str,
+}
+
+/// The occupancy of a workgroup of `threads` threads, `registers` 32-bit registers per
+/// thread and `shared` bytes of workgroup memory on `dev`.
+pub fn occupancy(dev: &DeviceSpec, threads: u32, registers: u32, shared: u64) -> Occupancy {
+    let warps_per_wg = threads.div_ceil(dev.lanes).max(1);
+    let regs_per_warp = (registers * dev.lanes).next_multiple_of(dev.register_granule);
+    let by_regs = dev.registers_per_sm / (regs_per_warp * warps_per_wg).max(1);
+    let by_shared = match shared {
+        0 => u32::MAX,
+        s => (dev.shared_per_sm / (s + dev.shared_reserved)) as u32,
+    };
+    let by_threads = dev.max_threads / (warps_per_wg * dev.lanes);
+    let limits = [
+        (by_regs, "registers"),
+        (by_shared, "shared memory"),
+        (by_threads, "threads"),
+        (dev.max_workgroups, "workgroups"),
+    ];
+    let (workgroups, limit) = limits.into_iter().min_by_key(|l| l.0).expect("four limits");
+    let warps = workgroups * warps_per_wg;
+    Occupancy {
+        workgroups,
+        warps,
+        fraction: f64::from(warps) / f64::from(dev.max_threads / dev.lanes),
+        limit,
+    }
+}
+
+/// What bounds a dispatch's predicted time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bottleneck {
+    /// Instruction issue (the schedulers).
+    Issue,
+    /// f32 FMA throughput.
+    Fma,
+    /// Tensor cores.
+    Coop,
+    /// Shared-memory wavefronts (bank conflicts included).
+    SharedMemory,
+    /// L2 bandwidth (global sectors, re-reads included).
+    L2,
+    /// DRAM bandwidth.
+    Memory,
+    /// Latency not hidden: too few warps or workgroups for the chain each one waits through.
+    Latency,
+}
+
+impl std::fmt::Display for Bottleneck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Bottleneck::Issue => "issue",
+            Bottleneck::Fma => "FMA",
+            Bottleneck::Coop => "tensor cores",
+            Bottleneck::SharedMemory => "shared memory",
+            Bottleneck::L2 => "L2",
+            Bottleneck::Memory => "memory",
+            Bottleneck::Latency => "latency",
+        })
+    }
+}
+
+/// The model's times for one dispatch, seconds, each bound alone and the prediction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prediction {
+    pub issue: f64,
+    pub fma: f64,
+    pub coop: f64,
+    pub shared: f64,
+    pub l2: f64,
+    pub dram: f64,
+    pub latency: f64,
+    /// The largest, times the wave quantisation, plus the launch.
+    pub time: f64,
+    pub bottleneck: Bottleneck,
+    /// Rounds of workgroups per SM (workgroups over SMs × resident).
+    pub rounds: f64,
+}
+
+/// Predicts the time of a dispatch with counters `c`, occupancy `occ` and `footprint` bytes
+/// of distinct global memory (the bound buffers: what DRAM must deliver at least once) on
+/// `dev`.
+pub fn predict(dev: &DeviceSpec, c: &Counters, occ: &Occupancy, footprint: u64) -> Prediction {
+    let sms = f64::from(dev.sms);
+    let clock = dev.clock();
+    let issue = c.instructions as f64 / (sms * f64::from(dev.issue_per_clock) * clock);
+    let fma = (c.flops_f32 + c.flops_f16) as f64 / dev.fma_flops;
+    let coop = c.coop_flops as f64 / dev.coop_flops;
+    let shared = c.shared_wavefronts as f64 / (sms * clock);
+    let l2 = c.global.sector_bytes() as f64 / dev.l2_bandwidth;
+    let dram = footprint.min(c.global.sector_bytes().max(1)) as f64 / dev.dram_bandwidth;
+    // Latency: each SM runs `rounds` rounds of `occ.workgroups` workgroups; a round lasts at
+    // least one subgroup's chain (its intervals that wait on global memory, its barriers,
+    // its instructions one after another at the dependent rate).
+    let wgs = c.workgroups.max(1) as f64;
+    let slots = sms * f64::from(occ.workgroups.max(1));
+    let rounds = (wgs / slots).ceil();
+    let per_sg = |x: u64| x as f64 / c.subgroups.max(1) as f64;
+    let chain = per_sg(c.global_intervals) * dev.memory_latency
+        + per_sg(c.barriers) * dev.barrier_cycles / clock
+        + per_sg(c.instructions) * dev.dependent_cycles / clock;
+    let latency = rounds * chain;
+    // Throughput bounds lose the idle part of the last round.
+    let quantise = (rounds * slots / wgs).max(1.0);
+    let bounds = [
+        (issue * quantise, Bottleneck::Issue),
+        (fma * quantise, Bottleneck::Fma),
+        (coop * quantise, Bottleneck::Coop),
+        (shared * quantise, Bottleneck::SharedMemory),
+        (l2, Bottleneck::L2),
+        (dram, Bottleneck::Memory),
+        (latency, Bottleneck::Latency),
+    ];
+    let (t, bottleneck) =
+        bounds.into_iter().fold(
+            (0.0, Bottleneck::Latency),
+            |a, b| if b.0 > a.0 { b } else { a },
+        );
+    Prediction {
+        issue,
+        fma,
+        coop,
+        shared,
+        l2,
+        dram,
+        latency,
+        time: t + dev.launch,
+        bottleneck,
+        rounds: wgs / slots,
+    }
+}
+
+/// Registers per thread of a kernel variant: RDNA3's VGPRs from `tools/shader-stats`
+/// (docs/RESULTS.md, wave32: a lane's registers, the same unit as NVIDIA's per-thread
+/// count) where measured, else an estimate; NVIDIA's own count is unknown until a GPU
+/// gives it (`cuobjdump`-less Vulkan: none yet), so the same figure stands for it.
+/// `label` is the kernel file, `variant` its constants as [`super::KernelProfile`] names
+/// them, `d` the head width.
+pub fn registers(label: &str, variant: &str, d: usize) -> (u32, &'static str) {
+    let wide = d > 64;
+    match label {
+        "flash_blocked.wgsl" => {
+            let has = |s: &str| variant.contains(s);
+            let r = if has("br: 64, bc: 32") || has("rows: 64, keys: 32") {
+                if wide {
+                    144
+                } else {
+                    96
+                }
+            } else if wide {
+                96
+            } else {
+                72
+            };
+            (r, "RDNA3 VGPRs (shader-stats)")
+        }
+        "decode_partial_gpu.wgsl" => (if wide { 120 } else { 48 }, "RDNA3 VGPRs (shader-stats)"),
+        "decode_combine.wgsl" => (24, "RDNA3 VGPRs (shader-stats)"),
+        "coop_matmul.wgsl" | "flash_coop.wgsl" => (128, "estimate (Mesa cannot compile coop)"),
+        "matmul_blocked.wgsl" => (96, "RDNA3 VGPRs (shader-stats)"),
+        "softmax.wgsl" => (24, "RDNA3 VGPRs (shader-stats)"),
+        _ => (64, "estimate"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn h100_occupancy_is_limited_by_what_runs_out_first() {
+        let h = DeviceSpec::h100();
+        // 256 threads of 72 registers, 30 KiB: registers allow 3 (72·32 → 2304 per warp,
+        // 8 warps: 18,432 → 3), shared memory 7.
+        let o = occupancy(&h, 256, 72, 30 * 1024);
+        assert_eq!((o.workgroups, o.limit), (3, "registers"));
+        let o = occupancy(&h, 256, 32, 100 * 1024);
+        assert_eq!((o.workgroups, o.limit), (2, "shared memory"));
+        let o = occupancy(&h, 1024, 16, 0);
+        assert_eq!((o.workgroups, o.limit), (2, "threads"));
+        assert!((h.clock() - 1.317e9).abs() < 1e7);
+    }
+}
