@@ -248,9 +248,7 @@ impl MaskBuffer {
             return Ok(None);
         }
         // Equal modifiers share one upload (and its block maps) per device.
-        let mods = mods
-            .map(|m| ctx.memo(m.content_key(), || ModsUpload::new(ctx, m)))
-            .transpose()?;
+        let mods = mods.map(|m| ModsUpload::shared(ctx, m)).transpose()?;
         let Some(bias) = bias else {
             return Ok(Some(MaskBuffer {
                 buffer: None,

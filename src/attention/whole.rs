@@ -228,7 +228,7 @@ impl Attention {
             dims.heads,
             dims.kv_heads,
             bias.is_some(),
-            mods.map(|m| m.wgsl(1, 0)),
+            mods.map(|m| &m.kernel_code().wgsl),
             source.kind()
         )
     }

@@ -60,7 +60,7 @@ pub struct Decoder {
     scale: Option<f32>,
     /// The modifiers and their content key (a step looks their upload up by it: computed
     /// once here, not per token).
-    mods: Option<std::sync::Arc<(Modifiers, u64)>>,
+    mods: Option<std::sync::Arc<Modifiers>>,
     block: Option<usize>,
     nan_fill: bool,
     threads: Option<u32>,
@@ -92,8 +92,7 @@ impl Decoder {
     /// step costs O(window), not O(len). Buffers indexed by position (document ids) must
     /// cover every position the cache holds.
     pub fn modifiers(mut self, mods: &Modifiers) -> Self {
-        self.mods =
-            (!mods.is_empty()).then(|| std::sync::Arc::new((mods.clone(), mods.content_key())));
+        self.mods = (!mods.is_empty()).then(|| std::sync::Arc::new(mods.clone()));
         self
     }
 
@@ -261,12 +260,12 @@ impl Decoder {
                 format!("must be finite, got {scale}"),
             ));
         }
-        if let Some((mods, _)) = self.mods.as_deref() {
+        if let Some(mods) = self.mods.as_deref() {
             mods.check_problem([batch, heads, cache.len(), cache.len()])?;
         }
         // A window preset's reach: the earliest new row, at len − m, sees no key before
         // len − m − left.
-        let first = self.mods.as_deref().map_or(0, |(mods, _)| {
+        let first = self.mods.as_deref().map_or(0, |mods| {
             mods.presets()
                 .iter()
                 .filter_map(|p| match p {
@@ -333,7 +332,7 @@ impl Decoder {
         let mods = self
             .mods
             .as_deref()
-            .map(|(m, key)| ctx.memo(*key, || ModsUpload::new(ctx, m)))
+            .map(|m| ModsUpload::shared(ctx, m))
             .transpose()?;
         problem.record(ctx, encoder, &bufs, self.block, mods.as_deref())?;
         Ok(out)

@@ -357,14 +357,16 @@ impl Device {
     }
 
     /// What the layers above keep per device under a key of theirs (a call's modifiers on
-    /// the device, with their block maps): the value stored under `key`, or `make`'s, stored
-    /// (the oldest of [`MEMO_CAPACITY`] goes).
+    /// the device, with their block maps): the value stored under `key` for which `same`
+    /// holds, or `make`'s, stored (the oldest of [`MEMO_CAPACITY`] goes). The key only finds
+    /// candidates: `same` decides, so two values whose keys collide are each their own.
     ///
     /// # Errors
     /// `make`'s.
     pub(crate) fn memo<T: MemoValue>(
         &self,
         key: u64,
+        same: impl Fn(&T) -> bool,
         make: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
         let id = (std::any::TypeId::of::<T>(), key);
@@ -373,8 +375,10 @@ impl Device {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .find(|m| m.0 == id)
-            .and_then(|m| m.1.downcast_ref::<Arc<T>>().cloned());
+            .filter(|m| m.0 == id)
+            .filter_map(|m| m.1.downcast_ref::<Arc<T>>())
+            .find(|v| same(v))
+            .cloned();
         if let Some(v) = found {
             return Ok(v);
         }

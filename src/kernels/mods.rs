@@ -15,7 +15,6 @@
 //! a pipeline key of its own.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
@@ -76,38 +75,63 @@ fn wa_span(b: u32, h: u32, row0: u32) -> vec2<u32> {
 }
 ";
 
-/// The modifiers' code by its hash (the pipeline key holds the hash), for every call of the
-/// process: a pipeline built later from the key finds its code here.
-fn sources() -> &'static Mutex<HashMap<u64, Arc<str>>> {
-    static SOURCES: OnceLock<Mutex<HashMap<u64, Arc<str>>>> = OnceLock::new();
-    SOURCES.get_or_init(Default::default)
+/// The modifiers' code of every call of the process, keyed by its full text: each distinct
+/// text gets an id (from 1) that the pipeline key holds, so two texts never share a
+/// pipeline, and a pipeline built later from the key finds its text here.
+#[derive(Default)]
+struct Registry {
+    ids: HashMap<Arc<str>, u64>,
+    texts: Vec<Arc<str>>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// The id of `code` in the registry (registered now if new), never 0.
+fn register(code: String) -> u64 {
+    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&id) = r.ids.get(code.as_str()) {
+        return id;
+    }
+    let text: Arc<str> = Arc::from(code);
+    r.texts.push(text.clone());
+    let id = r.texts.len() as u64;
+    r.ids.insert(text, id);
+    id
 }
 
 /// A kernel source `composed` (from the file `file`) with what its modifier calls need: the
-/// stubs (`mods == 0`) or the code registered under `mods`. Kernels that call no modifier
+/// stubs (`mods == 0`) or the code registered under id `mods`. Kernels that call no modifier
 /// are left as they are.
+///
+/// # Panics
+/// When `mods` is no registered id: a pipeline key's code is registered before the key
+/// exists ([`ModsUpload::new`]).
 pub(crate) fn with_modifiers(composed: String, file: &str, mods: u64) -> String {
     if !file.contains("wa_keep(") {
         return composed;
     }
     let code = match mods {
         0 => Arc::from(STUBS),
-        h => sources()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&h)
-            .cloned()
-            .unwrap_or_else(|| Arc::from(STUBS)),
+        id => {
+            let r = registry().lock().unwrap_or_else(|e| e.into_inner());
+            let at = usize::try_from(id - 1).ok();
+            at.and_then(|i| r.texts.get(i))
+                .cloned()
+                .expect("a pipeline key's modifier code is registered before the key exists")
+        }
     };
     format!("{composed}\n{code}")
 }
 
-/// A call's modifiers on the device: their code's hash (registered for the pipeline cache),
+/// A call's modifiers on the device: their code's id (registered for the pipeline cache),
 /// their buffers in binding order, and the block maps made for them so far.
 #[derive(Debug)]
 pub(crate) struct ModsUpload {
-    /// The code's hash, never 0.
-    pub hash: u64,
+    /// The code's id in the registry, by its full text; never 0.
+    pub code_id: u64,
     /// The buffers, at `@group(1)`, bindings 0, 1, ….
     pub buffers: Vec<wgpu::Buffer>,
     /// The uniform after them: where a part of a split call starts in the whole call,
@@ -155,6 +179,22 @@ impl ModsBind<'_> {
 }
 
 impl ModsUpload {
+    /// The upload of `mods` on `dev`: the one made for modifiers the kernels see the same of
+    /// ([`Modifiers::same_kernels`]), or a new one ([`ModsUpload::new`]), kept for the next.
+    ///
+    /// # Errors
+    /// As [`ModsUpload::new`].
+    pub(crate) fn shared(dev: &Device, mods: &Modifiers) -> Result<Arc<Self>> {
+        Self::shared_under(dev, mods, mods.kernel_key())
+    }
+
+    /// [`ModsUpload::shared`] looked up under `key` (the tests' seam: two modifiers under
+    /// one key, as a hash collision would put them).
+    fn shared_under(dev: &Device, mods: &Modifiers, key: u64) -> Result<Arc<Self>> {
+        let same = |u: &ModsUpload| u.source.same_kernels(mods);
+        dev.memo(key, same, || ModsUpload::new(dev, mods))
+    }
+
     /// Checks `mods` ([`Modifiers::check`]), registers its code and uploads its buffers.
     ///
     /// # Errors
@@ -162,8 +202,8 @@ impl ModsUpload {
     pub(crate) fn new(dev: &Device, mods: &Modifiers) -> Result<Self> {
         mods.check()?;
         check_names(mods)?;
-        let buffers = mods.all_buffers();
-        let mut code = mods.wgsl(1, 0);
+        let made = mods.kernel_code();
+        let (buffers, mut code) = (&made.buffers, made.wgsl.clone());
         // Where a part of a split call starts in the whole call (zeros for a whole call): a
         // uniform, so that every part shares one pipeline.
         let n = buffers.len();
@@ -172,7 +212,7 @@ impl ModsUpload {
         ));
         // Every buffer referenced, so the pipeline's automatic layout keeps them all.
         code.push_str("fn wa_keep(b: u32, h: u32, q: u32, kv: u32) -> bool {\n");
-        for b in &buffers {
+        for b in buffers {
             code.push_str(&format!("    _ = arrayLength(&{});\n", b.name));
         }
         let at = "b + wa_origin.x, h + wa_origin.y, q + wa_origin.z, kv";
@@ -198,14 +238,7 @@ impl ModsUpload {
             code.push_str(FULL);
             None
         };
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        code.hash(&mut hasher);
-        let hash = hasher.finish().max(1);
-        sources()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(hash)
-            .or_insert_with(|| Arc::from(code));
+        let code_id = register(code);
         let buffers = buffers
             .iter()
             .map(|b| match &b.data {
@@ -219,7 +252,7 @@ impl ModsUpload {
         let [b0, h0, q0] = mods.origin();
         let origin = crate::gpu::buffer::uniform(dev, "modifiers' origin", &[b0, h0, q0, 0])?;
         Ok(ModsUpload {
-            hash,
+            code_id,
             buffers,
             origin,
             axes,
@@ -343,5 +376,64 @@ pub(crate) fn unsupported(dev: &Device, what: &str) -> Error {
         hint: "run the forward on arrays (Inputs::qkv or Inputs::x), without saving it for \
                the backward"
             .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::modifiers::Preset;
+
+    #[test]
+    fn the_registry_keys_code_by_its_full_text() {
+        let a = register("fn wa_test_a() {}\n".into());
+        let b = register("fn wa_test_b() {}\n".into());
+        assert!(a != 0 && b != 0 && a != b);
+        assert_eq!(register("fn wa_test_a() {}\n".into()), a);
+        let file = "fn main() { wa_keep(0u, 0u, 0u, 0u); }";
+        let built = with_modifiers("// kernel".into(), file, b);
+        assert!(built.ends_with("fn wa_test_b() {}\n"), "{built}");
+    }
+
+    #[test]
+    fn modifiers_under_one_key_with_other_code_get_their_own_kernels() {
+        let dev = crate::context::test_context();
+        let (two, three) = (
+            Modifiers::new().preset(Preset::Softcap(2.0)),
+            Modifiers::new().preset(Preset::Softcap(3.0)),
+        );
+        assert!(!two.same_kernels(&three));
+        // Under one key, as a 64-bit hash collision would put them: each its own upload,
+        // code and pipelines.
+        let key = 0x5eed;
+        let a = ModsUpload::shared_under(dev, &two, key).unwrap();
+        let b = ModsUpload::shared_under(dev, &three, key).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_ne!(a.code_id, b.code_id);
+        let file = "fn main() { wa_keep(0u, 0u, 0u, 0u); }";
+        let text = |id| with_modifiers(String::new(), file, id);
+        assert!(text(a.code_id).contains("2.0 * tanh(score / 2.0)"));
+        assert!(text(b.code_id).contains("3.0 * tanh(score / 3.0)"));
+        // Equal modifiers (a clone, or the same made again) share the first.
+        let again = Modifiers::new().preset(Preset::Softcap(2.0));
+        assert!(Arc::ptr_eq(
+            &a,
+            &ModsUpload::shared_under(dev, &again, key).unwrap()
+        ));
+        // Under its own key: an upload of its own, the same code (the same pipelines).
+        assert_eq!(ModsUpload::shared(dev, &two).unwrap().code_id, a.code_id);
+    }
+
+    #[test]
+    fn the_kernels_code_is_made_once_and_afresh_after_a_change() {
+        let m = Modifiers::new().preset(Preset::Softcap(2.0));
+        let first = Arc::clone(m.kernel_code());
+        assert!(Arc::ptr_eq(&first, m.kernel_code()));
+        // A clone shares it; a builder after it makes it again.
+        assert!(Arc::ptr_eq(&first, m.clone().kernel_code()));
+        let more = m.clone().preset(Preset::PrefixLm(2));
+        assert!(!Arc::ptr_eq(&first, more.kernel_code()));
+        assert!(more.kernel_code().wgsl.contains("kv < 2u"));
+        assert!(!first.wgsl.contains("kv < 2u"));
     }
 }

@@ -47,7 +47,7 @@ pub(crate) fn record_with<K: Kernel>(
     workgroups: u64,
 ) -> Result<()> {
     let mut key = PipelineKey::of::<K>(consts, f16);
-    key.mods = mods.map_or(0, |m| m.upload.hash);
+    key.mods = mods.map_or(0, |m| m.upload.code_id);
     key.emulate = ctx.hardware().emulate;
     // Per dispatch: the label alone, not the whole description.
     let label = K::ID.file();

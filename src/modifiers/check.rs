@@ -7,15 +7,29 @@ use super::{Modifiers, Role, RESERVED_PREFIX};
 use crate::error::{Error, Result};
 
 impl Modifiers {
-    /// Checks the caller's WGSL before any pipeline is made: it parses and validates, defines
-    /// each function it was given for with the expected signature, declares no global
-    /// (bindings, workgroup or private memory), no entry point, uses no atomic, barrier or
-    /// subgroup operation, and names nothing `wa_…`; buffer names are identifiers, unique,
-    /// non-empty.
+    /// Checks the modifiers before any pipeline is made, every rule in one place (the CLI,
+    /// Python and the browser validate nothing themselves): each preset's own rules
+    /// ([`super::Preset::check`]: a soft-cap finite and positive, …); the caller's WGSL
+    /// parses and validates, defines each function it was given for with the expected
+    /// signature, declares no global (bindings, workgroup or private memory), no entry
+    /// point, uses no atomic, barrier or subgroup operation, and names nothing `wa_…`; buffer
+    /// names are identifiers, unique, non-empty.
+    ///
+    /// ```
+    /// use wgpu_attention::{Error, Modifiers, Preset};
+    /// let e = Modifiers::new().preset(Preset::Softcap(0.0)).check().unwrap_err();
+    /// assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    /// assert!(e.to_string().contains("softcap"), "{e}");
+    /// assert!(Modifiers::new().preset(Preset::Softcap(30.0)).check().is_ok());
+    /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`], one line naming the source (file), line and column.
+    /// [`Error::InvalidArgument`], one line naming the preset and its rule, or the source
+    /// (file), line and column.
     pub fn check(&self) -> Result<()> {
+        for p in &self.presets {
+            p.check()?;
+        }
         let mut seen = std::collections::HashSet::new();
         for b in &self.buffers {
             let ok = b

@@ -27,7 +27,7 @@ mod preset;
 mod tests;
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 pub(crate) use blocks::Grid;
@@ -141,6 +141,62 @@ impl<F: ?Sized> PartialEq for Closure<F> {
     }
 }
 
+/// What the kernels see of a [`Modifiers`], made once per value ([`Modifiers::kernel_code`]).
+#[derive(Debug)]
+pub(crate) struct KernelCode {
+    /// [`Modifiers::wgsl`] at `@group(1)` from binding 0.
+    pub wgsl: String,
+    /// [`Modifiers::all_buffers`].
+    pub buffers: Vec<ModBuffer>,
+    /// A hash of both: where a lookup starts ([`Modifiers::kernel_key`]); equality decides
+    /// ([`Modifiers::same_kernels`]).
+    hash: u64,
+}
+
+impl KernelCode {
+    /// Whether both hold the same text and buffers (values compared bit for bit, so a NaN
+    /// in a buffer equals itself).
+    fn same(&self, other: &KernelCode) -> bool {
+        let bits = |d: &BufferData| -> Vec<u32> {
+            match d {
+                BufferData::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+                BufferData::I32(v) => v.iter().map(|&x| x as u32).collect(),
+            }
+        };
+        let same_buffer = |(a, b): (&ModBuffer, &ModBuffer)| {
+            a.name == b.name
+                && std::mem::discriminant(&a.data) == std::mem::discriminant(&b.data)
+                && bits(&a.data) == bits(&b.data)
+        };
+        self.hash == other.hash
+            && self.wgsl == other.wgsl
+            && self.buffers.len() == other.buffers.len()
+            && self.buffers.iter().zip(&other.buffers).all(same_buffer)
+    }
+}
+
+/// A [`Modifiers`]' [`KernelCode`] once made: shared by its clones, no part of its equality
+/// (equal sources make equal code) or its `Debug`; every builder that changes what it is
+/// made from starts it afresh.
+#[derive(Clone, Default)]
+struct Built(OnceLock<Arc<KernelCode>>);
+
+impl PartialEq for Built {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "made"
+        } else {
+            "not yet"
+        })
+    }
+}
+
 /// The modifiers of one op: a caller's WGSL (`score_mod`, `mask_mod`, `score_mod_grad`), the
 /// buffers it reads, presets, and the CPU form of the caller's WGSL for the reference.
 /// Empty by default (plain attention).
@@ -157,6 +213,8 @@ pub struct Modifiers {
     /// Where a part of a split call starts in the whole call, `(batch, head, query row)`:
     /// what the kernels add to their own indices before calling the modifiers.
     origin: [u32; 3],
+    /// The kernels' code, made on first use.
+    built: Built,
 }
 
 impl Modifiers {
@@ -176,6 +234,7 @@ impl Modifiers {
             origin: origin.into(),
             text: wgsl.into(),
         });
+        self.built = Built::default();
         self
     }
 
@@ -186,6 +245,7 @@ impl Modifiers {
             origin: origin.into(),
             text: wgsl.into(),
         });
+        self.built = Built::default();
         self
     }
 
@@ -195,6 +255,7 @@ impl Modifiers {
             origin: origin.into(),
             text: wgsl.into(),
         });
+        self.built = Built::default();
         self
     }
 
@@ -262,12 +323,14 @@ impl Modifiers {
             name: name.into(),
             data,
         });
+        self.built = Built::default();
         self
     }
 
     /// Adds a preset (applied after the caller's own modifier, in the order added).
     pub fn preset(mut self, preset: Preset) -> Self {
         self.presets.push(preset);
+        self.built = Built::default();
         self
     }
 
@@ -384,12 +447,17 @@ impl Modifiers {
         Ok(())
     }
 
-    /// Checks the presets against the problem `(batch, heads, n_q, n_kv)`: one ALiBi slope
-    /// per query head, document ids for every position a query or key has.
+    /// Checks the presets against the problem `(batch, heads, n_q, n_kv)`: each preset's own
+    /// rules ([`Preset::check`]), one ALiBi slope per query head, a relative bias table of
+    /// one column per query head, document ids for every position a query or key has.
     ///
     /// # Errors
-    /// [`Error::ShapeMismatch`] naming the preset and what it needed.
+    /// [`Error::InvalidArgument`] as [`Preset::check`]; [`Error::ShapeMismatch`] naming the
+    /// preset and what it needed.
     pub fn check_problem(&self, [batch, heads, n_q, n_kv]: [usize; 4]) -> Result<()> {
+        for p in &self.presets {
+            p.check()?;
+        }
         for p in &self.presets {
             match p {
                 Preset::Alibi(slopes) if slopes.len() != heads => {
@@ -399,29 +467,13 @@ impl Modifiers {
                     )))
                 }
                 Preset::RelativeBias { table, buckets, .. }
-                    if *buckets < 2 || table.len() != *buckets as usize * heads =>
+                    if table.len() != *buckets as usize * heads =>
                 {
                     return Err(Error::shape(format!(
                         "a relative bias table of {} values, (buckets, heads) = ({buckets}, \
-                         {heads}) is needed (at least 2 buckets)",
+                         {heads}) is needed",
                         table.len()
                     )))
-                }
-                Preset::RelativeBias {
-                    buckets,
-                    max_distance,
-                    bidirectional,
-                    ..
-                } if *max_distance <= buckets / if *bidirectional { 4 } else { 2 } => {
-                    return Err(Error::invalid(
-                        "relative bias",
-                        format!(
-                            "max_distance {max_distance} must exceed the exact buckets' reach \
-                             ({}: buckets / {})",
-                            buckets / if *bidirectional { 4 } else { 2 },
-                            if *bidirectional { 4 } else { 2 }
-                        ),
-                    ))
                 }
                 Preset::Documents { ids, n } => {
                     let n = *n as usize;
@@ -440,21 +492,42 @@ impl Modifiers {
         Ok(())
     }
 
-    /// A hash of everything the kernels would see (the generated code and every buffer's
-    /// name and contents): equal modifiers share their upload and block maps on a device.
-    pub(crate) fn content_key(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.wgsl(1, 0).hash(&mut h);
-        self.origin.hash(&mut h);
-        for b in self.all_buffers() {
-            b.name.hash(&mut h);
-            match &b.data {
-                BufferData::F32(v) => v.iter().for_each(|x| x.to_bits().hash(&mut h)),
-                BufferData::I32(v) => v.hash(&mut h),
+    /// What the kernels see of these modifiers (the generated code, every buffer), made on
+    /// first use and kept: a call that reuses its modifiers does not generate them again.
+    pub(crate) fn kernel_code(&self) -> &Arc<KernelCode> {
+        self.built.0.get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let (wgsl, buffers) = (self.wgsl(1, 0), self.all_buffers());
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            wgsl.hash(&mut h);
+            for b in &buffers {
+                b.name.hash(&mut h);
+                match &b.data {
+                    BufferData::F32(v) => v.iter().for_each(|x| x.to_bits().hash(&mut h)),
+                    BufferData::I32(v) => v.hash(&mut h),
+                }
             }
-        }
-        h.finish()
+            Arc::new(KernelCode {
+                wgsl,
+                buffers,
+                hash: h.finish(),
+            })
+        })
+    }
+
+    /// Where to look for what equal modifiers share on a device (their upload and block
+    /// maps): a hash of [`Modifiers::kernel_code`] and the origin. Only a start: modifiers
+    /// share an upload when [`Modifiers::same_kernels`] says so.
+    pub(crate) fn kernel_key(&self) -> u64 {
+        let [b, h, q] = self.origin.map(u64::from);
+        self.kernel_code().hash ^ (b << 42 | h << 21 | q).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// Whether the kernels see the same of both: the same generated code, buffers (bit for
+    /// bit) and origin; the CPU forms play no part.
+    pub(crate) fn same_kernels(&self, other: &Modifiers) -> bool {
+        let (a, b) = (self.kernel_code(), other.kernel_code());
+        self.origin == other.origin && (Arc::ptr_eq(a, b) || a.same(b))
     }
 
     /// These modifiers for a part of a call that starts at `(batch, head, query row)` =

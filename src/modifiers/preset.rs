@@ -3,6 +3,7 @@
 //! reference.
 
 use super::Role;
+use crate::error::{Error, Result};
 
 /// A preset, generated as WGSL under its own `wa_` function name.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,6 +94,61 @@ impl Preset {
         (-md..=md)
             .map(|d| Self::t5_bucket(d, buckets, max_distance, bidirectional) as i32)
             .collect()
+    }
+
+    /// Checks what the preset alone must be, whatever the problem: a soft-cap finite and
+    /// positive; ALiBi slopes present and finite; a relative bias table finite, of at least
+    /// 2 buckets, its `max_distance` past the exact buckets' reach; documents in rows of at
+    /// least one position. (What depends on the problem, the heads and the positions, is
+    /// [`super::Modifiers::check_problem`]'s.) Every front end (the CLI, Python, the browser)
+    /// relies on it, through [`super::Modifiers::check`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the preset and the rule.
+    pub fn check(&self) -> Result<()> {
+        let finite = |v: &[f32]| v.iter().all(|x| x.is_finite());
+        match self {
+            Preset::Softcap(cap) if !(cap.is_finite() && *cap > 0.0) => Err(Error::invalid(
+                "softcap",
+                format!("{cap} is not a finite positive number"),
+            )),
+            Preset::Alibi(slopes) if slopes.is_empty() || !finite(slopes) => Err(Error::invalid(
+                "ALiBi",
+                "the slopes must be finite, one per query head",
+            )),
+            Preset::RelativeBias { table, .. } if !finite(table) => Err(Error::invalid(
+                "relative bias",
+                "the table must hold finite values",
+            )),
+            Preset::RelativeBias { buckets, .. } if *buckets < 2 => Err(Error::invalid(
+                "relative bias",
+                format!("{buckets} bucket(s): at least 2 are needed"),
+            )),
+            Preset::RelativeBias {
+                buckets,
+                max_distance,
+                bidirectional,
+                ..
+            } => {
+                let per = if *bidirectional { 4 } else { 2 };
+                match *max_distance > buckets / per {
+                    true => Ok(()),
+                    false => Err(Error::invalid(
+                        "relative bias",
+                        format!(
+                            "max_distance {max_distance} must exceed the exact buckets' reach \
+                             ({}: buckets / {per})",
+                            buckets / per
+                        ),
+                    )),
+                }
+            }
+            Preset::Documents { n: 0, .. } => Err(Error::invalid(
+                "documents",
+                "rows of 0 positions: one id per position is needed",
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub(super) fn role(&self) -> Role {

@@ -246,7 +246,8 @@ fn cpu_forms_change_neither_the_wgsl_nor_what_the_kernels_share() {
         .score_mod_cpu(|s, _, _, _, _| -s)
         .mask_mod_cpu(|_, _, q, kv| kv <= q);
     assert_eq!(cpu.wgsl(1, 3), own.wgsl(1, 3));
-    assert_eq!(cpu.content_key(), own.content_key());
+    assert_eq!(cpu.kernel_key(), own.kernel_key());
+    assert!(cpu.same_kernels(&own));
     assert!(!cpu.is_empty() && Modifiers::new().mask_mod_cpu(|_, _, _, _| true).is_empty());
     // Debug says a closure is there; equality is the same closure, shared by clones.
     let debug = format!("{cpu:?}");
@@ -309,5 +310,49 @@ fn the_reference_needs_each_cpu_form_with_its_wgsl() {
     Modifiers::new()
         .preset(Preset::Softcap(2.0))
         .check_cpu(true)
+        .unwrap();
+}
+
+#[test]
+fn each_presets_own_rules_are_the_librarys_check() {
+    // What the CLI, Python and the browser relied on checking by hand.
+    let refused = |p: Preset, wanted: &str| {
+        let m = Modifiers::new().preset(p);
+        for e in [
+            m.check().unwrap_err(),
+            m.check_problem([1, 1, 4, 4]).unwrap_err(),
+        ] {
+            assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+            assert!(
+                e.to_string().contains(wanted),
+                "{wanted:?} missing from: {e}"
+            );
+        }
+    };
+    for cap in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+        refused(Preset::Softcap(cap), "is not a finite positive number");
+    }
+    refused(Preset::Alibi(vec![f32::NAN]), "finite");
+    refused(Preset::Alibi(Vec::new()), "one per query head");
+    let bias = |table: Vec<f32>, buckets, max_distance| Preset::RelativeBias {
+        table,
+        buckets,
+        max_distance,
+        bidirectional: true,
+    };
+    refused(bias(vec![0.0], 1, 128), "at least 2");
+    refused(bias(vec![f32::INFINITY, 0.0], 2, 128), "finite");
+    refused(bias(vec![0.0; 32], 32, 8), "max_distance 8 must exceed");
+    refused(
+        Preset::Documents {
+            ids: Vec::new(),
+            n: 0,
+        },
+        "0 positions",
+    );
+    Modifiers::new()
+        .preset(Preset::Softcap(30.0))
+        .preset(Preset::Alibi(vec![0.5]))
+        .check()
         .unwrap();
 }

@@ -154,14 +154,9 @@ impl ModArgs {
         // Last of the score presets, as Gemma 2 caps its final logits (the order of
         // Python's flex_attention too).
         if let Some(c) = self.softcap {
-            if !(c.is_finite() && c > 0.0) {
-                return Err(Error::invalid(
-                    "--softcap",
-                    format!("{c} is not a positive number"),
-                ));
-            }
             m = m.preset(Preset::Softcap(c));
         }
+        // Every rule (a soft-cap finite and positive included) is the library's.
         m.check()?;
         Ok(m)
     }

@@ -198,9 +198,6 @@ impl Request {
                     left: *left,
                     right: *right,
                 },
-                PresetIn::Softcap(c) if !(c.is_finite() && *c > 0.0) => {
-                    return Err(format!("softcap: {c} is not a positive number"))
-                }
                 PresetIn::Softcap(c) => Preset::Softcap(*c),
                 PresetIn::Alibi(slopes) => Preset::Alibi(slopes.clone()),
                 PresetIn::Documents(rows) => {

@@ -127,4 +127,10 @@ fn bad_requests_are_refused_with_what_is_wrong() {
     // The library's own check: one ALiBi slope per query head.
     let e = call(&ctx, json!({ "presets": [{ "alibi": [0.5] }] })).unwrap_err();
     assert!(e.contains("ALiBi has 1 slopes"), "{e}");
+    // And a soft-cap finite and positive (Modifiers::check): the crate checks nothing itself.
+    let e = call(&ctx, json!({ "presets": [{ "softcap": -2.0 }] })).unwrap_err();
+    assert!(
+        e.contains("softcap: -2 is not a finite positive number"),
+        "{e}"
+    );
 }
