@@ -80,7 +80,16 @@ impl std::fmt::Display for Kernels {
 }
 
 impl FlashVariant {
-    /// The family the variant belongs to ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
+    /// The family the variant belongs to: [`Kernels::Storage`] (`flash_tiled`,
+    /// `flash_blocked`), [`Kernels::Subgroup`] or [`Kernels::Coop`]; never [`Kernels::Auto`].
+    ///
+    /// ```
+    /// use wgpu_attention::{FlashVariant, Kernels};
+    /// assert_eq!(FlashVariant::Blocked { rows: 64, keys: 32 }.family(), Kernels::Storage);
+    /// assert_eq!(FlashVariant::Tiled { keys: 32 }.family(), Kernels::Storage);
+    /// assert_eq!(FlashVariant::Subgroup { rows_per_lane: 2 }.family(), Kernels::Subgroup);
+    /// assert_eq!(FlashVariant::Coop.family(), Kernels::Coop);
+    /// ```
     pub fn family(self) -> Kernels {
         match self {
             FlashVariant::Subgroup { .. } => Kernels::Subgroup,

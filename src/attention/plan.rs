@@ -21,7 +21,8 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The kernel family, the fused kernel's ([`Kernels::Storage`] or [`Kernels::Subgroup`]).
+    /// The kernel family, the fused kernel's ([`FlashVariant::family`]: storage, subgroup
+    /// or coop).
     pub fn family(&self) -> Kernels {
         self.flash.family()
     }
