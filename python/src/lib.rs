@@ -831,6 +831,16 @@ fn alibi_slopes(py: Python<'_>, heads: usize) -> PyResult<Bound<'_, PyArrayDyn<f
     ))
 }
 
+/// Checks modifiers given as [`modifiers`]' keywords, running nothing: the crate's rules
+/// for each preset and a caller's WGSL (`Modifiers::check`), so the Python presets check
+/// theirs where they are made without stating the rules again.
+#[pyfunction]
+#[pyo3(signature = (**kw))]
+fn check_modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    let m = modifiers(kw)?;
+    guarded(|| m.check())
+}
+
 /// Panics inside the guard every call runs in: the tests' proof that a Rust panic comes out
 /// as a `RuntimeError`, not a dead interpreter.
 #[pyfunction]
@@ -854,6 +864,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(time_sdpa, m)?)?;
     m.add_function(wrap_pyfunction!(alibi_slopes, m)?)?;
+    m.add_function(wrap_pyfunction!(check_modifiers, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add_class::<SavedForward>()?;
     m.add_class::<ResidentLayer>()?;

@@ -155,9 +155,9 @@ def test_argument_checks():
         presets.relative_bias(np.full((32, 4), np.nan))
     with pytest.raises(ValueError, match="must hold numbers"):
         presets.relative_bias(np.array([["a", "b"], ["c", "d"]]))
-    with pytest.raises(ValueError, match=r"max_distance \(8\) must exceed .* buckets // 4 = 8"):
+    with pytest.raises(ValueError, match=r"max_distance 8 must exceed the exact buckets' reach \(8: buckets / 4\)"):
         presets.relative_bias(np.zeros((32, 4)), max_distance=8)
-    with pytest.raises(ValueError, match=r"buckets // 2 = 16"):
+    with pytest.raises(ValueError, match=r"\(16: buckets / 2\)"):
         presets.relative_bias(np.zeros((32, 4)), max_distance=16, bidirectional=False)
     with pytest.raises(ValueError, match="non-negative"):
         presets.relative_bias(np.zeros((32, 4)), max_distance=-1)

@@ -103,8 +103,8 @@ class Softcap(ScorePreset):
 
     def __post_init__(self) -> None:
         c = float(self.cap)
-        if not (np.isfinite(c) and c > 0):
-            raise ValueError(f"softcap must be a finite positive number, got {self.cap}")
+        # The crate's rule (finite, positive), raised as a ValueError.
+        _native.check_modifiers(softcap=c)
         object.__setattr__(self, "cap", c)
 
     def _kwargs(self, plan: Any) -> Dict[str, Any]:
@@ -119,10 +119,10 @@ class Alibi(ScorePreset):
 
     def __post_init__(self) -> None:
         s = _numpy(self.slopes).astype(np.float32)
-        if s.ndim != 1 or s.size == 0:
+        if s.ndim != 1:
             raise ValueError(f"ALiBi slopes must be 1-D, one per query head, got shape {s.shape}")
-        if not np.isfinite(s).all():
-            raise ValueError("ALiBi slopes must be finite")
+        # The crate's rules (finite, at least one), raised as a ValueError.
+        _native.check_modifiers(alibi_slopes=s)
         s.setflags(write=False)
         object.__setattr__(self, "slopes", s)
 
@@ -164,16 +164,14 @@ class RelativeBias(ScorePreset):
         if t.dtype.kind not in "fiu":
             raise ValueError(f"a relative bias table must hold numbers, got {t.dtype}")
         t = t.astype(np.float32)
-        if not np.isfinite(t).all():
-            raise ValueError("a relative bias table must be finite")
         t.setflags(write=False)
         md = _count("max_distance", self.max_distance)
         bidirectional = bool(self.bidirectional)
-        half = 4 if bidirectional else 2
-        if md <= t.shape[0] // half:
-            raise ValueError(
-                f"max_distance ({md}) must exceed the exact buckets' reach, buckets // {half} = {t.shape[0] // half}"
-            )
+        # The crate's rules (finite values, max_distance past the exact buckets' reach),
+        # raised as a ValueError.
+        _native.check_modifiers(
+            relative_bias=t, relative_bias_max_distance=md, relative_bias_bidirectional=bidirectional
+        )
         object.__setattr__(self, "table", t)
         object.__setattr__(self, "max_distance", md)
         object.__setattr__(self, "bidirectional", bidirectional)
