@@ -2,11 +2,12 @@
 //! - over the texture limit, the subgroup family (operands in textures) says so clearly when
 //!   forced, and `Kernels::Auto` hands the problem to the storage kernels;
 //! - over the storage-binding limit, the problem is split by batch, then by heads, and still
-//!   matches the reference; what cannot be split small enough is a clear error.
+//!   matches the reference; what cannot be split small enough is a clear error; a call on X
+//!   split so keeps its dtype (f16 operands rounded as the device stores them).
 
 use ndarray::{Array2, Array3};
 use wgpu_attention::{
-    reference, Attention, Error, Inputs, Kernels, Limit, Mask, Options, Projections,
+    reference, Attention, Dtype, Error, Inputs, Kernels, Limit, Mask, Options, Projections,
 };
 
 mod common;
@@ -135,6 +136,45 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         ),
         "{err:?}"
     );
+}
+
+#[test]
+fn an_f16_call_on_x_past_the_limits_equals_the_same_call_within_them() {
+    // 16 Ki floats per binding: the weights (2 heads of 100 × 100) do not fit, so the call
+    // is projected on the CPU and split; on the device's own limits it runs whole.
+    let (small, whole) = (
+        context_with(|l| l.max_storage_buffer_binding_size = 64 << 10),
+        context_with(|_| {}),
+    );
+    if whole.require_f16().is_err() {
+        return; // No f16 on this adapter.
+    }
+    let x = Array2::from_shape_fn((100, 6), |(i, j)| ((i * 6 + j) as f32 * 0.11).cos());
+    let w =
+        |cols: usize, k: f32| Array2::from_shape_fn((6, cols), |(i, j)| ((i + j) as f32 * k).sin());
+    let (wq, wk, wv, wo) = (w(8, 0.5), w(8, 0.2), w(12, 0.3), w(12, 0.7).t().to_owned());
+    let b = ndarray::Array1::from_shape_fn(6, |i| 0.1 * i as f32 - 0.3);
+    let proj =
+        Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), Some(b.view()));
+    for (op, what) in [
+        (Attention::new().heads(2), "with the weights"),
+        (Attention::new().heads(2).causal(true), "causal"),
+    ] {
+        let op = op.dtype(Dtype::F16);
+        let inputs = Inputs::x(&x).projections(&proj);
+        let split = op.run(&small, inputs.clone()).unwrap();
+        let one = op.run(&whole, inputs).unwrap();
+        // The same f16 operands, f32 sums in another order: far below f16's own error
+        // (~5e-4 relative, what an f32 projection of the split call differed by).
+        let f64s = |a: &ndarray::ArrayD<f32>| a.mapv(f64::from);
+        let (rel, max) = reference::compare(&split.context, &f64s(&one.context));
+        assert!(rel < 1e-4, "{what}: context rel {rel:e}, max abs {max:e}");
+        let (wrel, _) = reference::compare(
+            split.weights.as_ref().unwrap(),
+            &f64s(one.weights.as_ref().unwrap()),
+        );
+        assert!(wrel < 1e-4, "{what}: weights rel {wrel:e}");
+    }
 }
 
 #[test]

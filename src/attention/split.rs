@@ -164,10 +164,14 @@ impl Attention {
         joined.finish()
     }
 
-    /// A checked call on X too large for the device: Q, K and V projected on the CPU (f32,
-    /// matrixmultiply) into the layout of a call on Q, K, V, attended by
+    /// A checked call on X too large for the device: Q, K and V projected on the CPU
+    /// (matrixmultiply, f32 accumulation) into the layout of a call on Q, K, V, attended by
     /// [`Attention::sdpa_in_parts`], the output projection applied to the joined context
-    /// (modifiers as there: each part sees the whole call's indices).
+    /// (modifiers as there: each part sees the whole call's indices). In the call's dtype:
+    /// under [`crate::Dtype::F16`], X, the weights and the biases are rounded to f16 first, as
+    /// the whole call stores them on the device (and Q, K, V are, as its projections write
+    /// them, when the parts upload them), so its numbers do not change with its size beyond
+    /// the order of the sums. A warning says that the call was projected on the CPU and why.
     pub(super) async fn forward_in_parts(
         &self,
         ctx: &Context,
@@ -177,10 +181,18 @@ impl Attention {
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         too_big: &Error,
     ) -> Result<Output> {
-        log::info!("{too_big}: projecting on the CPU, then splitting as sdpa does");
+        log::warn!(
+            "{too_big}: X is projected on the CPU ({}, f32 sums), then the attention split as \
+             sdpa splits it",
+            match self.f16() {
+                true => "its operands rounded to f16 as the device stores them",
+                false => "f32",
+            }
+        );
         let shape = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let (batch, n, heads) = (dims.batch, dims.n, dims.heads);
         let x2 = x.to_shape((batch * n, dims.d)).map_err(shape)?;
+        let x2 = self.as_stored(x2.view());
         // (batch·n, heads·width) → (batch, heads, n, width).
         let to_heads = |a: ndarray::Array2<f32>, heads: usize| -> Result<Array4<f32>> {
             let width = a.ncols() / heads;
@@ -194,9 +206,9 @@ impl Attention {
         let project = |w: &ndarray::ArrayView2<'_, f32>,
                        b: Option<&ndarray::ArrayView1<'_, f32>>,
                        heads: usize| {
-            let mut out = x2.dot(w);
+            let mut out = x2.dot(&self.as_stored(w.view()));
             if let Some(b) = b {
-                out += b;
+                out += &self.as_stored(b.view());
             }
             to_heads(out, heads)
         };
@@ -227,9 +239,9 @@ impl Attention {
         let context = match proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) {
             None => context,
             Some((w_o, b_o)) => {
-                let mut out = context.dot(&w_o);
+                let mut out = context.dot(&self.as_stored(w_o));
                 if let Some(b) = b_o {
-                    out += &b;
+                    out += &self.as_stored(b);
                 }
                 out
             }
@@ -243,6 +255,20 @@ impl Attention {
                 .transpose()
                 .map_err(shape)?,
         ))
+    }
+}
+
+impl Attention {
+    /// `a` as the device stores it under this op's dtype: rounded to f16 under
+    /// [`crate::Dtype::F16`], as it is otherwise.
+    fn as_stored<'a, D: ndarray::Dimension>(
+        &self,
+        a: ndarray::ArrayView<'a, f32, D>,
+    ) -> ndarray::CowArray<'a, f32, D> {
+        match self.f16() {
+            true => a.mapv(|v| half::f16::from_f32(v).to_f32()).into(),
+            false => a.into(),
+        }
     }
 }
 

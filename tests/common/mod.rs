@@ -217,7 +217,8 @@ pub fn context_with(lower: impl FnOnce(&mut wgpu_attention::wgpu::Limits)) -> Co
     let mut limits = adapter.limits();
     lower(&mut limits);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        required_features: adapter.features() & wgpu::Features::SUBGROUP,
+        required_features: adapter.features()
+            & (wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16),
         required_limits: limits,
         ..Default::default()
     }))
