@@ -1,4 +1,4 @@
-// The block map of a mask modifier (issue 24, block sparsity). For each (batch, head) the
+// The block map of a mask modifier, for block sparsity. For each (batch, head) the
 // modifier can tell apart, each block of QR query rows and each block of KB keys: whether no
 // pair in it is visible (0, empty: the fused kernels skip those keys), every pair is (1,
 // full: they skip the modifier there) or some are (2, partial: they evaluate it per pair);

@@ -26,7 +26,7 @@
 // with DV4 and v_line): rows never straddle lines, and a workgroup's keys are one contiguous
 // range. (Texel fetches are several times cheaper than storage-buffer loads on lavapipe.)
 //
-// Modifiers (issue 24): each score goes through `wa_score_log2` and `wa_keep` at the row's
+// Modifiers: each score goes through `wa_score_log2` and `wa_keep` at the row's
 // position; keys before `kv0` (outside every row's window) are not in any block.
 //
 // The host prepends, from src/kernels/decode_partial.rs: the constants WG, GC, DK4, DV4,

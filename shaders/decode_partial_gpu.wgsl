@@ -17,7 +17,7 @@
 // At the end the KG key groups' partials are merged through workgroup memory by the threads of
 // key group 0, and written as decode_partial.wgsl writes them.
 //
-// Modifiers (issue 24) as in decode_partial.wgsl: `wa_score_log2` and `wa_keep` at each
+// Modifiers as in decode_partial.wgsl: `wa_score_log2` and `wa_keep` at each
 // row's position; keys before `kv0` are in no block.
 //
 // The host prepends, from src/kernels/decode_partial_gpu.rs: the constants WG, GC, DK4, DV4,

@@ -1,4 +1,4 @@
-//! `sdpa`'s and `run`'s modifier flags (issue 24): presets and a caller's WGSL files reading
+//! `sdpa`'s and `run`'s modifier flags: presets and a caller's WGSL files reading
 //! a `--mod-buffer` against the library's f64 reference, the context and weights.npy; a WGSL
 //! mistake is one `error:` line naming its line; a file declaring a binding is refused;
 //! `--grad-output` through presets and a caller's `--score-mod` with its `--score-mod-grad`

@@ -1,4 +1,4 @@
-//! Score and mask modifiers in the KV-cache decode (issue 24): a prefill and one-token steps
+//! Score and mask modifiers in the KV-cache decode: a prefill and one-token steps
 //! through the cache, with each preset (and a caller's WGSL), give row for row the causal
 //! forward over all the tokens with the same modifiers (the f64 reference). A window preset's
 //! steps leave the keys before its reach out of their blocks: forced small blocks show that

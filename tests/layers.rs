@@ -1,6 +1,7 @@
-//! The crate's ground floor (issue 22): the top-level modules of `src/` import each other in
-//! layers, never in a circle (the device layer at the bottom, the kernels above it, the
-//! settings above those, the op on top), and the op's two types keep a small surface.
+//! The crate's ground floor, so that a reader can take it one layer at a time: the top-level
+//! modules of `src/` import each other in layers, never in a circle (the device layer at the
+//! bottom, the kernels above it, the settings above those, the op on top), and the op's two
+//! types keep a small surface.
 //!
 //! Reads the source tree, no GPU: every `crate::<name>` path (and `$crate::`, `super::`
 //! chains that climb to the root, `crate::{…}` groups) in code that is not test-only, with

@@ -1,4 +1,4 @@
-//! Score and mask modifiers (issue 24) in the forward of the storage and subgroup families,
+//! Score and mask modifiers in the forward of the storage and subgroup families,
 //! fused and with the weights, on Q, K, V and on X (projected or not): each preset and their
 //! combinations with causal, a boolean mask, grouped-query heads and L ≠ S against the f64
 //! reference (its weights too); a caller's own WGSL, reading buffers, against its CPU form

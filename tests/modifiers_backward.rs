@@ -1,4 +1,4 @@
-//! The fused backward through score and mask modifiers (issue 24, item 4): a forward saved
+//! The fused backward through score and mask modifiers: a forward saved
 //! for the backward with modifiers, then `Saved::backward`, on the storage and subgroup
 //! families, NaN-prefilled, against the f64 reference backward: every preset (soft-capping
 //! and ALiBi through their derivatives, the mask presets through P), causal and not, with

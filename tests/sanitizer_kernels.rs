@@ -1,4 +1,4 @@
-//! Every kernel family beyond the plain forward under the WGSL sanitizer (issue 36, item 4),
+//! Every kernel family beyond the plain forward under the WGSL sanitizer,
 //! at 32 and 64 lanes, each call right against the f64 reference and with nothing found
 //! (no race, no index out of bounds, no unwritten read, no divergent barrier, no loop past
 //! its kernel's stated bound): the backward kernels of the storage and subgroup families

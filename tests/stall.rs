@@ -1,5 +1,5 @@
 //! The first call: where its time goes (`--timings`), tiny calls planned for the least
-//! compiling, and `wgpu-attention tune` warming the caches ahead of time (issue 14, item 6).
+//! compiling, and `wgpu-attention tune` warming the caches ahead of time (no first call stalls).
 
 mod common;
 

@@ -86,7 +86,7 @@ impl Decoder {
         self
     }
 
-    /// Score and mask modifiers (issue 24), applied as in the fused forward at each new
+    /// Score and mask modifiers ([`Modifiers`]), applied as in the fused forward at each new
     /// row's position in the sequence (`len − m + i`) and each key's (`j`): a window preset
     /// also leaves the keys before the earliest row's reach out of the step's work, so a
     /// step costs O(window), not O(len). Buffers indexed by position (document ids) must

@@ -1,5 +1,5 @@
 //! `shaders/block_map.wgsl`: which tiles of a fused kernel's key loop a mask modifier leaves
-//! empty (skipped), full (the modifier not evaluated) or partial (issue 24, block sparsity).
+//! empty (skipped), full (the modifier not evaluated) or partial: block sparsity.
 //! A [`BlockMap`] is made once per modifiers and kernel shape ([`super::mods::ModsUpload`]
 //! caches it) and bound with the modifiers at `@group(1)`, where the generated `wa_block`
 //! reads it.

@@ -1,4 +1,4 @@
-//! Score and mask modifiers in the kernels (issue 24): a kernel that applies them calls
+//! Score and mask modifiers in the kernels: a kernel that applies them calls
 //! `wa_keep(b, h, q, kv) -> bool` and `wa_score_log2(x, b, h, q, kv) -> f32` (scores in the
 //! log2 domain, as the fused kernels and the subgroup matmul's weights epilogues keep them;
 //! `wa_score_ln` for natural-log scores, as `softmax.wgsl` keeps them) where it applies

@@ -1,4 +1,4 @@
-//! Score and mask modifiers (issue 24, programmable attention): a caller's WGSL functions
+//! Score and mask modifiers (programmable attention, as FlexAttention): a caller's WGSL functions
 //! that change the scaled scores (`score_mod`) or which keys a query sees (`mask_mod`), with
 //! named read-only buffers they may index, and the presets written with the same mechanism
 //! (sliding window, soft-capping, ALiBi, document masking, prefix-LM).

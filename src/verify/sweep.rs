@@ -42,7 +42,7 @@ pub fn quick_cases() -> Vec<Case> {
     ]
 }
 
-/// The fixed sweep `verify` runs: every size the issue names, odd widths, d_k ≠ d_v, batch,
+/// The fixed sweep `verify` runs: sizes from 1 to 1000 rows, odd widths, d_k ≠ d_v, batch,
 /// heads, causal, bias, custom scale and large logits, masks, `sdpa` and the modifiers.
 pub fn standard_cases() -> Vec<Case> {
     let mut cases = Vec::new();

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score and mask modifiers through `wgpu-attention sdpa` and `run`, against NumPy float64.
 
-Issue 24's acceptance check: on shapes the tests never use (not multiples of the tiles,
+The modifiers' acceptance check: on shapes the tests never use (not multiples of the tiles,
 L != S, grouped-query heads, batches), each preset alone and in combinations, with causal, a
 boolean or float mask, and a caller's own `score_mod`/`mask_mod` WGSL files reading
 `--mod-buffer` arrays, the CLI's context (and weights) must match an independent float64

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden cases for the score and mask modifier presets (issue 24), from PyTorch, saved for
+"""Golden cases for the score and mask modifier presets, from PyTorch's flex_attention, saved for
 `cargo test --test flex_golden` (tests/flex_golden.rs) and python/tests/test_flex.py.
 
 Run by hand where PyTorch is installed (CI has no torch; the files it writes are committed):

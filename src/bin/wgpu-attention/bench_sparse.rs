@@ -1,4 +1,4 @@
-//! `wgpu-attention bench --sparse`: block sparsity (issue 24) measured side by side in one
+//! `wgpu-attention bench --sparse`: block sparsity (skipped key tiles) measured side by side in one
 //! run. At each n, the fused forward with causal alone, then with a mask modifier on top
 //! that leaves most key tiles empty (a sliding window of 512 keys, documents of 2,048
 //! tokens): each one's median and its ratio to causal alone. The block map is made once per
@@ -102,7 +102,7 @@ pub fn run(ctx: &Context, b: &SparseBench<'_>) -> Result<()> {
     }
     println!(
         "\nvs causal: this row's median over causal alone's (the fused kernels skip the key \
-         tiles the mask modifier leaves empty). The issue's goals at n = 16384, d = 64: the \
+         tiles the mask modifier leaves empty). The goals at n = 16384, d = 64: the \
          window at most 1/8, 8 documents at most 1/4."
     );
     Ok(())

@@ -1,4 +1,4 @@
-//! The score and mask modifier flags of `sdpa` and `run` (issue 24): a caller's WGSL files,
+//! The score and mask modifier flags of `sdpa` and `run`: a caller's WGSL files,
 //! the buffers they read, and the presets, gathered into one [`Modifiers`].
 
 use std::path::{Path, PathBuf};
