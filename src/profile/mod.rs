@@ -11,6 +11,7 @@
 
 mod device;
 pub mod model;
+pub mod sample;
 
 use std::collections::HashMap;
 
@@ -19,15 +20,19 @@ use wgsl_sanitizer::{Counters, Dispatch, Resource, Sample, Shader};
 
 pub use device::DeviceSpec;
 pub use model::{occupancy, predict, Bottleneck, Occupancy, Prediction};
+pub use sample::{CausalOrder, Tiles};
 
 use crate::error::{Error, Result};
 use crate::gpu::sanitizer::Sanitize;
+use crate::kernels::flash_blocked::BlockedOptions;
 use crate::kernels::Captured;
 use crate::modifiers::{Modifiers, Preset};
 use crate::variant::FlashVariant;
 use crate::{Attention, Context, Dtype, Inputs, Mask, Options};
 
-/// A dispatch with at most this many workgroups runs whole; larger ones on a sample.
+/// A dispatch with at most this many workgroups runs whole, larger ones on a sample (the
+/// fused kernel, whose key tiles per workgroup the host knows, on its chosen lightest ones
+/// whatever its size).
 pub const WHOLE_UP_TO: u64 = 64;
 
 /// An attention problem to profile.
@@ -63,11 +68,22 @@ pub struct KernelProfile {
     pub prediction: Prediction,
     /// Bytes of the buffers it binds.
     pub footprint: u64,
+    /// The fused kernel's key tiles per workgroup, where the host knows them.
+    pub tiles: Option<Tiles>,
+}
+
+/// How a large dispatch is sampled: its key tiles per workgroup where the host knows them
+/// ([`sample::choose`]), else a stratified sample of `k` workgroups.
+struct Sampling<'a> {
+    tiles: Option<&'a Tiles>,
+    /// `None`: every workgroup.
+    k: Option<u32>,
 }
 
 /// Counts one captured dispatch on `buffers` (by buffer id: created zeroed, updated with
-/// what a dispatch run whole writes), at `lanes` lanes, sampling `sample` workgroups of a
-/// large grid.
+/// what a dispatch run whole writes), at `lanes` lanes, sampling a large grid as `how` says.
+/// Returns the counters, the workgroup memory and, with tiles known, the instructions each
+/// workgroup of the grid would issue (fitted on the chosen ones: fixed + per tile).
 ///
 /// # Errors
 /// [`Error::Sanitizer`] when the interpreter cannot run it.
@@ -75,8 +91,8 @@ fn count(
     c: &Captured,
     buffers: &mut HashMap<u64, Vec<u8>>,
     lanes: u32,
-    sample: u32,
-) -> Result<(Counters, u64)> {
+    how: &Sampling<'_>,
+) -> Result<(Counters, u64, Option<Vec<f64>>)> {
     let fail = |e: wgsl_sanitizer::Error| Error::Sanitizer {
         kernel: c.label.to_string(),
         message: format!("profile: {e}"),
@@ -88,10 +104,12 @@ fn count(
     d.zero_workgroup_memory = true;
     d.check_non_finite = false;
     let total: u64 = c.workgroups.iter().map(|&x| u64::from(x)).product();
-    let whole = total <= WHOLE_UP_TO;
-    d.sample = match whole {
-        true => Sample::All,
-        false => Sample::Workgroups(sample),
+    // The block map's kernel runs whole whatever its size (one workgroup per query block,
+    // cheap): the fused kernel after it reads the map it writes.
+    let whole = match (how.k, how.tiles) {
+        (None, _) => true,
+        (Some(_), Some(_)) => c.label == "block_map.wgsl",
+        (Some(_), None) => total <= WHOLE_UP_TO || c.label == "block_map.wgsl",
     };
     d.bind(0, 0, Resource::Buffer(c.params.clone()));
     for b in &c.buffers {
@@ -101,7 +119,32 @@ fn count(
             .clone();
         d.bind(b.group, b.binding, Resource::Buffer(bytes));
     }
-    let report = shader.run(&mut d).map_err(fail)?;
+    let no_counters = || Error::Sanitizer {
+        kernel: c.label.to_string(),
+        message: "profile: no counters".into(),
+    };
+    let (counters, per_wg) = match (whole, how.tiles, how.k) {
+        (false, Some(tiles), Some(k)) => {
+            // The chosen workgroups, weighted; each one's own counts fit the per-tile cost.
+            d.sample = Sample::Chosen(sample::choose(tiles, k as usize));
+            let report = shader.run(&mut d).map_err(fail)?;
+            let fit: Vec<(u32, f64)> = report
+                .workgroup_counters
+                .iter()
+                .map(|(i, one)| (tiles.visits[*i as usize], one.instructions as f64))
+                .collect();
+            let counters = report.counters.ok_or_else(no_counters)?;
+            (counters, Some(sample::per_workgroup(tiles, &fit)))
+        }
+        _ => {
+            d.sample = match (whole, how.k) {
+                (false, Some(k)) => Sample::Workgroups(k),
+                _ => Sample::All,
+            };
+            let report = shader.run(&mut d).map_err(fail)?;
+            (report.counters.ok_or_else(no_counters)?, None)
+        }
+    };
     if whole {
         for b in &c.buffers {
             if let Some(bytes) = d.buffer(b.group, b.binding) {
@@ -109,11 +152,16 @@ fn count(
             }
         }
     }
-    let counters = report.counters.ok_or_else(|| Error::Sanitizer {
-        kernel: c.label.to_string(),
-        message: "profile: no counters".into(),
-    })?;
-    Ok((counters, shader.workgroup_memory_bytes()))
+    Ok((counters, shader.workgroup_memory_bytes(), per_wg))
+}
+
+/// How the fused kernel's grid is laid out, for its tiles per workgroup.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    /// Its blocks, rows × keys (`flash_blocked`).
+    blocks: Option<(u32, u32)>,
+    window: Option<u32>,
+    order: CausalOrder,
 }
 
 /// Profiles the dispatches of one call on `dev`: counts, occupancy, prediction.
@@ -124,17 +172,26 @@ fn profile_dispatches(
     captured: &[Captured],
     dev: &DeviceSpec,
     d: usize,
-    sample: u32,
+    sample: Option<u32>,
+    layout: Layout,
 ) -> Result<Vec<KernelProfile>> {
     let mut buffers = HashMap::new();
     let mut out = Vec::new();
     for c in captured {
-        let (counters, shared_bytes) = count(c, &mut buffers, dev.lanes, sample)?;
+        let tiles = layout.blocks.and_then(|(rows, keys)| {
+            let map_keys = crate::kernels::block_map::MapShape::keys_for(keys);
+            sample::flash_blocked_tiles(c, rows, keys, layout.window, map_keys, layout.order)
+        });
+        let how = Sampling {
+            tiles: tiles.as_ref(),
+            k: sample,
+        };
+        let (counters, shared_bytes, per_wg) = count(c, &mut buffers, dev.lanes, &how)?;
         let threads = (counters.invocations / counters.workgroups.max(1)) as u32;
         let (registers, registers_from) = model::registers(c.label, &c.variant, d);
         let occ = occupancy(dev, threads, registers, shared_bytes);
         let footprint: u64 = c.buffers.iter().map(|b| b.bytes).sum();
-        let prediction = predict(dev, &counters, &occ, footprint);
+        let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref());
         out.push(KernelProfile {
             kernel: c.label,
             variant: c.variant.clone(),
@@ -147,18 +204,28 @@ fn profile_dispatches(
             occupancy: occ,
             prediction,
             footprint,
+            tiles,
         });
     }
     Ok(out)
 }
 
 /// The context the profile plans on: the sanitizer's device at `lanes` (a discrete GPU of
-/// that subgroup width, cooperative matrices of 16 × 16; lavapipe holds the buffers).
+/// that subgroup width, cooperative matrices of 16 × 16; lavapipe holds the buffers), with
+/// `era`'s options of the fused kernel.
 ///
 /// # Errors
 /// No adapter.
-pub fn context(lanes: u32) -> Result<Context> {
-    Ok(Context::new()?.with_sanitizer(Sanitize::Lanes(lanes)))
+pub fn context(lanes: u32, era: Era) -> Result<Context> {
+    let ctx = Context::new()?.with_sanitizer(Sanitize::Lanes(lanes));
+    Ok(match era {
+        Era::Today => ctx,
+        Era::D646ab0 => ctx.with_blocked_options(BlockedOptions {
+            vector_loads: Some(false),
+            resident_queries: Some(false),
+            ..BlockedOptions::default()
+        }),
+    })
 }
 
 /// The fused kernel's variants the tuner may pick for `p` on `ctx`.
@@ -196,8 +263,33 @@ fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Ve
     })
 }
 
+/// Which kernels a profile counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Era {
+    /// Today's.
+    #[default]
+    Today,
+    /// `flash_blocked` as commit d646ab0 ran it on the H100 (2026-11-27): scalar loads (no
+    /// vector loads, 8ba989e), Q staged with every key tile (no resident queries, 25bfe51),
+    /// causal query blocks in grid order, the lightest first (c4b005b reversed it). Today's
+    /// text with those three choices undone; what else changed in it since (the rank
+    /// counter's own reset, f16 widening) does not touch an f32 call's counts.
+    D646ab0,
+}
+
+/// Today's `flash_blocked` text as d646ab0 walked a causal grid: query blocks in grid
+/// order (the reversal c4b005b added taken out).
+fn lightest_first(source: &str) -> Option<String> {
+    const REVERSAL: &str = "blk = p.blocks - 1u - blk;";
+    source
+        .contains(REVERSAL)
+        .then(|| source.replace(REVERSAL, "blk = blk + 0u;"))
+}
+
 /// Profiles one forward call of `p` with the fused kernel forced to `variant` on `dev`,
-/// counting at `ctx`'s subgroup width on about `sample` workgroups of each large dispatch.
+/// counting at `ctx`'s subgroup width on about `sample` workgroups of each large dispatch
+/// (the fused kernel's lightest, weighted by its tiles; `None`: every workgroup of every
+/// dispatch), the kernels of `era` (`ctx` from [`context`] with the same).
 ///
 /// # Errors
 /// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run a kernel.
@@ -206,8 +298,30 @@ pub fn profile_flash(
     dev: &DeviceSpec,
     p: &Problem,
     variant: FlashVariant,
-    sample: u32,
+    sample: Option<u32>,
+    era: Era,
 ) -> Result<Vec<KernelProfile>> {
-    let captured = capture_flash(ctx, p, variant)?;
-    profile_dispatches(&captured, dev, p.d, sample)
+    let mut order = CausalOrder::HeaviestFirst;
+    let mut captured = capture_flash(ctx, p, variant)?;
+    if era == Era::D646ab0 {
+        order = CausalOrder::LightestFirst;
+        for c in captured
+            .iter_mut()
+            .filter(|c| c.label == "flash_blocked.wgsl")
+        {
+            c.source = lightest_first(&c.source).ok_or_else(|| Error::Sanitizer {
+                kernel: c.label.to_string(),
+                message: "profile: the causal reversal to undo is not in the text".into(),
+            })?;
+        }
+    }
+    let layout = Layout {
+        blocks: match variant {
+            FlashVariant::Blocked { rows, keys } => Some((rows, keys)),
+            _ => None,
+        },
+        window: p.window,
+        order,
+    };
+    profile_dispatches(&captured, dev, p.d, sample, layout)
 }

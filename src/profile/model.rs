@@ -99,8 +99,15 @@ pub struct Prediction {
 
 /// Predicts the time of a dispatch with counters `c`, occupancy `occ` and `footprint` bytes
 /// of distinct global memory (the bound buffers: what DRAM must deliver at least once) on
-/// `dev`.
-pub fn predict(dev: &DeviceSpec, c: &Counters, occ: &Occupancy, footprint: u64) -> Prediction {
+/// `dev`; `per_wg`, where the host knows it, the instructions each workgroup issues in grid
+/// order (then the workgroups are scheduled one by one: [`schedule`]).
+pub fn predict(
+    dev: &DeviceSpec,
+    c: &Counters,
+    occ: &Occupancy,
+    footprint: u64,
+    per_wg: Option<&[f64]>,
+) -> Prediction {
     let sms = f64::from(dev.sms);
     let clock = dev.clock();
     let issue = c.instructions as f64 / (sms * f64::from(dev.issue_per_clock) * clock);
@@ -120,17 +127,43 @@ pub fn predict(dev: &DeviceSpec, c: &Counters, occ: &Occupancy, footprint: u64) 
         + per_sg(c.barriers) * dev.barrier_cycles / clock
         + per_sg(c.instructions) * dev.dependent_cycles / clock;
     let latency = rounds * chain;
-    // Throughput bounds lose the idle part of the last round.
-    let quantise = (rounds * slots / wgs).max(1.0);
-    let bounds = [
-        (issue * quantise, Bottleneck::Issue),
-        (fma * quantise, Bottleneck::Fma),
-        (coop * quantise, Bottleneck::Coop),
-        (shared * quantise, Bottleneck::SharedMemory),
-        (l2, Bottleneck::L2),
-        (dram, Bottleneck::Memory),
-        (latency, Bottleneck::Latency),
+    let on_sm = [
+        (issue, Bottleneck::Issue),
+        (fma, Bottleneck::Fma),
+        (coop, Bottleneck::Coop),
+        (shared, Bottleneck::SharedMemory),
     ];
+    let (busy, on_sm_bound) =
+        on_sm.into_iter().fold(
+            (0.0, Bottleneck::Issue),
+            |a, b| if b.0 > a.0 { b } else { a },
+        );
+    let mut bounds = match per_wg {
+        // Each workgroup as long as its share of the SM's bound at full occupancy, or its
+        // own chain, whichever is longer; the slots take them in grid order.
+        Some(w) if !w.is_empty() => {
+            let mean = w.iter().sum::<f64>() / w.len() as f64;
+            let full = busy * slots / wgs;
+            let t = schedule(w, slots as usize, |x| {
+                (x / mean.max(1e-30)) * full.max(chain)
+            });
+            let bound = if chain > full {
+                Bottleneck::Latency
+            } else {
+                on_sm_bound
+            };
+            vec![(t, bound)]
+        }
+        // Throughput bounds lose the idle part of the last round.
+        _ => {
+            let quantise = (rounds * slots / wgs).max(1.0);
+            vec![
+                (busy * quantise, on_sm_bound),
+                (latency, Bottleneck::Latency),
+            ]
+        }
+    };
+    bounds.extend([(l2, Bottleneck::L2), (dram, Bottleneck::Memory)]);
     let (t, bottleneck) =
         bounds.into_iter().fold(
             (0.0, Bottleneck::Latency),
@@ -148,6 +181,24 @@ pub fn predict(dev: &DeviceSpec, c: &Counters, occ: &Occupancy, footprint: u64) 
         bottleneck,
         rounds: wgs / slots,
     }
+}
+
+/// When the last of the workgroups of `work` ends, each started in grid order on the first
+/// of `slots` slots to come free and lasting `time(work)`: the tail a grid whose heaviest
+/// workgroups come last leaves (a slot runs one alone while the others idle).
+pub fn schedule(work: &[f64], slots: usize, time: impl Fn(f64) -> f64) -> f64 {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    // Free times as the bits of non-negative f64s (ordered as the numbers are).
+    let mut free: BinaryHeap<Reverse<u64>> = (0..slots.max(1)).map(|_| Reverse(0)).collect();
+    let mut end = 0.0f64;
+    for &w in work {
+        let Reverse(at) = free.pop().expect("a slot");
+        let done = f64::from_bits(at) + time(w);
+        end = end.max(done);
+        free.push(Reverse(done.to_bits()));
+    }
+    end
 }
 
 /// Registers per thread of a kernel variant: RDNA3's VGPRs from `tools/shader-stats`
@@ -199,5 +250,14 @@ mod tests {
         let o = occupancy(&h, 1024, 16, 0);
         assert_eq!((o.workgroups, o.limit), (2, "threads"));
         assert!((h.clock() - 1.317e9).abs() < 1e7);
+    }
+
+    #[test]
+    fn the_heaviest_last_leaves_a_tail() {
+        // 8 workgroups on 4 slots: light ones first leave the heavy pair to run alone.
+        let light_first = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0, 4.0];
+        let heavy_first: Vec<f64> = light_first.iter().rev().copied().collect();
+        assert_eq!(schedule(&light_first, 4, |w| w), 5.0);
+        assert_eq!(schedule(&heavy_first, 4, |w| w), 4.0);
     }
 }

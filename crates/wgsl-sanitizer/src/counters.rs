@@ -13,6 +13,11 @@ pub const SECTOR_BYTES: u64 = 32;
 /// Banks of workgroup memory, 4 bytes wide (NVIDIA since Kepler, AMD's LDS per half).
 pub const BANKS: u64 = 32;
 
+/// `*to += x · w`, rounded, never below 0 (a weight may be negative: [`Sample::Chosen`]).
+fn add(to: &mut u64, x: u64, w: f64) {
+    *to = (*to as f64 + x as f64 * w).round().max(0.0) as u64;
+}
+
 /// Global (storage buffer) traffic of one binding, or of all together.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Traffic {
@@ -49,13 +54,17 @@ impl Traffic {
     }
 
     fn add_scaled(&mut self, o: &Traffic, w: f64) {
-        let s = |x: u64| (x as f64 * w).round() as u64;
-        self.loads += s(o.loads);
-        self.stores += s(o.stores);
-        self.bytes_read += s(o.bytes_read);
-        self.bytes_written += s(o.bytes_written);
-        self.sectors_read += s(o.sectors_read);
-        self.sectors_written += s(o.sectors_written);
+        let pairs = [
+            (&mut self.loads, o.loads),
+            (&mut self.stores, o.stores),
+            (&mut self.bytes_read, o.bytes_read),
+            (&mut self.bytes_written, o.bytes_written),
+            (&mut self.sectors_read, o.sectors_read),
+            (&mut self.sectors_written, o.sectors_written),
+        ];
+        for (to, x) in pairs {
+            add(to, x, w);
+        }
     }
 }
 
@@ -146,36 +155,36 @@ impl Counters {
         x as f64 / self.invocations.max(1) as f64
     }
 
-    /// Adds `o` times `w` (a sampled workgroup standing for `w` of them).
-    pub(crate) fn add_scaled(&mut self, o: &Counters, w: f64) {
-        let s = |x: u64| (x as f64 * w).round() as u64;
-        self.invocations += s(o.invocations);
-        self.subgroups += s(o.subgroups);
-        self.flops_f32 += s(o.flops_f32);
-        self.flops_f16 += s(o.flops_f16);
-        self.coop_flops += s(o.coop_flops);
-        self.special += s(o.special);
-        self.instructions += s(o.instructions);
-        self.lane_instructions += s(o.lane_instructions);
-        self.barriers += s(o.barriers);
-        self.global_intervals += s(o.global_intervals);
+    /// Adds `o` times `w` (a sampled workgroup standing for `w` of them; a negative weight
+    /// subtracts, each count staying ≥ 0: add the positive weights first).
+    pub fn add_scaled(&mut self, o: &Counters, w: f64) {
+        add(&mut self.invocations, o.invocations, w);
+        add(&mut self.subgroups, o.subgroups, w);
+        add(&mut self.flops_f32, o.flops_f32, w);
+        add(&mut self.flops_f16, o.flops_f16, w);
+        add(&mut self.coop_flops, o.coop_flops, w);
+        add(&mut self.special, o.special, w);
+        add(&mut self.instructions, o.instructions, w);
+        add(&mut self.lane_instructions, o.lane_instructions, w);
+        add(&mut self.barriers, o.barriers, w);
+        add(&mut self.global_intervals, o.global_intervals, w);
         self.global.add_scaled(&o.global, w);
         for (k, t) in &o.by_binding {
             self.by_binding.entry(*k).or_default().add_scaled(t, w);
         }
-        self.shared_accesses += s(o.shared_accesses);
-        self.shared_bytes += s(o.shared_bytes);
-        self.shared_wavefronts += s(o.shared_wavefronts);
-        self.shared_ideal += s(o.shared_ideal);
+        add(&mut self.shared_accesses, o.shared_accesses, w);
+        add(&mut self.shared_bytes, o.shared_bytes, w);
+        add(&mut self.shared_wavefronts, o.shared_wavefronts, w);
+        add(&mut self.shared_ideal, o.shared_ideal, w);
         self.shared_max_ways = self.shared_max_ways.max(o.shared_max_ways);
-        self.texture_reads += s(o.texture_reads);
-        self.texture_writes += s(o.texture_writes);
-        self.atomics += s(o.atomics);
+        add(&mut self.texture_reads, o.texture_reads, w);
+        add(&mut self.texture_writes, o.texture_writes, w);
+        add(&mut self.atomics, o.atomics, w);
     }
 }
 
 /// Which workgroups a dispatch interprets, and what each stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Sample {
     /// Every workgroup (the default).
     All,
@@ -185,13 +194,24 @@ pub enum Sample {
     /// aliasing a power-of-two stride). Each stands for its stratum in [`Counters`]. Only
     /// the sampled workgroups' results are written: for counting, not for answers.
     Workgroups(u32),
+    /// These workgroups (linear indices, `x + y·X + z·X·Y`), each standing for the given
+    /// weight of workgroups in [`Counters`] (any real: a caller who knows how the work is
+    /// spread over the grid, e.g. the key tiles each block of a causal grid visits, chooses
+    /// cheap workgroups and weights that make the estimate exact for work linear in what it
+    /// knows). Indices past the grid and repeats are errors.
+    Chosen(Vec<(u64, f64)>),
 }
 
 /// The linear indices of the workgroups to run out of `total`, each with the number of
 /// workgroups it stands for (summing to `total`), drawn from `seed`.
-pub(crate) fn sample(total: u64, sample: Sample, seed: u64) -> Vec<(u64, f64)> {
+pub(crate) fn sample(total: u64, sample: &Sample, seed: u64) -> Vec<(u64, f64)> {
     let k = match sample {
-        Sample::Workgroups(k) if total > u64::from(k.max(2)) => u64::from(k.max(2)),
+        Sample::Chosen(list) => {
+            let mut list = list.clone();
+            list.sort_by_key(|x| x.0);
+            return list;
+        }
+        Sample::Workgroups(k) if total > u64::from(*k.max(&2)) => u64::from(*k.max(&2)),
         _ => return (0..total).map(|i| (i, 1.0)).collect(),
     };
     // k - 1 strata: the first holds workgroup 0 as well, the last the last workgroup.
@@ -223,13 +243,13 @@ mod tests {
 
     #[test]
     fn a_sample_stands_for_the_whole_grid_and_includes_both_ends() {
-        let s = sample(4096, Sample::Workgroups(9), 7);
+        let s = sample(4096, &Sample::Workgroups(9), 7);
         assert!(s.len() <= 10 && s.len() >= 9, "{s:?}");
         assert_eq!(s[0].0, 0);
         assert_eq!(s.last().unwrap().0, 4095);
         let w: f64 = s.iter().map(|x| x.1).sum();
         assert!((w - 4096.0).abs() < 1e-6);
-        assert_eq!(sample(5, Sample::Workgroups(9), 7).len(), 5);
-        assert_eq!(sample(5, Sample::All, 7).len(), 5);
+        assert_eq!(sample(5, &Sample::Workgroups(9), 7).len(), 5);
+        assert_eq!(sample(5, &Sample::All, 7).len(), 5);
     }
 }

@@ -273,6 +273,9 @@ pub struct Report {
     /// What the dispatch would spend on a GPU, when [`Dispatch::counters`] is on (the
     /// reported seed's run; estimated from the sampled workgroups under [`Dispatch::sample`]).
     pub counters: Option<Counters>,
+    /// Under [`Sample::Chosen`] with counters on: each chosen workgroup's own counts,
+    /// unweighted, by linear index (how its cost depends on where it sits in the grid).
+    pub workgroup_counters: Vec<(u64, Counters)>,
 }
 
 impl Report {

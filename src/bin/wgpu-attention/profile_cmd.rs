@@ -31,9 +31,15 @@ pub struct ProfileArgs {
     /// The device description: h100 or generic.
     #[arg(long, default_value = "h100")]
     pub device: DeviceSpec,
-    /// Workgroups counted per large dispatch (first, last, one per stratum between).
-    #[arg(long, default_value_t = 10)]
+    /// Workgroups counted per large dispatch: of the fused kernel, the lightest this many
+    /// (weighted by the key tiles each visits, which the host knows); of others, the first,
+    /// the last and one per stratum between.
+    #[arg(long, default_value_t = 4)]
     pub sample: u32,
+    /// Count the fused kernel as commit d646ab0 ran it on the H100 (scalar loads, Q staged
+    /// with every tile, causal blocks lightest first), beside that run's measured times.
+    #[arg(long)]
+    pub d646ab0: bool,
 }
 
 /// PyTorch 2.11's SDPA on the H100, ms (../shared/notes/h100-2026-11-27.md; batch 4,
@@ -80,7 +86,11 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         window: args.window,
     };
     let dev = &args.device;
-    let ctx = profile::context(dev.lanes)?;
+    let era = match args.d646ab0 {
+        true => profile::Era::D646ab0,
+        false => profile::Era::Today,
+    };
+    let ctx = profile::context(dev.lanes, era)?;
     let began = std::time::Instant::now();
     println!(
         "profile: ({}, {}, {}, {}) {:?}{}{} on {} ({} SMs, {:.2} GHz model clock, {:.1} TFLOP/s \
@@ -104,7 +114,7 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         println!("PyTorch 2.11 SDPA on the H100 (measured): {ms:.3} ms");
     }
     for variant in profile::flash_variants(&ctx, &p) {
-        let kernels = match profile::profile_flash(&ctx, dev, &p, variant, args.sample) {
+        let kernels = match profile::profile_flash(&ctx, dev, &p, variant, Some(args.sample), era) {
             Ok(k) => k,
             Err(e) => {
                 println!("\n{variant}: not profiled: {e}");

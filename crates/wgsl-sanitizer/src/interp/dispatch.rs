@@ -10,7 +10,7 @@ use super::memory::GMem;
 use super::sched::{subgroup_main, Baton, Shared};
 use super::shadow::Shadow;
 use super::{Prog, Res};
-use crate::counters::{self, Counters};
+use crate::counters::{self, Counters, Sample};
 use crate::findings::FindingKind as FK;
 use crate::math::from_f64;
 use crate::prepare::prepare;
@@ -238,6 +238,15 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
             "subgroup size {w}: must be a power of two from 4 to 64"
         )));
     }
+    if let Sample::Chosen(list) = &d.sample {
+        let total: u64 = d.workgroups.iter().map(|&x| u64::from(x)).product();
+        let mut seen = std::collections::HashSet::new();
+        if let Some((i, _)) = list.iter().find(|(i, _)| *i >= total || !seen.insert(*i)) {
+            return Err(Error::Dispatch(format!(
+                "sampled workgroup {i}: past the grid of {total} or chosen twice"
+            )));
+        }
+    }
     let overrides = overrides(sh, d)?;
     let mut consts = Vec::new();
     for (_, c) in m.constants.iter() {
@@ -301,8 +310,9 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
         ..Counters::default()
     });
     let mut by_weight = std::collections::BTreeMap::new();
+    let mut each = Vec::new();
     let mut result = Ok(());
-    for (linear, weight) in counters::sample(total, d.sample, seed) {
+    for (linear, weight) in counters::sample(total, &d.sample, seed) {
         let linear = linear as u32;
         let wg_id = [linear % gx, (linear / gx) % gy, linear / (gx * gy)];
         lock.0
@@ -324,6 +334,13 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
         if counters.is_some() {
             // Summed per weight, scaled once at the end (no rounding per workgroup).
             let wg = std::mem::take(&mut g.counters);
+            if matches!(d.sample, Sample::Chosen(_)) {
+                let mut own = wg.clone();
+                own.subgroup_size = w;
+                own.workgroups = 1;
+                own.workgroups_counted = 1;
+                each.push((u64::from(linear), own));
+            }
             by_weight
                 .entry(weight.to_bits())
                 .or_insert_with(Counters::default)
@@ -365,5 +382,6 @@ pub fn run(sh: &Shader, ep: usize, d: &mut Dispatch, seed: u64) -> Res<Report> {
         seed,
         seeds_run: 1,
         counters,
+        workgroup_counters: each,
     })
 }
