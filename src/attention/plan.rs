@@ -117,7 +117,8 @@ impl Attention {
     }
 
     /// `plan` with the fused kernel that runs for `op` (`mods`: the call has score or mask
-    /// modifiers): the plan's, or the one put in its place, with a warning naming why
+    /// modifiers) when the plan runs one (fused, or the context beside the subgroup matmul's
+    /// weights): the plan's, or the one put in its place, with a warning naming why
     /// ([`crate::kernels::flash::resolve`]: `flash_coop` on a call it cannot take, a variant
     /// past lavapipe's loop cap). What a call logs (`-v`) is this plan: the kernel that ran.
     ///
@@ -130,8 +131,34 @@ impl Attention {
         op: &Flash,
         mods: bool,
     ) -> Result<Plan> {
+        if !(plan.fused || plan.weights_from_stats()) {
+            return Ok(plan);
+        }
         let flash = crate::kernels::flash::resolve(ctx, op, plan.flash, mods)?;
         Ok(Plan { flash, ..plan })
+    }
+
+    /// The storage kernels' plan for a call that [`Attention::retries_on_storage`] after
+    /// `plan`, with the fused kernel that runs for `op` ([`Attention::resolved`]), and a
+    /// warning naming what happened.
+    ///
+    /// # Errors
+    /// As [`Attention::plan`] and [`Attention::resolved`].
+    pub(crate) fn on_storage(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        dims: &Dims,
+        op: &Flash,
+        mods: bool,
+    ) -> Result<Plan> {
+        let storage = self.kernels(Kernels::Storage).plan(ctx, dims)?;
+        let storage = self.resolved(ctx, storage, op, mods)?;
+        log::warn!(
+            "{plan} is past the texture limit (max_texture_dimension_2d): the storage kernels \
+             take the call instead: {storage}"
+        );
+        Ok(storage)
     }
 
     /// Whether a call planned with `plan` that failed with `err` runs again on the storage

@@ -30,7 +30,7 @@ use crate::kernels::pack::PackLayout;
 use crate::mask::Mask;
 use crate::modifiers::Preset;
 use crate::tensor::Tensor;
-use crate::variant::{self, FlashVariant, Kernels};
+use crate::variant::{self, FlashVariant};
 
 mod tensors;
 pub(crate) use tensors::SdpaTensorGradients;
@@ -388,8 +388,7 @@ impl Attention {
         let mut result = run(&plan);
         if op.retries_on_storage(&plan, &result) {
             // As a plain forward: past the textures' limit, the storage kernels take it.
-            let storage = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
-            plan = op.resolved(ctx, storage, &flash, mods)?;
+            plan = op.on_storage(ctx, &plan, &dims, &flash, mods)?;
             result = run(&plan);
         }
         let context = result?.0;

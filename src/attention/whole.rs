@@ -20,7 +20,6 @@ use crate::gpu::buffer::Buf;
 use crate::gpu::timing;
 use crate::gpu::upload::Values;
 use crate::modifiers::Modifiers;
-use crate::variant::Kernels;
 
 /// A 4-d shape's sides.
 fn four(shape: &[usize]) -> Result<[usize; 4]> {
@@ -129,7 +128,8 @@ impl Attention {
     ) -> Result<Flat> {
         let mut plan = self.plan(ctx, dims)?;
         plan.flash = self.sparse_flash(ctx, &plan, dims, shape, source, (bias.as_ref(), mods));
-        let plan = self.fused_resolved(ctx, plan, shape, dims.scale, mods)?;
+        let op = self.fused_op(shape, dims.scale)?;
+        let plan = self.resolved(ctx, plan, &op, mods.is_some())?;
         log::info!(
             "attention batch={} n={} n_kv={} d_k={} d_v={} heads={} kv_heads={} causal={}: {plan}",
             shape.batch,
@@ -148,28 +148,9 @@ impl Attention {
         self.prepare_pipelines(ctx, &plan, dims, shape, source, (bias.as_ref(), mods))?;
         let result = run(&plan).await;
         if self.retries_on_storage(&plan, &result) {
-            let storage = self.kernels(Kernels::Storage).plan(ctx, dims)?;
-            let storage = self.fused_resolved(ctx, storage, shape, dims.scale, mods)?;
-            log::info!("over the texture limit: the storage kernels take it: {storage}");
-            return run(&storage).await;
+            return run(&self.on_storage(ctx, &plan, dims, &op, mods.is_some())?).await;
         }
         result
-    }
-
-    /// `plan` with the fused kernel that runs ([`Attention::resolved`]) when the plan runs
-    /// one (fused, or the context beside the subgroup matmul's weights).
-    fn fused_resolved(
-        &self,
-        ctx: &Context,
-        plan: Plan,
-        shape: Shape,
-        scale: f32,
-        mods: Option<&Modifiers>,
-    ) -> Result<Plan> {
-        if !(plan.fused || plan.weights_from_stats()) {
-            return Ok(plan);
-        }
-        self.resolved(ctx, plan, &self.fused_op(shape, scale)?, mods.is_some())
     }
 
     /// The fused kernel of a block-sparse call (mask presets whose host block map leaves

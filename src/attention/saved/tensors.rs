@@ -14,7 +14,7 @@ use crate::gpu::buffer;
 use crate::kernels::flash_tiled::FlashOut;
 use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
-use crate::variant::{self, Kernels};
+use crate::variant;
 
 /// The gradients of [`SdpaSaved::backward_tensor`], f32 tensors in the rows layout of the
 /// forward's tensors: `q` `(batch, L, heads, E)`, `k` `(batch, S, kv_heads, E)`, `v`
@@ -123,8 +123,7 @@ impl Attention {
         if op.retries_on_storage(&plan, &result) {
             // As a plain call: past the textures' limit the storage kernels take it (what
             // was recorded before the check only repeats work).
-            let storage = op.kernels(Kernels::Storage).plan(ctx, &dims)?;
-            plan = op.resolved(ctx, storage, &flash, mods)?;
+            plan = op.on_storage(ctx, &plan, &dims, &flash, mods)?;
             record(rec, &plan)?;
         } else {
             result?;
