@@ -682,7 +682,7 @@ fn texture_label(texture: &wgpu::Texture) -> String {
 }
 
 #[cfg(not(target_arch = "wasm32"))]
-fn texel_format(format: wgpu::TextureFormat) -> Result<wgsl_sanitizer::TexelFormat> {
+pub(crate) fn texel_format(format: wgpu::TextureFormat) -> Result<wgsl_sanitizer::TexelFormat> {
     use wgsl_sanitizer::TexelFormat as T;
     match format {
         wgpu::TextureFormat::Rgba32Float => Ok(T::Rgba32Float),

@@ -422,6 +422,8 @@ pub(crate) struct CapturedBuffer {
     /// The buffer's identity (its hash): the same buffer in two dispatches of a call has
     /// the same, so what one writes the next can read.
     pub id: u64,
+    /// A texture's width, height and format (`bytes` is 0 then).
+    pub texture: Option<(u32, u32, wgpu::TextureFormat)>,
 }
 
 fn buffer_id(b: &wgpu::Buffer) -> u64 {
@@ -443,18 +445,23 @@ fn captured<K: Kernel>(
         binding,
         bytes: b.size(),
         id: buffer_id(b),
+        texture: None,
     };
     let mut buffers: Vec<CapturedBuffer> = resources
         .iter()
         .enumerate()
         .map(|(i, r)| match *r {
             Binding::Buffer(b) => buffer(0, i as u32 + 1, b),
-            Binding::Texture(_) => CapturedBuffer {
-                group: 0,
-                binding: i as u32 + 1,
-                bytes: 0,
-                id: 0,
-            },
+            Binding::Texture(view) => {
+                let t = view.texture();
+                CapturedBuffer {
+                    group: 0,
+                    binding: i as u32 + 1,
+                    bytes: 0,
+                    id: 0,
+                    texture: Some((t.width(), t.height(), t.format())),
+                }
+            }
         })
         .collect();
     let group1 = mods.as_ref().map(|m| m.buffers()).unwrap_or_default();

@@ -113,6 +113,19 @@ fn count(
     };
     d.bind(0, 0, Resource::Buffer(c.params.clone()));
     for b in &c.buffers {
+        if let Some((width, height, format)) = b.texture {
+            // Zeros, as the buffers (a texture's values change no address either).
+            let format = crate::gpu::sanitizer::texel_format(format)?;
+            let data = vec![0; (width * height) as usize * format.bytes()];
+            let texture = wgsl_sanitizer::Texture {
+                width,
+                height,
+                format,
+                data,
+            };
+            d.bind(b.group, b.binding, Resource::Texture(texture));
+            continue;
+        }
         let bytes = buffers
             .entry(b.id)
             .or_insert_with(|| vec![0; b.bytes as usize])
@@ -324,4 +337,68 @@ pub fn profile_flash(
         order,
     };
     profile_dispatches(&captured, dev, p.d, sample, layout)
+}
+
+/// Profiles one decoding step (`Decoder::step`, one query row per head) on a cache of
+/// `cache` tokens, `batch` × `heads` heads of width `d` in `dtype` (the dispatches after the
+/// cache is filled), on `dev`.
+///
+/// # Errors
+/// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run a kernel.
+pub fn profile_decode(
+    ctx: &Context,
+    dev: &DeviceSpec,
+    (batch, heads, cache, d): (usize, usize, usize, usize),
+    dtype: Dtype,
+    sample: u32,
+) -> Result<Vec<KernelProfile>> {
+    use crate::{Decoder, KvCache, KvCacheSpec};
+    let spec = KvCacheSpec {
+        capacity: cache,
+        batch,
+        kv_heads: heads,
+        d_k: d,
+        d_v: d,
+        dtype,
+    };
+    let mut kv = KvCache::new(ctx, spec)?;
+    let tokens = ndarray::Array4::<f32>::zeros((batch, heads, cache, d));
+    match dtype {
+        Dtype::F32 => kv.append(ctx, tokens.view(), tokens.view())?,
+        Dtype::F16 => {
+            let t = tokens.mapv(half::f16::from_f32);
+            kv.append(ctx, t.view(), t.view())?;
+        }
+    }
+    let q = ndarray::Array4::<f32>::zeros((batch, heads, 1, d));
+    let dec = Decoder::new();
+    let captured = crate::kernels::capture(|| dec.step(ctx, &kv, q.view()).map(|_| ()))?;
+    let layout = Layout {
+        blocks: None,
+        window: None,
+        order: CausalOrder::HeaviestFirst,
+    };
+    profile_dispatches(&captured, dev, d, Some(sample), layout)
+}
+
+/// Profiles one `m × m × m` matmul with `variant` on operands of `dtype` on `dev`.
+///
+/// # Errors
+/// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run it.
+pub fn profile_matmul(
+    ctx: &Context,
+    dev: &DeviceSpec,
+    m: usize,
+    variant: crate::MatmulVariant,
+    dtype: Dtype,
+    sample: u32,
+) -> Result<Vec<KernelProfile>> {
+    let problem = crate::tune::MatmulProblem::new(ctx, (m, m, m), dtype)?;
+    let captured = crate::kernels::capture(|| problem.run(ctx, variant).map(|_| ()))?;
+    let layout = Layout {
+        blocks: None,
+        window: None,
+        order: CausalOrder::HeaviestFirst,
+    };
+    profile_dispatches(&captured, dev, 0, Some(sample), layout)
 }

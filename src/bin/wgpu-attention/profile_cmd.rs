@@ -40,6 +40,62 @@ pub struct ProfileArgs {
     /// with every tile, causal blocks lightest first), beside that run's measured times.
     #[arg(long)]
     pub d646ab0: bool,
+    /// Profile one decoding step instead (`Decoder::step`): batch --batch, --heads heads of
+    /// width --d, a cache of --n tokens in --dtype (the H100 run: --decode --batch 1 --heads
+    /// 32 --d 128 --n 4096).
+    #[arg(long)]
+    pub decode: bool,
+    /// Profile an M × M × M matmul on cooperative matrices (f16 operands) instead.
+    #[arg(long, value_name = "M")]
+    pub coop_matmul: Option<usize>,
+}
+
+/// The H100's measured times of the other kernels (d646ab0, ms): decode_partial_gpu at batch
+/// 1, 32 heads, cache 4,096, d 128 f32; coop_matmul 4096³.
+const H100_DECODE_MS: f64 = 0.54;
+const H100_COOP_MATMUL_MS: f64 = 7.11;
+
+/// `--decode` and `--coop-matmul`: one section of kernels, beside the H100's time.
+fn profile_other(args: &ProfileArgs, ctx: &wgpu_attention::Context) -> Result<bool> {
+    let dev = &args.device;
+    let (what, measured, kernels) = match args.coop_matmul {
+        Some(m) => (
+            format!("coop_matmul {m}^3 f16"),
+            (m == 4096).then_some(H100_COOP_MATMUL_MS),
+            profile::profile_matmul(
+                ctx,
+                dev,
+                m,
+                wgpu_attention::MatmulVariant::Coop,
+                Dtype::F16,
+                args.sample,
+            )?,
+        ),
+        None => (
+            format!(
+                "decode step: batch {}, {} heads, cache {}, d {} {:?}",
+                args.batch, args.heads, args.n, args.d, args.dtype
+            ),
+            (args.batch == 1 && args.heads == 32 && args.n == 4096 && args.d == 128)
+                .then_some(H100_DECODE_MS),
+            profile::profile_decode(
+                ctx,
+                dev,
+                (args.batch, args.heads, args.n, args.d),
+                args.dtype,
+                args.sample,
+            )?,
+        ),
+    };
+    let total: f64 = kernels.iter().map(|k| k.prediction.time).sum();
+    println!("{what} on {}: predicted {:.3} ms", dev.name, total * 1e3);
+    if let Some(ms) = measured {
+        println!("measured on the H100 at d646ab0: {ms:.2} ms");
+    }
+    for k in &kernels {
+        print_kernel(k);
+    }
+    Ok(true)
 }
 
 /// PyTorch 2.11's SDPA on the H100, ms (../shared/notes/h100-2026-11-27.md; batch 4,
@@ -91,6 +147,9 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         false => profile::Era::Today,
     };
     let ctx = profile::context(dev.lanes, era)?;
+    if args.decode || args.coop_matmul.is_some() {
+        return profile_other(args, &ctx);
+    }
     let began = std::time::Instant::now();
     println!(
         "profile: ({}, {}, {}, {}) {:?}{}{} on {} ({} SMs, {:.2} GHz model clock, {:.1} TFLOP/s \
