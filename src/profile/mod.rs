@@ -203,8 +203,18 @@ fn profile_dispatches(
         let threads = (counters.invocations / counters.workgroups.max(1)) as u32;
         let (registers, registers_from) = model::registers(c.label, &c.variant, d);
         let occ = occupancy(dev, threads, registers, shared_bytes);
-        let footprint: u64 = c.buffers.iter().map(|b| b.bytes).sum();
-        let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref());
+        // Textures: their texels move too (the decode cache): the bytes the reads ask for,
+        // at most the textures' size from DRAM.
+        let mut texture_bytes = 0;
+        let mut texel_bytes = 0;
+        for (w, h, f) in c.buffers.iter().filter_map(|b| b.texture) {
+            let bytes = crate::gpu::sanitizer::texel_format(f)?.bytes() as u64;
+            texture_bytes += u64::from(w) * u64::from(h) * bytes;
+            texel_bytes = texel_bytes.max(bytes);
+        }
+        let footprint: u64 = c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes;
+        let texels = counters.texture_reads * texel_bytes;
+        let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref(), texels);
         out.push(KernelProfile {
             kernel: c.label,
             variant: c.variant.clone(),

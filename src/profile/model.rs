@@ -100,13 +100,16 @@ pub struct Prediction {
 /// Predicts the time of a dispatch with counters `c`, occupancy `occ` and `footprint` bytes
 /// of distinct global memory (the bound buffers: what DRAM must deliver at least once) on
 /// `dev`; `per_wg`, where the host knows it, the instructions each workgroup issues in grid
-/// order (then the workgroups are scheduled one by one: [`schedule`]).
+/// order (then the workgroups are scheduled one by one: [`schedule`]); `texels` the bytes
+/// its texture reads ask for (through L2, from DRAM at most once: `footprint` holds the
+/// textures).
 pub fn predict(
     dev: &DeviceSpec,
     c: &Counters,
     occ: &Occupancy,
     footprint: u64,
     per_wg: Option<&[f64]>,
+    texels: u64,
 ) -> Prediction {
     let sms = f64::from(dev.sms);
     let clock = dev.clock();
@@ -114,8 +117,9 @@ pub fn predict(
     let fma = (c.flops_f32 + c.flops_f16) as f64 / dev.fma_flops;
     let coop = c.coop_flops as f64 / dev.coop_flops;
     let shared = c.shared_wavefronts as f64 / (sms * clock);
-    let l2 = c.global.sector_bytes() as f64 / dev.l2_bandwidth;
-    let dram = footprint.min(c.global.sector_bytes().max(1)) as f64 / dev.dram_bandwidth;
+    let moved = c.global.sector_bytes() + texels;
+    let l2 = moved as f64 / dev.l2_bandwidth;
+    let dram = footprint.min(moved.max(1)) as f64 / dev.dram_bandwidth;
     // Latency: each SM runs `rounds` rounds of `occ.workgroups` workgroups; a round lasts at
     // least one subgroup's chain (its intervals that wait on global memory, its barriers,
     // its instructions one after another at the dependent rate).
