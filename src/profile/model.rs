@@ -121,13 +121,14 @@ pub fn predict(
     let l2 = moved as f64 / dev.l2_bandwidth;
     let dram = footprint.min(moved.max(1)) as f64 / dev.dram_bandwidth;
     // Latency: each SM runs `rounds` rounds of `occ.workgroups` workgroups; a round lasts at
-    // least one subgroup's chain (its intervals that wait on global memory, its barriers,
-    // its instructions one after another at the dependent rate).
+    // least one subgroup's chain (its loads that wait: the first of each loop iteration and
+    // barrier interval, global or texture; its barriers; its instructions one after another
+    // at the dependent rate).
     let wgs = c.workgroups.max(1) as f64;
     let slots = sms * f64::from(occ.workgroups.max(1));
     let rounds = (wgs / slots).ceil();
     let per_sg = |x: u64| x as f64 / c.subgroups.max(1) as f64;
-    let chain = per_sg(c.global_intervals) * dev.memory_latency
+    let chain = per_sg(c.load_waits) * dev.memory_latency
         + per_sg(c.barriers) * dev.barrier_cycles / clock
         + per_sg(c.instructions) * dev.dependent_cycles / clock;
     let latency = rounds * chain;

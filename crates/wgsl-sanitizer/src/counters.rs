@@ -108,6 +108,11 @@ pub struct Counters {
     /// Barrier intervals (per subgroup) in which the subgroup loaded from global memory: each
     /// waits a global-memory latency at least once.
     pub global_intervals: u64,
+    /// Loads that wait (per subgroup): the first global or texture load of each loop
+    /// iteration within each barrier interval. A warp issues in order, so a load whose value
+    /// its own iteration uses stalls it a memory latency; loads of one iteration overlap,
+    /// and so do an interval's when no loop separates them.
+    pub load_waits: u64,
     /// Global (storage buffer) traffic, all bindings together (uniform buffers excluded:
     /// they are read through a constant cache).
     pub global: Traffic,
@@ -168,6 +173,7 @@ impl Counters {
         add(&mut self.lane_instructions, o.lane_instructions, w);
         add(&mut self.barriers, o.barriers, w);
         add(&mut self.global_intervals, o.global_intervals, w);
+        add(&mut self.load_waits, o.load_waits, w);
         self.global.add_scaled(&o.global, w);
         for (k, t) in &o.by_binding {
             self.by_binding.entry(*k).or_default().add_scaled(t, w);

@@ -149,3 +149,24 @@ fn a_sample_of_a_large_dispatch_estimates_the_whole() {
     assert_eq!(part.global, whole.global);
     assert_eq!(part.instructions, whole.instructions);
 }
+
+#[test]
+fn a_load_in_each_loop_iteration_waits_each_time() {
+    // One subgroup sums 8 loads: in a loop, each iteration's load waits; written out in one
+    // interval, they overlap (one wait).
+    let sum = |body: &str| {
+        format!(
+            "@group(0) @binding(0) var<storage, read> a: array<f32>;
+             @group(0) @binding(1) var<storage, read_write> o: array<f32>;
+             @compute @workgroup_size(32)
+             fn main(@builtin(local_invocation_index) i: u32) {{ {body} }}"
+        )
+    };
+    let looped =
+        sum("var s = 0.0; for (var k = 0u; k < 8u; k++) { s += a[k * 32u + i]; } o[i] = s;");
+    let flat = sum("o[i] = a[i] + a[32u + i] + a[64u + i] + a[96u + i];");
+    let c = count(&looped, 1, &[4 * 256, 4 * 32], Sample::All);
+    assert_eq!((c.load_waits, c.global_intervals), (8, 1));
+    let c = count(&flat, 1, &[4 * 256, 4 * 32], Sample::All);
+    assert_eq!((c.load_waits, c.global_intervals), (1, 1));
+}

@@ -21,6 +21,8 @@ pub(super) struct Tally {
     shared_bytes: u64,
     /// This barrier interval loaded from global memory.
     loaded: bool,
+    /// This loop iteration (and barrier interval) loaded from global or texture memory.
+    loaded_here: bool,
 }
 
 /// Whether an expression costs an instruction (constants, names and pointers to whole
@@ -126,6 +128,25 @@ impl Exec<'_, '_> {
         if let Some(t) = self.tally.as_deref_mut() {
             t.c.barriers += 1;
             t.loaded = false;
+            t.loaded_here = false;
+        }
+    }
+
+    /// A loop iteration begins: its loads wait anew.
+    pub(super) fn tally_iteration(&mut self) {
+        if let Some(t) = self.tally.as_deref_mut() {
+            t.loaded_here = false;
+        }
+    }
+
+    /// A load from global or texture memory: the first of its loop iteration and barrier
+    /// interval is a wait ([`Counters::load_waits`]).
+    pub(super) fn tally_load_wait(&mut self) {
+        if let Some(t) = self.tally.as_deref_mut() {
+            if !t.loaded_here {
+                t.loaded_here = true;
+                t.c.load_waits += 1;
+            }
         }
     }
 
@@ -212,6 +233,10 @@ impl Exec<'_, '_> {
             if !write && !t.loaded {
                 t.loaded = true;
                 t.c.global_intervals += 1;
+            }
+            if !write && !t.loaded_here {
+                t.loaded_here = true;
+                t.c.load_waits += 1;
             }
             t.global.clear();
         }

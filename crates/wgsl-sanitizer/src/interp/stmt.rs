@@ -307,6 +307,7 @@ impl<'p> Exec<'p, '_> {
                         self.iters[l] += 1;
                     }
                     self.tally_instruction(running);
+                    self.tally_iteration();
                     if self.lane_ops > self.p.max_lane_ops {
                         return Err(Error::Dispatch(format!(
                             "more than {} lane-operations in one subgroup (a loop that never ends?)",

@@ -60,6 +60,7 @@ impl Exec<'_, '_> {
         let mut bad: Vec<(usize, u32, u32, u32)> = Vec::new();
         let order = self.instruction(Some(Ptr { mem: gi, off: 0 }), mask, false)?;
         self.tally_add(|c| &mut c.texture_reads, u64::from(mask.count_ones()));
+        self.tally_load_wait();
         let (tw, th) = {
             let g = self.g.as_mut().expect("the baton");
             let GMem::Tex { tex, .. } = &g.mem[gi as usize] else {
