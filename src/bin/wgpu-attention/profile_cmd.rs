@@ -206,7 +206,7 @@ fn print_kernel(k: &KernelProfile) {
         "    {:.3} GFLOP (f32 {:.3}, f16 {:.3}, coop {:.3}), {:.3} G special; global {:.1} MB \
          requested in {:.1} MB of sectors ({:.0} % sector efficiency), {:.1} M loads; \
          shared {:.1} M accesses, {:.2} ways; per lane {:.0} instructions, {:.1} barriers; \
-         {} atomics, {} texels",
+         per subgroup {:.1} loads that wait; {} atomics, {} texels",
         c.flops() as f64 / 1e9,
         c.flops_f32 as f64 / 1e9,
         c.flops_f16 as f64 / 1e9,
@@ -220,6 +220,7 @@ fn print_kernel(k: &KernelProfile) {
         c.shared_ways(),
         c.per_lane(c.lane_instructions),
         c.per_lane(c.barriers * u64::from(c.subgroup_size)),
+        c.load_waits as f64 / c.subgroups.max(1) as f64,
         c.atomics,
         c.texture_reads,
     );
