@@ -681,7 +681,7 @@ fn texture_label(texture: &wgpu::Texture) -> String {
     format!("a {:?} texture", texture.format())
 }
 
-#[cfg(not(target_arch = "wasm32"))]
+/// The sanitizer's texel format of a wgpu texture format (the profile's, on every target).
 pub(crate) fn texel_format(format: wgpu::TextureFormat) -> Result<wgsl_sanitizer::TexelFormat> {
     use wgsl_sanitizer::TexelFormat as T;
     match format {
