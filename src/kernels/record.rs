@@ -396,7 +396,7 @@ pub(crate) fn collecting() -> bool {
 }
 
 /// One dispatch as [`capture`] noted it instead of recording it: what the WGSL sanitizer
-/// needs to run it again on buffers of the same sizes (`crate::profile`).
+/// needs to run it again on buffers of the same sizes (the profile module).
 #[derive(Debug, Clone)]
 pub(crate) struct Captured {
     /// The kernel file.

@@ -51,7 +51,7 @@ impl DeviceSpec {
     /// NVIDIA H100 80GB HBM3 (SXM), as measured and published: 132 SMs, 228 KiB of shared
     /// memory and 64 K registers per SM, 2,048 threads and 32 blocks per SM, 3.35 TB/s HBM3;
     /// the f32 FMA ceiling our own `fma_peak.wgsl` measured on it through Vulkan (44.5
-    /// TFLOP/s, ../shared/notes/h100-2026-11-27.md; NVIDIA's 67 TFLOP/s is at 1.98 GHz: the
+    /// TFLOP/s, the first H100 run (docs/RESULTS.md); NVIDIA's 67 TFLOP/s is at 1.98 GHz: the
     /// model runs at the 1.32 GHz this implies); f16 tensor cores ~713 TFLOP/s (torch's f16
     /// matmul there). L2 ~ 2.5× HBM (a published 5.5 TB/s read estimate rounded down);
     /// latencies from microbenchmark papers on Hopper (~ 480 ns to HBM; barriers ~ 20-40

@@ -98,7 +98,7 @@ fn profile_other(args: &ProfileArgs, ctx: &wgpu_attention::Context) -> Result<bo
     Ok(true)
 }
 
-/// PyTorch 2.11's SDPA on the H100, ms (../shared/notes/h100-2026-11-27.md; batch 4,
+/// PyTorch 2.11's SDPA on the H100, ms (the first H100 run, 2026-11-27, in docs/RESULTS.md; batch 4,
 /// 16 heads, no window).
 fn torch_h100(p: &Problem) -> Option<f64> {
     if p.batch != 4 || p.heads != 16 || p.window.is_some() {
