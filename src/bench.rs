@@ -265,6 +265,21 @@ pub fn gpu_masked(
     })
 }
 
+/// Times any GPU work `run` as [`gpu_attention`] is: the wall-clock statistics, and the
+/// kernels' median times of what `run` dispatched when profiling is on (`run` returns
+/// [`Context::kernel_times`] after its work).
+///
+/// # Errors
+/// Whatever `run` returns.
+pub fn timed(
+    ctx: &Context,
+    warmup: usize,
+    repeats: usize,
+    run: impl FnMut() -> Result<Vec<KernelTime>>,
+) -> Result<Timed> {
+    profiled(ctx, warmup, repeats, run)
+}
+
 /// Times `run` with profiling off (the headline figure: nothing serialized or added), then
 /// runs it `repeats` more times with profiling on for the per-kernel medians.
 fn profiled(

@@ -81,6 +81,27 @@ impl DeviceSpec {
         }
     }
 
+    /// NVIDIA H200 (SXM): the H100's chip (132 SMs, the same clocks, shared memory and
+    /// registers, so the same FMA ceiling and tensor cores) with 141 GB of HBM3e at 4.8 TB/s
+    /// (NVIDIA's figure). No H200 measurement backs the rest of it.
+    pub fn h200() -> DeviceSpec {
+        DeviceSpec {
+            name: "h200",
+            dram_bandwidth: 4.8e12,
+            ..DeviceSpec::h100()
+        }
+    }
+
+    /// The description of the adapter named `adapter` (as wgpu names it: "NVIDIA H100 80GB
+    /// HBM3"), where one is shipped: H100 and H200; `None` for any other.
+    pub fn for_adapter(adapter: &str) -> Option<DeviceSpec> {
+        let name = adapter.to_ascii_uppercase();
+        [("H200", DeviceSpec::h200()), ("H100", DeviceSpec::h100())]
+            .into_iter()
+            .find(|(key, _)| name.contains(key))
+            .map(|(_, spec)| spec)
+    }
+
     /// A mid-range discrete GPU of the RDNA3 / Ada class (60 CUs of 64 lanes of FP32, 2.5
     /// GHz, 960 GB/s, 64 KiB LDS per CU), for comparison only: no measurement backs it.
     pub fn generic() -> DeviceSpec {
@@ -110,7 +131,11 @@ impl DeviceSpec {
 
     /// The descriptions shipped, by name.
     pub fn all() -> Vec<DeviceSpec> {
-        vec![DeviceSpec::h100(), DeviceSpec::generic()]
+        vec![
+            DeviceSpec::h100(),
+            DeviceSpec::h200(),
+            DeviceSpec::generic(),
+        ]
     }
 
     /// The clock the model runs at, Hz: the FMA ceiling over the FMA lanes.
@@ -126,7 +151,7 @@ impl std::str::FromStr for DeviceSpec {
             .into_iter()
             .find(|d| d.name.eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
-                crate::Error::invalid("--device", format!("{s:?}: known are h100, generic"))
+                crate::Error::invalid("--device", format!("{s:?}: known are h100, h200, generic"))
             })
     }
 }

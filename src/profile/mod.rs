@@ -258,13 +258,9 @@ pub fn flash_variants(ctx: &Context, p: &Problem) -> Vec<FlashVariant> {
     crate::tune::flash_candidates(ctx, &families, w4, w4, p.dtype)
 }
 
-/// The dispatches of one forward call of `p` with the fused kernel forced to `variant`.
-///
-/// # Errors
-/// Whatever planning the call returns.
-fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Vec<Captured>> {
-    let shape = (p.batch, p.heads, p.n, p.d);
-    let zeros = Array4::<f32>::zeros(shape);
+/// The forward call of `p` with the fused kernel forced to `variant` (no weights), and the
+/// window's modifiers where `p` has one: what the profile counts and `--measure` times.
+pub fn forward(p: &Problem, variant: FlashVariant) -> (Attention, Option<Modifiers>) {
     let op = Attention::new()
         .return_weights(false)
         .causal(p.causal)
@@ -276,6 +272,17 @@ fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Ve
     let mods = p
         .window
         .map(|left| Modifiers::new().preset(Preset::Window { left, right: 0 }));
+    (op, mods)
+}
+
+/// The dispatches of one forward call of `p` with the fused kernel forced to `variant`.
+///
+/// # Errors
+/// Whatever planning the call returns.
+fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Vec<Captured>> {
+    let shape = (p.batch, p.heads, p.n, p.d);
+    let zeros = Array4::<f32>::zeros(shape);
+    let (op, mods) = forward(p, variant);
     let mask = match &mods {
         Some(m) => Mask::none().with_modifiers(m),
         None => Mask::none(),
@@ -349,6 +356,36 @@ pub fn profile_flash(
     profile_dispatches(&captured, dev, p.d, sample, layout)
 }
 
+/// A KV cache of `dtype` holding `tokens` (batch, heads, length, d) as both its keys and its
+/// values, filled to its capacity: what a decoding step is profiled and measured on.
+///
+/// # Errors
+/// A cache past the device's limits.
+pub fn full_cache(
+    ctx: &Context,
+    tokens: ndarray::ArrayView4<'_, f32>,
+    dtype: Dtype,
+) -> Result<crate::KvCache> {
+    let (batch, heads, cache, d) = tokens.dim();
+    let spec = crate::KvCacheSpec {
+        capacity: cache,
+        batch,
+        kv_heads: heads,
+        d_k: d,
+        d_v: d,
+        dtype,
+    };
+    let mut kv = crate::KvCache::new(ctx, spec)?;
+    match dtype {
+        Dtype::F32 => kv.append(ctx, tokens, tokens)?,
+        Dtype::F16 => {
+            let t = tokens.mapv(half::f16::from_f32);
+            kv.append(ctx, t.view(), t.view())?;
+        }
+    }
+    Ok(kv)
+}
+
 /// Profiles one decoding step (`Decoder::step`, one query row per head) on a cache of
 /// `cache` tokens, `batch` × `heads` heads of width `d` in `dtype` (the dispatches after the
 /// cache is filled), on `dev`.
@@ -362,26 +399,10 @@ pub fn profile_decode(
     dtype: Dtype,
     sample: u32,
 ) -> Result<Vec<KernelProfile>> {
-    use crate::{Decoder, KvCache, KvCacheSpec};
-    let spec = KvCacheSpec {
-        capacity: cache,
-        batch,
-        kv_heads: heads,
-        d_k: d,
-        d_v: d,
-        dtype,
-    };
-    let mut kv = KvCache::new(ctx, spec)?;
     let tokens = ndarray::Array4::<f32>::zeros((batch, heads, cache, d));
-    match dtype {
-        Dtype::F32 => kv.append(ctx, tokens.view(), tokens.view())?,
-        Dtype::F16 => {
-            let t = tokens.mapv(half::f16::from_f32);
-            kv.append(ctx, t.view(), t.view())?;
-        }
-    }
+    let kv = full_cache(ctx, tokens.view(), dtype)?;
     let q = ndarray::Array4::<f32>::zeros((batch, heads, 1, d));
-    let dec = Decoder::new();
+    let dec = crate::Decoder::new();
     let captured = crate::kernels::capture(|| dec.step(ctx, &kv, q.view()).map(|_| ()))?;
     let layout = Layout {
         blocks: None,

@@ -14,6 +14,7 @@ mod heartbeat;
 mod model_bench;
 mod mods_args;
 mod profile_cmd;
+mod profile_measure;
 mod report;
 mod run_cmd;
 mod shaders_cmd;

@@ -7,6 +7,8 @@ use clap::Args;
 use wgpu_attention::profile::{self, DeviceSpec, KernelProfile, Problem};
 use wgpu_attention::{Dtype, Result};
 
+use crate::profile_measure;
+
 /// Arguments of `profile`.
 #[derive(Args)]
 pub struct ProfileArgs {
@@ -28,9 +30,10 @@ pub struct ProfileArgs {
     /// 511 is a window of 512).
     #[arg(long)]
     pub window: Option<u32>,
-    /// The device description: h100 or generic.
+    /// The device description: h100, h200, generic, or auto (the adapter at hand's where
+    /// one is shipped, else generic).
     #[arg(long, default_value = "h100")]
-    pub device: DeviceSpec,
+    pub device: String,
     /// Workgroups counted per large dispatch: of the fused kernel, the lightest this many
     /// (weighted by the key tiles each visits, which the host knows); of others, the first,
     /// the last and one per stratum between.
@@ -48,6 +51,47 @@ pub struct ProfileArgs {
     /// Profile an M × M × M matmul on cooperative matrices (f16 operands) instead.
     #[arg(long, value_name = "M")]
     pub coop_matmul: Option<usize>,
+    /// Also run each profiled call on the adapter at hand (WGPU_ADAPTER_NAME / WGPU_BACKEND
+    /// choose it) and print its kernels' measured times beside the predicted ones, one
+    /// `model-check:` line per kernel (GPU timestamps where the adapter has them, else the
+    /// wall clock of each kernel submitted alone).
+    #[arg(long)]
+    pub measure: bool,
+    /// Timed runs of each measurement (after two warm-up runs).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+}
+
+/// The adapter `--measure` times on, opened with profiling on; its name.
+fn measuring(args: &ProfileArgs) -> Result<Option<(wgpu_attention::Context, String)>> {
+    if !args.measure {
+        return Ok(None);
+    }
+    let ctx = wgpu_attention::Context::new()?;
+    ctx.set_profiling(true);
+    let name = ctx.adapter_info().name;
+    Ok(Some((ctx, name)))
+}
+
+/// `--device`: a shipped description by name, or `auto`: the adapter's own where one is
+/// shipped (H100, H200), else `generic`.
+fn device_spec(args: &ProfileArgs) -> Result<DeviceSpec> {
+    if !args.device.eq_ignore_ascii_case("auto") {
+        return args.device.parse();
+    }
+    let adapter = wgpu_attention::Context::new()?.adapter_info().name;
+    Ok(DeviceSpec::for_adapter(&adapter).unwrap_or_else(|| {
+        println!("profile: no description of {adapter} is shipped: the generic one");
+        DeviceSpec::generic()
+    }))
+}
+
+/// The measuring runs' repeats.
+fn repeats(args: &ProfileArgs) -> profile_measure::Repeats {
+    profile_measure::Repeats {
+        warmup: 2,
+        repeats: args.repeats.max(1),
+    }
 }
 
 /// The H100's measured times of the other kernels (d646ab0, ms): decode_partial_gpu at batch
@@ -56,8 +100,11 @@ const H100_DECODE_MS: f64 = 0.54;
 const H100_COOP_MATMUL_MS: f64 = 7.11;
 
 /// `--decode` and `--coop-matmul`: one section of kernels, beside the H100's time.
-fn profile_other(args: &ProfileArgs, ctx: &wgpu_attention::Context) -> Result<bool> {
-    let dev = &args.device;
+fn profile_other(
+    args: &ProfileArgs,
+    dev: &DeviceSpec,
+    ctx: &wgpu_attention::Context,
+) -> Result<bool> {
     let (what, measured, kernels) = match args.coop_matmul {
         Some(m) => (
             format!("coop_matmul {m}^3 f16"),
@@ -94,6 +141,18 @@ fn profile_other(args: &ProfileArgs, ctx: &wgpu_attention::Context) -> Result<bo
     }
     for k in &kernels {
         print_kernel(k);
+    }
+    if let Some((real, adapter)) = measuring(args)? {
+        let timed = match args.coop_matmul {
+            Some(m) => profile_measure::coop_matmul(&real, m, repeats(args)),
+            None => profile_measure::decode(
+                &real,
+                (args.batch, args.heads, args.n, args.d),
+                args.dtype,
+                repeats(args),
+            ),
+        };
+        profile_measure::print(&what, &adapter, &kernels, &timed);
     }
     Ok(true)
 }
@@ -141,19 +200,18 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         causal: args.causal,
         window: args.window,
     };
-    let dev = &args.device;
+    let dev = &device_spec(args)?;
     let era = match args.d646ab0 {
         true => profile::Era::D646ab0,
         false => profile::Era::Today,
     };
     let ctx = profile::context(dev.lanes, era)?;
     if args.decode || args.coop_matmul.is_some() {
-        return profile_other(args, &ctx);
+        return profile_other(args, dev, &ctx);
     }
     let began = std::time::Instant::now();
-    println!(
-        "profile: ({}, {}, {}, {}) {:?}{}{} on {} ({} SMs, {:.2} GHz model clock, {:.1} TFLOP/s \
-         f32, {:.2} TB/s); counted at {} lanes on <= {} workgroups per dispatch (+ first, last)",
+    let what = format!(
+        "({}, {}, {}, {}) {:?}{}{}",
         p.batch,
         p.heads,
         p.n,
@@ -161,6 +219,10 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         p.dtype,
         if p.causal { " causal" } else { "" },
         p.window.map(|w| format!(" window {w}")).unwrap_or_default(),
+    );
+    println!(
+        "profile: {what} on {} ({} SMs, {:.2} GHz model clock, {:.1} TFLOP/s f32, {:.2} TB/s); \
+         counted at {} lanes on <= {} workgroups per dispatch (+ first, last)",
         dev.name,
         dev.sms,
         dev.clock() / 1e9,
@@ -172,6 +234,7 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
     if let Some(ms) = torch_h100(&p) {
         println!("PyTorch 2.11 SDPA on the H100 (measured): {ms:.3} ms");
     }
+    let real = measuring(args)?;
     for variant in profile::flash_variants(&ctx, &p) {
         let kernels = match profile::profile_flash(&ctx, dev, &p, variant, Some(args.sample), era) {
             Ok(k) => k,
@@ -184,6 +247,10 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         println!("\n{variant}: predicted {:.3} ms", total * 1e3);
         for k in &kernels {
             print_kernel(k);
+        }
+        if let Some((real, adapter)) = &real {
+            let timed = profile_measure::flash(real, &p, variant, repeats(args));
+            profile_measure::print(&format!("{what} {variant}"), adapter, &kernels, &timed);
         }
     }
     println!("\n(profiled in {:.1} s)", began.elapsed().as_secs_f64());
