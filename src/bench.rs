@@ -136,7 +136,7 @@ fn softmax_f32(row: &mut [f32], visible: usize, scale: f32) {
 /// # Errors
 /// GPU errors.
 pub fn fma_peak(ctx: &Context) -> Result<f64> {
-    let cpu = ctx.hardware().is_cpu();
+    let cpu = !ctx.hardware().decide.gpu_sized_benchmarks;
     // Enough work to dwarf launch costs: ~2 GFLOP on a CPU adapter, ~1 TFLOP on a GPU.
     let (invocations, iters): (u32, u32) = if cpu {
         (16_384, 2_048)

@@ -59,7 +59,7 @@ impl Attention {
                 // First is the default when tuning is off: subgroup kernels where storage
                 // memory is slow (CPU adapters), storage kernels on GPUs.
                 let mut families = Kernels::available(ctx);
-                if ctx.hardware().is_cpu() {
+                if ctx.hardware().decide.subgroup_family_first {
                     families.reverse();
                 }
                 families
@@ -193,13 +193,12 @@ impl Attention {
         if forced || dims.batch * dims.n > TINY_ROWS {
             return None;
         }
-        let device = ctx.hardware().device_type;
         let head4 = (
             (dims.d_k / dims.heads).div_ceil(4) as u32,
             (dims.d_v / dims.heads).div_ceil(4) as u32,
         );
         let storage = tune::default_flash(ctx, Kernels::Storage, head4);
-        let plan = if ctx.subgroup_size().is_some() && device == wgpu::DeviceType::Cpu {
+        let plan = if ctx.subgroup_size().is_some() && ctx.hardware().decide.unfused_subgroup_plan {
             // With or without the weights, the same kernels: the context is then the same
             // bit for bit, and a process that asks for both compiles them once. The weights
             // stay on the device when not asked for (a tiny call's are small).

@@ -246,6 +246,7 @@ impl Device {
             // wgpu 30's noop adapter reports a CPU whatever it is given, and no
             // cooperative matrices; a dry run emulates nothing.
             dev.hardware.device_type = what.device_type;
+            dev.hardware.decide = super::hardware::Decisions::of(what.device_type);
             dev.hardware.coop = what.coop;
             dev.hardware.emulate = Default::default();
             dev.hardware.stand_in = StandIn::Off;
@@ -351,8 +352,7 @@ impl Device {
             .device
             .features()
             .contains(wgpu::Features::TIMESTAMP_QUERY)
-            // The real adapter's type: the stand-in changes what runs, not how it is timed.
-            && self.adapter.get_info().device_type != wgpu::DeviceType::Cpu;
+            && self.hardware.timestamps_bracket_work;
         self.timing.set(on, timestamps)
     }
 

@@ -133,6 +133,110 @@ pub(crate) fn unified(device_type: wgpu::DeviceType) -> bool {
     device_type == wgpu::DeviceType::Cpu
 }
 
+/// Whether the tuner offers the cooperative-matrix kernels at all (they run wherever a caller
+/// forces them: `Kernels::Coop`, `MatmulVariant::Coop`, `FlashVariant::Coop`). Off until they
+/// have passed `tools/gpu-check` on real tensor cores: on the H100 the coop matmul with f16
+/// storage gave wrong answers (relative error 0.6-1.8 on every `[storage] f16` case it
+/// computed), while the same kernel is right under the GPU stand-in's emulation and under the
+/// WGSL sanitizer at 16 × 16; the lead is naga's SPIR-V, which declares the Vulkan memory
+/// model for coop modules without marking any access non-private
+/// (`tools/coop-memory-model/README.md`, with the test that decides it on a GPU).
+pub const COOP_TUNED: bool = false;
+
+/// What the crate decides for a device, each decision once, from the device's facts: every
+/// branch that differs between a CPU adapter (lavapipe) and a GPU reads one of these and none
+/// asks the device type itself. A real GPU, the GPU stand-in and the sanitizer's GPU take
+/// [`Decisions::gpu`]; a CPU adapter takes [`Decisions::cpu`] (why, measured, is in each
+/// field's doc). Part of [`Hardware`], made where it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Decisions {
+    /// The subgroup family first among the kernel families `Kernels::Auto` tunes (the
+    /// default when tuning is off): where storage memory is slow (a CPU adapter's
+    /// workgroup memory is ordinary memory, its subgroup operations are SIMD lanes); the
+    /// storage family first on GPUs.
+    pub subgroup_family_first: bool,
+    /// With subgroups, a call runs the three subgroup kernels (scores, softmax, weighted sum)
+    /// unfused, the weights asked for or not: the same kernels either way, compiled once
+    /// (lavapipe's subgroup matmul is its fastest path; on a GPU the fused kernels are).
+    pub unfused_subgroup_plan: bool,
+    /// The storage family's fused kernel is `flash_blocked` (its block shapes the tuner's
+    /// candidates); else `flash_tiled`, whose one-row-per-thread loop suits a CPU adapter.
+    pub flash_blocked: bool,
+    /// The register-blocked matmul among the tuner's candidates (on a CPU adapter its extra
+    /// work per workgroup-memory load buys nothing).
+    pub matmul_blocked: bool,
+    /// `flash_blocked`'s double buffering by default (on lavapipe the second buffer only
+    /// costs: n 1,024, d 64, 16 % slower at 64 × 64 blocks, 5 % at 64 × 32,
+    /// examples/blocked_bench.rs).
+    pub double_buffer: bool,
+    /// f16 operands multiplied in f16 by default (`BlockedOptions::f16_arithmetic`): a GPU's
+    /// f16 rate; a CPU adapter converts each product and gains nothing.
+    pub f16_products: bool,
+    /// `KeySplit::Auto` splits the keys of a call with too few workgroups to fill a GPU's
+    /// units (a CPU adapter runs workgroups on a few cores: a split only adds a pass).
+    pub split_keys_to_fill: bool,
+    /// The decoding step's partial kernel is `decode_partial_gpu` (a subgroup per key block);
+    /// else `decode_partial`, one subgroup of threads a workgroup (lavapipe runs a workgroup's
+    /// subgroups one after the other, so more threads only add merge rounds), with fewer,
+    /// longer key blocks.
+    pub decode_gpu_kernel: bool,
+    /// The backward kernels' tiles for a GPU (`BackwardTiles::GPU`); else the CPU adapter's
+    /// (64 keys or rows a thread, tiles of 32 rows: lavapipe runs a workgroup as a loop over
+    /// 8-lane SIMD batches and registers are cheap).
+    pub backward_gpu_tiles: bool,
+    /// The tuner offers the cooperative-matrix kernels where the device has them
+    /// ([`COOP_TUNED`]: off everywhere until they pass on real tensor cores).
+    pub coop_tuned: bool,
+    /// Benchmarks size their work for a GPU (`bench::fma_peak`: ~1 TFLOP), else for a CPU
+    /// adapter (~2 GFLOP).
+    pub gpu_sized_benchmarks: bool,
+}
+
+impl Decisions {
+    /// What a GPU takes (a real one, the stand-in, the sanitizer's).
+    pub(crate) const fn gpu() -> Decisions {
+        Decisions {
+            subgroup_family_first: false,
+            unfused_subgroup_plan: false,
+            flash_blocked: true,
+            matmul_blocked: true,
+            double_buffer: true,
+            f16_products: true,
+            split_keys_to_fill: true,
+            decode_gpu_kernel: true,
+            backward_gpu_tiles: true,
+            coop_tuned: COOP_TUNED,
+            gpu_sized_benchmarks: true,
+        }
+    }
+
+    /// What a CPU adapter takes.
+    pub(crate) const fn cpu() -> Decisions {
+        Decisions {
+            subgroup_family_first: true,
+            unfused_subgroup_plan: true,
+            flash_blocked: false,
+            matmul_blocked: false,
+            double_buffer: false,
+            f16_products: false,
+            split_keys_to_fill: false,
+            decode_gpu_kernel: false,
+            backward_gpu_tiles: false,
+            coop_tuned: COOP_TUNED,
+            gpu_sized_benchmarks: false,
+        }
+    }
+
+    /// The decisions of a device of type `device_type`: [`Decisions::cpu`] for a CPU
+    /// adapter, [`Decisions::gpu`] for any other.
+    pub(crate) const fn of(device_type: wgpu::DeviceType) -> Decisions {
+        match device_type {
+            wgpu::DeviceType::Cpu => Decisions::cpu(),
+            _ => Decisions::gpu(),
+        }
+    }
+}
+
 /// What is emulated in WGSL on a device: part of every pipeline's key, since it changes the
 /// source built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -174,6 +278,12 @@ pub(crate) struct Hardware {
     /// The subgroup width every dispatch runs at under the WGSL sanitizer (`None`: the
     /// adapter runs them; see [`super::sanitizer`]).
     pub sanitize: Option<u32>,
+    /// What the crate decides for it (from the device type it takes).
+    pub decide: Decisions,
+    /// The adapter's timestamps bracket a pass's work: a real GPU's do; a CPU adapter's
+    /// (lavapipe's, under the stand-in too: it changes what runs, not how it is timed) do
+    /// not, so per-kernel times there come from the wall clock of each kernel alone.
+    pub timestamps_bracket_work: bool,
 }
 
 impl Hardware {
@@ -228,6 +338,8 @@ impl Hardware {
                 is_llvmpipe(&info).then_some(LLVMPIPE_LOOP_CAP)
             }),
             sanitize: None,
+            decide: Decisions::of(info.device_type),
+            timestamps_bracket_work: info.device_type != wgpu::DeviceType::Cpu,
         };
         if let Some(sg) = sanitize.lanes() {
             return hw.sanitized(sg, f16);
@@ -274,6 +386,8 @@ impl Hardware {
             unified_memory: false,
             loop_cap: self.loop_cap,
             sanitize: None,
+            decide: Decisions::gpu(),
+            timestamps_bracket_work: self.timestamps_bracket_work,
         }
     }
 
@@ -297,6 +411,8 @@ impl Hardware {
             unified_memory: false,
             loop_cap: None,
             sanitize: Some(sg),
+            decide: Decisions::gpu(),
+            timestamps_bracket_work: self.timestamps_bracket_work,
         }
     }
 
@@ -318,11 +434,6 @@ impl Hardware {
     pub(crate) fn is_stand_in(&self) -> bool {
         self.stand_in != StandIn::Off
     }
-
-    /// Whether branches take the CPU adapter's way.
-    pub(crate) fn is_cpu(&self) -> bool {
-        self.device_type == wgpu::DeviceType::Cpu
-    }
 }
 
 #[cfg(test)]
@@ -334,5 +445,33 @@ mod loop_cap_tests {
         assert_eq!(parse_cap("off").unwrap(), None);
         assert_eq!(parse_cap(" 100 ").unwrap(), Some(100));
         assert!(parse_cap("lots").is_err());
+    }
+}
+
+#[cfg(test)]
+mod decision_tests {
+    use super::*;
+    use crate::Context;
+
+    /// The adapter at hand takes its own type's decisions; the stand-in and the sanitizer's
+    /// device, a GPU's, whatever the adapter; a dry-run CPU device, a CPU adapter's.
+    #[test]
+    fn each_profile_is_one_value_of_the_decisions() {
+        let ctx = crate::context::test_context();
+        let own = Decisions::of(ctx.adapter_info().device_type);
+        assert_eq!(ctx.hardware().decide, own);
+        let stand_in = Context::new().unwrap().with_stand_in(StandIn::Gpu);
+        assert_eq!(stand_in.hardware().decide, Decisions::gpu());
+        let sanitized = Context::new().unwrap().with_sanitizer(Sanitize::Lanes(32));
+        assert_eq!(sanitized.hardware().decide, Decisions::gpu());
+        let cpu = crate::gpu::device::Device::dry_run(&crate::gpu::device::DryRun {
+            limits: wgpu::Limits::default(),
+            device_type: wgpu::DeviceType::Cpu,
+            subgroups: (8, 8),
+            coop: None,
+        })
+        .unwrap();
+        assert_eq!(cpu.hardware().decide, Decisions::cpu());
+        assert_ne!(Decisions::cpu(), Decisions::gpu());
     }
 }

@@ -21,7 +21,7 @@ pub(crate) const THREADS: u32 = 64;
 /// (lavapipe runs a workgroup's subgroups one after the other on one core, so more threads
 /// only add rounds to the merge through workgroup memory, which is slow there).
 pub(crate) fn threads_for(ctx: &Device) -> u32 {
-    if ctx.hardware().is_cpu() {
+    if !ctx.hardware().decide.decode_gpu_kernel {
         ctx.subgroup_size().unwrap_or(8).clamp(1, THREADS)
     } else {
         THREADS
@@ -251,7 +251,7 @@ impl Decode {
         let chunks =
             (self.heads / self.kv_heads.max(1) * self.m).div_ceil(rows_per_workgroup as usize);
         let groups = self.batch * self.kv_heads * chunks;
-        let cpu = ctx.hardware().is_cpu();
+        let cpu = !ctx.hardware().decide.decode_gpu_kernel;
         block_for(self.len, groups, cpu)
     }
 
@@ -271,10 +271,12 @@ impl Decode {
         let (dk4, dv4) = self.widths4();
         let ratio = self.heads / self.kv_heads;
         let rows = ratio * self.m;
-        let cpu = ctx.hardware().is_cpu();
         let limit = ctx.limits().max_compute_workgroup_storage_size;
         let rows32 = u32_of("query rows per K/V head", rows)?;
-        let kernel = if self.gpu_kernel.unwrap_or(!cpu) {
+        let kernel = if self
+            .gpu_kernel
+            .unwrap_or(ctx.hardware().decide.decode_gpu_kernel)
+        {
             Partial::Gpu(super::decode_partial_gpu::GpuPartialConsts::new(
                 rows32,
                 (dk4, dv4),

@@ -68,9 +68,9 @@ impl BackwardTiles {
 
     /// The shape for `ctx`'s adapter.
     pub fn for_adapter(ctx: &Device) -> Self {
-        match ctx.hardware().device_type {
-            wgpu::DeviceType::Cpu => Self::CPU,
-            _ => Self::GPU,
+        match ctx.hardware().decide.backward_gpu_tiles {
+            true => Self::GPU,
+            false => Self::CPU,
         }
     }
 

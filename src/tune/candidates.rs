@@ -4,6 +4,7 @@
 
 use crate::context::Context;
 use crate::dtype::Dtype;
+use crate::gpu::hardware::Decisions;
 use crate::gpu::Device;
 use crate::kernels::flash::{self, Caps, Fused};
 use crate::variant::{FlashVariant, Kernels, MatmulVariant};
@@ -11,22 +12,21 @@ use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 /// The fused kernel's default variant in `family` (used when measuring is off) on `ctx`,
 /// for per-head widths in vec4s: see [`default_flash_on`].
 pub fn default_flash(ctx: &Context, family: Kernels, widths4: (u32, u32)) -> FlashVariant {
-    let device = ctx.hardware().device_type;
-    default_flash_on(device, ctx.limits(), family, widths4)
+    default_flash_on(&ctx.hardware().decide, ctx.limits(), family, widths4)
 }
 
 /// The fused kernel's default variant in `family` on a device of type `device` with
 /// `limits`, for per-head widths `(dk4, dv4)` in vec4s: the subgroup family's, or the
 /// storage family's of [`storage_flash`].
-pub fn default_flash_on(
-    device: wgpu::DeviceType,
+pub(crate) fn default_flash_on(
+    decide: &Decisions,
     limits: &wgpu::Limits,
     family: Kernels,
     widths4: (u32, u32),
 ) -> FlashVariant {
     match family {
         Kernels::Subgroup => FlashVariant::Subgroup { rows_per_lane: 2 },
-        _ => storage_flash(device, limits, widths4).0,
+        _ => storage_flash(decide, limits, widths4).0,
     }
 }
 
@@ -40,13 +40,13 @@ pub fn default_flash_on(
 /// [`flash::BLOCKED_SHAPES`] that fits the workgroup memory, the threads and the output registers
 /// per thread. Only when none fits (a head wider than 256, a small device) is `flash_tiled`
 /// used there, and a log line says so once per width.
-pub fn storage_flash(
-    device: wgpu::DeviceType,
+pub(crate) fn storage_flash(
+    decide: &Decisions,
     limits: &wgpu::Limits,
     (dk4, dv4): (u32, u32),
 ) -> (FlashVariant, Vec<FlashVariant>) {
     const TILED: FlashVariant = FlashVariant::Tiled { keys: 32 };
-    if device != wgpu::DeviceType::Cpu {
+    if decide.flash_blocked {
         let blocked = blocked_candidates(limits, dk4, dv4);
         if let Some(&first) = blocked.first() {
             return (first, blocked);
@@ -58,7 +58,7 @@ pub fn storage_flash(
         if !warned.contains(&(dk4, dv4)) {
             warned.push((dk4, dv4));
             log::warn!(
-                "no flash_blocked variant fits d_k = {}, d_v = {} on this {device:?} \
+                "no flash_blocked variant fits d_k = {}, d_v = {} on this GPU \
                  (workgroup memory {} bytes, {} threads): using flash_tiled, which may \
                  spill registers",
                 4 * dk4,
@@ -103,7 +103,7 @@ pub fn flash_candidates(
     dtype: Dtype,
 ) -> Vec<FlashVariant> {
     let storage = match families.contains(&Kernels::Storage) {
-        true => storage_flash(ctx.hardware().device_type, ctx.limits(), (dk4, dv4)).1,
+        true => storage_flash(&ctx.hardware().decide, ctx.limits(), (dk4, dv4)).1,
         false => Vec::new(),
     };
     let caps = Caps::of(ctx);
@@ -122,23 +122,17 @@ pub fn flash_candidates(
         .collect()
 }
 
-/// Whether the tuner offers the cooperative-matrix kernels at all (they run wherever a caller
-/// forces them: `Kernels::Coop`, `MatmulVariant::Coop`, `FlashVariant::Coop`). Off until they
-/// have passed `tools/gpu-check` on real tensor cores: on the H100 the coop matmul with f16
-/// storage gave wrong answers (relative error 0.6-1.8 on every `[storage] f16` case it
-/// computed), while the same kernel is right under the GPU stand-in's emulation and under the
-/// WGSL sanitizer at 16 × 16; the lead is naga's SPIR-V, which declares the Vulkan memory
-/// model for coop modules without marking any access non-private
-/// (`tools/coop-memory-model/README.md`, with the test that decides it on a GPU).
-pub const COOP_TUNED: bool = false;
+pub use crate::gpu::hardware::COOP_TUNED;
 
 /// Whether the cooperative-matrix kernels are candidates for a `dtype` call: with f16 inputs
 /// (the tensor cores' usual shape) they round an f32 call's operands to f16, so they are
-/// candidates for f16 calls only; with f32 inputs, for both; never while [`COOP_TUNED`] is
-/// off.
+/// candidates for f16 calls only; with f32 inputs, for both; never where the device's
+/// decisions do not trust them (nowhere while [`COOP_TUNED`] is off).
 pub(crate) fn same_numerics(ctx: &Device, dtype: Dtype) -> bool {
     match ctx.coop_shape() {
-        Some(shape) => COOP_TUNED && (dtype == Dtype::F16 || !shape.f16_inputs),
+        Some(shape) => {
+            ctx.hardware().decide.coop_tuned && (dtype == Dtype::F16 || !shape.f16_inputs)
+        }
         None => false,
     }
 }
@@ -154,7 +148,7 @@ pub fn matmul_candidates(ctx: &Context, families: &[Kernels], dtype: Dtype) -> V
         v.push(MatmulVariant::Tiled);
         // The register-blocked kernel is for GPUs (on a CPU adapter its extra work per
         // workgroup-memory load buys nothing).
-        if !ctx.hardware().is_cpu() {
+        if ctx.hardware().decide.matmul_blocked {
             v.extend(MATMUL_BLOCKED.map(|per_thread| MatmulVariant::Blocked { per_thread }));
         }
         // Tensor cores where the device has them and they keep the call's numerics: timed

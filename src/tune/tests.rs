@@ -174,6 +174,7 @@ fn the_blocked_kernel_is_offered_on_gpus_only() {
 
 #[test]
 fn gpus_default_to_and_choose_among_spill_free_blocked_variants_only() {
+    use crate::gpu::hardware::Decisions;
     use crate::variant::FlashVariant;
     use wgpu::DeviceType::{Cpu, DiscreteGpu, IntegratedGpu, Other, VirtualGpu};
     let gpu = tune::sources::gpu_limits();
@@ -182,37 +183,50 @@ fn gpus_default_to_and_choose_among_spill_free_blocked_variants_only() {
     for d in tune::sources::HEAD_SIZES {
         let w4 = d.div_ceil(4) as u32;
         for device in [DiscreteGpu, IntegratedGpu, VirtualGpu, Other] {
-            let (default, candidates) = tune::candidates::storage_flash(device, &gpu, (w4, w4));
+            let (default, candidates) =
+                tune::candidates::storage_flash(&Decisions::of(device), &gpu, (w4, w4));
             assert!(is_blocked(&default), "d = {d} on {device:?}: {default}");
             assert!(candidates.contains(&default), "d = {d}: {candidates:?}");
             assert!(candidates.iter().all(is_blocked), "d = {d}: {candidates:?}");
-            let by_family =
-                tune::candidates::default_flash_on(device, &gpu, Kernels::Storage, (w4, w4));
+            let by_family = tune::candidates::default_flash_on(
+                &Decisions::of(device),
+                &gpu,
+                Kernels::Storage,
+                (w4, w4),
+            );
             assert_eq!(by_family, default);
             assert_eq!(
-                tune::candidates::default_flash_on(device, &gpu, Kernels::Subgroup, (w4, w4)),
+                tune::candidates::default_flash_on(
+                    &Decisions::of(device),
+                    &gpu,
+                    Kernels::Subgroup,
+                    (w4, w4)
+                ),
                 FlashVariant::Subgroup { rows_per_lane: 2 }
             );
         }
         // A CPU adapter keeps flash_tiled, default and candidates.
-        let (default, candidates) = tune::candidates::storage_flash(Cpu, &gpu, (w4, w4));
+        let (default, candidates) =
+            tune::candidates::storage_flash(&Decisions::of(Cpu), &gpu, (w4, w4));
         assert_eq!(default, tiled);
         assert_eq!(candidates, tune::candidates::tiled_candidates(&gpu, w4, w4));
     }
     // 64 × 64 blocks (256 threads) first; a device with 128 threads per workgroup gets the
     // shapes that fit it.
-    let (default, _) = tune::candidates::storage_flash(DiscreteGpu, &gpu, (16, 16));
+    let (default, _) = tune::candidates::storage_flash(&Decisions::of(DiscreteGpu), &gpu, (16, 16));
     assert_eq!(default, FlashVariant::Blocked { rows: 64, keys: 64 });
     let small = wgpu::Limits {
         max_compute_invocations_per_workgroup: 128,
         ..gpu.clone()
     };
-    let (default, candidates) = tune::candidates::storage_flash(DiscreteGpu, &small, (16, 16));
+    let (default, candidates) =
+        tune::candidates::storage_flash(&Decisions::of(DiscreteGpu), &small, (16, 16));
     assert_eq!(default, FlashVariant::Blocked { rows: 64, keys: 32 });
     assert!(!candidates.contains(&FlashVariant::Blocked { rows: 64, keys: 64 }));
     // No block shape fits (d = 512 needs 8 output vec4s a thread; 4 KiB of workgroup
     // memory): flash_tiled, on a GPU too.
-    let (default, candidates) = tune::candidates::storage_flash(DiscreteGpu, &gpu, (128, 128));
+    let (default, candidates) =
+        tune::candidates::storage_flash(&Decisions::of(DiscreteGpu), &gpu, (128, 128));
     assert_eq!(default, tiled);
     assert!(!candidates.iter().any(is_blocked), "{candidates:?}");
     let tiny = wgpu::Limits {
@@ -220,7 +234,7 @@ fn gpus_default_to_and_choose_among_spill_free_blocked_variants_only() {
         ..gpu.clone()
     };
     assert_eq!(
-        tune::candidates::storage_flash(IntegratedGpu, &tiny, (16, 16)).0,
+        tune::candidates::storage_flash(&Decisions::of(IntegratedGpu), &tiny, (16, 16)).0,
         tiled
     );
 }

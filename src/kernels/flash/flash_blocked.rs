@@ -90,7 +90,8 @@ impl BlockedOptions {
     /// Whether f16 operands are multiplied in f16 on `ctx` (`f16_arithmetic`, by default on
     /// GPUs only).
     pub(crate) fn f16_products(&self, ctx: &Device) -> bool {
-        self.f16_arithmetic.unwrap_or(!ctx.hardware().is_cpu())
+        self.f16_arithmetic
+            .unwrap_or(ctx.hardware().decide.f16_products)
     }
 }
 
@@ -141,9 +142,10 @@ impl Inner {
         };
         let hmul = f16 && opts.f16_products(ctx);
         Ok(Inner {
-            // On CPU adapters the second buffer only costs: lavapipe, n = 1024, d = 64, 16 %
-            // slower at 64 × 64 blocks and 5 % at 64 × 32 (examples/blocked_bench.rs).
-            dbuf: u32::from(opts.double_buffer.unwrap_or(!ctx.hardware().is_cpu())),
+            dbuf: u32::from(
+                opts.double_buffer
+                    .unwrap_or(ctx.hardware().decide.double_buffer),
+            ),
             sgr: u32::from(sgr),
             hmul: u32::from(hmul),
             vec: u32::from(opts.vector_loads.unwrap_or(true)),

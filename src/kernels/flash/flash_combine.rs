@@ -160,7 +160,7 @@ impl Flash {
     /// fit, whatever `key_split` says: the split is invisible in the result, and a long call
     /// is then right where it would otherwise be refused.
     pub(crate) fn key_ranges(&self, ctx: &Device, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
-        let cpu = ctx.hardware().is_cpu();
+        let cpu = !ctx.hardware().decide.split_keys_to_fill;
         let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
         let tile = keys.max(1) as usize;
         let mut base = key_ranges(self.key_split, cpu, workgroups, self.n_kv, tile);
