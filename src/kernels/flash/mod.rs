@@ -284,10 +284,11 @@ pub(crate) fn record(
 }
 
 /// The `flash_blocked` shape a call falls back to (the cooperative kernel's modifiers and
-/// non-finite values, the loop cap): the first that fits the device, else `flash_tiled`.
+/// non-finite values, the loop cap): the first of [`BLOCKED_SHAPES`] that fits the device
+/// (the shapes the tuner offers and `shaders --out` writes), else `flash_tiled`.
 fn blocked_fallback(dev: &Device, op: &Flash) -> Result<FlashVariant> {
     let widths = op.widths4()?;
-    let blocked = [(64, 64), (64, 32), (32, 64), (32, 32)]
+    let blocked = BLOCKED_SHAPES
         .into_iter()
         .find(|&s| FlashBlockedConsts::new(dev.limits(), s, widths).is_ok());
     Ok(match blocked {

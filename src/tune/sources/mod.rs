@@ -314,7 +314,7 @@ fn blocked_inner(gpus: &[(u32, Device)]) -> Result<Vec<(String, PipelineKey)>> {
     let mut seen = std::collections::HashSet::new();
     for (kib, dev) in gpus {
         let kib = *kib;
-        for (rows, keys) in [(64, 64), (64, 32)] {
+        for (rows, keys) in crate::kernels::flash::BLOCKED_SHAPES[..2].iter().copied() {
             for d in [64, 128] {
                 for f16 in [false, true] {
                     let op = problem(d, f16);
