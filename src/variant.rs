@@ -137,8 +137,30 @@ impl std::fmt::Display for MatmulVariant {
     }
 }
 
+/// The matmul variant that runs for `variant` on these operands: `variant`, except the
+/// register-blocked kernel on operands it cannot take (not contiguous in whole aligned vec4s:
+/// [`matmul_blocked::eligible`]), where the scalar kernel runs; with that kernel's constants.
+pub(crate) fn matmul_runs_as(
+    mm: &Matmul,
+    variant: MatmulVariant,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+) -> (MatmulVariant, Option<matmul_blocked::MatmulBlockedConsts>) {
+    match variant {
+        MatmulVariant::Blocked { per_thread } => {
+            match matmul_blocked::eligible(mm, per_thread / 4, a, b) {
+                Some(consts) => (variant, Some(consts)),
+                None => (MatmulVariant::Tiled, None),
+            }
+        }
+        v => (v, None),
+    }
+}
+
 /// Records `c ← a·b (+ bias)` with `variant`; `bias` is read only when `mm` has a bias (any
-/// buffer may stand in otherwise).
+/// buffer may stand in otherwise). Returns the variant recorded: `variant`, or the scalar
+/// kernel where the register-blocked one cannot take the operands ([`matmul_runs_as`]), with
+/// a warning naming why (once per shape and variant in a process).
 ///
 /// # Errors
 /// Size limits, the subgroup variant on an adapter without a fixed subgroup size, and the
@@ -153,25 +175,18 @@ pub(crate) fn record_matmul(
     b: &wgpu::Buffer,
     bias: &wgpu::Buffer,
     c: &wgpu::Buffer,
-) -> Result<()> {
-    match variant {
-        MatmulVariant::Tiled => mm.dispatch(ctx, encoder, a, b, bias, c),
-        MatmulVariant::Blocked { per_thread } => {
-            match matmul_blocked::eligible(mm, per_thread / 4, a, b) {
-                Some(consts) => matmul_blocked::dispatch(
-                    ctx,
-                    encoder,
-                    mm,
-                    consts,
-                    (a, b, bias),
-                    (c, c, c),
-                    None,
-                ),
-                // Unaligned operands: the scalar kernel.
-                None => mm.dispatch(ctx, encoder, a, b, bias, c),
-            }
+) -> Result<MatmulVariant> {
+    let (ran, blocked) = matmul_runs_as(mm, variant, a, b);
+    if ran != variant {
+        warn_fallback(mm, variant, ran);
+    }
+    match ran {
+        MatmulVariant::Tiled => mm.dispatch(ctx, encoder, a, b, bias, c)?,
+        MatmulVariant::Blocked { .. } => {
+            let consts = blocked.expect("matmul_runs_as gives the blocked kernel its constants");
+            matmul_blocked::dispatch(ctx, encoder, mm, consts, (a, b, bias), (c, c, c), None)?
         }
-        MatmulVariant::Coop => coop_matmul::dispatch(ctx, encoder, mm, (a, b, bias, c)),
+        MatmulVariant::Coop => coop_matmul::dispatch(ctx, encoder, mm, (a, b, bias, c))?,
         MatmulVariant::Subgroup { rows_per_lane } => {
             let ops = Operands::pack(ctx, encoder, mm, a, b)?;
             matmul_subgroup::dispatch(
@@ -184,8 +199,30 @@ pub(crate) fn record_matmul(
                 Epilogue::Plain,
                 None,
                 c,
-            )
+            )?
         }
+    }
+    Ok(ran)
+}
+
+/// The warning of a matmul that runs as another variant, once per shape and pair in a
+/// process (a call repeated would repeat it).
+fn warn_fallback(mm: &Matmul, variant: MatmulVariant, ran: MatmulVariant) {
+    static SAID: std::sync::Mutex<Vec<(usize, usize, usize, MatmulVariant)>> =
+        std::sync::Mutex::new(Vec::new());
+    let key = (mm.m, mm.n, mm.k, variant);
+    let mut said = SAID
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !said.contains(&key) {
+        said.push(key);
+        log::warn!(
+            "{variant} does not run on a {} × {} × {} matmul whose operands are not contiguous \
+             in whole aligned vec4s; {ran} runs instead",
+            mm.m,
+            mm.k,
+            mm.n
+        );
     }
 }
 

@@ -73,7 +73,8 @@ impl Linear {
         }
         // The context's stand-in serves every matmul without a bias.
         let bias = self.b.as_ref().unwrap_or(ctx.stand_in());
-        variant::record_matmul(ctx, encoder, mm, plan.matmul, a, &self.w, bias, out)
+        variant::record_matmul(ctx, encoder, mm, plan.matmul, a, &self.w, bias, out)?;
+        Ok(())
     }
 }
 

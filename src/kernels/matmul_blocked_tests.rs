@@ -66,14 +66,15 @@ fn reference(mm: &Matmul, a: &[f32], b: &[f32], bias: &[f32], c0: &[f32]) -> Vec
 }
 
 /// Runs `mm` with `variant` on operands `a`, `b` (NaN wherever the strides do not reach)
-/// and checks C against [`reference`] (skipped upper tiles are not compared).
+/// and checks C against [`reference`] (skipped upper tiles are not compared); the variant
+/// that ran.
 fn check(
     ctx: &Context,
     mm: &Matmul,
     variant: MatmulVariant,
     (a, b): (&[f32], &[f32]),
     c_len: usize,
-) {
+) -> MatmulVariant {
     let bias = data(mm.n, 3);
     let c0 = if mm.flags & ACCUMULATE != 0 {
         data(c_len, 4)
@@ -90,7 +91,7 @@ fn check(
     let gbias = buffer::upload_as(ctx, "bias", &bias, fb).unwrap();
     let gc = buffer::upload_as(ctx, "C", &c0, fc).unwrap();
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    variant::record_matmul(ctx, &mut enc, mm, variant, &ga, &gb, &gbias, &gc).unwrap();
+    let ran = variant::record_matmul(ctx, &mut enc, mm, variant, &ga, &gb, &gbias, &gc).unwrap();
     ctx.queue.submit([enc.finish()]);
     let got = readback::read_as(ctx, &gc, c_len, fc).unwrap();
     let want = reference(mm, a, b, &bias, &c0);
@@ -122,6 +123,7 @@ fn check(
         rel < tol,
         "{variant} {mm:?}: relative error {rel:e}, max abs {max_abs:e}"
     );
+    ran
 }
 
 /// A `(m, k)·(k, n)` problem with rows padded to multiples of 4 (NaN in the padding).
@@ -238,12 +240,17 @@ fn unaligned_operands_fall_back_to_the_scalar_kernel() {
         eligible(&mm, 1, &ga, &ga).is_none(),
         "rows of 5 are not vec4s"
     );
-    check(
+    let ran = check(
         &ctx,
         &mm,
         MatmulVariant::Blocked { per_thread: 4 },
         (&a, &b),
         m * n,
+    );
+    assert_eq!(
+        ran,
+        MatmulVariant::Tiled,
+        "the scalar kernel ran, and says so"
     );
 }
 
