@@ -251,11 +251,17 @@ pub fn context(lanes: u32, era: Era) -> Result<Context> {
     })
 }
 
-/// The fused kernel's variants the tuner may pick for `p` on `ctx`.
+/// The fused kernel's variants the tuner may pick for `p` on `ctx`, and `flash-coop` where
+/// the device has cooperative matrices whether or not the tuner trusts them yet
+/// ([`crate::tune::COOP_TUNED`]): what it would spend once it does.
 pub fn flash_variants(ctx: &Context, p: &Problem) -> Vec<FlashVariant> {
     let w4 = p.d.div_ceil(4) as u32;
     let families = [crate::Kernels::Storage, crate::Kernels::Coop];
-    crate::tune::flash_candidates(ctx, &families, w4, w4, p.dtype)
+    let mut variants = crate::tune::flash_candidates(ctx, &families, w4, w4, p.dtype);
+    if ctx.coop_shape().is_some() && !variants.contains(&FlashVariant::Coop) {
+        variants.push(FlashVariant::Coop);
+    }
+    variants
 }
 
 /// The forward call of `p` with the fused kernel forced to `variant` (no weights), and the
