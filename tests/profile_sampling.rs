@@ -62,3 +62,44 @@ fn the_sampled_causal_counts_match_every_workgroup_counted() {
         );
     }
 }
+
+/// `--d646ab0` counts that commit's own `flash_blocked` text (kept compressed), for the H100
+/// run's problems only: its three block shapes at d 64 f32 run, its scalar loads touch more
+/// sectors than they ask for (today's vector loads do not), and another width is refused
+/// with a reason.
+#[test]
+fn d646ab0s_own_text_is_counted_where_it_is_kept() {
+    let dev = DeviceSpec::h100();
+    let p = Problem {
+        batch: 1,
+        heads: 2,
+        n: 128,
+        d: 64,
+        dtype: Dtype::F32,
+        causal: false,
+        window: None,
+    };
+    let then = profile::context(32, Era::D646ab0).unwrap();
+    let now = profile::context(32, Era::Today).unwrap();
+    let fused = |ctx, p: &Problem, v, era| {
+        profile::profile_flash(ctx, &dev, p, v, Some(4), era).map(|k| {
+            k.into_iter()
+                .find(|k| k.kernel == "flash_blocked.wgsl")
+                .unwrap()
+        })
+    };
+    let v = FlashVariant::Blocked { rows: 64, keys: 64 };
+    let old = fused(&then, &p, v, Era::D646ab0).unwrap();
+    let new = fused(&now, &p, v, Era::Today).unwrap();
+    assert!(old.counters.global.sector_efficiency() < 0.5, "{old:?}");
+    assert!(new.counters.global.sector_efficiency() > 0.9, "{new:?}");
+    assert!(Era::D646ab0.had(FlashVariant::Blocked { rows: 32, keys: 64 }));
+    assert!(!Era::D646ab0.had(FlashVariant::Blocked {
+        rows: 128,
+        keys: 32
+    }));
+    assert!(!Era::D646ab0.had(FlashVariant::Coop));
+    let d32 = Problem { d: 32, ..p };
+    let e = fused(&then, &d32, v, Era::D646ab0).unwrap_err().to_string();
+    assert!(e.contains("d 64, f32"), "{e}");
+}

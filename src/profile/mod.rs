@@ -305,21 +305,86 @@ pub enum Era {
     /// Today's.
     #[default]
     Today,
-    /// `flash_blocked` as commit d646ab0 ran it on the H100 (2026-11-27): scalar loads (no
-    /// vector loads, 8ba989e), Q staged with every key tile (no resident queries, 25bfe51),
-    /// causal query blocks in grid order, the lightest first (c4b005b reversed it). Today's
-    /// text with those three choices undone; what else changed in it since (the rank
-    /// counter's own reset, f16 widening) does not touch an f32 call's counts.
+    /// `flash_blocked` as commit d646ab0 ran it on the H100 (2026-11-27): its own text as
+    /// that commit composed it for the H100 (kept compressed in `src/profile/d646ab0/`: d 64,
+    /// f32, its three block shapes), driven by today's host values (the uniform block is
+    /// checked to be the same), causal query blocks lightest first as it walked them; the
+    /// planning options of that time (scalar loads, Q staged with every key tile).
     D646ab0,
 }
 
-/// Today's `flash_blocked` text as d646ab0 walked a causal grid: query blocks in grid
-/// order (the reversal c4b005b added taken out).
-fn lightest_first(source: &str) -> Option<String> {
-    const REVERSAL: &str = "blk = p.blocks - 1u - blk;";
-    source
-        .contains(REVERSAL)
-        .then(|| source.replace(REVERSAL, "blk = blk + 0u;"))
+impl Era {
+    /// Whether the kernels of this era had `variant` (d646ab0: `flash_blocked`'s three block
+    /// shapes of that time, no cooperative matrices).
+    pub fn had(self, variant: FlashVariant) -> bool {
+        match (self, variant) {
+            (Era::Today, _) => true,
+            (Era::D646ab0, FlashVariant::Blocked { rows, keys }) => D646AB0_BLOCKED
+                .iter()
+                .any(|(shape, _)| *shape == (rows, keys)),
+            (Era::D646ab0, _) => false,
+        }
+    }
+}
+
+/// `flash_blocked`'s text as commit d646ab0 compiled it for the H100 (its own `shaders --out`
+/// on a device of 48 KiB of workgroup memory with 32-lane subgroups: double buffering and
+/// subgroup reductions where it offered them), for the H100 run's problems (d 64, f32): by
+/// block shape.
+const D646AB0_BLOCKED: [((u32, u32), &[u8]); 3] = [
+    (
+        (64, 64),
+        include_bytes!("d646ab0/flash-blocked-64x64-d64-f32-dbuf-sgr-wg48k.wgsl.gz"),
+    ),
+    (
+        (64, 32),
+        include_bytes!("d646ab0/flash-blocked-64x32-d64-f32-dbuf-sgr-wg48k.wgsl.gz"),
+    ),
+    (
+        (32, 64),
+        include_bytes!("d646ab0/flash-blocked-32x64-d64-f32.wgsl.gz"),
+    ),
+];
+
+/// The generated `struct Params { … }` of a composed kernel.
+fn params_struct(source: &str) -> Option<&str> {
+    let start = source.find("struct Params {")?;
+    let end = source[start..].find('}')?;
+    Some(&source[start..start + end])
+}
+
+/// d646ab0's `flash_blocked` text in place of `captured`'s (today's, for the same problem and
+/// block shape): the same bindings and, checked here, the same uniform block, so today's
+/// host values drive d646ab0's kernel.
+///
+/// # Errors
+/// A problem or block shape d646ab0's text is not kept for (d 64 f32 only), or a uniform
+/// block that has changed since.
+fn d646ab0_source(captured: &str, p: &Problem, (rows, keys): (u32, u32)) -> Result<String> {
+    let fail = |message: String| Error::Sanitizer {
+        kernel: "flash_blocked.wgsl".into(),
+        message: format!("profile --d646ab0: {message}"),
+    };
+    if p.d != 64 || p.dtype != Dtype::F32 {
+        return Err(fail(format!(
+            "d646ab0's text is kept for the H100 run's problems (d 64, f32), not d {} {:?}",
+            p.d, p.dtype
+        )));
+    }
+    let gz = D646AB0_BLOCKED
+        .iter()
+        .find(|(shape, _)| *shape == (rows, keys))
+        .map(|(_, gz)| *gz)
+        .ok_or_else(|| fail(format!("d646ab0 had no {rows}x{keys} blocks")))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text)
+        .map_err(|e| fail(format!("the kept text does not decompress: {e}")))?;
+    if params_struct(&text) != params_struct(captured) {
+        return Err(fail(
+            "today's uniform block differs from d646ab0's: its values would be misread".into(),
+        ));
+    }
+    Ok(text)
 }
 
 /// Profiles one forward call of `p` with the fused kernel forced to `variant` on `dev`,
@@ -339,16 +404,14 @@ pub fn profile_flash(
 ) -> Result<Vec<KernelProfile>> {
     let mut order = CausalOrder::HeaviestFirst;
     let mut captured = capture_flash(ctx, p, variant)?;
-    if era == Era::D646ab0 {
+    if let (Era::D646ab0, FlashVariant::Blocked { rows, keys }) = (era, variant) {
+        // d646ab0 walked a causal grid in grid order, lightest blocks first.
         order = CausalOrder::LightestFirst;
         for c in captured
             .iter_mut()
             .filter(|c| c.label == "flash_blocked.wgsl")
         {
-            c.source = lightest_first(&c.source).ok_or_else(|| Error::Sanitizer {
-                kernel: c.label.to_string(),
-                message: "profile: the causal reversal to undo is not in the text".into(),
-            })?;
+            c.source = d646ab0_source(&c.source, p, (rows, keys))?;
         }
     }
     let layout = Layout {

@@ -39,8 +39,9 @@ pub struct ProfileArgs {
     /// the last and one per stratum between.
     #[arg(long, default_value_t = 4)]
     pub sample: u32,
-    /// Count the fused kernel as commit d646ab0 ran it on the H100 (scalar loads, Q staged
-    /// with every tile, causal blocks lightest first), beside that run's measured times.
+    /// Count the fused kernel as commit d646ab0 ran it on the H100 (its own text, kept for d
+    /// 64 f32 and its three block shapes; causal blocks lightest first), beside that run's
+    /// measured times.
     #[arg(long)]
     pub d646ab0: bool,
     /// Profile one decoding step instead (`Decoder::step`): batch --batch, --heads heads of
@@ -235,7 +236,10 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         println!("PyTorch 2.11 SDPA on the H100 (measured): {ms:.3} ms");
     }
     let real = measuring(args)?;
-    for variant in profile::flash_variants(&ctx, &p) {
+    for variant in profile::flash_variants(&ctx, &p)
+        .into_iter()
+        .filter(|&v| era.had(v))
+    {
         let kernels = match profile::profile_flash(&ctx, dev, &p, variant, Some(args.sample), era) {
             Ok(k) => k,
             Err(e) => {
