@@ -6,19 +6,24 @@
 use wgpu_attention::profile::{self, DeviceSpec, Era, Problem};
 use wgpu_attention::{Dtype, FlashVariant};
 
+/// `(batch, heads, n)` of width 64 in f32, with or without causal.
+fn problem((batch, heads, n): (usize, usize, usize), causal: bool) -> Problem {
+    Problem {
+        batch,
+        heads,
+        n,
+        d: 64,
+        dtype: Dtype::F32,
+        causal,
+        window: None,
+    }
+}
+
 #[test]
 fn the_sampled_causal_counts_match_every_workgroup_counted() {
     let ctx = profile::context(32, Era::Today).unwrap();
     let dev = DeviceSpec::h100();
-    let p = Problem {
-        batch: 1,
-        heads: 1,
-        n: 512,
-        d: 64,
-        dtype: Dtype::F32,
-        causal: true,
-        window: None,
-    };
+    let p = problem((1, 1, 512), true);
     for (rows, keys) in [(64, 64), (32, 64), (64, 32)] {
         let v = FlashVariant::Blocked { rows, keys };
         let fused = |sample| {
@@ -70,15 +75,7 @@ fn the_sampled_causal_counts_match_every_workgroup_counted() {
 #[test]
 fn d646ab0s_own_text_is_counted_where_it_is_kept() {
     let dev = DeviceSpec::h100();
-    let p = Problem {
-        batch: 1,
-        heads: 2,
-        n: 128,
-        d: 64,
-        dtype: Dtype::F32,
-        causal: false,
-        window: None,
-    };
+    let p = problem((1, 2, 128), false);
     let then = profile::context(32, Era::D646ab0).unwrap();
     let now = profile::context(32, Era::Today).unwrap();
     let fused = |ctx, p: &Problem, v, era| {
