@@ -188,6 +188,23 @@ fn profile_dispatches(
     sample: Option<u32>,
     layout: Layout,
 ) -> Result<Vec<KernelProfile>> {
+    profile_scaled(captured, dev, d, sample, layout, 1)
+}
+
+/// [`profile_dispatches`] of a call that stands for `times` such calls side by side (a
+/// decode step counted on a part of its batch: every count, workgroup and byte times
+/// `times`).
+///
+/// # Errors
+/// As [`count`].
+fn profile_scaled(
+    captured: &[Captured],
+    dev: &DeviceSpec,
+    d: usize,
+    sample: Option<u32>,
+    layout: Layout,
+    times: u64,
+) -> Result<Vec<KernelProfile>> {
     let mut buffers = HashMap::new();
     let mut out = Vec::new();
     for c in captured {
@@ -199,7 +216,18 @@ fn profile_dispatches(
             tiles: tiles.as_ref(),
             k: sample,
         };
-        let (counters, shared_bytes, per_wg) = count(c, &mut buffers, dev.lanes, &how)?;
+        let (mut counters, shared_bytes, per_wg) = count(c, &mut buffers, dev.lanes, &how)?;
+        if times > 1 {
+            let mut all = Counters {
+                subgroup_size: counters.subgroup_size,
+                workgroups: counters.workgroups * times,
+                workgroups_counted: counters.workgroups_counted,
+                ..Counters::default()
+            };
+            all.add_scaled(&counters, times as f64);
+            all.shared_max_ways = counters.shared_max_ways;
+            counters = all;
+        }
         let threads = (counters.invocations / counters.workgroups.max(1)) as u32;
         let (registers, registers_from) = model::registers(c.label, &c.variant, d);
         let occ = occupancy(dev, threads, registers, shared_bytes);
@@ -212,7 +240,8 @@ fn profile_dispatches(
             texture_bytes += u64::from(w) * u64::from(h) * bytes;
             texel_bytes = texel_bytes.max(bytes);
         }
-        let footprint: u64 = c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes;
+        let footprint: u64 =
+            (c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes) * times;
         let texels = counters.texture_reads * texel_bytes;
         let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref(), texels);
         out.push(KernelProfile {
@@ -349,9 +378,36 @@ pub fn profile_flash(
     profile_dispatches(&captured, dev, p.d, sample, layout)
 }
 
+/// The K and V bytes a decode profile fills on the host and in lavapipe at most: a larger
+/// batch is counted on part of it ([`decode_counted_batch`]).
+pub const DECODE_CACHE_BYTES: u64 = 512 << 20;
+
+/// The batch [`profile_decode`] counts for a step of `batch` sequences of `heads` heads of
+/// width `d` over a cache of `cache` tokens in `dtype`: the most whose K and V take at most
+/// [`DECODE_CACHE_BYTES`] (at least 1). The batch is independent workgroups of the same
+/// work, so the counts of the rest are the counted ones' multiple.
+pub fn decode_counted_batch(
+    (batch, heads, cache, d): (usize, usize, usize, usize),
+    dtype: Dtype,
+) -> usize {
+    let elem = match dtype {
+        Dtype::F32 => 4,
+        Dtype::F16 => 2,
+    };
+    let per_sequence = (2 * heads * cache * d.next_multiple_of(4) * elem) as u64;
+    let fit = (DECODE_CACHE_BYTES / per_sequence.max(1)).max(1) as usize;
+    // A divisor of the batch, so the scale is whole.
+    (1..=fit.min(batch).max(1))
+        .rev()
+        .find(|b| batch.is_multiple_of(*b))
+        .unwrap_or(1)
+}
+
 /// Profiles one decoding step (`Decoder::step`, one query row per head) on a cache of
 /// `cache` tokens, `batch` × `heads` heads of width `d` in `dtype` (the dispatches after the
-/// cache is filled), on `dev`.
+/// cache is filled), on `dev`. A batch whose cache exceeds [`DECODE_CACHE_BYTES`] is
+/// counted on [`decode_counted_batch`] sequences, with the key blocks the whole batch
+/// would get, and scaled.
 ///
 /// # Errors
 /// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run a kernel.
@@ -363,6 +419,12 @@ pub fn profile_decode(
     sample: u32,
 ) -> Result<Vec<KernelProfile>> {
     use crate::{Decoder, KvCache, KvCacheSpec};
+    let counted = decode_counted_batch((batch, heads, cache, d), dtype);
+    let times = (batch / counted) as u64;
+    // The key blocks of the whole batch (one row per head: one chunk per head).
+    let block =
+        crate::kernels::decode_partial::block_for(cache, batch * heads, ctx.hardware().is_cpu());
+    let batch = counted;
     let spec = KvCacheSpec {
         capacity: cache,
         batch,
@@ -381,14 +443,14 @@ pub fn profile_decode(
         }
     }
     let q = ndarray::Array4::<f32>::zeros((batch, heads, 1, d));
-    let dec = Decoder::new();
+    let dec = Decoder::new().block(block);
     let captured = crate::kernels::capture(|| dec.step(ctx, &kv, q.view()).map(|_| ()))?;
     let layout = Layout {
         blocks: None,
         window: None,
         order: CausalOrder::HeaviestFirst,
     };
-    profile_dispatches(&captured, dev, d, Some(sample), layout)
+    profile_scaled(&captured, dev, d, Some(sample), layout, times)
 }
 
 /// Profiles one `m × m × m` matmul with `variant` on operands of `dtype` on `dev`.

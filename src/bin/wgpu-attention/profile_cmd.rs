@@ -89,6 +89,24 @@ fn profile_other(args: &ProfileArgs, ctx: &wgpu_attention::Context) -> Result<bo
     };
     let total: f64 = kernels.iter().map(|k| k.prediction.time).sum();
     println!("{what} on {}: predicted {:.3} ms", dev.name, total * 1e3);
+    if args.coop_matmul.is_none() {
+        let shape = (args.batch, args.heads, args.n, args.d);
+        let counted = profile::decode_counted_batch(shape, args.dtype);
+        let elem = if args.dtype == Dtype::F16 { 2 } else { 4 };
+        let cache = 2 * args.batch * args.heads * args.n * args.d.next_multiple_of(4) * elem;
+        println!(
+            "K/V cache {:.1} MB: {:.2} TB/s at the predicted time{}",
+            cache as f64 / 1e6,
+            cache as f64 / total / 1e12,
+            match counted < args.batch {
+                true => format!(
+                    " (counted on batch {counted} with the whole batch's key blocks, x{})",
+                    args.batch / counted
+                ),
+                false => String::new(),
+            }
+        );
+    }
     if let Some(ms) = measured {
         println!("measured on the H100 at d646ab0: {ms:.2} ms");
     }
