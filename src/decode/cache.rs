@@ -502,14 +502,17 @@ impl Plane {
     }
 }
 
+/// Copies of source rows into cache rows: `(first source row, cache rows)`.
+pub(crate) type Copies = Vec<(usize, std::ops::Range<usize>)>;
+
 /// The appended rows in staging pieces of at most `max_rows` rows: per piece, its source
 /// rows (of `total`, the rows `placements` takes from, back to back in their order) and its
-/// copies, `(first source row within the piece, cache rows)`.
+/// copies (the first source row counted within the piece).
 pub(crate) fn staging_pieces(
     placements: &[(usize, std::ops::Range<usize>)],
     total: usize,
     max_rows: usize,
-) -> Vec<(std::ops::Range<usize>, Vec<(usize, std::ops::Range<usize>)>)> {
+) -> Vec<(std::ops::Range<usize>, Copies)> {
     let max_rows = max_rows.max(1);
     let mut out = Vec::new();
     let mut start = 0;
