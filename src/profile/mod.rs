@@ -292,27 +292,70 @@ pub fn flash_variants(ctx: &Context, p: &Problem) -> Vec<FlashVariant> {
 /// # Errors
 /// Whatever planning the call returns.
 fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Vec<Captured>> {
-    let shape = (p.batch, p.heads, p.n, p.d);
-    let zeros = Array4::<f32>::zeros(shape);
-    let op = Attention::new()
-        .return_weights(false)
-        .causal(p.causal)
-        .dtype(p.dtype)
-        .options(Options {
-            flash_variant: Some(variant),
-            ..Options::default()
-        });
-    let mods = p
-        .window
-        .map(|left| Modifiers::new().preset(Preset::Window { left, right: 0 }));
-    let mask = match &mods {
-        Some(m) => Mask::none().with_modifiers(m),
-        None => Mask::none(),
-    };
+    let op = forward_op(p).options(Options {
+        flash_variant: Some(variant),
+        ..Options::default()
+    });
+    let zeros = Array4::<f32>::zeros((p.batch, p.heads, p.n, p.d));
+    let mods = window(p);
+    let mask = mods
+        .as_ref()
+        .map_or_else(Mask::none, |m| Mask::none().with_modifiers(m));
     crate::kernels::capture(|| {
         let inputs = Inputs::qkv(zeros.view(), zeros.view(), zeros.view()).mask(&mask);
         op.run(ctx, inputs).map(|_| ())
     })
+}
+
+/// The forward call of `p`: no weights, causal and dtype as `p` says.
+fn forward_op(p: &Problem) -> Attention {
+    Attention::new()
+        .return_weights(false)
+        .causal(p.causal)
+        .dtype(p.dtype)
+}
+
+/// `p`'s window as modifiers, for [`Mask::with_modifiers`].
+fn window(p: &Problem) -> Option<Modifiers> {
+    p.window
+        .map(|left| Modifiers::new().preset(Preset::Window { left, right: 0 }))
+}
+
+/// Profiles the fused backward of `p` (`Saved::backward` of a forward saved for it: the
+/// kernels after the forward, which is captured and not counted) on `dev`, on about
+/// `sample` workgroups of each large dispatch (first, last, one per stratum between).
+///
+/// # Errors
+/// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run a kernel.
+pub fn profile_backward(
+    ctx: &Context,
+    dev: &DeviceSpec,
+    p: &Problem,
+    sample: u32,
+) -> Result<Vec<KernelProfile>> {
+    let op = forward_op(p).save_for_backward(true);
+    let zeros = Array4::<f32>::zeros((p.batch, p.heads, p.n, p.d));
+    let mods = window(p);
+    let mask = mods
+        .as_ref()
+        .map_or_else(Mask::none, |m| Mask::none().with_modifiers(m));
+    let mut saved = None;
+    crate::kernels::capture(|| {
+        let inputs = Inputs::qkv(zeros.view(), zeros.view(), zeros.view()).mask(&mask);
+        saved = op.run(ctx, inputs)?.saved;
+        Ok(())
+    })?;
+    let saved = saved.ok_or_else(|| Error::Sanitizer {
+        kernel: "backward".into(),
+        message: "profile: the forward saved nothing for the backward".into(),
+    })?;
+    let captured = crate::kernels::capture(|| saved.backward(ctx, zeros.view()).map(|_| ()))?;
+    let layout = Layout {
+        blocks: None,
+        window: None,
+        order: CausalOrder::HeaviestFirst,
+    };
+    profile_dispatches(&captured, dev, p.d, Some(sample), layout)
 }
 
 /// Which kernels a profile counts.
