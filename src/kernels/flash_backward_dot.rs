@@ -219,7 +219,9 @@ mod tests {
             ..Default::default()
         };
         let build = Build::of(crate::gpu::hardware::Emulation::default());
-        assert_eq!(Shader::loops(&NoConstants, &p, build), 65);
+        // 32 passes of two rows (33), each over 64 columns in steps of 32 (3); the sum of a
+        // row's 32 partials (33).
+        assert_eq!(Shader::loops(&NoConstants, &p, build), 33 + 32 * 3 + 33);
     }
 
     #[test]
