@@ -10,9 +10,13 @@
 //    texture, the rows' scaled Q from workgroup memory, read by every thread alike) and writes
 //    them to `s_sh` (NEG where the row may not see the key).
 // 2. Output: the head dimension is split over CT = min(DV4, WG) threads and the tile's keys
-//    over KG = WG / CT key groups: thread (kg, c) walks keys kg, kg + KG, … of the tile and
-//    keeps, for each row, an online softmax (running max, sum) and output vec4 columns
-//    c, c + CT, … (OC of them): GC·(OC + 1) vec4s of registers.
+//    over KG = WG / CT key groups: thread (kg, c) walks keys kg, kg + KG, … of the tile, VU
+//    at a time, and keeps, for each row, an online softmax (running max, sum) and output
+//    vec4 columns c, c + CT, … (OC of them): GC·(OC + 1) vec4s of registers.
+//
+// Each step's loads (KU texels of K in 1., VU keys' V in 2.) are issued before the first is
+// used, so a thread waits one memory latency per step, not per texel or key: decode reads
+// the whole cache once, and what bounds it is how many loads are in flight.
 //
 // At the end the KG key groups' partials are merged through workgroup memory by the threads of
 // key group 0, and written as decode_partial.wgsl writes them.
@@ -21,7 +25,7 @@
 // row's position; keys before `kv0` are in no block.
 //
 // The host prepends, from src/kernels/decode_partial_gpu.rs: the constants WG, GC, DK4, DV4,
-// CT, KG, OC, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's); and appends the
+// CT, KG, OC, KU, VU, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's); and appends the
 // modifiers' code.
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -89,10 +93,17 @@ fn main(
             let r = bh * p.capacity + j % p.capacity;
             let ky = i32(r / p.k_line);
             let kx = (r % p.k_line) * DK4;
-            for (var c = 0u; c < DK4; c++) {
-                let kv = textureLoad(k_tex, vec2<i32>(i32(kx + c), ky), 0);
-                for (var g = 0u; g < GC; g++) { // unroll
-                    s[g] += dot(q_sh[g * DK4 + c], kv);
+            // KU texels (KU divides DK4) per step, all loaded before the first is used: KU
+            // loads in flight, one wait per step.
+            for (var c0 = 0u; c0 < DK4; c0 += KU) {
+                var kv: array<vec4<f32>, KU>;
+                for (var u = 0u; u < KU; u++) { // unroll
+                    kv[u] = textureLoad(k_tex, vec2<i32>(i32(kx + c0 + u), ky), 0);
+                }
+                for (var u = 0u; u < KU; u++) { // unroll
+                    for (var g = 0u; g < GC; g++) { // unroll
+                        s[g] += dot(q_sh[g * DK4 + c0 + u], kv[u]);
+                    }
                 }
             }
         }
@@ -109,33 +120,49 @@ fn main(
             s_sh[g * WG + t] = x;
         }
         workgroupBarrier();
-        // 2. Output columns of the keys of this thread's key group.
+        // 2. Output columns of the keys of this thread's key group, VU keys per step: their
+        //    V texels all loaded before the first is used (VU·OC loads in flight, one wait
+        //    per step), one rescale per row for the step's largest score.
         if busy {
-            for (var jj = kg; jj < WG && j0 + jj < kv_end; jj += KG) {
-                let r = bh * p.capacity + (j0 + jj) % p.capacity;
-                let vy = i32(r / p.v_line);
-                let vx = (r % p.v_line) * DV4;
-                var v: array<vec4<f32>, OC>;
-                for (var k = 0u; k < OC; k++) { // unroll
-                    let c = c0 + CT * k;
-                    if c < DV4 {
-                        v[k] = textureLoad(v_tex, vec2<i32>(i32(vx + c), vy), 0);
+            for (var jj0 = kg; jj0 < WG && j0 + jj0 < kv_end; jj0 += KG * VU) {
+                var v: array<vec4<f32>, VU * OC>;
+                for (var u = 0u; u < VU; u++) { // unroll
+                    let jj = jj0 + u * KG;
+                    let r = bh * p.capacity + (j0 + jj) % p.capacity;
+                    let vy = i32(r / p.v_line);
+                    let vx = (r % p.v_line) * DV4;
+                    for (var k = 0u; k < OC; k++) { // unroll
+                        let c = c0 + CT * k;
+                        if jj < WG && j0 + jj < kv_end && c < DV4 {
+                            v[u * OC + k] = textureLoad(v_tex, vec2<i32>(i32(vx + c), vy), 0);
+                        }
                     }
                 }
                 for (var g = 0u; g < GC; g++) { // unroll
-                    let x = s_sh[g * WG + jj];
-                    if x > m[g] {
-                        let corr = exp2(m[g] - x);
+                    var x: array<f32, VU>;
+                    var mx = m[g];
+                    for (var u = 0u; u < VU; u++) { // unroll
+                        let jj = jj0 + u * KG;
+                        x[u] = NEG;
+                        if jj < WG && j0 + jj < kv_end {
+                            x[u] = s_sh[g * WG + jj];
+                        }
+                        mx = max(mx, x[u]);
+                    }
+                    if mx > m[g] {
+                        let corr = exp2(m[g] - mx);
                         l[g] *= corr;
                         for (var k = 0u; k < OC; k++) { // unroll
                             o[g * OC + k] *= corr;
                         }
-                        m[g] = x;
+                        m[g] = mx;
                     }
-                    let w = exp2(x - m[g]);
-                    l[g] += w;
-                    for (var k = 0u; k < OC; k++) { // unroll
-                        o[g * OC + k] += w * v[k];
+                    for (var u = 0u; u < VU; u++) { // unroll
+                        let w = exp2(x[u] - m[g]);
+                        l[g] += w;
+                        for (var k = 0u; k < OC; k++) { // unroll
+                            o[g * OC + k] += w * v[u * OC + k];
+                        }
                     }
                 }
             }

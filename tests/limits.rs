@@ -3,7 +3,8 @@
 //!   forced, and `Kernels::Auto` hands the problem to the storage kernels;
 //! - over the storage-binding limit, the problem is split by batch, then by heads, and still
 //!   matches the reference; what cannot be split small enough is a clear error; a call on X
-//!   split so keeps its dtype (f16 operands rounded as the device stores them).
+//!   split so keeps its dtype (f16 operands rounded as the device stores them);
+//! - over the buffer limit, a KV cache append uploads its rows in pieces that fit.
 
 use ndarray::{Array2, Array3};
 use wgpu_attention::{
@@ -436,4 +437,62 @@ fn a_callers_buffers_past_the_storage_binding_count_are_a_clear_error() {
         .buffer("a", BufferData::F32(vec![0.0]));
     let mask = Mask::none().with_modifiers(&one);
     op.run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask)).unwrap();
+}
+
+#[test]
+fn an_append_larger_than_one_buffer_is_uploaded_in_pieces() {
+    use ndarray::{s, Array4};
+    use wgpu_attention::{Decoder, KvCache, KvCacheSpec};
+    // 4 KiB buffers: K's 2 · 2 · 150 rows of 32 bytes (19 KiB) go in 5 pieces, V's (d 6, padded
+    // to 8) too; in f16 in 3.
+    let ctx = context_with(|l| {
+        l.max_buffer_size = 4 << 10;
+        l.max_storage_buffer_binding_size = 4 << 10;
+        l.max_uniform_buffer_binding_size = 4 << 10;
+    });
+    let f = |salt: usize| {
+        move |(a, b, c, d): (usize, usize, usize, usize)| {
+            (((a * 31 + b * 17 + c * 7 + d) * (salt + 2)) as f32 * 0.013).sin()
+        }
+    };
+    let (n, d, dv) = (150, 8, 6);
+    let q = Array4::from_shape_fn((2, 2, n, d), f(1));
+    let k = Array4::from_shape_fn((2, 2, n, d), f(2));
+    let v = Array4::from_shape_fn((2, 2, n, dv), f(3));
+    let last = s![.., .., n - 1.., ..];
+    let op = Attention::new().causal(true);
+    for dtype in [Dtype::F32, Dtype::F16] {
+        let spec = KvCacheSpec {
+            capacity: n,
+            batch: 2,
+            kv_heads: 2,
+            d_k: d,
+            d_v: dv,
+            dtype,
+        };
+        let mut cache = KvCache::new(&ctx, spec).unwrap();
+        let (k, v) = match dtype {
+            Dtype::F32 => {
+                cache.append(&ctx, k.view(), v.view()).unwrap();
+                (k.clone(), v.clone())
+            }
+            Dtype::F16 => {
+                let h = |a: &Array4<f32>| a.mapv(half::f16::from_f32);
+                let (kh, vh) = (h(&k), h(&v));
+                cache.append(&ctx, kh.view(), vh.view()).unwrap();
+                let w = |a: Array4<half::f16>| a.mapv(half::f16::to_f32);
+                (w(kh), w(vh))
+            }
+        };
+        let want = reference::run(&op, &Inputs::qkv(&q, &k, &v))
+            .unwrap()
+            .context;
+        let want = want.slice(s![.., .., n - 1.., ..]).to_owned();
+        let got = Decoder::new()
+            .nan_fill(true)
+            .step(&ctx, &cache, q.slice(last))
+            .unwrap();
+        let (rel, _) = reference::compare(&got.into_dyn(), &want.into_dyn());
+        assert!(rel < 1e-5, "{dtype}: rel {rel:e}");
+    }
 }

@@ -51,9 +51,11 @@ fn the_fused_call_is_measured_beside_each_variants_prediction() {
     ]);
     // lavapipe has no shipped description: generic, and it says so.
     assert!(text.contains("no description of"), "{text}");
+    // Every variant measured or said not to be (flash-coop: lavapipe has no tensor cores).
     let variants = text.lines().filter(|l| l.contains(": predicted ")).count();
+    let unmeasured = text.lines().filter(|l| l.contains("not measured:")).count();
     let lines = checks(&text);
-    assert!(variants >= 1 && lines.len() >= variants, "{text}");
+    assert!(unmeasured < variants && lines.len() + unmeasured >= variants, "{text}");
     assert!(
         text.lines()
             .filter(|l| l.contains("model-check:"))

@@ -1,7 +1,10 @@
 //! `wgpu-attention profile`'s sample of a causal grid: the fused kernel's lightest
 //! workgroups, weighted by the key tiles each visits (which the host knows), estimate what
 //! every workgroup together counts: FLOPs and instructions within 1 % on the block shapes
-//! whose diagonal tiles differ (64 × 64, 32 × 64 with its half-empty tiles, 64 × 32).
+//! whose diagonal tiles differ (64 × 64, 32 × 64 with its half-empty tiles, 64 × 32). And
+//! what the counts hold the kernels to (issue 37, item 5): the backward's accesses in whole
+//! sectors without bank conflicts, a decode step's few waits per key tile, and a decode batch
+//! too large to fill counted on a divisor of it.
 
 use wgpu_attention::profile::{self, DeviceSpec, Era, Problem};
 use wgpu_attention::{Dtype, FlashVariant};
@@ -99,4 +102,81 @@ fn d646ab0s_own_text_is_counted_where_it_is_kept() {
     let d32 = Problem { d: 32, ..p };
     let e = fused(&then, &d32, v, Era::D646ab0).unwrap_err().to_string();
     assert!(e.contains("d 64, f32"), "{e}");
+}
+
+/// A decode step too large to fill is counted on a divisor of its batch: the most sequences
+/// whose K and V fit `DECODE_CACHE_BYTES`, at least one.
+#[test]
+fn a_large_decode_batch_is_counted_on_a_divisor_of_it() {
+    let counted = profile::decode_counted_batch;
+    // 512 MiB per sequence in f16 at 32 heads, cache 32,768, d 128: one of 8.
+    assert_eq!(counted((8, 32, 32768, 128), Dtype::F16), 1);
+    assert_eq!(counted((1, 32, 4096, 128), Dtype::F32), 1);
+    assert_eq!(counted((8, 2, 64, 8), Dtype::F32), 8);
+    // 128 MiB per sequence: 4 fit, 6 is a multiple of 3.
+    assert_eq!(counted((6, 32, 4096, 128), Dtype::F32), 3);
+}
+
+/// Issue 37's targets for the fused backward, on a small problem: every global access in
+/// whole sectors (≥ 90 %) and workgroup memory without bank conflicts (≤ 1.25 ways), for
+/// each of its kernels (d 64 and 128: 4 and 8 threads per key or row).
+#[test]
+fn the_backward_kernels_load_whole_sectors_without_bank_conflicts() {
+    let ctx = profile::context(32, Era::Today).unwrap();
+    let dev = DeviceSpec::h100();
+    for d in [64, 128] {
+        let p = Problem {
+            batch: 1,
+            heads: 2,
+            n: 128,
+            d,
+            dtype: Dtype::F32,
+            causal: false,
+            window: None,
+        };
+        let kernels = profile::profile_backward(&ctx, &dev, &p, 4).unwrap();
+        let names: Vec<&str> = kernels.iter().map(|k| k.kernel).collect();
+        assert_eq!(
+            names,
+            [
+                "flash_backward_dot.wgsl",
+                "flash_backward_kv.wgsl",
+                "flash_backward_q.wgsl"
+            ],
+            "d {d}"
+        );
+        for k in &kernels {
+            let c = &k.counters;
+            assert!(
+                c.global.sector_efficiency() >= 0.9,
+                "d {d} {}: {:.2}",
+                k.kernel,
+                c.global.sector_efficiency()
+            );
+            assert!(
+                c.shared_ways() <= 1.25,
+                "d {d} {}: {:.2} ways",
+                k.kernel,
+                c.shared_ways()
+            );
+        }
+    }
+}
+
+/// Issue 37's decode: each thread keeps several loads in flight, so a subgroup waits a
+/// memory latency a few times per 64-key tile (K's texels and V's keys in steps of 8), not
+/// once per texel and per key (64 per tile at d 128 before).
+#[test]
+fn a_decode_step_waits_a_few_times_per_key_tile() {
+    let ctx = profile::context(32, Era::Today).unwrap();
+    let dev = DeviceSpec::h100();
+    let kernels = profile::profile_decode(&ctx, &dev, (1, 2, 1024, 128), Dtype::F32, 4).unwrap();
+    let partial = kernels
+        .iter()
+        .find(|k| k.kernel == "decode_partial_gpu.wgsl")
+        .unwrap();
+    let c = &partial.counters;
+    let keys_per_workgroup = 1024.0 * 2.0 / c.workgroups as f64;
+    let per_tile = c.load_waits as f64 / c.subgroups as f64 / (keys_per_workgroup / 64.0);
+    assert!(per_tile <= 10.0, "{per_tile:.1} waits per tile");
 }

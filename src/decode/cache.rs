@@ -295,7 +295,9 @@ impl KvCache {
     /// ([`Error::InvalidArgument`]); `T` not the cache's dtype ([`Error::InvalidArgument`]);
     /// a batch, head count or width that is not the cache's, or K and V of different lengths
     /// ([`Error::ShapeMismatch`]); more tokens than the capacity left
-    /// ([`Error::LimitExceeded`]); NaN or infinity ([`Error::NonFinite`]); GPU errors.
+    /// ([`Error::LimitExceeded`]), or a row wider than the device's `max_buffer_size` (more
+    /// rows than one buffer holds are uploaded in pieces); NaN or infinity
+    /// ([`Error::NonFinite`]); GPU errors.
     pub fn append<T: CacheElement>(
         &mut self,
         ctx: &Context,
@@ -341,9 +343,28 @@ impl KvCache {
                 });
             }
         }
+        let texel = 4 * elem_bytes(s.dtype);
+        // The staging holds at most `max_buffer_size` bytes: more rows go in several pieces.
+        let max_bytes = ctx.limits().max_buffer_size;
+        let mut pieces = Vec::new();
+        for d in [s.d_k, s.d_v] {
+            let row_bytes = (padded(d) * elem_bytes(s.dtype)) as u64;
+            if row_bytes > max_bytes {
+                return Err(Error::LimitExceeded {
+                    what: "KV cache append".into(),
+                    needed: format!("{row_bytes} bytes per row"),
+                    limit: format!("{max_bytes} bytes"),
+                    limit_name: Limit::MaxBufferSize,
+                });
+            }
+            pieces.push(staging_pieces(
+                &self.placements(m),
+                s.batch * s.kv_heads * m,
+                (max_bytes / row_bytes) as usize,
+            ));
+        }
         let k_rows = padded_rows(&k, padded(s.d_k));
         let v_rows = padded_rows(&v, padded(s.d_v));
-        let texel = 4 * elem_bytes(s.dtype);
         ctx.scoped(|| {
             // The staging comes from the pool (a decode loop appends every step); it is free,
             // so nothing submitted earlier still reads it when the write lands.
@@ -353,21 +374,31 @@ impl KvCache {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("KV cache append"),
                 });
-            for (plane, rows) in [(&self.k, &k_rows), (&self.v, &v_rows)] {
-                let incoming = ctx.pool.take(
-                    &ctx.device,
-                    "KV cache append",
-                    (rows.len() * std::mem::size_of::<T>()) as u64,
-                    wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                    ctx.limits().max_buffer_size,
-                );
-                ctx.queue
-                    .write_buffer(&incoming, 0, bytemuck::cast_slice(rows));
-                for (src_row, rows) in self.placements(m) {
-                    plane.copy_rows(&mut encoder, &incoming, src_row, rows, texel);
+            let mut held = Vec::new();
+            for ((plane, rows), pieces) in [(&self.k, &k_rows), (&self.v, &v_rows)]
+                .into_iter()
+                .zip(&pieces)
+            {
+                let width = plane.lines.d4 * 4;
+                for (src, copies) in pieces {
+                    let part = &rows[src.start * width..src.end * width];
+                    let incoming = ctx.pool.take(
+                        &ctx.device,
+                        "KV cache append",
+                        std::mem::size_of_val(part) as u64,
+                        wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                        max_bytes,
+                    );
+                    ctx.queue
+                        .write_buffer(&incoming, 0, bytemuck::cast_slice(part));
+                    for (src_row, rows) in copies {
+                        plane.copy_rows(&mut encoder, &incoming, *src_row, rows.clone(), texel);
+                    }
+                    held.push(incoming);
                 }
             }
             ctx.queue.submit([encoder.finish()]);
+            drop(held);
             Ok(())
         })?;
         self.len += m;
@@ -469,6 +500,38 @@ impl Plane {
             r += count * height;
         }
     }
+}
+
+/// Copies of source rows into cache rows: `(first source row, cache rows)`.
+pub(crate) type Copies = Vec<(usize, std::ops::Range<usize>)>;
+
+/// The appended rows in staging pieces of at most `max_rows` rows: per piece, its source
+/// rows (of `total`, the rows `placements` takes from, back to back in their order) and its
+/// copies (the first source row counted within the piece).
+pub(crate) fn staging_pieces(
+    placements: &[(usize, std::ops::Range<usize>)],
+    total: usize,
+    max_rows: usize,
+) -> Vec<(std::ops::Range<usize>, Copies)> {
+    let max_rows = max_rows.max(1);
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < total {
+        let end = (start + max_rows).min(total);
+        let mut copies = Vec::new();
+        for (src_row, rows) in placements {
+            // The part of this placement whose source rows lie in start..end.
+            let lo = (*src_row).max(start);
+            let hi = (src_row + rows.len()).min(end);
+            if lo < hi {
+                let at = rows.start + (lo - src_row);
+                copies.push((lo - start, at..at + (hi - lo)));
+            }
+        }
+        out.push((start..end, copies));
+        start = end;
+    }
+    out
 }
 
 /// Bytes per stored element.

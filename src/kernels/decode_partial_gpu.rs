@@ -16,6 +16,11 @@ pub(crate) struct Shader;
 /// The most query rows one workgroup keeps.
 const MAX_ROWS: u32 = 8;
 
+/// The texel loads a thread issues before it uses the first (K's per step of the scores,
+/// V's per step of the output): a decode step reads the whole cache once, and a GPU hides
+/// a memory latency only with enough loads in flight.
+const LOADS_IN_FLIGHT: u32 = 8;
+
 constants! {
     /// Specialisation of `decode_partial_gpu.wgsl`.
     pub(crate) struct GpuPartialConsts {
@@ -33,6 +38,11 @@ constants! {
         key_groups => "KG",
         /// Output vec4 columns per thread: `DV4 / CT`, rounded up.
         out4 => "OC",
+        /// K texels a thread loads per step of its scores (a divisor of DK4, at most
+        /// [`LOADS_IN_FLIGHT`]).
+        k_step => "KU",
+        /// Keys a thread takes per step of its output (their V texels loaded together).
+        v_step => "VU",
     }
 }
 
@@ -50,12 +60,13 @@ impl Kernel for Shader {
     type Params = PartialParams;
 
     /// The block's key-tile loop (`⌈block / WG⌉` tiles of WG keys) around: the scores' loop
-    /// over K's DK4 texels (GC rows each, `// unroll`), the scores' store (GC), and the loop
-    /// over the thread's key group's keys of the tile (`⌈WG / KG⌉`: V's OC texels, per row
-    /// the rescale's and the sum's OC); before it Q's staging (`⌈GC·DK4 / WG⌉`) and the
-    /// maxima (GC); after it the key groups' partials (GC × OC) and their merge, a loop over
-    /// the GC rows (two over the KG groups, and per output column OC one more). The
-    /// `// unroll` loops count only where they stay loops (`Build::marked`).
+    /// over K's DK4 texels in steps of KU (each `// unroll`: KU loads, KU × GC dots), the
+    /// scores' store (GC), and the loop over the thread's key group's keys of the tile in
+    /// steps of VU (`⌈WG / (KG·VU)⌉`: VU × OC loads; per row VU maxima, OC rescales, VU × OC
+    /// sums); before it Q's staging (`⌈GC·DK4 / WG⌉`) and the maxima (GC); after it the key
+    /// groups' partials (GC × OC) and their merge, a loop over the GC rows (two over the KG
+    /// groups, and per output column OC one more). The `// unroll` loops count only where
+    /// they stay loops (`Build::marked`).
     fn loops(c: &GpuPartialConsts, p: &PartialParams, b: Build) -> u64 {
         let m = |n| b.marked(n);
         let (wg, gc, kg, oc) = (
@@ -64,10 +75,13 @@ impl Kernel for Shader {
             u64::from(c.key_groups),
             u64::from(c.out4),
         );
+        let (ku, vu) = (u64::from(c.k_step.max(1)), u64::from(c.v_step.max(1)));
         let dk4 = u64::from(c.dk4);
-        let scores = run(dk4) + dk4 * m(gc) + m(gc);
-        let keys = strided(wg, kg);
-        let tile = scores + run(keys) + keys * (m(oc) + m(gc) + gc * 2 * m(oc));
+        let k_steps = strided(dk4, ku);
+        let scores = run(k_steps) + k_steps * (2 * m(ku) + ku * m(gc)) + m(gc);
+        let steps = strided(wg, kg * vu);
+        let per_row = 2 * m(vu) + m(oc) + vu * m(oc);
+        let tile = scores + run(steps) + steps * (m(vu) + vu * m(oc) + m(gc) + gc * per_row);
         let tiles = strided(u64::from(p.block), wg);
         let start = run(strided(gc * dk4, wg)) + m(gc);
         let merge = m(gc) + gc * m(oc) + run(gc) + gc * (2 * run(kg) + m(oc) + oc * run(kg));
@@ -93,6 +107,15 @@ impl GpuPartialConsts {
             col_threads,
             key_groups: threads / col_threads,
             out4: dv4.div_ceil(col_threads),
+            // The largest divisor of DK4 up to the loads in flight (KU = 1 where DK4 is a
+            // prime past them: each texel a step, as before).
+            k_step: (1..=LOADS_IN_FLIGHT.min(dk4.max(1)))
+                .rev()
+                .find(|u| dk4.max(1).is_multiple_of(*u))
+                .unwrap_or(1),
+            // The key group's keys of a tile, up to the loads in flight over its V texels.
+            v_step: (LOADS_IN_FLIGHT / dv4.div_ceil(col_threads).max(1))
+                .clamp(1, threads.div_ceil(threads / col_threads)),
         };
         while c.workgroup_bytes() > u64::from(limit) && c.rows > 1 {
             c.rows /= 2;
@@ -140,6 +163,18 @@ mod tests {
             2
         );
         assert!(GpuPartialConsts::new(1, (4096, 4096), 16 << 10).is_err());
+        // Loads in flight: d 128, 8 K texels and 8 keys' V per step; d_k 20 (5 vec4s, a
+        // prime) all 5; d_v 20: a key group's 6 keys; d 512: 4 keys of 2 columns.
+        let c = GpuPartialConsts::new(1, (32, 32), 32 << 10).unwrap();
+        assert_eq!((c.k_step, c.v_step), (8, 8));
+        let c = GpuPartialConsts::new(3, (5, 5), 16 << 10).unwrap();
+        assert_eq!((c.k_step, c.v_step), (5, 6));
+        let c = GpuPartialConsts::new(1, (128, 128), 32 << 10).unwrap();
+        assert_eq!((c.k_step, c.v_step), (8, 4));
+        assert_eq!(
+            GpuPartialConsts::new(1, (13, 8), 32 << 10).unwrap().k_step,
+            1
+        );
     }
 
     /// The GPU kernel, forced on the test adapter, against the f64 reference: odd lengths and

@@ -5,7 +5,7 @@
 
 use super::flash_backward_kv_subgroup::BackwardSubgroupConsts;
 use super::flash_tiled::{Flash, FlashParams};
-use super::loops::{run, Build};
+use super::loops::{run, strided, Build};
 use super::wgsl::NoConstants;
 use super::{flash_backward_kv, flash_backward_kv_subgroup};
 use super::{flash_backward_q, flash_backward_q_subgroup};
@@ -30,9 +30,12 @@ impl Kernel for Shader {
     type Consts = NoConstants;
     type Params = FlashParams;
 
-    /// The one loop, over the row's `d_v` values.
+    /// The passes over the workgroup's rows (`ROWS / TR`, TR = 32 threads per row), each
+    /// over the row's `d_v` values in steps of TR; then the sum of a row's TR partials.
     fn loops(_: &NoConstants, p: &FlashParams, _: Build) -> u64 {
-        run(u64::from(p.dv_h))
+        const TR: u64 = 32;
+        let passes = strided(ROWS, ROWS / TR);
+        run(passes) + passes * run(strided(u64::from(p.dv_h), TR)) + run(TR)
     }
 }
 
@@ -216,7 +219,9 @@ mod tests {
             ..Default::default()
         };
         let build = Build::of(crate::gpu::hardware::Emulation::default());
-        assert_eq!(Shader::loops(&NoConstants, &p, build), 65);
+        // 32 passes of two rows (33), each over 64 columns in steps of 32 (3); the sum of a
+        // row's 32 partials (33).
+        assert_eq!(Shader::loops(&NoConstants, &p, build), 33 + 32 * 3 + 33);
     }
 
     #[test]

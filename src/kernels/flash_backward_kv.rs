@@ -63,8 +63,9 @@ impl Kernel for Shader {
     /// and the statistics' staging loops, with CT > 1 the partials' loop over the tile's
     /// rows (`partial`: its KC and VC loops), and the loop over the tile's rows (`partial`
     /// or the CT partials' sum, then dV's VC and dK's KC columns); before it K's and V's
-    /// loads, after it dK's and dV's stores (`store4`'s 4 where scalar). `// unroll` loops
-    /// count only where they stay loops (`Build::marked`).
+    /// loads and the CT shares' slots of the partials, after it dK's and dV's stores
+    /// (`store4`'s 4 where scalar). `// unroll` loops count only where they stay loops
+    /// (`Build::marked`).
     fn loops(c: &BackwardKvConsts, p: &FlashParams, b: Build) -> u64 {
         let m = |n| b.marked(n);
         let (br, ct, wg) = (u64::from(c.rows), u64::from(c.split), u64::from(c.threads));
@@ -81,7 +82,8 @@ impl Kernel for Shader {
         let tile = stage(c.dk4) + stage(c.dv4) + stats + split + run(br) + br * per_row;
         let tiles = strided(u64::from(p.n_q), br);
         let heads = u64::from(p.kv_ratio);
-        let edges = 2 * (m(kc) + kc * four + m(vc) + vc * four);
+        // K's and V's loads, dK's and dV's stores; the CT shares' slots of `part`.
+        let edges = 2 * (m(kc) + kc * four + m(vc) + vc * four) + m(ct);
         run(heads) + heads * (run(tiles) + tiles * tile) + edges
     }
 }

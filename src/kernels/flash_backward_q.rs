@@ -62,8 +62,8 @@ impl Kernel for Shader {
     /// last row) around: K's and V's staging loops (`load4`'s 4 values each where scalar),
     /// with CT > 1 the partials' loop over the tile's keys (`partial`: its KC and VC loops),
     /// and the loop over the tile's keys (`partial` or the CT partials' sum, then dQ's KC
-    /// columns); before it Q's and dO's loads, after it dQ's store (`store4`'s 4 where
-    /// scalar). `// unroll` loops count only where they stay loops (`Build::marked`).
+    /// columns); before it Q's and dO's loads and the CT shares' slots of the partials,
+    /// after it dQ's store (`store4`'s 4 where scalar). `// unroll` loops count only where they stay loops (`Build::marked`).
     fn loops(c: &BackwardQConsts, p: &FlashParams, b: Build) -> u64 {
         let m = |n| b.marked(n);
         let (bc, ct, wg) = (u64::from(c.keys), u64::from(c.split), u64::from(c.threads));
@@ -82,7 +82,8 @@ impl Kernel for Shader {
             _ => p.n_kv.min(p.n_q),
         };
         let tiles = strided(u64::from(keys), bc);
-        let edges = m(kc) + kc * four + m(vc) + vc * four + m(kc) + kc * four;
+        // Q's and dO's loads, dQ's store; the CT shares' slots of `part`.
+        let edges = m(kc) + kc * four + m(vc) + vc * four + m(kc) + kc * four + m(ct);
         run(tiles) + tiles * tile + edges
     }
 }

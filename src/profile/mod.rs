@@ -188,6 +188,23 @@ fn profile_dispatches(
     sample: Option<u32>,
     layout: Layout,
 ) -> Result<Vec<KernelProfile>> {
+    profile_scaled(captured, dev, d, sample, layout, 1)
+}
+
+/// [`profile_dispatches`] of a call that stands for `times` such calls side by side (a
+/// decode step counted on a part of its batch: every count, workgroup and byte times
+/// `times`).
+///
+/// # Errors
+/// As [`count`].
+fn profile_scaled(
+    captured: &[Captured],
+    dev: &DeviceSpec,
+    d: usize,
+    sample: Option<u32>,
+    layout: Layout,
+    times: u64,
+) -> Result<Vec<KernelProfile>> {
     let mut buffers = HashMap::new();
     let mut out = Vec::new();
     for c in captured {
@@ -199,7 +216,18 @@ fn profile_dispatches(
             tiles: tiles.as_ref(),
             k: sample,
         };
-        let (counters, shared_bytes, per_wg) = count(c, &mut buffers, dev.lanes, &how)?;
+        let (mut counters, shared_bytes, per_wg) = count(c, &mut buffers, dev.lanes, &how)?;
+        if times > 1 {
+            let mut all = Counters {
+                subgroup_size: counters.subgroup_size,
+                workgroups: counters.workgroups * times,
+                workgroups_counted: counters.workgroups_counted,
+                ..Counters::default()
+            };
+            all.add_scaled(&counters, times as f64);
+            all.shared_max_ways = counters.shared_max_ways;
+            counters = all;
+        }
         let threads = (counters.invocations / counters.workgroups.max(1)) as u32;
         let (registers, registers_from) = model::registers(c.label, &c.variant, d);
         let occ = occupancy(dev, threads, registers, shared_bytes);
@@ -212,7 +240,8 @@ fn profile_dispatches(
             texture_bytes += u64::from(w) * u64::from(h) * bytes;
             texel_bytes = texel_bytes.max(bytes);
         }
-        let footprint: u64 = c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes;
+        let footprint: u64 =
+            (c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes) * times;
         let texels = counters.texture_reads * texel_bytes;
         let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref(), texels);
         out.push(KernelProfile {
@@ -267,18 +296,11 @@ pub fn flash_variants(ctx: &Context, p: &Problem) -> Vec<FlashVariant> {
 /// The forward call of `p` with the fused kernel forced to `variant` (no weights), and the
 /// window's modifiers where `p` has one: what the profile counts and `--measure` times.
 pub fn forward(p: &Problem, variant: FlashVariant) -> (Attention, Option<Modifiers>) {
-    let op = Attention::new()
-        .return_weights(false)
-        .causal(p.causal)
-        .dtype(p.dtype)
-        .options(Options {
-            flash_variant: Some(variant),
-            ..Options::default()
-        });
-    let mods = p
-        .window
-        .map(|left| Modifiers::new().preset(Preset::Window { left, right: 0 }));
-    (op, mods)
+    let op = forward_op(p).options(Options {
+        flash_variant: Some(variant),
+        ..Options::default()
+    });
+    (op, window(p))
 }
 
 /// The dispatches of one forward call of `p` with the fused kernel forced to `variant`.
@@ -297,6 +319,57 @@ fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Ve
         let inputs = Inputs::qkv(zeros.view(), zeros.view(), zeros.view()).mask(&mask);
         op.run(ctx, inputs).map(|_| ())
     })
+}
+
+/// The forward call of `p`: no weights, causal and dtype as `p` says.
+fn forward_op(p: &Problem) -> Attention {
+    Attention::new()
+        .return_weights(false)
+        .causal(p.causal)
+        .dtype(p.dtype)
+}
+
+/// `p`'s window as modifiers, for [`Mask::with_modifiers`].
+fn window(p: &Problem) -> Option<Modifiers> {
+    p.window
+        .map(|left| Modifiers::new().preset(Preset::Window { left, right: 0 }))
+}
+
+/// Profiles the fused backward of `p` (`Saved::backward` of a forward saved for it: the
+/// kernels after the forward, which is captured and not counted) on `dev`, on about
+/// `sample` workgroups of each large dispatch (first, last, one per stratum between).
+///
+/// # Errors
+/// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run a kernel.
+pub fn profile_backward(
+    ctx: &Context,
+    dev: &DeviceSpec,
+    p: &Problem,
+    sample: u32,
+) -> Result<Vec<KernelProfile>> {
+    let op = forward_op(p).save_for_backward(true);
+    let zeros = Array4::<f32>::zeros((p.batch, p.heads, p.n, p.d));
+    let mods = window(p);
+    let mask = mods
+        .as_ref()
+        .map_or_else(Mask::none, |m| Mask::none().with_modifiers(m));
+    let mut saved = None;
+    crate::kernels::capture(|| {
+        let inputs = Inputs::qkv(zeros.view(), zeros.view(), zeros.view()).mask(&mask);
+        saved = op.run(ctx, inputs)?.saved;
+        Ok(())
+    })?;
+    let saved = saved.ok_or_else(|| Error::Sanitizer {
+        kernel: "backward".into(),
+        message: "profile: the forward saved nothing for the backward".into(),
+    })?;
+    let captured = crate::kernels::capture(|| saved.backward(ctx, zeros.view()).map(|_| ()))?;
+    let layout = Layout {
+        blocks: None,
+        window: None,
+        order: CausalOrder::HeaviestFirst,
+    };
+    profile_dispatches(&captured, dev, p.d, Some(sample), layout)
 }
 
 /// Which kernels a profile counts.
@@ -455,9 +528,36 @@ pub fn full_cache(
     Ok(kv)
 }
 
+/// The K and V bytes a decode profile fills on the host and in lavapipe at most: a larger
+/// batch is counted on part of it ([`decode_counted_batch`]).
+pub const DECODE_CACHE_BYTES: u64 = 512 << 20;
+
+/// The batch [`profile_decode`] counts for a step of `batch` sequences of `heads` heads of
+/// width `d` over a cache of `cache` tokens in `dtype`: the most whose K and V take at most
+/// [`DECODE_CACHE_BYTES`] (at least 1). The batch is independent workgroups of the same
+/// work, so the counts of the rest are the counted ones' multiple.
+pub fn decode_counted_batch(
+    (batch, heads, cache, d): (usize, usize, usize, usize),
+    dtype: Dtype,
+) -> usize {
+    let elem = match dtype {
+        Dtype::F32 => 4,
+        Dtype::F16 => 2,
+    };
+    let per_sequence = (2 * heads * cache * d.next_multiple_of(4) * elem) as u64;
+    let fit = (DECODE_CACHE_BYTES / per_sequence.max(1)).max(1) as usize;
+    // A divisor of the batch, so the scale is whole.
+    (1..=fit.min(batch).max(1))
+        .rev()
+        .find(|b| batch.is_multiple_of(*b))
+        .unwrap_or(1)
+}
+
 /// Profiles one decoding step (`Decoder::step`, one query row per head) on a cache of
 /// `cache` tokens, `batch` × `heads` heads of width `d` in `dtype` (the dispatches after the
-/// cache is filled), on `dev`.
+/// cache is filled), on `dev`. A batch whose cache exceeds [`DECODE_CACHE_BYTES`] is
+/// counted on [`decode_counted_batch`] sequences, with the key blocks the whole batch
+/// would get, and scaled.
 ///
 /// # Errors
 /// Planning errors; [`Error::Sanitizer`] when the interpreter cannot run a kernel.
@@ -468,17 +568,23 @@ pub fn profile_decode(
     dtype: Dtype,
     sample: u32,
 ) -> Result<Vec<KernelProfile>> {
+    let counted = decode_counted_batch((batch, heads, cache, d), dtype);
+    let times = (batch / counted) as u64;
+    // The key blocks of the whole batch (one row per head: one chunk per head).
+    let cpu = !ctx.hardware().decide.decode_gpu_kernel;
+    let block = crate::kernels::decode_partial::block_for(cache, batch * heads, cpu);
+    let batch = counted;
     let tokens = ndarray::Array4::<f32>::zeros((batch, heads, cache, d));
     let kv = full_cache(ctx, tokens.view(), dtype)?;
     let q = ndarray::Array4::<f32>::zeros((batch, heads, 1, d));
-    let dec = crate::Decoder::new();
+    let dec = crate::Decoder::new().block(block);
     let captured = crate::kernels::capture(|| dec.step(ctx, &kv, q.view()).map(|_| ()))?;
     let layout = Layout {
         blocks: None,
         window: None,
         order: CausalOrder::HeaviestFirst,
     };
-    profile_dispatches(&captured, dev, d, Some(sample), layout)
+    profile_scaled(&captured, dev, d, Some(sample), layout, times)
 }
 
 /// Profiles one `m × m × m` matmul with `variant` on operands of `dtype` on `dev`.

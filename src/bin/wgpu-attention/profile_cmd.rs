@@ -49,6 +49,10 @@ pub struct ProfileArgs {
     /// 32 --d 128 --n 4096).
     #[arg(long)]
     pub decode: bool,
+    /// Profile the fused backward instead (`Saved::backward` of a forward saved for it, on
+    /// the same problem: --batch, --heads, --n, --d, --dtype, --causal, --window).
+    #[arg(long)]
+    pub backward: bool,
     /// Profile an M × M × M matmul on cooperative matrices (f16 operands) instead.
     #[arg(long, value_name = "M")]
     pub coop_matmul: Option<usize>,
@@ -137,6 +141,24 @@ fn profile_other(
     };
     let total: f64 = kernels.iter().map(|k| k.prediction.time).sum();
     println!("{what} on {}: predicted {:.3} ms", dev.name, total * 1e3);
+    if args.coop_matmul.is_none() {
+        let shape = (args.batch, args.heads, args.n, args.d);
+        let counted = profile::decode_counted_batch(shape, args.dtype);
+        let elem = if args.dtype == Dtype::F16 { 2 } else { 4 };
+        let cache = 2 * args.batch * args.heads * args.n * args.d.next_multiple_of(4) * elem;
+        println!(
+            "K/V cache {:.1} MB: {:.2} TB/s at the predicted time{}",
+            cache as f64 / 1e6,
+            cache as f64 / total / 1e12,
+            match counted < args.batch {
+                true => format!(
+                    " (counted on batch {counted} with the whole batch's key blocks, x{})",
+                    args.batch / counted
+                ),
+                false => String::new(),
+            }
+        );
+    }
     if let Some(ms) = measured {
         println!("measured on the H100 at d646ab0: {ms:.2} ms");
     }
@@ -209,6 +231,28 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
     let ctx = profile::context(dev.lanes, era)?;
     if args.decode || args.coop_matmul.is_some() {
         return profile_other(args, dev, &ctx);
+    }
+    if args.backward {
+        let began = std::time::Instant::now();
+        let kernels = profile::profile_backward(&ctx, dev, &p, args.sample)?;
+        let total: f64 = kernels.iter().map(|k| k.prediction.time).sum();
+        println!(
+            "backward ({}, {}, {}, {}) {:?}{}{} on {}: predicted {:.3} ms",
+            p.batch,
+            p.heads,
+            p.n,
+            p.d,
+            p.dtype,
+            if p.causal { " causal" } else { "" },
+            p.window.map(|w| format!(" window {w}")).unwrap_or_default(),
+            dev.name,
+            total * 1e3
+        );
+        for k in &kernels {
+            print_kernel(k);
+        }
+        println!("\n(profiled in {:.1} s)", began.elapsed().as_secs_f64());
+        return Ok(true);
     }
     let began = std::time::Instant::now();
     let what = format!(

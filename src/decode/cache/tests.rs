@@ -88,3 +88,37 @@ fn every_thread_count_merges_to_the_same_result() {
         }
     }
 }
+
+#[test]
+fn staging_pieces_cover_every_row_once_within_the_limit() {
+    // Two heads of 5 tokens each, the second wrapped (rolling): source rows 0..10.
+    let placements = vec![(0, 20..25), (5, 47..50), (8, 40..42)];
+    for max_rows in [1, 3, 4, 10, 100] {
+        let pieces = staging_pieces(&placements, 10, max_rows);
+        let mut dest = Vec::new();
+        let mut next = 0;
+        for (src, copies) in &pieces {
+            assert_eq!(src.start, next);
+            assert!(src.len() <= max_rows && !src.is_empty());
+            next = src.end;
+            for (at, rows) in copies {
+                assert!(at + rows.len() <= src.len());
+                // The source row of each cache row, as the whole placements say.
+                for (i, r) in rows.clone().enumerate() {
+                    let s = src.start + at + i;
+                    let (p0, pr) = placements
+                        .iter()
+                        .find(|(p0, pr)| (*p0..p0 + pr.len()).contains(&s))
+                        .unwrap();
+                    assert_eq!(r, pr.start + s - p0);
+                    dest.push(r);
+                }
+            }
+        }
+        assert_eq!(next, 10);
+        dest.sort_unstable();
+        let mut want: Vec<usize> = placements.iter().flat_map(|p| p.1.clone()).collect();
+        want.sort_unstable();
+        assert_eq!(dest, want, "max {max_rows}");
+    }
+}
