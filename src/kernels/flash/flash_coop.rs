@@ -52,7 +52,8 @@ impl Kernel for Shader {
     type Consts = FlashCoopConsts;
     type Params = FlashParams;
 
-    /// Per key tile: K and V staging, the rounds of S = Q·Kᵀ and O += P·V blocks (at least
+    /// Per key tile: K and V staging (`KV_U` elements a trip), the rounds of
+    /// S = Q·Kᵀ blocks and O += P·V pairs of blocks (at least
     /// two subgroups share a workgroup of 128: subgroups are at most 64 lanes), the rows'
     /// two passes over the tile, and the O rescale; the emulated matrices are loop-free.
     fn loops(c: &FlashCoopConsts, p: &FlashParams, b: Build) -> u64 {
@@ -64,10 +65,11 @@ impl Kernel for Shader {
             w => (wg / u64::from(w)).max(1),
         };
         let sq = bq / s;
-        let (ts, to) = (sq * (bkv / s), sq * (d / s));
+        // Work items: one block of S; a row block by two column blocks of O.
+        let (ts, to) = (sq * (bkv / s), sq * (d / s).div_ceil(2));
         let (rs, ro) = (ts.div_ceil(nsg), to.div_ceil(nsg));
         let tile = 1
-            + 2 * run(loops::strided(bkv * d, wg))
+            + 2 * run(loops::strided(bkv * d, KV_U * wg))
             + run(rs)
             + rs * run(d / s)
             + 2 * run(bkv)
@@ -78,6 +80,10 @@ impl Kernel for Shader {
         run(tiles * tile) + 2 * run(loops::strided(bq * d, wg))
     }
 }
+
+/// Keys' (and values') elements each invocation loads in one trip of the staging loop
+/// (`KV_U` in the shader, which unrolls that many).
+const KV_U: u64 = 8;
 
 /// The block shapes (query rows × keys) tried, largest first; those that are multiples of
 /// the cooperative matrices' side.
