@@ -34,13 +34,23 @@
 // In bounds, by construction (D, BQ, BKV multiples of S): a load or store of an S×S matrix
 // at row r0 + S ≤ rows and column c0 + S ≤ stride touches at most (rows − 1)·stride +
 // stride − 1 < rows·stride elements of its array; O's spare rows follow its BQ rows.
-// Every load and store starts at a multiple of S elements and every stride is a multiple of
-// 16 elements (at least 16 bytes), as Vulkan's cooperative-matrix loads want.
+// Every load and store starts at a multiple of 16 bytes and every stride is a multiple of 16
+// bytes, as Vulkan's cooperative-matrix loads want (the padded strides DP and KP too).
 
 const WG: u32 = 128u;
+// Row strides of the AB_T tiles, padded by PAD elements (16 bytes): consecutive rows of a
+// cooperative load start 4 banks apart instead of in the same bank, so the 16 rows of a
+// 16 × 16 f16 matrix spread over all 32 banks (a multiple of 16 bytes, as Vulkan wants).
+const DP: u32 = D + PAD; // Q and K/V
+const KP: u32 = BKV + PAD; // P
 const SQ: u32 = BQ / S; // matrices per column of a BQ-row block
-const TS: u32 = SQ * (BKV / S); // matrices of S = Q·Kᵀ
-const TO: u32 = SQ * (D / S); // matrices of O
+const SK: u32 = BKV / S; // matrices per row of S = Q·Kᵀ
+const SD: u32 = D / S; // matrices per row of O
+const TS: u32 = SQ * SK; // matrices of S, one a work item
+// O's work items: one row block by two neighbouring column blocks, which share the row
+// block's loads of P; the second is the first again where a row has one block.
+const PO: u32 = SQ * ((SD + 1u) / 2u);
+const KV_U: u32 = 8u; // keys' (and values') elements each invocation loads at once
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Q_T>;
@@ -50,34 +60,59 @@ const TO: u32 = SQ * (D / S); // matrices of O
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
-var<workgroup> q_tile: array<AB_T, BQ * D>; // [BQ][D]
-var<workgroup> kv_tile: array<AB_T, BKV * D>; // [BKV][D]: K, then V
+var<workgroup> q_tile: array<AB_T, BQ * DP>; // [BQ][DP]
+var<workgroup> kv_tile: array<AB_T, BKV * DP>; // [BKV][DP]: K, then V
 var<workgroup> s_tile: array<f32, BQ * BKV>; // [BQ][BKV]
-var<workgroup> p_tile: array<AB_T, BQ * BKV>; // [BQ][BKV]
+var<workgroup> p_tile: array<AB_T, BQ * KP>; // [BQ][KP]
 var<workgroup> o_tile: array<f32, (BQ + S) * D>; // [BQ][D] + S spare rows, all zero
 var<workgroup> row_m: array<f32, BQ>;
 var<workgroup> row_l: array<f32, BQ>;
 var<workgroup> row_a: array<f32, BQ>;
 var<workgroup> subgroups: u32;
 
-// Keys (or values, `is_v`) j0 … j0 + BKV − 1 into kv_tile as AB_T, zero past the keys and
-// the head width.
-fn stage_kv(is_v: bool, li: u32, j0: u32, base: u32) {
-    let width = select(p.dk_h, p.dv_h, is_v);
-    let stride = select(p.k_row, p.v_row, is_v);
-    for (var t = li; t < BKV * D; t += WG) {
-        let j = j0 + t / D;
-        let col = t % D;
-        var x = 0.0;
-        if j < p.n_kv && col < width {
-            let at = base + j * stride + col;
-            if is_v {
-                x = f32(v_buf[at]);
-            } else {
-                x = f32(k_buf[at]);
-            }
+// Element t of the [BKV][D] tile of keys (or values, `is_v`) from key j0, as f32: zero
+// past the tile, the keys and the head width.
+fn kv_at(is_v: bool, t: u32, j0: u32, base: u32) -> f32 {
+    let j = j0 + t / D;
+    let col = t % D;
+    var x = 0.0;
+    if t < BKV * D && j < p.n_kv && col < select(p.dk_h, p.dv_h, is_v) {
+        if is_v {
+            x = f32(v_buf[base + j * p.v_row + col]);
+        } else {
+            x = f32(k_buf[base + j * p.k_row + col]);
         }
-        kv_tile[t] = AB_T(x);
+    }
+    return x;
+}
+
+// Keys (or values, `is_v`) j0 … j0 + BKV − 1 into kv_tile as AB_T. Each trip issues all
+// of its KV_U loads before it stores any, so they are in flight together: one memory
+// latency a trip, BKV·D / (KV_U·WG) trips (the 8 is KV_U).
+fn stage_kv(is_v: bool, li: u32, j0: u32, base: u32) {
+    for (var t = li; t < BKV * D; t += KV_U * WG) {
+        let x0 = kv_at(is_v, t, j0, base);
+        let x1 = kv_at(is_v, t + WG, j0, base);
+        let x2 = kv_at(is_v, t + 2u * WG, j0, base);
+        let x3 = kv_at(is_v, t + 3u * WG, j0, base);
+        let x4 = kv_at(is_v, t + 4u * WG, j0, base);
+        let x5 = kv_at(is_v, t + 5u * WG, j0, base);
+        let x6 = kv_at(is_v, t + 6u * WG, j0, base);
+        let x7 = kv_at(is_v, t + 7u * WG, j0, base);
+        put_kv(t, x0);
+        put_kv(t + WG, x1);
+        put_kv(t + 2u * WG, x2);
+        put_kv(t + 3u * WG, x3);
+        put_kv(t + 4u * WG, x4);
+        put_kv(t + 5u * WG, x5);
+        put_kv(t + 6u * WG, x6);
+        put_kv(t + 7u * WG, x7);
+    }
+}
+
+fn put_kv(t: u32, x: f32) {
+    if t < BKV * D {
+        kv_tile[t + t / D * PAD] = AB_T(x);
     }
 }
 
@@ -114,7 +149,7 @@ fn main(
         if row < p.n_q && col < p.dk_h {
             x = f32(q_buf[q_base + row * p.q_row + col]);
         }
-        q_tile[t] = AB_T(x);
+        q_tile[t / D * DP + col] = AB_T(x);
         o_tile[t] = 0.0;
     }
     for (var t = li; t < S * D; t += WG) {
@@ -136,12 +171,12 @@ fn main(
         for (var r = 0u; r < (TS + nsg - 1u) / nsg; r++) {
             let t = r * nsg + sid;
             let tc = min(t, TS - 1u);
-            let ti = tc / (BKV / S);
-            let tj = tc % (BKV / S);
+            let ti = tc / SK;
+            let tj = tc % SK;
             var acc = CC();
             for (var kk = 0u; kk < D; kk += S) {
-                let qa = coopLoadT<CA>(&q_tile[ti * S * D + kk], D);
-                let kb = coopLoad<CB>(&kv_tile[tj * S * D + kk], D);
+                let qa = coopLoadT<CA>(&q_tile[ti * S * DP + kk], DP);
+                let kb = coopLoad<CB>(&kv_tile[tj * S * DP + kk], DP);
                 acc = coopMultiplyAdd(qa, kb, acc);
             }
             if t < TS {
@@ -150,28 +185,32 @@ fn main(
         }
         workgroupBarrier();
 
-        // The rows' running max and sum, in f32; P as AB_T.
+        // The rows' running max and sum, in f32; P as AB_T. Each invocation walks its row
+        // from its own column on (c = (jj + li) mod BKV), so the 32 rows a subgroup reads at
+        // once fall in 32 different banks, not all in one.
         if li < BQ {
             let row = row0 + li;
             var tile_max = NEG;
             for (var jj = 0u; jj < BKV; jj++) {
-                let j = j0 + jj;
-                var x = s_tile[li * BKV + jj] * p.scale_log2;
+                let c = (jj + li) % BKV;
+                let j = j0 + c;
+                var x = s_tile[li * BKV + c] * p.scale_log2;
                 if j >= kv_end || (p.causal != 0u && j > row) {
                     x = NEG;
                 } else if MASK != 0u && row < p.n_q {
                     x = add_bias(x, mask[mask_offset(p.mask, b, h, row, j)], LOG2E);
                 }
-                s_tile[li * BKV + jj] = x;
+                s_tile[li * BKV + c] = x;
                 tile_max = max(tile_max, x);
             }
             let m_old = row_m[li];
             let m_new = max(m_old, tile_max);
             var sum = 0.0;
             for (var jj = 0u; jj < BKV; jj++) {
-                let pr = exp2(s_tile[li * BKV + jj] - m_new);
+                let c = (jj + li) % BKV;
+                let pr = exp2(s_tile[li * BKV + c] - m_new);
                 sum += pr;
-                p_tile[li * BKV + jj] = AB_T(pr);
+                p_tile[li * KP + c] = AB_T(pr);
             }
             let alpha = exp2(m_old - m_new);
             row_a[li] = alpha;
@@ -186,20 +225,28 @@ fn main(
         workgroupBarrier();
 
         // O += P·V.
-        for (var r = 0u; r < (TO + nsg - 1u) / nsg; r++) {
+        for (var r = 0u; r < (PO + nsg - 1u) / nsg; r++) {
             let t = r * nsg + sid;
-            let tc = min(t, TO - 1u);
-            let ti = tc / (D / S);
-            let tj = tc % (D / S);
-            let mine = t < TO;
-            var acc = coopLoadT<CC>(&o_tile[select(BQ * D, ti * S * D + tj * S, mine)], D);
+            let tc = min(t, PO - 1u);
+            let ti = tc / ((SD + 1u) / 2u);
+            let tj = 2u * (tc % ((SD + 1u) / 2u));
+            let tj1 = min(tj + 1u, SD - 1u);
+            let mine = t < PO;
+            let two = mine && tj + 1u < SD;
+            var acc0 = coopLoadT<CC>(&o_tile[select(BQ * D, ti * S * D + tj * S, mine)], D);
+            var acc1 = coopLoadT<CC>(&o_tile[select(BQ * D, ti * S * D + tj1 * S, two)], D);
             for (var kk = 0u; kk < BKV; kk += S) {
-                let pa = coopLoadT<CA>(&p_tile[ti * S * BKV + kk], BKV);
-                let vb = coopLoadT<CB>(&kv_tile[kk * D + tj * S], D);
-                acc = coopMultiplyAdd(pa, vb, acc);
+                let pa = coopLoadT<CA>(&p_tile[ti * S * KP + kk], KP);
+                let vb0 = coopLoadT<CB>(&kv_tile[kk * DP + tj * S], DP);
+                let vb1 = coopLoadT<CB>(&kv_tile[kk * DP + tj1 * S], DP);
+                acc0 = coopMultiplyAdd(pa, vb0, acc0);
+                acc1 = coopMultiplyAdd(pa, vb1, acc1);
             }
             if mine {
-                coopStoreT(acc, &o_tile[ti * S * D + tj * S], D);
+                coopStoreT(acc0, &o_tile[ti * S * D + tj * S], D);
+            }
+            if two {
+                coopStoreT(acc1, &o_tile[ti * S * D + tj1 * S], D);
             }
         }
         workgroupBarrier();

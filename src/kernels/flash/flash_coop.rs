@@ -31,6 +31,8 @@ constants! {
         mask => "MASK",
         /// 1 to write each row's log-sum-exp.
         lse => "LSE",
+        /// Elements of padding (16 bytes) after each row of Q, K/V and P in workgroup memory.
+        pad => "PAD",
     }
 }
 
@@ -52,7 +54,8 @@ impl Kernel for Shader {
     type Consts = FlashCoopConsts;
     type Params = FlashParams;
 
-    /// Per key tile: K and V staging, the rounds of S = Q·Kᵀ and O += P·V blocks (at least
+    /// Per key tile: K and V staging (`KV_U` elements a trip), the rounds of
+    /// S = Q·Kᵀ blocks and O += P·V pairs of blocks (at least
     /// two subgroups share a workgroup of 128: subgroups are at most 64 lanes), the rows'
     /// two passes over the tile, and the O rescale; the emulated matrices are loop-free.
     fn loops(c: &FlashCoopConsts, p: &FlashParams, b: Build) -> u64 {
@@ -64,10 +67,11 @@ impl Kernel for Shader {
             w => (wg / u64::from(w)).max(1),
         };
         let sq = bq / s;
-        let (ts, to) = (sq * (bkv / s), sq * (d / s));
+        // Work items: one block of S; a row block by two column blocks of O.
+        let (ts, to) = (sq * (bkv / s), sq * (d / s).div_ceil(2));
         let (rs, ro) = (ts.div_ceil(nsg), to.div_ceil(nsg));
         let tile = 1
-            + 2 * run(loops::strided(bkv * d, wg))
+            + 2 * run(loops::strided(bkv * d, KV_U * wg))
             + run(rs)
             + rs * run(d / s)
             + 2 * run(bkv)
@@ -79,16 +83,23 @@ impl Kernel for Shader {
     }
 }
 
+/// Keys' (and values') elements each invocation loads in one trip of the staging loop
+/// (`KV_U` in the shader, which unrolls that many).
+const KV_U: u64 = 8;
+
 /// The block shapes (query rows × keys) tried, largest first; those that are multiples of
 /// the cooperative matrices' side.
 const SHAPES: [(u32, u32); 6] = [(32, 32), (32, 16), (16, 32), (16, 16), (16, 8), (8, 8)];
 
-/// Workgroup memory of the shader at these constants, in bytes: Q, K/V and P as `AB_T`; the
+/// Workgroup memory of the shader at these constants, in bytes: Q, K/V and P as `AB_T`, each
+/// row padded by 16 bytes; the
 /// scores, O with its `S` spare rows, and the rows' statistics in f32.
 fn workgroup_bytes(c: &FlashCoopConsts, f16_inputs: bool) -> u64 {
     let [s, d, bq, bkv] = [c.size, c.d, c.rows, c.keys].map(u64::from);
     let ab = if f16_inputs { 2 } else { 4 };
-    ab * (bq * d + bkv * d + bq * bkv) + 4 * (bq * bkv + (bq + s) * d + 3 * bq + 1)
+    ab * (bq * d + bkv * d + bq * bkv)
+        + 16 * (2 * bq + bkv)
+        + 4 * (bq * bkv + (bq + s) * d + 3 * bq + 1)
 }
 
 /// The constants for `op` with `shape` under `limits`: the largest block of [`SHAPES`] whose
@@ -114,6 +125,7 @@ pub(crate) fn consts(
             keys,
             mask,
             lse,
+            pad: if shape.f16_inputs { 8 } else { 4 },
         };
         need = workgroup_bytes(&c, shape.f16_inputs);
         if need <= limit {
@@ -276,10 +288,10 @@ mod tests {
         };
         let c = consts(&op, f16, &kib(64), (0, 0)).unwrap();
         assert_eq!((c.d, c.rows, c.keys), (128, 32, 32));
-        // 16 query rows of 32 keys: 31,940 bytes (the scores without spare rows).
+        // 16 query rows of 16 keys: 27,076 bytes (16 × 32 takes 32,964 with its padding).
         let c = consts(&op, f16, &kib(32), (0, 0)).unwrap();
-        assert_eq!((c.rows, c.keys), (16, 32));
-        assert_eq!(workgroup_bytes(&c, true), 31_940);
+        assert_eq!((c.rows, c.keys), (16, 16));
+        assert_eq!(workgroup_bytes(&c, true), 27_076);
         op.dk_h = 1000;
         assert!(matches!(
             consts(&op, f16, &kib(16), (0, 0)),
