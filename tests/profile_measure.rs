@@ -55,7 +55,10 @@ fn the_fused_call_is_measured_beside_each_variants_prediction() {
     let variants = text.lines().filter(|l| l.contains(": predicted ")).count();
     let unmeasured = text.lines().filter(|l| l.contains("not measured:")).count();
     let lines = checks(&text);
-    assert!(unmeasured < variants && lines.len() + unmeasured >= variants, "{text}");
+    assert!(
+        unmeasured < variants && lines.len() + unmeasured >= variants,
+        "{text}"
+    );
     assert!(
         text.lines()
             .filter(|l| l.contains("model-check:"))

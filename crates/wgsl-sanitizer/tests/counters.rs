@@ -170,3 +170,30 @@ fn a_load_in_each_loop_iteration_waits_each_time() {
     let c = count(&flat, 1, &[4 * 256, 4 * 32], Sample::All);
     assert_eq!((c.load_waits, c.global_intervals), (1, 1));
 }
+
+/// A cooperative matrix is the subgroup's together: a 16 × 16 load, multiply-add and store
+/// each count n / (4 w) warp instructions (2 at 32 lanes: a lane moves or multiplies its 8
+/// elements 4 at a time, as one 16-byte access or two mma.m16n8k16 on NVIDIA), not one per
+/// element (256), while the FLOPs stay the product's.
+#[test]
+fn a_cooperative_multiply_add_is_a_few_instructions_not_one_per_element() {
+    let src = "
+enable wgpu_cooperative_matrix;
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read_write> o: array<f32>;
+@compute @workgroup_size(32)
+fn main() {
+    let x = coopLoad<coop_mat16x16<f32, A>>(&a[0], 16u);
+    let y = coopLoad<coop_mat16x16<f32, B>>(&a[0], 16u);
+    var c = coopLoad<coop_mat16x16<f32, C>>(&a[0], 16u);
+    c = coopMultiplyAdd(x, y, c);
+    coopStore(c, &o[0], 16u);
+}";
+    let c = count(src, 1, &[1024, 1024], Sample::All);
+    assert_eq!(c.coop_flops, 2 * 16 * 16 * 16);
+    let per_lane = c.lane_instructions as f64 / c.invocations as f64;
+    assert!(
+        per_lane < 24.0,
+        "{per_lane} instructions a lane (256 a matrix would be one per element)"
+    );
+}

@@ -23,9 +23,15 @@ impl Exec<'_, '_> {
         let expr = &fr.f.expressions[h];
         if self.tally.is_some() && super::count::costs_expr(expr) {
             // A vector operation is one instruction per component on scalar GPUs (NVIDIA,
-            // AMD); an index or a texel read is one.
+            // AMD); an index or a texel read is one. A cooperative matrix (the only values
+            // of more than 16 components) is the subgroup's together: each lane holds
+            // n / w of its elements and moves or multiplies them 4 at a time (a 16 × 16
+            // f16 fragment is one 16-byte access a lane on NVIDIA, ldmatrix.x4 from shared
+            // memory; a 16 × 16 × 16 multiply-add two mma.m16n8k16): n / (4 w) warp
+            // instructions, not one per element.
             let per = match expr {
                 Expression::Access { .. } | Expression::ImageLoad { .. } => 1,
+                _ if n > 16 => (n / (4 * w)).max(1),
                 _ => n.max(1),
             };
             for _ in 0..per {
