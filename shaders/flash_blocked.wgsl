@@ -379,6 +379,11 @@ fn main(
         }
     }
 
+    // Which of its OC output columns tx + TX·k are inside the head (all but at d < 4·BC).
+    var cols: array<bool, OC>;
+    for (var k = 0u; k < OC; k++) { // unroll
+        cols[k] = tx + TX * k < DV4;
+    }
     var o: array<vec4<f32>, 4u * OC>;
     var m = vec4<f32>(FLOOR);
     var l = vec4<f32>(0.0);
@@ -394,7 +399,7 @@ fn main(
     for (var j0 = kv_lo; j0 < kv_end; j0 += BC) {
         // 2 = some pairs of this tile are hidden by a mask modifier; 1 = none (0, none
         // visible, is still computed: the next tile is staged before this one ends).
-        let tile = wa_block(b, h, row0, j0);
+        let partial = wa_block(b, h, row0, j0) != 1u;
         // 1. S = Q·Kᵀ (in the log2 domain: Q is pre-scaled), chunk by chunk of the head
         //    dimension; s[r][e] is row i0 + TY·r, key j0 + 4tx + e. DBUF ≠ 0: the next chunk
         //    (or the tile's first V chunk) is staged meanwhile, one barrier per chunk.
@@ -448,7 +453,7 @@ fn main(
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
@@ -507,7 +512,7 @@ fn main(
                 }
                 let vk = va + kk * DV4;
                 for (var k = 0u; k < OC; k++) { // unroll
-                    if tx + TX * k < DV4 {
+                    if cols[k] {
                         for (var e = 0u; e < 4u; e++) { // unroll
                             let v = widen(pool[vk + (DV4 * e + TX * k)]);
                             for (var r = 0u; r < 4u; r++) { // unroll
@@ -561,8 +566,9 @@ fn main(
         }
         return;
     }
-    // Nothing visible (every key masked out): zeros, not 0/0.
-    let inv = select(1.0 / total, vec4<f32>(0.0), total == vec4<f32>(0.0));
+    // Nothing visible (every key masked out, or a row past n_q): zeros, not 0/0.
+    let empty = total == vec4<f32>(0.0);
+    let inv = select(1.0 / select(total, vec4<f32>(1.0), empty), vec4<f32>(0.0), empty);
     let o_base = p.o_off + b * p.o_batch + h * p.o_head;
     for (var r = 0u; r < 4u; r++) { // unroll
         let i = i0 + TY * r;

@@ -46,7 +46,8 @@ constants! {
         dbuf => "DBUF",
         /// 1 to reduce the row maxima and sums with subgroup shuffles instead of `red`.
         sgr => "SGR",
-        /// 1 to multiply in f16 (`H_T = f16`, Q pre-scaled); statistics and sums stay f32.
+        /// 1 to keep the chunks and P in workgroup memory as f16 (`H_T = f16`), widened to
+        /// f32 where they are multiplied; statistics and sums stay f32.
         hmul => "HMUL",
         /// 1 to read Q, K, V and write the output as vec4s ([`Flash::vector_layout`]).
         vec => "VEC",
@@ -69,9 +70,11 @@ pub struct BlockedOptions {
     /// through workgroup memory. `None`: where the adapter has `Features::SUBGROUP` and every
     /// subgroup size it may use holds a row group; `Some(true)` elsewhere is an error.
     pub subgroups: Option<bool>,
-    /// With f16 operands (`Dtype::F16`), multiply in f16 (`vec4<f16>` for `Q·Kᵀ` and `P·V`;
-    /// the softmax statistics and the output accumulators stay f32). `None`: on GPUs, off on
-    /// CPU adapters (lavapipe), where f16 brings no speed. Ignored with f32 operands.
+    /// With f16 operands (`Dtype::F16`), keep Q, K, V and P in workgroup memory as f16
+    /// (`vec4<f16>`: half the bytes; P rounded to f16), each widened to f32 where `Q·Kᵀ` and
+    /// `P·V` multiply it (exact products; the softmax statistics and the output accumulators
+    /// stay f32). `None`: on GPUs, off on CPU adapters (lavapipe), where f16 brings no speed.
+    /// Ignored with f32 operands.
     pub f16_arithmetic: Option<bool>,
     /// Read Q, K and V (and write the output) with one vector load (store) per 4 values of a
     /// row, where the layout allows it (head widths and every offset and stride of Q, K, V
@@ -201,7 +204,8 @@ impl Kernel for Shader {
             _ => u(p.split_keys).min(u(p.n_kv)),
         };
         let tiles = keys.div_ceil(bc) + 1;
-        let edges = staged(br * dk4) + stage_qk + reduce + m4 + 3 * (m4 + 4 * m(oc)) + 16 * oc * m4;
+        let edges =
+            staged(br * dk4) + stage_qk + reduce + m4 + m(oc) + 3 * (m4 + 4 * m(oc)) + 16 * oc * m4;
         run(tiles * tile) + edges
     }
 }
