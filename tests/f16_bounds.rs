@@ -146,7 +146,7 @@ fn every_f16_verify_case_has_a_bound_under_5e_2_that_a_wrong_answer_cannot_meet(
 }
 
 /// The same under the GPU stand-in, whose plans take a GPU's f16 arithmetic
-/// (`flash_blocked` with f16 operands in workgroup memory and f16 products for P·V, and the
+/// (`flash_blocked` with f16 operands and P in workgroup memory, and the
 /// cooperative matrices' f16 inputs where they run), so its bounds have the terms lavapipe's
 /// plans do not.
 #[test]

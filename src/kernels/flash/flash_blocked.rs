@@ -46,7 +46,8 @@ constants! {
         dbuf => "DBUF",
         /// 1 to reduce the row maxima and sums with subgroup shuffles instead of `red`.
         sgr => "SGR",
-        /// 1 to multiply in f16 (`H_T = f16`, Q pre-scaled); statistics and sums stay f32.
+        /// 1 to keep the chunks and P in workgroup memory as f16 (`H_T = f16`), widened to
+        /// f32 where they are multiplied; statistics and sums stay f32.
         hmul => "HMUL",
         /// 1 to read Q, K, V and write the output as vec4s ([`Flash::vector_layout`]).
         vec => "VEC",
@@ -69,9 +70,11 @@ pub struct BlockedOptions {
     /// through workgroup memory. `None`: where the adapter has `Features::SUBGROUP` and every
     /// subgroup size it may use holds a row group; `Some(true)` elsewhere is an error.
     pub subgroups: Option<bool>,
-    /// With f16 operands (`Dtype::F16`), multiply in f16 (`vec4<f16>` for `Q·Kᵀ` and `P·V`;
-    /// the softmax statistics and the output accumulators stay f32). `None`: on GPUs, off on
-    /// CPU adapters (lavapipe), where f16 brings no speed. Ignored with f32 operands.
+    /// With f16 operands (`Dtype::F16`), keep Q, K, V and P in workgroup memory as f16
+    /// (`vec4<f16>`: half the bytes; P rounded to f16), each widened to f32 where `Q·Kᵀ` and
+    /// `P·V` multiply it (exact products; the softmax statistics and the output accumulators
+    /// stay f32). `None`: on GPUs, off on CPU adapters (lavapipe), where f16 brings no speed.
+    /// Ignored with f32 operands.
     pub f16_arithmetic: Option<bool>,
     /// Read Q, K and V (and write the output) with one vector load (store) per 4 values of a
     /// row, where the layout allows it (head widths and every offset and stride of Q, K, V
@@ -194,7 +197,7 @@ impl Kernel for Shader {
         let steps = u64::from(u64::BITS - (bc / 4).leading_zeros());
         let reduce = run(steps) + run(bc / 4);
         let probs = m4 + 4 * (m4 + m(oc)) + 16 * m(oc);
-        let v_step = m4 + m4 + 4 * (m(oc) + oc * m4);
+        let v_step = m4 + m(oc) + oc * (m4 + 4 * m4);
         let v_chunk = 1 + stage_v + stage_qk + run(vc / 4) + (vc / 4) * v_step;
         let chunks = run(dk4.div_ceil(dc4)) + dk4.div_ceil(dc4) * chunk;
         let tile = 1 + chunks + reduce + probs + run(bc.div_ceil(vc)) + bc.div_ceil(vc) * v_chunk;
@@ -203,7 +206,8 @@ impl Kernel for Shader {
             _ => u(p.split_keys).min(u(p.n_kv)),
         };
         let tiles = keys.div_ceil(bc) + 1;
-        let edges = staged(br * dk4) + stage_qk + reduce + 3 * (m4 + 4 * m(oc)) + 16 * oc * m4;
+        let edges =
+            staged(br * dk4) + stage_qk + reduce + m4 + m(oc) + 3 * (m4 + 4 * m(oc)) + 16 * oc * m4;
         run(tiles * tile) + edges
     }
 }
@@ -349,7 +353,8 @@ impl FlashBlockedConsts {
         } else {
             0
         };
-        let p = u64::from(self.rows * self.keys.div_ceil(4)) + q_sh;
+        // P's rows are padded by a vec4 (other banks for neighbouring rows).
+        let p = u64::from(self.rows * (self.keys.div_ceil(4) + 1)) + q_sh;
         // vec4<f16> is 8 bytes; `red` shrinks to one vec4 and an atomic counter with subgroups.
         let h_t = if self.hmul != 0 { 8 } else { 16 };
         let red = if self.sgr != 0 {
@@ -510,7 +515,7 @@ mod tests {
         // d = 80: a chunk that divides 20 vec4s; d = 256: V in chunks of 8 keys, 4 columns.
         let c = FlashBlockedConsts::new(&l, (64, 64), (20, 64)).unwrap();
         assert_eq!((c.chunk4, c.v_keys, c.out4), (5, 8, 4));
-        assert_eq!(c.workgroup_bytes(), 32 << 10);
+        assert_eq!(c.workgroup_bytes(), 33 << 10);
         // Less memory: narrower chunks.
         let small = FlashBlockedConsts::new(&limits(32 << 10), (64, 64), (16, 16)).unwrap();
         assert!(
@@ -556,11 +561,12 @@ mod tests {
         };
         let c = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), all).unwrap();
         assert_eq!((c.dbuf, c.hmul, c.chunk4, c.v_keys), (1, 1, 8, 32));
-        assert_eq!(c.workgroup_bytes(), 26644);
+        assert_eq!(c.workgroup_bytes(), 27156);
         // d = 128 over 32 keys: 4 output vec4s per thread, f32 arithmetic.
         let c = FlashBlockedConsts::fit(&l, (64, 32), (32, 32), all).unwrap();
         assert_eq!(c.hmul, 0);
-        // f32 at 32 KiB: two buffers take narrower chunks than one.
+        // f32 at 32 KiB (and `red` beside them, without subgroups): two buffers take
+        // narrower chunks than one.
         let one = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), Inner::default()).unwrap();
         let dbuf = Inner {
             dbuf: 1,
@@ -569,9 +575,9 @@ mod tests {
         let two = FlashBlockedConsts::fit(&l, (64, 64), (16, 16), dbuf).unwrap();
         assert_eq!(
             (one.chunk4, one.v_keys, two.chunk4, two.v_keys),
-            (4, 32, 2, 16)
+            (4, 32, 1, 16)
         );
-        assert_eq!(two.workgroup_bytes(), 32 << 10);
+        assert_eq!(two.workgroup_bytes(), 29 << 10);
     }
 
     #[test]
@@ -580,11 +586,12 @@ mod tests {
             qres: 1,
             ..Inner::default()
         };
-        // 64 × 32 at d = 64: Q (64 rows of 17 vec4s) + P (64 × 8) + a chunk of 32 K rows of
-        // 9 vec4s or 16 V rows of 16 + `red` (128 vec4s): the V chunk shrinks to fit 32 KiB.
+        // 64 × 32 at d = 64: Q (64 rows of 17 vec4s) + P (64 rows of 9) + a chunk of 32 K
+        // rows of 5 vec4s or 16 V rows of 16 + `red` (128 vec4s): the chunks shrink to fit
+        // 32 KiB.
         let c = FlashBlockedConsts::fit(&limits(32 << 10), (64, 32), (16, 16), qres).unwrap();
-        assert_eq!((c.chunk4, c.v_keys, c.qres), (8, 16, 1));
-        assert_eq!(c.workgroup_bytes(), (64 * 17 + 64 * 8 + 32 * 9 + 128) * 16);
+        assert_eq!((c.chunk4, c.v_keys, c.qres), (4, 16, 1));
+        assert_eq!(c.workgroup_bytes(), (64 * 17 + 64 * 9 + 16 * 16 + 128) * 16);
         // 64 × 64: P doubles, past 32 KiB; 48 KiB holds it.
         let c = FlashBlockedConsts::fit(&limits(32 << 10), (64, 64), (16, 16), qres);
         assert!(matches!(c, Err(Error::LimitExceeded { .. })));
