@@ -112,11 +112,11 @@ fn main() -> Result<()> {
             let ctx = Context::new()?.with_tuning(false).with_blocked_options(o);
             let op = Attention::new()
                 .return_weights(false)
-                .options(Options {
-                    kernels: Kernels::Storage,
-                    flash_variant: Some(v),
-                    ..Options::default()
-                })
+                .options(
+                    Options::default()
+                        .kernels(Kernels::Storage)
+                        .flash_variant(v),
+                )
                 .dtype(dtype);
             rows.push((
                 format!("{v} {name}"),

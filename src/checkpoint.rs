@@ -57,6 +57,7 @@ pub struct Biases {
 
 /// One layer's weights in the `X·W` orientation, owned.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LayerWeights {
     /// `W_Q (d, d_k)`, `W_K (d, d_k)`, `W_V (d, d_v)` (for a grouped-query layer, K and V
     /// are narrower: grouped-query attention).
@@ -181,6 +182,7 @@ impl LayerWeights {
 
 /// Head counts from a model's `config.json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeadCounts {
     /// `num_attention_heads`: the query heads.
     pub heads: usize,

@@ -52,6 +52,7 @@ mod dtype;
 mod gpu;
 mod kernels;
 mod phases;
+mod setters;
 mod settings;
 mod tune;
 mod values;

@@ -92,12 +92,7 @@ fn check_as(
     tol: f64,
     label: &str,
 ) {
-    let op = op
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
-        .dtype(dtype);
+    let op = op.options(Options::default().nan_fill(true)).dtype(dtype);
     // What the device holds under f16: the reference sees the same rounded inputs.
     let round = |a: &Array4<f32>| match dtype {
         Dtype::F16 => a.mapv(|x| half::f16::from_f32(x).to_f32()),
@@ -111,11 +106,7 @@ fn check_as(
     let want_out = reference::run(&op, &rounded).unwrap();
     let want_lse = lse_reference(&op, &qr, &kr, mask);
     for variant in variants() {
-        let op = op.options(Options {
-            nan_fill: true,
-            flash_variant: Some(variant),
-            ..Options::default()
-        });
+        let op = op.options(Options::default().nan_fill(true).flash_variant(variant));
         let out = op
             .save_for_backward(true)
             .run(ctx, Inputs::qkv(q, k, v).mask(mask))
@@ -209,10 +200,7 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
     );
     let ctx = common::ctx();
     let saved = Attention::new()
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().nan_fill(true))
         .save_for_backward(true)
         .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
         .unwrap()
@@ -253,10 +241,7 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
         "lengths",
     );
     let saved = Attention::new()
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().nan_fill(true))
         .save_for_backward(true)
         .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
         .unwrap()
@@ -317,10 +302,7 @@ fn the_saved_forward_returns_what_the_plain_one_does() {
         let op = Attention::new()
             .causal(true)
             .return_weights(false)
-            .options(Options {
-                flash_variant: Some(variant),
-                ..Options::default()
-            });
+            .options(Options::default().flash_variant(variant));
         let plain = op.run(ctx, Inputs::qkv(&q, &k, &v)).unwrap();
         let saved = op
             .save_for_backward(true)
@@ -389,10 +371,7 @@ fn the_saved_forward_rejects_non_finite_inputs_even_when_propagating() {
     let [mut q, k, v] = common::sdpa_arrays(1, 1, 3, 3, 4, 4);
     q[[0, 0, 1, 1]] = f32::NAN;
     let err = Attention::new()
-        .options(Options {
-            propagate_non_finite: true,
-            ..Options::default()
-        })
+        .options(Options::default().propagate_non_finite(true))
         .save_for_backward(true)
         .run(ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
         .unwrap_err();
@@ -412,10 +391,7 @@ fn each_family_runs_its_own_backward_kernels() {
             _ => "flash_backward_kv.wgsl",
         };
         let saved = Attention::new()
-            .options(Options {
-                flash_variant: Some(variant),
-                ..Options::default()
-            })
+            .options(Options::default().flash_variant(variant))
             .save_for_backward(true)
             .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
             .unwrap()

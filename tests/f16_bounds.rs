@@ -95,26 +95,26 @@ fn problems(
     if bound.is_nan() || bound >= 0.05 {
         problems.push(format!("{case}: bound {bound:.3e} ≥ 0.05"));
     }
-    let right = match gpu {
-        true => pollster::block_on(verify::run_gpu(ctx, &case.op(), &data))
-            .unwrap_or_else(|e| panic!("{case}: {e}")),
+    let (context, weights) = match gpu {
+        true => {
+            let out = pollster::block_on(verify::run_gpu(ctx, &case.op(), &data))
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            (out.context, out.weights)
+        }
         false => {
             let cpu = expected.reference();
             let f32_of = |a: &ArrayD<f64>| a.mapv(|v| v as f32);
-            wgpu_attention::Output {
-                context: f32_of(&cpu.context),
-                weights: cpu.weights.as_ref().filter(|_| !case.fused).map(f32_of),
-                saved: None,
-            }
+            let weights = cpu.weights.as_ref().filter(|_| !case.fused).map(f32_of);
+            (f32_of(&cpu.context), weights)
         }
     };
-    let weights = right.weights.as_ref();
-    let r = expected.check(&right.context, weights);
+    let weights = weights.as_ref();
+    let r = expected.check(&context, weights);
     if !r.passed() {
         problems.push(format!("the right answer fails: {r}"));
     }
-    let mut wrong = vec![("zeros", ArrayD::zeros(right.context.raw_dim()))];
-    let moved = rows_moved(&right.context);
+    let mut wrong = vec![("zeros", ArrayD::zeros(context.raw_dim()))];
+    let moved = rows_moved(&context);
     let single = moved.is_none();
     wrong.extend(moved.map(|m| ("rows moved", m)));
     wrong.push((

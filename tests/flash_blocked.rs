@@ -25,13 +25,13 @@ const BLOCKS: [FlashVariant; 4] = [
 /// options `Case::op` sets (the case's kernels, NaN-filled outputs) and these two, in one
 /// `Options` (`Attention::options` sets every knob at once).
 fn forced_split(case: &Case, v: FlashVariant, split: KeySplit) -> Attention {
-    case.op().options(Options {
-        kernels: case.kernels,
-        nan_fill: true,
-        flash_variant: Some(v),
-        key_split: split,
-        ..Options::default()
-    })
+    case.op().options(
+        Options::default()
+            .kernels(case.kernels)
+            .nan_fill(true)
+            .flash_variant(v)
+            .key_split(split),
+    )
 }
 
 /// `case.op()` with its fused kernel forced to `v` (see [`forced_split`]).

@@ -27,13 +27,13 @@ fn check(cases: &[Case], variants: &[FlashVariant], ranges: &[u32]) {
             for &n in ranges {
                 // What `Case::op` sets (the case's kernels, NaN-filled outputs), and the
                 // variant and the split, in one `Options`.
-                let op = case.op().options(Options {
-                    kernels: case.kernels,
-                    nan_fill: true,
-                    flash_variant: Some(v),
-                    key_split: KeySplit::Ranges(n),
-                    ..Options::default()
-                });
+                let op = case.op().options(
+                    Options::default()
+                        .kernels(case.kernels)
+                        .nan_fill(true)
+                        .flash_variant(v)
+                        .key_split(KeySplit::Ranges(n)),
+                );
                 match verify::run_case_with(ctx, &case, op, 200 + i as u64) {
                     Ok(r) if r.passed() => {}
                     Ok(r) => failures.push(format!("{v} split {n}: {r}")),
@@ -126,13 +126,13 @@ fn split_equals_unsplit_within_rounding() {
     for causal in [false, true] {
         let op = Attention::new().causal(causal).return_weights(false);
         let run = |split| {
-            op.options(Options {
-                nan_fill: true,
-                kernels: Kernels::Storage,
-                flash_variant: Some(GPU),
-                key_split: split,
-                ..Options::default()
-            })
+            op.options(
+                Options::default()
+                    .nan_fill(true)
+                    .kernels(Kernels::Storage)
+                    .flash_variant(GPU)
+                    .key_split(split),
+            )
             .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
             .unwrap()
             .context
@@ -165,12 +165,12 @@ fn a_split_saved_forward_keeps_the_log_sum_exp_for_the_backward() {
     let v = Array4::from_shape_fn((2, 2, 45, 12), f(0.41));
     let d_o = Array4::from_shape_fn((2, 4, 37, 12), f(0.07));
     for causal in [false, true] {
-        let op = Attention::new().causal(causal).options(Options {
-            nan_fill: true,
-            flash_variant: Some(FlashVariant::Blocked { rows: 8, keys: 8 }),
-            key_split: KeySplit::Ranges(4),
-            ..Options::default()
-        });
+        let op = Attention::new().causal(causal).options(
+            Options::default()
+                .nan_fill(true)
+                .flash_variant(FlashVariant::Blocked { rows: 8, keys: 8 })
+                .key_split(KeySplit::Ranges(4)),
+        );
         let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
         let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
         let out = op.save_for_backward(true).run(ctx, inputs.clone()).unwrap();

@@ -18,10 +18,7 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
     let ctx = context_with(|l| l.max_texture_dimension_2d = 64);
     let n = 3000;
     let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.37).sin());
-    let options = Options {
-        nan_fill: true,
-        ..Options::default()
-    };
+    let options = Options::default().nan_fill(true);
     let auto = Attention::new()
         .causal(true)
         .return_weights(false)
@@ -32,10 +29,7 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
     assert!(rel < 1e-5, "rel {rel}");
 
     if ctx.subgroup_size().is_some() {
-        let forced = auto.options(Options {
-            kernels: Kernels::Subgroup,
-            ..options
-        });
+        let forced = auto.options(options.kernels(Kernels::Subgroup));
         match forced.run(&ctx, Inputs::x(&x)) {
             Err(e @ Error::LimitExceeded { .. }) => {
                 assert!(e.to_string().contains("max_texture_dimension_2d"), "{e}")
@@ -374,10 +368,7 @@ fn modifiers_fit_webgpus_default_limits() {
             let op = Attention::new()
                 .causal(true)
                 .return_weights(weights)
-                .options(Options {
-                    kernels,
-                    ..Options::default()
-                });
+                .options(Options::default().kernels(kernels));
             let got = op.run(&ctx, inputs.clone()).unwrap();
             let want = reference::run(&op.return_weights(true), &inputs).unwrap();
             let rel = reference::compare(&got.context, &want.context).0;
@@ -413,10 +404,9 @@ fn a_callers_buffers_past_the_storage_binding_count_are_a_clear_error() {
         mods = mods.buffer(name, BufferData::F32(vec![0.0]));
     }
     let mask = Mask::none().with_modifiers(&mods);
-    let op = Attention::new().return_weights(false).options(Options {
-        kernels: Kernels::Storage,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .return_weights(false)
+        .options(Options::default().kernels(Kernels::Storage));
     let err = op
         .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
         .unwrap_err();

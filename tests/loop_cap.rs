@@ -44,12 +44,12 @@ fn run(op: &Attention, (l, s, d): (usize, usize, usize)) -> Result<f64, String> 
 
 fn op(kernels: Kernels, weights: bool, flash: Option<FlashVariant>) -> Attention {
     Attention::new()
-        .options(Options {
-            kernels,
-            nan_fill: true,
-            flash_variant: flash,
-            ..Options::default()
-        })
+        .options(
+            Options::default()
+                .kernels(kernels)
+                .nan_fill(true)
+                .flash_variant(flash),
+        )
         .return_weights(weights)
 }
 

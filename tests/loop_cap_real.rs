@@ -23,12 +23,12 @@ fn rel_error(ctx: &Context, s: usize) -> f64 {
     };
     let (q, k, v) = (wave(4, 1), wave(s, 2), wave(s, 3));
     let op = Attention::new()
-        .options(Options {
-            kernels: Kernels::Storage,
-            nan_fill: true,
-            flash_variant: Some(FlashVariant::Tiled { keys: 32 }),
-            ..Options::default()
-        })
+        .options(
+            Options::default()
+                .kernels(Kernels::Storage)
+                .nan_fill(true)
+                .flash_variant(FlashVariant::Tiled { keys: 32 }),
+        )
         .return_weights(false);
     let inputs = Inputs::qkv(&q, &k, &v);
     let got = op.run(ctx, inputs.clone()).unwrap();

@@ -34,10 +34,9 @@ fn files(dir: &Path, qkv: &[Array4<f32>; 3], f16: bool) -> ([Opened; 3], [ArrayD
 }
 
 fn nan_filled(dtype: Dtype) -> Attention {
-    Attention::new().dtype(dtype).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    })
+    Attention::new()
+        .dtype(dtype)
+        .options(Options::default().nan_fill(true))
 }
 
 fn stand_in() -> Context {

@@ -283,10 +283,9 @@ fn the_gpu_backward_matches_the_reference() {
             Some(m) => Mask::none().with_modifiers(m),
             None => Mask::none(),
         };
-        let op = Attention::new().causal(true).options(Options {
-            nan_fill: true,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .causal(true)
+            .options(Options::default().nan_fill(true));
         let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
         let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
         let out = op
@@ -354,14 +353,7 @@ fn the_gpu_decode_step_matches_the_reference() {
         let want = reference::run(&op, &Inputs::qkv(&q, &round(&k), &round(&v)))
             .unwrap()
             .context;
-        let spec = KvCacheSpec {
-            capacity: 300,
-            batch: 2,
-            kv_heads: 2,
-            d_k: 16,
-            d_v: 16,
-            dtype,
-        };
+        let spec = KvCacheSpec::new(300, 2, 2, 16, 16).dtype(dtype);
         let mut cache = KvCache::new(ctx, spec).unwrap();
         let dec = Decoder::new().nan_fill(true);
         let mut outs = Vec::new();

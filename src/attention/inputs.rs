@@ -247,14 +247,17 @@ impl<'a, 'p: 'a> ProjectionsArg<'a> for Option<&'a Projections<'p>> {
 }
 
 /// The knobs a caller rarely turns: which kernels run, and how checks behave. Set them with
-/// [`crate::Attention::options`]; the defaults suit every adapter.
+/// [`crate::Attention::options`]; the defaults suit every adapter. Built from
+/// [`Options::default`] with one method per field (the fields are read-only outside the
+/// crate, so that a new knob is not a breaking change):
 ///
 /// ```
 /// use wgpu_attention::{Attention, Kernels, Options};
-/// let op = Attention::new().options(Options { kernels: Kernels::Storage, ..Options::default() });
+/// let op = Attention::new().options(Options::default().kernels(Kernels::Storage).nan_fill(true));
 /// # let _ = op;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Options {
     /// The kernel family (default [`Kernels::Auto`]: the fastest the adapter runs).
     pub kernels: Kernels,
@@ -292,6 +295,15 @@ impl Default for Options {
         }
     }
 }
+
+crate::setters::setters!(Options {
+    kernels: Kernels,
+    flash_variant: Option<FlashVariant>,
+    matmul_variant: Option<MatmulVariant>,
+    key_split: KeySplit,
+    nan_fill: bool,
+    propagate_non_finite: bool,
+});
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,16 @@ use crate::gpu::coop;
 /// `vulkan,gl`) and `WGPU_ADAPTER_NAME` (a case-insensitive substring of the adapter's name).
 /// Among the adapters left, the best device type wins: discrete GPU, then integrated,
 /// virtual, software (CPU), other; ties go to Vulkan/Metal/DX12 over GL.
+///
+/// Built from [`ContextOptions::default`] with one method per field:
+///
+/// ```
+/// use wgpu_attention::{Backend, ContextOptions};
+/// let options = ContextOptions::default().backend(Backend::Vulkan).adapter_name("llvmpipe".to_string());
+/// assert_eq!(options.adapter_name.as_deref(), Some("llvmpipe"));
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ContextOptions {
     /// Only adapters of this backend.
     pub backend: Option<Backend>,
@@ -28,6 +37,13 @@ pub struct ContextOptions {
     /// [`crate::Context::with_sanitizer`]).
     pub sanitize: Option<crate::Sanitize>,
 }
+
+crate::setters::setters!(ContextOptions {
+    backend: Option<Backend>,
+    adapter_name: Option<String>,
+    stand_in: Option<crate::StandIn>,
+    sanitize: Option<crate::Sanitize>,
+});
 
 impl ContextOptions {
     fn backends(&self) -> Result<wgpu::Backends> {
@@ -70,6 +86,7 @@ impl ContextOptions {
 
 /// What `devices` prints about one adapter.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AdapterSummary {
     /// wgpu's adapter info (name, backend, device type, driver).
     pub info: wgpu::AdapterInfo,

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 /// size` products (wgpu's WGSL has `coop_mat8x8` and `coop_mat16x16`), f32 accumulation,
 /// the inputs in f16 (`f16_inputs`) or f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct CoopShape {
     /// M = N = K: 8 or 16.
     pub size: u32,

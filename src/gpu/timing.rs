@@ -22,6 +22,7 @@ const CAPACITY: u32 = 64;
 
 /// The time one compute pass took on the GPU.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct KernelTime {
     /// The kernel's file name.
     pub kernel: &'static str,

@@ -269,10 +269,7 @@ fn capture_flash(ctx: &Context, p: &Problem, variant: FlashVariant) -> Result<Ve
         .return_weights(false)
         .causal(p.causal)
         .dtype(p.dtype)
-        .options(Options {
-            flash_variant: Some(variant),
-            ..Options::default()
-        });
+        .options(Options::default().flash_variant(variant));
     let mods = p
         .window
         .map(|left| Modifiers::new().preset(Preset::Window { left, right: 0 }));
@@ -363,14 +360,7 @@ pub fn profile_decode(
     sample: u32,
 ) -> Result<Vec<KernelProfile>> {
     use crate::{Decoder, KvCache, KvCacheSpec};
-    let spec = KvCacheSpec {
-        capacity: cache,
-        batch,
-        kv_heads: heads,
-        d_k: d,
-        d_v: d,
-        dtype,
-    };
+    let spec = KvCacheSpec::new(cache, batch, heads, d, d).dtype(dtype);
     let mut kv = KvCache::new(ctx, spec)?;
     let tokens = ndarray::Array4::<f32>::zeros((batch, heads, cache, d));
     match dtype {

@@ -163,13 +163,13 @@ impl Case {
         let mut op = Attention::new()
             .heads(self.heads)
             .causal(self.causal)
-            .options(crate::Options {
-                kernels: self.kernels,
-                nan_fill: true,
-                flash_variant: self.flash,
-                matmul_variant: self.matmul,
-                ..crate::Options::default()
-            });
+            .options(
+                crate::Options::default()
+                    .kernels(self.kernels)
+                    .nan_fill(true)
+                    .flash_variant(self.flash)
+                    .matmul_variant(self.matmul),
+            );
         if let Some(s) = self.scale {
             op = op.scale(s);
         }

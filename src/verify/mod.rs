@@ -30,6 +30,7 @@ const EPS16: f64 = 1.0 / 1024.0;
 
 /// How one case came out.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CaseResult {
     /// The case.
     pub case: Case,

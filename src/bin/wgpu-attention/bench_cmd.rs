@@ -627,10 +627,7 @@ pub fn attention_at(
                 .heads(shape.heads)
                 .causal(shape.causal)
                 .dtype(shape.dtype)
-                .options(Options {
-                    kernels: family,
-                    ..Options::default()
-                })
+                .options(Options::default().kernels(family))
                 .return_weights(weights);
             let plan = op.plan(ctx, &dims)?;
             let path = format!(

@@ -53,11 +53,9 @@ pub struct AdapterArgs {
 
 impl AdapterArgs {
     fn options(&self) -> ContextOptions {
-        ContextOptions {
-            backend: self.backend,
-            adapter_name: self.adapter.clone(),
-            ..Default::default()
-        }
+        ContextOptions::default()
+            .backend(self.backend)
+            .adapter_name(self.adapter.clone())
     }
 
     pub fn open(&self) -> Result<Context> {
