@@ -56,7 +56,10 @@ fn attention(c: &mut Criterion) {
             let op = fused.options(Options::default().flash_variant(variant));
             // The storage kernels are ~40x slower on lavapipe: keep them to the small size.
             if n > 256
-                && matches!(variant, wgpu_attention::FlashVariant::Tiled { .. })
+                && matches!(
+                    variant,
+                    wgpu_attention::internals::FlashVariant::Tiled { .. }
+                )
                 && ctx.adapter_info().device_type == wgpu::DeviceType::Cpu
             {
                 continue;

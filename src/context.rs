@@ -14,9 +14,9 @@ use crate::settings::{Settings, TuneCache};
 
 mod adapter;
 mod backend;
-pub use crate::gpu::coop::CoopShape;
-pub use crate::gpu::hardware::StandIn;
-pub use crate::gpu::sanitizer::{Sanitize, SanitizerSummary};
+pub(crate) use crate::gpu::coop::CoopShape;
+pub(crate) use crate::gpu::hardware::StandIn;
+pub(crate) use crate::gpu::sanitizer::{Sanitize, SanitizerSummary};
 use adapter::select_async;
 pub use adapter::{
     default_adapter, list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT,

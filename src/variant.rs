@@ -5,9 +5,9 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::coop_matmul;
-pub use crate::kernels::flash::FlashVariant;
+pub(crate) use crate::kernels::flash::FlashVariant;
 use crate::kernels::flash::{self, FusedIo};
-pub use crate::kernels::flash_combine::KeySplit;
+pub(crate) use crate::kernels::flash_combine::KeySplit;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::matmul_blocked;

@@ -8,10 +8,8 @@
 mod common;
 
 use ndarray::{Array4, ArrayD, IxDyn};
-use wgpu_attention::{
-    reference, Attention, BlockedOptions, Context, Dims, Dtype, Error, FlashVariant, Inputs, Mask,
-    Options,
-};
+use wgpu_attention::internals::{BlockedOptions, FlashVariant};
+use wgpu_attention::{reference, Attention, Context, Dims, Dtype, Error, Inputs, Mask, Options};
 
 /// The fused forwards that can save the statistics, each forced.
 fn variants() -> Vec<FlashVariant> {
@@ -287,10 +285,7 @@ fn f16_storage_matches_the_reference_of_the_rounded_inputs() {
     let ctx = Context::new()
         .unwrap()
         .with_tuning(false)
-        .with_blocked_options(BlockedOptions {
-            f16_arithmetic: Some(false),
-            ..Default::default()
-        });
+        .with_blocked_options(BlockedOptions::default().f16_arithmetic(false));
     check_as(&ctx, op, Dtype::F16, &arrays, &Mask::none(), 1e-4, "f16");
 }
 
@@ -401,7 +396,9 @@ fn each_family_runs_its_own_backward_kernels() {
         // Under the WGSL sanitizer no pass reaches the adapter (nothing is timed): what ran
         // is the sanitizer's tally.
         let names: Vec<&str> = match ctx.sanitizing() {
-            wgpu_attention::Sanitize::Off => ctx.kernel_times().iter().map(|t| t.kernel).collect(),
+            wgpu_attention::internals::Sanitize::Off => {
+                ctx.kernel_times().iter().map(|t| t.kernel).collect()
+            }
             _ => ctx.sanitizer_summary().dispatches.into_keys().collect(),
         };
         assert!(names.contains(&kernel), "{variant}: {names:?}");

@@ -7,10 +7,8 @@
 mod common;
 
 use ndarray::{Array2, ArrayD, IxDyn};
-use wgpu_attention::{
-    reference, Attention, Dtype, Error, FlashVariant, Inputs, Kernels, MatmulVariant, Options,
-    Projections,
-};
+use wgpu_attention::internals::{FlashVariant, MatmulVariant};
+use wgpu_attention::{reference, Attention, Dtype, Error, Inputs, Kernels, Options, Projections};
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {

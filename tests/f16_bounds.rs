@@ -156,7 +156,7 @@ fn every_f16_verify_case_under_the_stand_in_has_a_bound_under_5e_2_as_well() {
     let ctx = CTX.get_or_init(|| {
         wgpu_attention::Context::new()
             .expect("GPU tests need an adapter")
-            .with_stand_in(wgpu_attention::StandIn::Gpu)
+            .with_stand_in(wgpu_attention::internals::StandIn::Gpu)
             .with_tuning(false)
             .with_tune_cache(wgpu_attention::TuneCache::at(None))
     });

@@ -6,10 +6,9 @@
 
 mod common;
 
+use wgpu_attention::internals::{BlockedOptions, FlashVariant, KeySplit};
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{
-    Attention, BlockedOptions, Context, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Options,
-};
+use wgpu_attention::{Attention, Context, Dtype, Inputs, Kernels, Options};
 
 const BLOCKS: [FlashVariant; 4] = [
     FlashVariant::Blocked { rows: 64, keys: 64 },
@@ -263,13 +262,12 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     // Each option alone: the double buffer, subgroup reductions, f16 arithmetic, vector
     // loads (the defaults above have them wherever widths and strides are multiples of 4),
     // resident queries (the defaults above have them wherever they fit).
-    let off = BlockedOptions {
-        double_buffer: Some(false),
-        subgroups: Some(false),
-        f16_arithmetic: Some(false),
-        vector_loads: Some(false),
-        resident_queries: Some(false),
-    };
+    let off = BlockedOptions::default()
+        .double_buffer(false)
+        .subgroups(false)
+        .f16_arithmetic(false)
+        .vector_loads(false)
+        .resident_queries(false);
     let on = Some(true);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
     let info = common::ctx().adapter_info();
@@ -284,59 +282,18 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
         ..runs[1].0
     };
     let mut each = vec![
+        (off.double_buffer(on), runs[0]),
+        (off.f16_arithmetic(on), (f16, BLOCKS[1])),
+        (off.vector_loads(on), (f16, BLOCKS[0])),
+        (off.vector_loads(on), runs[1]),
+        (off.resident_queries(on), runs[0]),
         (
-            BlockedOptions {
-                double_buffer: on,
-                ..off
-            },
-            runs[0],
-        ),
-        (
-            BlockedOptions {
-                f16_arithmetic: on,
-                ..off
-            },
-            (f16, BLOCKS[1]),
-        ),
-        (
-            BlockedOptions {
-                vector_loads: on,
-                ..off
-            },
-            (f16, BLOCKS[0]),
-        ),
-        (
-            BlockedOptions {
-                vector_loads: on,
-                ..off
-            },
-            runs[1],
-        ),
-        (
-            BlockedOptions {
-                resident_queries: on,
-                ..off
-            },
-            runs[0],
-        ),
-        (
-            BlockedOptions {
-                resident_queries: on,
-                double_buffer: on,
-                vector_loads: on,
-                ..off
-            },
+            off.resident_queries(on).double_buffer(on).vector_loads(on),
             (f16, BLOCKS[0]),
         ),
     ];
     if sgr {
-        each.push((
-            BlockedOptions {
-                subgroups: on,
-                ..off
-            },
-            (runs[2].0, BLOCKS[1]),
-        ));
+        each.push((off.subgroups(on), (runs[2].0, BLOCKS[1])));
     }
     for (opts, run) in each {
         twins(&ctx_with(opts), &checked(opts), &[run]);
@@ -388,43 +345,29 @@ fn each_inner_loop_alone_matches_the_reference() {
     // The default context runs every inner loop the adapter allows (the tests above); here
     // the plain loop, the double buffer alone, the subgroup reductions alone, the vector
     // loads alone, the resident queries alone, and everything a GPU turns on.
-    let off = BlockedOptions {
-        double_buffer: Some(false),
-        subgroups: Some(false),
-        f16_arithmetic: Some(false),
-        vector_loads: Some(false),
-        resident_queries: Some(false),
-    };
+    let off = BlockedOptions::default()
+        .double_buffer(false)
+        .subgroups(false)
+        .f16_arithmetic(false)
+        .vector_loads(false)
+        .resident_queries(false);
     let cases = inner_loop_cases(Dtype::F32);
     check_on(&ctx_with(off), &cases, &BLOCKS[..2]);
-    let dbuf = BlockedOptions {
-        double_buffer: Some(true),
-        ..off
-    };
+    let dbuf = off.double_buffer(true);
     check_on(&ctx_with(dbuf), &cases, &BLOCKS[..2]);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes) wherever they exist.
-    let ctx = ctx_with(BlockedOptions {
-        subgroups: None,
-        ..off
-    });
+    let ctx = ctx_with(off.subgroups(None));
     check_on(&ctx, &cases, &BLOCKS[1..2]);
-    let vec = BlockedOptions {
-        vector_loads: Some(true),
-        ..off
-    };
+    let vec = off.vector_loads(true);
     check_on(&ctx_with(vec), &cases, &BLOCKS[..2]);
-    let qres = BlockedOptions {
-        resident_queries: Some(true),
-        ..off
-    };
+    let qres = off.resident_queries(true);
     check_on(&ctx_with(qres), &cases, &BLOCKS[..2]);
-    let gpu = BlockedOptions {
-        double_buffer: Some(true),
-        subgroups: None,
-        f16_arithmetic: Some(true),
-        vector_loads: Some(true),
-        resident_queries: Some(true),
-    };
+    let gpu = BlockedOptions::default()
+        .double_buffer(true)
+        .subgroups(None)
+        .f16_arithmetic(true)
+        .vector_loads(true)
+        .resident_queries(true);
     check_on(&ctx_with(gpu), &cases, &BLOCKS[..2]);
     check_on(&ctx_with(gpu), &inner_loop_cases(Dtype::F16), &BLOCKS[..2]);
 }
@@ -433,20 +376,14 @@ fn each_inner_loop_alone_matches_the_reference() {
 fn f16_arithmetic_and_f32_arithmetic_on_f16_operands_match_the_reference() {
     let cases = inner_loop_cases(Dtype::F16);
     for f16_arithmetic in [Some(true), Some(false)] {
-        let ctx = ctx_with(BlockedOptions {
-            f16_arithmetic,
-            ..Default::default()
-        });
+        let ctx = ctx_with(BlockedOptions::default().f16_arithmetic(f16_arithmetic));
         check_on(&ctx, &cases, &BLOCKS[..2]);
     }
 }
 
 #[test]
 fn subgroups_asked_for_where_a_row_group_does_not_fit_are_an_error() {
-    let ctx = ctx_with(BlockedOptions {
-        subgroups: Some(true),
-        ..Default::default()
-    });
+    let ctx = ctx_with(BlockedOptions::default().subgroups(true));
     let info = ctx.adapter_info();
     // 128 × 128 blocks: row groups of 32 lanes, more than lavapipe's 8.
     let v = FlashVariant::Blocked {

@@ -7,10 +7,9 @@
 mod common;
 
 use ndarray::Array4;
+use wgpu_attention::internals::{FlashVariant, KeySplit};
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{
-    reference, Attention, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
-};
+use wgpu_attention::{reference, Attention, Dtype, Inputs, Kernels, Mask, Options};
 
 /// 4 × 4 blocks (widths ≤ 16): even 7 keys are two tiles, so every size splits.
 const TINY: FlashVariant = FlashVariant::Blocked { rows: 4, keys: 4 };

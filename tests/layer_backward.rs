@@ -6,9 +6,10 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
+use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, FlashVariant, Gradients, Inputs, Kernels, Layer, Mask,
-    Options, Projections, Saved,
+    reference, Attention, Context, Dtype, Gradients, Inputs, Kernels, Layer, Mask, Options,
+    Projections, Saved,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {

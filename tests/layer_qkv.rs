@@ -6,9 +6,9 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3};
+use wgpu_attention::internals::MatmulVariant;
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, Inputs, Kernels, Layer, MatmulVariant, Options,
-    Projections,
+    reference, Attention, Context, Dtype, Inputs, Kernels, Layer, Options, Projections,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {

@@ -9,9 +9,8 @@
 mod common;
 
 use ndarray::{s, Array4};
-use wgpu_attention::{
-    reference, Attention, Decoder, FlashVariant, Inputs, KvCache, KvCacheSpec, Options,
-};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{reference, Attention, Decoder, Inputs, KvCache, KvCacheSpec, Options};
 
 fn arr(shape: (usize, usize, usize, usize), salt: f32) -> Array4<f32> {
     Array4::from_shape_fn(shape, |(a, b, c, d)| {

@@ -7,7 +7,8 @@
 mod common;
 
 use ndarray::Array4;
-use wgpu_attention::{reference, Attention, Context, FlashVariant, Inputs, Kernels, Options};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{reference, Attention, Context, Inputs, Kernels, Options};
 
 fn rel_error(ctx: &Context, s: usize) -> f64 {
     // Values in [-1, 1] from a linear congruential generator: logits of about 0.3, so every

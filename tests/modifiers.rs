@@ -9,11 +9,9 @@
 mod common;
 
 use ndarray::{Array2, Array4};
+use wgpu_attention::internals::{FlashVariant, KeySplit};
 use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
-use wgpu_attention::{
-    reference, Attention, Error, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
-    Projections,
-};
+use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Mask, Options, Projections};
 
 /// The families that apply modifiers, as forced kernels, fused (no weights), NaN-prefilled.
 fn fused_on(kernels: Kernels) -> Attention {

@@ -10,8 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use ndarray::{Array4, ArrayD};
+use wgpu_attention::internals::StandIn;
 use wgpu_attention::npy::{self, Opened};
-use wgpu_attention::{Attention, Context, Dtype, Error, Inputs, Mask, Options, StandIn};
+use wgpu_attention::{Attention, Context, Dtype, Error, Inputs, Mask, Options};
 
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("npy-operands-{name}-{}", std::process::id()));

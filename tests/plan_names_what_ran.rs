@@ -10,9 +10,8 @@ mod common;
 use std::sync::{Mutex, OnceLock};
 
 use ndarray::Array4;
-use wgpu_attention::{
-    Attention, Context, FlashVariant, Inputs, Kernels, Mask, Modifiers, Options, Preset,
-};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{Attention, Context, Inputs, Kernels, Mask, Modifiers, Options, Preset};
 
 /// Every log line of the process, as `LEVEL message`.
 struct Lines(Mutex<Vec<String>>);

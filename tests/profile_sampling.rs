@@ -3,8 +3,9 @@
 //! every workgroup together counts: FLOPs and instructions within 1 % on the block shapes
 //! whose diagonal tiles differ (64 × 64, 32 × 64 with its half-empty tiles, 64 × 32).
 
+use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::profile::{self, DeviceSpec, Era, Problem};
-use wgpu_attention::{Dtype, FlashVariant};
+use wgpu_attention::Dtype;
 
 #[test]
 fn the_sampled_causal_counts_match_every_workgroup_counted() {

@@ -12,10 +12,11 @@ mod common;
 
 use ndarray::{s, Array2, Array3, Array4, ArrayD, Axis};
 use wgpu_attention::half::f16;
+use wgpu_attention::internals::Sanitize;
 use wgpu_attention::modifiers::{Modifiers, Preset};
 use wgpu_attention::{
     reference, Adam, Attention, Context, Decoder, Dtype, Inputs, Kernels, KvCache, KvCacheSpec,
-    Layer, Mask, MseLoss, Options, Projections, Recorder, Sanitize, Tensor,
+    Layer, Mask, MseLoss, Options, Projections, Recorder, Tensor,
 };
 
 /// The widths every check runs at: NVIDIA's warps and AMD's wave64.

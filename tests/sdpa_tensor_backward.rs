@@ -6,9 +6,8 @@
 mod common;
 
 use ndarray::{Array, Array2, Array4, ArrayD, Dimension, Ix4};
-use wgpu_attention::{
-    Attention, Dtype, FlashVariant, Inputs, Kernels, Mask, Options, Recorder, Saved, Tensor,
-};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{Attention, Dtype, Inputs, Kernels, Mask, Options, Recorder, Saved, Tensor};
 
 fn arr(shape: (usize, usize, usize, usize), salt: f32) -> Array4<f32> {
     Array4::from_shape_fn(shape, |(a, b, c, d)| {

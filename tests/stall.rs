@@ -45,11 +45,10 @@ fn info_log_has_each_calls_timings() {
     );
 }
 
-use wgpu_attention::attention::TINY_ROWS;
+use wgpu_attention::internals::MatmulVariant;
+use wgpu_attention::internals::TINY_ROWS;
 use wgpu_attention::ndarray::{Array1, Array2, Array3, ArrayD, Dimension, IxDyn};
-use wgpu_attention::{
-    reference, Attention, Dims, Inputs, Kernels, Mask, MatmulVariant, Options, Projections,
-};
+use wgpu_attention::{reference, Attention, Dims, Inputs, Kernels, Mask, Options, Projections};
 
 fn smooth(shape: &[usize], salt: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(shape), |i| {

@@ -5,8 +5,9 @@
 
 mod common;
 
+use wgpu_attention::internals::{FlashVariant, MatmulVariant, StandIn};
 use wgpu_attention::verify::{self, Case, MaskCase, ModsCase};
-use wgpu_attention::{Context, Dtype, FlashVariant, Kernels, MatmulVariant, StandIn, TuneCache};
+use wgpu_attention::{Context, Dtype, Kernels, TuneCache};
 
 fn stand_in() -> &'static Context {
     static CTX: std::sync::OnceLock<Context> = std::sync::OnceLock::new();

@@ -6,9 +6,10 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
+use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::{
-    Adam, Attention, Context, Dtype, FlashVariant, Gradients, Inputs, Kernels, Layer, Mask,
-    MseLoss, Options, Output, Projections, Recorder, Saved, Tensor,
+    Adam, Attention, Context, Dtype, Gradients, Inputs, Kernels, Layer, Mask, MseLoss, Options,
+    Output, Projections, Recorder, Saved, Tensor,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {

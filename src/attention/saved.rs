@@ -355,7 +355,7 @@ impl Attention {
         let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
-        let run = |plan: &crate::Plan| {
+        let run = |plan: &crate::attention::plan::Plan| {
             ctx.scoped(|| {
                 // Declared first, dropped last: buffers dropped while recording (a key split's
                 // partials) are not handed out before this encoder is submitted.

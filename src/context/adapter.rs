@@ -19,7 +19,9 @@ use crate::gpu::coop;
 ///
 /// ```
 /// use wgpu_attention::{Backend, ContextOptions};
-/// let options = ContextOptions::default().backend(Backend::Vulkan).adapter_name("llvmpipe".to_string());
+/// let options = ContextOptions::default()
+///     .backend(Backend::Vulkan)
+///     .adapter_name("llvmpipe".to_string());
 /// assert_eq!(options.adapter_name.as_deref(), Some("llvmpipe"));
 /// ```
 #[derive(Debug, Clone, Default)]
@@ -30,19 +32,19 @@ pub struct ContextOptions {
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter_name: Option<String>,
     /// Whether the adapter stands in for a GPU (default: `WGPU_ATTENTION_STAND_IN`, else
-    /// off; see [`crate::StandIn`] and docs/testing.md).
-    pub stand_in: Option<crate::StandIn>,
+    /// off; see [`crate::internals::StandIn`] and docs/testing.md).
+    pub stand_in: Option<crate::gpu::hardware::StandIn>,
     /// Whether every dispatch runs under the WGSL sanitizer, and at which subgroup width
     /// (default: `WGPU_ATTENTION_SANITIZE`, else off; see
     /// [`crate::Context::with_sanitizer`]).
-    pub sanitize: Option<crate::Sanitize>,
+    pub sanitize: Option<crate::gpu::sanitizer::Sanitize>,
 }
 
 crate::setters::setters!(ContextOptions {
     backend: Option<Backend>,
     adapter_name: Option<String>,
-    stand_in: Option<crate::StandIn>,
-    sanitize: Option<crate::Sanitize>,
+    stand_in: Option<crate::gpu::hardware::StandIn>,
+    sanitize: Option<crate::gpu::sanitizer::Sanitize>,
 });
 
 impl ContextOptions {

@@ -100,7 +100,7 @@ fn seeds_from_env() -> u32 {
 
 mod summary;
 
-pub use summary::SanitizerSummary;
+pub use summary::{LoopPeak, SanitizerSummary};
 use summary::{Noted, PROCESS};
 
 /// A device's sanitizer state: the parsed kernels (by pipeline hash) and the tally.

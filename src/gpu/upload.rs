@@ -549,7 +549,7 @@ mod tests {
         let staged = crate::Context::new()
             .unwrap()
             .with_tuning(false)
-            .with_stand_in(crate::StandIn::Gpu);
+            .with_stand_in(crate::gpu::hardware::StandIn::Gpu);
         assert!(unified.hardware().unified_memory && !staged.hardware().unified_memory);
         for ctx in [unified, &staged] {
             for salt in [1.0f32, 2.0] {

@@ -478,7 +478,7 @@ fn an_f16_call_never_takes_a_choice_made_for_f32() {
     assert_ne!(f32_key, f16_key);
     assert!(f16_key.contains("f16"), "{f16_key}");
     // A choice remembered for f32 (a variant both dtypes may run) reaches f32 calls only.
-    let chosen = crate::MatmulVariant::Subgroup { rows_per_lane: 4 };
+    let chosen = crate::variant::MatmulVariant::Subgroup { rows_per_lane: 4 };
     let progress = tune::Progress {
         best: chosen,
         ms: 1.0,

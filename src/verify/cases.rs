@@ -55,9 +55,9 @@ pub struct Case {
     /// Score and mask modifiers, drawn from the seed after the mask.
     pub mods: ModsCase,
     /// The fused kernel's variant, forced (`None`: the tuner's choice).
-    pub flash: Option<crate::FlashVariant>,
+    pub flash: Option<crate::variant::FlashVariant>,
     /// The matmul's variant, forced (`None`: the tuner's choice).
-    pub matmul: Option<crate::MatmulVariant>,
+    pub matmul: Option<crate::variant::MatmulVariant>,
 }
 
 /// Which score and mask modifiers a [`Case`] has (presets, see [`crate::modifiers`]), at the

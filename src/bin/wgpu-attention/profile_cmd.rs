@@ -66,7 +66,7 @@ fn profile_other(args: &ProfileArgs, ctx: &wgpu_attention::Context) -> Result<bo
                 ctx,
                 dev,
                 m,
-                wgpu_attention::MatmulVariant::Coop,
+                wgpu_attention::internals::MatmulVariant::Coop,
                 Dtype::F16,
                 args.sample,
             )?,

@@ -55,10 +55,11 @@ constants! {
     }
 }
 
-/// How the GPU family's fused kernel ([`crate::FlashVariant::Blocked`]) runs its inner loop.
+/// How the GPU family's fused kernel ([`super::FlashVariant::Blocked`]) runs its inner loop.
 /// Each choice is a specialisation constant, so every combination is a variant of its own;
 /// `None` leaves the choice to the adapter ([`crate::Context::with_blocked_options`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct BlockedOptions {
     /// Double-buffer the Q/K and V chunks in workgroup memory (the next chunk loads while the
     /// current one is used, one barrier per chunk instead of two). `None`: on GPUs, wherever
@@ -85,6 +86,14 @@ pub struct BlockedOptions {
     /// `Some(true)`: wherever it fits the device's limit, a limit error elsewhere.
     pub resident_queries: Option<bool>,
 }
+
+crate::setters::setters!(BlockedOptions {
+    double_buffer: Option<bool>,
+    subgroups: Option<bool>,
+    f16_arithmetic: Option<bool>,
+    vector_loads: Option<bool>,
+    resident_queries: Option<bool>,
+});
 
 impl BlockedOptions {
     /// Whether f16 operands are multiplied in f16 on `ctx` (`f16_arithmetic`, by default on

@@ -100,7 +100,7 @@ fn ranges(n_kv: usize, tile: usize, want: usize) -> Option<KeyRanges> {
     (splits > 1).then_some(KeyRanges { splits, keys })
 }
 
-/// Whether the real-GPU fused kernel ([`crate::FlashVariant::Blocked`]) splits the keys of each
+/// Whether the real-GPU fused kernel ([`super::FlashVariant::Blocked`]) splits the keys of each
 /// query block over several workgroups (flash-decoding's split: each writes a partial max,
 /// sum and output over its key range, and one combine merges them), so that a call with few
 /// `batch · heads · query blocks` still fills a GPU.
