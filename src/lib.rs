@@ -70,8 +70,8 @@ pub mod profile;
 
 pub use attention::{Adam, MseLoss};
 pub use attention::{
-    Attention, Device, Dims, Files, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output,
-    Projections, Saved,
+    Attention, Dims, Files, Gradients, Host, Inputs, Kind, Layer, OnDevice, Operand, Options,
+    Output, Projections, Saved,
 };
 pub use context::{
     default_adapter, list_adapters, AdapterSummary, Backend, Context, ContextOptions,

@@ -36,7 +36,7 @@ use ndarray::{ArrayView4, ArrayViewD};
 pub use crate::dtype::Dtype;
 pub use crate::values::check_finite;
 pub(crate) use gradients::{LayerGradients, SdpaGradients};
-pub use inputs::{Device, Files, Host, Inputs, Kind, Operand, Options, ProjectionsArg};
+pub use inputs::{Files, Host, Inputs, Kind, OnDevice, Operand, Options, ProjectionsArg};
 pub use outputs::{Backward, Gradients, Output, Saved};
 pub use projections::{OwnedBiases, OwnedOutput, OwnedWeights, Projections};
 pub(crate) use resident::TensorOutput;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ndarray::{ArrayD, Ix4};
 
 use super::gradients::{LayerGradients, SdpaGradients};
-use super::inputs::{Device, Host, Kind, Operand};
+use super::inputs::{Host, Kind, OnDevice, Operand};
 use super::layer_saved::{LayerSaved, TensorGradients};
 use super::saved::{SdpaSaved, SdpaTensorGradients};
 use crate::context::Context;
@@ -340,7 +340,7 @@ impl Backward for Host {
     }
 }
 
-impl Backward for Device {
+impl Backward for OnDevice {
     fn backward(saved: &Saved, ctx: &Context, d_o: &Tensor) -> Result<Gradients<Tensor>> {
         Ok(match &*saved.0 {
             SavedKind::Sdpa(s) => s.backward_tensor(ctx, d_o)?.into(),
