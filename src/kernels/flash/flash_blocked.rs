@@ -7,7 +7,7 @@
 
 use super::flash_tiled::{Flash, FlashOut};
 use crate::error::{Error, Limit, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::loops::{self, run, Build};
 use crate::kernels::wgsl::constants;
 use crate::kernels::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -98,7 +98,7 @@ crate::setters::setters!(BlockedOptions {
 impl BlockedOptions {
     /// Whether f16 operands are multiplied in f16 on `ctx` (`f16_arithmetic`, by default on
     /// GPUs only).
-    pub(crate) fn f16_products(&self, ctx: &Device) -> bool {
+    pub(crate) fn f16_products(&self, ctx: &Gpu) -> bool {
         self.f16_arithmetic.unwrap_or(!ctx.hardware().is_cpu())
     }
 }
@@ -121,7 +121,7 @@ impl Inner {
     /// # Errors
     /// [`Error::Unsupported`] when `opts` ask for subgroups the adapter cannot give.
     pub fn resolve(
-        ctx: &Device,
+        ctx: &Gpu,
         opts: BlockedOptions,
         (rows, keys): (u32, u32),
         f16: bool,
@@ -408,7 +408,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_blocked(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         (rows, keys): (u32, u32),
         opts: BlockedOptions,
