@@ -46,6 +46,7 @@ pub enum Layout {
 
 /// The Q, K and V biases, each present or not on its own.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Biases {
     /// `b_Q`, `(d_k,)`.
     pub q: Option<Array1<f32>>,

@@ -406,14 +406,11 @@ fn query_and_value_biases_without_a_key_bias() {
             .context
     };
     let zero = Array1::zeros(d);
-    let with_zero_k = run(&wgpu_attention::Projections {
-        b_k: Some(zero.view()),
-        ..p
-    });
+    let with_zero_k = run(&p.with_biases(p.b_q, Some(zero.view()), p.b_v));
     assert!(reference::compare(&run(&p).mapv(|v| v as f32), &with_zero_k).0 < 1e-6);
     for dropped in [
-        wgpu_attention::Projections { b_q: None, ..p },
-        wgpu_attention::Projections { b_v: None, ..p },
+        p.with_biases(None, p.b_k, p.b_v),
+        p.with_biases(p.b_q, p.b_k, None),
     ] {
         assert!(reference::compare(&run(&dropped).mapv(|v| v as f32), &with_zero_k).0 > 1e-3);
     }
