@@ -20,15 +20,7 @@ fn f16_cases(ctx: &wgpu_attention::Context) -> Vec<(Case, u64)> {
     verify::on_every_path(ctx, &cases)
         .into_iter()
         .enumerate()
-        .map(|(i, c)| {
-            (
-                Case {
-                    dtype: Dtype::F16,
-                    ..c
-                },
-                i as u64,
-            )
-        })
+        .map(|(i, c)| (c.dtype(Dtype::F16), i as u64))
         .collect()
 }
 
@@ -57,11 +49,7 @@ fn answer_to_another_seed(case: &Case, seed: u64) -> ArrayD<f32> {
     let data: CaseData = case.data(seed.wrapping_add(1_000_003));
     let proj = data.projections();
     let mask = data.mask();
-    let op = Case {
-        dtype: Dtype::F32,
-        ..*case
-    }
-    .op();
+    let op = case.dtype(Dtype::F32).op();
     let out = match &data.qkv {
         None => {
             let inputs = Inputs::x(data.x.view()).mask(&mask);

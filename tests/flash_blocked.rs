@@ -81,10 +81,7 @@ fn check_on(ctx: &Context, cases: &[Case], variants: &[FlashVariant]) {
 
 /// Self-attention without projections (Q = K = V = X) of one head of width `d`.
 fn plain(n: usize, d: usize) -> Case {
-    Case {
-        weights: false,
-        ..Case::new(n, d, d, d)
-    }
+    Case::new(n, d, d, d).weights(false)
 }
 
 #[test]
@@ -92,11 +89,7 @@ fn odd_sizes_and_causal_match_the_reference() {
     let mut cases = Vec::new();
     for n in [1, 7, 37, 300] {
         for causal in [false, true] {
-            cases.push(Case {
-                causal,
-                batch: Some(2),
-                ..plain(n, 64)
-            });
+            cases.push(plain(n, 64).causal(causal).batch(2));
         }
     }
     check(&cases, &BLOCKS);
@@ -107,23 +100,12 @@ fn head_sizes_and_unequal_widths_match_the_reference() {
     let mut cases = Vec::new();
     for hs in [32, 80, 128, 256] {
         // Two heads of width hs each, projected, with biases; and causal without.
-        cases.push(Case {
-            heads: 2,
-            bias: true,
-            ..Case::new(37, 24, 2 * hs, 2 * hs)
-        });
-        cases.push(Case {
-            causal: true,
-            ..plain(300, hs)
-        });
+        cases.push(Case::new(37, 24, 2 * hs, 2 * hs).heads(2).bias(true));
+        cases.push(plain(300, hs).causal(true));
     }
     // d_k ≠ d_v both ways, widths not multiples of 4, a custom scale.
     cases.push(Case::new(37, 12, 40, 24));
-    cases.push(Case {
-        heads: 2,
-        scale: Some(-0.3),
-        ..Case::new(300, 16, 26, 70)
-    });
+    cases.push(Case::new(300, 16, 26, 70).heads(2).scale(-0.3));
     check(&cases, &BLOCKS);
 }
 
@@ -132,13 +114,13 @@ fn masks_match_the_reference() {
     let mut cases = Vec::new();
     for mask in [MaskCase::Bool, MaskCase::Float, MaskCase::Lengths] {
         for (n, causal) in [(37, true), (300, false), (7, false)] {
-            cases.push(Case {
-                mask,
-                causal,
-                heads: 2,
-                batch: Some(2),
-                ..Case::new(n, 16, 32, 32)
-            });
+            cases.push(
+                Case::new(n, 16, 32, 32)
+                    .mask(mask)
+                    .causal(causal)
+                    .heads(2)
+                    .batch(2),
+            );
         }
     }
     check(&cases, &BLOCKS[..1]);
@@ -154,14 +136,14 @@ fn grouped_query_sdpa_with_other_key_counts_matches_the_reference() {
         (1, 65, 2, false),
     ] {
         for mask in [MaskCase::None, MaskCase::Bool] {
-            cases.push(Case {
-                heads: 4,
-                batch: Some(2),
-                causal,
-                mask,
-                sdpa: Some((n_kv, kv_heads)),
-                ..Case::new(n, 16, 4 * 24, 4 * 40)
-            });
+            cases.push(
+                Case::new(n, 16, 4 * 24, 4 * 40)
+                    .heads(4)
+                    .batch(2)
+                    .causal(causal)
+                    .mask(mask)
+                    .sdpa((n_kv, kv_heads)),
+            );
         }
     }
     check(&cases, &BLOCKS);
@@ -175,20 +157,20 @@ fn f16_operands_match_the_reference() {
         (37, 128, false, MaskCase::Float),
         (7, 80, true, MaskCase::Lengths),
     ] {
-        cases.push(Case {
-            dtype: Dtype::F16,
-            causal,
-            mask,
-            heads: 2,
-            ..Case::new(n, 32, 2 * hs, 2 * hs)
-        });
+        cases.push(
+            Case::new(n, 32, 2 * hs, 2 * hs)
+                .dtype(Dtype::F16)
+                .causal(causal)
+                .mask(mask)
+                .heads(2),
+        );
     }
-    cases.push(Case {
-        dtype: Dtype::F16,
-        heads: 2,
-        sdpa: Some((90, 1)),
-        ..Case::new(37, 16, 64, 64)
-    });
+    cases.push(
+        Case::new(37, 16, 64, 64)
+            .dtype(Dtype::F16)
+            .heads(2)
+            .sdpa((90, 1)),
+    );
     check(&cases, &BLOCKS[..2]);
 }
 
@@ -240,22 +222,10 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     let checked = |opts| ctx_with(opts).with_runtime_checks(true);
     // The adapter's default inner loop (on lavapipe: subgroup reductions at 64 × 32).
     let runs = [
-        Case {
-            causal: true,
-            ..plain(37, 20)
-        },
-        Case {
-            heads: 2,
-            ..Case::new(7, 24, 16, 40)
-        },
-        Case {
-            mask: MaskCase::Lengths,
-            ..plain(100, 8)
-        },
-        Case {
-            causal: true,
-            ..plain(150, 12)
-        },
+        plain(37, 20).causal(true),
+        Case::new(7, 24, 16, 40).heads(2),
+        plain(100, 8).mask(MaskCase::Lengths),
+        plain(150, 12).causal(true),
     ];
     let runs: Vec<_> = runs.into_iter().zip(BLOCKS).collect();
     twins(common::ctx(), &checked(BlockedOptions::default()), &runs);
@@ -277,10 +247,7 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
         .contains(wgpu::Features::SUBGROUP)
         && info.subgroup_min_size >= 8
         && 128 % info.subgroup_max_size.max(1) == 0;
-    let f16 = Case {
-        dtype: Dtype::F16,
-        ..runs[1].0
-    };
+    let f16 = runs[1].0.dtype(Dtype::F16);
     let mut each = vec![
         (off.double_buffer(on), runs[0]),
         (off.f16_arithmetic(on), (f16, BLOCKS[1])),
@@ -311,32 +278,19 @@ fn ctx_with(opts: BlockedOptions) -> Context {
 /// Odd sizes, causal, a mask, GQA with another key count, d_k ≠ d_v, in `dtype`.
 fn inner_loop_cases(dtype: Dtype) -> Vec<Case> {
     vec![
-        Case {
-            causal: true,
-            batch: Some(2),
-            dtype,
-            ..plain(300, 64)
-        },
-        Case {
-            mask: MaskCase::Bool,
-            causal: true,
-            heads: 2,
-            dtype,
-            ..Case::new(37, 16, 32, 32)
-        },
-        Case {
-            heads: 4,
-            causal: true,
-            mask: MaskCase::Lengths,
-            sdpa: Some((130, 2)),
-            dtype,
-            ..Case::new(7, 16, 4 * 24, 4 * 40)
-        },
-        Case {
-            heads: 2,
-            dtype,
-            ..Case::new(37, 12, 2 * 80, 2 * 128)
-        },
+        plain(300, 64).causal(true).batch(2).dtype(dtype),
+        Case::new(37, 16, 32, 32)
+            .mask(MaskCase::Bool)
+            .causal(true)
+            .heads(2)
+            .dtype(dtype),
+        Case::new(7, 16, 4 * 24, 4 * 40)
+            .heads(4)
+            .causal(true)
+            .mask(MaskCase::Lengths)
+            .sdpa((130, 2))
+            .dtype(dtype),
+        Case::new(37, 12, 2 * 80, 2 * 128).heads(2).dtype(dtype),
     ]
 }
 
@@ -409,12 +363,10 @@ fn the_unchecked_split_kernel_equals_its_checked_twin_bit_for_bit() {
     // of key lengths, 300 keys in 3 ranges of 64 × 32 blocks (ranges that start inside the
     // diagonal, and ranges wholly above it for the first query blocks).
     let checked = ctx_with(BlockedOptions::default()).with_runtime_checks(true);
-    let case = Case {
-        causal: true,
-        mask: MaskCase::Lengths,
-        ..plain(300, 20)
-    }
-    .on(Kernels::Storage, true);
+    let case = plain(300, 20)
+        .causal(true)
+        .mask(MaskCase::Lengths)
+        .on(Kernels::Storage, true);
     let data = case.data(5);
     let (proj, mask) = (data.projections(), data.mask());
     let op = forced_split(&case, BLOCKS[1], KeySplit::Ranges(3));

@@ -50,10 +50,7 @@ fn check(cases: &[Case], variants: &[FlashVariant], ranges: &[u32]) {
 }
 
 fn plain(n: usize, d: usize) -> Case {
-    Case {
-        weights: false,
-        ..Case::new(n, d, d, d)
-    }
+    Case::new(n, d, d, d).weights(false)
 }
 
 #[test]
@@ -61,21 +58,13 @@ fn odd_sizes_and_causal_match_the_reference() {
     let mut cases = Vec::new();
     for n in [1, 7, 37, 300] {
         for causal in [false, true] {
-            cases.push(Case {
-                causal,
-                batch: Some(2),
-                ..plain(n, 16)
-            });
+            cases.push(plain(n, 16).causal(causal).batch(2));
         }
     }
     check(&cases, &[TINY], &[2, 3, 100]);
     let big: Vec<Case> = [false, true]
         .into_iter()
-        .map(|causal| Case {
-            causal,
-            heads: 2,
-            ..Case::new(300, 32, 128, 128)
-        })
+        .map(|causal| Case::new(300, 32, 128, 128).causal(causal).heads(2))
         .collect();
     check(&big, &[GPU], &[3, 10]);
 }
@@ -85,33 +74,33 @@ fn masks_lengths_gqa_and_f16_match_the_reference() {
     let mut cases = Vec::new();
     for mask in [MaskCase::Bool, MaskCase::Float, MaskCase::Lengths] {
         for (n, causal) in [(37, true), (7, false)] {
-            cases.push(Case {
-                mask,
-                causal,
-                heads: 2,
-                batch: Some(2),
-                ..Case::new(n, 16, 32, 32)
-            });
+            cases.push(
+                Case::new(n, 16, 32, 32)
+                    .mask(mask)
+                    .causal(causal)
+                    .heads(2)
+                    .batch(2),
+            );
         }
     }
     for (n, n_kv, kv_heads, causal) in [(37, 300, 2, false), (7, 130, 4, true), (1, 65, 2, false)] {
-        cases.push(Case {
-            heads: 4,
-            batch: Some(2),
-            causal,
-            mask: MaskCase::Bool,
-            sdpa: Some((n_kv, kv_heads)),
-            ..Case::new(n, 16, 4 * 16, 4 * 12)
-        });
+        cases.push(
+            Case::new(n, 16, 4 * 16, 4 * 12)
+                .heads(4)
+                .batch(2)
+                .causal(causal)
+                .mask(MaskCase::Bool)
+                .sdpa((n_kv, kv_heads)),
+        );
     }
     for (n, causal, mask) in [(37, true, MaskCase::None), (7, false, MaskCase::Lengths)] {
-        cases.push(Case {
-            dtype: Dtype::F16,
-            causal,
-            mask,
-            heads: 2,
-            ..Case::new(n, 16, 32, 32)
-        });
+        cases.push(
+            Case::new(n, 16, 32, 32)
+                .dtype(Dtype::F16)
+                .causal(causal)
+                .mask(mask)
+                .heads(2),
+        );
     }
     check(&cases, &[TINY], &[3]);
 }

@@ -201,12 +201,7 @@ fn fused_path_handles_32768_keys_with_memory_linear_in_n() {
 #[test]
 fn fused_path_matches_reference_at_a_few_thousand_rows_on_every_family() {
     let ctx = common::ctx();
-    let case = Case {
-        causal: true,
-        heads: 2,
-        bias: true,
-        ..Case::new(3000, 16, 32, 32)
-    };
+    let case = Case::new(3000, 16, 32, 32).causal(true).heads(2).bias(true);
     let cases: Vec<Case> = verify::paths(ctx)
         .into_iter()
         .filter(|&(_, fused)| fused)

@@ -25,17 +25,15 @@ fn sanitized(lanes: u32) -> Context {
 /// Grouped-query attention (4 query heads on 2 K/V heads), causal with a window 4 keys
 /// back, on Q, K, V.
 fn window_gqa(kernels: Kernels, fused: bool, dtype: Dtype) -> Case {
-    Case {
-        sdpa: Some((23, 2)),
-        heads: 4,
-        batch: Some(2),
-        causal: true,
-        mods: ModsCase::WindowLeft,
-        kernels,
-        fused,
-        dtype,
-        ..Case::new(19, 16, 32, 32)
-    }
+    Case::new(19, 16, 32, 32)
+        .sdpa((23, 2))
+        .heads(4)
+        .batch(2)
+        .causal(true)
+        .mods(ModsCase::WindowLeft)
+        .kernels(kernels)
+        .fused(fused)
+        .dtype(dtype)
 }
 
 #[test]

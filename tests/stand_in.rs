@@ -116,20 +116,14 @@ fn passes(case: Case) {
 #[test]
 fn f16_through_the_coop_matmul_matches_the_reference() {
     for case in [
-        Case {
-            weights: false,
-            ..Case::new(7, 5, 5, 5)
-        },
-        Case {
-            bias: true,
-            ..Case::new(37, 13, 10, 6)
-        },
+        Case::new(7, 5, 5, 5).weights(false),
+        Case::new(37, 13, 10, 6).bias(true),
     ] {
-        passes(Case {
-            dtype: Dtype::F16,
-            matmul: Some(MatmulVariant::Coop),
-            ..case.on(Kernels::Storage, false)
-        });
+        passes(
+            case.on(Kernels::Storage, false)
+                .dtype(Dtype::F16)
+                .matmul(MatmulVariant::Coop),
+        );
     }
 }
 
@@ -144,15 +138,16 @@ fn a_left_window_with_causal_matches_the_reference() {
         (70, MaskCase::Lengths),
         (300, MaskCase::None),
     ] {
-        passes(Case {
-            sdpa: Some((n, 4)),
-            heads: 4,
-            batch: Some(2),
-            causal: true,
-            mods: ModsCase::WindowLeft,
-            mask,
-            ..Case::new(n, 16, 64, 64).on(Kernels::Auto, true)
-        });
+        passes(
+            Case::new(n, 16, 64, 64)
+                .on(Kernels::Auto, true)
+                .sdpa((n, 4))
+                .heads(4)
+                .batch(2)
+                .causal(true)
+                .mods(ModsCase::WindowLeft)
+                .mask(mask),
+        );
     }
 }
 
@@ -239,7 +234,7 @@ fn ci_forces_every_variant_a_gpu_may_be_offered() {
         }
         let cases: Vec<Case> = verify::on_every_path(ctx, &verify::quick_cases())
             .into_iter()
-            .map(|c| Case { dtype, ..c })
+            .map(|c| c.dtype(dtype))
             .collect();
         for case in verify::with_every_variant(ctx, &cases) {
             if let Some(v) = case.flash {

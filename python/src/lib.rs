@@ -735,10 +735,7 @@ fn verify<'py>(
             cases.extend(v::random_cases(random, seed));
             let cases: Vec<_> = v::on_every_path(&ctx, &cases)
                 .into_iter()
-                .map(|c| v::Case {
-                    dtype: dtype(half),
-                    ..c
-                })
+                .map(|c| c.dtype(dtype(half)))
                 .collect();
             Ok(cases
                 .iter()

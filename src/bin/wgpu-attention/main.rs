@@ -285,10 +285,7 @@ fn verify_cmd(
     if coop {
         on_paths.extend(verify::on_coop(&ctx, &cases));
     }
-    let cases: Vec<_> = on_paths
-        .into_iter()
-        .map(|c| verify::Case { dtype, ..c })
-        .collect();
+    let cases: Vec<_> = on_paths.into_iter().map(|c| c.dtype(dtype)).collect();
     let cases = match variants {
         true => verify::with_every_variant(&ctx, &cases),
         false => cases,
