@@ -84,7 +84,8 @@ impl FlashVariant {
     /// `flash_blocked`), [`Kernels::Subgroup`] or [`Kernels::Coop`]; never [`Kernels::Auto`].
     ///
     /// ```
-    /// use wgpu_attention::{FlashVariant, Kernels};
+    /// use wgpu_attention::internals::FlashVariant;
+    /// use wgpu_attention::Kernels;
     /// assert_eq!(FlashVariant::Blocked { rows: 64, keys: 32 }.family(), Kernels::Storage);
     /// assert_eq!(FlashVariant::Tiled { keys: 32 }.family(), Kernels::Storage);
     /// assert_eq!(FlashVariant::Subgroup { rows_per_lane: 2 }.family(), Kernels::Subgroup);
