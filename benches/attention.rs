@@ -53,13 +53,13 @@ fn attention(c: &mut Criterion) {
         let fused = op.return_weights(false);
         for variant in bench::flash_candidates(&ctx, &Kernels::available(&ctx), 16, 16, Dtype::F32)
         {
-            let op = fused.options(Options {
-                flash_variant: Some(variant),
-                ..Options::default()
-            });
+            let op = fused.options(Options::default().flash_variant(variant));
             // The storage kernels are ~40x slower on lavapipe: keep them to the small size.
             if n > 256
-                && matches!(variant, wgpu_attention::FlashVariant::Tiled { .. })
+                && matches!(
+                    variant,
+                    wgpu_attention::internals::FlashVariant::Tiled { .. }
+                )
                 && ctx.adapter_info().device_type == wgpu::DeviceType::Cpu
             {
                 continue;

@@ -6,10 +6,8 @@
 //! each variant's fastest run over all rounds and the median of its per-round medians.
 
 use ndarray::{Array3, ArrayView3};
-use wgpu_attention::{
-    Attention, BlockedOptions, Context, Dtype, FlashVariant, Inputs, Kernels, Options, Result,
-    Tensor,
-};
+use wgpu_attention::internals::{BlockedOptions, FlashVariant};
+use wgpu_attention::{Attention, Context, Dtype, Inputs, Kernels, Options, Result, Tensor};
 
 /// Three runs of `op` on X resident in the op's dtype (after `warmup` untimed ones), in ms:
 /// the forward's kernels and launch, waited for with `Context::synchronize`.
@@ -41,22 +39,15 @@ fn main() -> Result<()> {
     };
     let (n, d, rounds) = (arg(1, 1024), arg(2, 64), arg(3, 3));
     let x = Array3::from_shape_fn((1, n, d), |(_, i, j)| ((i * d + j) as f32 * 0.013).sin());
-    let off = BlockedOptions {
-        double_buffer: Some(false),
-        subgroups: Some(false),
-        f16_arithmetic: Some(false),
-        vector_loads: Some(false),
-        resident_queries: Some(false),
-    };
+    let off = BlockedOptions::default()
+        .double_buffer(false)
+        .subgroups(false)
+        .f16_arithmetic(false)
+        .vector_loads(false)
+        .resident_queries(false);
     let on = Some(true);
-    let vec = BlockedOptions {
-        vector_loads: on,
-        ..off
-    };
-    let qres = BlockedOptions {
-        resident_queries: on,
-        ..vec
-    };
+    let vec = off.vector_loads(on);
+    let qres = vec.resident_queries(on);
     let mut rows = Vec::new();
     for (rows_, keys) in [(64, 64), (64, 32)] {
         let v = FlashVariant::Blocked { rows: rows_, keys };
@@ -64,59 +55,27 @@ fn main() -> Result<()> {
             ("plain", off, Dtype::F32),
             ("vec", vec, Dtype::F32),
             ("vec+qres", qres, Dtype::F32),
-            (
-                "dbuf",
-                BlockedOptions {
-                    double_buffer: on,
-                    ..off
-                },
-                Dtype::F32,
-            ),
+            ("dbuf", off.double_buffer(on), Dtype::F32),
             ("f16 plain", off, Dtype::F16),
             ("f16 vec", vec, Dtype::F16),
             ("f16 vec+qres", qres, Dtype::F16),
-            (
-                "f16 dbuf",
-                BlockedOptions {
-                    double_buffer: on,
-                    ..off
-                },
-                Dtype::F16,
-            ),
-            (
-                "f16 hmul",
-                BlockedOptions {
-                    f16_arithmetic: on,
-                    ..off
-                },
-                Dtype::F16,
-            ),
+            ("f16 dbuf", off.double_buffer(on), Dtype::F16),
+            ("f16 hmul", off.f16_arithmetic(on), Dtype::F16),
         ];
         if keys == 32 {
-            opts.push((
-                "sgr",
-                BlockedOptions {
-                    subgroups: on,
-                    ..off
-                },
-                Dtype::F32,
-            ));
-            let both = BlockedOptions {
-                double_buffer: on,
-                subgroups: on,
-                ..off
-            };
+            opts.push(("sgr", off.subgroups(on), Dtype::F32));
+            let both = off.double_buffer(on).subgroups(on);
             opts.push(("dbuf+sgr", both, Dtype::F32));
         }
         for (name, o, dtype) in opts {
             let ctx = Context::new()?.with_tuning(false).with_blocked_options(o);
             let op = Attention::new()
                 .return_weights(false)
-                .options(Options {
-                    kernels: Kernels::Storage,
-                    flash_variant: Some(v),
-                    ..Options::default()
-                })
+                .options(
+                    Options::default()
+                        .kernels(Kernels::Storage)
+                        .flash_variant(v),
+                )
                 .dtype(dtype);
             rows.push((
                 format!("{v} {name}"),

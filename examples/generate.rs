@@ -64,14 +64,7 @@ fn main() -> Result<()> {
 
     // Resident weights and a KV cache per layer: the prompt once (prefill), then one token a
     // step, the last output row fed back as the next input.
-    let spec = KvCacheSpec {
-        capacity: total,
-        batch: 1,
-        kv_heads: heads,
-        d_k: d / heads,
-        d_v: d / heads,
-        dtype: Dtype::F32,
-    };
+    let spec = KvCacheSpec::new(total, 1, heads, d / heads, d / heads);
     let mut caches = [KvCache::new(&ctx, spec)?, KvCache::new(&ctx, spec)?];
     // Both layers' steps recorded into one encoder: the projections, the cache appends, the
     // decode kernels and W_O of both, one submit, one readback.

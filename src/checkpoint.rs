@@ -46,6 +46,7 @@ pub enum Layout {
 
 /// The Q, K and V biases, each present or not on its own.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Biases {
     /// `b_Q`, `(d_k,)`.
     pub q: Option<Array1<f32>>,
@@ -57,6 +58,7 @@ pub struct Biases {
 
 /// One layer's weights in the `X·W` orientation, owned.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LayerWeights {
     /// `W_Q (d, d_k)`, `W_K (d, d_k)`, `W_V (d, d_v)` (for a grouped-query layer, K and V
     /// are narrower: grouped-query attention).
@@ -181,6 +183,7 @@ impl LayerWeights {
 
 /// Head counts from a model's `config.json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeadCounts {
     /// `num_attention_heads`: the query heads.
     pub heads: usize,

@@ -1,5 +1,5 @@
 //! The user's entry point: a [`Context`] is an open device (the device layer,
-//! `gpu::Device`: wgpu's device, queue and limits, error scopes, the buffer pool and
+//! `gpu::Gpu`: wgpu's device, queue and limits, error scopes, the buffer pool and
 //! the pipeline cache) and the settings every call on it reads (the fused kernel's
 //! inner-loop options, the tuner's cache and switch). Adapter choice: `adapter.rs`.
 
@@ -7,16 +7,16 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::gpu::timing::{KernelTime, Profiling};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::flash_blocked::BlockedOptions;
 use crate::phases::{Phase, PhaseTimes};
 use crate::settings::{Settings, TuneCache};
 
 mod adapter;
 mod backend;
-pub use crate::gpu::coop::CoopShape;
-pub use crate::gpu::hardware::StandIn;
-pub use crate::gpu::sanitizer::{Sanitize, SanitizerSummary};
+pub(crate) use crate::gpu::coop::CoopShape;
+pub(crate) use crate::gpu::hardware::StandIn;
+pub(crate) use crate::gpu::sanitizer::{Sanitize, SanitizerSummary};
 use adapter::select_async;
 pub use adapter::{
     default_adapter, list_adapters, AdapterSummary, ContextOptions, NO_ADAPTER_HINT,
@@ -29,16 +29,16 @@ pub use backend::Backend;
 /// [`crate::Layer::run`], …) shares the pipeline cache.
 pub struct Context {
     /// The device layer: every kernel and buffer goes through it (see the `Deref` below).
-    dev: Device,
+    dev: Gpu,
     settings: Settings,
 }
 
 /// A context is its device to the rest of the crate: `ctx.device`, `ctx.pool`,
-/// `ctx.scoped(…)` and the kernels' `&Device` arguments reach it through this.
+/// `ctx.scoped(…)` and the kernels' `&Gpu` arguments reach it through this.
 #[doc(hidden)]
 impl std::ops::Deref for Context {
-    type Target = Device;
-    fn deref(&self) -> &Device {
+    type Target = Gpu;
+    fn deref(&self) -> &Gpu {
         &self.dev
     }
 }
@@ -126,17 +126,17 @@ impl Context {
     /// # Errors
     /// As [`Context::from_adapter`].
     pub async fn from_adapter_async(adapter: wgpu::Adapter) -> Result<Self> {
-        Ok(Self::compose(Device::from_adapter_async(adapter).await?))
+        Ok(Self::compose(Gpu::from_adapter_async(adapter).await?))
     }
 
     /// Wraps a device the caller already owns (its limits are taken from the device).
     pub fn from_parts(adapter: wgpu::Adapter, device: wgpu::Device, queue: wgpu::Queue) -> Self {
-        Self::compose(Device::from_parts(adapter, device, queue))
+        Self::compose(Gpu::from_parts(adapter, device, queue))
     }
 
     /// `dev` with the default settings (see [`Settings::from_env`]); compiled pipelines are
     /// kept beside the tuning cache.
-    fn compose(mut dev: Device) -> Self {
+    fn compose(mut dev: Gpu) -> Self {
         let settings = Settings::from_env();
         dev.pipelines.keep_in(settings.tune.dir());
         Context { dev, settings }

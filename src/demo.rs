@@ -21,6 +21,7 @@ pub const D_V: usize = 28;
 
 /// The demo's inputs.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DemoInputs {
     /// The words of the sentence, in order.
     pub words: Vec<String>,

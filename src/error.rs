@@ -53,7 +53,7 @@ pub enum Error {
     /// An input held NaN or infinity.
     #[error(
         "{array} holds a non-finite value ({value}) at index {index:?}; replace it, or let \
-         NaN/Inf through with Options {{ propagate_non_finite: true }} (CLI --propagate-nan)"
+         NaN/Inf through with Options::default().propagate_non_finite(true) (CLI --propagate-nan)"
     )]
     NonFinite {
         /// Which array.

@@ -31,13 +31,15 @@
 #![warn(missing_docs)]
 
 // The public surface: the context, the op and its inputs and outputs, masks, errors,
-// checkpoints, `.npy` I/O, the CPU reference and verify.
+// checkpoints, `.npy` I/O, the CPU reference and verify; and, for tools, the names of the
+// kernels behind a call (`internals`).
 pub mod attention;
 pub mod checkpoint;
 pub mod context;
 pub mod decode;
 pub mod demo;
 pub mod error;
+pub mod internals;
 pub mod mask;
 pub mod modifiers;
 pub mod npy;
@@ -52,6 +54,7 @@ mod dtype;
 mod gpu;
 mod kernels;
 mod phases;
+mod setters;
 mod settings;
 mod tune;
 mod values;
@@ -67,12 +70,11 @@ pub mod profile;
 
 pub use attention::{Adam, MseLoss};
 pub use attention::{
-    Attention, Device, Dims, Files, Gradients, Host, Inputs, Kind, Layer, Operand, Options, Output,
-    Plan, Projections, Saved,
+    Attention, Dims, Files, Gradients, Host, Inputs, Kind, Layer, OnDevice, Operand, Options,
+    Output, Projections, Saved,
 };
 pub use context::{
-    default_adapter, list_adapters, AdapterSummary, Backend, Context, ContextOptions, CoopShape,
-    Sanitize, SanitizerSummary, StandIn,
+    default_adapter, list_adapters, AdapterSummary, Backend, Context, ContextOptions,
 };
 pub use decode::{CacheElement, Decoder, KvCache, KvCacheSpec};
 pub use dtype::Dtype;
@@ -81,7 +83,6 @@ pub use gpu::pool::MemoryStats;
 pub use gpu::timing::{KernelTime, Profiling};
 /// The half (2) whose `f16` an f16 [`KvCache`] takes.
 pub use half;
-pub use kernels::flash_blocked::BlockedOptions;
 pub use mask::Mask;
 pub use modifiers::{BufferData, ModBuffer, Modifiers, Preset};
 /// The ndarray (0.17) whose arrays and views the API takes and returns.
@@ -89,7 +90,7 @@ pub use ndarray;
 pub use phases::PhaseTimes;
 pub use settings::TuneCache;
 pub use tensor::{Recorder, Tensor};
-pub use variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
+pub use variant::Kernels;
 /// The wgpu this crate is built on, for callers who bring their own device.
 pub use wgpu;
 

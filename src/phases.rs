@@ -46,6 +46,7 @@ pub(crate) enum Phase {
 
 /// Wall time per phase, and how many pipelines were compiled.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
 pub struct PhaseTimes {
     /// Reading and writing files (`.npy`): a call's reads of the file operands it uploads
     /// ([`crate::npy::Opened`]), plus what the caller adds (the CLI adds

@@ -5,9 +5,9 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::coop_matmul;
-pub use crate::kernels::flash::FlashVariant;
+pub(crate) use crate::kernels::flash::FlashVariant;
 use crate::kernels::flash::{self, FusedIo};
-pub use crate::kernels::flash_combine::KeySplit;
+pub(crate) use crate::kernels::flash_combine::KeySplit;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::matmul_blocked;
@@ -84,7 +84,8 @@ impl FlashVariant {
     /// `flash_blocked`), [`Kernels::Subgroup`] or [`Kernels::Coop`]; never [`Kernels::Auto`].
     ///
     /// ```
-    /// use wgpu_attention::{FlashVariant, Kernels};
+    /// use wgpu_attention::internals::FlashVariant;
+    /// use wgpu_attention::Kernels;
     /// assert_eq!(FlashVariant::Blocked { rows: 64, keys: 32 }.family(), Kernels::Storage);
     /// assert_eq!(FlashVariant::Tiled { keys: 32 }.family(), Kernels::Storage);
     /// assert_eq!(FlashVariant::Subgroup { rows_per_lane: 2 }.family(), Kernels::Subgroup);

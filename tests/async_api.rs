@@ -29,11 +29,10 @@ fn forward_async_equals_forward_and_the_reference() {
     let (wq, wk, wv) = (filled(13, 10, 1), filled(13, 10, 2), filled(13, 6, 3));
     let proj = Projections::new(wq.view(), wk.view(), wv.view());
     for kernels in Kernels::available(ctx) {
-        let op = Attention::new().heads(2).causal(true).options(Options {
-            kernels,
-            nan_fill: true,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .heads(2)
+            .causal(true)
+            .options(Options::default().kernels(kernels).nan_fill(true));
         let xd = x.view().into_dyn();
         let inputs = Inputs::x(xd.view()).projections(&proj);
         let a = pollster::block_on(op.run_async(ctx, inputs.clone())).unwrap();
@@ -60,10 +59,7 @@ fn sdpa_masked_async_equals_sdpa_masked_with_gqa_and_large_logits() {
     });
     let v = Array4::from_shape_fn((1, 2, 9, 5), |(_, h, i, j)| (h + i + j) as f32 * 0.1);
     let mask = Mask::none().with_kv_lengths(&[6]);
-    let op = Attention::new().options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new().options(Options::default().nan_fill(true));
     let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
     let a = pollster::block_on(op.run_async(ctx, inputs.clone())).unwrap();
     let s = op.run(ctx, inputs.clone()).unwrap();

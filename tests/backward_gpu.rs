@@ -8,10 +8,8 @@
 mod common;
 
 use ndarray::{Array4, ArrayD, IxDyn};
-use wgpu_attention::{
-    reference, Attention, BlockedOptions, Context, Dims, Dtype, Error, FlashVariant, Inputs, Mask,
-    Options,
-};
+use wgpu_attention::internals::{BlockedOptions, FlashVariant};
+use wgpu_attention::{reference, Attention, Context, Dims, Dtype, Error, Inputs, Mask, Options};
 
 /// The fused forwards that can save the statistics, each forced.
 fn variants() -> Vec<FlashVariant> {
@@ -92,12 +90,7 @@ fn check_as(
     tol: f64,
     label: &str,
 ) {
-    let op = op
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
-        .dtype(dtype);
+    let op = op.options(Options::default().nan_fill(true)).dtype(dtype);
     // What the device holds under f16: the reference sees the same rounded inputs.
     let round = |a: &Array4<f32>| match dtype {
         Dtype::F16 => a.mapv(|x| half::f16::from_f32(x).to_f32()),
@@ -111,11 +104,7 @@ fn check_as(
     let want_out = reference::run(&op, &rounded).unwrap();
     let want_lse = lse_reference(&op, &qr, &kr, mask);
     for variant in variants() {
-        let op = op.options(Options {
-            nan_fill: true,
-            flash_variant: Some(variant),
-            ..Options::default()
-        });
+        let op = op.options(Options::default().nan_fill(true).flash_variant(variant));
         let out = op
             .save_for_backward(true)
             .run(ctx, Inputs::qkv(q, k, v).mask(mask))
@@ -209,10 +198,7 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
     );
     let ctx = common::ctx();
     let saved = Attention::new()
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().nan_fill(true))
         .save_for_backward(true)
         .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
         .unwrap()
@@ -253,10 +239,7 @@ fn float_masks_and_fully_masked_rows_give_exact_zeros() {
         "lengths",
     );
     let saved = Attention::new()
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().nan_fill(true))
         .save_for_backward(true)
         .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
         .unwrap()
@@ -302,10 +285,7 @@ fn f16_storage_matches_the_reference_of_the_rounded_inputs() {
     let ctx = Context::new()
         .unwrap()
         .with_tuning(false)
-        .with_blocked_options(BlockedOptions {
-            f16_arithmetic: Some(false),
-            ..Default::default()
-        });
+        .with_blocked_options(BlockedOptions::default().f16_arithmetic(false));
     check_as(&ctx, op, Dtype::F16, &arrays, &Mask::none(), 1e-4, "f16");
 }
 
@@ -317,10 +297,7 @@ fn the_saved_forward_returns_what_the_plain_one_does() {
         let op = Attention::new()
             .causal(true)
             .return_weights(false)
-            .options(Options {
-                flash_variant: Some(variant),
-                ..Options::default()
-            });
+            .options(Options::default().flash_variant(variant));
         let plain = op.run(ctx, Inputs::qkv(&q, &k, &v)).unwrap();
         let saved = op
             .save_for_backward(true)
@@ -389,10 +366,7 @@ fn the_saved_forward_rejects_non_finite_inputs_even_when_propagating() {
     let [mut q, k, v] = common::sdpa_arrays(1, 1, 3, 3, 4, 4);
     q[[0, 0, 1, 1]] = f32::NAN;
     let err = Attention::new()
-        .options(Options {
-            propagate_non_finite: true,
-            ..Options::default()
-        })
+        .options(Options::default().propagate_non_finite(true))
         .save_for_backward(true)
         .run(ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
         .unwrap_err();
@@ -412,10 +386,7 @@ fn each_family_runs_its_own_backward_kernels() {
             _ => "flash_backward_kv.wgsl",
         };
         let saved = Attention::new()
-            .options(Options {
-                flash_variant: Some(variant),
-                ..Options::default()
-            })
+            .options(Options::default().flash_variant(variant))
             .save_for_backward(true)
             .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&Mask::none()))
             .unwrap()
@@ -425,7 +396,9 @@ fn each_family_runs_its_own_backward_kernels() {
         // Under the WGSL sanitizer no pass reaches the adapter (nothing is timed): what ran
         // is the sanitizer's tally.
         let names: Vec<&str> = match ctx.sanitizing() {
-            wgpu_attention::Sanitize::Off => ctx.kernel_times().iter().map(|t| t.kernel).collect(),
+            wgpu_attention::internals::Sanitize::Off => {
+                ctx.kernel_times().iter().map(|t| t.kernel).collect()
+            }
             _ => ctx.sanitizer_summary().dispatches.into_keys().collect(),
         };
         assert!(names.contains(&kernel), "{variant}: {names:?}");

@@ -498,10 +498,7 @@ fn backward_errors_name_what_is_wrong() {
     );
     let mut bad_q = q.clone();
     bad_q[[0, 0, 1, 1]] = f32::INFINITY;
-    let propagating = op.options(Options {
-        propagate_non_finite: true,
-        ..Options::default()
-    });
+    let propagating = op.options(Options::default().propagate_non_finite(true));
     let e = reference::backward(
         &propagating,
         &Inputs::qkv(&bad_q, &k, &v).mask(&Mask::none()),

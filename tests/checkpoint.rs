@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use ndarray::{Array1, Array2, ArrayD, IxDyn};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
-use wgpu_attention::checkpoint::{self, Biases, HeadCounts, Layout};
+use wgpu_attention::checkpoint::{self, Biases, Layout};
 use wgpu_attention::{reference, Attention, Dims, Inputs, Options};
 
 /// A tensor to store: dtype, shape, f32 values (converted to the dtype's bytes).
@@ -91,10 +91,10 @@ fn forward_matches(layer: &checkpoint::LayerWeights, heads: usize, d: usize) {
     let ctx = common::ctx();
     let x = x(13, d);
     let proj = layer.projections();
-    let op = Attention::new().heads(heads).causal(true).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .heads(heads)
+        .causal(true)
+        .options(Options::default().nan_fill(true));
     let inputs = Inputs::x(&x).projections(&proj);
     let got = op.run(ctx, inputs.clone()).unwrap();
     let want = reference::run(&op, &inputs).unwrap();
@@ -406,14 +406,11 @@ fn query_and_value_biases_without_a_key_bias() {
             .context
     };
     let zero = Array1::zeros(d);
-    let with_zero_k = run(&wgpu_attention::Projections {
-        b_k: Some(zero.view()),
-        ..p
-    });
+    let with_zero_k = run(&p.with_biases(p.b_q, Some(zero.view()), p.b_v));
     assert!(reference::compare(&run(&p).mapv(|v| v as f32), &with_zero_k).0 < 1e-6);
     for dropped in [
-        wgpu_attention::Projections { b_q: None, ..p },
-        wgpu_attention::Projections { b_v: None, ..p },
+        p.with_biases(None, p.b_k, p.b_v),
+        p.with_biases(p.b_q, p.b_k, None),
     ] {
         assert!(reference::compare(&run(&dropped).mapv(|v| v as f32), &with_zero_k).0 > 1e-3);
     }
@@ -476,11 +473,11 @@ fn grouped_query_layers_run_as_such_and_repeat_to_the_same_multi_head_layer() {
 fn head_counts_come_from_the_config_json_beside_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("model.safetensors");
-    let heads = || checkpoint::heads_from_config(&ckpt);
+    let heads = || checkpoint::heads_from_config(&ckpt).map(|h| h.map(|h| (h.heads, h.kv_heads)));
     assert_eq!(heads().unwrap(), None);
     let config = |text: &str| std::fs::write(dir.path().join("config.json"), text).unwrap();
     config(r#"{"model_type": "bert", "hidden_size": 384, "num_attention_heads": 12}"#);
-    let want = |heads, kv_heads| Some(HeadCounts { heads, kv_heads });
+    let want = |heads, kv_heads| Some((heads, kv_heads));
     assert_eq!(heads().unwrap(), want(12, None));
     config(r#"{"num_attention_heads": 32, "num_key_value_heads": 8}"#);
     assert_eq!(heads().unwrap(), want(32, Some(8)));

@@ -7,10 +7,8 @@
 mod common;
 
 use ndarray::{Array2, ArrayD, IxDyn};
-use wgpu_attention::{
-    reference, Attention, Dtype, Error, FlashVariant, Inputs, Kernels, MatmulVariant, Options,
-    Projections,
-};
+use wgpu_attention::internals::{FlashVariant, MatmulVariant};
+use wgpu_attention::{reference, Attention, Dtype, Error, Inputs, Kernels, Options, Projections};
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {
@@ -50,19 +48,12 @@ fn coop_kernels_match_the_reference_where_the_adapter_has_cooperative_matrices()
                     let base = Attention::new()
                         .heads(2)
                         .causal(causal)
-                        .options(Options {
-                            nan_fill: true,
-                            ..Options::default()
-                        })
+                        .options(Options::default().nan_fill(true))
                         .return_weights(weights);
                     let inputs = Inputs::x(&xs).projections(&proj);
                     let want = reference::run(&base, &inputs).unwrap();
                     let got = base
-                        .options(Options {
-                            kernels: Kernels::Coop,
-                            nan_fill: true,
-                            ..Options::default()
-                        })
+                        .options(Options::default().kernels(Kernels::Coop).nan_fill(true))
                         .dtype(dtype)
                         .run(ctx, inputs.clone())
                         .unwrap();
@@ -90,18 +81,9 @@ fn forcing_coop_without_cooperative_matrices_is_a_clear_error() {
     let eye = Array2::<f32>::eye(8);
     let proj = Projections::new(eye.view(), eye.view(), eye.view());
     for options in [
-        Options {
-            kernels: Kernels::Coop,
-            ..Options::default()
-        },
-        Options {
-            matmul_variant: Some(MatmulVariant::Coop),
-            ..Options::default()
-        },
-        Options {
-            flash_variant: Some(FlashVariant::Coop),
-            ..Options::default()
-        },
+        Options::default().kernels(Kernels::Coop),
+        Options::default().matmul_variant(MatmulVariant::Coop),
+        Options::default().flash_variant(FlashVariant::Coop),
     ] {
         let op = Attention::new().options(options);
         let e = op.run(ctx, Inputs::x(&xs).projections(&proj)).unwrap_err();

@@ -66,18 +66,11 @@ fn emulated_coop_kernels_match_the_reference() {
                     let base = Attention::new()
                         .heads(heads)
                         .causal(causal)
-                        .options(Options {
-                            nan_fill: true,
-                            ..Options::default()
-                        })
+                        .options(Options::default().nan_fill(true))
                         .return_weights(weights);
                     let inputs = Inputs::x(&xs).projections(&proj).mask(&mask);
                     let want = reference::run(&base, &inputs).unwrap();
-                    let op = base.options(Options {
-                        kernels: Kernels::Coop,
-                        nan_fill: true,
-                        ..Options::default()
-                    });
+                    let op = base.options(Options::default().kernels(Kernels::Coop).nan_fill(true));
                     let plan = op.plan(&ctx, &Dims::new(&op, &inputs).unwrap()).unwrap();
                     let got = op.run(&ctx, inputs.clone()).unwrap();
                     let (rel, max) = reference::compare(&got.context, &want.context);

@@ -8,7 +8,7 @@ mod common;
 
 use ndarray::{s, Array4, ArrayView4, Axis};
 use wgpu_attention::modifiers::{Modifiers, Preset};
-use wgpu_attention::{reference, Attention, Decoder, Dtype, Inputs, KvCache, KvCacheSpec, Mask};
+use wgpu_attention::{reference, Attention, Decoder, Inputs, KvCache, KvCacheSpec, Mask};
 
 /// Q `(b, h, n, e)`, K and V `(b, kvh, n, e)`.
 fn qkv(b: usize, h: usize, kvh: usize, n: usize, e: usize) -> [Array4<f32>; 3] {
@@ -34,14 +34,7 @@ fn through_cache(
 ) -> Array4<f32> {
     let ctx = common::ctx();
     let (b, _, n, e) = q.dim();
-    let spec = KvCacheSpec {
-        capacity: capacity.unwrap_or(n),
-        batch: b,
-        kv_heads: k.dim().1,
-        d_k: e,
-        d_v: e,
-        dtype: Dtype::F32,
-    };
+    let spec = KvCacheSpec::new(capacity.unwrap_or(n), b, k.dim().1, e, e);
     let mut cache = KvCache::new(ctx, spec).unwrap();
     if capacity.is_some() {
         cache = cache.rolling();
@@ -141,14 +134,7 @@ fn a_rolling_cache_holds_the_window_alone_and_gives_the_same_rows() {
     }
     // A step that reaches past what the cache holds is an error, not old keys' replacements.
     let ctx = common::ctx();
-    let spec = KvCacheSpec {
-        capacity: 60,
-        batch: b,
-        kv_heads: kvh,
-        d_k: e,
-        d_v: e,
-        dtype: Dtype::F32,
-    };
+    let spec = KvCacheSpec::new(60, b, kvh, e, e);
     let mut cache = KvCache::new(ctx, spec).unwrap().rolling();
     for at in [0, 50] {
         let r = s![.., .., at..at + 50, ..];

@@ -35,14 +35,7 @@ fn tensor_appends_and_steps_equal_the_array_ones() {
         }
         // Four query heads on two K/V heads, widths 6 and 5 (rows padded to vec4s).
         let (b, h, kvh, n, dk, dv) = (2, 4, 2, 41, 6, 5);
-        let spec = KvCacheSpec {
-            capacity: n,
-            batch: b,
-            kv_heads: kvh,
-            d_k: dk,
-            d_v: dv,
-            dtype,
-        };
+        let spec = KvCacheSpec::new(n, b, kvh, dk, dv).dtype(dtype);
         let (q, k, v) = (
             wave((b, h, n, dk), 1, 1.5),
             wave((b, kvh, n, dk), 2, 1.5),
@@ -89,14 +82,7 @@ fn matrix(r: usize, c: usize, salt: usize) -> Array2<f32> {
 }
 
 fn cache_for(ctx: &Context, n: usize, dtype: Dtype) -> KvCache {
-    let spec = KvCacheSpec {
-        capacity: n,
-        batch: 2,
-        kv_heads: 2,
-        d_k: 3,
-        d_v: 3,
-        dtype,
-    };
+    let spec = KvCacheSpec::new(n, 2, 2, 3, 3).dtype(dtype);
     KvCache::new(ctx, spec).unwrap()
 }
 

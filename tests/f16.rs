@@ -47,19 +47,15 @@ fn f16_operands_are_within_1e_2_of_the_reference_on_every_path() {
         ),
     ] {
         for causal in [false, true] {
-            let base = Attention::new().heads(2).causal(causal).options(Options {
-                nan_fill: true,
-                ..Options::default()
-            });
+            let base = Attention::new()
+                .heads(2)
+                .causal(causal)
+                .options(Options::default().nan_fill(true));
             let inputs = Inputs::x(&xs).projections(p).mask(&mask);
             let want = reference::run(&base, &inputs).unwrap();
             for (kernels, fused) in verify::paths(ctx) {
                 let op = base
-                    .options(Options {
-                        kernels,
-                        nan_fill: true,
-                        ..Options::default()
-                    })
+                    .options(Options::default().kernels(kernels).nan_fill(true))
                     .return_weights(!fused);
                 let what = format!("{label} {kernels} fused={fused} causal={causal}");
                 let f32_out = op.run(ctx, inputs.clone()).unwrap();
@@ -93,10 +89,7 @@ fn f16_sdpa_with_grouped_query_heads_is_within_1e_2() {
     let want = reference::run(&base, &inputs).unwrap();
     for (kernels, fused) in verify::paths(ctx) {
         let op = base
-            .options(Options {
-                kernels,
-                ..Options::default()
-            })
+            .options(Options::default().kernels(kernels))
             .return_weights(!fused)
             .dtype(Dtype::F16);
         let got = op.run(ctx, inputs.clone()).unwrap();

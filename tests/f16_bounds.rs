@@ -20,15 +20,7 @@ fn f16_cases(ctx: &wgpu_attention::Context) -> Vec<(Case, u64)> {
     verify::on_every_path(ctx, &cases)
         .into_iter()
         .enumerate()
-        .map(|(i, c)| {
-            (
-                Case {
-                    dtype: Dtype::F16,
-                    ..c
-                },
-                i as u64,
-            )
-        })
+        .map(|(i, c)| (c.dtype(Dtype::F16), i as u64))
         .collect()
 }
 
@@ -57,11 +49,7 @@ fn answer_to_another_seed(case: &Case, seed: u64) -> ArrayD<f32> {
     let data: CaseData = case.data(seed.wrapping_add(1_000_003));
     let proj = data.projections();
     let mask = data.mask();
-    let op = Case {
-        dtype: Dtype::F32,
-        ..*case
-    }
-    .op();
+    let op = case.dtype(Dtype::F32).op();
     let out = match &data.qkv {
         None => {
             let inputs = Inputs::x(data.x.view()).mask(&mask);
@@ -95,26 +83,26 @@ fn problems(
     if bound.is_nan() || bound >= 0.05 {
         problems.push(format!("{case}: bound {bound:.3e} ≥ 0.05"));
     }
-    let right = match gpu {
-        true => pollster::block_on(verify::run_gpu(ctx, &case.op(), &data))
-            .unwrap_or_else(|e| panic!("{case}: {e}")),
+    let (context, weights) = match gpu {
+        true => {
+            let out = pollster::block_on(verify::run_gpu(ctx, &case.op(), &data))
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            (out.context, out.weights)
+        }
         false => {
             let cpu = expected.reference();
             let f32_of = |a: &ArrayD<f64>| a.mapv(|v| v as f32);
-            wgpu_attention::Output {
-                context: f32_of(&cpu.context),
-                weights: cpu.weights.as_ref().filter(|_| !case.fused).map(f32_of),
-                saved: None,
-            }
+            let weights = cpu.weights.as_ref().filter(|_| !case.fused).map(f32_of);
+            (f32_of(&cpu.context), weights)
         }
     };
-    let weights = right.weights.as_ref();
-    let r = expected.check(&right.context, weights);
+    let weights = weights.as_ref();
+    let r = expected.check(&context, weights);
     if !r.passed() {
         problems.push(format!("the right answer fails: {r}"));
     }
-    let mut wrong = vec![("zeros", ArrayD::zeros(right.context.raw_dim()))];
-    let moved = rows_moved(&right.context);
+    let mut wrong = vec![("zeros", ArrayD::zeros(context.raw_dim()))];
+    let moved = rows_moved(&context);
     let single = moved.is_none();
     wrong.extend(moved.map(|m| ("rows moved", m)));
     wrong.push((
@@ -156,7 +144,7 @@ fn every_f16_verify_case_under_the_stand_in_has_a_bound_under_5e_2_as_well() {
     let ctx = CTX.get_or_init(|| {
         wgpu_attention::Context::new()
             .expect("GPU tests need an adapter")
-            .with_stand_in(wgpu_attention::StandIn::Gpu)
+            .with_stand_in(wgpu_attention::internals::StandIn::Gpu)
             .with_tuning(false)
             .with_tune_cache(wgpu_attention::TuneCache::at(None))
     });

@@ -6,10 +6,9 @@
 
 mod common;
 
+use wgpu_attention::internals::{BlockedOptions, FlashVariant, KeySplit};
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{
-    Attention, BlockedOptions, Context, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Options,
-};
+use wgpu_attention::{Attention, Context, Dtype, Inputs, Kernels, Options};
 
 const BLOCKS: [FlashVariant; 4] = [
     FlashVariant::Blocked { rows: 64, keys: 64 },
@@ -25,13 +24,13 @@ const BLOCKS: [FlashVariant; 4] = [
 /// options `Case::op` sets (the case's kernels, NaN-filled outputs) and these two, in one
 /// `Options` (`Attention::options` sets every knob at once).
 fn forced_split(case: &Case, v: FlashVariant, split: KeySplit) -> Attention {
-    case.op().options(Options {
-        kernels: case.kernels,
-        nan_fill: true,
-        flash_variant: Some(v),
-        key_split: split,
-        ..Options::default()
-    })
+    case.op().options(
+        Options::default()
+            .kernels(case.kernels)
+            .nan_fill(true)
+            .flash_variant(v)
+            .key_split(split),
+    )
 }
 
 /// `case.op()` with its fused kernel forced to `v` (see [`forced_split`]).
@@ -82,10 +81,7 @@ fn check_on(ctx: &Context, cases: &[Case], variants: &[FlashVariant]) {
 
 /// Self-attention without projections (Q = K = V = X) of one head of width `d`.
 fn plain(n: usize, d: usize) -> Case {
-    Case {
-        weights: false,
-        ..Case::new(n, d, d, d)
-    }
+    Case::new(n, d, d, d).weights(false)
 }
 
 #[test]
@@ -93,11 +89,7 @@ fn odd_sizes_and_causal_match_the_reference() {
     let mut cases = Vec::new();
     for n in [1, 7, 37, 300] {
         for causal in [false, true] {
-            cases.push(Case {
-                causal,
-                batch: Some(2),
-                ..plain(n, 64)
-            });
+            cases.push(plain(n, 64).causal(causal).batch(2));
         }
     }
     check(&cases, &BLOCKS);
@@ -108,23 +100,12 @@ fn head_sizes_and_unequal_widths_match_the_reference() {
     let mut cases = Vec::new();
     for hs in [32, 80, 128, 256] {
         // Two heads of width hs each, projected, with biases; and causal without.
-        cases.push(Case {
-            heads: 2,
-            bias: true,
-            ..Case::new(37, 24, 2 * hs, 2 * hs)
-        });
-        cases.push(Case {
-            causal: true,
-            ..plain(300, hs)
-        });
+        cases.push(Case::new(37, 24, 2 * hs, 2 * hs).heads(2).bias(true));
+        cases.push(plain(300, hs).causal(true));
     }
     // d_k ≠ d_v both ways, widths not multiples of 4, a custom scale.
     cases.push(Case::new(37, 12, 40, 24));
-    cases.push(Case {
-        heads: 2,
-        scale: Some(-0.3),
-        ..Case::new(300, 16, 26, 70)
-    });
+    cases.push(Case::new(300, 16, 26, 70).heads(2).scale(-0.3));
     check(&cases, &BLOCKS);
 }
 
@@ -133,13 +114,13 @@ fn masks_match_the_reference() {
     let mut cases = Vec::new();
     for mask in [MaskCase::Bool, MaskCase::Float, MaskCase::Lengths] {
         for (n, causal) in [(37, true), (300, false), (7, false)] {
-            cases.push(Case {
-                mask,
-                causal,
-                heads: 2,
-                batch: Some(2),
-                ..Case::new(n, 16, 32, 32)
-            });
+            cases.push(
+                Case::new(n, 16, 32, 32)
+                    .mask(mask)
+                    .causal(causal)
+                    .heads(2)
+                    .batch(2),
+            );
         }
     }
     check(&cases, &BLOCKS[..1]);
@@ -155,14 +136,14 @@ fn grouped_query_sdpa_with_other_key_counts_matches_the_reference() {
         (1, 65, 2, false),
     ] {
         for mask in [MaskCase::None, MaskCase::Bool] {
-            cases.push(Case {
-                heads: 4,
-                batch: Some(2),
-                causal,
-                mask,
-                sdpa: Some((n_kv, kv_heads)),
-                ..Case::new(n, 16, 4 * 24, 4 * 40)
-            });
+            cases.push(
+                Case::new(n, 16, 4 * 24, 4 * 40)
+                    .heads(4)
+                    .batch(2)
+                    .causal(causal)
+                    .mask(mask)
+                    .sdpa((n_kv, kv_heads)),
+            );
         }
     }
     check(&cases, &BLOCKS);
@@ -176,20 +157,20 @@ fn f16_operands_match_the_reference() {
         (37, 128, false, MaskCase::Float),
         (7, 80, true, MaskCase::Lengths),
     ] {
-        cases.push(Case {
-            dtype: Dtype::F16,
-            causal,
-            mask,
-            heads: 2,
-            ..Case::new(n, 32, 2 * hs, 2 * hs)
-        });
+        cases.push(
+            Case::new(n, 32, 2 * hs, 2 * hs)
+                .dtype(Dtype::F16)
+                .causal(causal)
+                .mask(mask)
+                .heads(2),
+        );
     }
-    cases.push(Case {
-        dtype: Dtype::F16,
-        heads: 2,
-        sdpa: Some((90, 1)),
-        ..Case::new(37, 16, 64, 64)
-    });
+    cases.push(
+        Case::new(37, 16, 64, 64)
+            .dtype(Dtype::F16)
+            .heads(2)
+            .sdpa((90, 1)),
+    );
     check(&cases, &BLOCKS[..2]);
 }
 
@@ -241,35 +222,22 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     let checked = |opts| ctx_with(opts).with_runtime_checks(true);
     // The adapter's default inner loop (on lavapipe: subgroup reductions at 64 × 32).
     let runs = [
-        Case {
-            causal: true,
-            ..plain(37, 20)
-        },
-        Case {
-            heads: 2,
-            ..Case::new(7, 24, 16, 40)
-        },
-        Case {
-            mask: MaskCase::Lengths,
-            ..plain(100, 8)
-        },
-        Case {
-            causal: true,
-            ..plain(150, 12)
-        },
+        plain(37, 20).causal(true),
+        Case::new(7, 24, 16, 40).heads(2),
+        plain(100, 8).mask(MaskCase::Lengths),
+        plain(150, 12).causal(true),
     ];
     let runs: Vec<_> = runs.into_iter().zip(BLOCKS).collect();
     twins(common::ctx(), &checked(BlockedOptions::default()), &runs);
     // Each option alone: the double buffer, subgroup reductions, f16 arithmetic, vector
     // loads (the defaults above have them wherever widths and strides are multiples of 4),
     // resident queries (the defaults above have them wherever they fit).
-    let off = BlockedOptions {
-        double_buffer: Some(false),
-        subgroups: Some(false),
-        f16_arithmetic: Some(false),
-        vector_loads: Some(false),
-        resident_queries: Some(false),
-    };
+    let off = BlockedOptions::default()
+        .double_buffer(false)
+        .subgroups(false)
+        .f16_arithmetic(false)
+        .vector_loads(false)
+        .resident_queries(false);
     let on = Some(true);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
     let info = common::ctx().adapter_info();
@@ -279,64 +247,20 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
         .contains(wgpu::Features::SUBGROUP)
         && info.subgroup_min_size >= 8
         && 128 % info.subgroup_max_size.max(1) == 0;
-    let f16 = Case {
-        dtype: Dtype::F16,
-        ..runs[1].0
-    };
+    let f16 = runs[1].0.dtype(Dtype::F16);
     let mut each = vec![
+        (off.double_buffer(on), runs[0]),
+        (off.f16_arithmetic(on), (f16, BLOCKS[1])),
+        (off.vector_loads(on), (f16, BLOCKS[0])),
+        (off.vector_loads(on), runs[1]),
+        (off.resident_queries(on), runs[0]),
         (
-            BlockedOptions {
-                double_buffer: on,
-                ..off
-            },
-            runs[0],
-        ),
-        (
-            BlockedOptions {
-                f16_arithmetic: on,
-                ..off
-            },
-            (f16, BLOCKS[1]),
-        ),
-        (
-            BlockedOptions {
-                vector_loads: on,
-                ..off
-            },
-            (f16, BLOCKS[0]),
-        ),
-        (
-            BlockedOptions {
-                vector_loads: on,
-                ..off
-            },
-            runs[1],
-        ),
-        (
-            BlockedOptions {
-                resident_queries: on,
-                ..off
-            },
-            runs[0],
-        ),
-        (
-            BlockedOptions {
-                resident_queries: on,
-                double_buffer: on,
-                vector_loads: on,
-                ..off
-            },
+            off.resident_queries(on).double_buffer(on).vector_loads(on),
             (f16, BLOCKS[0]),
         ),
     ];
     if sgr {
-        each.push((
-            BlockedOptions {
-                subgroups: on,
-                ..off
-            },
-            (runs[2].0, BLOCKS[1]),
-        ));
+        each.push((off.subgroups(on), (runs[2].0, BLOCKS[1])));
     }
     for (opts, run) in each {
         twins(&ctx_with(opts), &checked(opts), &[run]);
@@ -354,32 +278,19 @@ fn ctx_with(opts: BlockedOptions) -> Context {
 /// Odd sizes, causal, a mask, GQA with another key count, d_k ≠ d_v, in `dtype`.
 fn inner_loop_cases(dtype: Dtype) -> Vec<Case> {
     vec![
-        Case {
-            causal: true,
-            batch: Some(2),
-            dtype,
-            ..plain(300, 64)
-        },
-        Case {
-            mask: MaskCase::Bool,
-            causal: true,
-            heads: 2,
-            dtype,
-            ..Case::new(37, 16, 32, 32)
-        },
-        Case {
-            heads: 4,
-            causal: true,
-            mask: MaskCase::Lengths,
-            sdpa: Some((130, 2)),
-            dtype,
-            ..Case::new(7, 16, 4 * 24, 4 * 40)
-        },
-        Case {
-            heads: 2,
-            dtype,
-            ..Case::new(37, 12, 2 * 80, 2 * 128)
-        },
+        plain(300, 64).causal(true).batch(2).dtype(dtype),
+        Case::new(37, 16, 32, 32)
+            .mask(MaskCase::Bool)
+            .causal(true)
+            .heads(2)
+            .dtype(dtype),
+        Case::new(7, 16, 4 * 24, 4 * 40)
+            .heads(4)
+            .causal(true)
+            .mask(MaskCase::Lengths)
+            .sdpa((130, 2))
+            .dtype(dtype),
+        Case::new(37, 12, 2 * 80, 2 * 128).heads(2).dtype(dtype),
     ]
 }
 
@@ -388,43 +299,29 @@ fn each_inner_loop_alone_matches_the_reference() {
     // The default context runs every inner loop the adapter allows (the tests above); here
     // the plain loop, the double buffer alone, the subgroup reductions alone, the vector
     // loads alone, the resident queries alone, and everything a GPU turns on.
-    let off = BlockedOptions {
-        double_buffer: Some(false),
-        subgroups: Some(false),
-        f16_arithmetic: Some(false),
-        vector_loads: Some(false),
-        resident_queries: Some(false),
-    };
+    let off = BlockedOptions::default()
+        .double_buffer(false)
+        .subgroups(false)
+        .f16_arithmetic(false)
+        .vector_loads(false)
+        .resident_queries(false);
     let cases = inner_loop_cases(Dtype::F32);
     check_on(&ctx_with(off), &cases, &BLOCKS[..2]);
-    let dbuf = BlockedOptions {
-        double_buffer: Some(true),
-        ..off
-    };
+    let dbuf = off.double_buffer(true);
     check_on(&ctx_with(dbuf), &cases, &BLOCKS[..2]);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes) wherever they exist.
-    let ctx = ctx_with(BlockedOptions {
-        subgroups: None,
-        ..off
-    });
+    let ctx = ctx_with(off.subgroups(None));
     check_on(&ctx, &cases, &BLOCKS[1..2]);
-    let vec = BlockedOptions {
-        vector_loads: Some(true),
-        ..off
-    };
+    let vec = off.vector_loads(true);
     check_on(&ctx_with(vec), &cases, &BLOCKS[..2]);
-    let qres = BlockedOptions {
-        resident_queries: Some(true),
-        ..off
-    };
+    let qres = off.resident_queries(true);
     check_on(&ctx_with(qres), &cases, &BLOCKS[..2]);
-    let gpu = BlockedOptions {
-        double_buffer: Some(true),
-        subgroups: None,
-        f16_arithmetic: Some(true),
-        vector_loads: Some(true),
-        resident_queries: Some(true),
-    };
+    let gpu = BlockedOptions::default()
+        .double_buffer(true)
+        .subgroups(None)
+        .f16_arithmetic(true)
+        .vector_loads(true)
+        .resident_queries(true);
     check_on(&ctx_with(gpu), &cases, &BLOCKS[..2]);
     check_on(&ctx_with(gpu), &inner_loop_cases(Dtype::F16), &BLOCKS[..2]);
 }
@@ -433,20 +330,14 @@ fn each_inner_loop_alone_matches_the_reference() {
 fn f16_arithmetic_and_f32_arithmetic_on_f16_operands_match_the_reference() {
     let cases = inner_loop_cases(Dtype::F16);
     for f16_arithmetic in [Some(true), Some(false)] {
-        let ctx = ctx_with(BlockedOptions {
-            f16_arithmetic,
-            ..Default::default()
-        });
+        let ctx = ctx_with(BlockedOptions::default().f16_arithmetic(f16_arithmetic));
         check_on(&ctx, &cases, &BLOCKS[..2]);
     }
 }
 
 #[test]
 fn subgroups_asked_for_where_a_row_group_does_not_fit_are_an_error() {
-    let ctx = ctx_with(BlockedOptions {
-        subgroups: Some(true),
-        ..Default::default()
-    });
+    let ctx = ctx_with(BlockedOptions::default().subgroups(true));
     let info = ctx.adapter_info();
     // 128 × 128 blocks: row groups of 32 lanes, more than lavapipe's 8.
     let v = FlashVariant::Blocked {
@@ -472,12 +363,10 @@ fn the_unchecked_split_kernel_equals_its_checked_twin_bit_for_bit() {
     // of key lengths, 300 keys in 3 ranges of 64 × 32 blocks (ranges that start inside the
     // diagonal, and ranges wholly above it for the first query blocks).
     let checked = ctx_with(BlockedOptions::default()).with_runtime_checks(true);
-    let case = Case {
-        causal: true,
-        mask: MaskCase::Lengths,
-        ..plain(300, 20)
-    }
-    .on(Kernels::Storage, true);
+    let case = plain(300, 20)
+        .causal(true)
+        .mask(MaskCase::Lengths)
+        .on(Kernels::Storage, true);
     let data = case.data(5);
     let (proj, mask) = (data.projections(), data.mask());
     let op = forced_split(&case, BLOCKS[1], KeySplit::Ranges(3));

@@ -7,10 +7,9 @@
 mod common;
 
 use ndarray::Array4;
+use wgpu_attention::internals::{FlashVariant, KeySplit};
 use wgpu_attention::verify::{self, Case, MaskCase};
-use wgpu_attention::{
-    reference, Attention, Dtype, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
-};
+use wgpu_attention::{reference, Attention, Dtype, Inputs, Kernels, Mask, Options};
 
 /// 4 × 4 blocks (widths ≤ 16): even 7 keys are two tiles, so every size splits.
 const TINY: FlashVariant = FlashVariant::Blocked { rows: 4, keys: 4 };
@@ -27,13 +26,13 @@ fn check(cases: &[Case], variants: &[FlashVariant], ranges: &[u32]) {
             for &n in ranges {
                 // What `Case::op` sets (the case's kernels, NaN-filled outputs), and the
                 // variant and the split, in one `Options`.
-                let op = case.op().options(Options {
-                    kernels: case.kernels,
-                    nan_fill: true,
-                    flash_variant: Some(v),
-                    key_split: KeySplit::Ranges(n),
-                    ..Options::default()
-                });
+                let op = case.op().options(
+                    Options::default()
+                        .kernels(case.kernels)
+                        .nan_fill(true)
+                        .flash_variant(v)
+                        .key_split(KeySplit::Ranges(n)),
+                );
                 match verify::run_case_with(ctx, &case, op, 200 + i as u64) {
                     Ok(r) if r.passed() => {}
                     Ok(r) => failures.push(format!("{v} split {n}: {r}")),
@@ -51,10 +50,7 @@ fn check(cases: &[Case], variants: &[FlashVariant], ranges: &[u32]) {
 }
 
 fn plain(n: usize, d: usize) -> Case {
-    Case {
-        weights: false,
-        ..Case::new(n, d, d, d)
-    }
+    Case::new(n, d, d, d).weights(false)
 }
 
 #[test]
@@ -62,21 +58,13 @@ fn odd_sizes_and_causal_match_the_reference() {
     let mut cases = Vec::new();
     for n in [1, 7, 37, 300] {
         for causal in [false, true] {
-            cases.push(Case {
-                causal,
-                batch: Some(2),
-                ..plain(n, 16)
-            });
+            cases.push(plain(n, 16).causal(causal).batch(2));
         }
     }
     check(&cases, &[TINY], &[2, 3, 100]);
     let big: Vec<Case> = [false, true]
         .into_iter()
-        .map(|causal| Case {
-            causal,
-            heads: 2,
-            ..Case::new(300, 32, 128, 128)
-        })
+        .map(|causal| Case::new(300, 32, 128, 128).causal(causal).heads(2))
         .collect();
     check(&big, &[GPU], &[3, 10]);
 }
@@ -86,33 +74,33 @@ fn masks_lengths_gqa_and_f16_match_the_reference() {
     let mut cases = Vec::new();
     for mask in [MaskCase::Bool, MaskCase::Float, MaskCase::Lengths] {
         for (n, causal) in [(37, true), (7, false)] {
-            cases.push(Case {
-                mask,
-                causal,
-                heads: 2,
-                batch: Some(2),
-                ..Case::new(n, 16, 32, 32)
-            });
+            cases.push(
+                Case::new(n, 16, 32, 32)
+                    .mask(mask)
+                    .causal(causal)
+                    .heads(2)
+                    .batch(2),
+            );
         }
     }
     for (n, n_kv, kv_heads, causal) in [(37, 300, 2, false), (7, 130, 4, true), (1, 65, 2, false)] {
-        cases.push(Case {
-            heads: 4,
-            batch: Some(2),
-            causal,
-            mask: MaskCase::Bool,
-            sdpa: Some((n_kv, kv_heads)),
-            ..Case::new(n, 16, 4 * 16, 4 * 12)
-        });
+        cases.push(
+            Case::new(n, 16, 4 * 16, 4 * 12)
+                .heads(4)
+                .batch(2)
+                .causal(causal)
+                .mask(MaskCase::Bool)
+                .sdpa((n_kv, kv_heads)),
+        );
     }
     for (n, causal, mask) in [(37, true, MaskCase::None), (7, false, MaskCase::Lengths)] {
-        cases.push(Case {
-            dtype: Dtype::F16,
-            causal,
-            mask,
-            heads: 2,
-            ..Case::new(n, 16, 32, 32)
-        });
+        cases.push(
+            Case::new(n, 16, 32, 32)
+                .dtype(Dtype::F16)
+                .causal(causal)
+                .mask(mask)
+                .heads(2),
+        );
     }
     check(&cases, &[TINY], &[3]);
 }
@@ -126,13 +114,13 @@ fn split_equals_unsplit_within_rounding() {
     for causal in [false, true] {
         let op = Attention::new().causal(causal).return_weights(false);
         let run = |split| {
-            op.options(Options {
-                nan_fill: true,
-                kernels: Kernels::Storage,
-                flash_variant: Some(GPU),
-                key_split: split,
-                ..Options::default()
-            })
+            op.options(
+                Options::default()
+                    .nan_fill(true)
+                    .kernels(Kernels::Storage)
+                    .flash_variant(GPU)
+                    .key_split(split),
+            )
             .run(ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
             .unwrap()
             .context
@@ -165,12 +153,12 @@ fn a_split_saved_forward_keeps_the_log_sum_exp_for_the_backward() {
     let v = Array4::from_shape_fn((2, 2, 45, 12), f(0.41));
     let d_o = Array4::from_shape_fn((2, 4, 37, 12), f(0.07));
     for causal in [false, true] {
-        let op = Attention::new().causal(causal).options(Options {
-            nan_fill: true,
-            flash_variant: Some(FlashVariant::Blocked { rows: 8, keys: 8 }),
-            key_split: KeySplit::Ranges(4),
-            ..Options::default()
-        });
+        let op = Attention::new().causal(causal).options(
+            Options::default()
+                .nan_fill(true)
+                .flash_variant(FlashVariant::Blocked { rows: 8, keys: 8 })
+                .key_split(KeySplit::Ranges(4)),
+        );
         let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
         let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
         let out = op.save_for_backward(true).run(ctx, inputs.clone()).unwrap();

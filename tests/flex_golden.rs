@@ -77,11 +77,7 @@ fn every_flex_attention_case_agrees_on_both_families() {
             let mut op = Attention::new()
                 .causal(meta["causal"].as_bool().unwrap())
                 .return_weights(false)
-                .options(Options {
-                    kernels,
-                    nan_fill: true,
-                    ..Options::default()
-                });
+                .options(Options::default().kernels(kernels).nan_fill(true));
             if let Some(s) = meta["scale"].as_f64() {
                 op = op.scale(s as f32);
             }

@@ -26,10 +26,7 @@ fn close(got: &Array2<f32>, want: &Array2<f32>, what: &str) {
 fn check_against_printout(ctx: &Context, x: &Array2<f32>, w: [&Array2<f32>; 3]) {
     let proj = Projections::new(w[0].view(), w[1].view(), w[2].view());
     let out = Attention::new()
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().nan_fill(true))
         .run(ctx, Inputs::x(x).projections(&proj))
         .unwrap();
     let weights = out.weights.unwrap().into_dimensionality().unwrap();

@@ -50,10 +50,7 @@ fn causal_rows_sum_to_one_and_never_look_ahead() {
     });
     let out = Attention::new()
         .causal(true)
-        .options(Options {
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().nan_fill(true))
         .run(common::ctx(), Inputs::x(&x))
         .unwrap();
     let w = out
@@ -88,10 +85,7 @@ fn causal_rows_sum_to_one_and_never_look_ahead() {
 fn logits_in_the_thousands_give_finite_correct_weights() {
     // Q = K = V = X with entries ~±40 and d = 8: logits of several thousand.
     let x = Array2::from_shape_fn((29, 8), |(i, j)| 40.0 * ((i * 8 + j) as f32 * 0.91).cos());
-    let op = Attention::new().options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new().options(Options::default().nan_fill(true));
     let gpu = op.run(common::ctx(), Inputs::x(&x)).unwrap();
     let cpu = reference::run(&op, &Inputs::x(&x)).unwrap();
     let bound = reference::logit_bound(&op, x.view().into_dyn(), None).unwrap();
@@ -113,10 +107,9 @@ fn more_than_65535_workgroups_in_one_dispatch() {
     let x = Array2::from_shape_fn((300, 256), |(i, j)| {
         ((i * 13 + j * 7) % 17) as f32 * 0.1 - 0.8
     });
-    let op = Attention::new().heads(256).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .heads(256)
+        .options(Options::default().nan_fill(true));
     let gpu = op.run(common::ctx(), Inputs::x(&x)).unwrap();
     let cpu = reference::run(&op, &Inputs::x(&x)).unwrap();
     let w = gpu.weights.unwrap();
@@ -130,10 +123,10 @@ fn more_than_65535_workgroups_in_one_dispatch() {
 #[test]
 fn opting_out_of_weights_returns_none_and_the_same_context() {
     let x = Array3::from_shape_fn((2, 19, 12), |(b, i, j)| ((b + 2 * i + 3 * j) as f32).sin());
-    let op = Attention::new().heads(3).causal(true).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .heads(3)
+        .causal(true)
+        .options(Options::default().nan_fill(true));
     let with = op.run(common::ctx(), Inputs::x(&x)).unwrap();
     let without = op
         .return_weights(false)
@@ -152,10 +145,7 @@ fn transposed_and_strided_views_are_accepted() {
     let lin_v = Array2::from_shape_fn((4, 5), |(i, j)| (i * j) as f32 * 0.05);
     let x = Array2::from_shape_fn((9, 5), |(i, j)| ((i + j) as f32 * 0.3).sin());
     let p = wgpu_attention::Projections::new(lin_q.t(), lin_q.t(), lin_v.t());
-    let op = Attention::new().options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new().options(Options::default().nan_fill(true));
     let gpu = op
         .run(common::ctx(), Inputs::x(&x).projections(&p))
         .unwrap();
@@ -211,12 +201,7 @@ fn fused_path_handles_32768_keys_with_memory_linear_in_n() {
 #[test]
 fn fused_path_matches_reference_at_a_few_thousand_rows_on_every_family() {
     let ctx = common::ctx();
-    let case = Case {
-        causal: true,
-        heads: 2,
-        bias: true,
-        ..Case::new(3000, 16, 32, 32)
-    };
+    let case = Case::new(3000, 16, 32, 32).causal(true).heads(2).bias(true);
     let cases: Vec<Case> = verify::paths(ctx)
         .into_iter()
         .filter(|&(_, fused)| fused)

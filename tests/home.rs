@@ -41,10 +41,7 @@ fn tuning_from_the_tests_and_their_cli_runs_writes_nothing_into_home() {
     let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.01).sin());
     let ctx = Context::new().unwrap().with_tuning(true);
     Attention::new()
-        .options(Options {
-            kernels: Kernels::Auto,
-            ..Options::default()
-        })
+        .options(Options::default().kernels(Kernels::Auto))
         .return_weights(false)
         .run(&ctx, Inputs::x(&x))
         .unwrap();

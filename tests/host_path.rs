@@ -10,11 +10,7 @@ use ndarray::{s, Array4};
 use wgpu_attention::{reference, Attention, Context, Error, Inputs, Kernels, Options};
 
 fn nan_filled(kernels: Kernels) -> Attention {
-    Attention::new().options(Options {
-        kernels,
-        nan_fill: true,
-        ..Options::default()
-    })
+    Attention::new().options(Options::default().kernels(kernels).nan_fill(true))
 }
 
 #[test]
@@ -179,10 +175,9 @@ fn a_saved_forward_checks_its_inputs_on_the_way_up_at_the_callers_index() {
     q[[1, 2, 7, 3]] = f32::NAN;
     // Passing NaN through is not offered to a saved forward: an error either way.
     for propagate in [false, true] {
-        let op = Attention::new().save_for_backward(true).options(Options {
-            propagate_non_finite: propagate,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .save_for_backward(true)
+            .options(Options::default().propagate_non_finite(propagate));
         let e = op.run(ctx, Inputs::qkv(&q, &k, &v)).unwrap_err();
         assert!(
             matches!(&e, Error::NonFinite { array, index, .. } if array == "Q" && index == &[1, 2, 7, 3]),

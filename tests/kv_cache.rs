@@ -33,14 +33,7 @@ fn qkv(
 }
 
 fn spec(b: usize, kvh: usize, cap: usize, (dk, dv): (usize, usize), dtype: Dtype) -> KvCacheSpec {
-    KvCacheSpec {
-        capacity: cap,
-        batch: b,
-        kv_heads: kvh,
-        d_k: dk,
-        d_v: dv,
-        dtype,
-    }
+    KvCacheSpec::new(cap, b, kvh, dk, dv).dtype(dtype)
 }
 
 /// Appends tokens `[from, to)` of K, V and decodes their queries; returns their outputs.

@@ -45,11 +45,7 @@ fn layer_calls_equal_the_array_api_bit_for_bit_on_every_path() {
                     .causal(true)
                     .return_weights(weights)
                     .dtype(dtype)
-                    .options(Options {
-                        kernels: family,
-                        nan_fill: true,
-                        ..Options::default()
-                    });
+                    .options(Options::default().kernels(family).nan_fill(true));
                 let layer = Layer::new(ctx, op, &p).unwrap();
                 for _ in 0..2 {
                     let got = layer.run(ctx, Inputs::x(&x).mask(&mask)).unwrap();

@@ -6,9 +6,10 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
+use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, FlashVariant, Gradients, Inputs, Kernels, Layer, Mask,
-    Options, Projections, Saved,
+    reference, Attention, Context, Dtype, Gradients, Inputs, Kernels, Layer, Mask, Options,
+    Projections, Saved,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -123,11 +124,7 @@ fn the_layer_backward_through_modifiers_matches_the_reference() {
         let want = reference::backward(&base, &inputs, d_out.view().into_dyn()).unwrap();
         assert!(want.relative_bias.is_some());
         for kernels in [Kernels::Storage, Kernels::Subgroup] {
-            let op = base.options(Options {
-                kernels,
-                nan_fill: true,
-                ..Options::default()
-            });
+            let op = base.options(Options::default().kernels(kernels).nan_fill(true));
             let saved = saved_of(op.save_for_backward(true).run(ctx, inputs.clone()));
             let (rel, which) = worst(&saved.backward(ctx, &d_out).unwrap(), &want);
             if rel > 1e-4 {
@@ -153,20 +150,12 @@ fn every_gradient_of_the_projected_layer_matches_the_reference_on_every_family()
     let mut ops: Vec<(String, Attention)> = Kernels::available(ctx)
         .into_iter()
         .map(|k| {
-            let options = Options {
-                kernels: k,
-                nan_fill: true,
-                ..Options::default()
-            };
+            let options = Options::default().kernels(k).nan_fill(true);
             (k.to_string(), base.options(options))
         })
         .collect();
     let blocked = FlashVariant::Blocked { rows: 32, keys: 64 };
-    let options = Options {
-        flash_variant: Some(blocked),
-        nan_fill: true,
-        ..Options::default()
-    };
+    let options = Options::default().flash_variant(blocked).nan_fill(true);
     ops.push((blocked.to_string(), base.options(options)));
     let mut failures = Vec::new();
     for (name, op) in ops {
@@ -189,10 +178,9 @@ fn the_parameter_free_layer_sums_the_three_uses_of_x() {
     let ctx = common::ctx();
     let x = x(1, 7, 8);
     let d_out = Array3::from_shape_fn((1, 7, 8), |(_, i, j)| ((i * 8 + j) as f32 * 0.3).cos());
-    let op = Attention::new().heads(2).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .heads(2)
+        .options(Options::default().nan_fill(true));
     let want = reference::backward(&op, &Inputs::x(&x), d_out.view().into_dyn()).unwrap();
     let saved = saved_of(op.save_for_backward(true).run(ctx, Inputs::x(&x)));
     let got = saved.backward(ctx, &d_out).unwrap();

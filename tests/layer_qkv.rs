@@ -6,9 +6,9 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3};
+use wgpu_attention::internals::MatmulVariant;
 use wgpu_attention::{
-    reference, Attention, Context, Dtype, Inputs, Kernels, Layer, MatmulVariant, Options,
-    Projections,
+    reference, Attention, Context, Dtype, Inputs, Kernels, Layer, Options, Projections,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -36,18 +36,17 @@ fn one_qkv_matmul_equals_three_projections_bit_for_bit() {
         });
         let mut ops = Vec::new();
         for family in Kernels::available(ctx) {
-            ops.push(Attention::new().options(Options {
-                kernels: family,
-                ..Options::default()
-            }));
+            ops.push(Attention::new().options(Options::default().kernels(family)));
         }
         for per_thread in [4, 8] {
             let v = MatmulVariant::Blocked { per_thread };
-            ops.push(Attention::new().options(Options {
-                kernels: Kernels::Storage,
-                matmul_variant: Some(v),
-                ..Options::default()
-            }));
+            ops.push(
+                Attention::new().options(
+                    Options::default()
+                        .kernels(Kernels::Storage)
+                        .matmul_variant(v),
+                ),
+            );
         }
         for base in ops {
             for dtype in [Dtype::F32, Dtype::F16] {
@@ -84,10 +83,9 @@ fn a_layer_call_runs_one_projection_matmul_and_packs_only_x() {
     let p = Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), None);
     let x = Array3::from_shape_fn((1, 40, d), |(_, i, j)| ((i + 2 * j) as f32 * 0.1).sin());
     for family in Kernels::available(ctx) {
-        let op = Attention::new().heads(2).options(Options {
-            kernels: family,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .heads(2)
+            .options(Options::default().kernels(family));
         let layer = Layer::new(ctx, op, &p).unwrap();
         let layer_passes = common::passes(ctx, || drop(layer.run(ctx, Inputs::x(&x)).unwrap()));
         let array_passes = common::passes(ctx, || {

@@ -19,10 +19,7 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
     let ctx = context_with(|l| l.max_texture_dimension_2d = 64);
     let n = 3000;
     let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.37).sin());
-    let options = Options {
-        nan_fill: true,
-        ..Options::default()
-    };
+    let options = Options::default().nan_fill(true);
     let auto = Attention::new()
         .causal(true)
         .return_weights(false)
@@ -33,10 +30,7 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
     assert!(rel < 1e-5, "rel {rel}");
 
     if ctx.subgroup_size().is_some() {
-        let forced = auto.options(Options {
-            kernels: Kernels::Subgroup,
-            ..options
-        });
+        let forced = auto.options(options.kernels(Kernels::Subgroup));
         match forced.run(&ctx, Inputs::x(&x)) {
             Err(e @ Error::LimitExceeded { .. }) => {
                 assert!(e.to_string().contains("max_texture_dimension_2d"), "{e}")
@@ -375,10 +369,7 @@ fn modifiers_fit_webgpus_default_limits() {
             let op = Attention::new()
                 .causal(true)
                 .return_weights(weights)
-                .options(Options {
-                    kernels,
-                    ..Options::default()
-                });
+                .options(Options::default().kernels(kernels));
             let got = op.run(&ctx, inputs.clone()).unwrap();
             let want = reference::run(&op.return_weights(true), &inputs).unwrap();
             let rel = reference::compare(&got.context, &want.context).0;
@@ -414,10 +405,9 @@ fn a_callers_buffers_past_the_storage_binding_count_are_a_clear_error() {
         mods = mods.buffer(name, BufferData::F32(vec![0.0]));
     }
     let mask = Mask::none().with_modifiers(&mods);
-    let op = Attention::new().return_weights(false).options(Options {
-        kernels: Kernels::Storage,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .return_weights(false)
+        .options(Options::default().kernels(Kernels::Storage));
     let err = op
         .run(&ctx, Inputs::qkv(&q, &k, &v).mask(&mask))
         .unwrap_err();
@@ -462,14 +452,7 @@ fn an_append_larger_than_one_buffer_is_uploaded_in_pieces() {
     let last = s![.., .., n - 1.., ..];
     let op = Attention::new().causal(true);
     for dtype in [Dtype::F32, Dtype::F16] {
-        let spec = KvCacheSpec {
-            capacity: n,
-            batch: 2,
-            kv_heads: 2,
-            d_k: d,
-            d_v: dv,
-            dtype,
-        };
+        let spec = KvCacheSpec::new(n, 2, 2, d, dv).dtype(dtype);
         let mut cache = KvCache::new(&ctx, spec).unwrap();
         let (k, v) = match dtype {
             Dtype::F32 => {

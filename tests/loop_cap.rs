@@ -8,7 +8,8 @@
 mod common;
 
 use ndarray::Array4;
-use wgpu_attention::{reference, Attention, Error, FlashVariant, Inputs, Kernels, Options};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Options};
 
 /// Values in [-2, 2] from a small linear congruential generator: keys unlike their
 /// neighbours, so a key range left out changes the answer (smooth keys could hide it).
@@ -44,12 +45,12 @@ fn run(op: &Attention, (l, s, d): (usize, usize, usize)) -> Result<f64, String> 
 
 fn op(kernels: Kernels, weights: bool, flash: Option<FlashVariant>) -> Attention {
     Attention::new()
-        .options(Options {
-            kernels,
-            nan_fill: true,
-            flash_variant: flash,
-            ..Options::default()
-        })
+        .options(
+            Options::default()
+                .kernels(kernels)
+                .nan_fill(true)
+                .flash_variant(flash),
+        )
         .return_weights(weights)
 }
 

@@ -9,9 +9,8 @@
 mod common;
 
 use ndarray::{s, Array4};
-use wgpu_attention::{
-    reference, Attention, Decoder, Dtype, FlashVariant, Inputs, KvCache, KvCacheSpec, Options,
-};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{reference, Attention, Decoder, Inputs, KvCache, KvCacheSpec, Options};
 
 fn arr(shape: (usize, usize, usize, usize), salt: f32) -> Array4<f32> {
     Array4::from_shape_fn(shape, |(a, b, c, d)| {
@@ -30,10 +29,7 @@ fn backward_right_or_refused(l: usize, s: usize, d: usize, variant: Option<Flash
         arr((1, 1, s, d), 0.41),
     );
     let d_o = arr((1, 1, l, d), 0.07);
-    let op = Attention::new().options(Options {
-        flash_variant: variant,
-        ..Options::default()
-    });
+    let op = Attention::new().options(Options::default().flash_variant(variant));
     let refused = |e: wgpu_attention::Error| {
         let text = e.to_string();
         assert!(text.contains("loop iterations"), "{label}: {text}");
@@ -89,14 +85,7 @@ fn a_decode_step_over_70000_cached_keys_is_right() {
         arr((1, 1, n, d), 0.23),
         arr((1, 1, n, d), 0.37),
     );
-    let spec = KvCacheSpec {
-        capacity: n,
-        batch: 1,
-        kv_heads: 1,
-        d_k: d,
-        d_v: d,
-        dtype: Dtype::F32,
-    };
+    let spec = KvCacheSpec::new(n, 1, 1, d, d);
     let mut cache = KvCache::new(ctx, spec).unwrap();
     cache.append(ctx, k.view(), v.view()).unwrap();
     // The last token's query of each head sees every key.
@@ -138,10 +127,9 @@ fn a_t5_bias_gradient_over_800_rows_at_d_64_is_right() {
         bidirectional: true,
     });
     let mask = Mask::none().with_modifiers(&mods);
-    let op = Attention::new().save_for_backward(true).options(Options {
-        kernels: Kernels::Storage,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .save_for_backward(true)
+        .options(Options::default().kernels(Kernels::Storage));
     let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
     let out = op.run(ctx, inputs).unwrap();
     let g = out.saved.unwrap().backward(ctx, d_o.view()).unwrap();

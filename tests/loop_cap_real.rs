@@ -7,7 +7,8 @@
 mod common;
 
 use ndarray::Array4;
-use wgpu_attention::{reference, Attention, Context, FlashVariant, Inputs, Kernels, Options};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{reference, Attention, Context, Inputs, Kernels, Options};
 
 fn rel_error(ctx: &Context, s: usize) -> f64 {
     // Values in [-1, 1] from a linear congruential generator: logits of about 0.3, so every
@@ -23,12 +24,12 @@ fn rel_error(ctx: &Context, s: usize) -> f64 {
     };
     let (q, k, v) = (wave(4, 1), wave(s, 2), wave(s, 3));
     let op = Attention::new()
-        .options(Options {
-            kernels: Kernels::Storage,
-            nan_fill: true,
-            flash_variant: Some(FlashVariant::Tiled { keys: 32 }),
-            ..Options::default()
-        })
+        .options(
+            Options::default()
+                .kernels(Kernels::Storage)
+                .nan_fill(true)
+                .flash_variant(FlashVariant::Tiled { keys: 32 }),
+        )
         .return_weights(false);
     let inputs = Inputs::qkv(&q, &k, &v);
     let got = op.run(ctx, inputs.clone()).unwrap();

@@ -11,10 +11,7 @@ use wgpu_attention::{reference, verify, Attention, Error, Inputs, Mask, Options,
 /// What every test here runs with: outputs pre-filled with NaN, so an element no kernel
 /// wrote shows up.
 fn nan_fill() -> Options {
-    Options {
-        nan_fill: true,
-        ..Options::default()
-    }
+    Options::default().nan_fill(true)
 }
 
 /// A deterministic pseudo-random boolean of shape `shape`, about `keep` of it true.
@@ -150,10 +147,7 @@ fn rows_with_nothing_to_attend_to_are_zeros_on_every_path() {
         let want = reference::run(&base, &inputs).unwrap();
         for (kernels, fused) in verify::paths(ctx) {
             let op = base
-                .options(Options {
-                    kernels,
-                    ..nan_fill()
-                })
+                .options(nan_fill().kernels(kernels))
                 .return_weights(!fused);
             let got = op.run(ctx, inputs.clone()).unwrap();
             let what = format!("{kernels} fused={fused} causal={causal}");
@@ -265,10 +259,7 @@ fn a_masked_forward_on_x_with_projections_and_heads_matches_the_reference() {
             let want = reference::run(&base, &inputs).unwrap();
             for (kernels, fused) in verify::paths(ctx) {
                 let op = base
-                    .options(Options {
-                        kernels,
-                        ..nan_fill()
-                    })
+                    .options(nan_fill().kernels(kernels))
                     .return_weights(!fused);
                 let got = op.run(ctx, inputs.clone()).unwrap();
                 let (rel, _) = reference::compare(&got.context, &want.context);

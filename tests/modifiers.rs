@@ -9,19 +9,15 @@
 mod common;
 
 use ndarray::{Array2, Array4};
+use wgpu_attention::internals::{FlashVariant, KeySplit};
 use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
-use wgpu_attention::{
-    reference, Attention, Error, FlashVariant, Inputs, Kernels, KeySplit, Mask, Options,
-    Projections,
-};
+use wgpu_attention::{reference, Attention, Error, Inputs, Kernels, Mask, Options, Projections};
 
 /// The families that apply modifiers, as forced kernels, fused (no weights), NaN-prefilled.
 fn fused_on(kernels: Kernels) -> Attention {
-    Attention::new().return_weights(false).options(Options {
-        kernels,
-        nan_fill: true,
-        ..Options::default()
-    })
+    Attention::new()
+        .return_weights(false)
+        .options(Options::default().kernels(kernels).nan_fill(true))
 }
 
 const FAMILIES: [Kernels; 2] = [Kernels::Storage, Kernels::Subgroup];
@@ -97,13 +93,13 @@ fn the_gpu_familys_kernel_applies_them_whole_and_with_its_keys_split() {
             let op = Attention::new()
                 .causal(causal)
                 .return_weights(false)
-                .options(Options {
-                    kernels: Kernels::Storage,
-                    flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
-                    key_split,
-                    nan_fill: true,
-                    ..Options::default()
-                });
+                .options(
+                    Options::default()
+                        .kernels(Kernels::Storage)
+                        .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 })
+                        .key_split(key_split)
+                        .nan_fill(true),
+                );
             let rel = rel_err(op, &data, &mask);
             if rel > 1e-5 {
                 failures.push(format!("{key_split:?} causal={causal}: {rel:.2e}"));
@@ -353,10 +349,9 @@ fn a_tiny_call_on_the_default_kernels_applies_them_with_or_without_the_weights()
         .preset(Preset::Softcap(1.0))
         .preset(Preset::PrefixLm(4));
     let mask = Mask::none().with_modifiers(&mods);
-    let op = Attention::new().causal(true).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .causal(true)
+        .options(Options::default().nan_fill(true));
     let (w, c) = weights_err(op, Inputs::qkv(q, k, v).mask(&mask));
     assert!(w < 1e-5 && c < 1e-5, "weights {w:.2e}, context {c:.2e}");
     let rel = rel_err(op.return_weights(false), &data, &mask);
@@ -486,25 +481,25 @@ fn sparse_variants() -> Vec<(String, Attention)> {
     let mut out: Vec<(String, Attention)> = [16, 64]
         .into_iter()
         .map(|keys| {
-            let op = Attention::new().return_weights(false).options(Options {
-                kernels: Kernels::Storage,
-                flash_variant: Some(FlashVariant::Tiled { keys }),
-                nan_fill: true,
-                ..Options::default()
-            });
+            let op = Attention::new().return_weights(false).options(
+                Options::default()
+                    .kernels(Kernels::Storage)
+                    .flash_variant(FlashVariant::Tiled { keys })
+                    .nan_fill(true),
+            );
             (format!("tiled bk={keys}"), op)
         })
         .collect();
     out.push(("subgroup".into(), fused_on(Kernels::Subgroup)));
     // The GPU family's kernel (its loop bounded by the map's spans), whole and split.
     for key_split in [KeySplit::Off, KeySplit::Ranges(3)] {
-        let op = Attention::new().return_weights(false).options(Options {
-            kernels: Kernels::Storage,
-            flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
-            key_split,
-            nan_fill: true,
-            ..Options::default()
-        });
+        let op = Attention::new().return_weights(false).options(
+            Options::default()
+                .kernels(Kernels::Storage)
+                .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 })
+                .key_split(key_split)
+                .nan_fill(true),
+        );
         out.push((format!("blocked {key_split:?}"), op));
     }
     out

@@ -22,11 +22,7 @@ fn saved_on(kernels: Kernels) -> Attention {
     Attention::new()
         .return_weights(false)
         .save_for_backward(true)
-        .options(Options {
-            kernels,
-            nan_fill: true,
-            ..Options::default()
-        })
+        .options(Options::default().kernels(kernels).nan_fill(true))
 }
 
 const FAMILIES: [Kernels; 2] = [Kernels::Storage, Kernels::Subgroup];

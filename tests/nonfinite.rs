@@ -10,11 +10,9 @@ use wgpu_attention::{reference, verify, Attention, Error, Inputs, Mask, Options}
 
 /// NaN and Inf let through (`Options::propagate_non_finite`), on `kernels`.
 fn propagate(kernels: wgpu_attention::Kernels) -> Options {
-    Options {
-        kernels,
-        propagate_non_finite: true,
-        ..Options::default()
-    }
+    Options::default()
+        .kernels(kernels)
+        .propagate_non_finite(true)
 }
 
 /// Elements are non-finite in the same places, and the finite ones agree to `tol`.

@@ -10,8 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use ndarray::{Array4, ArrayD};
+use wgpu_attention::internals::StandIn;
 use wgpu_attention::npy::{self, Opened};
-use wgpu_attention::{Attention, Context, Dtype, Error, Inputs, Mask, Options, StandIn};
+use wgpu_attention::{Attention, Context, Dtype, Error, Inputs, Mask, Options};
 
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("npy-operands-{name}-{}", std::process::id()));
@@ -34,10 +35,9 @@ fn files(dir: &Path, qkv: &[Array4<f32>; 3], f16: bool) -> ([Opened; 3], [ArrayD
 }
 
 fn nan_filled(dtype: Dtype) -> Attention {
-    Attention::new().dtype(dtype).options(Options {
-        nan_fill: true,
-        ..Options::default()
-    })
+    Attention::new()
+        .dtype(dtype)
+        .options(Options::default().nan_fill(true))
 }
 
 fn stand_in() -> Context {

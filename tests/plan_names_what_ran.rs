@@ -10,9 +10,8 @@ mod common;
 use std::sync::{Mutex, OnceLock};
 
 use ndarray::Array4;
-use wgpu_attention::{
-    Attention, Context, FlashVariant, Inputs, Kernels, Mask, Modifiers, Options, Preset,
-};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{Attention, Context, Inputs, Kernels, Mask, Modifiers, Options, Preset};
 
 /// Every log line of the process, as `LEVEL message`.
 struct Lines(Mutex<Vec<String>>);
@@ -116,11 +115,11 @@ const COOP: (&str, &str) = ("flash_coop.wgsl", "flash-coop");
 #[test]
 fn coop_forced_on_non_finite_values_runs_flash_blocked_and_the_plan_says_so() {
     let ctx = coop_context();
-    let op = Attention::new().return_weights(false).options(Options {
-        kernels: Kernels::Coop,
-        propagate_non_finite: true,
-        ..Options::default()
-    });
+    let op = Attention::new().return_weights(false).options(
+        Options::default()
+            .kernels(Kernels::Coop)
+            .propagate_non_finite(true),
+    );
     let ran = run(ctx, &op, (5, 11, 16), &Mask::none());
     ran_blocked(ran, COOP, 11, "NaN/Inf");
 }
@@ -128,10 +127,9 @@ fn coop_forced_on_non_finite_values_runs_flash_blocked_and_the_plan_says_so() {
 #[test]
 fn coop_forced_with_modifiers_runs_flash_blocked_and_the_plan_says_so() {
     let ctx = coop_context();
-    let op = Attention::new().return_weights(false).options(Options {
-        kernels: Kernels::Coop,
-        ..Options::default()
-    });
+    let op = Attention::new()
+        .return_weights(false)
+        .options(Options::default().kernels(Kernels::Coop));
     let mods = Modifiers::new().preset(Preset::Softcap(20.0));
     let mask = Mask::none().with_modifiers(&mods);
     let ran = run(ctx, &op, (6, 13, 16), &mask);
@@ -145,11 +143,11 @@ fn a_variant_past_the_loop_cap_runs_flash_blocked_and_the_plan_says_so() {
         return; // No loop cap: flash_tiled runs as asked.
     }
     // flash_tiled with 32-key tiles at d 64 passes the cap past 24,672 keys.
-    let op = Attention::new().return_weights(false).options(Options {
-        kernels: Kernels::Storage,
-        flash_variant: Some(FlashVariant::Tiled { keys: 32 }),
-        ..Options::default()
-    });
+    let op = Attention::new().return_weights(false).options(
+        Options::default()
+            .kernels(Kernels::Storage)
+            .flash_variant(FlashVariant::Tiled { keys: 32 }),
+    );
     let ran = run(ctx, &op, (4, 30_000, 64), &Mask::none());
     let tiled = ("flash_tiled.wgsl", "flash-tiled(bk=32)");
     ran_blocked(ran, tiled, 30_000, "loop cap");

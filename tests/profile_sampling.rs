@@ -6,8 +6,9 @@
 //! sectors without bank conflicts, a decode step's few waits per key tile, and a decode batch
 //! too large to fill counted on a divisor of it.
 
+use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::profile::{self, DeviceSpec, Era, Problem};
-use wgpu_attention::{Dtype, FlashVariant};
+use wgpu_attention::Dtype;
 
 /// `(batch, heads, n)` of width 64 in f32, with or without causal.
 fn problem((batch, heads, n): (usize, usize, usize), causal: bool) -> Problem {

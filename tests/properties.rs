@@ -77,7 +77,7 @@ proptest! {
             .heads(heads)
             .causal(causal)
             .return_weights(weights_out)
-            .options(Options { kernels: family, nan_fill: true, ..Options::default() });
+            .options(Options::default().kernels(family).nan_fill(true));
         if let Some(s) = scale {
             op = op.scale(s);
         }

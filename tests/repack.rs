@@ -134,10 +134,7 @@ fn after_updates_a_layer_forward_is_a_fresh_layers_on_the_updated_weights_bit_fo
         let d_t = Tensor::from_array(ctx, dy.view().into_dyn(), Dtype::F32).unwrap();
         let families = [
             Attention::new(),
-            Attention::new().options(Options {
-                kernels: Kernels::Storage,
-                ..Options::default()
-            }),
+            Attention::new().options(Options::default().kernels(Kernels::Storage)),
         ];
         // With the weights returned (unfused) and without (the fused kernels).
         let bases = families
@@ -193,10 +190,9 @@ fn after_an_update_a_layer_call_still_runs_one_projection_matmul_and_packs_only_
     let d_t = Tensor::from_array(ctx, dy.view().into_dyn(), Dtype::F32).unwrap();
     let x_t = Tensor::from_array(ctx, x_host.view().into_dyn(), Dtype::F32).unwrap();
     for family in Kernels::available(ctx) {
-        let op = Attention::new().heads(2).options(Options {
-            kernels: family,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .heads(2)
+            .options(Options::default().kernels(family));
         let mut layer = Layer::new(ctx, op, &ws.projections()).unwrap();
         let built = common::passes(ctx, || drop(layer.run(ctx, Inputs::x(&x_host)).unwrap()));
         let mut adam = Adam::new(1e-2);

@@ -6,8 +6,9 @@
 
 mod common;
 
+use wgpu_attention::internals::{BlockedOptions, Sanitize};
 use wgpu_attention::verify::{self, Case, ModsCase};
-use wgpu_attention::{BlockedOptions, Context, Dtype, Error, Kernels, Sanitize, TuneCache};
+use wgpu_attention::{Context, Dtype, Error, Kernels, TuneCache};
 
 /// A context under the sanitizer at `lanes` (flash_blocked's subgroup reductions on where the
 /// width allows: their rank counter is initialised by the workgroup itself since the
@@ -24,17 +25,15 @@ fn sanitized(lanes: u32) -> Context {
 /// Grouped-query attention (4 query heads on 2 K/V heads), causal with a window 4 keys
 /// back, on Q, K, V.
 fn window_gqa(kernels: Kernels, fused: bool, dtype: Dtype) -> Case {
-    Case {
-        sdpa: Some((23, 2)),
-        heads: 4,
-        batch: Some(2),
-        causal: true,
-        mods: ModsCase::WindowLeft,
-        kernels,
-        fused,
-        dtype,
-        ..Case::new(19, 16, 32, 32)
-    }
+    Case::new(19, 16, 32, 32)
+        .sdpa((23, 2))
+        .heads(4)
+        .batch(2)
+        .causal(true)
+        .mods(ModsCase::WindowLeft)
+        .kernels(kernels)
+        .fused(fused)
+        .dtype(dtype)
 }
 
 #[test]
@@ -113,10 +112,7 @@ fn a_removed_barrier_in_a_real_kernel_is_a_race_at_its_line() {
     // The barrier removed is the workgroup-memory reduction's (`red`), which the subgroup
     // reductions skip: those are off here.
     let ctx = sanitized(32)
-        .with_blocked_options(BlockedOptions {
-            subgroups: Some(false),
-            ..Default::default()
-        })
+        .with_blocked_options(BlockedOptions::default().subgroups(false))
         .with_sanitizer_edit(without_the_reduction_barrier);
     let case = window_gqa(Kernels::Storage, true, Dtype::F32);
     let err = verify::run_case(&ctx, &case, 7).expect_err("a race");
@@ -163,10 +159,7 @@ fn several_seeds_report_the_one_that_found_it_and_it_alone_reproduces_it() {
 
     let racy = sanitized(32)
         .with_sanitizer_seeds(3)
-        .with_blocked_options(BlockedOptions {
-            subgroups: Some(false),
-            ..Default::default()
-        })
+        .with_blocked_options(BlockedOptions::default().subgroups(false))
         .with_sanitizer_edit(without_the_reduction_barrier);
     let err = verify::run_case(&racy, &case, 7).expect_err("a race");
     let message = err.to_string();

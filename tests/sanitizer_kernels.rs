@@ -12,10 +12,11 @@ mod common;
 
 use ndarray::{s, Array2, Array3, Array4, ArrayD, Axis};
 use wgpu_attention::half::f16;
+use wgpu_attention::internals::Sanitize;
 use wgpu_attention::modifiers::{Modifiers, Preset};
 use wgpu_attention::{
     reference, Adam, Attention, Context, Decoder, Dtype, Inputs, Kernels, KvCache, KvCacheSpec,
-    Layer, Mask, MseLoss, Options, Projections, Recorder, Sanitize, Tensor,
+    Layer, Mask, MseLoss, Options, Projections, Recorder, Tensor,
 };
 
 /// The widths every check runs at: NVIDIA's warps and AMD's wave64.
@@ -53,11 +54,7 @@ fn clean(ctx: &Context, kernels: &[&str]) {
 /// The options of a call on `kernels` with outputs pre-filled with NaN (an element no
 /// kernel writes shows).
 fn nan_filled(kernels: Kernels) -> Options {
-    Options {
-        kernels,
-        nan_fill: true,
-        ..Options::default()
-    }
+    Options::default().kernels(kernels).nan_fill(true)
 }
 
 /// `‖got − want‖ / ‖want‖`.
@@ -144,14 +141,7 @@ fn gradients_of_both_families_under_the_sanitizer() {
 /// the f16 values themselves for an f16 one), decoded by `dec`; every row's output.
 fn decode(ctx: &Context, dec: &Decoder, [q, k, v]: &[Array4<f32>; 3], dtype: Dtype) -> ArrayD<f32> {
     let (b, kv_heads, n, d_k) = k.dim();
-    let spec = KvCacheSpec {
-        capacity: n,
-        batch: b,
-        kv_heads,
-        d_k,
-        d_v: v.dim().3,
-        dtype,
-    };
+    let spec = KvCacheSpec::new(n, b, kv_heads, d_k, v.dim().3).dtype(dtype);
     let mut cache = KvCache::new(ctx, spec).unwrap();
     let mut outs = Vec::new();
     for (from, to) in [(0, 9), (9, 10), (10, 11), (11, n)] {

@@ -11,11 +11,7 @@ use wgpu_attention::{
 
 /// Outputs pre-filled with NaN, so an element no kernel wrote shows up; on `kernels`.
 fn nan_fill(kernels: Kernels) -> Options {
-    Options {
-        kernels,
-        nan_fill: true,
-        ..Options::default()
-    }
+    Options::default().kernels(kernels).nan_fill(true)
 }
 
 #[test]
@@ -95,10 +91,7 @@ fn sdpa_bad_shapes_and_values_are_clear_errors() {
     let e = err(&q, &k, &v, Attention::new().scale(f32::INFINITY));
     assert!(e.to_string().contains("scale"), "{e}");
     if ctx.subgroup_size().is_none() {
-        let subgroup = Options {
-            kernels: Kernels::Subgroup,
-            ..Options::default()
-        };
+        let subgroup = Options::default().kernels(Kernels::Subgroup);
         let e = err(&q, &k, &v, Attention::new().options(subgroup));
         assert!(e.to_string().contains("subgroup"), "{e}");
     }

@@ -6,9 +6,8 @@
 mod common;
 
 use ndarray::{Array, Array2, Array4, ArrayD, Dimension, Ix4};
-use wgpu_attention::{
-    Attention, Dtype, FlashVariant, Inputs, Kernels, Mask, Options, Recorder, Saved, Tensor,
-};
+use wgpu_attention::internals::FlashVariant;
+use wgpu_attention::{Attention, Dtype, Inputs, Kernels, Mask, Options, Recorder, Saved, Tensor};
 
 fn arr(shape: (usize, usize, usize, usize), salt: f32) -> Array4<f32> {
     Array4::from_shape_fn(shape, |(a, b, c, d)| {
@@ -49,10 +48,7 @@ fn the_tensor_sdpa_backward_is_the_array_backward_bit_for_bit() {
     );
     let d_o = arr((2, 4, 37, 12), 0.07);
     let keep = Array2::from_shape_fn((37, 45), |(i, j)| (i + 2 * j) % 7 != 0);
-    let nan_fill = Options {
-        nan_fill: true,
-        ..Options::default()
-    };
+    let nan_fill = Options::default().nan_fill(true);
     let base = Attention::new()
         .causal(true)
         .options(nan_fill)
@@ -60,18 +56,12 @@ fn the_tensor_sdpa_backward_is_the_array_backward_bit_for_bit() {
     let mut ops: Vec<(String, Attention, Dtype)> = Kernels::available(ctx)
         .into_iter()
         .map(|kernels| {
-            let op = base.options(Options {
-                kernels,
-                ..nan_fill
-            });
+            let op = base.options(nan_fill.kernels(kernels));
             (kernels.to_string(), op, Dtype::F32)
         })
         .collect();
     let blocked = FlashVariant::Blocked { rows: 32, keys: 32 };
-    let options = Options {
-        flash_variant: Some(blocked),
-        ..nan_fill
-    };
+    let options = nan_fill.flash_variant(blocked);
     ops.push((blocked.to_string(), base.options(options), Dtype::F32));
     if ctx
         .device()

@@ -45,11 +45,10 @@ fn info_log_has_each_calls_timings() {
     );
 }
 
-use wgpu_attention::attention::TINY_ROWS;
+use wgpu_attention::internals::MatmulVariant;
+use wgpu_attention::internals::TINY_ROWS;
 use wgpu_attention::ndarray::{Array1, Array2, Array3, ArrayD, Dimension, IxDyn};
-use wgpu_attention::{
-    reference, Attention, Dims, Inputs, Kernels, Mask, MatmulVariant, Options, Projections,
-};
+use wgpu_attention::{reference, Attention, Dims, Inputs, Kernels, Mask, Options, Projections};
 
 fn smooth(shape: &[usize], salt: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(shape), |i| {
@@ -64,11 +63,7 @@ fn tiny_calls_plan_the_variants_cheapest_to_compile() {
     let dims = |batch: usize, n: usize| {
         // Dims are read from inputs: an X of that shape.
         let x = ArrayD::<f32>::zeros(IxDyn(&[batch, n, 32]));
-        Dims {
-            batch,
-            n,
-            ..Dims::new(&Attention::new().heads(4), &Inputs::x(&x)).unwrap()
-        }
+        Dims::new(&Attention::new().heads(4), &Inputs::x(&x)).unwrap()
     };
     let lavapipe_like = ctx.subgroup_size().is_some()
         && ctx.adapter_info().device_type == wgpu_attention::wgpu::DeviceType::Cpu;
@@ -86,10 +81,7 @@ fn tiny_calls_plan_the_variants_cheapest_to_compile() {
             assert_eq!(plan.matmul, MatmulVariant::Tiled);
         }
         // A forced family or variant is obeyed whatever the size.
-        let storage = Options {
-            kernels: Kernels::Storage,
-            ..Options::default()
-        };
+        let storage = Options::default().kernels(Kernels::Storage);
         let forced = op.options(storage).plan(ctx, &dims(1, 5)).unwrap();
         assert_eq!(forced.family(), Kernels::Storage);
         assert_eq!(forced.fused, !weights);
@@ -138,10 +130,7 @@ fn tiny_calls_match_the_reference_with_and_without_weights() {
                         .heads(heads)
                         .causal(causal)
                         .return_weights(weights)
-                        .options(Options {
-                            nan_fill: true,
-                            ..Options::default()
-                        });
+                        .options(Options::default().nan_fill(true));
                     let case =
                         format!("batch {batch} n {n} causal {causal} mask {m} weights {weights}");
                     let inputs = Inputs::x(&x).projections(&proj).mask(mask);

@@ -5,8 +5,9 @@
 
 mod common;
 
+use wgpu_attention::internals::{FlashVariant, MatmulVariant, StandIn};
 use wgpu_attention::verify::{self, Case, MaskCase, ModsCase};
-use wgpu_attention::{Context, Dtype, FlashVariant, Kernels, MatmulVariant, StandIn, TuneCache};
+use wgpu_attention::{Context, Dtype, Kernels, TuneCache};
 
 fn stand_in() -> &'static Context {
     static CTX: std::sync::OnceLock<Context> = std::sync::OnceLock::new();
@@ -115,20 +116,14 @@ fn passes(case: Case) {
 #[test]
 fn f16_through_the_coop_matmul_matches_the_reference() {
     for case in [
-        Case {
-            weights: false,
-            ..Case::new(7, 5, 5, 5)
-        },
-        Case {
-            bias: true,
-            ..Case::new(37, 13, 10, 6)
-        },
+        Case::new(7, 5, 5, 5).weights(false),
+        Case::new(37, 13, 10, 6).bias(true),
     ] {
-        passes(Case {
-            dtype: Dtype::F16,
-            matmul: Some(MatmulVariant::Coop),
-            ..case.on(Kernels::Storage, false)
-        });
+        passes(
+            case.on(Kernels::Storage, false)
+                .dtype(Dtype::F16)
+                .matmul(MatmulVariant::Coop),
+        );
     }
 }
 
@@ -143,15 +138,16 @@ fn a_left_window_with_causal_matches_the_reference() {
         (70, MaskCase::Lengths),
         (300, MaskCase::None),
     ] {
-        passes(Case {
-            sdpa: Some((n, 4)),
-            heads: 4,
-            batch: Some(2),
-            causal: true,
-            mods: ModsCase::WindowLeft,
-            mask,
-            ..Case::new(n, 16, 64, 64).on(Kernels::Auto, true)
-        });
+        passes(
+            Case::new(n, 16, 64, 64)
+                .on(Kernels::Auto, true)
+                .sdpa((n, 4))
+                .heads(4)
+                .batch(2)
+                .causal(true)
+                .mods(ModsCase::WindowLeft)
+                .mask(mask),
+        );
     }
 }
 
@@ -238,7 +234,7 @@ fn ci_forces_every_variant_a_gpu_may_be_offered() {
         }
         let cases: Vec<Case> = verify::on_every_path(ctx, &verify::quick_cases())
             .into_iter()
-            .map(|c| Case { dtype, ..c })
+            .map(|c| c.dtype(dtype))
             .collect();
         for case in verify::with_every_variant(ctx, &cases) {
             if let Some(v) = case.flash {
@@ -283,10 +279,9 @@ fn the_gpu_backward_matches_the_reference() {
             Some(m) => Mask::none().with_modifiers(m),
             None => Mask::none(),
         };
-        let op = Attention::new().causal(true).options(Options {
-            nan_fill: true,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .causal(true)
+            .options(Options::default().nan_fill(true));
         let inputs = Inputs::qkv(&q, &k, &v).mask(&mask);
         let want = reference::backward(&op, &inputs, d_o.view().into_dyn()).unwrap();
         let out = op
@@ -354,14 +349,7 @@ fn the_gpu_decode_step_matches_the_reference() {
         let want = reference::run(&op, &Inputs::qkv(&q, &round(&k), &round(&v)))
             .unwrap()
             .context;
-        let spec = KvCacheSpec {
-            capacity: 300,
-            batch: 2,
-            kv_heads: 2,
-            d_k: 16,
-            d_v: 16,
-            dtype,
-        };
+        let spec = KvCacheSpec::new(300, 2, 2, 16, 16).dtype(dtype);
         let mut cache = KvCache::new(ctx, spec).unwrap();
         let dec = Decoder::new().nan_fill(true);
         let mut outs = Vec::new();

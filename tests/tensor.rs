@@ -13,11 +13,7 @@ use wgpu_attention::{
 
 /// Outputs pre-filled with NaN, so an element no kernel wrote shows up; on `kernels`.
 fn nan_fill(kernels: Kernels) -> Options {
-    Options {
-        kernels,
-        nan_fill: true,
-        ..Options::default()
-    }
+    Options::default().kernels(kernels).nan_fill(true)
 }
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {

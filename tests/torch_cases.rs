@@ -63,10 +63,7 @@ fn every_pytorch_case_agrees_on_every_path() {
         for (kernels, fused) in verify::paths(ctx) {
             let label = format!("{name} {kernels} fused={fused}");
             let base = Attention::new()
-                .options(Options {
-                    kernels,
-                    ..Options::default()
-                })
+                .options(Options::default().kernels(kernels))
                 .return_weights(!fused);
             let got = match meta["kind"].as_str().unwrap() {
                 "sdpa" => {

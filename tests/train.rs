@@ -6,9 +6,10 @@
 mod common;
 
 use ndarray::{Array1, Array2, Array3, ArrayD};
+use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::{
-    Adam, Attention, Context, Dtype, FlashVariant, Gradients, Inputs, Kernels, Layer, Mask,
-    MseLoss, Options, Output, Projections, Recorder, Saved, Tensor,
+    Adam, Attention, Context, Dtype, Gradients, Inputs, Kernels, Layer, Mask, MseLoss, Options,
+    Output, Projections, Recorder, Saved, Tensor,
 };
 
 fn w(r: usize, c: usize, salt: usize) -> Array2<f32> {
@@ -87,10 +88,7 @@ fn saved_of<T>(out: wgpu_attention::Result<Output<T>>) -> Saved {
 
 /// Outputs pre-filled with NaN, so an element no kernel wrote shows up.
 fn nan_fill() -> Options {
-    Options {
-        nan_fill: true,
-        ..Options::default()
-    }
+    Options::default().nan_fill(true)
 }
 
 /// Every weight and bias, as bits.
@@ -118,18 +116,12 @@ fn the_tensor_backward_is_the_array_backward_bit_for_bit_on_every_family() {
     let mut ops: Vec<(String, Attention)> = Kernels::available(ctx)
         .into_iter()
         .map(|kernels| {
-            let op = base.options(Options {
-                kernels,
-                ..nan_fill()
-            });
+            let op = base.options(nan_fill().kernels(kernels));
             (kernels.to_string(), op)
         })
         .collect();
     let blocked = FlashVariant::Blocked { rows: 32, keys: 64 };
-    let options = Options {
-        flash_variant: Some(blocked),
-        ..nan_fill()
-    };
+    let options = nan_fill().flash_variant(blocked);
     ops.push((blocked.to_string(), base.options(options)));
     if has_f16(ctx) {
         ops.push(("f16".into(), base.dtype(Dtype::F16)));

@@ -80,11 +80,9 @@ fn context() -> Result<Arc<Context>, Error> {
 }
 
 fn options(backend: Option<&str>, name: Option<String>) -> Result<ContextOptions, Error> {
-    Ok(ContextOptions {
-        backend: backend.map(str::parse::<Backend>).transpose()?,
-        adapter_name: name,
-        ..Default::default()
-    })
+    Ok(ContextOptions::default()
+        .backend(backend.map(str::parse::<Backend>).transpose()?)
+        .adapter_name(name))
 }
 
 fn adapter_dict<'py>(
@@ -648,14 +646,7 @@ impl KvCacheHandle {
         modifiers: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let mods = self::modifiers(modifiers)?;
-        let spec = KvCacheSpec {
-            capacity,
-            batch,
-            kv_heads,
-            d_k,
-            d_v,
-            dtype: dtype(half),
-        };
+        let spec = KvCacheSpec::new(capacity, batch, kv_heads, d_k, d_v).dtype(dtype(half));
         let (cache, ctx) = py.detach(|| {
             guarded(|| {
                 let ctx = context()?;
@@ -744,10 +735,7 @@ fn verify<'py>(
             cases.extend(v::random_cases(random, seed));
             let cases: Vec<_> = v::on_every_path(&ctx, &cases)
                 .into_iter()
-                .map(|c| v::Case {
-                    dtype: dtype(half),
-                    ..c
-                })
+                .map(|c| c.dtype(dtype(half)))
                 .collect();
             Ok(cases
                 .iter()

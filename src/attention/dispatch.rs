@@ -4,7 +4,7 @@
 //! output projection.
 
 use super::plan::Plan;
-use super::upload::{Device, MaskBuffer};
+use super::upload::{MaskBuffer, Uploaded};
 use super::weights::{DeviceWeights, Linear};
 use super::Attention;
 use crate::context::Context;
@@ -248,7 +248,7 @@ impl Attention {
         plan: &Plan,
         shape: Shape,
         scale: f32,
-        operands: &Device,
+        operands: &Uploaded,
         mask: Option<&MaskBuffer>,
     ) -> Result<(Buf, Option<Buf>)> {
         let Shape {

@@ -4,8 +4,8 @@
 //! An input kind converts at the edge, as `ndarray` does with `AsArray`: any array or view of
 //! `f32` (`&Array2`, `ArrayView4`, `&ArrayD`, …) is a [`Host`] operand, whose results come
 //! back as `ArrayD<f32>`; a `&`[`Opened`] `.npy` file is a [`Files`] operand, read straight
-//! into the device's memory, its results arrays too; a `&`[`Tensor`] is a [`Device`] operand,
-//! whose results stay on the device as tensors. One call takes one kind.
+//! into the device's memory, its results arrays too; a `&`[`Tensor`] is an [`OnDevice`]
+//! operand, whose results stay on the device as tensors. One call takes one kind.
 
 use ndarray::{ArrayBase, ArrayD, ArrayView, ArrayViewD, Data, Dimension};
 
@@ -20,7 +20,7 @@ mod sealed {
 }
 
 /// Where a call's operands live, and so what its results come back as: [`Host`] (arrays in,
-/// `ArrayD<f32>` out) or [`Device`] (tensors in, tensors out). Sealed.
+/// `ArrayD<f32>` out) or [`OnDevice`] (tensors in, tensors out). Sealed.
 pub trait Kind: sealed::Sealed + Sized {
     /// What each result of a call of this kind is.
     type Value;
@@ -42,7 +42,7 @@ pub enum Host {}
 
 /// Tensors on the device: results stay there as [`Tensor`]s (see [`Kind`]).
 #[derive(Debug, Clone, Copy)]
-pub enum Device {}
+pub enum OnDevice {}
 
 /// Opened `.npy` files ([`Opened`]): each file's values go from the file to the device in
 /// one pass (a call on Q, K, V that fits the device; any other call reads them into arrays
@@ -52,7 +52,7 @@ pub enum Files {}
 
 impl sealed::Sealed for Host {}
 impl sealed::Sealed for Files {}
-impl sealed::Sealed for Device {}
+impl sealed::Sealed for OnDevice {}
 
 impl Kind for Host {
     type Value = ArrayD<f32>;
@@ -72,7 +72,7 @@ impl Kind for Files {
     }
 }
 
-impl Kind for Device {
+impl Kind for OnDevice {
     type Value = Tensor;
     type Ref<'a> = &'a Tensor;
     const HEADS_SECOND: bool = false;
@@ -82,7 +82,7 @@ impl Kind for Device {
 }
 
 /// One operand of a call: any `f32` array or view (a [`Host`] operand), a `&`[`Opened`]
-/// file (a [`Files`] operand) or a `&`[`Tensor`] (a [`Device`] operand).
+/// file (a [`Files`] operand) or a `&`[`Tensor`] (an [`OnDevice`] operand).
 pub trait Operand<'a> {
     /// The kind of call it makes.
     type Kind: Kind;
@@ -113,7 +113,7 @@ impl<'a> Operand<'a> for &'a Opened {
 }
 
 impl<'a> Operand<'a> for &'a Tensor {
-    type Kind = Device;
+    type Kind = OnDevice;
     fn operand(self) -> &'a Tensor {
         self
     }
@@ -247,14 +247,17 @@ impl<'a, 'p: 'a> ProjectionsArg<'a> for Option<&'a Projections<'p>> {
 }
 
 /// The knobs a caller rarely turns: which kernels run, and how checks behave. Set them with
-/// [`crate::Attention::options`]; the defaults suit every adapter.
+/// [`crate::Attention::options`]; the defaults suit every adapter. Built from
+/// [`Options::default`] with one method per field (the fields are read-only outside the
+/// crate, so that a new knob is not a breaking change):
 ///
 /// ```
 /// use wgpu_attention::{Attention, Kernels, Options};
-/// let op = Attention::new().options(Options { kernels: Kernels::Storage, ..Options::default() });
+/// let op = Attention::new().options(Options::default().kernels(Kernels::Storage).nan_fill(true));
 /// # let _ = op;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Options {
     /// The kernel family (default [`Kernels::Auto`]: the fastest the adapter runs).
     pub kernels: Kernels,
@@ -292,6 +295,15 @@ impl Default for Options {
         }
     }
 }
+
+crate::setters::setters!(Options {
+    kernels: Kernels,
+    flash_variant: Option<FlashVariant>,
+    matmul_variant: Option<MatmulVariant>,
+    key_split: KeySplit,
+    nan_fill: bool,
+    propagate_non_finite: bool,
+});
 
 #[cfg(test)]
 mod tests {

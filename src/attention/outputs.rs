@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ndarray::{ArrayD, Ix4};
 
 use super::gradients::{LayerGradients, SdpaGradients};
-use super::inputs::{Device, Host, Kind, Operand};
+use super::inputs::{Host, Kind, OnDevice, Operand};
 use super::layer_saved::{LayerSaved, TensorGradients};
 use super::saved::{SdpaSaved, SdpaTensorGradients};
 use crate::context::Context;
@@ -18,6 +18,7 @@ use crate::tensor::{Recorder, Tensor};
 /// backward needs when asked to save it. `T` is `ArrayD<f32>` for arrays in and [`Tensor`]
 /// for tensors in (the CPU reference returns `ArrayD<f64>`).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Output<T = ArrayD<f32>> {
     /// The context vectors: `(n, d_out)` or `(batch, n, d_out)` for X (heads concatenated
     /// along the last axis), `(batch, heads, L, E_v)` for Q, K, V arrays and
@@ -59,6 +60,7 @@ impl<T> Output<T> {
 ///   [`crate::Projections`] (PyTorch's `nn.Linear(d, d_k).weight.grad` is the transpose of
 ///   [`Gradients::w_q`]), summed over the batch.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Gradients<T = ArrayD<f32>> {
     /// `∂ℓ/∂Q`, `(batch, heads, L, E)` (tensors: `(batch, L, heads, E)`).
     pub q: Option<T>,
@@ -338,7 +340,7 @@ impl Backward for Host {
     }
 }
 
-impl Backward for Device {
+impl Backward for OnDevice {
     fn backward(saved: &Saved, ctx: &Context, d_o: &Tensor) -> Result<Gradients<Tensor>> {
         Ok(match &*saved.0 {
             SavedKind::Sdpa(s) => s.backward_tensor(ctx, d_o)?.into(),

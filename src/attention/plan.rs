@@ -11,6 +11,7 @@ use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 
 /// What a forward pass runs, from [`Attention::plan`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Plan {
     /// One fused pass without weights, instead of materializing them.
     pub fused: bool,

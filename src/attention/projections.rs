@@ -10,7 +10,19 @@ use crate::error::{Error, Result};
 /// `W_Q` and `W_K` are `(d, d_k)`, `W_V` is `(d, d_v)`, the biases `(d_k,)` and `(d_v,)`.
 /// PyTorch's `nn.Linear(d, d_k).weight` is stored `(d_k, d)`: pass its transpose
 /// (`linear.weight.T`, or `.t()` on an ndarray view, which costs nothing).
+///
+/// Built with [`Projections::new`], then [`Projections::with_bias`] (or
+/// [`Projections::with_biases`], each its own) and [`Projections::with_output`]:
+///
+/// ```
+/// use wgpu_attention::ndarray::{Array1, Array2};
+/// use wgpu_attention::Projections;
+/// let (w, b) = (Array2::<f32>::eye(8), Array1::<f32>::zeros(8));
+/// let p = Projections::new(w.view(), w.view(), w.view()).with_biases(Some(b.view()), None, None);
+/// assert!(p.b_q.is_some() && p.b_k.is_none());
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct Projections<'a> {
     /// `W_Q`, `(d, d_k)`.
     pub w_q: ArrayView2<'a, f32>,
@@ -111,17 +123,25 @@ impl<'a> Projections<'a> {
         self
     }
 
+    /// Sets the biases, each present or not on its own (`None`: that projection has none).
+    pub fn with_biases(
+        mut self,
+        b_q: Option<ArrayView1<'a, f32>>,
+        b_k: Option<ArrayView1<'a, f32>>,
+        b_v: Option<ArrayView1<'a, f32>>,
+    ) -> Self {
+        (self.b_q, self.b_k, self.b_v) = (b_q, b_k, b_v);
+        self
+    }
+
     /// Adds the biases.
     pub fn with_bias(
-        mut self,
+        self,
         b_q: ArrayView1<'a, f32>,
         b_k: ArrayView1<'a, f32>,
         b_v: ArrayView1<'a, f32>,
     ) -> Self {
-        self.b_q = Some(b_q);
-        self.b_k = Some(b_k);
-        self.b_v = Some(b_v);
-        self
+        self.with_biases(Some(b_q), Some(b_k), Some(b_v))
     }
 }
 

@@ -6,7 +6,7 @@
 
 use ndarray::{ArrayViewD, Ix4};
 
-use super::inputs::{Device, Files, Host, Inputs, Kind, Operands};
+use super::inputs::{Files, Host, Inputs, Kind, OnDevice, Operands};
 use super::outputs::{Output, Saved};
 use super::weights::Layer;
 use super::Attention;
@@ -136,8 +136,8 @@ fn read_files(
     f(&host)
 }
 
-impl Run for Device {
-    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Device>) -> Result<Output<Tensor>> {
+impl Run for OnDevice {
+    fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, OnDevice>) -> Result<Output<Tensor>> {
         let mut rec = Recorder::new(ctx);
         let out = op.record(&mut rec, inputs.clone())?;
         rec.submit()?;
@@ -147,7 +147,7 @@ impl Run for Device {
     fn run_layer(
         layer: &Layer,
         ctx: &Context,
-        inputs: &Inputs<'_, Device>,
+        inputs: &Inputs<'_, OnDevice>,
     ) -> Result<Output<Tensor>> {
         let mut rec = Recorder::new(ctx);
         let out = layer.record(&mut rec, inputs.clone())?;
@@ -218,7 +218,7 @@ impl Attention {
     pub fn record(
         &self,
         rec: &mut Recorder<'_>,
-        inputs: Inputs<'_, Device>,
+        inputs: Inputs<'_, OnDevice>,
     ) -> Result<Output<Tensor>> {
         let mask = inputs.mask_or_none();
         match &inputs.operands {
@@ -265,7 +265,7 @@ impl Layer {
     pub fn record(
         &self,
         rec: &mut Recorder<'_>,
-        inputs: Inputs<'_, Device>,
+        inputs: Inputs<'_, OnDevice>,
     ) -> Result<Output<Tensor>> {
         no_projections(&inputs, LAYER_PROJECTED)?;
         let mask = inputs.mask_or_none();

@@ -355,7 +355,7 @@ impl Attention {
         let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
-        let run = |plan: &crate::Plan| {
+        let run = |plan: &crate::attention::plan::Plan| {
             ctx.scoped(|| {
                 // Declared first, dropped last: buffers dropped while recording (a key split's
                 // partials) are not handed out before this encoder is submitted.
@@ -632,11 +632,11 @@ mod tests {
             .preset(Preset::Window { left: 20, right: 0 });
         let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
         let with_mods = mask.clone().with_modifiers(&mods);
-        let op = Attention::new().causal(true).options(crate::Options {
-            nan_fill: true,
-            flash_variant: Some(FlashVariant::Blocked { rows: 32, keys: 32 }),
-            ..crate::Options::default()
-        });
+        let op = Attention::new().causal(true).options(
+            crate::Options::default()
+                .nan_fill(true)
+                .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 }),
+        );
         let odd = BackwardTiles {
             owners: 8,
             split: 3,

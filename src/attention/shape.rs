@@ -12,6 +12,7 @@ use crate::values::check_f16_range;
 
 /// The sizes of one problem, checked.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Dims {
     /// Whether X had a batch axis.
     pub batched: bool,

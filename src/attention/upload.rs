@@ -77,14 +77,14 @@ impl<'p> Source<'_, 'p> {
 }
 
 /// Q, K and V on the device, and the host copy of K = V when they are one host array.
-pub(super) struct Device<'a> {
+pub(super) struct Uploaded<'a> {
     q: Buf,
     /// K and V, when they are not Q's buffer.
     kv: Option<(Buf, Buf)>,
     host: Option<Cow<'a, [f32]>>,
 }
 
-impl Device<'_> {
+impl Uploaded<'_> {
     /// The Q, K and V buffers.
     pub(super) fn qkv(&self) -> (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer) {
         match &self.kv {
@@ -111,7 +111,7 @@ impl Attention {
         (rows, d): (usize, usize),
         source: &'a Source<'_, '_>,
         weights: Option<&DeviceWeights>,
-    ) -> Result<Device<'a>> {
+    ) -> Result<Uploaded<'a>> {
         let f16 = self.f16();
         match source {
             Source::Qkv {
@@ -125,13 +125,13 @@ impl Attention {
                     bufs.next()
                         .ok_or_else(|| Error::invalid("upload", "internal: a buffer is missing"))
                 };
-                Ok(Device {
+                Ok(Uploaded {
                     q: next()?,
                     kv: Some((next()?, next()?)),
                     host: None,
                 })
             }
-            Source::DeviceQkv([q, k, v]) => Ok(Device {
+            Source::DeviceQkv([q, k, v]) => Ok(Uploaded {
                 q: Buf::unpooled((*q).clone()),
                 kv: Some((Buf::unpooled((*k).clone()), Buf::unpooled((*v).clone()))),
                 host: None,
@@ -140,13 +140,13 @@ impl Attention {
                 Some(w) => {
                     let (q, k, v) =
                         self.record_projections(ctx, encoder, plan, (rows, d), (x, *x_f16), w)?;
-                    Ok(Device {
+                    Ok(Uploaded {
                         q,
                         kv: Some((k, v)),
                         host: None,
                     })
                 }
-                None => Ok(Device {
+                None => Ok(Uploaded {
                     q: Buf::unpooled((*x).clone()),
                     kv: None,
                     host: None,
@@ -158,7 +158,7 @@ impl Attention {
                 let w = weights.ok_or_else(|| Error::invalid("weights", "internal: none"))?;
                 let (q, k, v) =
                     self.record_projections(ctx, encoder, plan, (rows, d), (&x_buf, f16), w)?;
-                Ok(Device {
+                Ok(Uploaded {
                     q,
                     kv: Some((k, v)),
                     host: None,
@@ -184,7 +184,7 @@ impl Attention {
                 }
                 let how = stored(f16, false);
                 let x_buf = upload::array(ctx, "X", &ndarray::aview1(&x_host).into_dyn(), how)?;
-                Ok(Device {
+                Ok(Uploaded {
                     q: x_buf,
                     kv: None,
                     host: Some(x_host),

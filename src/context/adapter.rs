@@ -14,20 +14,38 @@ use crate::gpu::coop;
 /// `vulkan,gl`) and `WGPU_ADAPTER_NAME` (a case-insensitive substring of the adapter's name).
 /// Among the adapters left, the best device type wins: discrete GPU, then integrated,
 /// virtual, software (CPU), other; ties go to Vulkan/Metal/DX12 over GL.
+///
+/// Built from [`ContextOptions::default`] with one method per field:
+///
+/// ```
+/// use wgpu_attention::{Backend, ContextOptions};
+/// let options = ContextOptions::default()
+///     .backend(Backend::Vulkan)
+///     .adapter_name("llvmpipe".to_string());
+/// assert_eq!(options.adapter_name.as_deref(), Some("llvmpipe"));
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct ContextOptions {
     /// Only adapters of this backend.
     pub backend: Option<Backend>,
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter_name: Option<String>,
     /// Whether the adapter stands in for a GPU (default: `WGPU_ATTENTION_STAND_IN`, else
-    /// off; see [`crate::StandIn`] and docs/testing.md).
-    pub stand_in: Option<crate::StandIn>,
+    /// off; see [`crate::internals::StandIn`] and docs/testing.md).
+    pub stand_in: Option<crate::gpu::hardware::StandIn>,
     /// Whether every dispatch runs under the WGSL sanitizer, and at which subgroup width
     /// (default: `WGPU_ATTENTION_SANITIZE`, else off; see
     /// [`crate::Context::with_sanitizer`]).
-    pub sanitize: Option<crate::Sanitize>,
+    pub sanitize: Option<crate::gpu::sanitizer::Sanitize>,
 }
+
+crate::setters::setters!(ContextOptions {
+    backend: Option<Backend>,
+    adapter_name: Option<String>,
+    stand_in: Option<crate::gpu::hardware::StandIn>,
+    sanitize: Option<crate::gpu::sanitizer::Sanitize>,
+});
 
 impl ContextOptions {
     fn backends(&self) -> Result<wgpu::Backends> {
@@ -70,6 +88,7 @@ impl ContextOptions {
 
 /// What `devices` prints about one adapter.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AdapterSummary {
     /// wgpu's adapter info (name, backend, device type, driver).
     pub info: wgpu::AdapterInfo,

@@ -9,8 +9,15 @@ use crate::context::Context;
 use crate::dtype::Dtype;
 use crate::error::{Error, Limit, Result};
 
-/// The sizes of a [`KvCache`].
+/// The sizes of a [`KvCache`]: [`KvCacheSpec::new`], then [`KvCacheSpec::dtype`] for f16.
+///
+/// ```
+/// use wgpu_attention::{Dtype, KvCacheSpec};
+/// let spec = KvCacheSpec::new(256, 1, 8, 64, 64).dtype(Dtype::F16);
+/// assert_eq!((spec.capacity, spec.d_v, spec.dtype), (256, 64, Dtype::F16));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvCacheSpec {
     /// The most tokens it holds.
     pub capacity: usize,
@@ -25,6 +32,26 @@ pub struct KvCacheSpec {
     /// How K and V are stored: f32, or f16 (half the memory; arithmetic stays f32).
     pub dtype: Dtype,
 }
+
+impl KvCacheSpec {
+    /// `capacity` tokens of `batch` sequences, `kv_heads` K/V heads of widths `d_k` (K) and
+    /// `d_v` (V), stored as f32.
+    pub fn new(capacity: usize, batch: usize, kv_heads: usize, d_k: usize, d_v: usize) -> Self {
+        KvCacheSpec {
+            capacity,
+            batch,
+            kv_heads,
+            d_k,
+            d_v,
+            dtype: Dtype::F32,
+        }
+    }
+}
+
+crate::setters::setters!(KvCacheSpec {
+    capacity: usize,
+    dtype: Dtype
+});
 
 /// An element type K and V can be appended in: `f32` into an f32 cache, [`half::f16`] into an
 /// f16 cache. A cache never converts silently: appending the other type is an error.

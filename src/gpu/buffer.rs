@@ -1,7 +1,7 @@
 //! Storage buffers: uploads of host arrays and allocations for results, each checked against
 //! the device's limits first so an oversize problem is an `Err`, not a wgpu panic.
 
-use super::Device;
+use super::Gpu;
 use crate::error::{Error, Limit, Result};
 pub(crate) use crate::gpu::pool::Buf;
 
@@ -15,7 +15,7 @@ fn mib(bytes: u64) -> String {
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] naming the buffer, its size and the limit.
-pub(crate) fn check_len(ctx: &Device, what: &str, len: usize) -> Result<u64> {
+pub(crate) fn check_len(ctx: &Gpu, what: &str, len: usize) -> Result<u64> {
     let bytes = (len as u64).max(1) * F32;
     let limits = ctx.limits();
     if bytes > limits.max_storage_buffer_binding_size {
@@ -50,7 +50,7 @@ pub(crate) fn check_len(ctx: &Device, what: &str, len: usize) -> Result<u64> {
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn upload(ctx: &Device, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+pub(crate) fn upload(ctx: &Gpu, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
     check_len(ctx, label, data.len())?;
     // wgpu rejects zero-sized bindings; a one-element dummy stands in for "no data".
     let contents: &[f32] = if data.is_empty() { &[0.0] } else { data };
@@ -69,12 +69,7 @@ pub(crate) fn upload(ctx: &Device, label: &str, data: &[f32]) -> Result<wgpu::Bu
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn upload_as(
-    ctx: &Device,
-    label: &str,
-    data: &[f32],
-    f16: bool,
-) -> Result<wgpu::Buffer> {
+pub(crate) fn upload_as(ctx: &Gpu, label: &str, data: &[f32], f16: bool) -> Result<wgpu::Buffer> {
     if !f16 {
         return upload(ctx, label, data);
     }
@@ -94,7 +89,7 @@ pub(crate) fn upload_as(
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn output_f16(ctx: &Device, label: &str, len: usize) -> Result<Buf> {
+pub(crate) fn output_f16(ctx: &Gpu, label: &str, len: usize) -> Result<Buf> {
     check_len(ctx, label, len)?;
     Ok(pooled(
         ctx,
@@ -105,12 +100,12 @@ pub(crate) fn output_f16(ctx: &Device, label: &str, len: usize) -> Result<Buf> {
 
 /// A storage buffer of at least `bytes` from the context's pool, which kernels write and
 /// copies read: a size class up, so nothing may read its length from the buffer.
-pub(crate) fn pooled(ctx: &Device, label: &str, bytes: u64) -> Buf {
+pub(crate) fn pooled(ctx: &Gpu, label: &str, bytes: u64) -> Buf {
     pooled_as(ctx, label, bytes, storage_usage(ctx))
 }
 
 /// [`pooled`] with `usage`.
-pub(crate) fn pooled_as(ctx: &Device, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Buf {
+pub(crate) fn pooled_as(ctx: &Gpu, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Buf {
     let limits = ctx.limits();
     let max = limits
         .max_storage_buffer_binding_size
@@ -120,7 +115,7 @@ pub(crate) fn pooled_as(ctx: &Device, label: &str, bytes: u64, usage: wgpu::Buff
 
 /// The usage of the storage buffers kernels write: on unified memory also `MAP_READ`, so a
 /// readback maps the buffer itself instead of copying it into a staging buffer.
-fn storage_usage(ctx: &Device) -> wgpu::BufferUsages {
+fn storage_usage(ctx: &Gpu) -> wgpu::BufferUsages {
     let usage =
         wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
     match ctx.hardware().unified_memory {
@@ -131,12 +126,7 @@ fn storage_usage(ctx: &Device) -> wgpu::BufferUsages {
 
 /// A buffer holding `bytes` (a multiple of 4 long), written while mapped at creation. Unlike
 /// wgpu's `create_buffer_init`, a device that is gone is an `Err` here, not a panic.
-fn init(
-    ctx: &Device,
-    label: &str,
-    bytes: &[u8],
-    usage: wgpu::BufferUsages,
-) -> Result<wgpu::Buffer> {
+fn init(ctx: &Gpu, label: &str, bytes: &[u8], usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: bytes.len() as u64,
@@ -161,7 +151,7 @@ fn init(
 ///
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows.
-pub(crate) fn output(ctx: &Device, label: &str, len: usize, nan_fill: bool) -> Result<Buf> {
+pub(crate) fn output(ctx: &Gpu, label: &str, len: usize, nan_fill: bool) -> Result<Buf> {
     let bytes = check_len(ctx, label, len)?;
     if !nan_fill {
         return Ok(pooled(ctx, label, bytes));
@@ -193,7 +183,7 @@ pub(crate) fn output(ctx: &Device, label: &str, len: usize, nan_fill: bool) -> R
 /// # Errors
 /// As [`upload`].
 pub(crate) fn uniform<P: bytemuck::Pod>(
-    ctx: &Device,
+    ctx: &Gpu,
     label: &str,
     params: &P,
 ) -> Result<wgpu::Buffer> {

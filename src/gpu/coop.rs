@@ -4,13 +4,14 @@
 
 pub(crate) mod emulate;
 
-use super::Device;
+use super::Gpu;
 use crate::error::{Error, Result};
 
 /// The cooperative-matrix shape the coop kernels use on a device: square `size × size ×
 /// size` products (wgpu's WGSL has `coop_mat8x8` and `coop_mat16x16`), f32 accumulation,
 /// the inputs in f16 (`f16_inputs`) or f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct CoopShape {
     /// M = N = K: 8 or 16.
     pub size: u32,
@@ -41,7 +42,7 @@ pub(crate) fn request(adapter: &wgpu::Adapter) -> (wgpu::Features, wgpu::Experim
     if wanted() && adapter.features().contains(feature) {
         // SAFETY: only the cooperative-matrix feature is requested through this token; our
         // coop kernels run only where the adapter reports the shape they are built for
-        // (`Device::coop_shape`), and every load and store they make is within their
+        // (`Gpu::coop_shape`), and every load and store they make is within their
         // workgroup tiles (the proof is in each shader's header).
         (feature, unsafe { wgpu::ExperimentalFeatures::enabled() })
     } else {
@@ -95,7 +96,7 @@ pub(crate) fn write_shapes(
     write!(f, "\n  cooperative matrices: {}", shapes.join(", "))
 }
 
-impl Device {
+impl Gpu {
     /// The cooperative-matrix configurations the adapter reports (empty without
     /// `Features::EXPERIMENTAL_COOPERATIVE_MATRIX` on the device).
     pub(crate) fn coop_properties(&self) -> Vec<wgpu::CooperativeMatrixProperties> {

@@ -1,7 +1,7 @@
 //! The device layer's core: an open wgpu device with its queue and limits, the error scopes
 //! every call runs in, the buffer pool, the pipeline cache, the profiling state and the phase
-//! clock, created once and shared. Kernels take a `&Device`; the user's [`crate::Context`] is
-//! a `Device` and the settings it carries (it dereferences to its device).
+//! clock, created once and shared. Kernels take a `&Gpu`; the user's [`crate::Context`] is
+//! a `Gpu` and the settings it carries (it dereferences to its device).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -15,9 +15,10 @@ use super::timing::{Profiling, Timing};
 use crate::error::{Error, Result};
 use crate::phases::{Phase, Phases};
 
-/// An open device: the adapter, its device and queue, the compiled kernels and the buffers
-/// kept for reuse. Unnamed outside the crate (a [`crate::Context`] dereferences to it).
-pub struct Device {
+/// An open device: the adapter, its device (a `wgpu::Device`) and queue, the compiled kernels
+/// and the buffers kept for reuse. Unnamed outside the crate (a [`crate::Context`]
+/// dereferences to it).
+pub struct Gpu {
     pub(crate) adapter: wgpu::Adapter,
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
@@ -65,15 +66,15 @@ fn pretended(planned: &wgpu::Limits, granted: &wgpu::Limits) -> String {
     }
 }
 
-/// How many values [`Device::memo`] keeps.
+/// How many values [`Gpu::memo`] keeps.
 pub(crate) const MEMO_CAPACITY: usize = 8;
 
-/// A value [`Device::memo`] keeps: shared between threads where wgpu's resources are.
+/// A value [`Gpu::memo`] keeps: shared between threads where wgpu's resources are.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) trait MemoValue: std::any::Any + Send + Sync {}
 #[cfg(not(target_arch = "wasm32"))]
 impl<T: std::any::Any + Send + Sync> MemoValue for T {}
-/// A value [`Device::memo`] keeps (the browser's wgpu resources are not `Send`).
+/// A value [`Gpu::memo`] keeps (the browser's wgpu resources are not `Send`).
 #[cfg(target_arch = "wasm32")]
 pub(crate) trait MemoValue: std::any::Any {}
 #[cfg(target_arch = "wasm32")]
@@ -88,7 +89,7 @@ type Memo = (
 #[cfg(target_arch = "wasm32")]
 type Memo = ((std::any::TypeId, u64), Box<dyn std::any::Any>);
 
-/// What a dry-run device ([`Device::dry_run`]) stands for.
+/// What a dry-run device ([`Gpu::dry_run`]) stands for.
 #[derive(Debug, Clone)]
 pub(crate) struct DryRun {
     /// Its limits.
@@ -102,7 +103,7 @@ pub(crate) struct DryRun {
     pub coop: Option<coop::CoopShape>,
 }
 
-impl Device {
+impl Gpu {
     /// Opens a device on `adapter` with the adapter's full limits and the optional features
     /// the kernels use where it has them (subgroups, timestamp queries, f16, the pipeline
     /// cache, cooperative matrices).
@@ -509,7 +510,7 @@ impl Device {
         super::oneshot::block_on(self.scoped_async(async { f() }))
     }
 
-    /// [`Device::scoped`] around a future (the async core's calls).
+    /// [`Gpu::scoped`] around a future (the async core's calls).
     pub(crate) async fn scoped_async<T>(&self, f: impl Future<Output = Result<T>>) -> Result<T> {
         self.check_alive()?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);

@@ -464,7 +464,7 @@ mod decision_tests {
         assert_eq!(stand_in.hardware().decide, Decisions::gpu());
         let sanitized = Context::new().unwrap().with_sanitizer(Sanitize::Lanes(32));
         assert_eq!(sanitized.hardware().decide, Decisions::gpu());
-        let cpu = crate::gpu::device::Device::dry_run(&crate::gpu::device::DryRun {
+        let cpu = crate::gpu::device::Gpu::dry_run(&crate::gpu::device::DryRun {
             limits: wgpu::Limits::default(),
             device_type: wgpu::DeviceType::Cpu,
             subgroups: (8, 8),

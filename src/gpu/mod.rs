@@ -24,4 +24,4 @@ pub(crate) mod timing;
 pub(crate) mod unroll;
 pub(crate) mod upload;
 
-pub use device::Device;
+pub use device::Gpu;

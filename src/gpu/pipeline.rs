@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::Device;
+use super::Gpu;
 use crate::error::Result;
 use crate::phases::Phase;
 
@@ -62,7 +62,7 @@ struct Disk {
 impl Disk {
     /// The cache in `dir`, named for the adapter and driver (wgpu's key), loaded if it
     /// exists; `None` without the feature, a key or a directory.
-    fn open(ctx: &Device, dir: Option<&Path>) -> Option<Self> {
+    fn open(ctx: &Gpu, dir: Option<&Path>) -> Option<Self> {
         if !ctx
             .device
             .features()
@@ -126,7 +126,7 @@ impl PipelineCache {
     /// The pipeline for `key`, compiling it on first use (inside the caller's error scope).
     pub(crate) fn get(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         key: &impl PipelineRecipe,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
         let hash = key.pipeline_hash();
@@ -150,7 +150,7 @@ impl PipelineCache {
     ///
     /// # Errors
     /// The first compile error (validation, out of memory, a lost device).
-    pub(crate) fn prepare<K: PipelineRecipe + Sync>(&self, ctx: &Device, keys: &[K]) -> Result<()> {
+    pub(crate) fn prepare<K: PipelineRecipe + Sync>(&self, ctx: &Gpu, keys: &[K]) -> Result<()> {
         let mut missing: Vec<(PipelineHash, &K)> = Vec::new();
         {
             let map = self.lock();
@@ -225,7 +225,7 @@ impl PipelineCache {
     }
 
     /// The disk cache, opened on first use.
-    fn disk(&self, ctx: &Device) -> std::sync::MutexGuard<'_, Option<Option<Disk>>> {
+    fn disk(&self, ctx: &Gpu) -> std::sync::MutexGuard<'_, Option<Option<Disk>>> {
         let mut disk = self
             .disk
             .lock()
@@ -239,7 +239,7 @@ impl PipelineCache {
 /// scopes; saves the disk cache once at the end.
 #[cfg(not(target_arch = "wasm32"))]
 fn build_parallel<K: PipelineRecipe + Sync>(
-    ctx: &Device,
+    ctx: &Gpu,
     keys: &[(PipelineHash, &K)],
     threads: usize,
     disk: Option<&Disk>,
@@ -269,7 +269,7 @@ fn build_parallel<K: PipelineRecipe + Sync>(
 /// compiles one after the other), but the same in order.
 #[cfg(target_arch = "wasm32")]
 fn build_parallel<K: PipelineRecipe + Sync>(
-    ctx: &Device,
+    ctx: &Gpu,
     keys: &[(PipelineHash, &K)],
     _threads: usize,
     disk: Option<&Disk>,
@@ -280,7 +280,7 @@ fn build_parallel<K: PipelineRecipe + Sync>(
 }
 
 /// Compiles the pipeline of `key` (counted in the device's phase clock).
-fn build(ctx: &Device, key: &impl PipelineRecipe, disk: Option<&Disk>) -> wgpu::ComputePipeline {
+fn build(ctx: &Gpu, key: &impl PipelineRecipe, disk: Option<&Disk>) -> wgpu::ComputePipeline {
     ctx.phases.count_pipeline();
     let source = key.describe();
     let desc = wgpu::ShaderModuleDescriptor {

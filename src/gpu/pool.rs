@@ -27,6 +27,7 @@ pub(crate) fn class_of(bytes: u64) -> u64 {
 
 /// What the pool holds, for [`crate::Context::memory`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MemoryStats {
     /// Buffers the pool ever created (a loop of calls stops adding to this after its first).
     pub allocations: u64,

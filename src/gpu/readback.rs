@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::Device;
+use super::Gpu;
 use crate::error::{Error, Result};
 use crate::gpu::oneshot;
 #[cfg(not(target_arch = "wasm32"))]
@@ -47,7 +47,7 @@ impl Drop for Pending {
 /// unmapped, whenever its first holder drops it. For the results of the caller's own call
 /// only (a buffer no one else maps meanwhile).
 pub fn copy_out(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     src: &crate::gpu::pool::Buf,
     len: usize,
@@ -70,7 +70,7 @@ pub fn copy_out(
 /// through a staging buffer: `src` may be a tensor's or a memo's, which other threads may be
 /// reading too (a buffer maps for one reader at a time).
 pub fn copy_out_as(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     len: usize,
@@ -102,7 +102,7 @@ pub fn copy_out_as(
 ///
 /// # Errors
 /// As [`finish`].
-pub fn read_as(ctx: &Device, src: &wgpu::Buffer, len: usize, f16: bool) -> Result<Vec<f32>> {
+pub fn read_as(ctx: &Gpu, src: &wgpu::Buffer, len: usize, f16: bool) -> Result<Vec<f32>> {
     let mut encoder = ctx
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -120,7 +120,7 @@ pub fn read_as(ctx: &Device, src: &wgpu::Buffer, len: usize, f16: bool) -> Resul
 /// # Errors
 /// [`Error::Poll`] when the wait fails or times out, [`Error::DeviceLost`] when the device
 /// was lost meanwhile.
-pub fn wait(ctx: &Device, submission: wgpu::SubmissionIndex) -> Result<()> {
+pub fn wait(ctx: &Gpu, submission: wgpu::SubmissionIndex) -> Result<()> {
     ctx.device
         .poll(wgpu::PollType::Wait {
             submission_index: Some(submission),
@@ -135,7 +135,7 @@ pub fn wait(ctx: &Device, submission: wgpu::SubmissionIndex) -> Result<()> {
 ///
 /// # Errors
 /// As [`wait_all`]; [`Error::Readback`] when the mapping fails.
-pub fn map_for_write(ctx: &Device, buffer: &wgpu::Buffer, bytes: u64) -> Result<()> {
+pub fn map_for_write(ctx: &Gpu, buffer: &wgpu::Buffer, bytes: u64) -> Result<()> {
     let (send, rx) = oneshot::channel();
     buffer.slice(..bytes).map_async(wgpu::MapMode::Write, send);
     #[cfg(not(target_arch = "wasm32"))]
@@ -170,7 +170,7 @@ pub(crate) fn map_read(
 /// [`Error::Readback`] when one fails or never comes.
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn mapped(
-    ctx: &Device,
+    ctx: &Gpu,
     mappings: Vec<oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>>,
 ) -> Result<()> {
     for rx in &mappings {
@@ -183,7 +183,7 @@ pub(crate) fn mapped(
 ///
 /// # Errors
 /// As [`wait`].
-pub fn wait_all(ctx: &Device) -> Result<()> {
+pub fn wait_all(ctx: &Gpu) -> Result<()> {
     ctx.device
         .poll(wgpu::PollType::Wait {
             submission_index: None,
@@ -198,7 +198,7 @@ pub fn wait_all(ctx: &Device) -> Result<()> {
 /// # Errors
 /// [`Error::Poll`] when the wait fails or times out, [`Error::Readback`] when mapping fails.
 pub fn finish(
-    ctx: &Device,
+    ctx: &Gpu,
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -210,7 +210,7 @@ pub fn finish(
 /// poll took the callback and has yet to call it (threads sharing a context poll each other's
 /// callbacks).
 #[cfg(not(target_arch = "wasm32"))]
-fn take_mapped<T>(ctx: &Device, rx: &oneshot::Receiver<T>) -> Result<T> {
+fn take_mapped<T>(ctx: &Gpu, rx: &oneshot::Receiver<T>) -> Result<T> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         if let Some(r) = rx.try_take() {
@@ -230,7 +230,7 @@ fn take_mapped<T>(ctx: &Device, rx: &oneshot::Receiver<T>) -> Result<T> {
 /// # Errors
 /// As [`finish`].
 pub async fn finish_async(
-    ctx: &Device,
+    ctx: &Gpu,
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -245,7 +245,7 @@ pub async fn finish_async(
 /// # Errors
 /// As [`finish`].
 pub async fn finish_scanned_async(
-    ctx: &Device,
+    ctx: &Gpu,
     submission: wgpu::SubmissionIndex,
     pending: Vec<Pending>,
 ) -> Result<Vec<(Vec<f32>, Option<usize>)>> {

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use super::Device;
+use super::Gpu;
 use crate::error::{Error, Result};
 
 /// Whether dispatches run under the WGSL sanitizer, and at which subgroup width.
@@ -100,7 +100,7 @@ fn seeds_from_env() -> u32 {
 
 mod summary;
 
-pub use summary::SanitizerSummary;
+pub use summary::{LoopPeak, SanitizerSummary};
 use summary::{Noted, PROCESS};
 
 /// A device's sanitizer state: the parsed kernels (by pipeline hash) and the tally.
@@ -158,7 +158,7 @@ pub(crate) struct Job<'a> {
     pub loop_bound: u64,
 }
 
-impl Device {
+impl Gpu {
     /// The subgroup width dispatches run under the sanitizer at, if they do.
     pub(crate) fn sanitized_lanes(&self) -> Option<u32> {
         self.hardware().sanitize
@@ -206,7 +206,7 @@ impl Device {
 /// Natively only: the browser's device maps nothing synchronously, and the interpreter runs
 /// the subgroups of a workgroup on threads of their own.
 #[cfg(not(target_arch = "wasm32"))]
-impl Device {
+impl Gpu {
     /// Runs `job` under the sanitizer (see the module docs): what `encoder` holds is submitted
     /// first (a fresh encoder takes its place), the bound resources are read back, the
     /// interpreter runs, and what the kernel wrote is written back. Returns the report; the

@@ -2,7 +2,7 @@
 //! with `textureLoad` (four values per texel, read as f32), checked against the device's
 //! texture limits first.
 
-use super::Device;
+use super::Gpu;
 use crate::error::{Error, Limit, Result};
 
 /// A 2-D `rgba32float` texture (`rgba16float` when `half`) of `width × height` texels,
@@ -12,7 +12,7 @@ use crate::error::{Error, Limit, Result};
 /// # Errors
 /// [`Error::LimitExceeded`] when a side exceeds `max_texture_dimension_2d`.
 pub fn rgba(
-    ctx: &Device,
+    ctx: &Gpu,
     label: &str,
     (width, height): (u32, u32),
     half: bool,

@@ -13,7 +13,7 @@ use web_time::Instant;
 
 use serde::Serialize;
 
-use super::Device;
+use super::Gpu;
 use crate::error::Result;
 use crate::gpu::readback::{self, Pending};
 
@@ -22,6 +22,7 @@ const CAPACITY: u32 = 64;
 
 /// The time one compute pass took on the GPU.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct KernelTime {
     /// The kernel's file name.
     pub kernel: &'static str,
@@ -84,7 +85,7 @@ impl Timing {
 }
 
 /// Starts timing the passes recorded from now on, when profiling is on.
-pub(crate) fn begin(ctx: &Device) {
+pub(crate) fn begin(ctx: &Gpu) {
     let timing = &ctx.timing;
     if let Ok(mut t) = timing.times.lock() {
         t.clear();
@@ -99,7 +100,7 @@ pub(crate) fn begin(ctx: &Device) {
 /// Records the resolve of the timestamps taken since [`begin`]: what to read back and the
 /// passes' labels.
 pub(crate) fn end(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
 ) -> Option<(Pending, Vec<&'static str>)> {
     let profiler = ctx.timing.profiler.lock().ok()?.take()?;
@@ -107,7 +108,7 @@ pub(crate) fn end(
 }
 
 /// Stores the timestamps read back for `labels` as the last submission's times.
-pub(crate) fn store(ctx: &Device, words: &[f32], labels: &[&'static str]) {
+pub(crate) fn store(ctx: &Gpu, words: &[f32], labels: &[&'static str]) {
     let t = times(words, labels, ctx.queue.get_timestamp_period());
     if let Ok(mut times) = ctx.timing.times.lock() {
         *times = t;
@@ -121,7 +122,7 @@ pub(crate) fn store(ctx: &Device, words: &[f32], labels: &[&'static str]) {
 /// # Errors
 /// As [`readback::finish_async`].
 pub(crate) async fn submit_and_read_async(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: wgpu::CommandEncoder,
     pending: Vec<readback::Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -135,7 +136,7 @@ pub(crate) async fn submit_and_read_async(
 /// # Errors
 /// As [`readback::finish_async`].
 pub(crate) async fn submit_and_read_scanned_async(
-    ctx: &Device,
+    ctx: &Gpu,
     mut encoder: wgpu::CommandEncoder,
     mut pending: Vec<readback::Pending>,
 ) -> Result<Vec<(Vec<f32>, Option<usize>)>> {
@@ -156,7 +157,7 @@ pub(crate) async fn submit_and_read_scanned_async(
 /// # Errors
 /// As [`submit_and_read_async`].
 pub(crate) fn submit_and_read(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: wgpu::CommandEncoder,
     pending: Vec<readback::Pending>,
 ) -> Result<Vec<Vec<f32>>> {
@@ -169,7 +170,7 @@ pub(crate) fn submit_and_read(
 /// # Errors
 /// GPU errors while waiting (wall-clock mode).
 pub(crate) fn pass(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     label: &'static str,
     body: impl FnOnce(&mut wgpu::ComputePass<'_>),
@@ -206,7 +207,7 @@ pub(crate) fn pass(
 
 /// Submits what `encoder` holds so far, waits for it, and leaves a fresh encoder in its place
 /// (wall-clock profiling).
-fn submit_and_wait(ctx: &Device, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
+fn submit_and_wait(ctx: &Gpu, encoder: &mut wgpu::CommandEncoder) -> Result<()> {
     let fresh = ctx
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -223,7 +224,7 @@ fn submit_and_wait(ctx: &Device, encoder: &mut wgpu::CommandEncoder) -> Result<(
 /// # Errors
 /// Whatever `f` or the GPU returns.
 pub(crate) fn timed_submit(
-    ctx: &Device,
+    ctx: &Gpu,
     f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
 ) -> Result<(f64, Vec<KernelTime>)> {
     ctx.scoped(|| {
@@ -251,7 +252,7 @@ pub(crate) fn timed_submit(
 /// # Errors
 /// As [`timed_submit`].
 pub(crate) fn gpu_time(
-    ctx: &Device,
+    ctx: &Gpu,
     f: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<()>,
 ) -> Result<f64> {
     let before = ctx.timing.mode();
@@ -369,7 +370,7 @@ struct Profiler {
 }
 
 impl Profiler {
-    fn new(ctx: &Device) -> Self {
+    fn new(ctx: &Gpu) -> Self {
         let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("kernel timestamps"),
             ty: wgpu::QueryType::Timestamp,
@@ -398,7 +399,7 @@ impl Profiler {
     /// Records the resolve and the copy out; returns what to read back and the labels.
     fn resolve(
         self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
     ) -> Option<(Pending, Vec<&'static str>)> {
         let count = 2 * self.labels.len() as u32;

@@ -12,7 +12,7 @@
 use ndarray::{ArrayViewD, Axis};
 
 use super::buffer::{check_len, pooled, Buf};
-use super::Device;
+use super::Gpu;
 use crate::error::{Error, Result};
 use crate::npy::Opened;
 use crate::phases::Instant;
@@ -82,7 +82,7 @@ pub(crate) fn stored_bytes(len: usize, f16: bool) -> u64 {
 /// # Errors
 /// [`Error::LimitExceeded`] when it is larger than the device allows, [`Error::NonFinite`]
 /// or the f16 range's error for a bad value, a validation error when wgpu refuses the write.
-pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
+pub(crate) fn array(ctx: &Gpu, name: &str, a: &ArrayViewD<'_, f32>, how: Stored) -> Result<Buf> {
     #[cfg(not(target_arch = "wasm32"))]
     let _upload = ctx.phases.enter(Phase::Upload);
     upload(ctx, name, &Values::Array(a.view()), how).map(|(buf, _)| buf)
@@ -93,7 +93,7 @@ pub(crate) fn array(ctx: &Device, name: &str, a: &ArrayViewD<'_, f32>, how: Stor
 ///
 /// # Errors
 /// As [`array`].
-pub(crate) fn arrays(ctx: &Device, arrays: &[(&str, Values<'_>)], how: Stored) -> Result<Vec<Buf>> {
+pub(crate) fn arrays(ctx: &Gpu, arrays: &[(&str, Values<'_>)], how: Stored) -> Result<Vec<Buf>> {
     #[cfg(not(target_arch = "wasm32"))]
     let upload_phase = ctx.phases.enter(Phase::Upload);
     let total: usize = arrays.iter().map(|(_, a)| a.len() * 4).sum();
@@ -123,7 +123,7 @@ pub(crate) fn arrays(ctx: &Device, arrays: &[(&str, Values<'_>)], how: Stored) -
 /// [`upload`] of each of `arrays` on a thread of its own.
 #[cfg(not(target_arch = "wasm32"))]
 fn on_threads(
-    ctx: &Device,
+    ctx: &Gpu,
     arrays: &[(&str, Values<'_>)],
     how: Stored,
 ) -> Result<Vec<(Buf, Duration)>> {
@@ -147,7 +147,7 @@ fn on_threads(
 /// `threads_for` never asks for more than one).
 #[cfg(target_arch = "wasm32")]
 fn on_threads(
-    ctx: &Device,
+    ctx: &Gpu,
     arrays: &[(&str, Values<'_>)],
     how: Stored,
 ) -> Result<Vec<(Buf, Duration)>> {
@@ -156,7 +156,7 @@ fn on_threads(
 
 /// [`array`] without its phase (the caller's); with the time its reads from a file took
 /// (its longest thread's).
-fn upload(ctx: &Device, name: &str, a: &Values<'_>, how: Stored) -> Result<(Buf, Duration)> {
+fn upload(ctx: &Gpu, name: &str, a: &Values<'_>, how: Stored) -> Result<(Buf, Duration)> {
     check_len(ctx, name, a.len())?;
     let bytes = stored_bytes(a.len(), how.f16);
     let unified = ctx.hardware().unified_memory;
@@ -219,7 +219,7 @@ fn upload(ctx: &Device, name: &str, a: &Values<'_>, how: Stored) -> Result<(Buf,
 /// # Errors
 /// As [`write_mapped`]; a write that wgpu refuses.
 fn staged<T, E>(
-    ctx: &Device,
+    ctx: &Gpu,
     name: &str,
     bytes: u64,
     fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>) -> std::result::Result<T, E>,
@@ -262,7 +262,7 @@ fn staged<T, E>(
 /// # Errors
 /// A mapping that fails (the buffer is then kept out of the pool).
 fn write_mapped<T>(
-    ctx: &Device,
+    ctx: &Gpu,
     name: &str,
     usage: wgpu::BufferUsages,
     bytes: u64,
@@ -502,7 +502,7 @@ mod tests {
     use super::*;
     use ndarray::{Array4, Axis};
 
-    fn read(ctx: &Device, buf: &wgpu::Buffer, len: usize, f16: bool) -> Vec<f32> {
+    fn read(ctx: &Gpu, buf: &wgpu::Buffer, len: usize, f16: bool) -> Vec<f32> {
         crate::gpu::readback::read_as(ctx, buf, len, f16).unwrap()
     }
 
@@ -549,7 +549,7 @@ mod tests {
         let staged = crate::Context::new()
             .unwrap()
             .with_tuning(false)
-            .with_stand_in(crate::StandIn::Gpu);
+            .with_stand_in(crate::gpu::hardware::StandIn::Gpu);
         assert!(unified.hardware().unified_memory && !staged.hardware().unified_memory);
         for ctx in [unified, &staged] {
             for salt in [1.0f32, 2.0] {

@@ -4,7 +4,7 @@
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -72,7 +72,7 @@ pub(crate) struct Mirror<'a> {
 /// # Errors
 /// A mirror past u32 indexing; GPU errors.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     params: &AdamParams,
     grad: &wgpu::Buffer,

@@ -3,7 +3,7 @@
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -27,7 +27,7 @@ impl Kernel for Shader {
 
 /// Records `y[i] ← y[i] + x[i]` for the first `count` elements.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     count: usize,
     x: &wgpu::Buffer,

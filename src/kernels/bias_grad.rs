@@ -11,7 +11,7 @@ use super::mods::ModsBind;
 use super::wgsl::constants;
 use super::{record, record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::{Error, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -78,7 +78,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_bias_grad(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
         (d_o, stats): (&wgpu::Buffer, &wgpu::Buffer),

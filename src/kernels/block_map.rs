@@ -8,7 +8,7 @@ use super::loops::{run, strided, Build};
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -111,7 +111,7 @@ impl BlockMap {
     /// # Errors
     /// A size past the grid or u32 indexing; GPU errors.
     pub(crate) fn compute(
-        ctx: &Device,
+        ctx: &Gpu,
         mods: &super::mods::ModsUpload,
         axes: [bool; 2],
         shape: MapShape,

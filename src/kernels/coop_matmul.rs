@@ -8,7 +8,7 @@ use super::matmul::{Matmul, MatmulParams};
 use super::wgsl::constants;
 use super::{record, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -72,7 +72,7 @@ pub(crate) fn coop_header(source: String, size: u32) -> String {
 /// [`crate::Error::Unsupported`] where the device has no usable cooperative-matrix shape;
 /// size limits.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     (a, b, bias, c): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

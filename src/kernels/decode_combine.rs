@@ -5,7 +5,7 @@ use super::loops::{run, Build};
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -58,7 +58,7 @@ impl Kernel for Shader {
 /// # Errors
 /// A size over u32 indexing or the grid.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     (rows, blocks, dv): (usize, usize, usize),
     (o_part, ml_part): (&wgpu::Buffer, &wgpu::Buffer),

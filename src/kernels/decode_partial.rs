@@ -8,7 +8,7 @@ use super::mods::{ModsBind, ModsUpload};
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::{Error, Limit, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -20,7 +20,7 @@ pub(crate) const THREADS: u32 = 64;
 /// Threads per workgroup on an adapter: [`THREADS`] on a GPU; on a CPU adapter one subgroup
 /// (lavapipe runs a workgroup's subgroups one after the other on one core, so more threads
 /// only add rounds to the merge through workgroup memory, which is slow there).
-pub(crate) fn threads_for(ctx: &Device) -> u32 {
+pub(crate) fn threads_for(ctx: &Gpu) -> u32 {
     if !ctx.hardware().decide.decode_gpu_kernel {
         ctx.subgroup_size().unwrap_or(8).clamp(1, THREADS)
     } else {
@@ -247,7 +247,7 @@ impl Decode {
     }
 
     /// The keys per block when none is forced: see [`block_for`].
-    pub fn block(&self, ctx: &Device, rows_per_workgroup: u32) -> usize {
+    pub fn block(&self, ctx: &Gpu, rows_per_workgroup: u32) -> usize {
         let chunks =
             (self.heads / self.kv_heads.max(1) * self.m).div_ceil(rows_per_workgroup as usize);
         let groups = self.batch * self.kv_heads * chunks;
@@ -262,7 +262,7 @@ impl Decode {
     /// [`Error::LimitExceeded`] when a buffer, the workgroup memory or the grid does not fit.
     pub fn record(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         bufs: &DecodeBuffers<'_>,
         block: Option<usize>,

@@ -11,7 +11,7 @@ use super::{flash_backward_kv, flash_backward_kv_subgroup};
 use super::{flash_backward_q, flash_backward_q_subgroup};
 use super::{record, Dim, Kernel, KernelId, Slot};
 use crate::error::{Error, Limit, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -70,7 +70,7 @@ impl BackwardTiles {
     };
 
     /// The shape for `ctx`'s adapter.
-    pub fn for_adapter(ctx: &Device) -> Self {
+    pub fn for_adapter(ctx: &Gpu) -> Self {
         match ctx.hardware().decide.backward_gpu_tiles {
             true => Self::GPU,
             false => Self::CPU,
@@ -153,7 +153,7 @@ impl Flash {
     ///
     /// # Errors
     /// As [`Flash::backward_kv_consts`] and [`Flash::backward_q_consts`].
-    pub fn storage_backward_loops(&self, ctx: &Device, tiles: BackwardTiles) -> Result<u64> {
+    pub fn storage_backward_loops(&self, ctx: &Gpu, tiles: BackwardTiles) -> Result<u64> {
         let build = Build::of(ctx.hardware().emulate);
         let kv = self.backward_kv_consts(ctx.limits(), tiles, 0)?;
         let q = self.backward_q_consts(ctx.limits(), tiles, 0)?;
@@ -164,7 +164,7 @@ impl Flash {
 
     /// As [`Flash::storage_backward_loops`] for the subgroup backward's kernels with
     /// `(kv_per_lane, q_per_lane)`; `None` without a fixed subgroup size.
-    pub fn subgroup_backward_loops(&self, ctx: &Device, (kv, q): (u32, u32)) -> Option<u64> {
+    pub fn subgroup_backward_loops(&self, ctx: &Gpu, (kv, q): (u32, u32)) -> Option<u64> {
         let build = Build::of(ctx.hardware().emulate);
         let sg = ctx.subgroup_size()?;
         let (dk4, dv4) = self.widths4().ok()?;
@@ -188,7 +188,7 @@ impl Flash {
     /// A size that does not fit the grid.
     pub fn dispatch_backward_dot(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         d_o: &wgpu::Buffer,
         o: &wgpu::Buffer,

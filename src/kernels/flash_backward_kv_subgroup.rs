@@ -11,7 +11,7 @@ use super::pack::Pack;
 use super::wgsl::constants;
 use super::{record_with, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot, Strides};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -82,7 +82,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_backward_subgroup(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         (kv_per_lane, q_per_lane): (u32, u32),
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

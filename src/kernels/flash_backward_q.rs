@@ -10,7 +10,7 @@ use super::mods::ModsBind;
 use super::wgsl::constants;
 use super::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -127,7 +127,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_backward_q(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         tiles: BackwardTiles,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

@@ -5,7 +5,7 @@ use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{record, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -38,7 +38,7 @@ impl Kernel for Shader {
 /// Records `invocations` invocations of `iters` iterations each, writing one value each to
 /// `out`.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     invocations: u32,
     iters: u32,

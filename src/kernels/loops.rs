@@ -10,7 +10,7 @@
 //!
 //! So every kernel states an upper bound on the loop iterations of its busiest invocation
 //! ([`crate::kernels::Kernel::loops`]) from its constants and uniform, and [`check`] refuses
-//! a dispatch past the device's cap ([`crate::gpu::Device`]'s `loop_cap`: 65,535 on llvmpipe,
+//! a dispatch past the device's cap ([`crate::gpu::Gpu`]'s `loop_cap`: 65,535 on llvmpipe,
 //! none elsewhere) with [`Error::LimitExceeded`] of [`Limit::LoopIterations`], before anything is
 //! recorded. The planner keeps calls under it where it can (the fused pass splits its keys
 //! into ranges, `flash_blocked` with a key split), so a long call there is right or refused,

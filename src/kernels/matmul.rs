@@ -7,7 +7,7 @@ use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -168,7 +168,7 @@ impl Matmul {
     /// stand in otherwise).
     pub fn dispatch(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,

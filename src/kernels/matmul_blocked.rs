@@ -7,7 +7,7 @@ use super::matmul::{Matmul, F16_A, F16_B};
 use super::wgsl::{constants, uniform};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -169,7 +169,7 @@ pub(crate) fn eligible(
 /// `c2` are unused (pass `c`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     consts: MatmulBlockedConsts,

@@ -9,7 +9,7 @@ use super::pack::{Pack, Packed};
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Binding, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -125,7 +125,7 @@ impl Operands {
     /// # Errors
     /// No fixed subgroup size; texture limits.
     pub fn pack(
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         mm: &Matmul,
         a: &wgpu::Buffer,
@@ -158,7 +158,7 @@ impl Operands {
     /// # Errors
     /// No fixed subgroup size; texture limits.
     pub fn pack_a(
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         mm: &Matmul,
         a: &wgpu::Buffer,
@@ -192,7 +192,7 @@ impl Operands {
 /// otherwise).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     rows_per_lane: u32,
@@ -222,7 +222,7 @@ pub(crate) fn dispatch(
 /// each row-major at its own width (Q, K, V from one `X·[W_Q W_K W_V]`); without, all to `c`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch_split(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     mm: &Matmul,
     rows_per_lane: u32,

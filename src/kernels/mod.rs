@@ -52,7 +52,7 @@ mod tests;
 use crate::error::{Error, Limit, Result};
 use crate::gpu::pipeline::{PipelineHash, PipelineRecipe, PipelineSource};
 use crate::gpu::timing;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use wgsl::{Constants, Uniform};
 
 /// What a kernel's Rust file states about its WGSL file.
@@ -465,7 +465,7 @@ impl<'a> MaskArg<'a> {
     /// # Errors
     /// [`Error::Unsupported`] when the mask carries modifiers: this kernel would ignore them.
     pub fn parts(
-        ctx: &'a Device,
+        ctx: &'a Gpu,
         mask: Option<MaskArg<'a>>,
     ) -> Result<(&'a wgpu::Buffer, [u32; 4], u32)> {
         if mask.is_some_and(|m| m.mods.is_some()) {
@@ -476,7 +476,7 @@ impl<'a> MaskArg<'a> {
 
     /// [`MaskArg::parts`] for a kernel that applies the modifiers too.
     pub fn bias_parts(
-        ctx: &'a Device,
+        ctx: &'a Gpu,
         mask: Option<MaskArg<'a>>,
     ) -> (&'a wgpu::Buffer, [u32; 4], u32) {
         match mask.and_then(|m| m.buffer.map(|b| (b, m.strides))) {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::block_map::{BlockMap, MapShape};
 use crate::modifiers::{BufferData, Modifiers};
 
@@ -184,13 +184,13 @@ impl ModsUpload {
     ///
     /// # Errors
     /// As [`ModsUpload::new`].
-    pub(crate) fn shared(dev: &Device, mods: &Modifiers) -> Result<Arc<Self>> {
+    pub(crate) fn shared(dev: &Gpu, mods: &Modifiers) -> Result<Arc<Self>> {
         Self::shared_under(dev, mods, mods.kernel_key())
     }
 
     /// [`ModsUpload::shared`] looked up under `key` (the tests' seam: two modifiers under
     /// one key, as a hash collision would put them).
-    fn shared_under(dev: &Device, mods: &Modifiers, key: u64) -> Result<Arc<Self>> {
+    fn shared_under(dev: &Gpu, mods: &Modifiers, key: u64) -> Result<Arc<Self>> {
         let same = |u: &ModsUpload| u.source.same_kernels(mods);
         dev.memo(key, same, || ModsUpload::new(dev, mods))
     }
@@ -199,7 +199,7 @@ impl ModsUpload {
     ///
     /// # Errors
     /// The caller's code does not check; GPU errors.
-    pub(crate) fn new(dev: &Device, mods: &Modifiers) -> Result<Self> {
+    pub(crate) fn new(dev: &Gpu, mods: &Modifiers) -> Result<Self> {
         mods.check()?;
         check_names(mods)?;
         let made = mods.kernel_code();
@@ -267,7 +267,7 @@ impl ModsUpload {
     ///
     /// # Errors
     /// As [`BlockMap::compute`].
-    pub(crate) fn bind(&self, ctx: &Device, shape: MapShape) -> Result<Option<Arc<BlockMap>>> {
+    pub(crate) fn bind(&self, ctx: &Gpu, shape: MapShape) -> Result<Option<Arc<BlockMap>>> {
         let Some(axes) = self.axes else {
             return Ok(None);
         };
@@ -369,7 +369,7 @@ fn check_names(mods: &Modifiers) -> Result<()> {
 }
 
 /// The error for a path that does not apply modifiers yet (it must never ignore them).
-pub(crate) fn unsupported(dev: &Device, what: &str) -> Error {
+pub(crate) fn unsupported(dev: &Gpu, what: &str) -> Error {
     Error::Unsupported {
         feature: format!("score/mask modifiers on {what} (so far: the forward on arrays, fused or with the weights, and the fused backward of a saved forward on Q, K, V)"),
         adapter: dev.adapter.get_info().name,

@@ -4,7 +4,7 @@ use super::loops::{run, Build};
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -45,7 +45,7 @@ impl Kernel for Shader {
 /// rounded up).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     count: usize,
     scale: f32,

@@ -7,7 +7,7 @@ use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Binding, Dim, Kernel, KernelId, Slot, Strides};
 use crate::error::{Error, Limit, Result};
 use crate::gpu::texture;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -158,7 +158,7 @@ impl Pack {
     /// # Errors
     /// [`Error::LimitExceeded`] when the texture cannot hold it; [`Error::ShapeMismatch`]
     /// when the strides reach past `src`.
-    pub fn upload(&self, ctx: &Device, what: &str, src: &[f32]) -> Result<Packed> {
+    pub fn upload(&self, ctx: &Gpu, what: &str, src: &[f32]) -> Result<Packed> {
         let groups = self.batch * self.heads;
         let layout = PackLayout::new(
             what,
@@ -221,7 +221,7 @@ impl Pack {
     /// [`Error::LimitExceeded`] when the texture cannot hold it.
     pub fn dispatch(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         what: &str,
         src: &wgpu::Buffer,
@@ -238,7 +238,7 @@ impl Pack {
     }
 
     /// The layout of this pack's texture.
-    fn layout(&self, ctx: &Device, what: &str) -> Result<PackLayout> {
+    fn layout(&self, ctx: &Gpu, what: &str) -> Result<PackLayout> {
         PackLayout::new(
             what,
             self.batch * self.heads,
@@ -257,7 +257,7 @@ impl Pack {
     /// [`Pack::dispatch`].
     pub fn dispatch_into(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         dst: &Packed,

@@ -13,7 +13,7 @@ use super::*;
 /// [`Error::LimitExceeded`] when the grid cannot hold `workgroups`; an internal
 /// [`Error::InvalidArgument`] when `resources` do not match the kernel's bindings.
 pub(crate) fn record<K: Kernel>(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     consts: &K::Consts,
     f16: u8,
@@ -38,7 +38,7 @@ pub(crate) fn record<K: Kernel>(
 /// # Errors
 /// As [`record`].
 pub(crate) fn record_with<K: Kernel>(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     (consts, f16): (&K::Consts, u8),
     params: &K::Params,
@@ -172,7 +172,7 @@ pub(crate) fn record_with<K: Kernel>(
 /// [`Error::Sanitizer`] for a finding, or a kernel the interpreter cannot run; GPU errors.
 #[cfg(not(target_arch = "wasm32"))]
 fn sanitized<K: Kernel>(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     (key, consts): (&PipelineKey, &K::Consts),
     params: &[u8],
@@ -294,7 +294,7 @@ fn sanitized<K: Kernel>(
 /// on threads).
 #[cfg(target_arch = "wasm32")]
 fn sanitized<K: Kernel>(
-    _: &Device,
+    _: &Gpu,
     _: &mut wgpu::CommandEncoder,
     _: (&PipelineKey, &K::Consts),
     _: &[u8],

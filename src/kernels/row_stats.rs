@@ -4,7 +4,7 @@
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -34,7 +34,7 @@ impl Kernel for Shader {
 /// Records `stats[row] ← (max, sum)` over the `tiles` partial `(max, sum)` pairs of each of
 /// `rows` rows.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     rows: usize,
     tiles: usize,

@@ -6,7 +6,7 @@ use super::mods::ModsBind;
 use super::wgsl::{constants, uniform};
 use super::{record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -54,7 +54,7 @@ impl Kernel for Shader {
 /// mask modifier after).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     (batch, heads): (usize, usize),
     (n_q, n_kv): (usize, usize),

@@ -7,7 +7,7 @@
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot};
 use crate::error::{Error, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -88,7 +88,7 @@ impl SwapHeads {
     /// [`Error::LimitExceeded`] past u32 indexing; GPU errors.
     pub fn record(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         src: &wgpu::Buffer,
         dst: &wgpu::Buffer,

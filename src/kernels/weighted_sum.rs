@@ -4,7 +4,7 @@
 use super::wgsl::{uniform, NoConstants};
 use super::{record, u32_of, Dim, Kernel, KernelId, Slot, Strides};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 
 /// The kernel.
 pub(crate) struct Shader;
@@ -103,7 +103,7 @@ impl WeightedSum {
     /// Records `context ← weights · V` per (batch, head).
     pub fn dispatch(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         weights: &wgpu::Buffer,
         v: &wgpu::Buffer,

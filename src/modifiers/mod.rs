@@ -72,6 +72,7 @@ impl BufferData {
 
 /// A named read-only buffer the modifiers index, e.g. `slope[h]`.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ModBuffer {
     /// Its name in WGSL.
     pub name: String,

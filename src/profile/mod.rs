@@ -595,7 +595,7 @@ pub fn profile_matmul(
     ctx: &Context,
     dev: &DeviceSpec,
     m: usize,
-    variant: crate::MatmulVariant,
+    variant: crate::variant::MatmulVariant,
     dtype: Dtype,
     sample: u32,
 ) -> Result<Vec<KernelProfile>> {

@@ -5,7 +5,7 @@
 use crate::context::Context;
 use crate::dtype::Dtype;
 use crate::gpu::hardware::Decisions;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::flash::{self, Caps, Fused};
 use crate::variant::{FlashVariant, Kernels, MatmulVariant};
 
@@ -96,7 +96,7 @@ pub(crate) fn blocked_candidates(limits: &wgpu::Limits, dk4: u32, dv4: u32) -> V
 /// adapters); tensor cores where the device has them (with the storage family or alone),
 /// timed like the others and kept if faster.
 pub fn flash_candidates(
-    ctx: &Device,
+    ctx: &Gpu,
     families: &[Kernels],
     dk4: u32,
     dv4: u32,
@@ -128,7 +128,7 @@ pub use crate::gpu::hardware::COOP_TUNED;
 /// (the tensor cores' usual shape) they round an f32 call's operands to f16, so they are
 /// candidates for f16 calls only; with f32 inputs, for both; never where the device's
 /// decisions do not trust them (nowhere while [`COOP_TUNED`] is off).
-pub(crate) fn same_numerics(ctx: &Device, dtype: Dtype) -> bool {
+pub(crate) fn same_numerics(ctx: &Gpu, dtype: Dtype) -> bool {
     match ctx.coop_shape() {
         Some(shape) => {
             ctx.hardware().decide.coop_tuned && (dtype == Dtype::F16 || !shape.f16_inputs)

@@ -62,11 +62,11 @@ fn auto_kernels_after_tuning_match_the_reference() {
         let op = Attention::new()
             .heads(2)
             .causal(true)
-            .options(crate::Options {
-                kernels: Kernels::Auto,
-                nan_fill: true,
-                ..crate::Options::default()
-            })
+            .options(
+                crate::Options::default()
+                    .kernels(Kernels::Auto)
+                    .nan_fill(true),
+            )
             .return_weights(weights);
         let gpu = op.run(&ctx, crate::Inputs::x(&x)).unwrap();
         let cpu = reference::run(&op, &crate::Inputs::x(&x)).unwrap();
@@ -108,13 +108,13 @@ fn every_candidate_variant_matches_the_reference() {
         for (i, &fv) in flash.iter().enumerate() {
             for weights in [false, true] {
                 let mv = matmul[i % matmul.len()];
-                let op = case.op().return_weights(weights).options(crate::Options {
-                    kernels: case.kernels,
-                    flash_variant: Some(fv),
-                    matmul_variant: Some(mv),
-                    nan_fill: true,
-                    ..crate::Options::default()
-                });
+                let op = case.op().return_weights(weights).options(
+                    crate::Options::default()
+                        .kernels(case.kernels)
+                        .flash_variant(fv)
+                        .matmul_variant(mv)
+                        .nan_fill(true),
+                );
                 let gpu = op.run(ctx, inputs.clone()).unwrap();
                 let (rel, _) = reference::compare(&gpu.context, &reference.context);
                 let wrel = match (&gpu.weights, &reference.weights) {
@@ -492,7 +492,7 @@ fn an_f16_call_never_takes_a_choice_made_for_f32() {
     assert_ne!(f32_key, f16_key);
     assert!(f16_key.contains("f16"), "{f16_key}");
     // A choice remembered for f32 (a variant both dtypes may run) reaches f32 calls only.
-    let chosen = crate::MatmulVariant::Subgroup { rows_per_lane: 4 };
+    let chosen = crate::variant::MatmulVariant::Subgroup { rows_per_lane: 4 };
     let progress = tune::Progress {
         best: chosen,
         ms: 1.0,

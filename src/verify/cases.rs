@@ -13,8 +13,10 @@ use crate::mask::Mask;
 use crate::modifiers::{Modifiers, Preset};
 use crate::variant::Kernels;
 
-/// One problem: sizes and options; its numbers come from a seed.
+/// One problem: sizes and options; its numbers come from a seed. Built from [`Case::new`]
+/// with one method per field: `Case::new(64, 16, 16, 16).heads(2).causal(true)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Case {
     /// Batch axis size; `None` for a 2-D X.
     pub batch: Option<usize>,
@@ -55,10 +57,33 @@ pub struct Case {
     /// Score and mask modifiers, drawn from the seed after the mask.
     pub mods: ModsCase,
     /// The fused kernel's variant, forced (`None`: the tuner's choice).
-    pub flash: Option<crate::FlashVariant>,
+    pub flash: Option<crate::variant::FlashVariant>,
     /// The matmul's variant, forced (`None`: the tuner's choice).
-    pub matmul: Option<crate::MatmulVariant>,
+    pub matmul: Option<crate::variant::MatmulVariant>,
 }
+
+crate::setters::setters!(Case {
+    batch: Option<usize>,
+    n: usize,
+    d: usize,
+    d_k: usize,
+    d_v: usize,
+    heads: usize,
+    causal: bool,
+    weights: bool,
+    bias: bool,
+    scale: Option<f32>,
+    magnitude: f32,
+    out_proj: Option<usize>,
+    kernels: Kernels,
+    fused: bool,
+    mask: MaskCase,
+    dtype: Dtype,
+    sdpa: Option<(usize, usize)>,
+    mods: ModsCase,
+    flash: Option<crate::variant::FlashVariant>,
+    matmul: Option<crate::variant::MatmulVariant>,
+});
 
 /// Which score and mask modifiers a [`Case`] has (presets, see [`crate::modifiers`]), at the
 /// case's sizes: `n` queries against `n_kv` keys.
@@ -163,13 +188,13 @@ impl Case {
         let mut op = Attention::new()
             .heads(self.heads)
             .causal(self.causal)
-            .options(crate::Options {
-                kernels: self.kernels,
-                nan_fill: true,
-                flash_variant: self.flash,
-                matmul_variant: self.matmul,
-                ..crate::Options::default()
-            });
+            .options(
+                crate::Options::default()
+                    .kernels(self.kernels)
+                    .nan_fill(true)
+                    .flash_variant(self.flash)
+                    .matmul_variant(self.matmul),
+            );
         if let Some(s) = self.scale {
             op = op.scale(s);
         }

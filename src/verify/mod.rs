@@ -30,6 +30,7 @@ const EPS16: f64 = 1.0 / 1024.0;
 
 /// How one case came out.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CaseResult {
     /// The case.
     pub case: Case,
@@ -259,8 +260,8 @@ pub async fn run_gpu(ctx: &Context, op: &Attention, data: &CaseData) -> Result<O
 /// meet f16's rounding, and its bound is f16's).
 fn rounds_to_f16(ctx: &Context, case: &Case) -> bool {
     let coop = case.kernels == Kernels::Coop
-        || case.matmul == Some(crate::MatmulVariant::Coop)
-        || case.flash == Some(crate::FlashVariant::Coop);
+        || case.matmul == Some(crate::variant::MatmulVariant::Coop)
+        || case.flash == Some(crate::variant::FlashVariant::Coop);
     coop && ctx.coop_shape().is_some_and(|s| s.f16_inputs)
 }
 

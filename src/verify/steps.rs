@@ -112,6 +112,7 @@ impl fmt::Display for StepCase {
 
 /// How a [`StepCase`] came out: the largest relative error of what it computed.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StepResult {
     /// The case.
     pub case: StepCase,
@@ -217,11 +218,7 @@ impl StepCase {
         match self.step {
             Step::Gradients(kernels) => {
                 let op = op
-                    .options(Options {
-                        kernels,
-                        nan_fill: true,
-                        ..Options::default()
-                    })
+                    .options(Options::default().kernels(kernels).nan_fill(true))
                     .dtype(self.dtype)
                     .return_weights(false)
                     .save_for_backward(true);

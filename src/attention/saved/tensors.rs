@@ -97,7 +97,7 @@ impl Attention {
         let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers()))?;
         let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
         let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
-        let record = |rec: &mut Recorder<'_>, plan: &crate::Plan| {
+        let record = |rec: &mut Recorder<'_>, plan: &crate::attention::plan::Plan| {
             ctx.scoped(|| {
                 let out = FlashOut {
                     context: &o,

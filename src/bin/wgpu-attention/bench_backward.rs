@@ -91,10 +91,7 @@ pub fn measure(
             let op = Attention::new()
                 .causal(shape.causal)
                 .dtype(shape.dtype)
-                .options(Options {
-                    kernels: family,
-                    ..Options::default()
-                });
+                .options(Options::default().kernels(family));
             let arrays = [q.view(), k.view(), v.view(), d_o.view()];
             let outcome =
                 match bench::gpu_forward_backward(ctx, &op, arrays, shape.warmup, shape.repeats) {

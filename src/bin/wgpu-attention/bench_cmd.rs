@@ -288,7 +288,7 @@ pub fn bench_cmd(args: &BenchArgs) -> Result<bool> {
     let rows = args.n.iter().max().copied().unwrap_or(1) * args.batch;
     // Dims::new takes inputs, not a shape: X is one zero broadcast to the shape (no copy).
     let zero = ndarray::arr1(&[0.0f32]);
-    let rows = rows.max(wgpu_attention::attention::TINY_ROWS + 1);
+    let rows = rows.max(wgpu_attention::internals::TINY_ROWS + 1);
     let x = zero
         .broadcast((rows, args.d))
         .ok_or_else(|| Error::shape("cannot broadcast one zero to X's shape"))?;
@@ -627,10 +627,7 @@ pub fn attention_at(
                 .heads(shape.heads)
                 .causal(shape.causal)
                 .dtype(shape.dtype)
-                .options(Options {
-                    kernels: family,
-                    ..Options::default()
-                })
+                .options(Options::default().kernels(family))
                 .return_weights(weights);
             let plan = op.plan(ctx, &dims)?;
             let path = format!(

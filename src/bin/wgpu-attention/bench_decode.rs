@@ -163,14 +163,7 @@ pub fn measure(ctx: &Context, b: &DecodeBench<'_>, mut each: impl FnMut(&Row)) -
     let mut rows = Vec::new();
     for &batch in b.batches {
         let [q, k, v] = tokens(batch, b.heads, capacity, b.d);
-        let spec = KvCacheSpec {
-            capacity,
-            batch,
-            kv_heads: b.heads,
-            d_k: b.d,
-            d_v: b.d,
-            dtype: b.dtype,
-        };
+        let spec = KvCacheSpec::new(capacity, batch, b.heads, b.d, b.d).dtype(b.dtype);
         let mut cache = KvCache::new(ctx, spec)?;
         // An f16 cache takes f16 arrays: the same values, rounded once.
         let (k16, v16) = (k.mapv(half::f16::from_f32), v.mapv(half::f16::from_f32));

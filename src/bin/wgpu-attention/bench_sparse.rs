@@ -72,10 +72,9 @@ pub fn run(ctx: &Context, b: &SparseBench<'_>) -> Result<()> {
                 }),
             ),
         ];
-        let op = Attention::new().causal(true).options(Options {
-            kernels: b.kernels,
-            ..Options::default()
-        });
+        let op = Attention::new()
+            .causal(true)
+            .options(Options::default().kernels(b.kernels));
         let mut causal_ms = None;
         for (name, mods) in &cases {
             let mask = Mask::none().with_modifiers(mods);

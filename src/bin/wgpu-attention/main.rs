@@ -54,11 +54,9 @@ pub struct AdapterArgs {
 
 impl AdapterArgs {
     fn options(&self) -> ContextOptions {
-        ContextOptions {
-            backend: self.backend,
-            adapter_name: self.adapter.clone(),
-            ..Default::default()
-        }
+        ContextOptions::default()
+            .backend(self.backend)
+            .adapter_name(self.adapter.clone())
     }
 
     pub fn open(&self) -> Result<Context> {
@@ -101,13 +99,12 @@ pub struct GpuArgs {
 
 impl GpuArgs {
     pub fn open(&self) -> Result<Context> {
-        let blocked = wgpu_attention::BlockedOptions {
-            f16_arithmetic: self.f16_arithmetic,
-            double_buffer: self.double_buffer,
-            subgroups: self.subgroup_reductions,
-            vector_loads: self.vector_loads,
-            resident_queries: self.resident_queries,
-        };
+        let blocked = wgpu_attention::internals::BlockedOptions::default()
+            .f16_arithmetic(self.f16_arithmetic)
+            .double_buffer(self.double_buffer)
+            .subgroups(self.subgroup_reductions)
+            .vector_loads(self.vector_loads)
+            .resident_queries(self.resident_queries);
         self.adapter.open().map(|c| c.with_blocked_options(blocked))
     }
 }
@@ -158,7 +155,7 @@ enum Command {
         /// bounds, reads of unwritten workgroup memory, divergent barriers and inactive-lane
         /// reads are errors; slow (default: WGPU_ATTENTION_SANITIZE, else off).
         #[arg(long, value_name = "LANES", num_args = 0..=1, default_missing_value = "32")]
-        sanitize: Option<wgpu_attention::Sanitize>,
+        sanitize: Option<wgpu_attention::internals::Sanitize>,
         /// Under the sanitizer, run every dispatch under N schedules (seeds
         /// WGPU_ATTENTION_SANITIZE_SEED on), each from the same inputs; a finding names the
         /// seed that reproduces it (default: WGPU_ATTENTION_SANITIZE_SEEDS, else 1).
@@ -249,7 +246,7 @@ pub fn print_timings(ctx: &Context, on: bool) {
 /// verify's sanitizer options: the width, seeds per dispatch, and whether gradients and
 /// decoding run too.
 type Sanitizing = (
-    Option<wgpu_attention::Sanitize>,
+    Option<wgpu_attention::internals::Sanitize>,
     Option<u32>,
     Option<bool>,
     Option<bool>,
@@ -289,10 +286,7 @@ fn verify_cmd(
     if coop {
         on_paths.extend(verify::on_coop(&ctx, &cases));
     }
-    let cases: Vec<_> = on_paths
-        .into_iter()
-        .map(|c| verify::Case { dtype, ..c })
-        .collect();
+    let cases: Vec<_> = on_paths.into_iter().map(|c| c.dtype(dtype)).collect();
     let cases = match variants {
         true => verify::with_every_variant(&ctx, &cases),
         false => cases,
@@ -321,7 +315,7 @@ fn verify_cmd(
         progress.inc(1);
     }
     progress.finish_and_clear();
-    let sanitizing = ctx.sanitizing() != wgpu_attention::Sanitize::Off;
+    let sanitizing = ctx.sanitizing() != wgpu_attention::internals::Sanitize::Off;
     let steps: Vec<_> = verify::step_cases(
         &ctx,
         gradients.unwrap_or(sanitizing),
@@ -347,7 +341,7 @@ fn verify_cmd(
     }
     let total = cases.len() + steps.len();
     println!("\n{} passed, {} failed", total - failed, failed);
-    if ctx.sanitizing() != wgpu_attention::Sanitize::Off {
+    if ctx.sanitizing() != wgpu_attention::internals::Sanitize::Off {
         let summary = ctx.sanitizer_summary();
         println!("{summary}");
         // A finding is an error of its case, so it failed above; this catches one that a
@@ -475,7 +469,7 @@ fn main() -> ExitCode {
 /// found (`verify` prints its own in its report, on stdout); a finding fails the command even
 /// where the command took it for another error and went on.
 fn sanitizer_line(command: &Command, code: ExitCode) -> ExitCode {
-    let summary = wgpu_attention::SanitizerSummary::process();
+    let summary = wgpu_attention::internals::SanitizerSummary::process();
     if summary.lanes == 0 || matches!(command, Command::Verify { .. }) {
         return code;
     }
@@ -500,7 +494,9 @@ fn dispatch(command: &Command) -> Result<bool> {
                     for (i, a) in adapters.iter().enumerate() {
                         println!("[{i}] {a}");
                     }
-                    if let Some(w) = wgpu_attention::StandIn::from_env()?.subgroup_width() {
+                    if let Some(w) =
+                        wgpu_attention::internals::StandIn::from_env()?.subgroup_width()
+                    {
                         println!(
                             "WGPU_ATTENTION_STAND_IN: the adapter a command opens ([0] unless \
                              chosen) stands in for a GPU with {w}-lane subgroups \

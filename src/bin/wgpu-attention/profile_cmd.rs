@@ -118,7 +118,7 @@ fn profile_other(
                 ctx,
                 dev,
                 m,
-                wgpu_attention::MatmulVariant::Coop,
+                wgpu_attention::internals::MatmulVariant::Coop,
                 Dtype::F16,
                 args.sample,
             )?,

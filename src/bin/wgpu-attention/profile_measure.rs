@@ -4,8 +4,9 @@
 
 use ndarray::Array4;
 use wgpu_attention::bench::{self, Timed};
+use wgpu_attention::internals::{FlashVariant, MatmulVariant};
 use wgpu_attention::profile::{self, KernelProfile, Problem};
-use wgpu_attention::{Context, Decoder, Dtype, FlashVariant, Mask, MatmulVariant, Result};
+use wgpu_attention::{Context, Decoder, Dtype, Mask, Result};
 
 /// Warm-up runs and timed runs of each measurement.
 #[derive(Debug, Clone, Copy)]

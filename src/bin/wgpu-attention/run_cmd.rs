@@ -201,11 +201,11 @@ impl OpArgs {
             .causal(self.causal)
             .return_weights(!self.context_only)
             .dtype(self.dtype)
-            .options(Options {
-                kernels: self.kernels,
-                propagate_non_finite: self.propagate_nan,
-                ..Options::default()
-            });
+            .options(
+                Options::default()
+                    .kernels(self.kernels)
+                    .propagate_non_finite(self.propagate_nan),
+            );
         match self.scale {
             Some(s) => op.scale(s),
             None => op,

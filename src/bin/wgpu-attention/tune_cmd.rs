@@ -89,10 +89,7 @@ pub fn tune_cmd(args: &TuneArgs) -> Result<bool> {
             let op = Attention::new()
                 .heads(heads)
                 .causal(args.causal)
-                .options(Options {
-                    kernels: args.kernels,
-                    ..Options::default()
-                })
+                .options(Options::default().kernels(args.kernels))
                 .return_weights(weights);
             let start = Instant::now();
             let before = ctx.phase_times();

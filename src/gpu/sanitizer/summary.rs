@@ -9,6 +9,7 @@ use std::time::Duration;
 /// What ran under the sanitizer on one device so far, and what it found: the line `verify`
 /// ends with ([`crate::Context::sanitizer_summary`]).
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct SanitizerSummary {
     /// The subgroup width (0: the sanitizer is off).
     pub lanes: u32,
@@ -41,6 +42,7 @@ pub struct SanitizerSummary {
 
 /// The dispatch whose invocation ran the most loop iterations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LoopPeak {
     /// Loop iterations of its busiest invocation (what the interpreter counted).
     pub iterations: u64,

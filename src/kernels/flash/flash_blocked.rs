@@ -7,7 +7,7 @@
 
 use super::flash_tiled::{Flash, FlashOut};
 use crate::error::{Error, Limit, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::loops::{self, run, Build};
 use crate::kernels::wgsl::constants;
 use crate::kernels::{record_with, Dim, Kernel, KernelId, MaskArg, Slot};
@@ -56,10 +56,11 @@ constants! {
     }
 }
 
-/// How the GPU family's fused kernel ([`crate::FlashVariant::Blocked`]) runs its inner loop.
+/// How the GPU family's fused kernel ([`super::FlashVariant::Blocked`]) runs its inner loop.
 /// Each choice is a specialisation constant, so every combination is a variant of its own;
 /// `None` leaves the choice to the adapter ([`crate::Context::with_blocked_options`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct BlockedOptions {
     /// Double-buffer the Q/K and V chunks in workgroup memory (the next chunk loads while the
     /// current one is used, one barrier per chunk instead of two). `None`: on GPUs, wherever
@@ -89,10 +90,18 @@ pub struct BlockedOptions {
     pub resident_queries: Option<bool>,
 }
 
+crate::setters::setters!(BlockedOptions {
+    double_buffer: Option<bool>,
+    subgroups: Option<bool>,
+    f16_arithmetic: Option<bool>,
+    vector_loads: Option<bool>,
+    resident_queries: Option<bool>,
+});
+
 impl BlockedOptions {
     /// Whether f16 operands are multiplied in f16 on `ctx` (`f16_arithmetic`, by default on
     /// GPUs only).
-    pub(crate) fn f16_products(&self, ctx: &Device) -> bool {
+    pub(crate) fn f16_products(&self, ctx: &Gpu) -> bool {
         self.f16_arithmetic
             .unwrap_or(ctx.hardware().decide.f16_products)
     }
@@ -116,7 +125,7 @@ impl Inner {
     /// # Errors
     /// [`Error::Unsupported`] when `opts` ask for subgroups the adapter cannot give.
     pub fn resolve(
-        ctx: &Device,
+        ctx: &Gpu,
         opts: BlockedOptions,
         (rows, keys): (u32, u32),
         f16: bool,
@@ -406,7 +415,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_blocked(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         (rows, keys): (u32, u32),
         opts: BlockedOptions,

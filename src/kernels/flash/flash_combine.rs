@@ -13,7 +13,7 @@
 
 use super::flash_tiled::{Flash, FlashOut};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::wgsl::{constants, uniform};
 use crate::kernels::{record, record_with, u32_of, Dim, Kernel, KernelId, MaskArg, Slot};
 
@@ -100,7 +100,7 @@ fn ranges(n_kv: usize, tile: usize, want: usize) -> Option<KeyRanges> {
     (splits > 1).then_some(KeyRanges { splits, keys })
 }
 
-/// Whether the real-GPU fused kernel ([`crate::FlashVariant::Blocked`]) splits the keys of each
+/// Whether the real-GPU fused kernel ([`super::FlashVariant::Blocked`]) splits the keys of each
 /// query block over several workgroups (flash-decoding's split: each writes a partial max,
 /// sum and output over its key range, and one combine merges them), so that a call with few
 /// `batch · heads · query blocks` still fills a GPU.
@@ -159,7 +159,7 @@ impl Flash {
     /// [`crate::kernels::loops`]) the ranges are also short enough for one range's loops to
     /// fit, whatever `key_split` says: the split is invisible in the result, and a long call
     /// is then right where it would otherwise be refused.
-    pub(crate) fn key_ranges(&self, ctx: &Device, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
+    pub(crate) fn key_ranges(&self, ctx: &Gpu, (rows, keys): (u32, u32)) -> Option<KeyRanges> {
         let cpu = !ctx.hardware().decide.split_keys_to_fill;
         let workgroups = self.batch * self.heads * self.n_q.div_ceil(rows.max(1) as usize);
         let tile = keys.max(1) as usize;
@@ -205,7 +205,7 @@ impl Flash {
 
     /// The loop iterations of one invocation of `flash_blocked` split into ranges of
     /// `range` keys (`None` when the block does not fit the device at all).
-    fn range_loops(&self, ctx: &Device, (rows, keys): (u32, u32), range: usize) -> Option<u64> {
+    fn range_loops(&self, ctx: &Gpu, (rows, keys): (u32, u32), range: usize) -> Option<u64> {
         use crate::kernels::Kernel;
         let consts = super::flash_blocked::FlashBlockedConsts {
             split: 1,
@@ -230,7 +230,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatch_blocked_split(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         (rows, keys, inner): (u32, u32, super::flash_blocked::Inner),
         split: KeyRanges,

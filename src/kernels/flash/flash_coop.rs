@@ -7,7 +7,7 @@
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
 use crate::error::{Error, Limit, Result};
 use crate::gpu::coop::CoopShape;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::coop_matmul::F16_AB;
 use crate::kernels::loops::{self, run, Build};
 use crate::kernels::wgsl::constants;
@@ -146,7 +146,7 @@ pub(crate) fn consts(
 ///
 /// # Errors
 /// No cooperative-matrix shape; the tiles do not fit; sizes past u32.
-pub(crate) fn loops(dev: &Device, op: &Flash) -> Result<u64> {
+pub(crate) fn loops(dev: &Gpu, op: &Flash) -> Result<u64> {
     let c = consts(op, dev.require_coop()?, dev.limits(), (0, 0))?;
     let (params, _) = op.params(c.rows as usize, [0; 4])?;
     Ok(Shader::loops(
@@ -167,7 +167,7 @@ fn f16_bits(op: &Flash, shape: CoopShape) -> u8 {
 /// [`Error::Unsupported`] without a cooperative-matrix shape; [`Error::LimitExceeded`] when
 /// the tiles do not fit or the grid cannot hold the workgroups.
 pub(crate) fn dispatch(
-    ctx: &Device,
+    ctx: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     op: &Flash,
     (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

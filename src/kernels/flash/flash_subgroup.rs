@@ -5,7 +5,7 @@
 
 use super::flash_tiled::{Flash, FlashOut, FlashParams};
 use crate::error::Result;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::loops::Build;
 use crate::kernels::pack::Pack;
 use crate::kernels::wgsl::constants;
@@ -93,7 +93,7 @@ impl Flash {
     ///
     /// # Errors
     /// No fixed subgroup size; sizes past u32.
-    pub(crate) fn subgroup_loops(&self, dev: &Device, rows_per_lane: u32) -> Result<u64> {
+    pub(crate) fn subgroup_loops(&self, dev: &Gpu, rows_per_lane: u32) -> Result<u64> {
         let sg = dev.require_subgroups()?;
         let consts = self.subgroup_consts(sg, rows_per_lane, (0, 0))?;
         let (params, _) = self.params((sg * rows_per_lane) as usize, [0; 4])?;
@@ -114,7 +114,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_subgroup(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         rows_per_lane: u32,
         (q, k, v): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),

@@ -6,7 +6,7 @@
 //! compute `softmax(scale·Q·Kᵀ + mask)·V` per (batch, head) in one pass.
 
 use crate::error::{Error, Limit, Result};
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::block_map::{BlockMap, MapShape};
 use crate::kernels::loops::{self, run, Build};
 use crate::kernels::mods::{ModsBind, ModsUpload};
@@ -150,7 +150,7 @@ impl<'a> FlashOut<'a> {
     /// The context buffer, the buffer bound as `lse` (when unsaved, the context's stand-in
     /// for an untouched output: not the context itself, since WebGPU rejects a writable
     /// binding aliasing another) and the `LSE` constant.
-    pub fn parts(self, ctx: &'a Device) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
+    pub fn parts(self, ctx: &'a Gpu) -> (&'a wgpu::Buffer, &'a wgpu::Buffer, u32) {
         match self.lse {
             Some(lse) => (self.context, lse, 1),
             None => (self.context, ctx.unused_out(), 0),
@@ -206,7 +206,7 @@ impl Flash {
     /// As [`crate::kernels::block_map::BlockMap::compute`].
     pub fn block_map(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         mods: Option<&ModsUpload>,
         rows: usize,
         keys: u32,
@@ -337,7 +337,7 @@ impl Flash {
     /// The loop iterations of `flash_tiled`'s busiest invocation on `dev` with tiles of
     /// `keys` keys: what recording it checks against the adapter's loop cap (the count does
     /// not depend on the mask or the saved log-sum-exp).
-    pub(crate) fn tiled_loops(&self, dev: &Device, keys: u32) -> Result<u64> {
+    pub(crate) fn tiled_loops(&self, dev: &Gpu, keys: u32) -> Result<u64> {
         let consts = self.tiled_consts(keys, (0, 0))?;
         let (params, _) = self.params(ROWS, [0; 4])?;
         Ok(Shader::loops(
@@ -356,7 +356,7 @@ impl Flash {
     #[allow(clippy::too_many_arguments)]
     pub fn dispatch_tiled(
         &self,
-        ctx: &Device,
+        ctx: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         keys: u32,
         q: &wgpu::Buffer,

@@ -17,7 +17,7 @@ pub(crate) mod flash_tiled;
 
 use crate::error::Result;
 use crate::gpu::coop::CoopShape;
-use crate::gpu::Device;
+use crate::gpu::Gpu;
 use crate::kernels::{KernelId, MaskArg};
 use flash_blocked::{BlockedOptions, FlashBlockedConsts};
 use flash_tiled::{Flash, FlashOut};
@@ -85,7 +85,7 @@ pub(crate) struct Caps<'a> {
 
 impl<'a> Caps<'a> {
     /// What `dev` offers.
-    pub fn of(dev: &'a Device) -> Self {
+    pub fn of(dev: &'a Gpu) -> Self {
         Caps {
             limits: dev.limits(),
             subgroup_size: dev.subgroup_size(),
@@ -131,7 +131,7 @@ pub(crate) trait Fused: Sync {
     ///
     /// # Errors
     /// Sizes past u32; a device without what the variant needs.
-    fn loops(&self, dev: &Device, op: &Flash, variant: FlashVariant) -> Result<Option<u64>>;
+    fn loops(&self, dev: &Gpu, op: &Flash, variant: FlashVariant) -> Result<Option<u64>>;
     /// Records `variant` (one of this kernel's) of `op`; `flash_blocked` runs its inner loop
     /// as `opts` say.
     ///
@@ -139,7 +139,7 @@ pub(crate) trait Fused: Sync {
     /// As the kernel's dispatch: size limits, a device without what the variant needs.
     fn record(
         &self,
-        dev: &Device,
+        dev: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         op: &Flash,
         variant: FlashVariant,
@@ -216,7 +216,7 @@ impl std::fmt::Display for Fallback {
 /// # Errors
 /// Sizes past u32; a variant the device cannot run.
 pub(crate) fn runs_as(
-    dev: &Device,
+    dev: &Gpu,
     op: &Flash,
     variant: FlashVariant,
     mods: bool,
@@ -250,7 +250,7 @@ pub(crate) fn runs_as(
 /// # Errors
 /// As [`runs_as`].
 pub(crate) fn resolve(
-    dev: &Device,
+    dev: &Gpu,
     op: &Flash,
     variant: FlashVariant,
     mods: bool,
@@ -271,7 +271,7 @@ pub(crate) fn resolve(
 /// # Errors
 /// As [`Fused::record`].
 pub(crate) fn record(
-    dev: &Device,
+    dev: &Gpu,
     encoder: &mut wgpu::CommandEncoder,
     op: &Flash,
     variant: FlashVariant,
@@ -286,7 +286,7 @@ pub(crate) fn record(
 /// The `flash_blocked` shape a call falls back to (the cooperative kernel's modifiers and
 /// non-finite values, the loop cap): the first of [`BLOCKED_SHAPES`] that fits the device
 /// (the shapes the tuner offers and `shaders --out` writes), else `flash_tiled`.
-fn blocked_fallback(dev: &Device, op: &Flash) -> Result<FlashVariant> {
+fn blocked_fallback(dev: &Gpu, op: &Flash) -> Result<FlashVariant> {
     let widths = op.widths4()?;
     let blocked = BLOCKED_SHAPES
         .into_iter()
@@ -314,7 +314,7 @@ impl Fused for Tiled {
             .collect()
     }
 
-    fn loops(&self, dev: &Device, op: &Flash, variant: FlashVariant) -> Result<Option<u64>> {
+    fn loops(&self, dev: &Gpu, op: &Flash, variant: FlashVariant) -> Result<Option<u64>> {
         let FlashVariant::Tiled { keys } = variant else {
             unreachable!("{variant} is not flash_tiled's");
         };
@@ -323,7 +323,7 @@ impl Fused for Tiled {
 
     fn record(
         &self,
-        dev: &Device,
+        dev: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         op: &Flash,
         variant: FlashVariant,
@@ -354,13 +354,13 @@ impl Fused for Blocked {
             .collect()
     }
 
-    fn loops(&self, _dev: &Device, _op: &Flash, _variant: FlashVariant) -> Result<Option<u64>> {
+    fn loops(&self, _dev: &Gpu, _op: &Flash, _variant: FlashVariant) -> Result<Option<u64>> {
         Ok(None)
     }
 
     fn record(
         &self,
-        dev: &Device,
+        dev: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         op: &Flash,
         variant: FlashVariant,
@@ -395,7 +395,7 @@ impl Fused for Subgroup {
         }
     }
 
-    fn loops(&self, dev: &Device, op: &Flash, variant: FlashVariant) -> Result<Option<u64>> {
+    fn loops(&self, dev: &Gpu, op: &Flash, variant: FlashVariant) -> Result<Option<u64>> {
         let FlashVariant::Subgroup { rows_per_lane } = variant else {
             unreachable!("{variant} is not flash_subgroup's");
         };
@@ -404,7 +404,7 @@ impl Fused for Subgroup {
 
     fn record(
         &self,
-        dev: &Device,
+        dev: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         op: &Flash,
         variant: FlashVariant,
@@ -435,7 +435,7 @@ impl Fused for Coop {
         }
     }
 
-    fn loops(&self, dev: &Device, op: &Flash, _variant: FlashVariant) -> Result<Option<u64>> {
+    fn loops(&self, dev: &Gpu, op: &Flash, _variant: FlashVariant) -> Result<Option<u64>> {
         flash_coop::loops(dev, op).map(Some)
     }
 
@@ -443,7 +443,7 @@ impl Fused for Coop {
     /// reach here: [`resolve`] gives them `flash_blocked`, and the plan names it.
     fn record(
         &self,
-        dev: &Device,
+        dev: &Gpu,
         encoder: &mut wgpu::CommandEncoder,
         op: &Flash,
         _variant: FlashVariant,

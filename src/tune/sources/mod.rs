@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gpu::coop::CoopShape;
-use crate::gpu::device::{Device, DryRun};
+use crate::gpu::device::{DryRun, Gpu};
 use crate::kernels::decode_combine::{self, CombineConsts};
 use crate::kernels::decode_partial_gpu::{self, GpuPartialConsts};
 use crate::kernels::flash::{self, FlashVariant, FusedIo};
@@ -87,8 +87,8 @@ const COOP_SHAPE: CoopShape = CoopShape {
 /// A dry-run device standing for a GPU with `kib` KiB of workgroup memory and 256 threads:
 /// subgroups of 16 to 64 lanes (no fixed size, so the subgroup kernels are not its; wide
 /// enough for `flash_blocked`'s subgroup reductions) and tensor cores of [`COOP_SHAPE`].
-fn gpu(kib: u32) -> Result<Device> {
-    Device::dry_run(&DryRun {
+fn gpu(kib: u32) -> Result<Gpu> {
+    Gpu::dry_run(&DryRun {
         limits: gpu_limits_with(kib),
         device_type: wgpu::DeviceType::DiscreteGpu,
         subgroups: (16, 64),
@@ -98,8 +98,8 @@ fn gpu(kib: u32) -> Result<Device> {
 
 /// A dry-run device standing for a GPU whose subgroups have `sg` lanes (the subgroup
 /// kernels' variants), with the least workgroup memory of [`GPU_WORKGROUP_KIB`].
-fn subgroup_gpu(sg: u32) -> Result<Device> {
-    Device::dry_run(&DryRun {
+fn subgroup_gpu(sg: u32) -> Result<Gpu> {
+    Gpu::dry_run(&DryRun {
         limits: gpu_limits_with(GPU_WORKGROUP_KIB[0]),
         device_type: wgpu::DeviceType::DiscreteGpu,
         subgroups: (sg, sg),
@@ -134,7 +134,7 @@ struct Bindings {
 }
 
 impl Bindings {
-    fn new(dev: &Device) -> Self {
+    fn new(dev: &Gpu) -> Self {
         let buffer = |label| {
             dev.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -160,7 +160,7 @@ impl Bindings {
 /// # Errors
 /// As the variant's kernel: the variant does not fit `dev`.
 fn recorded(
-    dev: &Device,
+    dev: &Gpu,
     op: &Flash,
     variant: FlashVariant,
     opts: BlockedOptions,
@@ -212,7 +212,7 @@ fn built(keys: &[PipelineKey], kernel: KernelId) -> Result<PipelineKey> {
 /// # Errors
 /// As [`recorded`].
 fn fused_key(
-    dev: &Device,
+    dev: &Gpu,
     op: &Flash,
     variant: FlashVariant,
     opts: BlockedOptions,
@@ -274,7 +274,7 @@ fn unfused() -> Vec<(String, PipelineKey)> {
 /// The fused backward's storage kernels as a GPU runs them ([`BackwardTiles::GPU`], shrunk to
 /// the least workgroup memory of [`GPU_WORKGROUP_KIB`]) for d = 64 and 128, f32 and f16,
 /// with and without a mask; and `flash_blocked` saving its row statistics for them.
-fn backward(dev: &Device) -> Result<Vec<(String, PipelineKey)>> {
+fn backward(dev: &Gpu) -> Result<Vec<(String, PipelineKey)>> {
     let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
     let mut v = Vec::new();
     for d in [64, 128] {
@@ -309,7 +309,7 @@ fn backward(dev: &Device) -> Result<Vec<(String, PipelineKey)>> {
 ///
 /// # Errors
 /// As [`recorded`], but for the variants that do not fit, which are left out.
-fn blocked_inner(gpus: &[(u32, Device)]) -> Result<Vec<(String, PipelineKey)>> {
+fn blocked_inner(gpus: &[(u32, Gpu)]) -> Result<Vec<(String, PipelineKey)>> {
     let mut v = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (kib, dev) in gpus {
@@ -476,7 +476,7 @@ fn training() -> Vec<(String, PipelineKey)> {
 ///
 /// # Errors
 /// As [`recorded`].
-fn key_split(dev: &Device) -> Result<Vec<(String, PipelineKey)>> {
+fn key_split(dev: &Gpu) -> Result<Vec<(String, PipelineKey)>> {
     let blocked = FlashVariant::Blocked { rows: 64, keys: 64 };
     let split = |d, f16| Flash {
         n_kv: 256,
@@ -583,7 +583,7 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
                     offered.push(FlashVariant::Coop);
                 }
                 // (device, variant, the file name's suffix).
-                let mut variants: Vec<(&Device, FlashVariant, String)> = offered
+                let mut variants: Vec<(&Gpu, FlashVariant, String)> = offered
                     .into_iter()
                     .filter(|v| v.family() == Kernels::Storage || common)
                     .map(|v| (dev, v, suffix.clone()))

@@ -19,8 +19,8 @@ const STAND_IN_WIDTH: u32 = 32;
 
 /// A dry-run device standing for lavapipe: a CPU adapter with subgroups of `sg` lanes and
 /// 32 KiB of workgroup memory.
-pub(super) fn cpu(sg: u32) -> Result<Device> {
-    Device::dry_run(&DryRun {
+pub(super) fn cpu(sg: u32) -> Result<Gpu> {
+    Gpu::dry_run(&DryRun {
         limits: gpu_limits_with(GPU_WORKGROUP_KIB[0]),
         device_type: wgpu::DeviceType::Cpu,
         subgroups: (sg, sg),

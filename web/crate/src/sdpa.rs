@@ -236,10 +236,9 @@ impl Request {
             op = op.dtype(d.parse::<Dtype>().map_err(|e| e.to_string())?);
         }
         if let Some(k) = &self.kernels {
-            op = op.options(Options {
-                kernels: k.parse::<Kernels>().map_err(|e| e.to_string())?,
-                ..Options::default()
-            });
+            op = op.options(
+                Options::default().kernels(k.parse::<Kernels>().map_err(|e| e.to_string())?),
+            );
         }
         Ok(op)
     }
