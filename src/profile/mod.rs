@@ -175,6 +175,8 @@ struct Layout {
     blocks: Option<(u32, u32)>,
     window: Option<u32>,
     order: CausalOrder,
+    /// `flash_blocked`'s registers where its text is not today's (d646ab0's).
+    blocked_registers: Option<u32>,
 }
 
 /// Profiles the dispatches of one call on `dev`: counts, occupancy, prediction.
@@ -229,7 +231,10 @@ fn profile_scaled(
             counters = all;
         }
         let threads = (counters.invocations / counters.workgroups.max(1)) as u32;
-        let (registers, registers_from) = model::registers(c.label, &c.variant, d);
+        let (registers, registers_from) = match layout.blocked_registers {
+            Some(r) if c.label == "flash_blocked.wgsl" => (r, "RDNA3 VGPRs of d646ab0's text"),
+            _ => model::registers(c.label, &c.variant, d),
+        };
         let occ = occupancy(dev, threads, registers, shared_bytes);
         // Textures: their texels move too (the decode cache): the bytes the reads ask for,
         // at most the textures' size from DRAM.
@@ -368,6 +373,7 @@ pub fn profile_backward(
         blocks: None,
         window: None,
         order: CausalOrder::HeaviestFirst,
+        blocked_registers: None,
     };
     profile_dispatches(&captured, dev, p.d, Some(sample), layout)
 }
@@ -394,7 +400,7 @@ impl Era {
             (Era::Today, _) => true,
             (Era::D646ab0, FlashVariant::Blocked { rows, keys }) => D646AB0_BLOCKED
                 .iter()
-                .any(|(shape, _)| *shape == (rows, keys)),
+                .any(|(shape, ..)| *shape == (rows, keys)),
             (Era::D646ab0, _) => false,
         }
     }
@@ -404,18 +410,22 @@ impl Era {
 /// on a device of 48 KiB of workgroup memory with 32-lane subgroups: double buffering and
 /// subgroup reductions where it offered them), for the H100 run's problems (d 64, f32): by
 /// block shape.
-const D646AB0_BLOCKED: [((u32, u32), &[u8]); 3] = [
+/// With each, its RDNA3 VGPRs (`tools/shader-stats`, gfx1100) for the occupancy.
+const D646AB0_BLOCKED: [((u32, u32), &[u8], u32); 3] = [
     (
         (64, 64),
         include_bytes!("d646ab0/flash-blocked-64x64-d64-f32-dbuf-sgr-wg48k.wgsl.gz"),
+        72,
     ),
     (
         (64, 32),
         include_bytes!("d646ab0/flash-blocked-64x32-d64-f32-dbuf-sgr-wg48k.wgsl.gz"),
+        96,
     ),
     (
         (32, 64),
         include_bytes!("d646ab0/flash-blocked-32x64-d64-f32.wgsl.gz"),
+        72,
     ),
 ];
 
@@ -446,8 +456,8 @@ fn d646ab0_source(captured: &str, p: &Problem, (rows, keys): (u32, u32)) -> Resu
     }
     let gz = D646AB0_BLOCKED
         .iter()
-        .find(|(shape, _)| *shape == (rows, keys))
-        .map(|(_, gz)| *gz)
+        .find(|(shape, ..)| *shape == (rows, keys))
+        .map(|(_, gz, _)| *gz)
         .ok_or_else(|| fail(format!("d646ab0 had no {rows}x{keys} blocks")))?;
     let mut text = String::new();
     std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text)
@@ -494,6 +504,13 @@ pub fn profile_flash(
         },
         window: p.window,
         order,
+        blocked_registers: match (era, variant) {
+            (Era::D646ab0, FlashVariant::Blocked { rows, keys }) => D646AB0_BLOCKED
+                .iter()
+                .find(|(shape, ..)| *shape == (rows, keys))
+                .map(|(.., vgprs)| *vgprs),
+            _ => None,
+        },
     };
     profile_dispatches(&captured, dev, p.d, sample, layout)
 }
@@ -583,6 +600,7 @@ pub fn profile_decode(
         blocks: None,
         window: None,
         order: CausalOrder::HeaviestFirst,
+        blocked_registers: None,
     };
     profile_scaled(&captured, dev, d, Some(sample), layout, times)
 }
@@ -605,6 +623,7 @@ pub fn profile_matmul(
         blocks: None,
         window: None,
         order: CausalOrder::HeaviestFirst,
+        blocked_registers: None,
     };
     profile_dispatches(&captured, dev, 0, Some(sample), layout)
 }

@@ -216,17 +216,22 @@ pub fn registers(label: &str, variant: &str, d: usize) -> (u32, &'static str) {
     let wide = d > 64;
     match label {
         "flash_blocked.wgsl" => {
+            // Today's text, f32 (tools/shader-stats, gfx1100, 2026-11-29 after the rewrite
+            // by the counts): 64x64 at d 64 with double buffering and subgroup reductions
+            // (a GPU's default) 84, else 96; 64x32 and 128x32 at d 128 144 (132 with both),
+            // every other shape and width 96.
             let has = |s: &str| variant.contains(s);
-            let r = if has("br: 64, bc: 32") || has("rows: 64, keys: 32") {
-                if wide {
-                    144
+            let both = has("dbuf: 1") && has("sgr: 1");
+            let r = if has("rows: 64, keys: 64") && !wide && both {
+                84
+            } else if (has("rows: 64, keys: 32") || has("rows: 128, keys: 32")) && wide {
+                if both {
+                    132
                 } else {
-                    96
+                    144
                 }
-            } else if wide {
-                96
             } else {
-                72
+                96
             };
             (r, "RDNA3 VGPRs (shader-stats)")
         }
