@@ -105,9 +105,11 @@
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
-// Threads per row group (the keys of a tile over 4) and row groups (the rows over 4).
-const TX: u32 = BC / 4u;
-const TY: u32 = BR / 4u;
+// Threads per row group (the keys of a tile over 4) and row groups (the rows over 4). The
+// host's blocks are multiples of 4; at least 1 keeps every constant valid (naga validates the
+// template with odd test constants).
+const TX: u32 = max(BC / 4u, 1u);
+const TY: u32 = max(BR / 4u, 1u);
 // Row stride of the Q and K chunks in vec4s, padded so neighbouring K rows hit other banks.
 const QS: u32 = DC4 + 1u;
 // Q rows in a chunk: BR, or none with QRES ≠ 0 (Q is in `q_sh`).
