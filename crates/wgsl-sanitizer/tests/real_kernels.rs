@@ -216,10 +216,14 @@ fn flash_blocked_is_clean_and_right_at_16_32_and_64_lanes() {
 #[test]
 fn flash_blocked_without_any_one_of_its_barriers_races() {
     // The lines of the barriers this variant runs (DBUF = 0, SGR = 0); the others sit in
-    // branches of constants that are off. Each removed in turn must be found.
+    // branches of constants that are off. Each removed in turn must be found. Line 1259
+    // (after a Q/K chunk's products, before the next chunk is staged) is left out: at d 32
+    // the chunk loop runs once, and the softmax's own barrier orders the last reads before
+    // V is staged, so removing it leaves no race here (wider heads need it).
     let marker = "workgroupBarrier();";
     let lines: Vec<&str> = FLASH.lines().collect();
-    for line in [356, 1609, 1769, 1978, 1990] {
+    assert!(lines[1259 - 1].contains(marker));
+    for line in [448, 1549, 1611, 1805, 1817] {
         assert!(lines[line - 1].contains(marker), "line {line}");
         let mut edited = lines.clone();
         let removed = lines[line - 1].replace(marker, "");

@@ -86,22 +86,27 @@ struct Params {
 //     o_i = Σ_j exp(s_ij − m_i) · v_j / Σ_j exp(s_ij − m_i),   s_ij = scale · q_i·k_j + bias_ij
 //
 // A workgroup of WG = (BR/4)·(BC/4) threads owns BR query rows of one (batch, head) and walks
-// the keys in tiles of BC. Thread (ty, tx) owns rows 4ty..4ty+3 and, of each key tile, keys
-// tx + TX·e (e < 4, TX = BC/4, strided so neighbouring threads read neighbouring K rows):
+// the keys in tiles of BC. Thread (ty, tx) (TY = BR/4, TX = BC/4) owns rows ty + TY·r (r < 4:
+// the row groups of one subgroup read neighbouring rows) and, of each key tile, keys 4tx + e
+// (e < 4). Every operand a thread reads from workgroup memory serves 4 multiply-adds or
+// more, and its address is one add (a base kept in a register + a constant offset):
 //
 // 1. S = Q·Kᵀ for its 4×4 block, in registers: Q and K stream through workgroup memory in
 //    chunks of DC4 vec4 columns (Q is read again for every key tile, from the cache; this keeps
-//    workgroup memory independent of the head size). Per chunk column: 4 + 4 vec4 loads,
-//    64 multiply-adds.
-// 2. Scale (log2 e folded in: exp2 below), causal and mask bias; each thread's row maxima go
-//    through workgroup memory (`red`), every thread reads its rows' TX partial maxima and
-//    computes the same new running max m and correction exp2(m_old − m_new) itself.
-// 3. P = exp2(S − m) into workgroup memory (`p_sh`); each thread keeps partial row sums of its
+//    workgroup memory independent of the head size). Q is pre-scaled by scale·log2 e as it is
+//    staged. A chunk's K rows are permuted (row tx + TX·e holds key 4tx + e) so that
+//    neighbouring threads read neighbouring rows, in other banks. Per chunk column: 4 + 4 vec4
+//    loads, 16 dot products (64 multiply-adds).
+// 2. Causal, the key range, mask bias and modifiers; each thread's row maxima go through
+//    workgroup memory (`red`), every thread reads its rows' TX partial maxima and computes the
+//    same new running max m and correction exp2(m_old − m_new) itself.
+// 3. P = exp2(S − m) into workgroup memory (`p_sh`, one vec4 of 4 neighbouring keys per row,
+//    rows padded by a vec4 against bank conflicts); each thread keeps partial row sums of its
 //    own keys, rescaled like the output and added up across threads once at the end.
 // 4. O += P·V: the thread's 4 rows × OC vec4 columns (tx + TX·k, so the head dimension is
 //    split across the TX threads of a row group and registers stay bounded for d = 256); V
 //    streams through workgroup memory in chunks of VC keys. Per 4 keys: 4 + 4·OC vec4 loads,
-//    64·OC multiply-adds.
+//    16·OC vector fma (64·OC multiply-adds).
 //
 // Inner-loop variants (constants, each off keeps the plain loop above):
 // - DBUF ≠ 0: two chunk buffers; the next Q/K chunk (after the last one: the tile's first V
@@ -114,9 +119,10 @@ struct Params {
 //   one subgroup, and the row maxima and sums are reduced by subgroupShuffleXor butterflies
 //   (identical in every lane) instead of going through `red`.
 // - HMUL ≠ 0 (f16 operands, SHADER_F16): H_T = f16, so the chunks and P sit in workgroup
-//   memory as vec4<f16> (Q pre-scaled by scale·log2 e while staged) and P·V multiplies in
-//   f16; Q·Kᵀ widens its f16 operands to f32 (exact products, f32 sums), and scores, m, l
-//   and O accumulate in f32.
+//   memory as vec4<f16> (half the bytes and wavefronts); Q·Kᵀ and P·V widen their f16
+//   operands to f32 as they read them (`widen`: exact products, f32 sums: each V vec4
+//   widened once serves 4 rows), and scores, m, l and O accumulate in f32. Without HMUL,
+//   `widen` and `narrow` are no conversion at all.
 // - VEC ≠ 0 (the host checks that d_k, d_v and every offset and stride of Q, K, V and the
 //   output are multiples of 4): Q, K, V and the output are bound as arrays of vec4s, and
 //   each 4 values of a row come in one vector load (128 bits in f32, 64 in f16) instead of
@@ -149,10 +155,11 @@ struct Params {
 // loaded or stored, holds elements base + col .. base + col + 3 of one row: base + col is a multiple of 4 and
 // col + 3 < width); the mask is read only with MASK ≠ 0, at a row < n_q and a key < kv_end.
 // Workgroup and private arrays: with BR, BC multiples of 4, WG = (BR/4)·(BC/4), TX = BC/4,
-// VC a multiple of 4 dividing BC (flash_blocked.rs enforces these), ty < BR/4 and tx < TX,
-// so 4·ty + r < BR and tx + TX·e < BC (pool rows < QR + BC, columns < DC4 < QS, so < HALF;
-// q_sh rows < BR, columns < DK4 < QRS (d0 + c < DK4: DC4 divides DK4);
-// p_sh rows < BR, columns < BC/4 ≤ PS; kc + kk ≤ BC − 4; t < VC·DV4 ≤ HALF; `cur` and the
+// VC a multiple of 4 dividing BC (flash_blocked.rs enforces these), ty < TY and tx < TX,
+// so ty + TY·r < BR, 4tx + e < BC and tx + TX·e < BC (pool rows < QR + BC, columns < DC4 <
+// QS, so < HALF; q_sh rows < BR, columns < DK4 < QRS (d0 + c < DK4: DC4 divides DK4);
+// p_sh rows < BR, columns tx < BC/4 < PS and (kc + kk)/4 < BC/4; kc + kk ≤ BC − 4;
+// t < VC·DV4 ≤ HALF; `cur` and the
 // staging offset are 0, or 0 and HALF with DBUF ≠ 0, whose pool holds 2·HALF; red < WG, and
 // with SGR ≠ 0, where `red` is one vec4, `red` is never read or written and `rank` clamps the
 // thread number to WG − 1). Split partials: slot < groups·n_q·splits and c < DV4, and the
@@ -176,24 +183,43 @@ struct Params {
 @group(0) @binding(5) var<storage, read> mask: array<f32>;
 @group(0) @binding(6) var<storage, read_write> lse: array<f32>;
 
+// Threads per row group (the keys of a tile over 4) and row groups (the rows over 4). The
+// host's blocks are multiples of 4; at least 1 keeps every constant valid (naga validates the
+// template with odd test constants).
+const TX: u32 = max(BC / 4u, 1u);
+const TY: u32 = max(BR / 4u, 1u);
 // Row stride of the Q and K chunks in vec4s, padded so neighbouring K rows hit other banks.
 const QS: u32 = DC4 + 1u;
 // Q rows in a chunk: BR, or none with QRES ≠ 0 (Q is in `q_sh`).
 const QR: u32 = BR * (1u - min(QRES, 1u));
 // QRES ≠ 0: row stride of `q_sh` in vec4s (padded as QS).
 const QRS: u32 = DK4 + 1u;
-// Row stride of the P tile in vec4s.
-const PS: u32 = (BC + 3u) / 4u;
+// Row stride of the P tile in vec4s, padded so that the TY neighbouring rows one subgroup
+// reads at once sit in other banks.
+const PS: u32 = BC / 4u + 1u;
 // One chunk buffer: the Q and K chunks (QR + BC rows of QS) or a V chunk (VC rows of DV4).
 const HALF: u32 = max((QR + BC) * QS, VC * DV4);
 // One chunk buffer, or two (DBUF ≠ 0: the next chunk is staged while this one is used).
 var<workgroup> pool: array<vec4<H_T>, (1u + min(DBUF, 1u)) * HALF>;
 var<workgroup> p_sh: array<vec4<H_T>, BR * PS>;
-// QRES ≠ 0: the block's Q rows, whole (pre-scaled with HMUL ≠ 0, as in the chunks).
+// QRES ≠ 0: the block's Q rows, whole (pre-scaled by scale·log2 e, as in the chunks).
 // One vec4 (its 4 rows) per thread: partial row maxima, at the end partial row sums
 // (one unused vec4 with SGR ≠ 0, where subgroup shuffles reduce them).
 var<workgroup> red: array<vec4<f32>, max(WG * (1u - min(SGR, 1u)), 1u)>;
 // SGR ≠ 0: threads numbered so far, one subgroup at a time (`rank`).
+
+// Workgroup-memory values as f32 (HMUL ≠ 0: widened from f16; else they are f32 already,
+// and no conversion is written).
+
+fn widen(x: vec4<H_T>) -> vec4<f32> { // if !HMUL
+    return x;
+}
+
+// f32 values as workgroup memory holds them (the inverse of `widen`).
+
+fn narrow(x: vec4<f32>) -> vec4<H_T> { // if !HMUL
+    return x;
+}
 
 // Values col..col+3 of row `base` of Q (zero past d_k).
 
@@ -213,33 +239,36 @@ fn load_kv(is_k: bool, base: u32, col: u32, width: u32) -> vec4<f32> { // if VEC
     return vec4<f32>(v_buf[(base + col) / 4u]);
 }
 
-// Values col..col+3 of the block's Q row `r` (zero past n_q). HMUL ≠ 0: pre-scaled by
-// scale·log2 e, so the f16 scores stay small.
+// Values col..col+3 of the block's Q row `r` (zero past n_q), pre-scaled by scale·log2 e
+// (so the scores come out of Q·Kᵀ in the log2 domain, and f16 scores stay small).
 fn q_row(r: u32, row0: u32, col: u32, q_base: u32) -> vec4<H_T> {
     var v = vec4<f32>(0.0);
     if row0 + r < p.n_q {
-        v = load_q(q_base + (row0 + r) * p.q_row, col);
-        if HMUL != 0u {
-            v *= p.scale_log2;
-        }
+        v = load_q(q_base + (row0 + r) * p.q_row, col) * p.scale_log2;
     }
-    return vec4<H_T>(v);
+    return narrow(v);
 }
 
 // Stages chunk d0 (in vec4s) of the block's Q rows (QR of them: none with QRES ≠ 0) and of
-// the keys j0.. into `pool` at `at`.
+// the keys j0.. into `pool` at `at`. The K rows are permuted: chunk row QR + x holds key
+// 4·(x % TX) + x / TX of the tile, so that thread tx's keys 4tx..4tx+3 sit at rows
+// QR + tx + TX·e (neighbouring threads read neighbouring rows, in other banks) and its
+// scores of 4 neighbouring keys make one vec4 of P.
 fn stage_qk(at: u32, li: u32, row0: u32, j0: u32, d0: u32, q_base: u32, k_base: u32) {
     for (var t = li; t < (QR + BC) * DC4; t += WG) {
         let r = t / DC4;
         let col = (d0 + t % DC4) * 4u;
+        let to = at + r * QS + t % DC4;
         if r < QR {
-            pool[at + r * QS + t % DC4] = q_row(r, row0, col, q_base);
+            pool[to] = q_row(r, row0, col, q_base);
         } else {
+            let x = r - QR;
+            let key = j0 + 4u * (x % TX) + x / TX;
             var v = vec4<f32>(0.0);
-            if j0 + r - QR < p.n_kv {
-                v = load_kv(true, k_base + (j0 + r - QR) * p.k_row, col, p.dk_h);
+            if key < p.n_kv {
+                v = load_kv(true, k_base + key * p.k_row, col, p.dk_h);
             }
-            pool[at + r * QS + t % DC4] = vec4<H_T>(v);
+            pool[to] = narrow(v);
         }
     }
 }
@@ -253,7 +282,7 @@ fn stage_v(at: u32, li: u32, j: u32, v_base: u32) {
         if j + t / DV4 < p.n_kv {
             v = load_kv(false, v_base + (j + t / DV4) * p.v_row, (t % DV4) * 4u, p.dv_h);
         }
-        pool[at + t] = vec4<H_T>(v);
+        pool[at + t] = narrow(v);
     }
 }
 
@@ -278,7 +307,9 @@ fn store_row(at: u32, col: u32, v: vec4<f32>) { // if VEC
 // before its own, so the TX threads of a row group are TX aligned lanes of one subgroup
 // (the host picks SGR only when every subgroup size is a multiple of TX dividing WG).
 
-// SGR ≠ 0: the max (`is_max`) or sum of `x` over the TX lanes of this thread's row group.
+// SGR ≠ 0: the max of `x` over the TX lanes of this thread's row group.
+
+// SGR ≠ 0: the sum of `x` over the TX lanes of this thread's row group.
 
 @compute @workgroup_size(WG)
 fn main(
@@ -297,9 +328,8 @@ fn main(
     // The rank counter starts at 0 by this workgroup's own store: WGSL zeroes workgroup
     // memory, but a kernel that relies on it breaks wherever it is not (wgpu's option to
     // skip it, other compilers of this text).
-    let tx_n = max(BC / 4u, 1u);
-    let ty = li / tx_n;
-    let tx = li % tx_n;
+    let ty = li / TX;
+    let tx = li % TX;
     let g = id / splits / p.blocks;
     // Causal: each group's query blocks run last rows first, the heaviest (they see the most
     // keys) starting first and the lightest ending the dispatch, so no long block is left to
@@ -332,6 +362,67 @@ fn main(
     kv_lo = max(kv_lo, span.x);
     kv_end = min(kv_end, span.y);
 
+    // This thread's rows are i0 + TY·r (r < 4): the TY row groups of a subgroup read
+    // neighbouring rows of Q and P. Where its rows, keys and output columns start in
+    // workgroup memory (the constant offsets of r, e and k fold into the loads).
+    let i0 = row0 + ty;
+    let q_at = ty * QS; // if !QRES
+    let k_at = (QR + tx) * QS;
+    let p_at = ty * PS;
+    // The last key each row may see, plus 1: kv_end, or the row itself under causal (0 past
+    // n_q: such rows are never written).
+    var lim = vec4<u32>(0u);
+    {
+        const r = 0u;
+        let i = i0 + TY * r;
+        var end = kv_end;
+        if p.causal != 0u {
+            end = min(end, i + 1u);
+        }
+        if i < p.n_q {
+            lim[r] = end;
+        }
+    }
+    {
+        const r = 1u;
+        let i = i0 + TY * r;
+        var end = kv_end;
+        if p.causal != 0u {
+            end = min(end, i + 1u);
+        }
+        if i < p.n_q {
+            lim[r] = end;
+        }
+    }
+    {
+        const r = 2u;
+        let i = i0 + TY * r;
+        var end = kv_end;
+        if p.causal != 0u {
+            end = min(end, i + 1u);
+        }
+        if i < p.n_q {
+            lim[r] = end;
+        }
+    }
+    {
+        const r = 3u;
+        let i = i0 + TY * r;
+        var end = kv_end;
+        if p.causal != 0u {
+            end = min(end, i + 1u);
+        }
+        if i < p.n_q {
+            lim[r] = end;
+        }
+    }
+
+    // Which of its OC output columns tx + TX·k are inside the head (all but at d < 4·BC).
+    var cols: array<bool, OC>;
+    {
+        const k = 0u;
+        cols[k] = tx + TX * k < DV4;
+    }
     var o: array<vec4<f32>, 4u * OC>;
     var m = vec4<f32>(FLOOR);
     var l = vec4<f32>(0.0);
@@ -346,9 +437,10 @@ fn main(
     for (var j0 = kv_lo; j0 < kv_end; j0 += BC) {
         // 2 = some pairs of this tile are hidden by a mask modifier; 1 = none (0, none
         // visible, is still computed: the next tile is staged before this one ends).
-        let tile = wa_block(b, h, row0, j0);
-        // 1. S = Q·Kᵀ, chunk by chunk of the head dimension. DBUF ≠ 0: the next chunk (or
-        //    the tile's first V chunk) is staged meanwhile, one barrier per chunk.
+        let partial = wa_block(b, h, row0, j0) != 1u;
+        // 1. S = Q·Kᵀ (in the log2 domain: Q is pre-scaled), chunk by chunk of the head
+        //    dimension; s[r][e] is row i0 + TY·r, key j0 + 4tx + e. DBUF ≠ 0: the next chunk
+        //    (or the tile's first V chunk) is staged meanwhile, one barrier per chunk.
         var s: array<vec4<f32>, 4>;
         for (var d0 = 0u; d0 < DK4; d0 += DC4) {
             if DBUF == 0u {
@@ -359,6 +451,8 @@ fn main(
             } else {
                 stage_v(HALF - cur, li, j0, v_base);
             }
+            let qa = cur + q_at; // if !QRES
+            let ka = cur + k_at;
             // HMUL ≠ 0: the f16 operands widened to f32, whose products of two f16 values are
             // exact and whose sums keep f32's precision (f16 sums of logits in the thousands
             // would be off by whole units).
@@ -367,31 +461,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -411,7 +497,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -431,7 +517,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -451,7 +537,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -475,31 +561,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -519,7 +597,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -539,7 +617,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -559,7 +637,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -583,31 +661,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -627,7 +697,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -647,7 +717,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -667,7 +737,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -691,31 +761,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -735,7 +797,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -755,7 +817,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -775,7 +837,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -799,31 +861,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -843,7 +897,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -863,7 +917,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -883,7 +937,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -907,31 +961,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -951,7 +997,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -971,7 +1017,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -991,7 +1037,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1015,31 +1061,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1059,7 +1097,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1079,7 +1117,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1099,7 +1137,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1123,31 +1161,23 @@ fn main(
                 var qv: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 1u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 2u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const r = 3u;
-                    if QRES == 0u { // if !QRES
-                        qv[r] = vec4<f32>(pool[cur + (4u * ty + r) * QS + c]);
-                    }
+                    qv[r] = widen(pool[qa + (TY * QS * r + c)]); // if !QRES
                 }
                 {
                     const e = 0u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1167,7 +1197,7 @@ fn main(
                 }
                 {
                     const e = 1u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1187,7 +1217,7 @@ fn main(
                 }
                 {
                     const e = 2u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1207,7 +1237,7 @@ fn main(
                 }
                 {
                     const e = 3u;
-                    let kv = vec4<f32>(pool[cur + (QR + tx + tx_n * e) * QS + c]);
+                    let kv = widen(pool[ka + (TX * QS * e + c)]);
                     {
                         const r = 0u;
                         s[r][e] += dot(qv[r], kv);
@@ -1232,420 +1262,306 @@ fn main(
             }
         }
 
-        // 2. Scale, causal, mask; the tile's row maxima, reduced through `red` or subgroups.
+        // 2. Causal, the key range, mask and modifiers; the tile's row maxima, reduced
+        //    through `red` or subgroups.
+        let jt = j0 + 4u * tx;
         var mx = vec4<f32>(NEG);
         {
             const r = 0u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             {
                 const e = 0u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 1u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 2u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 3u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
+            mx[r] = max(max(s[r].x, s[r].y), max(s[r].z, s[r].w));
         }
         {
             const r = 1u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             {
                 const e = 0u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 1u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 2u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 3u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
+            mx[r] = max(max(s[r].x, s[r].y), max(s[r].z, s[r].w));
         }
         {
             const r = 2u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             {
                 const e = 0u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 1u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 2u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 3u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
+            mx[r] = max(max(s[r].x, s[r].y), max(s[r].z, s[r].w));
         }
         {
             const r = 3u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             {
                 const e = 0u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 1u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 2u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
             {
                 const e = 3u;
-                let j = j0 + tx + tx_n * e;
-                var x = s[r][e];
-                if HMUL == 0u {
-                    x *= p.scale_log2;
-                }
-                if j >= kv_end || (p.causal != 0u && j > i) {
-                    x = NEG;
-                } else if i < p.n_q {
+                let j = jt + e;
+                var x = NEG;
+                if j < lim[r] {
                     // The modifiers (identity stubs without any; see src/kernels/mods.rs).
-                    x = wa_score_log2(x, b, h, i, j);
+                    x = wa_score_log2(s[r][e], b, h, i, j);
                     if MASK != 0u {
                         x = add_bias(x, mask[mask_offset(p.mask, b, h, i, j)], LOG2E);
                     }
-                    if tile != 1u {
+                    if partial {
                         x = select(NEG, x, wa_keep(b, h, i, j));
                     }
                 }
                 s[r][e] = x;
-                mx[r] = max(mx[r], x);
             }
+            mx[r] = max(max(s[r].x, s[r].y), max(s[r].z, s[r].w));
         }
         var m_new = m;
         if SGR != 0u {
         } else {
             red[li] = mx;
             workgroupBarrier();
-            for (var t = 0u; t < tx_n; t++) {
-                m_new = max(m_new, red[ty * tx_n + t]);
+            for (var t = 0u; t < TX; t++) {
+                m_new = max(m_new, red[ty * TX + t]);
             }
         }
         let corr = exp2(m - m_new);
         m = m_new;
         l *= corr;
 
-        // 3. P = exp2(S − m) into workgroup memory; partial row sums in registers.
+        // 3. P = exp2(S − m) into workgroup memory, one vec4 (4 neighbouring keys) per row;
+        //    partial row sums in registers.
         {
             const r = 0u;
-            {
-                const e = 0u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 1u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 2u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 3u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
+            let pr = exp2(s[r] - m[r]);
+            l[r] += (pr.x + pr.y) + (pr.z + pr.w);
+            p_sh[p_at + (TY * PS * r) + tx] = narrow(pr);
             {
                 const k = 0u;
                 o[r * OC + k] *= corr[r];
@@ -1653,34 +1569,9 @@ fn main(
         }
         {
             const r = 1u;
-            {
-                const e = 0u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 1u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 2u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 3u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
+            let pr = exp2(s[r] - m[r]);
+            l[r] += (pr.x + pr.y) + (pr.z + pr.w);
+            p_sh[p_at + (TY * PS * r) + tx] = narrow(pr);
             {
                 const k = 0u;
                 o[r * OC + k] *= corr[r];
@@ -1688,34 +1579,9 @@ fn main(
         }
         {
             const r = 2u;
-            {
-                const e = 0u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 1u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 2u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 3u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
+            let pr = exp2(s[r] - m[r]);
+            l[r] += (pr.x + pr.y) + (pr.z + pr.w);
+            p_sh[p_at + (TY * PS * r) + tx] = narrow(pr);
             {
                 const k = 0u;
                 o[r * OC + k] *= corr[r];
@@ -1723,34 +1589,9 @@ fn main(
         }
         {
             const r = 3u;
-            {
-                const e = 0u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 1u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 2u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
-            {
-                const e = 3u;
-                let pr = exp2(s[r][e] - m[r]);
-                l[r] += pr;
-                let j = tx + tx_n * e;
-                p_sh[(4u * ty + r) * PS + j / 4u][j % 4u] = H_T(pr);
-            }
+            let pr = exp2(s[r] - m[r]);
+            l[r] += (pr.x + pr.y) + (pr.z + pr.w);
+            p_sh[p_at + (TY * PS * r) + tx] = narrow(pr);
             {
                 const k = 0u;
                 o[r * OC + k] *= corr[r];
@@ -1761,7 +1602,8 @@ fn main(
         }
 
         // 4. O += P·V, V chunk by chunk of VC keys (only up to the last key in use). DBUF ≠ 0:
-        //    the next V chunk (or the next tile's first Q/K chunk) is staged meanwhile.
+        //    the next V chunk (or the next tile's first Q/K chunk) is staged meanwhile. Each
+        //    value of V read serves the thread's 4 rows, each weight its OC columns.
         let count = min(BC, kv_end - j0);
         for (var kc = 0u; kc < count; kc += VC) {
             if DBUF == 0u {
@@ -1772,203 +1614,188 @@ fn main(
             } else if j0 + BC < kv_end {
                 stage_qk(HALF - cur, li, row0, j0 + BC, 0u, q_base, k_base);
             }
+            let va = cur + tx;
+            let pa = p_at + kc / 4u;
             for (var kk = 0u; kk < VC; kk += 4u) {
-                var pr: array<vec4<H_T>, 4>;
+                let pk = pa + kk / 4u;
+                var pr: array<vec4<f32>, 4>;
                 {
                     const r = 0u;
-                    pr[r] = p_sh[(4u * ty + r) * PS + (kc + kk) / 4u];
+                    pr[r] = widen(p_sh[pk + TY * PS * r]);
                 }
                 {
                     const r = 1u;
-                    pr[r] = p_sh[(4u * ty + r) * PS + (kc + kk) / 4u];
+                    pr[r] = widen(p_sh[pk + TY * PS * r]);
                 }
                 {
                     const r = 2u;
-                    pr[r] = p_sh[(4u * ty + r) * PS + (kc + kk) / 4u];
+                    pr[r] = widen(p_sh[pk + TY * PS * r]);
                 }
                 {
                     const r = 3u;
-                    pr[r] = p_sh[(4u * ty + r) * PS + (kc + kk) / 4u];
+                    pr[r] = widen(p_sh[pk + TY * PS * r]);
                 }
+                let vk = va + kk * DV4;
                 {
-                    const e = 0u;
-                    {
-                        const k = 0u;
-                        let c = tx + tx_n * k;
-                        if c < DV4 {
-                            let v = pool[cur + (kk + e) * DV4 + c];
+                    const k = 0u;
+                    if cols[k] {
+                        {
+                            const e = 0u;
+                            let v = widen(pool[vk + (DV4 * e + TX * k)]);
                             {
                                 const r = 0u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 1u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 2u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 3u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                         }
-                    }
-                }
-                {
-                    const e = 1u;
-                    {
-                        const k = 0u;
-                        let c = tx + tx_n * k;
-                        if c < DV4 {
-                            let v = pool[cur + (kk + e) * DV4 + c];
+                        {
+                            const e = 1u;
+                            let v = widen(pool[vk + (DV4 * e + TX * k)]);
                             {
                                 const r = 0u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 1u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 2u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 3u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                         }
-                    }
-                }
-                {
-                    const e = 2u;
-                    {
-                        const k = 0u;
-                        let c = tx + tx_n * k;
-                        if c < DV4 {
-                            let v = pool[cur + (kk + e) * DV4 + c];
+                        {
+                            const e = 2u;
+                            let v = widen(pool[vk + (DV4 * e + TX * k)]);
                             {
                                 const r = 0u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 1u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 2u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 3u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                         }
-                    }
-                }
-                {
-                    const e = 3u;
-                    {
-                        const k = 0u;
-                        let c = tx + tx_n * k;
-                        if c < DV4 {
-                            let v = pool[cur + (kk + e) * DV4 + c];
+                        {
+                            const e = 3u;
+                            let v = widen(pool[vk + (DV4 * e + TX * k)]);
                             {
                                 const r = 0u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 1u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 2u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                             {
                                 const r = 3u;
                                 let w = pr[r][e];
                                 if SKIP_ZERO != 0u {
-                                    o[r * OC + k] += select(vec4<f32>(w * v), vec4<f32>(0.0), w == 0.0);
+                                    o[r * OC + k] = select(fma(vec4<f32>(w), v, o[r * OC + k]), o[r * OC + k], w == 0.0);
                                 } else {
-                                    o[r * OC + k] += vec4<f32>(w * v);
+                                    o[r * OC + k] = fma(vec4<f32>(w), v, o[r * OC + k]);
                                 }
                             }
                         }
@@ -1988,8 +1815,8 @@ fn main(
     } else {
         red[li] = l;
         workgroupBarrier();
-        for (var t = 0u; t < tx_n; t++) {
-            total += red[ty * tx_n + t];
+        for (var t = 0u; t < TX; t++) {
+            total += red[ty * TX + t];
         }
     }
     if SPLIT != 0u {
@@ -1997,7 +1824,7 @@ fn main(
         // slot (g·n_q + i)·splits + part; flash_combine.wgsl merges the parts.
         {
             const r = 0u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             if i < p.n_q {
                 let slot = (g * p.n_q + i) * splits + part;
                 if tx == 0u {
@@ -2006,7 +1833,7 @@ fn main(
                 }
                 {
                     const k = 0u;
-                    let c = tx + tx_n * k;
+                    let c = tx + TX * k;
                     if c < DV4 {
                         store_out4((slot * DV4 + c) * 4u, o[r * OC + k]);
                     }
@@ -2015,7 +1842,7 @@ fn main(
         }
         {
             const r = 1u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             if i < p.n_q {
                 let slot = (g * p.n_q + i) * splits + part;
                 if tx == 0u {
@@ -2024,7 +1851,7 @@ fn main(
                 }
                 {
                     const k = 0u;
-                    let c = tx + tx_n * k;
+                    let c = tx + TX * k;
                     if c < DV4 {
                         store_out4((slot * DV4 + c) * 4u, o[r * OC + k]);
                     }
@@ -2033,7 +1860,7 @@ fn main(
         }
         {
             const r = 2u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             if i < p.n_q {
                 let slot = (g * p.n_q + i) * splits + part;
                 if tx == 0u {
@@ -2042,7 +1869,7 @@ fn main(
                 }
                 {
                     const k = 0u;
-                    let c = tx + tx_n * k;
+                    let c = tx + TX * k;
                     if c < DV4 {
                         store_out4((slot * DV4 + c) * 4u, o[r * OC + k]);
                     }
@@ -2051,7 +1878,7 @@ fn main(
         }
         {
             const r = 3u;
-            let i = row0 + 4u * ty + r;
+            let i = i0 + TY * r;
             if i < p.n_q {
                 let slot = (g * p.n_q + i) * splits + part;
                 if tx == 0u {
@@ -2060,7 +1887,7 @@ fn main(
                 }
                 {
                     const k = 0u;
-                    let c = tx + tx_n * k;
+                    let c = tx + TX * k;
                     if c < DV4 {
                         store_out4((slot * DV4 + c) * 4u, o[r * OC + k]);
                     }
@@ -2069,61 +1896,62 @@ fn main(
         }
         return;
     }
-    // Nothing visible (every key masked out): zeros, not 0/0.
-    let inv = select(1.0 / total, vec4<f32>(0.0), total == vec4<f32>(0.0));
+    // Nothing visible (every key masked out, or a row past n_q): zeros, not 0/0.
+    let empty = total == vec4<f32>(0.0);
+    let inv = select(1.0 / select(total, vec4<f32>(1.0), empty), vec4<f32>(0.0), empty);
     let o_base = p.o_off + b * p.o_batch + h * p.o_head;
     {
         const r = 0u;
-        let i = row0 + 4u * ty + r;
+        let i = i0 + TY * r;
         if LSE != 0u && tx == 0u && i < p.n_q {
             lse[g * p.n_q + i] = select(m[r] + log2(total[r]), LSE_EMPTY, total[r] == 0.0);
         }
         if i < p.n_q {
             {
                 const k = 0u;
-                let c = tx + tx_n * k;
+                let c = tx + TX * k;
                 store_row(o_base + i * p.o_row, c * 4u, o[r * OC + k] * inv[r]);
             }
         }
     }
     {
         const r = 1u;
-        let i = row0 + 4u * ty + r;
+        let i = i0 + TY * r;
         if LSE != 0u && tx == 0u && i < p.n_q {
             lse[g * p.n_q + i] = select(m[r] + log2(total[r]), LSE_EMPTY, total[r] == 0.0);
         }
         if i < p.n_q {
             {
                 const k = 0u;
-                let c = tx + tx_n * k;
+                let c = tx + TX * k;
                 store_row(o_base + i * p.o_row, c * 4u, o[r * OC + k] * inv[r]);
             }
         }
     }
     {
         const r = 2u;
-        let i = row0 + 4u * ty + r;
+        let i = i0 + TY * r;
         if LSE != 0u && tx == 0u && i < p.n_q {
             lse[g * p.n_q + i] = select(m[r] + log2(total[r]), LSE_EMPTY, total[r] == 0.0);
         }
         if i < p.n_q {
             {
                 const k = 0u;
-                let c = tx + tx_n * k;
+                let c = tx + TX * k;
                 store_row(o_base + i * p.o_row, c * 4u, o[r * OC + k] * inv[r]);
             }
         }
     }
     {
         const r = 3u;
-        let i = row0 + 4u * ty + r;
+        let i = i0 + TY * r;
         if LSE != 0u && tx == 0u && i < p.n_q {
             lse[g * p.n_q + i] = select(m[r] + log2(total[r]), LSE_EMPTY, total[r] == 0.0);
         }
         if i < p.n_q {
             {
                 const k = 0u;
-                let c = tx + tx_n * k;
+                let c = tx + TX * k;
                 store_row(o_base + i * p.o_row, c * 4u, o[r * OC + k] * inv[r]);
             }
         }
