@@ -39,12 +39,7 @@ fn main() -> Result<()> {
     };
     let (n, d, rounds) = (arg(1, 1024), arg(2, 64), arg(3, 3));
     let x = Array3::from_shape_fn((1, n, d), |(_, i, j)| ((i * d + j) as f32 * 0.013).sin());
-    let off = BlockedOptions::default()
-        .double_buffer(false)
-        .subgroups(false)
-        .f16_arithmetic(false)
-        .vector_loads(false)
-        .resident_queries(false);
+    let off = BlockedOptions::plain();
     let on = Some(true);
     let vec = off.vector_loads(on);
     let qres = vec.resident_queries(on);

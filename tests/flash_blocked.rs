@@ -232,12 +232,7 @@ fn the_unchecked_kernel_equals_its_checked_twin_bit_for_bit() {
     // Each option alone: the double buffer, subgroup reductions, f16 arithmetic, vector
     // loads (the defaults above have them wherever widths and strides are multiples of 4),
     // resident queries (the defaults above have them wherever they fit).
-    let off = BlockedOptions::default()
-        .double_buffer(false)
-        .subgroups(false)
-        .f16_arithmetic(false)
-        .vector_loads(false)
-        .resident_queries(false);
+    let off = BlockedOptions::plain();
     let on = Some(true);
     // Subgroups hold a row group of 64 × 32 blocks (8 lanes of a 128-thread workgroup)?
     let info = common::ctx().adapter_info();
@@ -299,12 +294,7 @@ fn each_inner_loop_alone_matches_the_reference() {
     // The default context runs every inner loop the adapter allows (the tests above); here
     // the plain loop, the double buffer alone, the subgroup reductions alone, the vector
     // loads alone, the resident queries alone, and everything a GPU turns on.
-    let off = BlockedOptions::default()
-        .double_buffer(false)
-        .subgroups(false)
-        .f16_arithmetic(false)
-        .vector_loads(false)
-        .resident_queries(false);
+    let off = BlockedOptions::plain();
     let cases = inner_loop_cases(Dtype::F32);
     check_on(&ctx_with(off), &cases, &BLOCKS[..2]);
     let dbuf = off.double_buffer(true);

@@ -32,7 +32,7 @@ pub struct ContextOptions {
     /// Only adapters whose name contains this (case-insensitive).
     pub adapter_name: Option<String>,
     /// Whether the adapter stands in for a GPU (default: `WGPU_ATTENTION_STAND_IN`, else
-    /// off; see [`crate::internals::StandIn`] and docs/testing.md).
+    /// off; see [`crate::gpu::hardware::StandIn`] and docs/testing.md).
     pub stand_in: Option<crate::gpu::hardware::StandIn>,
     /// Whether every dispatch runs under the WGSL sanitizer, and at which subgroup width
     /// (default: `WGPU_ATTENTION_SANITIZE`, else off; see

@@ -437,7 +437,7 @@ impl Hardware {
 }
 
 #[cfg(test)]
-mod loop_cap_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -446,11 +446,7 @@ mod loop_cap_tests {
         assert_eq!(parse_cap(" 100 ").unwrap(), Some(100));
         assert!(parse_cap("lots").is_err());
     }
-}
 
-#[cfg(test)]
-mod decision_tests {
-    use super::*;
     use crate::Context;
 
     /// The adapter at hand takes its own type's decisions; the stand-in and the sanitizer's

@@ -64,7 +64,7 @@ fn gamma(n: usize, u: f64) -> f64 {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct F16Arithmetic {
     /// Products in f16 (term 3): `flash_blocked` with f16 arithmetic, wherever the context's
-    /// [`crate::internals::BlockedOptions`] turn it on (GPUs, by default).
+    /// [`crate::kernels::flash_blocked::BlockedOptions`] turn it on (GPUs, by default).
     pub products: bool,
     /// P rounded to f16 for P·V on cooperative matrices with f16 inputs (term 4,
     /// `flash_coop`).

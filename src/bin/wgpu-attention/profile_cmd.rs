@@ -212,6 +212,20 @@ fn torch_h100(p: &Problem) -> Option<f64> {
         .map(|r| r.4)
 }
 
+/// `(batch, heads, n, d) DTYPE[ causal][ window W]`, as the profile's lines name a problem.
+fn problem_line(p: &Problem) -> String {
+    format!(
+        "({}, {}, {}, {}) {:?}{}{}",
+        p.batch,
+        p.heads,
+        p.n,
+        p.d,
+        p.dtype,
+        if p.causal { " causal" } else { "" },
+        p.window.map(|w| format!(" window {w}")).unwrap_or_default(),
+    )
+}
+
 /// Prints the profile of every variant.
 pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
     let p = Problem {
@@ -237,14 +251,8 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         let kernels = profile::profile_backward(&ctx, dev, &p, args.sample)?;
         let total: f64 = kernels.iter().map(|k| k.prediction.time).sum();
         println!(
-            "backward ({}, {}, {}, {}) {:?}{}{} on {}: predicted {:.3} ms",
-            p.batch,
-            p.heads,
-            p.n,
-            p.d,
-            p.dtype,
-            if p.causal { " causal" } else { "" },
-            p.window.map(|w| format!(" window {w}")).unwrap_or_default(),
+            "backward {} on {}: predicted {:.3} ms",
+            problem_line(&p),
             dev.name,
             total * 1e3
         );
@@ -255,16 +263,7 @@ pub fn profile_cmd(args: &ProfileArgs) -> Result<bool> {
         return Ok(true);
     }
     let began = std::time::Instant::now();
-    let what = format!(
-        "({}, {}, {}, {}) {:?}{}{}",
-        p.batch,
-        p.heads,
-        p.n,
-        p.d,
-        p.dtype,
-        if p.causal { " causal" } else { "" },
-        p.window.map(|w| format!(" window {w}")).unwrap_or_default(),
-    );
+    let what = problem_line(&p);
     println!(
         "profile: {what} on {} ({} SMs, {:.2} GHz model clock, {:.1} TFLOP/s f32, {:.2} TB/s); \
          counted at {} lanes on <= {} workgroups per dispatch (+ first, last)",

@@ -99,6 +99,19 @@ crate::setters::setters!(BlockedOptions {
 });
 
 impl BlockedOptions {
+    /// Every inner-loop option off: the plain loop, scalar loads, Q staged with every key
+    /// tile, no double buffer, no subgroup reductions, f32 arithmetic (what each option is
+    /// measured and checked against).
+    pub const fn plain() -> Self {
+        BlockedOptions {
+            double_buffer: Some(false),
+            subgroups: Some(false),
+            f16_arithmetic: Some(false),
+            vector_loads: Some(false),
+            resident_queries: Some(false),
+        }
+    }
+
     /// Whether f16 operands are multiplied in f16 on `ctx` (`f16_arithmetic`, by default on
     /// GPUs only).
     pub(crate) fn f16_products(&self, ctx: &Gpu) -> bool {

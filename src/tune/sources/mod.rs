@@ -111,18 +111,12 @@ fn subgroup_gpu(sg: u32) -> Result<Gpu> {
 /// arithmetic (the variants with them are [`blocked_inner`]'s); vector loads where the
 /// layout allows, as every adapter reads them.
 const PLAIN: BlockedOptions = BlockedOptions {
-    double_buffer: Some(false),
-    subgroups: Some(false),
-    f16_arithmetic: Some(false),
     vector_loads: None,
-    resident_queries: Some(false),
+    ..BlockedOptions::plain()
 };
 
 /// [`PLAIN`] with scalar loads (what head sizes that are not multiples of 4 run).
-const SCALAR: BlockedOptions = BlockedOptions {
-    vector_loads: Some(false),
-    ..PLAIN
-};
+const SCALAR: BlockedOptions = BlockedOptions::plain();
 
 /// What a recording reads and writes: stand-in buffers on a dry-run device.
 struct Bindings {
