@@ -6,9 +6,10 @@
 // A workgroup of WG threads takes one key block of GC query rows (rows of one K/V head, as in
 // decode_partial.wgsl: g = r·m + i) and walks it in tiles of WG keys:
 //
-// 1. Scores: thread t computes key t of the tile against all GC rows (its K row from the
-//    texture, the rows' scaled Q from workgroup memory, read by every thread alike) and writes
-//    them to `s_sh` (NEG where the row may not see the key).
+// 1. Scores: thread t computes key t of the tile against all GC rows (its K row staged from
+//    the texture through `ko_sh` KU texels at a time, read side by side so that a subgroup's
+//    loads cover whole sectors; the rows' scaled Q from workgroup memory, read by every
+//    thread alike) and writes them to `s_sh` (NEG where the row may not see the key).
 // 2. Output: the head dimension is split over CT = min(DV4, WG) threads and the tile's keys
 //    over KG = WG / CT key groups: thread (kg, c) walks keys kg, kg + KG, … of the tile, VU
 //    at a time, and keeps, for each row, an online softmax (running max, sum) and output
@@ -25,7 +26,7 @@
 // row's position; keys before `kv0` are in no block.
 //
 // The host prepends, from src/kernels/decode_partial_gpu.rs: the constants WG, GC, DK4, DV4,
-// CT, KG, OC, KU, VU, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's); and appends the
+// CT, KG, OC, KU, KP, KS, VU, shaders/prelude.wgsl and `struct Params` (decode_partial.rs's); and appends the
 // modifiers' code.
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -37,9 +38,13 @@
 
 var<workgroup> q_sh: array<vec4<f32>, GC * DK4>;
 var<workgroup> s_sh: array<f32, GC * WG>;
-// The key groups' (max, sum) and output columns, per row.
+// The key groups' (max, sum), per row.
 var<workgroup> ml_sh: array<vec2<f32>, GC * KG>;
-var<workgroup> o_sh: array<vec4<f32>, GC * KG * DV4>;
+// Two uses, one after the other (KS = the larger): in the key loop, one step's K texels of the
+// tile's keys, KP (odd, ≥ KU + 1) vec4s per key, so that a thread's reads of its own key's,
+// 4·KP words apart, fall on distinct banks; after it, the key groups' output columns per row
+// (GC · KG · DV4). Sharing keeps rows and occupancy where they were before K was staged.
+var<workgroup> ko_sh: array<vec4<f32>, KS>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -86,26 +91,38 @@ fn main(
     let kv_end = min(blk0 + p.block, p.len);
     for (var j0 = blk0; j0 < kv_end; j0 += WG) {
         workgroupBarrier();
-        // 1. Scores of key j0 + t.
+        // 1. Scores of key j0 + t, KU texels of K (KU divides DK4) per step. The step's
+        //    texels of the tile's keys are read side by side (load f of the workgroup: key
+        //    f / KU, texel f % KU, so a subgroup's lanes read whole sectors of a key's row),
+        //    each thread's KU loads issued before the first is used (one wait per step),
+        //    and staged in ko_sh, where thread t reads its own key's.
         let j = j0 + t;
         var s: array<f32, GC>;
-        if j < kv_end {
-            let r = bh * p.capacity + j % p.capacity;
-            let ky = i32(r / p.k_line);
-            let kx = (r % p.k_line) * DK4;
-            // KU texels (KU divides DK4) per step, all loaded before the first is used: KU
-            // loads in flight, one wait per step.
-            for (var c0 = 0u; c0 < DK4; c0 += KU) {
-                var kv: array<vec4<f32>, KU>;
-                for (var u = 0u; u < KU; u++) { // unroll
-                    kv[u] = textureLoad(k_tex, vec2<i32>(i32(kx + c0 + u), ky), 0);
+        for (var c0 = 0u; c0 < DK4; c0 += KU) {
+            var kv: array<vec4<f32>, KU>;
+            for (var u = 0u; u < KU; u++) { // unroll
+                let f = t + u * WG;
+                let jk = j0 + f / KU;
+                if jk < kv_end {
+                    let r = bh * p.capacity + jk % p.capacity;
+                    let kx = (r % p.k_line) * DK4 + c0 + f % KU;
+                    kv[u] = textureLoad(k_tex, vec2<i32>(i32(kx), i32(r / p.k_line)), 0);
                 }
+            }
+            for (var u = 0u; u < KU; u++) { // unroll
+                let f = t + u * WG;
+                ko_sh[(f / KU) * KP + f % KU] = kv[u];
+            }
+            workgroupBarrier();
+            if j < kv_end {
                 for (var u = 0u; u < KU; u++) { // unroll
+                    let k = ko_sh[t * KP + u];
                     for (var g = 0u; g < GC; g++) { // unroll
-                        s[g] += dot(q_sh[g * DK4 + c0 + u], kv[u]);
+                        s[g] += dot(q_sh[g * DK4 + c0 + u], k);
                     }
                 }
             }
+            workgroupBarrier();
         }
         for (var g = 0u; g < GC; g++) { // unroll
             // Row g is query head h's new row at position `at`; the modifiers (identity
@@ -178,7 +195,7 @@ fn main(
             for (var k = 0u; k < OC; k++) { // unroll
                 let c = c0 + CT * k;
                 if c < DV4 {
-                    o_sh[(g * KG + kg) * DV4 + c] = o[g * OC + k];
+                    ko_sh[(g * KG + kg) * DV4 + c] = o[g * OC + k];
                 }
             }
         }
@@ -203,7 +220,7 @@ fn main(
                     if c < DV4 {
                         var acc = vec4<f32>(0.0);
                         for (var e = 0u; e < KG; e++) {
-                            acc += o_sh[(g * KG + e) * DV4 + c] * exp2(ml_sh[g * KG + e].x - mx);
+                            acc += ko_sh[(g * KG + e) * DV4 + c] * exp2(ml_sh[g * KG + e].x - mx);
                         }
                         o_part[slot * DV4 + c] = acc;
                     }

@@ -164,20 +164,34 @@ fn the_backward_kernels_load_whole_sectors_without_bank_conflicts() {
     }
 }
 
-/// Issue 37's decode: each thread keeps several loads in flight, so a subgroup waits a
-/// memory latency a few times per 64-key tile (K's texels and V's keys in steps of 8), not
-/// once per texel and per key (64 per tile at d 128 before).
+/// Decode: each thread keeps several loads in flight, so a subgroup waits a memory latency a
+/// few times per 64-key tile (K's texels and V's keys in steps of 8), not once per texel and
+/// per key (64 per tile at d 128 before); and a subgroup's texel loads fill whole sectors
+/// (K read with a key per lane used a quarter of each in f16, half in f32), in both dtypes.
 #[test]
-fn a_decode_step_waits_a_few_times_per_key_tile() {
+fn a_decode_step_waits_a_few_times_per_key_tile_and_reads_whole_sectors() {
     let ctx = profile::context(32, Era::Today).unwrap();
     let dev = DeviceSpec::h100();
-    let kernels = profile::profile_decode(&ctx, &dev, (1, 2, 1024, 128), Dtype::F32, 4).unwrap();
-    let partial = kernels
-        .iter()
-        .find(|k| k.kernel == "decode_partial_gpu.wgsl")
-        .unwrap();
-    let c = &partial.counters;
-    let keys_per_workgroup = 1024.0 * 2.0 / c.workgroups as f64;
-    let per_tile = c.load_waits as f64 / c.subgroups as f64 / (keys_per_workgroup / 64.0);
-    assert!(per_tile <= 10.0, "{per_tile:.1} waits per tile");
+    for dtype in [Dtype::F32, Dtype::F16] {
+        let kernels = profile::profile_decode(&ctx, &dev, (1, 2, 1024, 128), dtype, 4).unwrap();
+        let partial = kernels
+            .iter()
+            .find(|k| k.kernel == "decode_partial_gpu.wgsl")
+            .unwrap();
+        let c = &partial.counters;
+        let keys_per_workgroup = 1024.0 * 2.0 / c.workgroups as f64;
+        let per_tile = c.load_waits as f64 / c.subgroups as f64 / (keys_per_workgroup / 64.0);
+        assert!(per_tile <= 10.0, "{dtype:?}: {per_tile:.1} waits per tile");
+        let e = c.texture.sector_efficiency();
+        assert!(
+            c.texture.loads > 0 && e >= 0.9,
+            "{dtype:?}: K/V texels at {:.0} % sector efficiency",
+            100.0 * e
+        );
+        assert!(
+            c.shared_ways() <= 1.25,
+            "{dtype:?}: {:.2} ways",
+            c.shared_ways()
+        );
+    }
 }

@@ -41,6 +41,12 @@ constants! {
         /// K texels a thread loads per step of its scores (a divisor of DK4, at most
         /// [`LOADS_IN_FLIGHT`]).
         k_step => "KU",
+        /// Vec4s per key in the scores' K staging: odd and at least KU + 1, so a thread's
+        /// reads of its own key's texels fall on distinct banks.
+        k_pitch => "KP",
+        /// Vec4s of the workgroup array K's staging shares with the key groups' merge (one
+        /// after the other): the larger of `WG · KP` and `GC · KG · DV4`.
+        shared4 => "KS",
         /// Keys a thread takes per step of its output (their V texels loaded together).
         v_step => "VU",
     }
@@ -60,7 +66,8 @@ impl Kernel for Shader {
     type Params = PartialParams;
 
     /// The block's key-tile loop (`⌈block / WG⌉` tiles of WG keys) around: the scores' loop
-    /// over K's DK4 texels in steps of KU (each `// unroll`: KU loads, KU × GC dots), the
+    /// over K's DK4 texels in steps of KU (each `// unroll`: KU loads, KU stores to the
+    /// staging, KU × GC dots), the
     /// scores' store (GC), and the loop over the thread's key group's keys of the tile in
     /// steps of VU (`⌈WG / (KG·VU)⌉`: VU × OC loads; per row VU maxima, OC rescales, VU × OC
     /// sums); before it Q's staging (`⌈GC·DK4 / WG⌉`) and the maxima (GC); after it the key
@@ -78,7 +85,7 @@ impl Kernel for Shader {
         let (ku, vu) = (u64::from(c.k_step.max(1)), u64::from(c.v_step.max(1)));
         let dk4 = u64::from(c.dk4);
         let k_steps = strided(dk4, ku);
-        let scores = run(k_steps) + k_steps * (2 * m(ku) + ku * m(gc)) + m(gc);
+        let scores = run(k_steps) + k_steps * (3 * m(ku) + ku * m(gc)) + m(gc);
         let steps = strided(wg, kg * vu);
         let per_row = 2 * m(vu) + m(oc) + vu * m(oc);
         let tile = scores + run(steps) + steps * (m(vu) + vu * m(oc) + m(gc) + gc * per_row);
@@ -92,7 +99,9 @@ impl Kernel for Shader {
 impl GpuPartialConsts {
     /// The specialisation for `rows` query rows per K/V head and widths `dk4`, `dv4` (vec4s),
     /// [`THREADS`] threads: as many rows per workgroup as fit `limit` bytes of workgroup
-    /// memory (a power of two, at most [`MAX_ROWS`]).
+    /// memory (a power of two, at most [`MAX_ROWS`]), with the largest K step that fits
+    /// beside them (a divisor of DK4 up to [`LOADS_IN_FLIGHT`]; below 4 texels, a step's
+    /// texels of a key fill less than a sector in f16, so rows give way first, down to one).
     ///
     /// # Errors
     /// [`Error::LimitExceeded`] when even one row does not fit.
@@ -107,35 +116,47 @@ impl GpuPartialConsts {
             col_threads,
             key_groups: threads / col_threads,
             out4: dv4.div_ceil(col_threads),
-            // The largest divisor of DK4 up to the loads in flight (KU = 1 where DK4 is a
-            // prime past them: each texel a step, as before).
-            k_step: (1..=LOADS_IN_FLIGHT.min(dk4.max(1)))
-                .rev()
-                .find(|u| dk4.max(1).is_multiple_of(*u))
-                .unwrap_or(1),
+            k_step: 1,
+            k_pitch: 1,
+            shared4: 0,
             // The key group's keys of a tile, up to the loads in flight over its V texels.
             v_step: (LOADS_IN_FLIGHT / dv4.div_ceil(col_threads).max(1))
                 .clamp(1, threads.div_ceil(threads / col_threads)),
         };
-        while c.workgroup_bytes() > u64::from(limit) && c.rows > 1 {
+        // K steps, largest first: divisors of DK4 up to the loads in flight (1 where DK4 is
+        // a prime past them).
+        let steps: Vec<u32> = (1..=LOADS_IN_FLIGHT.min(dk4.max(1)))
+            .rev()
+            .filter(|u| dk4.max(1).is_multiple_of(*u))
+            .collect();
+        let wide = steps[0].min(4);
+        loop {
+            for &ku in steps.iter().filter(|&&u| u >= wide || c.rows == 1) {
+                c.k_step = ku;
+                c.k_pitch = (ku + 1) | 1;
+                c.shared4 = (threads * c.k_pitch).max(c.rows * c.key_groups * dv4);
+                if c.workgroup_bytes() <= u64::from(limit) {
+                    return Ok(c);
+                }
+            }
+            if c.rows == 1 {
+                return Err(Error::LimitExceeded {
+                    what: "decode workgroup memory".into(),
+                    needed: format!("{} bytes", c.workgroup_bytes()),
+                    limit: format!("{limit} bytes"),
+                    limit_name: Limit::MaxComputeWorkgroupStorageSize,
+                });
+            }
             c.rows /= 2;
         }
-        if c.workgroup_bytes() > u64::from(limit) {
-            return Err(Error::LimitExceeded {
-                what: "decode workgroup memory".into(),
-                needed: format!("{} bytes", c.workgroup_bytes()),
-                limit: format!("{limit} bytes"),
-                limit_name: Limit::MaxComputeWorkgroupStorageSize,
-            });
-        }
-        Ok(c)
     }
 
     /// Workgroup memory used, as the shader declares it.
     pub fn workgroup_bytes(&self) -> u64 {
         let (g, kg) = (u64::from(self.rows), u64::from(self.key_groups));
-        g * (16 * u64::from(self.dk4) + 4 * u64::from(self.threads) + 8 * kg)
-            + 16 * g * kg * u64::from(self.dv4)
+        let shared4 =
+            (u64::from(self.threads) * u64::from(self.k_pitch)).max(g * kg * u64::from(self.dv4));
+        g * (16 * u64::from(self.dk4) + 4 * u64::from(self.threads) + 8 * kg) + 16 * shared4
     }
 }
 
@@ -149,9 +170,15 @@ mod tests {
 
     #[test]
     fn rows_fit_workgroup_memory_and_columns_cover_the_head() {
+        // K's staging shares its array with the key groups' merge: 16 KiB keep 8 rows and
+        // 8 texels a step at d 128.
         let c = GpuPartialConsts::new(32, (32, 32), 16 << 10).unwrap();
         assert_eq!((c.rows, c.col_threads, c.key_groups, c.out4), (8, 32, 2, 1));
-        assert!(c.workgroup_bytes() <= 16 << 10);
+        assert_eq!((c.k_step, c.k_pitch, c.shared4), (8, 9, 576));
+        assert_eq!(c.workgroup_bytes(), 15488);
+        // Where neither fits, the K step shrinks to 4 before the rows halve.
+        let c = GpuPartialConsts::new(32, (32, 32), 15 << 10).unwrap();
+        assert_eq!((c.rows, c.k_step, c.k_pitch), (8, 4, 5));
         let c = GpuPartialConsts::new(8, (64, 64), 16 << 10).unwrap();
         assert_eq!((c.rows, c.key_groups, c.out4), (4, 1, 1));
         // d_v = 20 (5 vec4s): 12 key groups of 5 threads; 3 rows round up to 4.

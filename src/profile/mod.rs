@@ -247,7 +247,13 @@ fn profile_scaled(
         }
         let footprint: u64 =
             (c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes) * times;
-        let texels = counters.texture_reads * texel_bytes;
+        // What the texture reads move through L2: their sectors (the texels' own bytes
+        // where a counter predates sectors).
+        let texels = if counters.texture.loads > 0 {
+            counters.texture.sector_bytes()
+        } else {
+            counters.texture_reads * texel_bytes
+        };
         let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref(), texels);
         out.push(KernelProfile {
             kernel: c.label,

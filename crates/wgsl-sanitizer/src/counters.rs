@@ -37,6 +37,30 @@ pub struct Traffic {
 }
 
 impl Traffic {
+    /// Adds one subgroup-wide access of the lanes' `(byte offset, bytes)`, sorted by offset:
+    /// the bytes they asked for and the distinct sectors those bytes fall in.
+    pub(crate) fn add_access(&mut self, sorted: impl IntoIterator<Item = (u64, u64)>, write: bool) {
+        let (mut bytes, mut sectors, mut last) = (0u64, 0u64, None);
+        for (off, b) in sorted {
+            bytes += b;
+            for s in off / SECTOR_BYTES..=(off + b.max(1) - 1) / SECTOR_BYTES {
+                if last.is_none_or(|l| s > l) {
+                    sectors += 1;
+                    last = Some(s);
+                }
+            }
+        }
+        if write {
+            self.stores += 1;
+            self.bytes_written += bytes;
+            self.sectors_written += sectors;
+        } else {
+            self.loads += 1;
+            self.bytes_read += bytes;
+            self.sectors_read += sectors;
+        }
+    }
+
     /// Bytes requested over bytes moved (sectors × 32), loads and stores together: 1 when
     /// each instruction's lanes cover whole sectors, 1/8 when each lane's 4 bytes sit in a
     /// sector of their own. 1 when there was no traffic.
@@ -135,6 +159,12 @@ pub struct Counters {
     pub texture_reads: u64,
     /// Texels written (`textureStore`, per lane).
     pub texture_writes: u64,
+    /// Texture traffic as sectors, the texture laid out row-major and tightly packed (as a
+    /// buffer of its texels): each subgroup-wide `textureLoad` / `textureStore` costs the
+    /// distinct 32-byte sectors its lanes' texels touch. A GPU's tiled layouts (NVIDIA's
+    /// block-linear 64-byte-wide rows of a GOB) keep a row's adjacent texels in whole
+    /// sectors as this one does; texels of different rows share no sector here.
+    pub texture: Traffic,
     /// Atomic operations, per lane (on workgroup or storage memory).
     pub atomics: u64,
 }
@@ -185,6 +215,7 @@ impl Counters {
         self.shared_max_ways = self.shared_max_ways.max(o.shared_max_ways);
         add(&mut self.texture_reads, o.texture_reads, w);
         add(&mut self.texture_writes, o.texture_writes, w);
+        self.texture.add_scaled(&o.texture, w);
         add(&mut self.atomics, o.atomics, w);
     }
 }

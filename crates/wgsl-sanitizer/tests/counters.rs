@@ -1,9 +1,9 @@
 //! The counters see planted inefficiencies: a transposed (strided) global load touches a
 //! sector per lane, a workgroup stride of 32 words puts every lane on one bank, a padded
 //! stride spreads them; FLOPs, barriers and atomics are counted per lane; a sampled
-//! dispatch estimates the whole.
+//! dispatch estimates the whole; texels read side by side fill sectors, a row per lane does not.
 
-use wgsl_sanitizer::{Counters, Dispatch, Resource, Sample, Shader};
+use wgsl_sanitizer::{Counters, Dispatch, Resource, Sample, Shader, TexelFormat, Texture};
 
 /// Runs `main` of `src` over `groups` workgroups with counters on, binding `buffers` (bytes)
 /// at group 0, bindings 0, 1, …
@@ -196,4 +196,56 @@ fn main() {
         per_lane < 24.0,
         "{per_lane} instructions a lane (256 a matrix would be one per element)"
     );
+}
+
+const TEXELS: &str = "
+@group(0) @binding(0) var t: texture_2d<f32>;
+@group(0) @binding(1) var<storage, read_write> o: array<vec4<f32>>;
+@compute @workgroup_size(32)
+fn main(@builtin(local_invocation_index) i: u32) {
+    o[i] = textureLoad(t, vec2<i32>(i32(i * STRIDE), 0), 0);
+}";
+
+#[test]
+fn texels_side_by_side_use_whole_sectors_and_a_key_per_lane_does_not() {
+    let run = |stride: u32, format: TexelFormat| {
+        let src = TEXELS.replace("STRIDE", &format!("{stride}u"));
+        let shader = Shader::parse(&src).unwrap();
+        let mut d = Dispatch::new("main", [1, 1, 1]);
+        d.counters = true;
+        let width = 32 * 32;
+        d.bind(
+            0,
+            0,
+            Resource::Texture(Texture {
+                width,
+                height: 1,
+                format,
+                data: vec![0; width as usize * format.bytes()],
+            }),
+        );
+        d.bind(0, 1, Resource::Buffer(vec![0; 16 * 32]));
+        let report = shader.run(&mut d).unwrap();
+        assert_eq!(report.errors().count(), 0, "{report}");
+        report.counters.unwrap()
+    };
+    // Adjacent texels: 32 × 8 bytes in 8 whole sectors.
+    let c = run(1, TexelFormat::Rgba16Float);
+    assert_eq!(c.texture_reads, 32);
+    let t = c.texture;
+    assert_eq!((t.loads, t.bytes_read, t.sectors_read), (1, 256, 8));
+    assert_eq!(t.sector_efficiency(), 1.0);
+    // Each lane its own key of 32 texels (d 128 in f16): a sector per lane, a quarter used.
+    let t = run(32, TexelFormat::Rgba16Float).texture;
+    assert_eq!((t.loads, t.bytes_read, t.sectors_read), (1, 256, 32));
+    assert_eq!(t.sector_efficiency(), 0.25);
+    // The same in f32: half of each sector.
+    assert_eq!(
+        run(32, TexelFormat::Rgba32Float)
+            .texture
+            .sector_efficiency(),
+        0.5
+    );
+    // Buffers' traffic is apart from the texture's.
+    assert_eq!(run(1, TexelFormat::Rgba16Float).global.loads, 0);
 }

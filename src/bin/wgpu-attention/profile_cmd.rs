@@ -320,7 +320,7 @@ fn print_kernel(k: &KernelProfile) {
         "    {:.3} GFLOP (f32 {:.3}, f16 {:.3}, coop {:.3}), {:.3} G special; global {:.1} MB \
          requested in {:.1} MB of sectors ({:.0} % sector efficiency), {:.1} M loads; \
          shared {:.1} M accesses, {:.2} ways; per lane {:.0} instructions, {:.1} barriers; \
-         per subgroup {:.1} loads that wait; {} atomics, {} texels",
+         per subgroup {:.1} loads that wait; {} atomics, {} texels{}",
         c.flops() as f64 / 1e9,
         c.flops_f32 as f64 / 1e9,
         c.flops_f16 as f64 / 1e9,
@@ -337,6 +337,14 @@ fn print_kernel(k: &KernelProfile) {
         c.load_waits as f64 / c.subgroups.max(1) as f64,
         c.atomics,
         c.texture_reads,
+        if c.texture.loads + c.texture.stores > 0 {
+            format!(
+                " ({:.0} % sector efficiency, row-major layout)",
+                100.0 * c.texture.sector_efficiency()
+            )
+        } else {
+            String::new()
+        },
     );
     println!(
         "    occupancy: {} workgroups ({} warps, {:.0} %) per SM, limited by {} ({} registers, \

@@ -7,7 +7,7 @@ use naga::{Expression, MathFunction as M, Statement};
 
 use super::memory::GMem;
 use super::{Exec, Ptr};
-use crate::counters::{Counters, BANKS, SECTOR_BYTES};
+use crate::counters::{Counters, BANKS};
 use crate::types::K;
 
 /// One subgroup's counts and the accesses of the instruction running.
@@ -150,6 +150,27 @@ impl Exec<'_, '_> {
         }
     }
 
+    /// One subgroup-wide texture access: the lanes' texels `(x, y)` (in bounds) of a
+    /// `width`-texel-wide texture of `texel_bytes` per texel, as sectors of its row-major
+    /// layout ([`Counters::texture`]).
+    pub(super) fn tally_texels(
+        &mut self,
+        texels: &[(u32, u32)],
+        width: u32,
+        texel_bytes: u64,
+        write: bool,
+    ) {
+        if let Some(t) = self.tally.as_deref_mut() {
+            let mut at: Vec<u64> = texels
+                .iter()
+                .map(|&(x, y)| (u64::from(y) * u64::from(width) + u64::from(x)) * texel_bytes)
+                .collect();
+            at.sort_unstable();
+            t.c.texture
+                .add_access(at.into_iter().map(|o| (o, texel_bytes)), write);
+        }
+    }
+
     /// Notes one lane's access of `n` leaves of kind `k` at `p` in shared memory (workgroup
     /// memory: leaf offsets; a buffer: the leaves' byte offsets `offsets` from `p`).
     pub(super) fn tally_access(&mut self, p: Ptr, k: Option<K>, n: usize, offsets: &[u32]) {
@@ -197,37 +218,18 @@ impl Exec<'_, '_> {
             while at < t.global.len() {
                 let mem = t.global[at].0;
                 let end = at + t.global[at..].iter().take_while(|a| a.0 == mem).count();
-                let mut bytes = 0u64;
-                let mut sectors = 0u64;
-                let mut last = u64::MAX;
-                for &(_, off, b) in &t.global[at..end] {
-                    bytes += u64::from(b);
-                    let (s0, s1) = (
-                        u64::from(off) / SECTOR_BYTES,
-                        (u64::from(off) + u64::from(b) - 1) / SECTOR_BYTES,
-                    );
-                    for s in s0..=s1 {
-                        if last == u64::MAX || s > last {
-                            sectors += 1;
-                            last = s;
-                        }
-                    }
-                }
+                let one = t.global[at..end]
+                    .iter()
+                    .map(|&(_, off, b)| (u64::from(off), u64::from(b)));
                 let binding = match &self.g.as_ref().expect("the baton").mem[mem as usize] {
                     GMem::Bytes { binding, .. } => *binding,
                     _ => (u32::MAX, u32::MAX),
                 };
-                for traffic in [&mut t.c.global, t.c.by_binding.entry(binding).or_default()] {
-                    if write {
-                        traffic.stores += 1;
-                        traffic.bytes_written += bytes;
-                        traffic.sectors_written += sectors;
-                    } else {
-                        traffic.loads += 1;
-                        traffic.bytes_read += bytes;
-                        traffic.sectors_read += sectors;
-                    }
-                }
+                t.c.global.add_access(one.clone(), write);
+                t.c.by_binding
+                    .entry(binding)
+                    .or_default()
+                    .add_access(one, write);
                 at = end;
             }
             if !write && !t.loaded {

@@ -61,7 +61,8 @@ impl Exec<'_, '_> {
         let order = self.instruction(Some(Ptr { mem: gi, off: 0 }), mask, false)?;
         self.tally_add(|c| &mut c.texture_reads, u64::from(mask.count_ones()));
         self.tally_load_wait();
-        let (tw, th) = {
+        let mut texels: Vec<(u32, u32)> = Vec::new();
+        let (tw, th, tb) = {
             let g = self.g.as_mut().expect("the baton");
             let GMem::Tex { tex, .. } = &g.mem[gi as usize] else {
                 return Err(internal("texture memory"));
@@ -76,9 +77,11 @@ impl Exec<'_, '_> {
                     continue;
                 }
                 read_texel(tex, x, y, dst);
+                texels.push((x, y));
             }
-            (tex.width, tex.height)
+            (tex.width, tex.height, tex.format.bytes() as u64)
         };
+        self.tally_texels(&texels, tw, tb, false);
         for (l, x, y, lev) in bad {
             let name = self.mem_name(fr, Ptr { mem: gi, off: 0 });
             self.finding(FK::OutOfBounds, span, Some(l), None, None, || {
@@ -120,7 +123,8 @@ impl Exec<'_, '_> {
             atomic: false,
         };
         let mut events: Vec<(usize, u32, u32, Option<Race>)> = Vec::new();
-        {
+        let mut texels: Vec<(u32, u32)> = Vec::new();
+        let (tw, tb) = {
             let inv0 = self.inv0;
             let g = self.g.as_mut().expect("the baton");
             let GMem::Tex { tex, shadow, .. } = &mut g.mem[gi as usize] else {
@@ -137,6 +141,7 @@ impl Exec<'_, '_> {
                     *vi = math::to_f64(vk, vals[l * 4 + i]) as f32;
                 }
                 write_texel(tex, x, y, &v);
+                texels.push((x, y));
                 let t = (y * tex.width + x) as usize;
                 if !shadow.is_empty() {
                     acc.me = inv0 + l as u32;
@@ -147,7 +152,9 @@ impl Exec<'_, '_> {
                     }
                 }
             }
-        }
+            (tex.width, tex.format.bytes() as u64)
+        };
+        self.tally_texels(&texels, tw, tb, true);
         for (l, x, y, r) in events {
             let name = self.mem_name(fr, Ptr { mem: gi, off: 0 });
             match r {
