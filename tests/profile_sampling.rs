@@ -105,6 +105,68 @@ fn d646ab0s_own_text_is_counted_where_it_is_kept() {
     assert!(e.contains("d 64, f32"), "{e}");
 }
 
+/// A causal window's block map (made on the host for a preset) reaches the counted kernel:
+/// counted whole, the fused kernel visits only the key tiles the host says the map leaves
+/// (a map read as zeros is off, and every causal tile is visited: 136 here, not 108); its
+/// lightest workgroups sampled agree with every one counted. `--d646ab0` counts that
+/// commit's text composed with the window's code where its grid is unsplit (as the H100
+/// run's was), and refuses a split grid or another window with the reason.
+#[test]
+fn a_window_is_counted_on_the_tiles_its_block_map_leaves() {
+    let dev = DeviceSpec::h100();
+    let window = |(batch, heads, n), w| Problem {
+        window: Some(w),
+        ..problem((batch, heads, n), true)
+    };
+    let fused = |ctx, p: &Problem, (rows, keys), sample, era| {
+        let v = FlashVariant::Blocked { rows, keys };
+        profile::profile_flash(ctx, &dev, p, v, sample, era).map(|k| {
+            k.into_iter()
+                .find(|k| k.kernel == "flash_blocked.wgsl")
+                .unwrap()
+        })
+    };
+    let one_tile = |k: &profile::KernelProfile, (rows, keys): (u32, u32)| {
+        let per_tile = k.counters.flops() as f64 / k.tiles.as_ref().unwrap().total() as f64;
+        let qk_pv = 2.0 * 2.0 * f64::from(rows * keys) * 64.0;
+        assert!(
+            per_tile > qk_pv && per_tile < 1.15 * qk_pv,
+            "{per_tile} vs {qk_pv}"
+        );
+    };
+    let now = profile::context(32, Era::Today).unwrap();
+    let p = window((1, 1, 1024), 511);
+    let exact = fused(&now, &p, (64, 64), None, Era::Today).unwrap();
+    let sampled = fused(&now, &p, (64, 64), Some(4), Era::Today).unwrap();
+    // Row block r sees key tiles r - 8 ..= r: 1 + 2 + … + 8, then 8 blocks of 9.
+    assert_eq!(exact.tiles.as_ref().unwrap().total(), 108);
+    one_tile(&exact, (64, 64));
+    let near = |a: u64, b: u64| (a as f64 / b as f64 - 1.0).abs() < 0.01;
+    let (e, s) = (&exact.counters, &sampled.counters);
+    assert!(near(s.flops(), e.flops()), "{} vs {}", s.flops(), e.flops());
+    assert!(near(s.instructions, e.instructions));
+
+    let then = profile::context(32, Era::D646ab0).unwrap();
+    // 4 heads of 32 blocks of 32 rows: 128 workgroups, unsplit.
+    let unsplit = window((1, 4, 1024), 511);
+    let k = fused(&then, &unsplit, (32, 64), Some(4), Era::D646ab0).unwrap();
+    one_tile(&k, (32, 64));
+    let e = fused(&then, &p, (64, 64), Some(4), Era::D646ab0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("split"), "{e}");
+    let e = fused(
+        &then,
+        &window((1, 4, 1024), 63),
+        (32, 64),
+        Some(4),
+        Era::D646ab0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("window (511)"), "{e}");
+}
+
 /// A decode step too large to fill is counted on a divisor of its batch: the most sequences
 /// whose K and V fit `DECODE_CACHE_BYTES`, at least one.
 #[test]

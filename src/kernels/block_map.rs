@@ -99,9 +99,24 @@ impl MapShape {
 pub(crate) struct BlockMap {
     pub blocks: wgpu::Buffer,
     pub uniform: wgpu::Buffer,
+    /// What the host wrote: the uniform's words and, for a map made on the host, the map's
+    /// (`kernels::capture` hands them to the profile, whose buffers otherwise start as
+    /// zeros: a map read as zeros is off, and the kernel walks every tile).
+    written: ([u32; 8], Option<std::sync::Arc<[u32]>>),
 }
 
 impl BlockMap {
+    /// The buffers the host wrote and their bytes: the uniform, and the map where it was
+    /// made on the host (one made by `block_map.wgsl` is left out: its kernel writes it).
+    pub(crate) fn host_written(&self) -> Vec<(&wgpu::Buffer, Vec<u8>)> {
+        let (uniform, blocks) = &self.written;
+        let mut out = vec![(&self.uniform, bytemuck::cast_slice(uniform).to_vec())];
+        if let Some(words) = blocks {
+            out.push((&self.blocks, bytemuck::cast_slice(words).to_vec()));
+        }
+        out
+    }
+
     /// Computes the map of `shape` for the modifiers `mods`, which read the batch and head
     /// indices as `axes` says: on the host when every mask modifier is a preset, else with
     /// `block_map.wgsl` in a submission of its own (whatever becomes of the call that asked,
@@ -166,11 +181,16 @@ impl BlockMap {
             narrow(span_base),
             u32::from(fits),
         ];
+        let uniform_words = uniform;
         let uniform = crate::gpu::buffer::uniform(ctx, "block map", &uniform)?;
         if let Some(words) = on_host {
             let blocks =
                 crate::gpu::buffer::upload(ctx, "block map", bytemuck::cast_slice(&words))?;
-            return Ok(BlockMap { blocks, uniform });
+            return Ok(BlockMap {
+                blocks,
+                uniform,
+                written: (uniform_words, Some(words.into())),
+            });
         }
         let blocks = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("block map"),
@@ -181,8 +201,13 @@ impl BlockMap {
                 | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let written = (uniform_words, None);
         if !fits {
-            return Ok(BlockMap { blocks, uniform });
+            return Ok(BlockMap {
+                blocks,
+                uniform,
+                written,
+            });
         }
         let params = BlockMapParams {
             n_q: shape.n_q,
@@ -212,7 +237,11 @@ impl BlockMap {
             query_blocks,
         )?;
         ctx.queue.submit([encoder.finish()]);
-        Ok(BlockMap { blocks, uniform })
+        Ok(BlockMap {
+            blocks,
+            uniform,
+            written,
+        })
     }
 }
 

@@ -411,6 +411,9 @@ pub(crate) struct Captured {
     pub params: Vec<u8>,
     /// Every buffer bound (a texture: 0 bytes).
     pub buffers: Vec<CapturedBuffer>,
+    /// What the host wrote into some of them before the call, by buffer id, where it is
+    /// known: a block map made on the host and its uniform (the rest start as zeros).
+    pub written: Vec<(u64, Vec<u8>)>,
 }
 
 /// One buffer of a [`Captured`] dispatch.
@@ -465,6 +468,16 @@ fn captured<K: Kernel>(
         })
         .collect();
     let group1 = mods.as_ref().map(|m| m.buffers()).unwrap_or_default();
+    let written = mods
+        .as_ref()
+        .and_then(|m| m.map)
+        .map(|map| {
+            map.host_written()
+                .into_iter()
+                .map(|(b, bytes)| (buffer_id(b), bytes))
+                .collect()
+        })
+        .unwrap_or_default();
     buffers.extend(
         group1
             .into_iter()
@@ -479,6 +492,7 @@ fn captured<K: Kernel>(
         workgroups,
         params: bytemuck::bytes_of(params).to_vec(),
         buffers,
+        written,
     }
 }
 

@@ -5,8 +5,9 @@
 //! counters on, on a sample of its workgroups ([`wgsl_sanitizer::Counters`]); then the
 //! occupancy and the time [`model`] on a [`DeviceSpec`].
 //!
-//! The buffers start as zeros (the inputs' values change no address in these kernels); what
-//! a dispatch writes is kept for the dispatches after it in the same call (a block map made
+//! The buffers start as zeros (the inputs' values change no address in these kernels), or as
+//! the host wrote them where the capture knows it (a block map made on the host); what a
+//! dispatch writes is kept for the dispatches after it in the same call (a block map made
 //! by one kernel is read by the next), where the writer ran whole.
 
 mod device;
@@ -126,9 +127,17 @@ fn count(
             d.bind(b.group, b.binding, Resource::Texture(texture));
             continue;
         }
+        // Zeros, or what the host wrote (a block map made on the host).
         let bytes = buffers
             .entry(b.id)
-            .or_insert_with(|| vec![0; b.bytes as usize])
+            .or_insert_with(|| {
+                let mut bytes = vec![0; b.bytes as usize];
+                if let Some((_, w)) = c.written.iter().find(|(id, _)| *id == b.id) {
+                    let n = w.len().min(bytes.len());
+                    bytes[..n].copy_from_slice(&w[..n]);
+                }
+                bytes
+            })
             .clone();
         d.bind(b.group, b.binding, Resource::Buffer(bytes));
     }
@@ -392,9 +401,10 @@ pub enum Era {
     Today,
     /// `flash_blocked` as commit d646ab0 ran it on the H100 (2026-11-27): its own text as
     /// that commit composed it for the H100 (kept compressed in `src/profile/d646ab0/`: d 64,
-    /// f32, its three block shapes), driven by today's host values (the uniform block is
-    /// checked to be the same), causal query blocks lightest first as it walked them; the
-    /// planning options of that time (scalar loads, Q staged with every key tile).
+    /// f32, its three block shapes; with the window of 511, its text composed with that
+    /// window's modifier code), driven by today's host values (the uniform block is checked
+    /// to be the same), causal query blocks lightest first as it walked them; the planning
+    /// options of that time (scalar loads, Q staged with every key tile).
     D646ab0,
 }
 
@@ -442,13 +452,30 @@ fn params_struct(source: &str) -> Option<&str> {
     Some(&source[start..start + end])
 }
 
+/// The code d646ab0's `ModsUpload::new` made for `Preset::Window { left: 511, right: 0 }`
+/// (the H100 run's `bench --sparse` window), which its `with_modifiers` appended to the
+/// kernel in place of the identity stubs: the preset's mask, `wa_keep` and `wa_score_log2`
+/// around it, and the block map's readers (`wa_block` per key tile, `wa_span` for the loop's
+/// keys). Today's code makes the same text (its generator's output has not changed since);
+/// it is kept so that a later change does not alter what d646ab0 ran.
+const D646AB0_WINDOW_511: &[u8] = include_bytes!("d646ab0/mods-window-511-0.wgsl.gz");
+
+/// The `@group(1)` declarations of a kernel text: the modifiers' bindings.
+fn group1(source: &str) -> Vec<&str> {
+    source
+        .lines()
+        .filter(|l| l.starts_with("@group(1)"))
+        .collect()
+}
+
 /// d646ab0's `flash_blocked` text in place of `captured`'s (today's, for the same problem and
 /// block shape): the same bindings and, checked here, the same uniform block, so today's
-/// host values drive d646ab0's kernel.
+/// host values drive d646ab0's kernel. With `p`'s window (511, the H100 run's), the text
+/// d646ab0 composed for it: its kernel with the window's code in place of the stubs.
 ///
 /// # Errors
-/// A problem or block shape d646ab0's text is not kept for (d 64 f32 only), or a uniform
-/// block that has changed since.
+/// A problem, window or block shape d646ab0's text is not kept for (d 64 f32 only), or a
+/// uniform block or modifier bindings that have changed since.
 fn d646ab0_source(captured: &str, p: &Problem, (rows, keys): (u32, u32)) -> Result<String> {
     let fail = |message: String| Error::Sanitizer {
         kernel: "flash_blocked.wgsl".into(),
@@ -465,13 +492,40 @@ fn d646ab0_source(captured: &str, p: &Problem, (rows, keys): (u32, u32)) -> Resu
         .find(|(shape, ..)| *shape == (rows, keys))
         .map(|(_, gz, _)| *gz)
         .ok_or_else(|| fail(format!("d646ab0 had no {rows}x{keys} blocks")))?;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text)
-        .map_err(|e| fail(format!("the kept text does not decompress: {e}")))?;
+    let gunzip = |gz: &[u8]| {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz), &mut text)
+            .map_err(|e| fail(format!("the kept text does not decompress: {e}")))
+            .map(|_| text)
+    };
+    let mut text = gunzip(gz)?;
     if params_struct(&text) != params_struct(captured) {
         return Err(fail(
             "today's uniform block differs from d646ab0's: its values would be misread".into(),
         ));
+    }
+    match p.window {
+        None => {}
+        Some(511) => {
+            // `with_modifiers` appended "\n" and the stubs (their first is `wa_keep`) to the
+            // composed kernel; the window's code takes their place.
+            let stubs = text
+                .rfind("fn wa_keep(")
+                .ok_or_else(|| fail("the kept text has no modifier stubs".into()))?;
+            text = format!("{}{}", &text[..stubs], gunzip(D646AB0_WINDOW_511)?);
+            if group1(&text) != group1(captured) {
+                return Err(fail(
+                    "today's modifier bindings differ from d646ab0's: the block map would be \
+                     misread"
+                        .into(),
+                ));
+            }
+        }
+        Some(w) => {
+            return Err(fail(format!(
+                "d646ab0's window text is kept for the H100 run's window (511), not {w}"
+            )))
+        }
     }
     Ok(text)
 }
@@ -500,6 +554,18 @@ pub fn profile_flash(
             .iter_mut()
             .filter(|c| c.label == "flash_blocked.wgsl")
         {
+            // d646ab0 split a call's keys by the same rule (fewer than 2 · 64 workgroups),
+            // into its split variant, which is not kept.
+            if c.variant.contains("split: 1") {
+                return Err(Error::Sanitizer {
+                    kernel: c.label.into(),
+                    message: format!(
+                        "profile --d646ab0: {} workgroups split their keys, and d646ab0's \
+                         split text is not kept (only the H100 run's unsplit grids)",
+                        c.workgroups.iter().product::<u32>()
+                    ),
+                });
+            }
             c.source = d646ab0_source(&c.source, p, (rows, keys))?;
         }
     }

@@ -16,9 +16,10 @@ use crate::kernels::Captured;
 pub struct Tiles {
     /// Tiles each workgroup visits (by linear workgroup index).
     pub visits: Vec<u32>,
-    /// Tiles each visits in the profile's run of it, where that differs from `visits` (the
-    /// window's map is not made in a capture: those rows then walk every key up to the
-    /// diagonal); such workgroups are never sampled.
+    /// Tiles each would visit with a window's block map off (every key up to the diagonal),
+    /// where that differs from `visits`: the profile reads the map as the host made it (or
+    /// as its kernel wrote it), so these run as `visits` unless the map is off (one past a
+    /// binding's size); such workgroups are left out of the sample either way.
     pub run: Vec<u32>,
     /// Keys in the range each workgroup visits (a partial last tile's products past the
     /// range's end are skipped: its P·V work follows the keys, its Q·Kᵀ the tiles).
