@@ -159,9 +159,16 @@ pub fn predict(
             };
             vec![(t, bound)]
         }
-        // Throughput bounds lose the idle part of the last round.
+        // Throughput bounds: the SM given the most workgroups sets the time (⌈wgs / SMs⌉
+        // against the mean), and an SM whose warps are fewer than its schedulers issues at
+        // that fraction. A partial last round costs its share of the SM, not a whole round
+        // (what a round of chains costs is the latency bound's).
         _ => {
-            let quantise = (rounds * slots / wgs).max(1.0);
+            let per_sm = wgs / sms;
+            let warps_per_wg = f64::from(occ.warps) / f64::from(occ.workgroups.max(1));
+            let warps = per_sm.ceil().min(f64::from(occ.workgroups.max(1))) * warps_per_wg;
+            let fill = (warps / f64::from(dev.issue_per_clock.max(1))).min(1.0);
+            let quantise = per_sm.ceil() / per_sm / fill.max(1e-9);
             vec![
                 (busy * quantise, on_sm_bound),
                 (latency, Bottleneck::Latency),
@@ -235,7 +242,19 @@ pub fn registers(label: &str, variant: &str, d: usize) -> (u32, &'static str) {
             };
             (r, "RDNA3 VGPRs (shader-stats)")
         }
-        "decode_partial_gpu.wgsl" => (if wide { 120 } else { 48 }, "RDNA3 VGPRs (shader-stats)"),
+        "decode_partial_gpu.wgsl" => {
+            // Today's text with K staged side by side (tools/shader-stats, gfx1100,
+            // 2026-11-29): 1 row 72, 2 rows 72 at d 128 and 96 at d 64, 4 rows 96, 8 rows 120.
+            let rows = |n: u32| variant.contains(&format!("rows: {n},"));
+            let r = if rows(8) {
+                120
+            } else if rows(4) || (rows(2) && !wide) {
+                96
+            } else {
+                72
+            };
+            (r, "RDNA3 VGPRs (shader-stats)")
+        }
         "decode_combine.wgsl" => (24, "RDNA3 VGPRs (shader-stats)"),
         "coop_matmul.wgsl" | "flash_coop.wgsl" => (128, "estimate (Mesa cannot compile coop)"),
         "matmul_blocked.wgsl" => (96, "RDNA3 VGPRs (shader-stats)"),
