@@ -168,10 +168,11 @@ impl<'a> Mask<'a> {
     /// match the batch; [`Error::InvalidArgument`] for NaN, `+inf` or values over [`CEILING`]
     /// (naming the first index), and lengths over `n_kv`.
     pub fn bias(&self, target: [usize; 4]) -> Result<Option<Array4<f32>>> {
+        // The modifiers are checked against the problem even when there is no bias to build.
+        let shape = self.check(target)?;
         if self.has_no_bias() {
             return Ok(None);
         }
-        let shape = self.check(target)?;
         // The mask in its own shape, padded on the left to four axes, then broadcast.
         let own = |m: ArrayD<f32>| -> Result<Array4<f32>> {
             let mut padded = [1usize; 4];

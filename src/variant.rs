@@ -21,6 +21,7 @@ use crate::kernels::MaskArg;
 /// storage and workgroup memory are slow), and need `Features::SUBGROUP` with a fixed
 /// subgroup size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Kernels {
     /// Pick for the adapter by measuring (the autotuner); a problem too large for the
     /// subgroup family's textures runs on the storage kernels.
@@ -102,6 +103,7 @@ impl FlashVariant {
 
 /// Which kernel computes a matmul.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum MatmulVariant {
     /// `matmul.wgsl`: storage buffers, 64 × 64 workgroup tiles in workgroup memory.
     Tiled,

@@ -2,9 +2,9 @@
 //! workgroups, weighted by the key tiles each visits (which the host knows), estimate what
 //! every workgroup together counts: FLOPs and instructions within 1 % on the block shapes
 //! whose diagonal tiles differ (64 × 64, 32 × 64 with its half-empty tiles, 64 × 32). And
-//! what the counts hold the kernels to (issue 37, item 5): the backward's accesses in whole
-//! sectors without bank conflicts, a decode step's few waits per key tile, and a decode batch
-//! too large to fill counted on a divisor of it.
+//! what the counts hold the kernels to, where a GPU would otherwise waste bandwidth or wait:
+//! the backward's accesses in whole sectors without bank conflicts, a decode step's few waits
+//! per key tile, and a decode batch too large to fill counted on a divisor of it.
 
 use wgpu_attention::internals::FlashVariant;
 use wgpu_attention::profile::{self, DeviceSpec, Era, Problem};
@@ -180,9 +180,10 @@ fn a_large_decode_batch_is_counted_on_a_divisor_of_it() {
     assert_eq!(counted((6, 32, 4096, 128), Dtype::F32), 3);
 }
 
-/// Issue 37's targets for the fused backward, on a small problem: every global access in
-/// whole sectors (≥ 90 %) and workgroup memory without bank conflicts (≤ 1.25 ways), for
-/// each of its kernels (d 64 and 128: 4 and 8 threads per key or row).
+/// The fused backward on a small problem: every global access in whole sectors (≥ 90 %: a
+/// partial sector spends bandwidth on bytes nobody reads) and workgroup memory without bank
+/// conflicts (≤ 1.25 ways: each extra way serialises the access), for each of its kernels
+/// (d 64 and 128: 4 and 8 threads per key or row).
 #[test]
 fn the_backward_kernels_load_whole_sectors_without_bank_conflicts() {
     let ctx = profile::context(32, Era::Today).unwrap();

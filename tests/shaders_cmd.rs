@@ -108,6 +108,16 @@ fn shaders_writes_every_variant_and_lists_it() {
         let f = dir.path().join(format!("{stem}.wgsl"));
         assert!(listed.contains(&f.display().to_string()), "{stem} missing");
     }
+    // The fused backward's storage kernels with each profile's constants: a key per thread
+    // on the CPU adapter, 4 threads per key on a GPU.
+    let kv = |folder: &str| {
+        let f = dir
+            .path()
+            .join(format!("{folder}/flash-backward-kv-d64-f32-mask0.wgsl"));
+        std::fs::read_to_string(f).unwrap()
+    };
+    assert!(kv("cpu").contains("const CT: u32 = 1u;"), "{}", kv("cpu"));
+    assert!(kv("storage").contains("const CT: u32 = 4u;"));
     let emulated = dir
         .path()
         .join("stand-in/flash-blocked-64x64-d64-f32-sgr-emu32.wgsl");

@@ -17,6 +17,7 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use wgpu_attention::half::f16;
+use wgpu_attention::modifiers::{BufferSpec, ModifierSpec, PresetSpec, SourceSpec};
 use wgpu_attention::ndarray::{Array1, ArrayD, ArrayView4, ArrayViewD, Ix1, Ix2, Ix4};
 use wgpu_attention::{
     list_adapters, Attention, Backend, BufferData, Context, ContextOptions, Decoder, Dtype, Error,
@@ -324,8 +325,16 @@ where
 /// true) and `softcap`. Score modifiers apply in the order the caller's `score_mod`, ALiBi,
 /// the relative bias, the soft-cap; mask modifiers are and-ed.
 fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
-    let mut m = Modifiers::new();
-    let Some(kw) = kw else { return Ok(m) };
+    let spec = modifier_spec(kw)?;
+    guarded(|| spec.modifiers())
+}
+
+/// The keywords as the library's [`ModifierSpec`], which names, defaults and checks every
+/// modifier: here only the keywords' Python types are checked, and arrays read with their
+/// shapes.
+fn modifier_spec(kw: Option<&Bound<'_, PyDict>>) -> PyResult<ModifierSpec> {
+    let mut spec = ModifierSpec::new();
+    let Some(kw) = kw else { return Ok(spec) };
     for key in kw.keys() {
         let key: String = key.extract()?;
         if !MODIFIER_KEYWORDS.contains(&key.as_str()) {
@@ -334,86 +343,65 @@ fn modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<Modifiers> {
             )));
         }
     }
-    if let Some(src) = keyword::<String>(kw, "score_mod", "WGSL source (a str)")? {
-        m = m.score_mod("score_mod", src);
-    }
-    if let Some(src) = keyword::<String>(kw, "score_mod_grad", "WGSL source (a str)")? {
-        m = m.score_mod_grad("score_mod_grad", src);
-    }
-    if let Some(src) = keyword::<String>(kw, "mask_mod", "WGSL source (a str)")? {
-        m = m.mask_mod("mask_mod", src);
-    }
+    let source = |name: &str| -> PyResult<Option<SourceSpec>> {
+        Ok(keyword::<String>(kw, name, "WGSL source (a str)")?
+            .map(|src| SourceSpec::new(name, src)))
+    };
+    spec.score_mod = source("score_mod")?;
+    spec.score_mod_grad = source("score_mod_grad")?;
+    spec.mask_mod = source("mask_mod")?;
     if let Some(buffers) = keyword::<Bound<'_, PyDict>>(kw, "mod_buffers", "a dict")? {
         for (name, a) in buffers.iter() {
             let name: String = name
                 .extract()
                 .map_err(|_| PyTypeError::new_err("mod_buffers' keys must be strings"))?;
             let data = buffer_data(&name, &a)?;
-            m = m.buffer(name, data);
+            spec.buffers.push(BufferSpec::new(name, data));
         }
     }
     if let Some((left, right)) = keyword::<(u32, u32)>(kw, "window", "(left, right), two u32")? {
-        m = m.preset(Preset::Window { left, right });
+        spec.presets.push(PresetSpec::Window([left, right]));
     }
     if let Some(p) = keyword::<u32>(kw, "prefix_length", "a u32")? {
-        m = m.preset(Preset::PrefixLm(p));
+        spec.presets.push(PresetSpec::PrefixLm(p));
     }
     if let Some(ids) = keyword::<PyReadonlyArrayDyn<'_, i32>>(kw, "document_ids", "an int32 array")?
     {
         let ids = ids.as_array();
-        let n = match ids.shape() {
-            [_, n] => *n,
-            s => {
-                return Err(PyValueError::new_err(format!(
-                    "document_ids must be 2-D (batch, n), got shape {s:?}"
-                )))
-            }
-        };
-        let n = u32::try_from(n)
-            .map_err(|_| PyValueError::new_err("document_ids has too many positions"))?;
-        m = m.preset(Preset::Documents {
-            ids: ids.iter().copied().collect(),
-            n,
-        });
+        let flat: Vec<i32> = ids.iter().copied().collect();
+        let p = PresetSpec::documents_array("document_ids", ids.shape(), &flat);
+        spec.presets.push(guarded(|| p)?);
     }
     if let Some(slopes) = keyword::<Arr<'_>>(kw, "alibi_slopes", "a float32 array")? {
         let slopes = slopes.as_array();
-        if slopes.ndim() != 1 {
-            return Err(PyValueError::new_err(format!(
-                "alibi_slopes must be 1-D (one per query head), got shape {:?}",
-                slopes.shape()
-            )));
-        }
-        m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+        let p = PresetSpec::alibi_array(
+            "alibi_slopes",
+            slopes.shape(),
+            slopes.iter().copied().collect(),
+        );
+        spec.presets.push(guarded(|| p)?);
     }
     let max_distance = keyword::<u32>(kw, "relative_bias_max_distance", "a u32")?;
     let bidirectional = keyword::<bool>(kw, "relative_bias_bidirectional", "a bool")?;
     if let Some(table) = keyword::<Arr<'_>>(kw, "relative_bias", "a float32 array")? {
         let table = table.as_array();
-        let buckets = match table.shape() {
-            [buckets, _] => u32::try_from(*buckets)
-                .map_err(|_| PyValueError::new_err("relative_bias has too many buckets"))?,
-            s => {
-                return Err(PyValueError::new_err(format!(
-                    "relative_bias must be 2-D (buckets, heads), got shape {s:?}"
-                )))
-            }
-        };
-        m = m.preset(Preset::RelativeBias {
-            table: table.iter().copied().collect(),
-            buckets,
-            max_distance: max_distance.unwrap_or(128),
-            bidirectional: bidirectional.unwrap_or(true),
-        });
+        let p = PresetSpec::relative_bias_array(
+            "relative_bias",
+            table.shape(),
+            table.iter().copied().collect(),
+            max_distance,
+            bidirectional,
+        );
+        spec.presets.push(guarded(|| p)?);
     } else if max_distance.is_some() || bidirectional.is_some() {
         return Err(PyTypeError::new_err(
             "relative_bias_max_distance and relative_bias_bidirectional need relative_bias",
         ));
     }
     if let Some(c) = keyword::<f32>(kw, "softcap", "a float")? {
-        m = m.preset(Preset::Softcap(c));
+        spec.presets.push(PresetSpec::Softcap(c));
     }
-    Ok(m)
+    Ok(spec)
 }
 
 /// Attention on Q `(B, H, L, E)`, K `(B, H_kv, S, E)`, V `(B, H_kv, S, Ev)` (float32, any
@@ -825,8 +813,7 @@ fn alibi_slopes(py: Python<'_>, heads: usize) -> PyResult<Bound<'_, PyArrayDyn<f
 #[pyfunction]
 #[pyo3(signature = (**kw))]
 fn check_modifiers(kw: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
-    let m = modifiers(kw)?;
-    guarded(|| m.check())
+    modifiers(kw).map(drop)
 }
 
 /// Panics inside the guard every call runs in: the tests' proof that a Rust panic comes out

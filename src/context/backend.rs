@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 
 /// A graphics API wgpu can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Backend {
     /// Vulkan (Linux, Windows, Android; lavapipe is a software Vulkan driver).
     Vulkan,

@@ -23,6 +23,7 @@
 mod blocks;
 mod check;
 mod preset;
+mod spec;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +33,7 @@ use std::sync::{Arc, OnceLock};
 use crate::error::{Error, Result};
 pub(crate) use blocks::Grid;
 pub use preset::Preset;
+pub use spec::{BufferSpec, ModifierSpec, PresetSpec, RelativeBiasSpec, SourceSpec};
 
 /// What a caller's score modifier must be: applied to the scaled score, before masking.
 pub const SCORE_MOD_SIGNATURE: &str =
@@ -47,6 +49,7 @@ const RESERVED_PREFIX: &str = "wa_";
 
 /// The elements of a modifier buffer.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum BufferData {
     /// An `array<f32>` (per-head slopes, a bias table).
     F32(Vec<f32>),
@@ -463,27 +466,32 @@ impl Modifiers {
             match p {
                 Preset::Alibi(slopes) if slopes.len() != heads => {
                     return Err(Error::shape(format!(
-                        "ALiBi has {} slopes, one per query head is {heads}",
+                        "ALiBi has {} slopes; the query has {heads} heads (one slope per head)",
                         slopes.len()
                     )))
                 }
                 Preset::RelativeBias { table, buckets, .. }
                     if table.len() != *buckets as usize * heads =>
                 {
+                    let has = table.len() / (*buckets).max(1) as usize;
                     return Err(Error::shape(format!(
-                        "a relative bias table of {} values, (buckets, heads) = ({buckets}, \
-                         {heads}) is needed",
-                        table.len()
-                    )))
+                        "the relative bias table has {has} heads, (buckets, heads) = \
+                         ({buckets}, {has}); the query has {heads} heads"
+                    )));
                 }
                 Preset::Documents { ids, n } => {
                     let n = *n as usize;
-                    if ids.len() != batch * n || n < n_q.max(n_kv) {
+                    if n < n_q.max(n_kv) {
+                        return Err(Error::shape(format!(
+                            "document ids have {n} positions; the query has {n_q} and the key \
+                             {n_kv} (one id per position)"
+                        )));
+                    }
+                    if ids.len() != batch * n {
                         return Err(Error::shape(format!(
                             "document ids of {} values in rows of {n}: (batch, n) = ({batch}, \
-                             at least {}) is needed",
-                            ids.len(),
-                            n_q.max(n_kv)
+                             {n}) is needed",
+                            ids.len()
                         )));
                     }
                 }

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 
 /// A preset, generated as WGSL under its own `wa_` function name.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Preset {
     /// Query `i` sees key `j` when `i − left ≤ j ≤ i + right` (top-left aligned).
     Window {
@@ -98,7 +99,7 @@ impl Preset {
 
     /// Checks what the preset alone must be, whatever the problem: a soft-cap finite and
     /// positive; ALiBi slopes present and finite; a relative bias table finite, of at least
-    /// 2 buckets, its `max_distance` past the exact buckets' reach; documents in rows of at
+    /// 2 buckets and 1 head, its `max_distance` past the exact buckets' reach; documents in rows of at
     /// least one position. (What depends on the problem, the heads and the positions, is
     /// [`super::Modifiers::check_problem`]'s.) Every front end (the CLI, Python, the browser)
     /// relies on it, through [`super::Modifiers::check`].
@@ -120,10 +121,26 @@ impl Preset {
                 "relative bias",
                 "the table must hold finite values",
             )),
-            Preset::RelativeBias { buckets, .. } if *buckets < 2 => Err(Error::invalid(
-                "relative bias",
-                format!("{buckets} bucket(s): at least 2 are needed"),
-            )),
+            Preset::RelativeBias { table, buckets, .. } if *buckets < 2 || table.is_empty() => {
+                Err(Error::invalid(
+                    "relative bias",
+                    format!(
+                        "a table needs at least 2 buckets and 1 head, got (buckets, heads) = \
+                         ({buckets}, {})",
+                        table.len() / (*buckets).max(1) as usize
+                    ),
+                ))
+            }
+            Preset::RelativeBias { table, buckets, .. } if table.len() % *buckets as usize != 0 => {
+                Err(Error::invalid(
+                    "relative bias",
+                    format!(
+                        "a table of {} values is not {buckets} rows (buckets) of one value per \
+                         head",
+                        table.len()
+                    ),
+                ))
+            }
             Preset::RelativeBias {
                 buckets,
                 max_distance,

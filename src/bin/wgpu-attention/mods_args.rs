@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
+use wgpu_attention::modifiers::{
+    BufferData, BufferSpec, ModifierSpec, Modifiers, PresetSpec, SourceSpec,
+};
 use wgpu_attention::{npy, Error, Result};
 
 #[derive(Args, Default)]
@@ -33,7 +35,8 @@ pub struct ModArgs {
     window: Option<String>,
     /// Logit soft-capping: score ← C·tanh(score / C) (Gemma 2). Score modifiers apply in
     /// one order: --score-mod, --alibi, --relative-bias, then the soft-cap.
-    #[arg(long, value_name = "C")]
+    // A negative C reaches the library's rule, not a parse error.
+    #[arg(long, value_name = "C", allow_negative_numbers = true)]
     softcap: Option<f32>,
     /// ALiBi: score ← score + slope_h · (j − i), one slope per query head (a 1-D .npy).
     #[arg(long, value_name = "SLOPES.npy")]
@@ -49,9 +52,10 @@ pub struct ModArgs {
     /// `relative_attention_bias.weight`); score ← score + table[bucket(j − i), h].
     #[arg(long, value_name = "TABLE.npy")]
     relative_bias: Option<PathBuf>,
-    /// With --relative-bias: the distance from which the bucket stops changing.
-    #[arg(long, value_name = "N", default_value_t = 128)]
-    relative_bias_max_distance: u32,
+    /// With --relative-bias: the distance from which the bucket stops changing (default
+    /// T5's, 128).
+    #[arg(long, value_name = "N")]
+    relative_bias_max_distance: Option<u32>,
     /// With --relative-bias: one-way buckets (T5's decoder: keys after the query share
     /// bucket 0) instead of two-way (its encoder).
     #[arg(long)]
@@ -74,23 +78,27 @@ fn read_i32(path: &Path) -> Result<(Vec<usize>, Vec<i32>)> {
 }
 
 impl ModArgs {
-    /// The modifiers the flags give (empty without any).
+    /// The modifiers the flags give (empty without any): the flags fill the library's
+    /// [`ModifierSpec`], which names, defaults and checks every modifier.
     pub fn modifiers(&self) -> Result<Modifiers> {
-        let mut m = Modifiers::new();
-        if let Some(p) = &self.score_mod {
-            m = m.score_mod(p.display().to_string(), read_text(p)?);
-        }
-        if let Some(p) = &self.score_mod_grad {
-            m = m.score_mod_grad(p.display().to_string(), read_text(p)?);
-        }
-        if let Some(p) = &self.mask_mod {
-            m = m.mask_mod(p.display().to_string(), read_text(p)?);
-        }
-        for spec in &self.mod_buffer {
-            let Some((name, file)) = spec.split_once('=') else {
+        self.spec()?.modifiers()
+    }
+
+    /// The flags as the library's schema: a caller's WGSL and its buffers, then the presets
+    /// in the order the flags' help gives.
+    fn spec(&self) -> Result<ModifierSpec> {
+        let mut spec = ModifierSpec::new();
+        let source = |p: &PathBuf| -> Result<SourceSpec> {
+            Ok(SourceSpec::new(p.display().to_string(), read_text(p)?))
+        };
+        spec.score_mod = self.score_mod.as_ref().map(source).transpose()?;
+        spec.score_mod_grad = self.score_mod_grad.as_ref().map(source).transpose()?;
+        spec.mask_mod = self.mask_mod.as_ref().map(source).transpose()?;
+        for arg in &self.mod_buffer {
+            let Some((name, file)) = arg.split_once('=') else {
                 return Err(Error::invalid(
                     "--mod-buffer",
-                    format!("{spec:?} is not NAME=FILE.npy"),
+                    format!("{arg:?} is not NAME=FILE.npy"),
                 ));
             };
             let path = Path::new(file);
@@ -98,7 +106,7 @@ impl ModArgs {
                 Ok((_, v)) => BufferData::I32(v),
                 Err(_) => BufferData::F32(npy::read(path)?.iter().copied().collect()),
             };
-            m = m.buffer(name, data);
+            spec.buffers.push(BufferSpec::new(name, data));
         }
         if let Some(w) = &self.window {
             let parts: Vec<_> = w.split(',').map(|s| s.trim().parse::<u32>()).collect();
@@ -108,56 +116,45 @@ impl ModArgs {
                     format!("{w:?} is not LEFT,RIGHT (two counts of keys, e.g. 511,0)"),
                 ));
             };
-            m = m.preset(Preset::Window { left, right });
+            spec.presets.push(PresetSpec::Window([left, right]));
         }
         if let Some(p) = &self.alibi {
             let slopes = npy::read(p)?;
-            if slopes.ndim() != 1 {
-                return Err(Error::io(
-                    p,
-                    "expected a 1-D array of slopes, one per query head",
-                ));
-            }
-            m = m.preset(Preset::Alibi(slopes.iter().copied().collect()));
+            spec.presets.push(PresetSpec::alibi_array(
+                "--alibi",
+                slopes.shape(),
+                slopes.iter().copied().collect(),
+            )?);
         }
         if let Some(p) = &self.document_ids {
             let (shape, ids) = read_i32(p)?;
-            let [_, n] = shape[..] else {
-                return Err(Error::io(
-                    p,
-                    format!("expected (batch, n) ids, found shape {shape:?}"),
-                ));
-            };
-            m = m.preset(Preset::Documents { ids, n: n as u32 });
+            spec.presets
+                .push(PresetSpec::documents_array("--document-ids", &shape, &ids)?);
         }
         if let Some(p) = self.prefix_length {
-            m = m.preset(Preset::PrefixLm(p));
+            spec.presets.push(PresetSpec::PrefixLm(p));
         }
         if let Some(p) = &self.relative_bias {
             let table = npy::read(p)?;
-            let &[buckets, _] = table.shape() else {
-                return Err(Error::io(
-                    p,
-                    format!(
-                        "expected a (buckets, heads) table, found shape {:?}",
-                        table.shape()
-                    ),
-                ));
-            };
-            m = m.preset(Preset::RelativeBias {
-                table: table.iter().copied().collect(),
-                buckets: buckets as u32,
-                max_distance: self.relative_bias_max_distance,
-                bidirectional: !self.relative_bias_unidirectional,
-            });
+            spec.presets.push(PresetSpec::relative_bias_array(
+                "--relative-bias",
+                table.shape(),
+                table.iter().copied().collect(),
+                self.relative_bias_max_distance,
+                self.relative_bias_unidirectional.then_some(false),
+            )?);
+        } else if self.relative_bias_max_distance.is_some() || self.relative_bias_unidirectional {
+            return Err(Error::invalid(
+                "modifier",
+                "--relative-bias-max-distance and --relative-bias-unidirectional need \
+                 --relative-bias",
+            ));
         }
         // Last of the score presets, as Gemma 2 caps its final logits (the order of
         // Python's flex_attention too).
         if let Some(c) = self.softcap {
-            m = m.preset(Preset::Softcap(c));
+            spec.presets.push(PresetSpec::Softcap(c));
         }
-        // Every rule (a soft-cap finite and positive included) is the library's.
-        m.check()?;
-        Ok(m)
+        Ok(spec)
     }
 }

@@ -24,6 +24,7 @@ use flash_tiled::{Flash, FlashOut};
 
 /// How the fused pass is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub enum FlashVariant {
     /// `flash_tiled.wgsl`: one query row per thread, K/V tiles of `keys` rows in workgroup
     /// memory.

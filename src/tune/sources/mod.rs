@@ -269,20 +269,11 @@ fn unfused() -> Vec<(String, PipelineKey)> {
 /// the least workgroup memory of [`GPU_WORKGROUP_KIB`]) for d = 64 and 128, f32 and f16,
 /// with and without a mask; and `flash_blocked` saving its row statistics for them.
 fn backward(dev: &Gpu) -> Result<Vec<(String, PipelineKey)>> {
-    let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
-    let mut v = Vec::new();
+    let mut v = backward_storage(BackwardTiles::GPU)?;
     for d in [64, 128] {
         for f16 in [false, true] {
             let op = problem(d, f16);
             let t = if f16 { "f16" } else { "f32" };
-            for mask in [0, 1] {
-                let c = op.backward_kv_consts(&limits, BackwardTiles::GPU, mask)?;
-                let key = PipelineKey::of::<flash_backward_kv::Shader>(&c, op.f16_bits());
-                v.push((format!("flash-backward-kv-d{d}-{t}-mask{mask}"), key));
-                let c = op.backward_q_consts(&limits, BackwardTiles::GPU, mask)?;
-                let key = PipelineKey::of::<flash_backward_q::Shader>(&c, op.f16_bits());
-                v.push((format!("flash-backward-q-d{d}-{t}-mask{mask}"), key));
-            }
             let blocked = FlashVariant::Blocked { rows: 64, keys: 64 };
             let keys = recorded(dev, &op, blocked, PLAIN, (false, true))?;
             let key = built(&keys, KernelId::FlashBlocked)?;
@@ -291,6 +282,29 @@ fn backward(dev: &Gpu) -> Result<Vec<(String, PipelineKey)>> {
     }
     let key = PipelineKey::of::<flash_backward_dot::Shader>(&NoConstants, 0);
     v.push(("flash-backward-dot".to_string(), key));
+    Ok(v)
+}
+
+/// dK/dV's and dQ's storage kernels at `tiles` (a GPU's or the CPU adapter's), under the
+/// least workgroup memory of [`GPU_WORKGROUP_KIB`], for d = 64 and 128, f32 and f16, with
+/// and without a mask.
+fn backward_storage(tiles: BackwardTiles) -> Result<Vec<(String, PipelineKey)>> {
+    let limits = gpu_limits_with(GPU_WORKGROUP_KIB[0]);
+    let mut v = Vec::new();
+    for d in [64, 128] {
+        for f16 in [false, true] {
+            let op = problem(d, f16);
+            let t = if f16 { "f16" } else { "f32" };
+            for mask in [0, 1] {
+                let c = op.backward_kv_consts(&limits, tiles, mask)?;
+                let key = PipelineKey::of::<flash_backward_kv::Shader>(&c, op.f16_bits());
+                v.push((format!("flash-backward-kv-d{d}-{t}-mask{mask}"), key));
+                let c = op.backward_q_consts(&limits, tiles, mask)?;
+                let key = PipelineKey::of::<flash_backward_q::Shader>(&c, op.f16_bits());
+                v.push((format!("flash-backward-q-d{d}-{t}-mask{mask}"), key));
+            }
+        }
+    }
     Ok(v)
 }
 

@@ -31,8 +31,10 @@ pub(super) fn cpu(sg: u32) -> Result<Gpu> {
 /// What only the CPU adapter (lavapipe) runs, as its planner records it on a dry-run CPU
 /// device ([`cpu`]): `flash_tiled` at every key tile the tuner offers it, for head sizes 32
 /// to 256, f32 and f16, and at d = 64 and 128 with a mask, with NaN/Inf pass-through and
-/// saving its row statistics; the decode step's CPU kernel (`decode_partial`) for every rows
-/// per workgroup its constants may choose.
+/// saving its row statistics; the fused backward's storage kernels at the CPU's tiles
+/// (`BackwardTiles::CPU`) for d = 64 and 128, f32 and f16, with and without a mask; the
+/// decode step's CPU kernel (`decode_partial`) for every rows per workgroup its constants
+/// may choose.
 ///
 /// # Errors
 /// As [`recorded`].
@@ -74,6 +76,9 @@ pub(super) fn cpu_only() -> Result<Vec<(String, PipelineKey)>> {
             }
         }
     }
+    // The fused backward's storage kernels at the CPU adapter's tiles (a key or row per
+    // thread, 32-row tiles), as `attention::saved` records them there.
+    v.extend(backward_storage(BackwardTiles::CPU)?);
     let limit = gpu_limits_with(GPU_WORKGROUP_KIB[0]).max_compute_workgroup_storage_size;
     for d in [64u32, 128] {
         let d4 = d / 4;

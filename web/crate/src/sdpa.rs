@@ -4,7 +4,7 @@
 //! [`Response`] (and docs/browser.md) for the fields.
 
 use serde::{Deserialize, Serialize};
-use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
+use wgpu_attention::modifiers::{BufferSpec, ModifierSpec, Modifiers, PresetSpec, SourceSpec};
 use wgpu_attention::ndarray::Array4;
 use wgpu_attention::{reference, Attention, Context, Dtype, Inputs, Kernels, Mask, Options};
 
@@ -39,16 +39,16 @@ pub(crate) struct Request {
     reference: bool,
     /// A caller's `fn score_mod(score: f32, b: u32, h: u32, q: u32, kv: u32) -> f32`.
     #[serde(default)]
-    score_mod: Option<Wgsl>,
+    score_mod: Option<SourceSpec>,
     /// A caller's `fn mask_mod(b: u32, h: u32, q: u32, kv: u32) -> bool` (true = attend).
     #[serde(default)]
-    mask_mod: Option<Wgsl>,
+    mask_mod: Option<SourceSpec>,
     /// Named read-only buffers the caller's WGSL indexes.
     #[serde(default)]
-    buffers: Vec<Buffer>,
+    buffers: Vec<BufferSpec>,
     /// Presets, applied after the caller's own modifiers in this order.
     #[serde(default)]
-    presets: Vec<PresetIn>,
+    presets: Vec<PresetSpec>,
 }
 
 /// An array: its shape and its elements, row-major.
@@ -57,62 +57,6 @@ pub(crate) struct Request {
 struct Tensor {
     shape: Vec<usize>,
     data: Vec<f32>,
-}
-
-/// A caller's WGSL and the name its error messages give it (default `score_mod.wgsl` or
-/// `mask_mod.wgsl`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Wgsl {
-    #[serde(default)]
-    origin: Option<String>,
-    wgsl: String,
-}
-
-/// A named buffer: exactly one of `f32` (`array<f32>`) and `i32` (`array<i32>`).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Buffer {
-    name: String,
-    #[serde(default)]
-    f32: Option<Vec<f32>>,
-    #[serde(default)]
-    i32: Option<Vec<i32>>,
-}
-
-/// A preset, as `{"window": [left, right]}`, `{"softcap": cap}`, `{"alibi": [slope per
-/// head]}`, `{"documents": [[id per position] per batch index]}`, `{"prefix_lm": p}` or
-/// `{"relative_bias": {"table": [...], "buckets": 32, "max_distance": 128,
-/// "bidirectional": true}}`.
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-enum PresetIn {
-    Window([u32; 2]),
-    Softcap(f32),
-    Alibi(Vec<f32>),
-    Documents(Vec<Vec<i32>>),
-    PrefixLm(u32),
-    RelativeBias(RelativeBias),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RelativeBias {
-    /// `(buckets, heads)` row-major.
-    table: Vec<f32>,
-    buckets: u32,
-    #[serde(default = "default_max_distance")]
-    max_distance: u32,
-    #[serde(default = "default_true")]
-    bidirectional: bool,
-}
-
-fn default_max_distance() -> u32 {
-    128
-}
-
-fn default_true() -> bool {
-    true
 }
 
 /// What comes back.
@@ -168,61 +112,15 @@ impl Tensor {
 }
 
 impl Request {
-    /// The modifiers the request names, checked as the library checks them.
-    fn modifiers(&self) -> Result<Modifiers, String> {
-        let mut m = Modifiers::new();
-        if let Some(s) = &self.score_mod {
-            let origin = s.origin.clone().unwrap_or_else(|| "score_mod.wgsl".into());
-            m = m.score_mod(origin, s.wgsl.clone());
-        }
-        if let Some(s) = &self.mask_mod {
-            let origin = s.origin.clone().unwrap_or_else(|| "mask_mod.wgsl".into());
-            m = m.mask_mod(origin, s.wgsl.clone());
-        }
-        for b in &self.buffers {
-            let data = match (&b.f32, &b.i32) {
-                (Some(v), None) => BufferData::F32(v.clone()),
-                (None, Some(v)) => BufferData::I32(v.clone()),
-                _ => {
-                    return Err(format!(
-                        "buffer {:?}: give exactly one of \"f32\" and \"i32\"",
-                        b.name
-                    ))
-                }
-            };
-            m = m.buffer(b.name.clone(), data);
-        }
-        for p in &self.presets {
-            m = m.preset(match p {
-                PresetIn::Window([left, right]) => Preset::Window {
-                    left: *left,
-                    right: *right,
-                },
-                PresetIn::Softcap(c) => Preset::Softcap(*c),
-                PresetIn::Alibi(slopes) => Preset::Alibi(slopes.clone()),
-                PresetIn::Documents(rows) => {
-                    let n = rows.first().map_or(0, Vec::len);
-                    if rows.iter().any(|r| r.len() != n) {
-                        return Err("documents: every batch index's row of ids must have the \
-                                    same length"
-                            .into());
-                    }
-                    Preset::Documents {
-                        ids: rows.concat(),
-                        n: n as u32,
-                    }
-                }
-                PresetIn::PrefixLm(p) => Preset::PrefixLm(*p),
-                PresetIn::RelativeBias(r) => Preset::RelativeBias {
-                    table: r.table.clone(),
-                    buckets: r.buckets,
-                    max_distance: r.max_distance,
-                    bidirectional: r.bidirectional,
-                },
-            });
-        }
-        m.check().map_err(|e| e.to_string())?;
-        Ok(m)
+    /// The modifiers the request names: its fields are the library's [`ModifierSpec`]'s,
+    /// which builds and checks them.
+    fn modifiers(&mut self) -> Result<Modifiers, String> {
+        let mut spec = ModifierSpec::new();
+        spec.score_mod = self.score_mod.take();
+        spec.mask_mod = self.mask_mod.take();
+        spec.buffers = std::mem::take(&mut self.buffers);
+        spec.presets = std::mem::take(&mut self.presets);
+        spec.modifiers().map_err(|e| e.to_string())
     }
 
     fn op(&self) -> Result<Attention, String> {

@@ -134,3 +134,20 @@ fn bad_requests_are_refused_with_what_is_wrong() {
         "{e}"
     );
 }
+
+/// Every modifier rule gives the library's message, the one the CLI and Python give
+/// (tests/data/modifier_rules.json, read by the root crate's tests and Python's too).
+#[test]
+fn every_modifier_rule_gives_the_librarys_message() {
+    let doc: Value =
+        serde_json::from_str(include_str!("../../../../tests/data/modifier_rules.json")).unwrap();
+    // The problem the requests here are: (batch, heads, L, S, E).
+    assert_eq!(doc["problem"], json!([1, 2, 12, 12, 8]));
+    let ctx = ctx();
+    let cases = doc["cases"].as_array().unwrap();
+    assert!(cases.len() >= 13);
+    for case in cases {
+        let e = call(&ctx, json!({ "presets": case["presets"] })).unwrap_err();
+        assert_eq!(e, case["message"].as_str().unwrap(), "{}", case["rule"]);
+    }
+}
