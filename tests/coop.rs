@@ -6,9 +6,11 @@
 
 mod common;
 
-use ndarray::{Array2, ArrayD, IxDyn};
+use ndarray::{Array2, Array4, ArrayD, IxDyn};
 use wgpu_attention::internals::{FlashVariant, MatmulVariant};
-use wgpu_attention::{reference, Attention, Dtype, Error, Inputs, Kernels, Options, Projections};
+use wgpu_attention::{
+    reference, Attention, Dims, Dtype, Error, Inputs, Kernels, Options, Projections,
+};
 
 fn x(batch: usize, n: usize, d: usize) -> ArrayD<f32> {
     ArrayD::from_shape_fn(IxDyn(&[batch, n, d]), |ix| {
@@ -66,6 +68,54 @@ fn coop_kernels_match_the_reference_where_the_adapter_has_cooperative_matrices()
                     }
                 }
             }
+        }
+    }
+}
+
+/// `flash_coop` alone (Q, K and V given, f16 storage) at head widths 64 and 128, over keys
+/// past several tiles, causal and not: its fast K/V staging, its shared softmax and its
+/// lazy rescale, on logits that grow with the key (so each tile raises rows' maxes by more
+/// than its threshold) against the reference on the same f16-rounded inputs.
+#[test]
+fn flash_coop_matches_the_reference_at_wide_heads() {
+    let ctx = common::ctx();
+    if ctx.coop_shape().is_none() {
+        eprintln!("skipped: no cooperative-matrix shape (the test above says why)");
+        return;
+    }
+    let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+    for (n, d) in [(100, 64), (77, 128)] {
+        // Q and K the same waves (logits up to ~√d·(1 + 0.04·j) in both signs), K's growing
+        // with the key: each tile of 32 raises a row's max by ~15 (log2 units).
+        let wave = |salt: usize, ramp: f32| {
+            Array4::from_shape_fn((1, 2, n, d), |(_, h, i, c)| {
+                let x = (((h * 7 + i * 13 + c * 5) * salt) as f32 * 0.071).sin();
+                f16(x * (1.0 + ramp * i as f32))
+            })
+        };
+        let (q, k, v) = (wave(1, 0.0).mapv(|x| 2.0 * x), wave(1, 0.04), wave(3, 0.0));
+        for causal in [false, true] {
+            let base = Attention::new()
+                .causal(causal)
+                .return_weights(false)
+                .options(Options::default().nan_fill(true));
+            let inputs = Inputs::qkv(&q, &k, &v);
+            let want = reference::run(&base, &inputs).unwrap();
+            let op = base
+                .options(
+                    Options::default()
+                        .flash_variant(FlashVariant::Coop)
+                        .nan_fill(true),
+                )
+                .dtype(Dtype::F16);
+            let plan = op.plan(ctx, &Dims::new(&op, &inputs).unwrap()).unwrap();
+            assert!(plan.to_string().contains("flash-coop"), "{plan}");
+            let got = op.run(ctx, inputs.clone()).unwrap();
+            let (rel, max) = reference::compare(&got.context, &want.context);
+            assert!(
+                rel < 5e-3,
+                "n={n} d={d} causal={causal}: rel {rel:e}, max abs {max:e}"
+            );
         }
     }
 }

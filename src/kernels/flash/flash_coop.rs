@@ -33,6 +33,14 @@ constants! {
         lse => "LSE",
         /// Elements of padding (16 bytes) after each row of Q, K/V and P in workgroup memory.
         pad => "PAD",
+        /// 1 where the head width divides the workgroup: K/V staged by the fast path.
+        kv_fast => "KV_FAST",
+        /// Elements of a K/V tile each invocation stages on the fast path (1 without it).
+        kv_e => "KV_E",
+        /// Invocations that share one row of the softmax.
+        lanes_per_row => "LPR",
+        /// Keys of a tile each of them takes.
+        keys_per_lane => "KPL",
     }
 }
 
@@ -54,14 +62,17 @@ impl Kernel for Shader {
     type Consts = FlashCoopConsts;
     type Params = FlashParams;
 
-    /// Per key tile: K and V staging (`KV_U` elements a trip), the rounds of
-    /// S = Q·Kᵀ blocks and O += P·V pairs of blocks (at least
-    /// two subgroups share a workgroup of 128: subgroups are at most 64 lanes), the rows'
-    /// two passes over the tile, and the O rescale; the emulated matrices are loop-free.
+    /// Per key tile: K and V staging (the fast path's loops, or the general one's trips of
+    /// `KV_U` elements: the larger), the rounds of S = Q·Kᵀ blocks and O += P·V pairs of
+    /// blocks (at least two subgroups share a workgroup of 128: subgroups are at most 64
+    /// lanes), the softmax's two walks of its keys, its read of the row's parts and its
+    /// share of O's rescale; the emulated matrices are loop-free. After the loop, the rows'
+    /// sums, and the Q and O passes.
     fn loops(c: &FlashCoopConsts, p: &FlashParams, b: Build) -> u64 {
         let u = |x: u32| u64::from(x);
         let (s, d, bq, bkv) = (u(c.size).max(1), u(c.d), u(c.rows), u(c.keys).max(1));
-        let wg = 128;
+        let (lpr, kpl) = (u(c.lanes_per_row).max(1), u(c.keys_per_lane));
+        let wg = u64::from(WG);
         let nsg = match b.emulate.subgroup {
             0 => 2,
             w => (wg / u64::from(w)).max(1),
@@ -70,36 +81,74 @@ impl Kernel for Shader {
         // Work items: one block of S; a row block by two column blocks of O.
         let (ts, to) = (sq * (bkv / s), sq * (d / s).div_ceil(2));
         let (rs, ro) = (ts.div_ceil(nsg), to.div_ceil(nsg));
+        let stage = (2 * run(u(c.kv_e))).max(run(loops::strided(bkv * d, KV_U * wg)));
         let tile = 1
-            + 2 * run(loops::strided(bkv * d, KV_U * wg))
+            + 2 * stage
             + run(rs)
             + rs * run(d / s)
-            + 2 * run(bkv)
-            + run(loops::strided(bq * d, wg))
+            + 2 * run(kpl)
+            + run(lpr)
+            + run(d / lpr)
             + run(ro)
             + ro * run(bkv / s);
         let tiles = u(p.n_kv).div_ceil(bkv) + 1;
-        run(tiles * tile) + 2 * run(loops::strided(bq * d, wg))
+        run(tiles * tile)
+            + 2 * run(loops::strided(bq * d, wg))
+            + run(loops::strided(o_floats(s, d, bq), wg))
+            + run(lpr)
     }
 }
 
-/// Keys' (and values') elements each invocation loads in one trip of the staging loop
-/// (`KV_U` in the shader, which unrolls that many).
+/// Keys' (and values') elements each invocation loads in one trip of the general staging
+/// loop (`KV_U` in the shader, which unrolls that many).
 const KV_U: u64 = 8;
+
+/// The shader's workgroup size.
+const WG: u32 = 128;
 
 /// The block shapes (query rows × keys) tried, largest first; those that are multiples of
 /// the cooperative matrices' side.
 const SHAPES: [(u32, u32); 6] = [(32, 32), (32, 16), (16, 32), (16, 16), (16, 8), (8, 8)];
 
 /// Workgroup memory of the shader at these constants, in bytes: Q, K/V and P as `AB_T`, each
-/// row padded by 16 bytes; the
-/// scores, O with its `S` spare rows, and the rows' statistics in f32.
+/// row padded by 16 bytes; the scores, and O (rows padded by 16 bytes) with its `S` spare
+/// rows, in f32.
 fn workgroup_bytes(c: &FlashCoopConsts, f16_inputs: bool) -> u64 {
     let [s, d, bq, bkv] = [c.size, c.d, c.rows, c.keys].map(u64::from);
     let ab = if f16_inputs { 2 } else { 4 };
     ab * (bq * d + bkv * d + bq * bkv)
         + 16 * (2 * bq + bkv)
-        + 4 * (bq * bkv + (bq + s) * d + 3 * bq + 1)
+        + 4 * (bq * bkv + o_floats(s, d, bq) + 1)
+}
+
+/// O's f32s: `bq` rows padded by 4, then `s` spare rows of which the first `s` columns.
+fn o_floats(s: u64, d: u64, bq: u64) -> u64 {
+    (bq + s - 1) * (d + 4) + s
+}
+
+/// The constants at block `(rows, keys)`: the staging's fast path where `d` divides the
+/// workgroup, and the softmax's split of a row over `min(WG / rows, keys)` invocations.
+fn at_block(
+    shape: CoopShape,
+    d: u32,
+    (rows, keys): (u32, u32),
+    (mask, lse): (u32, u32),
+) -> FlashCoopConsts {
+    let kv_fast = u32::from(WG.is_multiple_of(d));
+    let lanes_per_row = (WG / rows).min(keys);
+    FlashCoopConsts {
+        size: shape.size,
+        d,
+        rows,
+        keys,
+        mask,
+        lse,
+        pad: if shape.f16_inputs { 8 } else { 4 },
+        kv_fast,
+        kv_e: if kv_fast == 1 { keys * d / WG } else { 1 },
+        lanes_per_row,
+        keys_per_lane: keys / lanes_per_row,
+    }
 }
 
 /// The constants for `op` with `shape` under `limits`: the largest block of [`SHAPES`] whose
@@ -118,15 +167,7 @@ pub(crate) fn consts(
     let mut need = 0;
     let whole = |(rows, keys): &(u32, u32)| rows % shape.size == 0 && keys % shape.size == 0;
     for (rows, keys) in SHAPES.into_iter().filter(whole) {
-        let c = FlashCoopConsts {
-            size: shape.size,
-            d,
-            rows,
-            keys,
-            mask,
-            lse,
-            pad: if shape.f16_inputs { 8 } else { 4 },
-        };
+        let c = at_block(shape, d, (rows, keys), (mask, lse));
         need = workgroup_bytes(&c, shape.f16_inputs);
         if need <= limit {
             return Ok(c);
@@ -272,6 +313,32 @@ mod tests {
         }
     }
 
+    /// What the host counts is what the shader declares (the sanitizer sums its workgroup
+    /// variables), on every shape and width the tests build.
+    #[test]
+    fn workgroup_bytes_are_the_shaders() {
+        for (size, f16_inputs) in [(16, true), (8, true), (16, false), (8, false)] {
+            let shape = CoopShape { size, f16_inputs };
+            for d_h in [40usize, 64, 128] {
+                let op = Flash::one_head(1, 1, d_h);
+                for block in SHAPES
+                    .into_iter()
+                    .filter(|(r, k)| r % size == 0 && k % size == 0)
+                {
+                    let d = u32::try_from(d_h.div_ceil(16) * 16).unwrap();
+                    let c = at_block(shape, d, block, (1, 1));
+                    let key = PipelineKey::of::<Shader>(&c, f16_bits(&op, shape));
+                    let shader = wgsl_sanitizer::Shader::parse(&key.source()).unwrap();
+                    assert_eq!(
+                        shader.workgroup_memory_bytes(),
+                        workgroup_bytes(&c, f16_inputs),
+                        "{c:?}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn blocks_shrink_to_fit_the_workgroup_memory() {
         let mut op = Flash {
@@ -288,10 +355,10 @@ mod tests {
         };
         let c = consts(&op, f16, &kib(64), (0, 0)).unwrap();
         assert_eq!((c.d, c.rows, c.keys), (128, 32, 32));
-        // 16 query rows of 16 keys: 27,076 bytes (16 × 32 takes 32,964 with its padding).
+        // 16 query rows of 16 keys: 26,932 bytes (16 × 32 takes 32,820 with its padding).
         let c = consts(&op, f16, &kib(32), (0, 0)).unwrap();
         assert_eq!((c.rows, c.keys), (16, 16));
-        assert_eq!(workgroup_bytes(&c, true), 27_076);
+        assert_eq!(workgroup_bytes(&c, true), 26_932);
         op.dk_h = 1000;
         assert!(matches!(
             consts(&op, f16, &kib(16), (0, 0)),
