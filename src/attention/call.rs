@@ -147,7 +147,7 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                 .await
             }
             (Given::Qkv(values), None) => {
-                op.sdpa_whole(ctx, values.clone(), masking, true, None)
+                op.sdpa_whole(ctx, dims, values.clone(), masking, true, None)
                     .await
             }
             (Given::Qkv(_), Some(_)) => {

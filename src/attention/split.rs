@@ -39,9 +39,10 @@ impl Attention {
         let (batch, heads, l, _) = q.dim();
         let Err(too_big) = self.sdpa_fits(ctx, [q.shape(), k.shape(), v.shape()], bias.as_ref())
         else {
+            let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
             let values = [q, k, v].map(|a| Values::Array(a.into_dyn()));
             return self
-                .sdpa_whole(ctx, values, (bias, mods), false, Some(plan))
+                .sdpa_whole(ctx, &dims, values, (bias, mods), false, Some(plan))
                 .await;
         };
         let kv_heads = k.dim().1;

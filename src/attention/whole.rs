@@ -20,13 +20,6 @@ use crate::gpu::timing;
 use crate::gpu::upload::Values;
 use crate::modifiers::Modifiers;
 
-/// A 4-d shape's sides.
-fn four(shape: &[usize]) -> Result<[usize; 4]> {
-    shape
-        .try_into()
-        .map_err(|_| Error::shape(format!("expected a 4-d shape, got {shape:?}")))
-}
-
 /// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.
 type Flat = (Vec<f32>, Option<Vec<f32>>);
 
@@ -66,26 +59,26 @@ impl Attention {
     /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (arrays or
     /// opened files; checked on the way when `check`), the kernels reading them and writing
     /// the context in that layout through their strides, the context read back straight into
-    /// the returned array. With `plan`, a part of a split call: the whole call's plan.
+    /// the returned array; `dims` are theirs ([`Attention::sdpa_dims`]). With `plan`, a part
+    /// of a split call: the whole call's plan.
     pub(super) async fn sdpa_whole(
         &self,
         ctx: &Context,
+        dims: &Dims,
         [q, k, v]: [Values<'_>; 3],
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         check: bool,
         plan: Option<Plan>,
     ) -> Result<Output> {
-        let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        let [batch, heads, l, _] = four(q.shape())?;
-        let [_, kv_heads, s_len, _] = four(k.shape())?;
-        let e_v = four(v.shape())?[3];
+        let (batch, heads, kv_heads, l) = (dims.batch, dims.heads, dims.kv_heads, dims.n);
+        let (s_len, e_v) = (k.shape()[2], dims.d_v / heads);
         let source = Source::Qkv {
             values: [q, k, v],
             check,
         };
-        let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]).heads_first();
+        let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]).heads_first();
         let (context, weights) = self
-            .run_whole(ctx, &dims, shape, &source, (bias, mods), plan)
+            .run_whole(ctx, dims, shape, &source, (bias, mods), plan)
             .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let context =
