@@ -2,8 +2,8 @@
 //! - over the texture limit, the subgroup family (operands in textures) says so clearly when
 //!   forced, and `Kernels::Auto` hands the problem to the storage kernels;
 //! - over the storage-binding limit, the problem is split by batch, then by heads, and still
-//!   matches the reference; what cannot be split small enough is a clear error; a call on X
-//!   split so keeps its dtype (f16 operands rounded as the device stores them);
+//!   matches the reference; what cannot be split small enough is a clear error; a split call
+//!   (on X or on Q, K, V, f16 or f32) equals the same call run whole, bit for bit;
 //! - over the buffer limit, a KV cache append uploads its rows in pieces that fit.
 
 use ndarray::{Array2, Array3};
@@ -86,13 +86,13 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
         Attention::new().heads(4),
         Inputs::x(&x).projections(&with_out),
     );
-    // Grouped-query projections (2 K/V heads for 4 query heads), projected on the CPU and
+    // Grouped-query projections (2 K/V heads for 4 query heads), projected on the device and
     // split as sdpa splits them.
     let wk2 = Array2::from_shape_fn((6, 4), |(i, j)| ((i * j) as f32 * 0.3).cos());
     let wv2 = Array2::from_shape_fn((6, 6), |(i, j)| ((i + 3 * j) as f32 * 0.2).sin());
     let gqa = Projections::new(wq.view(), wk2.view(), wv2.view()).with_output(wo.view(), None);
     check(Attention::new().heads(4), Inputs::x(&x).projections(&gqa));
-    // A layer's resident weights take the same split (projected on the CPU from its copy).
+    // A layer's resident weights take the same split (projected with them on the device).
     let layer = wgpu_attention::Layer::new(&ctx, Attention::new().heads(4), &gqa).unwrap();
     let got = layer.run(&ctx, Inputs::x(&x)).unwrap();
     let want =
@@ -133,57 +133,143 @@ fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
     );
 }
 
+/// A smooth test pattern over a 4-d index, varied by `salt`.
+fn wave(salt: f32) -> impl Fn((usize, usize, usize, usize)) -> f32 {
+    move |(a, b, c, d)| ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
+}
+
+/// The same calls (those of `cases`, by index) on a device with lowered limits (split) and on
+/// one with its own (whole): what each case is, and its outputs split and whole.
+fn split_and_whole(
+    dtype: Dtype,
+    chosen: &[usize],
+) -> Vec<(String, ndarray::ArrayD<f32>, ndarray::ArrayD<f32>)> {
+    // 16 Ki floats per binding.
+    let small = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
+    let smaller = context_with(|l| l.max_storage_buffer_binding_size = 16 << 10);
+    let whole = context_with(|_| {});
+    let w = |rows: usize, cols: usize, k: f32| {
+        Array2::from_shape_fn((rows, cols), |(i, j)| ((i + 2 * j) as f32 * k).sin() * 0.5)
+    };
+    let b = |n: usize, k: f32| ndarray::Array1::from_shape_fn(n, |i| (i as f32 * k).cos() * 0.2);
+    let (wq, wk, wv, wo) = (w(6, 8, 0.5), w(6, 8, 0.2), w(6, 12, 0.3), w(12, 5, 0.7));
+    let (bq, bk, bv, bo) = (b(8, 0.3), b(8, 0.5), b(12, 0.7), b(5, 0.9));
+    let proj = Projections::new(wq.view(), wk.view(), wv.view())
+        .with_bias(bq.view(), bk.view(), bv.view())
+        .with_output(wo.view(), Some(bo.view()));
+    let (wk2, wv2) = (w(6, 4, 0.4), w(6, 6, 0.6));
+    let gqa = Projections::new(wq.view(), wk2.view(), wv2.view()).with_output(wo.view(), None);
+    // Q itself (600 · 8 floats, over 4 Ki) past the limit: projected in blocks of rows.
+    let (wq4, wk4, wv4, wo4) = (w(4, 8, 0.5), w(4, 8, 0.2), w(4, 8, 0.3), w(8, 4, 0.7));
+    let tall = Projections::new(wq4.view(), wk4.view(), wv4.view()).with_output(wo4.view(), None);
+    let x = Array2::from_shape_fn((100, 6), |(i, j)| ((i * 6 + j) as f32 * 0.11).cos());
+    let x3 = Array3::from_shape_fn((3, 64, 8), |(b, i, j)| {
+        ((b * 7 + i * 3 + j) as f32 * 0.3).sin()
+    });
+    let x_long = Array2::from_shape_fn((300, 6), |(i, j)| ((i * 6 + j) as f32 * 0.17).cos());
+    let x_tall = Array2::from_shape_fn((600, 4), |(i, j)| ((i * 4 + j) as f32 * 0.013).sin());
+    let q = ndarray::Array4::from_shape_fn((2, 4, 50, 8), wave(0.013));
+    let k = ndarray::Array4::from_shape_fn((2, 2, 70, 8), wave(0.021));
+    let v = ndarray::Array4::from_shape_fn((2, 2, 70, 6), wave(0.017));
+    let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), wave(0.1));
+    let k1 = ndarray::Array4::from_shape_fn((1, 1, 230, 4), wave(0.3));
+    let op = Attention::new().dtype(dtype);
+    let cases = [
+        (
+            "X, projections with biases and W_O (heads)",
+            op.heads(2),
+            Inputs::x(&x).projections(&proj),
+        ),
+        (
+            "X, grouped-query projections (heads)",
+            op.heads(4).causal(true),
+            Inputs::x(&x).projections(&gqa),
+        ),
+        (
+            "X, no projections (batch)",
+            op.heads(2).causal(true),
+            Inputs::x(&x3),
+        ),
+        (
+            "X, projections (query rows)",
+            op.causal(true),
+            Inputs::x(&x_long).projections(&proj),
+        ),
+        (
+            "X, Q past the limit (rows of X)",
+            op.heads(2).return_weights(false),
+            Inputs::x(&x_tall).projections(&tall),
+        ),
+        (
+            "Q, K, V (batch, then K/V heads)",
+            op.causal(true),
+            Inputs::qkv(&q, &k, &v),
+        ),
+        (
+            "Q, K, V (query rows)",
+            op.causal(true),
+            Inputs::qkv(&q1, &k1, &k1),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (i, (what, op, inputs)) in cases.into_iter().enumerate() {
+        if !chosen.contains(&i) {
+            continue;
+        }
+        let small = if i == 4 { &smaller } else { &small };
+        let split = op.run(small, inputs.clone()).unwrap();
+        let one = op.run(&whole, inputs).unwrap();
+        out.push((format!("{what}: context"), split.context, one.context));
+        if let (Some(s), Some(o)) = (split.weights, one.weights) {
+            out.push((format!("{what}: weights"), s, o));
+        }
+    }
+    out
+}
+
 #[test]
-fn an_f16_call_on_x_past_the_limits_equals_the_same_call_within_them() {
-    // 16 Ki floats per binding: the weights (2 heads of 100 × 100) do not fit, so the call
-    // is projected on the CPU and split; on the device's own limits it runs whole.
-    let (small, whole) = (
-        context_with(|l| l.max_storage_buffer_binding_size = 64 << 10),
-        context_with(|_| {}),
-    );
-    if whole.require_f16().is_err() {
+fn f16_calls_past_the_limits_equal_the_same_calls_within_them() {
+    if context_with(|_| {}).require_f16().is_err() {
         return; // No f16 on this adapter.
     }
-    let x = Array2::from_shape_fn((100, 6), |(i, j)| ((i * 6 + j) as f32 * 0.11).cos());
-    let w =
-        |cols: usize, k: f32| Array2::from_shape_fn((6, cols), |(i, j)| ((i + j) as f32 * k).sin());
-    let (wq, wk, wv, wo) = (w(8, 0.5), w(8, 0.2), w(12, 0.3), w(12, 0.7).t().to_owned());
-    let b = ndarray::Array1::from_shape_fn(6, |i| 0.1 * i as f32 - 0.3);
-    let proj =
-        Projections::new(wq.view(), wk.view(), wv.view()).with_output(wo.view(), Some(b.view()));
-    for (op, what) in [
-        (Attention::new().heads(2), "with the weights"),
-        (Attention::new().heads(2).causal(true), "causal"),
-    ] {
-        let op = op.dtype(Dtype::F16);
-        let inputs = Inputs::x(&x).projections(&proj);
-        let split = op.run(&small, inputs.clone()).unwrap();
-        let one = op.run(&whole, inputs).unwrap();
-        // The same f16 operands, f32 sums in another order: far below f16's own error
-        // (~5e-4 relative, what an f32 projection of the split call differed by).
-        let f64s = |a: &ndarray::ArrayD<f32>| a.mapv(f64::from);
-        let (rel, max) = reference::compare(&split.context, &f64s(&one.context));
-        assert!(rel < 1e-4, "{what}: context rel {rel:e}, max abs {max:e}");
-        let (wrel, _) = reference::compare(
-            split.weights.as_ref().unwrap(),
-            &f64s(one.weights.as_ref().unwrap()),
-        );
-        assert!(wrel < 1e-4, "{what}: weights rel {wrel:e}");
+    // Bit for bit: the parts run the whole call's kernels (its plan) on operands stored as
+    // it stores them (X, the weights, Q, K, V in f16 on the device, the context in f32), and
+    // every output element is computed by one invocation from the same values in the same
+    // order, whichever part it falls in. Before, the projections of a split call on X ran on
+    // the CPU (f32 sums in another order, Q, K, V rounded to f16 from those): its outputs
+    // moved by up to ~1e-4 relative with the call's size.
+    for (what, split, whole) in split_and_whole(Dtype::F16, &[0, 1, 2, 3, 4, 5, 6]) {
+        assert_same(&what, &split, &whole);
+    }
+}
+
+#[test]
+fn f32_calls_past_the_limits_equal_the_same_calls_within_them() {
+    // As under f16 (one case of each kind of split: heads on X with every projection, batch
+    // and K/V heads on Q, K, V; the others are the same code in f32).
+    for (what, split, whole) in split_and_whole(Dtype::F32, &[0, 5]) {
+        assert_same(&what, &split, &whole);
+    }
+}
+
+/// `split` and `whole` equal bit for bit, else the first place they differ.
+fn assert_same(what: &str, split: &ndarray::ArrayD<f32>, whole: &ndarray::ArrayD<f32>) {
+    assert_eq!(split.shape(), whole.shape(), "{what}");
+    let differ = split
+        .indexed_iter()
+        .find(|(i, s)| s.to_bits() != whole[i.clone()].to_bits());
+    if let Some((i, s)) = differ {
+        panic!("{what}: split {s:e} whole {:e} at {i:?}", whole[i.clone()]);
     }
 }
 
 #[test]
 fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
-    let f = |salt: f32| {
-        move |(a, b, c, d): (usize, usize, usize, usize)| {
-            ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
-        }
-    };
     // Weights 2·3·50·70 = 21,000 floats: split by batch, then by heads.
-    let q = ndarray::Array4::from_shape_fn((2, 3, 50, 8), f(0.013));
-    let k = ndarray::Array4::from_shape_fn((2, 3, 70, 8), f(0.021));
-    let v = ndarray::Array4::from_shape_fn((2, 3, 70, 6), f(0.017));
+    let q = ndarray::Array4::from_shape_fn((2, 3, 50, 8), wave(0.013));
+    let k = ndarray::Array4::from_shape_fn((2, 3, 70, 8), wave(0.021));
+    let v = ndarray::Array4::from_shape_fn((2, 3, 70, 6), wave(0.017));
     for causal in [false, true] {
         let op = Attention::new().causal(causal);
         let got = op.run(&ctx, Inputs::qkv(&q, &k, &v)).unwrap();
@@ -195,9 +281,9 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     }
     // Grouped-query (4 Q heads, 2 K/V heads), weights 4·60·80 = 19,200 floats: the split
     // halves the K/V heads and keeps each one's Q heads with it.
-    let q = ndarray::Array4::from_shape_fn((1, 4, 60, 8), f(0.019));
-    let k = ndarray::Array4::from_shape_fn((1, 2, 80, 8), f(0.023));
-    let v = ndarray::Array4::from_shape_fn((1, 2, 80, 6), f(0.029));
+    let q = ndarray::Array4::from_shape_fn((1, 4, 60, 8), wave(0.019));
+    let k = ndarray::Array4::from_shape_fn((1, 2, 80, 8), wave(0.023));
+    let v = ndarray::Array4::from_shape_fn((1, 2, 80, 6), wave(0.029));
     let op = Attention::new().causal(true);
     let got = op.run(&ctx, Inputs::qkv(&q, &k, &v)).unwrap();
     let want = reference::run(&op, &Inputs::qkv(&q, &k, &v)).unwrap();
@@ -211,8 +297,8 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
     );
     // One head of one sequence with 200 × 230 weights: blocks of query rows, causal offset
     // per block, a mask sliced with them.
-    let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), f(0.1));
-    let k1 = ndarray::Array4::from_shape_fn((1, 1, 230, 4), f(0.3));
+    let q1 = ndarray::Array4::from_shape_fn((1, 1, 200, 4), wave(0.1));
+    let k1 = ndarray::Array4::from_shape_fn((1, 1, 230, 4), wave(0.3));
     let keep = ndarray::Array2::from_shape_fn((200, 230), |(i, j)| (i * 7 + j) % 9 != 0).into_dyn();
     // Borrowed from an array that outlives the loops: `Inputs::mask` takes `&'a Mask<'a>`.
     let masks = [Mask::none(), Mask::boolean(keep.view())];
@@ -228,8 +314,8 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
         }
     }
     // One query row whose weights row alone is over the limit (20,000 keys): the error.
-    let q2 = ndarray::Array4::from_shape_fn((1, 1, 1, 1), f(0.1));
-    let k2 = ndarray::Array4::from_shape_fn((1, 1, 20_000, 1), f(0.1));
+    let q2 = ndarray::Array4::from_shape_fn((1, 1, 1, 1), wave(0.1));
+    let k2 = ndarray::Array4::from_shape_fn((1, 1, 20_000, 1), wave(0.1));
     let err = Attention::new()
         .run(&ctx, Inputs::qkv(&q2, &k2, &k2))
         .unwrap_err();
@@ -242,16 +328,11 @@ fn sdpa_over_the_storage_binding_limit_is_split_and_still_right() {
 #[test]
 fn masked_calls_over_the_storage_binding_limit_are_split_with_their_masks() {
     let ctx = context_with(|l| l.max_storage_buffer_binding_size = 64 << 10);
-    let f = |salt: f32| {
-        move |(a, b, c, d): (usize, usize, usize, usize)| {
-            ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
-        }
-    };
     // Weights (and a full mask) of 2·4·50·70 = 28,000 floats: split by batch, then by heads;
     // the mask's parts go with them, and a broadcast mask stays whole.
-    let q = ndarray::Array4::from_shape_fn((2, 4, 50, 8), f(0.013));
-    let k = ndarray::Array4::from_shape_fn((2, 2, 70, 8), f(0.021));
-    let v = ndarray::Array4::from_shape_fn((2, 2, 70, 6), f(0.017));
+    let q = ndarray::Array4::from_shape_fn((2, 4, 50, 8), wave(0.013));
+    let k = ndarray::Array4::from_shape_fn((2, 2, 70, 8), wave(0.021));
+    let v = ndarray::Array4::from_shape_fn((2, 2, 70, 6), wave(0.017));
     let full = ndarray::Array4::from_shape_fn((2, 4, 50, 70), |(a, b, c, d)| {
         (a * 7 + b * 5 + c * 3 + d) % 4 != 0
     })
@@ -294,11 +375,6 @@ fn masked_calls_over_the_storage_binding_limit_are_split_with_their_masks() {
 fn calls_with_modifiers_over_the_storage_binding_limit_are_split_and_still_right() {
     use wgpu_attention::modifiers::{BufferData, Modifiers, Preset};
     let ctx = context_with(|l| l.max_storage_buffer_binding_size = 16 << 10);
-    let f = |salt: f32| {
-        move |(a, b, c, d): (usize, usize, usize, usize)| {
-            ((a * 97 + b * 31 + c * 5 + d) as f32 * salt).sin()
-        }
-    };
     // Q of 2·4·150·8 = 9,600 floats over 4,096: split by batch, then by K/V heads (each with
     // its 2 query heads); then one head of 700 rows: split by query rows. The second parts
     // must see the whole call's batch, head and row indices: ALiBi reads the head, document
@@ -310,9 +386,9 @@ fn calls_with_modifiers_over_the_storage_binding_limit_are_split_and_still_right
                return kv + 30u + 20u * h + 10u * b >= q;\n}\n";
     let cases = [((2, 4, 2, 150, 170), false), ((1, 1, 1, 700, 300), true)];
     for ((b, h, kvh, l, s), causal) in cases {
-        let q = ndarray::Array4::from_shape_fn((b, h, l, 8), f(0.013));
-        let k = ndarray::Array4::from_shape_fn((b, kvh, s, 8), f(0.021));
-        let v = ndarray::Array4::from_shape_fn((b, kvh, s, 8), f(0.017));
+        let q = ndarray::Array4::from_shape_fn((b, h, l, 8), wave(0.013));
+        let k = ndarray::Array4::from_shape_fn((b, kvh, s, 8), wave(0.021));
+        let v = ndarray::Array4::from_shape_fn((b, kvh, s, 8), wave(0.017));
         let ids = Preset::Documents {
             ids: ids[..b * 700].to_vec(),
             n: 700,

@@ -72,12 +72,12 @@ impl std::fmt::Debug for LayerSaved {
 }
 
 impl Attention {
-    /// [`Attention::forward_masked`] that also returns what [`LayerSaved::backward`] needs,
+    /// [`Attention::run`] on X that also returns what [`LayerSaved::backward`] needs,
     /// kept on the device. The fused path: the weights are not returned; NaN/Inf inputs are
     /// errors; a call past the device's limits is an error, not split.
     ///
     /// # Errors
-    /// As [`Attention::forward_masked`], and [`Error::LimitExceeded`] where that would split.
+    /// As [`Attention::run`], and [`Error::LimitExceeded`] where that would split.
     pub(crate) fn forward_saved<'a, D: Dimension>(
         &self,
         ctx: &Context,
@@ -97,10 +97,12 @@ impl Attention {
         let weights = proj
             .map(|p| ctx.scoped(|| DeviceWeights::upload(ctx, p, op.f16())))
             .transpose()?;
-        op.saved_forward(ctx, &dims, x, weights, mask)
+        op.run_saved_checked(ctx, &dims, x, weights, mask)
     }
 
-    fn saved_forward(
+    /// The saved forward of checked inputs (X, and the projections' weights on the device):
+    /// upload X, record the fused forward keeping what the backward needs, read back.
+    fn run_saved_checked(
         &self,
         ctx: &Context,
         dims: &Dims,
@@ -289,7 +291,8 @@ impl Layer {
         let dims = op.dims(x.shape(), Some(&p))?;
         check_finite("X", &x)?;
         op.check_dtype(ctx, &[("X", x.view())])?;
-        let (out, saved) = op.saved_forward(ctx, &dims, x, Some(self.device().clone()), mask)?;
+        let (out, saved) =
+            op.run_saved_checked(ctx, &dims, x, Some(self.device().clone()), mask)?;
         Ok((out, saved.of_version(self.version())))
     }
 }

@@ -1,16 +1,19 @@
 //! The attention op. This file holds the public face: the [`Attention`] builder and its
 //! options. A call goes in through [`Attention::run`], [`Attention::run_async`] or
 //! [`Attention::record`] (and [`Layer::run`], [`Layer::record`]) with [`Inputs`] and comes
-//! back as an [`Output`] (`run.rs`, `inputs.rs`, `outputs.rs`); arrays of X or of Q, K, V
-//! are checked here and handed over to the steps, one file each, in the order a call runs:
+//! back as an [`Output`] (`run.rs`, `inputs.rs`, `outputs.rs`); a call on arrays of X or of
+//! Q, K, V is built as a value and checked once (`call.rs`), then handed over to the steps, one
+//! file each, in the order a call runs:
 //!
-//! - `shape.rs`: the sizes of the call ([`Dims`]) and its inputs checked;
-//! - `split.rs`: whole when it fits the device, else split (a call on X is projected on
-//!   the CPU first, then split as one on Q, K, V is);
+//! - `shape.rs`: the sizes of the call ([`Dims`]) and the checks of its inputs;
+//! - `split.rs`: whole when it fits the device, else split on the device in the call's dtype
+//!   with the whole call's plan (a call on X is projected in blocks of rows first, then split
+//!   as one on Q, K, V is);
 //! - `whole.rs`: a call that fits, start to end: `plan.rs` (which kernels and variants), then
 //!   one encoder with `upload.rs` (Q, K, V, or X and the projections' matmuls), `dispatch.rs`
 //!   (the attention kernels and the output projection), and `readback.rs`.
 
+mod call;
 mod decode_step;
 mod dispatch;
 mod gradients;
@@ -31,8 +34,6 @@ mod upload;
 mod weights;
 mod whole;
 
-use ndarray::{ArrayView4, ArrayViewD};
-
 pub use crate::dtype::Dtype;
 pub use crate::values::check_finite;
 pub(crate) use gradients::{LayerGradients, SdpaGradients};
@@ -48,11 +49,8 @@ pub use weights::Layer;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::oneshot::block_on;
-use crate::gpu::upload::Values;
 use crate::mask::Mask;
 use crate::variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
-use shape::named_inputs;
 
 /// Scaled dot-product self-attention, configured with a builder:
 ///
@@ -202,118 +200,6 @@ impl Attention {
     /// Whether the weights are returned.
     pub(crate) fn returns_weights(&self) -> bool {
         self.return_weights
-    }
-
-    /// The forward on arrays X: the context and, unless turned off, the weights.
-    pub(crate) fn forward_masked(
-        &self,
-        ctx: &Context,
-        x: ArrayViewD<'_, f32>,
-        proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        self.forward_with(ctx, x, proj, mask, None)
-    }
-
-    /// [`Attention::forward_masked`] without blocking.
-    pub(crate) async fn forward_masked_async(
-        &self,
-        ctx: &Context,
-        x: ArrayViewD<'_, f32>,
-        proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        self.forward_with_async(ctx, x, proj, mask, None).await
-    }
-
-    /// [`Attention::forward_masked`], with the projections' weights already on the device
-    /// when `resident` has them (a [`Layer`]'s, checked when it was built).
-    fn forward_with(
-        &self,
-        ctx: &Context,
-        x: ArrayViewD<'_, f32>,
-        proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-        resident: Option<&weights::DeviceWeights>,
-    ) -> Result<Output> {
-        block_on(self.forward_with_async(ctx, x, proj, mask, resident))
-    }
-
-    async fn forward_with_async(
-        &self,
-        ctx: &Context,
-        x: ArrayViewD<'_, f32>,
-        proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-        resident: Option<&weights::DeviceWeights>,
-    ) -> Result<Output> {
-        let _call = ctx.phases.call();
-        let dims = self.dims(x.shape(), proj)?;
-        let inputs = match resident {
-            Some(_) => vec![("X", x.view())],
-            None => named_inputs(&x, proj),
-        };
-        // X's values are checked on their way to the device when the call runs whole
-        // (`forward_checked`); the weights', small, here.
-        let weights: Vec<_> = inputs.into_iter().filter(|(n, _)| *n != "X").collect();
-        if !self.propagate {
-            for (name, a) in &weights {
-                check_finite(name, a)?;
-            }
-        }
-        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        self.check_dtype(ctx, &weights)?;
-        ctx.check_alive()?;
-        let bias = bias.as_ref().map(|b| b.view());
-        self.forward_checked(ctx, &dims, x, proj, (bias, mask.modifiers()), resident)
-            .await
-    }
-
-    /// PyTorch's `scaled_dot_product_attention` on Q, K, V in its layout (arrays, or opened
-    /// `.npy` files), blocking.
-    pub(crate) fn sdpa_masked(
-        &self,
-        ctx: &Context,
-        qkv: [Values<'_>; 3],
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        block_on(self.sdpa_masked_async(ctx, qkv, mask))
-    }
-
-    /// [`Attention::sdpa_masked`] without blocking. A call that fits the device runs whole,
-    /// each operand uploaded as it is, its values checked on the way (a file read straight
-    /// into device memory); one past the limits is split, files read into arrays first.
-    pub(crate) async fn sdpa_masked_async(
-        &self,
-        ctx: &Context,
-        qkv: [Values<'_>; 3],
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        let _call = ctx.phases.call();
-        let shapes = [qkv[0].shape(), qkv[1].shape(), qkv[2].shape()];
-        self.sdpa_dims(shapes[0], shapes[1], shapes[2])?;
-        let [q, k] = [shapes[0], shapes[1]];
-        let bias = mask.bias([q[0], q[1], q[2], k[2]])?;
-        if self.f16() {
-            ctx.require_f16()?;
-        }
-        ctx.check_alive()?;
-        let bias = bias.as_ref().map(|b| b.view());
-        let mods = mask.modifiers();
-        if self.sdpa_fits(ctx, shapes, bias.as_ref()).is_ok() {
-            return self.sdpa_whole(ctx, qkv, bias, mods, true).await;
-        }
-        // Past the limits: the values are checked before the split (at the caller's index).
-        let arrays = [qkv[0].array()?, qkv[1].array()?, qkv[2].array()?];
-        fn four<'a>(
-            a: &'a ndarray::CowArray<'_, f32, ndarray::IxDyn>,
-        ) -> Result<ArrayView4<'a, f32>> {
-            a.view()
-                .into_dimensionality()
-                .map_err(|e| Error::shape(e.to_string()))
-        }
-        let (q, k, v) = (four(&arrays[0])?, four(&arrays[1])?, four(&arrays[2])?);
-        self.sdpa_in_parts(ctx, q, k, v, bias, mods, true).await
     }
 }
 

@@ -50,17 +50,8 @@ impl Attention {
         Ok(self.tensors(rec, out, vec![b, l, h, e_v], [b, h, l, ks[2]]))
     }
 
-    /// X as a tensor (no projections), with a mask, recorded into `rec`.
-    pub(crate) fn forward_record(
-        &self,
-        rec: &mut Recorder<'_>,
-        x: &Tensor,
-        mask: &Mask<'_>,
-    ) -> Result<TensorOutput> {
-        self.record_forward(rec, x, None, mask)
-    }
-
-    /// Records the forward on tensor `x` with the projections on the device, if any.
+    /// Records the forward on tensor `x` with a mask, projected by `layer`'s weights (on the
+    /// device) when given, else Q = K = V = X.
     pub(super) fn record_forward(
         &self,
         rec: &mut Recorder<'_>,

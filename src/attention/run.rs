@@ -6,13 +6,17 @@
 
 use ndarray::{ArrayViewD, Ix4};
 
+use super::call::{Call, Given};
 use super::inputs::{Files, Host, Inputs, Kind, OnDevice, Operands};
 use super::outputs::{Output, Saved};
+use super::projections::Projections;
 use super::weights::Layer;
 use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::oneshot::block_on;
 use crate::gpu::upload::Values;
+use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 
 /// How a call runs for each [`Kind`] of operand.
@@ -44,6 +48,15 @@ fn arrays<'a>(qkv: [ndarray::ArrayView4<'a, f32>; 3]) -> [Values<'a>; 3] {
     qkv.map(|a| Values::Array(a.into_dyn()))
 }
 
+/// A call on X with the caller's projections, if any.
+fn given_x<'a, 'p>(x: ArrayViewD<'a, f32>, proj: Option<&'a Projections<'p>>) -> Given<'a, 'p> {
+    Given::X {
+        x,
+        proj,
+        resident: None,
+    }
+}
+
 fn no_projections<K: Kind>(inputs: &Inputs<'_, K>, why: &str) -> Result<()> {
     match inputs.projections {
         Some(_) => Err(Error::invalid("inputs", why.to_string())),
@@ -64,7 +77,10 @@ impl Run for Host {
                     op.forward_saved(ctx, x.view(), inputs.projections.as_ref(), &mask)?;
                 Ok(out.with_saved(saved.into()))
             }
-            Operands::X(x) => op.forward_masked(ctx, x.view(), inputs.projections.as_ref(), &mask),
+            Operands::X(x) => {
+                let proj = inputs.projections.as_ref();
+                block_on(op.run_arrays(ctx, given_x(x.view(), proj), &mask))
+            }
             Operands::Qkv([q, k, v]) => {
                 no_projections(inputs, QKV_PROJECTED)?;
                 let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
@@ -72,7 +88,7 @@ impl Run for Host {
                     let (out, saved) = op.sdpa_saved(ctx, q, k, v, &mask)?;
                     Ok(out.with_saved(saved.into()))
                 } else {
-                    op.sdpa_masked(ctx, arrays([q, k, v]), &mask)
+                    block_on(op.run_arrays(ctx, Given::Qkv(arrays([q, k, v])), &mask))
                 }
             }
         }
@@ -100,7 +116,8 @@ impl Run for Files {
     fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Files>) -> Result<Output> {
         match &inputs.operands {
             Operands::Qkv([q, k, v]) if !op.save && inputs.projections.is_none() => {
-                op.sdpa_masked(ctx, [*q, *k, *v].map(Values::File), &inputs.mask_or_none())
+                let files = Given::Qkv([*q, *k, *v].map(Values::File));
+                block_on(op.run_arrays(ctx, files, &inputs.mask_or_none()))
             }
             _ => read_files(inputs, |host| Host::run(op, ctx, host)),
         }
@@ -157,6 +174,17 @@ impl Run for OnDevice {
 }
 
 impl Attention {
+    /// A call on arrays, start to end ([`Call::new`], [`Call::run`]), timed as one call.
+    pub(super) async fn run_arrays(
+        &self,
+        ctx: &Context,
+        given: Given<'_, '_>,
+        mask: &Mask<'_>,
+    ) -> Result<Output> {
+        let _call = ctx.phases.call();
+        Call::new(self, ctx, given, mask)?.run(ctx).await
+    }
+
     /// Computes attention now, blocking until the results are ready.
     ///
     /// With arrays (`Inputs::x(&x)`, `Inputs::qkv(&q, &k, &v)`), the operands are uploaded,
@@ -198,13 +226,14 @@ impl Attention {
         let mask = inputs.mask_or_none();
         match &inputs.operands {
             Operands::X(x) => {
-                self.forward_masked_async(ctx, x.view(), inputs.projections.as_ref(), &mask)
-                    .await
+                let proj = inputs.projections.as_ref();
+                self.run_arrays(ctx, given_x(x.view(), proj), &mask).await
             }
             Operands::Qkv([q, k, v]) => {
                 no_projections(&inputs, QKV_PROJECTED)?;
                 let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
-                self.sdpa_masked_async(ctx, arrays([q, k, v]), &mask).await
+                self.run_arrays(ctx, Given::Qkv(arrays([q, k, v])), &mask)
+                    .await
             }
         }
     }
@@ -228,10 +257,10 @@ impl Attention {
                     "projections on tensors stay on the device in a Layer: build one with Layer::new",
                 )?;
                 if self.save {
-                    let (out, saved) = self.record_saved(rec, x, &mask)?;
+                    let (out, saved) = self.record_saved(rec, x, None, &mask)?;
                     Ok(out.with_saved(saved.into()))
                 } else {
-                    self.forward_record(rec, x, &mask)
+                    self.record_forward(rec, x, None, &mask)
                 }
             }
             Operands::Qkv([q, k, v]) => {

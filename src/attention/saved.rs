@@ -292,7 +292,7 @@ impl Attention {
 }
 
 impl Attention {
-    /// [`Attention::sdpa_masked`] that also returns what [`SdpaSaved::backward`] needs, kept on
+    /// [`Attention::run`] on Q, K, V that also returns what [`SdpaSaved::backward`] needs, kept on
     /// the device: what [`Attention::run`] on Q, K, V arrays runs with
     /// [`Attention::save_for_backward`] on (an example is at [`crate::Saved::backward`]).
     /// Always the fused path: the weights are not returned (`Output::weights` is `None`), and
@@ -300,7 +300,7 @@ impl Attention {
     /// (gradients through them mean nothing).
     ///
     /// # Errors
-    /// As [`Attention::sdpa_masked`], NaN/Inf in Q, K or V, and [`Error::LimitExceeded`]
+    /// As [`Attention::run`], NaN/Inf in Q, K or V, and [`Error::LimitExceeded`]
     /// when a buffer does not fit the device (a saved forward is never split).
     pub(crate) fn sdpa_saved(
         &self,

@@ -2,59 +2,57 @@
 //! an error). A call whose buffers fit runs whole; a call on Q, K, V (the `sdpa_*` path)
 //! that does not is split into halves of the batch, then of the K/V heads (each with its
 //! group of query heads), then of the query rows, and the parts' outputs joined back in place.
-//! A call on X (the `forward_*` path) that does not fit is projected on the CPU and split the
-//! same way: one path, Q, K, V's, for both. What cannot be split small enough is the limit's
-//! error.
+//! A call on X (the `forward_*` path) that does not fit is projected on the device in blocks
+//! of rows, split the same way, and its output projection applied on the device in blocks of
+//! rows: one path, Q, K, V's, for both, on the device in the call's dtype with the whole
+//! call's plan, so a call's numbers do not change with its size. What cannot be split small
+//! enough is the limit's error.
 
-use ndarray::{Array4, ArrayD, ArrayView4, ArrayViewD, Axis, IxDyn};
+use ndarray::{s, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
+use super::plan::Plan;
 use super::projections::Projections;
 use super::shape::Dims;
+use super::upload::stored;
+use super::weights::DeviceWeights;
 use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::buffer;
-use crate::gpu::upload::Values;
+use crate::gpu::upload::{self, Values};
+use crate::gpu::{buffer, readback, timing};
 use crate::modifiers::Modifiers;
+use crate::values::overflow_at;
 
 impl Attention {
-    /// Runs an SDPA call whole when its buffers fit the device, else in halves of the
-    /// batch, then of the heads, then of the query rows, joined back in place; what cannot
-    /// be split small enough is the limit's error. With `check`, Q, K and V's values are
-    /// checked (NaN/Inf unless passed through, f16's range under f16): while uploading
-    /// when the call runs whole, before splitting otherwise (so an error names the index in
-    /// the caller's arrays).
-    #[allow(clippy::too_many_arguments)]
+    /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
+    /// batch, then of the heads, then of the query rows, joined back in place, every part
+    /// with `plan` (the whole call's); what cannot be split small enough is the limit's error.
     pub(super) async fn sdpa_in_parts(
         &self,
         ctx: &Context,
         q: ArrayView4<'_, f32>,
         k: ArrayView4<'_, f32>,
         v: ArrayView4<'_, f32>,
-        bias: Option<ArrayView4<'_, f32>>,
-        mods: Option<&Modifiers>,
-        check: bool,
+        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
+        plan: Plan,
     ) -> Result<Output> {
         let (batch, heads, l, _) = q.dim();
         let Err(too_big) = self.sdpa_fits(ctx, [q.shape(), k.shape(), v.shape()], bias.as_ref())
         else {
+            let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
             let values = [q, k, v].map(|a| Values::Array(a.into_dyn()));
-            return self.sdpa_whole(ctx, values, bias, mods, check).await;
+            return self
+                .sdpa_whole(ctx, &dims, values, (bias, mods), false, Some(plan))
+                .await;
         };
-        if check {
-            let inputs = [
-                ("Q", q.into_dyn()),
-                ("K", k.into_dyn()),
-                ("V", v.into_dyn()),
-            ];
-            self.check_values(ctx, &inputs)?;
-        }
         let kv_heads = k.dim().1;
         let axis = match (batch, kv_heads) {
             (b, _) if b > 1 => Axis(0),
             (_, h) if h > 1 => Axis(1),
             _ if l > 1 => {
-                return Box::pin(self.sdpa_row_blocks(ctx, q, k, v, (bias, mods), &too_big)).await
+                let masking = (bias, mods);
+                let rows = self.sdpa_row_blocks(ctx, [q, k, v], masking, plan, &too_big);
+                return Box::pin(rows).await;
             }
             _ => return Err(too_big),
         };
@@ -83,9 +81,8 @@ impl Attention {
                     q.slice_axis(axis, qs),
                     k.slice_axis(axis, kv),
                     v.slice_axis(axis, kv),
-                    slice_bias(&bias, axis, qs),
-                    shifted.as_ref(),
-                    false,
+                    (slice_bias(&bias, axis, qs), shifted.as_ref()),
+                    plan,
                 ))
                 .await?,
             )?;
@@ -122,10 +119,9 @@ impl Attention {
     async fn sdpa_row_blocks(
         &self,
         ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
+        [q, k, v]: [ArrayView4<'_, f32>; 3],
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
+        plan: Plan,
         too_big: &Error,
     ) -> Result<Output> {
         let (l, s_len) = (q.dim().2, k.dim().2);
@@ -158,43 +154,39 @@ impl Attention {
             let op = self.causal(false);
             let shifted = mods.map(|m| m.shifted([0, 0, start]));
             let q_rows = q.slice_axis(Axis(2), rows);
-            let block = op.sdpa_in_parts(ctx, q_rows, k, v, part, shifted.as_ref(), false);
+            let masking = (part, shifted.as_ref());
+            let block = op.sdpa_in_parts(ctx, q_rows, k, v, masking, plan);
             joined.add(Box::pin(block).await?)?;
         }
         joined.finish()
     }
 
-    /// A checked call on X too large for the device: Q, K and V projected on the CPU
-    /// (matrixmultiply, f32 accumulation) into the layout of a call on Q, K, V, attended by
-    /// [`Attention::sdpa_in_parts`], the output projection applied to the joined context
-    /// (modifiers as there: each part sees the whole call's indices). In the call's dtype:
-    /// under [`crate::Dtype::F16`], X, the weights and the biases are rounded to f16 first, as
-    /// the whole call stores them on the device (and Q, K, V are, as its projections write
-    /// them, when the parts upload them), so its numbers do not change with its size beyond
-    /// the order of the sums. A warning says that the call was projected on the CPU and why.
+    /// A checked call on X too large for the device, split on the device in the call's
+    /// dtype: Q, K and V projected in blocks of X's rows (rows are independent), attended by
+    /// [`Attention::sdpa_in_parts`] (modifiers as there: each part sees the whole call's
+    /// indices), the output projection applied to the joined context in blocks of rows. Each
+    /// step runs the kernels of the whole call's `plan` on operands stored as the whole call
+    /// stores them (X, the weights, Q, K and V in the call's dtype; the context in f32), so a
+    /// call's numbers do not change with its size.
     pub(super) async fn forward_in_parts(
         &self,
         ctx: &Context,
         dims: &Dims,
-        x: ArrayViewD<'_, f32>,
-        proj: Option<&Projections<'_>>,
+        (x, proj, weights): (
+            ArrayViewD<'_, f32>,
+            Option<&Projections<'_>>,
+            Option<&DeviceWeights>,
+        ),
+        plan: Plan,
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         too_big: &Error,
     ) -> Result<Output> {
-        log::warn!(
-            "{too_big}: X is projected on the CPU ({}, f32 sums), then the attention split as \
-             sdpa splits it",
-            match self.f16() {
-                true => "its operands rounded to f16 as the device stores them",
-                false => "f32",
-            }
-        );
+        log::info!("{too_big}: the call on X is split on the device, as sdpa splits it");
         let shape = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let (batch, n, heads) = (dims.batch, dims.n, dims.heads);
         let x2 = x.to_shape((batch * n, dims.d)).map_err(shape)?;
-        let x2 = self.as_stored(x2.view());
         // (batch·n, heads·width) → (batch, heads, n, width).
-        let to_heads = |a: ndarray::Array2<f32>, heads: usize| -> Result<Array4<f32>> {
+        let to_heads = |a: Array2<f32>, heads: usize| -> Result<Array4<f32>> {
             let width = a.ncols() / heads;
             let a = a
                 .into_shape_with_order((batch, n, heads, width))
@@ -203,30 +195,35 @@ impl Attention {
                 .as_standard_layout()
                 .into_owned())
         };
-        let project = |w: &ndarray::ArrayView2<'_, f32>,
-                       b: Option<&ndarray::ArrayView1<'_, f32>>,
-                       heads: usize| {
-            let mut out = x2.dot(&self.as_stored(w.view()));
-            if let Some(b) = b {
-                out += &self.as_stored(b.view());
+        // The projections' weights: the layer's, on the device already, or uploaded now.
+        let uploaded;
+        let device_weights = match (weights, proj) {
+            (Some(w), _) => Some(w),
+            (None, Some(p)) => {
+                uploaded = DeviceWeights::upload(ctx, p, self.f16())?;
+                Some(&uploaded)
             }
-            to_heads(out, heads)
+            (None, None) => None,
         };
-        let kv_heads = dims.kv_heads;
-        let (q, k, v) = match proj {
-            Some(p) => (
-                project(&p.w_q, p.b_q.as_ref(), heads)?,
-                project(&p.w_k, p.b_k.as_ref(), kv_heads)?,
-                project(&p.w_v, p.b_v.as_ref(), kv_heads)?,
-            ),
+        let (q, k, v) = match device_weights {
+            Some(w) => {
+                let [q, k, v] = self.project_rows(ctx, &plan, x2.view(), w).await?;
+                let kv_heads = dims.kv_heads;
+                (
+                    to_heads(q, heads)?,
+                    to_heads(k, kv_heads)?,
+                    to_heads(v, kv_heads)?,
+                )
+            }
             None => {
-                let qkv = to_heads(x2.to_owned(), heads)?;
+                // Q = K = V = X, as the device stores it.
+                let qkv = to_heads(self.as_stored(x2.view()).into_owned(), heads)?;
                 (qkv.clone(), qkv.clone(), qkv)
             }
         };
         let op = self.scale(dims.scale);
         let out = op
-            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), bias, mods, false)
+            .sdpa_in_parts(ctx, q.view(), k.view(), v.view(), (bias, mods), plan)
             .await?;
         // (batch, heads, n, width) → (batch·n, d_v), then the output projection.
         let context = out
@@ -236,15 +233,9 @@ impl Attention {
             .into_owned()
             .into_shape_with_order((batch * n, dims.d_v))
             .map_err(shape)?;
-        let context = match proj.and_then(|p| p.w_o.map(|w| (w, p.b_o))) {
+        let context = match device_weights.filter(|w| w.o.is_some()) {
+            Some(w) => self.output_rows(ctx, &plan, context.view(), w).await?,
             None => context,
-            Some((w_o, b_o)) => {
-                let mut out = context.dot(&self.as_stored(w_o));
-                if let Some(b) = b_o {
-                    out += &self.as_stored(b);
-                }
-                out
-            }
         };
         Ok(Output::new(
             context
@@ -256,6 +247,141 @@ impl Attention {
                 .map_err(shape)?,
         ))
     }
+
+    /// `X·W_Q (+b_Q)`, `X·W_K (+b_K)`, `X·W_V (+b_V)` on the device in blocks of X's rows
+    /// that fit, each as the whole call computes it (`plan`'s matmul, stored in the call's
+    /// dtype) and read back.
+    async fn project_rows(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        x: ArrayView2<'_, f32>,
+        w: &DeviceWeights,
+    ) -> Result<[Array2<f32>; 3]> {
+        let (f16, d) = (self.f16(), x.ncols());
+        let widths = [w.q.cols, w.k.cols, w.v.cols];
+        let rows = Rows {
+            name: "X",
+            a: x,
+            f16: (f16, f16),
+            widths: &widths,
+        };
+        let (out, _) = rows
+            .run(ctx, |encoder, x, m| {
+                let qkv = (x, f16);
+                let (q, k, v) = self.record_projections(ctx, encoder, plan, (m, d), qkv, w)?;
+                Ok(vec![q, k, v])
+            })
+            .await?;
+        let [q, k, v]: [Array2<f32>; 3] = out
+            .try_into()
+            .map_err(|_| Error::invalid("split", "internal: Q, K, V missing"))?;
+        Ok([q, k, v])
+    }
+
+    /// `context·W_O (+b_O)` on the device in blocks of rows that fit, each as the whole call
+    /// computes it (`plan`'s matmul on the f32 context), checked for overflow as its output.
+    async fn output_rows(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        context: ArrayView2<'_, f32>,
+        w: &DeviceWeights,
+    ) -> Result<Array2<f32>> {
+        let d_v = context.ncols();
+        let d_out = w.o.as_ref().map_or(d_v, |o| o.cols);
+        let rows = Rows {
+            name: "context",
+            a: context,
+            f16: (false, false),
+            widths: &[d_out],
+        };
+        let (mut out, bad) = rows
+            .run(ctx, |encoder, c, m| {
+                let o = self.record_output_projection(ctx, encoder, plan, (m, d_v), c, Some(w))?;
+                let (o, _) =
+                    o.ok_or_else(|| Error::invalid("split", "internal: no output projection"))?;
+                Ok(vec![o])
+            })
+            .await?;
+        if !self.propagate {
+            overflow_at("context", self.dtype, bad)?;
+        }
+        out.pop()
+            .ok_or_else(|| Error::invalid("split", "internal: no output"))
+    }
+}
+
+/// A step of a call past the device's limits that runs on blocks of rows: `a` (named `name`,
+/// uploaded as f16 when `f16.0`) in, outputs `widths` wide (f16 when `f16.1`) out.
+struct Rows<'a, 'w> {
+    name: &'static str,
+    a: ArrayView2<'a, f32>,
+    f16: (bool, bool),
+    widths: &'w [usize],
+}
+
+impl Rows<'_, '_> {
+    /// `record` (an encoder, the block's input buffer and its rows: its outputs) on blocks of
+    /// rows that fit the device, each in its own encoder inside the error scopes, its outputs
+    /// read back into place; with the index of the first NaN or infinity in the first output.
+    async fn run(
+        &self,
+        ctx: &Context,
+        record: impl Fn(&mut wgpu::CommandEncoder, &wgpu::Buffer, usize) -> Result<Vec<buffer::Buf>>,
+    ) -> Result<(Vec<Array2<f32>>, Option<usize>)> {
+        let (rows, width) = self.a.dim();
+        let widest = self.widths.iter().copied().fold(width, usize::max);
+        let block = rows_per_block(ctx, "one row of a split call's operand", widest)?;
+        let mut out: Vec<_> = self
+            .widths
+            .iter()
+            .map(|&c| Array2::zeros((rows, c)))
+            .collect();
+        let mut bad = None;
+        for start in (0..rows).step_by(block) {
+            let part = self.a.slice(s![start..(start + block).min(rows), ..]);
+            let m = part.nrows();
+            let read = ctx.scoped_async(async {
+                // Declared first, dropped last: the buffers are reused only after the block.
+                let _open = ctx.pool.open();
+                let mut encoder = ctx.device.create_command_encoder(&Default::default());
+                let how = stored(self.f16.0, false);
+                let input = upload::array(ctx, self.name, &part.into_dyn(), how)?;
+                let outputs = record(&mut encoder, &input, m)?;
+                let pending = outputs
+                    .iter()
+                    .zip(self.widths)
+                    .map(|(buf, cols)| {
+                        readback::copy_out_as(ctx, &mut encoder, buf, m * cols, self.f16.1)
+                    })
+                    .collect();
+                timing::submit_and_read_scanned_async(ctx, encoder, pending).await
+            });
+            for (i, ((whole, (values, first)), &cols)) in
+                out.iter_mut().zip(read.await?).zip(self.widths).enumerate()
+            {
+                if i == 0 && bad.is_none() {
+                    bad = first.map(|at| start * cols + at);
+                }
+                let values = ArrayView2::from_shape((m, cols), &values)
+                    .map_err(|e| Error::shape(e.to_string()))?;
+                whole.slice_mut(s![start..start + m, ..]).assign(&values);
+            }
+        }
+        Ok((out, bad))
+    }
+}
+
+/// How many rows of `width` f32s a storage buffer may hold on this device (at least one,
+/// else the limit's error naming `what`).
+fn rows_per_block(ctx: &Context, what: &str, width: usize) -> Result<usize> {
+    buffer::check_len(ctx, what, width)?;
+    let limits = ctx.limits();
+    let bytes = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
+    Ok(((bytes / 4) as usize / width.max(1)).max(1))
 }
 
 impl Attention {
@@ -270,6 +396,25 @@ impl Attention {
             false => a.into(),
         }
     }
+}
+
+/// Whether a call on X of these (checked) sizes fits the device whole (`return_weights`:
+/// with its weights): else the first limit it exceeds.
+pub(super) fn x_fits(
+    ctx: &Context,
+    dims: &Dims,
+    return_weights: bool,
+    bias: Option<&ArrayView4<'_, f32>>,
+) -> Result<()> {
+    let rows = dims.batch * dims.n;
+    let named = [
+        ("X (batch·n·d)", rows * dims.d),
+        ("Q, K (batch·n·d_k)", rows * dims.d_k),
+        ("V, context (batch·n·d_v)", rows * dims.d_v),
+        ("output (batch·n·d_out)", rows * dims.d_out),
+    ];
+    let weights = return_weights.then_some(dims.batch * dims.heads * dims.n * dims.n);
+    fits(ctx, &named, weights, bias)
 }
 
 /// Every buffer of a call fits the device's limits, or the first that does not: `named`

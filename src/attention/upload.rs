@@ -196,7 +196,7 @@ impl Attention {
 
 /// How a call's operand goes up: as f16 or f32, checked for NaN/Inf when `finite`, and only
 /// as a buffer, without its contents, in the pipeline dry run (which records nothing).
-fn stored(f16: bool, finite: bool) -> Stored {
+pub(super) fn stored(f16: bool, finite: bool) -> Stored {
     Stored {
         f16,
         finite,

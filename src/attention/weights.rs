@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use ndarray::{Array1, Array2, ArrayView, AsArray, Dimension};
 
+use super::call::Given;
 use super::plan::Plan;
 use super::projections::Projections;
 use super::upload::upload_as;
 use super::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::oneshot::block_on;
 use crate::kernels::matmul::Matmul;
 use crate::mask::Mask;
 use crate::variant;
@@ -175,8 +177,8 @@ impl std::fmt::Debug for Layer {
 
 impl Layer {
     /// Builds the layer on `ctx`: checks the projections (as [`crate::Dims::new`] does for
-    /// an X of their input width), keeps a host copy (for calls past the device's limits, which
-    /// are split and projected on the CPU) and uploads them.
+    /// an X of their input width), keeps a host copy ([`Layer::projections`]' and the
+    /// training's) and uploads them.
     ///
     /// # Errors
     /// Mismatched shapes, NaN/Inf in the weights (unless the op passes them through), values
@@ -240,7 +242,7 @@ impl Layer {
         }
     }
 
-    /// [`Attention::forward_masked`] with this layer's projections, uploading only `x` (and
+    /// [`Attention::run`] on X with this layer's projections, uploading only `x` (and
     /// the mask).
     ///
     /// # Errors
@@ -255,7 +257,11 @@ impl Layer {
         let x: ArrayView<'a, f32, D> = x.into();
         self.check_host_current(ctx, x.shape(), mask)?;
         let p = self.projections();
-        self.op
-            .forward_with(ctx, x.into_dyn(), Some(&p), mask, Some(&self.device))
+        let given = Given::X {
+            x: x.into_dyn(),
+            proj: Some(&p),
+            resident: Some(&self.device),
+        };
+        block_on(self.op.run_arrays(ctx, given, mask))
     }
 }

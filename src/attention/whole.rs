@@ -10,7 +10,6 @@ use super::dispatch::Shape;
 use super::plan::Plan;
 use super::projections::Projections;
 use super::shape::Dims;
-use super::split::fits;
 use super::upload::{MaskBuffer, Source};
 use super::weights::DeviceWeights;
 use super::{Attention, Output};
@@ -21,20 +20,13 @@ use crate::gpu::timing;
 use crate::gpu::upload::Values;
 use crate::modifiers::Modifiers;
 
-/// A 4-d shape's sides.
-fn four(shape: &[usize]) -> Result<[usize; 4]> {
-    shape
-        .try_into()
-        .map_err(|_| Error::shape(format!("expected a 4-d shape, got {shape:?}")))
-}
-
 /// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.
 type Flat = (Vec<f32>, Option<Vec<f32>>);
 
 impl Attention {
-    /// A checked call on X with the mask's bias and modifiers: whole when it fits, else
-    /// projected on the CPU and split.
-    pub(super) async fn forward_checked(
+    /// A checked call on X that fits the device, with the mask's bias and modifiers: the
+    /// whole call, its outputs shaped as the caller's.
+    pub(super) async fn forward_whole(
         &self,
         ctx: &Context,
         dims: &Dims,
@@ -43,23 +35,6 @@ impl Attention {
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         resident: Option<&DeviceWeights>,
     ) -> Result<Output> {
-        let rows = dims.batch * dims.n;
-        let named = [
-            ("X (batch·n·d)", rows * dims.d),
-            ("Q, K (batch·n·d_k)", rows * dims.d_k),
-            ("V, context (batch·n·d_v)", rows * dims.d_v),
-            ("output (batch·n·d_out)", rows * dims.d_out),
-        ];
-        let weights = self
-            .return_weights
-            .then_some(dims.batch * dims.heads * dims.n * dims.n);
-        if let Err(too_big) = fits(ctx, &named, weights, bias.as_ref()) {
-            // X's values, before it is split (the whole call checks them while uploading).
-            self.check_values(ctx, &[("X", x.view())])?;
-            return self
-                .forward_in_parts(ctx, dims, x, proj, (bias, mods), &too_big)
-                .await;
-        }
         let shape = Shape::self_attention(dims);
         let source = Source::Projected {
             x: &x,
@@ -67,7 +42,7 @@ impl Attention {
             weights: resident,
         };
         let (context, weights) = self
-            .run_whole(ctx, dims, shape, &source, bias, mods)
+            .run_whole(ctx, dims, shape, &source, (bias, mods), None)
             .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         Ok(Output {
@@ -84,26 +59,26 @@ impl Attention {
     /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (arrays or
     /// opened files; checked on the way when `check`), the kernels reading them and writing
     /// the context in that layout through their strides, the context read back straight into
-    /// the returned array.
+    /// the returned array; `dims` are theirs ([`Attention::sdpa_dims`]). With `plan`, a part
+    /// of a split call: the whole call's plan.
     pub(super) async fn sdpa_whole(
         &self,
         ctx: &Context,
+        dims: &Dims,
         [q, k, v]: [Values<'_>; 3],
-        bias: Option<ArrayView4<'_, f32>>,
-        mods: Option<&Modifiers>,
+        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         check: bool,
+        plan: Option<Plan>,
     ) -> Result<Output> {
-        let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        let [batch, heads, l, _] = four(q.shape())?;
-        let [_, kv_heads, s_len, _] = four(k.shape())?;
-        let e_v = four(v.shape())?[3];
+        let (batch, heads, kv_heads, l) = (dims.batch, dims.heads, dims.kv_heads, dims.n);
+        let (s_len, e_v) = (k.shape()[2], dims.d_v / heads);
         let source = Source::Qkv {
             values: [q, k, v],
             check,
         };
-        let shape = Shape::sdpa(&dims, [batch, heads, kv_heads, l, s_len]).heads_first();
+        let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]).heads_first();
         let (context, weights) = self
-            .run_whole(ctx, &dims, shape, &source, bias, mods)
+            .run_whole(ctx, dims, shape, &source, (bias, mods), plan)
             .await?;
         let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
         let context =
@@ -115,18 +90,22 @@ impl Attention {
         Ok(Output::new(context, weights))
     }
 
-    /// Plans the call and runs it inside error scopes; under [`Kernels::Auto`], a problem past
-    /// the subgroup family's texture limit runs again on the storage kernels.
+    /// Plans the call (or takes `given`, a split call's) and runs it inside error scopes;
+    /// under [`Kernels::Auto`], a problem past the subgroup family's texture limit runs again
+    /// on the storage kernels.
     async fn run_whole(
         &self,
         ctx: &Context,
         dims: &Dims,
         shape: Shape,
         source: &Source<'_, '_>,
-        bias: Option<ArrayView4<'_, f32>>,
-        mods: Option<&Modifiers>,
+        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
+        given: Option<Plan>,
     ) -> Result<Flat> {
-        let mut plan = self.plan(ctx, dims)?;
+        let mut plan = match given {
+            Some(plan) => plan,
+            None => self.plan(ctx, dims)?,
+        };
         plan.flash = self.sparse_flash(ctx, &plan, dims, shape, source, (bias.as_ref(), mods));
         let op = self.fused_op(shape, dims.scale)?;
         let plan = self.resolved(ctx, plan, &op, mods.is_some())?;

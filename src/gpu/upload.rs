@@ -39,7 +39,7 @@ pub(crate) enum Values<'a> {
     File(&'a Opened),
 }
 
-impl Values<'_> {
+impl<'a> Values<'a> {
     /// The shape of the values (an error's index is into it).
     pub fn shape(&self) -> &[usize] {
         match self {
@@ -60,9 +60,9 @@ impl Values<'_> {
     ///
     /// # Errors
     /// A file that cannot be read now.
-    pub fn array(&self) -> Result<ndarray::CowArray<'_, f32, ndarray::IxDyn>> {
+    pub fn array(&self) -> Result<ndarray::CowArray<'a, f32, ndarray::IxDyn>> {
         Ok(match self {
-            Values::Array(a) => a.view().into(),
+            Values::Array(a) => a.clone().into(),
             Values::File(f) => f.read()?.into(),
         })
     }

@@ -119,7 +119,7 @@ fn check_grad_shape(d_o: &[usize], output: &[usize], what: &str) -> Result<()> {
     )))
 }
 
-/// [`super::backward()`] on Q, K and V: the gradients of [`Attention::sdpa_masked`] on the CPU
+/// [`super::backward()`] on Q, K and V: the gradients of [`Attention::run`] on Q, K, V on the CPU
 /// in f64. Given `dO = ∂ℓ/∂context` of shape `(batch, heads, L, E_v)`, returns `∂ℓ/∂Q`,
 /// `∂ℓ/∂K` and `∂ℓ/∂V` in the shapes of Q, K and V (see [`SdpaGradients`]). Every option of
 /// the forward applies: causal, the mask and key lengths, the modifiers (presets, and a
@@ -195,7 +195,7 @@ pub(crate) fn sdpa_backward(
     })
 }
 
-/// [`super::backward()`] on X: the gradients of [`Attention::forward_masked`] (pass
+/// [`super::backward()`] on X: the gradients of [`Attention::run`] on X (pass
 /// [`Mask::none`] for no mask) on the CPU in f64. Given `dO = ∂ℓ/∂output`, of the output's
 /// shape (`(n, d_out)` or `(batch, n, d_out)`), returns `∂ℓ/∂X` and, with projections, the
 /// gradient of every weight and bias given (see [`LayerGradients`]). Without projections

@@ -274,7 +274,7 @@ fn four<'a, const N: usize>(
 }
 
 /// [`run`] on Q, K and V (PyTorch's layout, `(batch, heads, L, E)`), with `mask` added to the
-/// scaled scores (see [`crate::mask`]): the CPU peer of [`Attention::sdpa_masked`].
+/// scaled scores (see [`crate::mask`]): the CPU peer of [`Attention::run`] on Q, K, V.
 ///
 /// # Errors
 /// As [`run`].
@@ -323,7 +323,7 @@ pub(crate) fn sdpa_masked(
 }
 
 /// [`run`] on X (`(n, d)` or `(batch, n, d)`), projected when `proj` is given, with `mask`
-/// added to the scaled scores: the CPU peer of [`Attention::forward_masked`].
+/// added to the scaled scores: the CPU peer of [`Attention::run`] on X.
 ///
 /// # Errors
 /// As [`run`].

@@ -48,25 +48,16 @@ pub(crate) struct TensorGradients {
 }
 
 impl Attention {
-    /// [`Attention::forward_saved`] without projections (Q = K = V = X) on a tensor `x`
-    /// (`(n, d)` or `(batch, n, d)`, of the op's dtype), recorded into `rec`: the output is a
-    /// tensor of `rec`, and the [`LayerSaved`] can record its backward into `rec` too
-    /// ([`LayerSaved::record_backward`]). For projections, see [`Layer::record_saved`]
-    /// (publicly: [`Layer::record`] with the op saving for the backward).
+    /// [`Attention::forward_saved`] on a tensor `x` (`(n, d)` or `(batch, n, d)`, of the
+    /// op's dtype), recorded into `rec`, projected by `layer`'s weights when given, else
+    /// Q = K = V = X: the output is a tensor of `rec`, and the [`LayerSaved`] can record its
+    /// backward into `rec` too ([`LayerSaved::record_backward`]). Publicly: [`Attention::record`]
+    /// and [`Layer::record`] with the op saving for the backward.
     ///
     /// # Errors
     /// As [`Attention::forward_saved`], and a tensor of another context, of another dtype
     /// than the op's, or not yet written.
     pub(crate) fn record_saved(
-        &self,
-        rec: &mut Recorder<'_>,
-        x: &Tensor,
-        mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, LayerSaved)> {
-        self.saved_record(rec, x, None, mask)
-    }
-
-    fn saved_record(
         &self,
         rec: &mut Recorder<'_>,
         x: &Tensor,
@@ -120,7 +111,7 @@ impl Layer {
         mask: &Mask<'_>,
     ) -> Result<(TensorOutput, LayerSaved)> {
         self.check_context(rec.ctx)?;
-        self.op().saved_record(rec, x, Some(self), mask)
+        self.op().record_saved(rec, x, Some(self), mask)
     }
 }
 
