@@ -25,7 +25,10 @@ fn checks(text: &str) -> Vec<(f64, f64)> {
             // Times printed to three decimals: measured / ratio is the unrounded prediction,
             // within half a printed unit of the printed one (a tiny prediction rounds by
             // more than any fixed share of it).
-            assert!((m / r - p).abs() <= 0.0005 * (1.0 + r.recip()) + 0.01 * p, "{l}");
+            assert!(
+                (m / r - p).abs() <= 0.0005 * (1.0 + r.recip()) + 0.01 * p,
+                "{l}"
+            );
             (p, m)
         })
         .collect()

@@ -81,6 +81,7 @@ impl fmt::Display for Sanitize {
 /// The first seed of the schedule (the subgroups' order, where they give up their turn, the
 /// order of divergent arms and of one instruction's lanes): `WGPU_ATTENTION_SANITIZE_SEED`,
 /// else 0.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn seed() -> u64 {
     std::env::var("WGPU_ATTENTION_SANITIZE_SEED")
         .ok()
@@ -90,6 +91,7 @@ fn seed() -> u64 {
 
 /// Seeds run per dispatch, from [`seed`] on (each from the same inputs; the first with an
 /// error is the one reported): `WGPU_ATTENTION_SANITIZE_SEEDS`, else 1.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn seeds_from_env() -> u32 {
     std::env::var("WGPU_ATTENTION_SANITIZE_SEEDS")
         .ok()
@@ -100,8 +102,10 @@ fn seeds_from_env() -> u32 {
 
 mod summary;
 
+#[cfg(not(target_arch = "wasm32"))]
+use summary::Noted;
+use summary::PROCESS;
 pub use summary::{LoopPeak, SanitizerSummary};
-use summary::{Noted, PROCESS};
 
 /// A device's sanitizer state: the parsed kernels (by pipeline hash) and the tally.
 #[derive(Default)]
@@ -166,6 +170,7 @@ impl Gpu {
 
     /// Whether the warning `key` is new on this device (so logged now): a warning of every
     /// dispatch of a kernel would bury everything else.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn first_warning(&self, key: String) -> bool {
         self.sanitizer
             .logged
@@ -176,6 +181,7 @@ impl Gpu {
 
     /// The text the sanitizer runs for kernel `label` composed as `text`: `text`, or a
     /// test's rewriting of it.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) fn sanitizer_text(&self, label: &str, text: String) -> String {
         match self.sanitizer.edit.and_then(|edit| edit(label, &text)) {
             Some(edited) => edited,
@@ -184,6 +190,7 @@ impl Gpu {
     }
 
     /// Applies `f` to this device's tally and to the process's.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     fn tallies(&self, f: impl Fn(&mut SanitizerSummary)) {
         for tally in [&self.sanitizer.tally, &PROCESS] {
             f(&mut tally.lock().unwrap_or_else(|e| e.into_inner()));
