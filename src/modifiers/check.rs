@@ -3,7 +3,7 @@
 //! (globals, entry points, barriers, atomics, subgroup operations, reserved names, wrong
 //! signatures) refused.
 
-use super::{Modifiers, Role, RESERVED_PREFIX};
+use super::{Modifiers, Preset, Role, RESERVED_PREFIX, SCORE_MOD_GRAD_SIGNATURE};
 use crate::error::{Error, Result};
 
 impl Modifiers {
@@ -153,6 +153,142 @@ impl Modifiers {
     /// Whether any mask modifier is present (the caller's or a preset's).
     pub(crate) fn has_mask(&self) -> bool {
         self.mask_mod.is_some() || self.presets.iter().any(|p| p.role() == Role::Mask)
+    }
+}
+
+/// What the reference and the problem need of the modifiers (beyond their own rules).
+impl Modifiers {
+    /// Whether the f64 reference can apply these modifiers as the kernels do: each of the
+    /// caller's WGSL functions with its CPU form and each CPU form with its WGSL (else the
+    /// reference would not compute what the kernels do); for the `backward`, the CPU form of
+    /// `score_mod_grad` with a `score_mod`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the missing half of a pair; for the backward,
+    /// [`Error::Unsupported`] naming the missing derivative.
+    pub(crate) fn check_cpu(&self, backward: bool) -> Result<()> {
+        let pairs = [
+            (
+                "score_mod",
+                self.score_mod.is_some(),
+                self.score_mod_cpu.is_some(),
+            ),
+            (
+                "mask_mod",
+                self.mask_mod.is_some(),
+                self.mask_mod_cpu.is_some(),
+            ),
+        ];
+        for (name, wgsl, cpu) in pairs {
+            if wgsl && !cpu {
+                return Err(Error::invalid(
+                    "reference",
+                    format!(
+                        "a caller's {name} has no CPU form: give the same function as a Rust                          closure with Modifiers::{name}_cpu"
+                    ),
+                ));
+            }
+            if cpu && !wgsl {
+                return Err(Error::invalid(
+                    "reference",
+                    format!(
+                        "Modifiers::{name}_cpu without its WGSL (Modifiers::{name}): the                          kernels would not apply it"
+                    ),
+                ));
+            }
+        }
+        if backward && self.score_mod_cpu.is_some() && self.score_mod_grad_cpu.is_none() {
+            return Err(Error::Unsupported {
+                feature: "gradients through a caller's score_mod without the CPU form of its                           score_mod_grad"
+                    .into(),
+                adapter: "the f64 reference".into(),
+                hint: "give its derivative by the score as a Rust closure as well:                        Modifiers::score_mod_grad_cpu(|score, b, h, q, kv| ..)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether gradients can flow through the score modifiers: every preset has one, a
+    /// caller's `score_mod` only with its `score_mod_grad`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming what is missing.
+    pub fn check_differentiable(&self) -> Result<()> {
+        let tables = self
+            .presets
+            .iter()
+            .filter(|p| matches!(p, Preset::RelativeBias { .. }))
+            .count();
+        if tables > 1 {
+            return Err(Error::Unsupported {
+                feature: format!("gradients through {tables} relative bias tables in one call"),
+                adapter: "any".into(),
+                hint: "add the tables into one (their buckets must agree) or run the backward \
+                       with one"
+                    .into(),
+            });
+        }
+        if self.score_mod.is_some() && self.score_mod_grad.is_none() {
+            return Err(Error::Unsupported {
+                feature: "gradients through a caller's score_mod without its score_mod_grad".into(),
+                adapter: "any".into(),
+                hint: format!(
+                    "give its derivative by the score as well: {SCORE_MOD_GRAD_SIGNATURE}"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the presets against the problem `(batch, heads, n_q, n_kv)`: each preset's own
+    /// rules ([`Preset::check`]), one ALiBi slope per query head, a relative bias table of
+    /// one column per query head, document ids for every position a query or key has.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] as [`Preset::check`]; [`Error::ShapeMismatch`] naming the
+    /// preset and what it needed.
+    pub fn check_problem(&self, [batch, heads, n_q, n_kv]: [usize; 4]) -> Result<()> {
+        for p in &self.presets {
+            p.check()?;
+        }
+        for p in &self.presets {
+            match p {
+                Preset::Alibi(slopes) if slopes.len() != heads => {
+                    return Err(Error::shape(format!(
+                        "ALiBi has {} slopes; the query has {heads} heads (one slope per head)",
+                        slopes.len()
+                    )))
+                }
+                Preset::RelativeBias { table, buckets, .. }
+                    if table.len() != *buckets as usize * heads =>
+                {
+                    let has = table.len() / (*buckets).max(1) as usize;
+                    return Err(Error::shape(format!(
+                        "the relative bias table has {has} heads, (buckets, heads) = \
+                         ({buckets}, {has}); the query has {heads} heads"
+                    )));
+                }
+                Preset::Documents { ids, n } => {
+                    let n = *n as usize;
+                    if n < n_q.max(n_kv) {
+                        return Err(Error::shape(format!(
+                            "document ids have {n} positions; the query has {n_q} and the key \
+                             {n_kv} (one id per position)"
+                        )));
+                    }
+                    if ids.len() != batch * n {
+                        return Err(Error::shape(format!(
+                            "document ids of {} values in rows of {n}: (batch, n) = ({batch}, \
+                             {n}) is needed",
+                            ids.len()
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 

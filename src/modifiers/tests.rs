@@ -1,6 +1,7 @@
 //! The modifiers' checks and presets, without a GPU.
 
 use super::*;
+use crate::error::Error;
 
 fn err(m: &Modifiers) -> String {
     m.check().unwrap_err().to_string()
