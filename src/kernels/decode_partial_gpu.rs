@@ -154,9 +154,8 @@ impl GpuPartialConsts {
     /// Workgroup memory used, as the shader declares it.
     pub fn workgroup_bytes(&self) -> u64 {
         let (g, kg) = (u64::from(self.rows), u64::from(self.key_groups));
-        let shared4 =
-            (u64::from(self.threads) * u64::from(self.k_pitch)).max(g * kg * u64::from(self.dv4));
-        g * (16 * u64::from(self.dk4) + 4 * u64::from(self.threads) + 8 * kg) + 16 * shared4
+        g * (16 * u64::from(self.dk4) + 4 * u64::from(self.threads) + 8 * kg)
+            + 16 * u64::from(self.shared4)
     }
 }
 

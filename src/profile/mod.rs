@@ -249,25 +249,15 @@ fn profile_scaled(
             _ => model::registers(c.label, &c.variant, d),
         };
         let occ = occupancy(dev, threads, registers, shared_bytes);
-        // Textures: their texels move too (the decode cache): the bytes the reads ask for,
-        // at most the textures' size from DRAM.
+        // Textures are bound memory too (the decode cache): DRAM delivers them at most once.
         let mut texture_bytes = 0;
-        let mut texel_bytes = 0;
         for (w, h, f) in c.buffers.iter().filter_map(|b| b.texture) {
             let bytes = crate::gpu::sanitizer::texel_format(f)?.bytes() as u64;
             texture_bytes += u64::from(w) * u64::from(h) * bytes;
-            texel_bytes = texel_bytes.max(bytes);
         }
         let footprint: u64 =
             (c.buffers.iter().map(|b| b.bytes).sum::<u64>() + texture_bytes) * times;
-        // What the texture reads move through L2: their sectors (the texels' own bytes
-        // where a counter predates sectors).
-        let texels = if counters.texture.loads > 0 {
-            counters.texture.sector_bytes()
-        } else {
-            counters.texture_reads * texel_bytes
-        };
-        let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref(), texels);
+        let prediction = predict(dev, &counters, &occ, footprint, per_wg.as_deref());
         out.push(KernelProfile {
             kernel: c.label,
             variant: c.variant.clone(),

@@ -100,16 +100,14 @@ pub struct Prediction {
 /// Predicts the time of a dispatch with counters `c`, occupancy `occ` and `footprint` bytes
 /// of distinct global memory (the bound buffers: what DRAM must deliver at least once) on
 /// `dev`; `per_wg`, where the host knows it, the instructions each workgroup issues in grid
-/// order (then the workgroups are scheduled one by one: [`schedule`]); `texels` the bytes
-/// its texture reads ask for (through L2, from DRAM at most once: `footprint` holds the
-/// textures).
+/// order (then the workgroups are scheduled one by one: [`schedule`]). Texture accesses
+/// move their sectors through L2 as buffers do (`footprint` holds the textures).
 pub fn predict(
     dev: &DeviceSpec,
     c: &Counters,
     occ: &Occupancy,
     footprint: u64,
     per_wg: Option<&[f64]>,
-    texels: u64,
 ) -> Prediction {
     let sms = f64::from(dev.sms);
     let clock = dev.clock();
@@ -117,7 +115,7 @@ pub fn predict(
     let fma = (c.flops_f32 + c.flops_f16) as f64 / dev.fma_flops;
     let coop = c.coop_flops as f64 / dev.coop_flops;
     let shared = c.shared_wavefronts as f64 / (sms * clock);
-    let moved = c.global.sector_bytes() + texels;
+    let moved = c.global.sector_bytes() + c.texture.sector_bytes();
     let l2 = moved as f64 / dev.l2_bandwidth;
     let dram = footprint.min(moved.max(1)) as f64 / dev.dram_bandwidth;
     // Latency: each SM runs `rounds` rounds of `occ.workgroups` workgroups; a round lasts at
