@@ -232,7 +232,9 @@ fn f16_calls_past_the_limits_equal_the_same_calls_within_them() {
     if context_with(|_| {}).require_f16().is_err() {
         return; // No f16 on this adapter.
     }
-    // Bit for bit: the parts run the whole call's kernels (its plan) on operands stored as
+    // Bit for bit: the parts run the whole call's kernels (its plan, and the key split it
+    // would take: on a GPU a part with fewer query blocks would otherwise split its keys where
+    // the whole call does not, as under WGPU_ATTENTION_SANITIZE=32) on operands stored as
     // it stores them (X, the weights, Q, K, V in f16 on the device, the context in f32), and
     // every output element is computed by one invocation from the same values in the same
     // order, whichever part it falls in. Before, the projections of a split call on X ran on

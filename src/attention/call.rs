@@ -136,6 +136,7 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
             }
             (Given::X { x, proj, resident }, Some(too_big)) => {
                 let plan = op.plan(ctx, dims)?;
+                let op = op.whole_key_split(ctx, dims, dims.n, &plan);
                 op.forward_in_parts(
                     ctx,
                     dims,
@@ -155,6 +156,7 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                     return Err(Error::invalid("split", "internal: Q, K, V not read"));
                 };
                 let plan = op.plan(ctx, dims)?;
+                let op = op.whole_key_split(ctx, dims, k.shape()[2], &plan);
                 let (q, k, v) = (four(q)?, four(k)?, four(v)?);
                 op.sdpa_in_parts(ctx, q, k, v, masking, plan).await
             }

@@ -20,8 +20,10 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::upload::{self, Values};
 use crate::gpu::{buffer, readback, timing};
+use crate::kernels::flash::flash_combine;
 use crate::modifiers::Modifiers;
 use crate::values::overflow_at;
+use crate::variant::{FlashVariant, KeySplit};
 
 impl Attention {
     /// Runs a checked SDPA call whole when its buffers fit the device, else in halves of the
@@ -37,7 +39,10 @@ impl Attention {
         plan: Plan,
     ) -> Result<Output> {
         let (batch, heads, l, _) = q.dim();
-        let Err(too_big) = self.sdpa_fits(ctx, [q.shape(), k.shape(), v.shape()], bias.as_ref())
+        let shapes = [q.shape(), k.shape(), v.shape()];
+        let Err(too_big) = self
+            .sdpa_fits(ctx, shapes, bias.as_ref())
+            .and_then(|()| self.partials_fit(ctx, shapes, &plan))
         else {
             let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
             let values = [q, k, v].map(|a| Values::Array(a.into_dyn()));
@@ -88,6 +93,54 @@ impl Attention {
             )?;
         }
         joined.finish()
+    }
+
+    /// `self` with the key split its parts take: the one the whole call would take on a
+    /// device it fits ([`KeySplit::Auto`] resolved from the whole call's workgroups). A part
+    /// has fewer query blocks than the whole call, so left automatic it could split its keys
+    /// where the whole call does not (on GPUs): its sums would then run in another order and,
+    /// under f16 arithmetic, P would round against another row maximum, and the call's numbers
+    /// would change with its size.
+    pub(super) fn whole_key_split(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        n_kv: usize,
+        plan: &Plan,
+    ) -> Self {
+        let FlashVariant::Blocked { rows, keys } = plan.flash else {
+            return *self;
+        };
+        if self.key_split != KeySplit::Auto || !plan.fused {
+            return *self;
+        }
+        let workgroups = dims.batch * dims.heads * dims.n.div_ceil(rows.max(1) as usize);
+        let cpu = !ctx.hardware().decide.split_keys_to_fill;
+        let whole = flash_combine::key_ranges(KeySplit::Auto, cpu, workgroups, n_kv, keys as usize);
+        let mut op = *self;
+        op.key_split = match whole {
+            // `Ranges(splits)` cuts the same ranges: `splits` ranges of as many whole tiles.
+            Some(r) => KeySplit::Ranges(u32::try_from(r.splits).unwrap_or(u32::MAX)),
+            None => KeySplit::Off,
+        };
+        op
+    }
+
+    /// Whether a part of these (4-d) shapes holds the partial outputs of the key split it
+    /// runs with (see [`Attention::whole_key_split`]): one vec4 a query row, key range and
+    /// 4 columns of V.
+    fn partials_fit(&self, ctx: &Context, [q, _, v]: [&[usize]; 3], plan: &Plan) -> Result<()> {
+        let blocked = matches!(plan.flash, FlashVariant::Blocked { .. });
+        let KeySplit::Ranges(splits) = self.key_split else {
+            return Ok(());
+        };
+        if !(plan.fused && blocked) {
+            return Ok(());
+        }
+        let rows = q.iter().take(3).product::<usize>();
+        let width = v.get(3).copied().unwrap_or(0).div_ceil(4) * 4;
+        let floats = rows * splits as usize * width;
+        buffer::check_len(ctx, "split partial outputs", floats).map(|_| ())
     }
 
     /// Whether a call on Q, K, V of these (4-d, checked) shapes fits the device whole: else
