@@ -139,6 +139,38 @@ impl Attention {
         Ok(Plan { flash, ..plan })
     }
 
+    /// Whether `flash_coop` computes the context of a call of `dims` planned with `plan`
+    /// (fused, or the context beside the subgroup matmul's weights), over `n_kv` keys, on Q,
+    /// K and V given (`sdpa`) or X, with score or mask modifiers when `mods`: the plan's
+    /// fused kernel as [`Attention::resolved`] takes it, without its warning. A call with
+    /// modifiers never runs it (whatever the block-sparse choice, `flash_coop` on modifiers
+    /// falls back), nor one that passes non-finite values through.
+    ///
+    /// # Errors
+    /// Sizes past u32; a variant the device cannot run.
+    pub(crate) fn runs_flash_coop(
+        &self,
+        ctx: &Context,
+        plan: &Plan,
+        dims: &Dims,
+        (n_kv, sdpa): (usize, bool),
+        mods: bool,
+    ) -> Result<bool> {
+        if !(plan.fused || plan.weights_from_stats()) || plan.flash != FlashVariant::Coop {
+            return Ok(false);
+        }
+        let shape = match sdpa {
+            true => {
+                let sizes = [dims.batch, dims.heads, dims.kv_heads, dims.n, n_kv];
+                super::dispatch::Shape::sdpa(dims, sizes).heads_first()
+            }
+            false => super::dispatch::Shape::self_attention(dims),
+        };
+        let op = self.fused_op(shape, dims.scale)?;
+        let (ran, _) = crate::kernels::flash::runs_as(ctx, &op, plan.flash, mods)?;
+        Ok(ran == FlashVariant::Coop)
+    }
+
     /// The storage kernels' plan for a call that [`Attention::retries_on_storage`] after
     /// `plan`, with the fused kernel that runs for `op` ([`Attention::resolved`]), and a
     /// warning naming what happened.

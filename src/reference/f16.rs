@@ -34,7 +34,37 @@ fn stored(a: &ArrayViewD<'_, f32>) -> ArrayD<f32> {
     a.mapv(|v| half::f16::from_f32(v).to_f32())
 }
 
-/// The projections' weights and biases rounded to f16, owned.
+/// Which of a call's values the device holds rounded to f16, or rounds as a kernel stages
+/// them: what [`run_held`] rounds. An f16 call ([`crate::Dtype::F16`]) holds every one in f16
+/// ([`Held::F16`]); an f32 call on cooperative matrices with f16 inputs rounds what those
+/// stage (`src/verify/f16.rs` says which, kernel by kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// X and the weights `W_Q`, `W_K`, `W_V` and `W_O` (X only with projections; without,
+    /// X is Q, K and V, rounded by [`Held::qkv`]).
+    pub inputs: bool,
+    /// The biases `b_Q`, `b_K`, `b_V` and `b_O`.
+    pub biases: bool,
+    /// Q, K and V, each: the projected value rounded (the f64 value, [`round_f16`]), or the
+    /// given one (Q, K and V of a call on them, X without projections).
+    pub qkv: [bool; 3],
+}
+
+impl Held {
+    /// An f16 call's: everything.
+    pub const F16: Held = Held {
+        inputs: true,
+        biases: true,
+        qkv: [true; 3],
+    };
+
+    /// Whether anything is rounded.
+    pub fn any(&self) -> bool {
+        self.inputs || self.biases || self.qkv.iter().any(|&r| r)
+    }
+}
+
+/// The projections' weights and biases, rounded to f16 where held so, owned.
 struct Rounded {
     w: [Array2<f32>; 3],
     b: [Option<Array1<f32>>; 3],
@@ -43,11 +73,17 @@ struct Rounded {
 }
 
 impl Rounded {
-    fn of(p: &Projections<'_>) -> Self {
-        let two = |w: &ndarray::ArrayView2<'_, f32>| w.mapv(|v| half::f16::from_f32(v).to_f32());
+    fn of(p: &Projections<'_>, held: Held) -> Self {
+        let f16 = |v: f32| half::f16::from_f32(v).to_f32();
+        let two = |w: &ndarray::ArrayView2<'_, f32>| match held.inputs {
+            true => w.mapv(f16),
+            false => w.to_owned(),
+        };
         let one = |b: &Option<ndarray::ArrayView1<'_, f32>>| {
-            b.as_ref()
-                .map(|b| b.mapv(|v| half::f16::from_f32(v).to_f32()))
+            b.as_ref().map(|b| match held.biases {
+                true => b.mapv(f16),
+                false => b.to_owned(),
+            })
         };
         Rounded {
             w: [two(&p.w_q), two(&p.w_k), two(&p.w_v)],
@@ -84,17 +120,41 @@ impl Rounded {
 /// # Errors
 /// As [`super::run`].
 pub fn run_f16(op: &Attention, inputs: &Inputs<'_, Host>) -> Result<Output<ArrayD<f64>>> {
+    run_held(op, inputs, Held::F16)
+}
+
+/// [`super::run`] with what `held` says rounded to f16 (inputs as `half` rounds f32 values,
+/// projected Q, K and V by [`round_f16`]), the rest exact: [`run_f16`] with [`Held::F16`].
+///
+/// # Errors
+/// As [`super::run`].
+pub(crate) fn run_held(
+    op: &Attention,
+    inputs: &Inputs<'_, Host>,
+    held: Held,
+) -> Result<Output<ArrayD<f64>>> {
     let mask = inputs.mask_or_none();
     match &inputs.operands {
         Operands::X(x) => {
-            let x = stored(&x.view());
-            let rounded = inputs.projections.as_ref().map(Rounded::of);
+            let x = match held.inputs && inputs.projections.is_some() {
+                true => stored(&x.view()),
+                false => x.to_owned(),
+            };
+            let rounded = inputs.projections.as_ref().map(|p| Rounded::of(p, held));
             let proj = rounded.as_ref().map(Rounded::view);
-            attention_masked_rounded(op, x.view(), proj.as_ref(), &mask, Some(round_f16))
+            let round = held.qkv.map(|r| r.then_some(round_f16 as fn(f64) -> f64));
+            attention_masked_rounded(op, x.view(), proj.as_ref(), &mask, round)
         }
         Operands::Qkv([q, k, v]) => {
             let [q, k, v] = four([q, k, v], inputs.projections.is_some())?;
-            let [q, k, v] = [q, k, v].map(|a| a.mapv(|v| half::f16::from_f32(v).to_f32()));
+            let f16 = |v: f32| half::f16::from_f32(v).to_f32();
+            let [q, k, v] = [(q, held.qkv[0]), (k, held.qkv[1]), (v, held.qkv[2])].map(|(a, r)| {
+                if r {
+                    a.mapv(f16)
+                } else {
+                    a.to_owned()
+                }
+            });
             sdpa_masked(op, q.view(), k.view(), v.view(), &mask)
         }
     }

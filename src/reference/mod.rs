@@ -17,6 +17,7 @@ mod f16;
 #[cfg(test)]
 pub(crate) use backward::sdpa_backward;
 pub use f16::{round_f16, run_f16};
+pub(crate) use f16::{run_held, Held};
 
 fn to_f64_2d(a: &ArrayView2<'_, f32>) -> Array2<f64> {
     a.mapv(f64::from)
@@ -333,11 +334,15 @@ pub(crate) fn attention_masked(
     proj: Option<&Projections<'_>>,
     mask: &Mask<'_>,
 ) -> Result<Output<ndarray::ArrayD<f64>>> {
-    attention_masked_rounded(op, x, proj, mask, None)
+    attention_masked_rounded(op, x, proj, mask, [None; 3])
 }
 
-/// [`attention_masked`] with the projected Q, K and V passed through `round` (the f16
-/// path's storage between kernels, [`run_f16`]).
+/// A rounding of stored values ([`round_f16`]).
+type Round = fn(f64) -> f64;
+
+/// [`attention_masked`] with Q, K and V (projected, or X itself) each passed through its
+/// `round` (the f16 path's storage between kernels, [`run_f16`]; the cooperative matrices'
+/// staging, [`run_held`]).
 ///
 /// # Errors
 /// As [`run`].
@@ -346,7 +351,7 @@ fn attention_masked_rounded(
     x: ArrayViewD<'_, f32>,
     proj: Option<&Projections<'_>>,
     mask: &Mask<'_>,
-    round: Option<fn(f64) -> f64>,
+    round: [Option<Round>; 3],
 ) -> Result<Output<ndarray::ArrayD<f64>>> {
     let dims = op.dims(x.shape(), proj)?;
     if !op.propagates_non_finite() {
@@ -376,19 +381,17 @@ fn attention_masked_rounded(
     let mut weights = ndarray::Array4::<f64>::zeros((batch, heads, n, n));
     for b in 0..batch {
         let xb = x3.index_axis(Axis(0), b).to_owned();
+        let stored = |a: Array2<f64>, i: usize| match round[i] {
+            Some(r) => a.mapv(r),
+            None => a,
+        };
         let (q, k, v) = match proj {
-            None => (xb.clone(), xb.clone(), xb),
-            Some(p) => {
-                let stored = |a: Array2<f64>| match round {
-                    Some(r) => a.mapv(r),
-                    None => a,
-                };
-                (
-                    stored(project(&xb, &p.w_q, p.b_q.as_ref())),
-                    stored(project(&xb, &p.w_k, p.b_k.as_ref())),
-                    stored(project(&xb, &p.w_v, p.b_v.as_ref())),
-                )
-            }
+            None => (stored(xb.clone(), 0), stored(xb.clone(), 1), stored(xb, 2)),
+            Some(p) => (
+                stored(project(&xb, &p.w_q, p.b_q.as_ref()), 0),
+                stored(project(&xb, &p.w_k, p.b_k.as_ref()), 1),
+                stored(project(&xb, &p.w_v, p.b_v.as_ref()), 2),
+            ),
         };
         for h in 0..heads {
             let qh = q.slice(s![.., h * dk_h..(h + 1) * dk_h]);

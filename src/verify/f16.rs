@@ -1,6 +1,7 @@
 //! The bound an f16 case ([`crate::Dtype::F16`]) must meet against
 //! [`crate::reference::run_f16`], the f64 evaluation of what the device holds (inputs and
-//! projected Q, K, V rounded to f16). The model, term by term:
+//! projected Q, K, V rounded to f16), and the bound of an f32 case whose kernels round to f16
+//! (cooperative matrices with f16 inputs, below). The model, term by term:
 //!
 //! 1. **f32 arithmetic** on the operands the device holds: the f32 bound [`super::tolerance`]
 //!    of the case's logit size, as an f32 case (the kernels are the same).
@@ -36,6 +37,35 @@
 //! relative to the result on the device's operands, so it is scaled by one plus theirs).
 //! The largest bound of the f16 sweeps (lavapipe, and the stand-in's whole sweep): see
 //! docs/testing.md.
+//!
+//! **f32 cases on cooperative matrices with f16 inputs** ([`f32_on_coop`]) are compared with
+//! the f32 reference, [`crate::reference::run`], but their kernels round what they stage:
+//!
+//! - the coop matmul (`coop_matmul.wgsl`) converts both operands to f16 as it stages them
+//!   and adds the bias (and an accumulated C) in f32: the projections round X and `W_Q`,
+//!   `W_K`, `W_V` (not the biases; Q, K and V are stored in f32); the unfused path's scores
+//!   round Q and K; the output projection rounds the context and `W_O` (not `b_O`);
+//! - `flash_coop` stages Q, K and V as f16 and rounds P (`exp2(s − m)`, its row sum `l` kept
+//!   in f32 from the unrounded values) for P·V;
+//! - the unfused path's softmax and weighted sum (A·V) read the scores, A and V in f32: A is
+//!   not rounded there, in an f32 call or an f16 one (whose V is f16 already).
+//!
+//! Which of these run is the call's plan ([`Attention::runs_flash_coop`]: `flash_coop` falls
+//! back to `flash_blocked`, which rounds nothing in an f32 call, on modifiers). An
+//! intermediate reference evaluates in f64 what the device rounds exactly as it rounds it
+//! ([`crate::reference::run_held`]): X and the weights rounded to f16; Q, K (and V) as the
+//! exact projection rounded to f16 where they are staged, so that the device's staged
+//! values lie within term 2's straddle of the intermediate's (a projection computed from
+//! f32 operands has the same `γ_{d+1}` bound: its products are not exact, but `d` products
+//! and `d + 1` additions still make `γ_{d+1}`); Q, K, V given (or X without projections)
+//! rounded as the device rounds them, exactly. P's rounding (relative to the kernel's running
+//! max, which the host cannot reproduce) and the context's before `W_O` are term 4's, with
+//! no f16 products (term 3). The device's result is within terms 2 and 4 of the intermediate
+//! (and term 1 of the result on its operands); the intermediate's distance to the f32
+//! reference is computed, not bounded, so the bound is `t₁ + (e + δ)·(1 + t₁)`, `e` the
+//! 2-norm of terms 2 and 4 and `δ` the intermediate's distance, both over the f32
+//! reference's norm (triangle inequality). Where the data cancel (a small context from O(1)
+//! terms) `δ` is what grows, by exactly as much as the rounding moves the answer.
 
 use ndarray::{s, Array2, Array3, Array4, ArrayD, ArrayView2, Axis, Zip};
 
@@ -43,7 +73,7 @@ use super::{Case, CaseData};
 use crate::attention::{Attention, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::reference::round_f16;
+use crate::reference::{round_f16, Held};
 use crate::variant::{FlashVariant, MatmulVariant};
 
 /// f32's unit roundoff.
@@ -106,6 +136,51 @@ impl F16Arithmetic {
     }
 }
 
+/// What an f32 call of `op` on `ctx` on `data` rounds to f16 on cooperative matrices with
+/// f16 inputs, and the f16 arithmetic of term 4 it does (the module's f32 model): from its
+/// plan, with the fused kernel that runs ([`Attention::runs_flash_coop`]). `None` where the
+/// adapter has no such matrices or the plan runs nothing on them.
+///
+/// # Errors
+/// The call's shape and planning errors.
+pub(super) fn f32_on_coop(
+    ctx: &Context,
+    op: &Attention,
+    data: &CaseData,
+) -> Result<Option<(Held, F16Arithmetic)>> {
+    if !ctx.coop_shape().is_some_and(|s| s.f16_inputs) {
+        return Ok(None);
+    }
+    let (dims, n_kv) = match &data.qkv {
+        Some([q, k, v]) => (op.sdpa_dims(q.shape(), k.shape(), v.shape())?, k.dim().2),
+        None => {
+            let dims = op.dims(data.x.shape(), data.projections().as_ref())?;
+            (dims, dims.n)
+        }
+    };
+    let plan = op.plan(ctx, &dims)?;
+    let mods = data.mask().modifiers().is_some();
+    let sdpa = data.qkv.is_some();
+    // flash_coop stages Q, K and V as f16 and rounds P; the coop matmul stages both of its
+    // operands: X and W_Q, W_K, W_V; Q and K for the scores (the unfused path); the context
+    // and W_O. The weighted sum (A·V, unfused) reads A and V in f32; biases are added in f32.
+    let flash = op.runs_flash_coop(ctx, &plan, &dims, (n_kv, sdpa), mods)?;
+    let matmul = plan.matmul == MatmulVariant::Coop;
+    let scores = matmul && !(plan.fused || plan.weights_from_stats());
+    let qk = flash || scores;
+    let held_as = Held {
+        inputs: matmul && data.weights.is_some() && !sdpa,
+        biases: false,
+        qkv: [qk, qk, flash],
+    };
+    let arith = F16Arithmetic {
+        products: false,
+        coop_weights: flash,
+        coop_context: matmul,
+    };
+    Ok(held_as.any().then_some((held_as, arith)))
+}
+
 /// One side of the attention, `(batch, heads, rows, width)`: the values the reference uses
 /// and a bound on how far the device's may be from each.
 struct Operand {
@@ -147,15 +222,26 @@ fn stored<D: ndarray::Dimension>(a: &ndarray::Array<f32, D>) -> ndarray::Array<f
     a.mapv(|v| f64::from(half::f16::from_f32(v).to_f32()))
 }
 
-/// `x·w + b` over X's rows `(batch, n, d)` as the reference computes it (rounded to f16)
-/// and each value's bound (term 2 of the module's model).
+/// An f32 array in f64, rounded to f16 when `round` ([`stored`]).
+fn held<D: ndarray::Dimension>(a: &ndarray::Array<f32, D>, round: bool) -> ndarray::Array<f64, D> {
+    match round {
+        true => stored(a),
+        false => a.mapv(f64::from),
+    }
+}
+
+/// `x·w + b` over X's rows `(batch, n, d)` as the reference computes it (`w` and `b` rounded
+/// to f16 as `held_as` says; the result rounded to f16 when `round`) and each value's bound
+/// (term 2 of the module's model: 0 where the result is not rounded, its f32 error being
+/// term 1's).
 fn projected(
     x: &Array3<f64>,
-    w: &ndarray::Array2<f32>,
-    b: Option<&ndarray::Array1<f32>>,
+    (w, b): (&ndarray::Array2<f32>, Option<&ndarray::Array1<f32>>),
+    held_as: Held,
+    round: bool,
 ) -> (Array3<f64>, Array3<f64>) {
     let (batch, n, d) = x.dim();
-    let w = stored(w);
+    let w = held(w, held_as.inputs);
     let w_abs = w.mapv(f64::abs);
     let cols = w.ncols();
     let mut value = Array3::zeros((batch, n, cols));
@@ -167,7 +253,7 @@ fn projected(
         let mut exact = xb.dot(&w);
         let mut size = xb.mapv(f64::abs).dot(&w_abs);
         if let Some(b) = b {
-            let b = stored(b);
+            let b = held(b, held_as.biases);
             exact += &b;
             size += &b.mapv(f64::abs);
         }
@@ -175,35 +261,41 @@ fn projected(
             .and(err.index_axis_mut(Axis(0), bi))
             .and(&exact)
             .and(&size)
-            .for_each(|v, e, &q, &m| {
-                let r = g * m;
-                *v = round_f16(q);
-                *e = round_f16(q + r) - round_f16(q - r);
+            .for_each(|v, e, &q, &m| match round {
+                true => {
+                    let r = g * m;
+                    *v = round_f16(q);
+                    *e = round_f16(q + r) - round_f16(q - r);
+                }
+                false => *v = q,
             });
     }
     (value, err)
 }
 
-/// Q, K and V as the device holds them, per head, with their bounds.
-fn operands(op: &Attention, data: &CaseData) -> Result<[Operand; 3]> {
+/// Q, K and V as the device holds them (what `held_as` rounds), per head, with their bounds.
+fn operands(op: &Attention, data: &CaseData, held_as: Held) -> Result<[Operand; 3]> {
     if let Some([q, k, v]) = &data.qkv {
-        return Ok([q, k, v].map(|a| Operand::exact(stored(a))));
+        let [rq, rk, rv] = held_as.qkv;
+        return Ok([(q, rq), (k, rk), (v, rv)].map(|(a, r)| Operand::exact(held(a, r))));
     }
     let proj = data.projections();
     let dims = op.dims(data.x.shape(), proj.as_ref())?;
-    let x = stored(&data.x)
-        .into_shape_with_order((dims.batch, dims.n, dims.d))
-        .map_err(|e| Error::shape(e.to_string()))?;
+    let shaped = |a: ndarray::ArrayD<f32>| {
+        a.into_shape_with_order((dims.batch, dims.n, dims.d))
+            .map_err(|e| Error::shape(e.to_string()))
+    };
     match (&data.weights, &data.biases) {
         (None, _) => {
-            let x = Operand::heads((x.clone(), Array3::zeros(x.raw_dim())), dims.heads)?;
-            Ok([
-                Operand::exact(x.value.clone()),
-                Operand::exact(x.value.clone()),
-                x,
-            ])
+            let x = shaped(data.x.clone())?;
+            let [q, k, v] = held_as.qkv.map(|r| {
+                let x = held(&x, r);
+                Operand::heads((x.clone(), Array3::zeros(x.raw_dim())), dims.heads)
+            });
+            Ok([q?, k?, v?])
         }
         (Some((w_q, w_k, w_v)), biases) => {
+            let x = held(&shaped(data.x.clone())?, held_as.inputs);
             let b = |i: usize| {
                 biases.as_ref().map(|(q, k, v)| match i {
                     0 => q,
@@ -211,36 +303,34 @@ fn operands(op: &Attention, data: &CaseData) -> Result<[Operand; 3]> {
                     _ => v,
                 })
             };
+            let [rq, rk, rv] = held_as.qkv;
             Ok([
-                Operand::heads(projected(&x, w_q, b(0)), dims.heads)?,
-                Operand::heads(projected(&x, w_k, b(1)), dims.kv_heads)?,
-                Operand::heads(projected(&x, w_v, b(2)), dims.kv_heads)?,
+                Operand::heads(projected(&x, (w_q, b(0)), held_as, rq), dims.heads)?,
+                Operand::heads(projected(&x, (w_k, b(1)), held_as, rk), dims.kv_heads)?,
+                Operand::heads(projected(&x, (w_v, b(2)), held_as, rv), dims.kv_heads)?,
             ])
         }
     }
 }
 
 /// 2-norm.
-fn norm<D: ndarray::Dimension>(a: &ndarray::Array<f64, D>) -> f64 {
+pub(super) fn norm<D: ndarray::Dimension>(a: &ndarray::Array<f64, D>) -> f64 {
     a.iter().map(|v| v * v).sum::<f64>().sqrt()
 }
 
 /// `‖err‖ / ‖reference‖` (`‖err‖` where the reference is 0, as `compare` measures it).
-fn relative<D: ndarray::Dimension, E: ndarray::Dimension>(
-    err: &ndarray::Array<f64, D>,
-    reference: &ndarray::Array<f64, E>,
-) -> f64 {
-    let r = norm(reference);
-    if r > 0.0 {
-        norm(err) / r
+pub(super) fn relative(err: f64, reference: f64) -> f64 {
+    if reference > 0.0 {
+        err / reference
     } else {
-        norm(err)
+        err
     }
 }
 
-/// The relative bounds (context, weights) of terms 2–4 for the case whose arrays are `data`
-/// and whose f16 reference ([`crate::reference::run_f16`]) is `reference`, run by `op` with
-/// `arith`.
+/// The bounds (context, weights) of terms 2–4, as 2-norms of the element-wise bounds, for
+/// the case whose arrays are `data` and whose reference on what the device holds
+/// (`held_as`: [`crate::reference::run_f16`], or an f32 call's intermediate reference) is
+/// `reference`, run by `op` with `arith`.
 ///
 /// # Errors
 /// The shape errors of the reference.
@@ -249,8 +339,9 @@ pub(super) fn bound(
     data: &CaseData,
     reference: &Output<ArrayD<f64>>,
     arith: F16Arithmetic,
+    held_as: Held,
 ) -> Result<(f64, f64)> {
-    let [q, k, v] = operands(op, data)?;
+    let [q, k, v] = operands(op, data, held_as)?;
     let (batch, heads, n_q, _) = q.value.dim();
     let (kv_heads, n_kv, dv) = (k.value.dim().1, k.value.dim().2, v.value.dim().3);
     let signed_scale = f64::from(match &data.qkv {
@@ -317,7 +408,7 @@ pub(super) fn bound(
     // Through W_O: the context's bounds, and (term 4) its rounding to f16.
     let d_out = match data.output.as_ref() {
         Some((w_o, _)) if data.weights.is_some() && data.qkv.is_none() => {
-            let w_abs = stored(w_o).mapv(f64::abs);
+            let w_abs = held(w_o, held_as.inputs).mapv(f64::abs);
             let flat = |a: Array3<f64>| -> Result<Array2<f64>> {
                 a.into_shape_with_order((batch * n_q, heads * dv))
                     .map_err(|e| Error::shape(e.to_string()))
@@ -331,10 +422,7 @@ pub(super) fn bound(
         }
         _ => d_context.into_dyn(),
     };
-    Ok((
-        relative(&d_out, &reference.context),
-        relative(&d_weights, &weights.to_owned()),
-    ))
+    Ok((norm(&d_out), norm(&d_weights)))
 }
 
 /// Term 3's logits for one head: how far each may be from the reference's when Q is

@@ -25,8 +25,6 @@ use crate::variant::Kernels;
 
 /// f32 machine epsilon, as f64.
 const EPS32: f64 = f32::EPSILON as f64;
-/// f16 machine epsilon (2^-10), as f64.
-const EPS16: f64 = 1.0 / 1024.0;
 
 /// How one case came out.
 #[derive(Debug, Clone)]
@@ -73,16 +71,6 @@ pub fn tolerance(logit_bound: f64) -> f64 {
     5e-6 + 4.0 * EPS32 * logit_bound
 }
 
-/// The bound where kernels round f32 operands to f16 that the reference keeps in f32 (an
-/// f32 case on cooperative matrices with f16 inputs, which round whatever they stage): each
-/// operand carries a relative rounding of up to ε16/2, so the context starts at a few ε16
-/// and the logits' rounding grows with L as in [`tolerance`]. An f16 case
-/// ([`crate::Dtype::F16`]) is held to a bound of its own, against the reference on the
-/// rounded operands ([`Expected`]).
-pub fn tolerance_kernel_rounded(logit_bound: f64) -> f64 {
-    4.0 * EPS16 + 2.0 * EPS16 * logit_bound
-}
-
 /// What a case's result is compared with: the f64 reference on the case's arrays (for an
 /// f16 case, [`reference::run_f16`]: on its inputs rounded to f16 and its projected Q, K,
 /// V rounded as the device stores them) and the relative-error bound both the context and
@@ -119,43 +107,72 @@ impl Expected {
         let proj = data.projections();
         let mask = data.mask();
         let f16 = case.dtype == Dtype::F16;
-        let oracle = if f16 {
-            reference::run_f16
-        } else {
-            reference::run
+        // What the device holds in f16 and the f16 arithmetic it does: everything for an f16
+        // case; for an f32 one, what cooperative matrices with f16 inputs stage, if any.
+        let rounded = match f16 {
+            true => Some((
+                reference::Held::F16,
+                f16::F16Arithmetic::of(ctx, case, op, data),
+            )),
+            false => f16::f32_on_coop(ctx, op, data)?,
         };
-        let (cpu, bound) = match &data.qkv {
-            None => (
-                oracle(op, &inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask))?,
-                reference::logit_bound(op, data.x.view(), proj.as_ref())?,
-            ),
+        let run = |held: Option<reference::Held>| {
+            let oracle = |op: &Attention, inputs: &Inputs<'_, Host>| match held {
+                Some(held) => reference::run_held(op, inputs, held),
+                None => reference::run(op, inputs),
+            };
+            match &data.qkv {
+                None => oracle(op, &inputs(Inputs::x(data.x.view()), proj.as_ref(), &mask)),
+                Some([q, k, v]) => {
+                    oracle(op, &Inputs::qkv(q.view(), k.view(), v.view()).mask(&mask))
+                }
+            }
+        };
+        // The reference the result is compared with: an f16 case's on what it holds.
+        let cpu = run(rounded.filter(|_| f16).map(|(held, _)| held))?;
+        let bound = match &data.qkv {
+            None => reference::logit_bound(op, data.x.view(), proj.as_ref())?,
             Some([q, k, v]) => {
                 let (q, k, v) = (q.view(), k.view(), v.view());
                 let scale = op.sdpa_dims(q.shape(), k.shape(), v.shape())?.scale;
                 // |scale · q·k| ≤ |scale| · E · max|q| · max|k|.
                 let max = |a: &ndarray::ArrayView4<'_, f32>| a.fold(0.0f32, |m, x| m.max(x.abs()));
-                let bound = f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k));
-                (oracle(op, &Inputs::qkv(q, k, v).mask(&mask))?, bound)
+                f64::from(scale.abs() * q.dim().3 as f32 * max(&q) * max(&k))
             }
         };
         // ALiBi moves the logits by up to its slope times the distance.
         let bound = bound + data.mods_bound();
-        let tolerance = if f16 {
-            let arith = f16::F16Arithmetic::of(ctx, case, op, data);
-            let (context, weights) = f16::bound(op, data, &cpu, arith)?;
-            let rounding = if case.fused {
-                context
-            } else {
-                context.max(weights)
-            };
-            // The f32 arithmetic's error is relative to the result on the device's operands,
-            // which is within `rounding` of the reference's.
-            let f32_part = tolerance(bound);
-            f32_part + rounding * (1.0 + f32_part)
-        } else if rounds_to_f16(ctx, case) {
-            tolerance_kernel_rounded(bound)
-        } else {
-            tolerance(bound)
+        let f32_part = tolerance(bound);
+        let tolerance = match rounded {
+            None => f32_part,
+            Some((held, arith)) => {
+                // The reference on what the device holds (an f16 case's own), and the bound
+                // of the device's result against it (terms 2–4, element by element); for an
+                // f32 case, plus the exact distance from it to the f32 reference.
+                let held_ref = match f16 {
+                    true => None,
+                    false => Some(run(Some(held))?),
+                };
+                let on_held = held_ref.as_ref().unwrap_or(&cpu);
+                let (context, weights) = f16::bound(op, data, on_held, arith, held)?;
+                let (context, weights) = match &held_ref {
+                    None => (context, weights),
+                    Some(r) => (
+                        context + f16::norm(&(&r.context - &cpu.context)),
+                        weights + distance(r.weights.as_ref(), cpu.weights.as_ref()),
+                    ),
+                };
+                let context = f16::relative(context, f16::norm(&cpu.context));
+                let weights = f16::relative(weights, norm_of(cpu.weights.as_ref()));
+                let rounding = if case.fused {
+                    context
+                } else {
+                    context.max(weights)
+                };
+                // The f32 arithmetic's error is relative to the result on the device's
+                // operands, which is within `rounding` of the reference's.
+                f32_part + rounding * (1.0 + f32_part)
+            }
         };
         Ok(Expected {
             case: *case,
@@ -194,6 +211,19 @@ impl Expected {
             tolerance: self.tolerance,
         }
     }
+}
+
+/// `‖a − b‖` of two references' weights (both always there).
+fn distance(a: Option<&ArrayD<f64>>, b: Option<&ArrayD<f64>>) -> f64 {
+    match (a, b) {
+        (Some(a), Some(b)) => f16::norm(&(a - b)),
+        _ => f64::INFINITY,
+    }
+}
+
+/// `‖a‖` of a reference's weights (always there).
+fn norm_of(a: Option<&ArrayD<f64>>) -> f64 {
+    a.map_or(0.0, f16::norm)
 }
 
 /// Runs `case` with data from `seed` on the GPU and the reference and compares them.
@@ -254,15 +284,6 @@ pub async fn run_gpu(ctx: &Context, op: &Attention, data: &CaseData) -> Result<O
                 .await
         }
     }
-}
-
-/// Whether `case` runs on cooperative matrices with f16 inputs (an f32 case's operands then
-/// meet f16's rounding, and its bound is f16's).
-fn rounds_to_f16(ctx: &Context, case: &Case) -> bool {
-    let coop = case.kernels == Kernels::Coop
-        || case.matmul == Some(crate::variant::MatmulVariant::Coop)
-        || case.flash == Some(crate::variant::FlashVariant::Coop);
-    coop && ctx.coop_shape().is_some_and(|s| s.f16_inputs)
 }
 
 /// Every case of `cases` on the cooperative-matrix kernels (`Kernels::Coop`), with the
