@@ -185,9 +185,13 @@ pub(crate) fn consts(
     })
 }
 
-/// The widest subgroup `dev`'s kernels may run in.
+/// The widest subgroup `dev`'s kernels may run in (the whole workgroup where the adapter
+/// does not say).
 fn widest(dev: &Gpu) -> u32 {
-    dev.hardware().subgroup_range.1
+    match dev.hardware().subgroup_range.1 {
+        0 => WG,
+        w => w,
+    }
 }
 
 /// The loop iterations of `flash_coop`'s busiest invocation for `op` on `dev`: what
