@@ -8,8 +8,8 @@
 // matrix's side, 8 or 16) and the aliases CA, CB (coop_matSxS<AB_T, A / B>, AB_T f16 or f32)
 // and CC (coop_matSxS<f32, C>); src/kernels/flash_coop.rs the constants D (the head width
 // rounded up to 16), BQ (query rows per workgroup, S times at most the fewest subgroups a
-// workgroup may have), BKV (keys per tile), SD = D / S and SK = BKV / S, and the staging's
-// and softmax's split (KV_FAST, KV_E, LPR, KPL: see below).
+// workgroup may have), BKV (keys per tile), and the staging's and softmax's split (KV_FAST,
+// KV_E, LPR, KPL: see below).
 //
 // A workgroup of 128 invocations owns BQ query rows of one (batch, head); subgroup `sid`
 // owns row block `sid` (S rows): it holds that block's S × D of Q (SD matrices, loaded once)
@@ -55,6 +55,7 @@ const KP: u32 = BKV + PAD; // P
 const SP: u32 = BKV + 4u;
 const OS: u32 = S + 4u;
 const SQ: u32 = BQ / S; // row blocks, one a subgroup
+const SD: u32 = D / S; // matrices across the head width: each subgroup's Q and O
 // The AB_T array's regions: Q (staged once, [BQ][DP]) over all of them; then per tile K
 // ([BKV][DP]), V ([BKV][DP]) and P ([BQ][KP]).
 const V0: u32 = BKV * DP;
@@ -209,7 +210,7 @@ fn main(
     let ti = min(sid, SQ - 1u);
     var qm: array<CA, SD>;
     var om: array<CC, SD>;
-    for (var c = 0u; c < SD; c++) { // unroll
+    for (var c = 0u; c < D / S; c++) { // unroll
         qm[c] = coopLoadT<CA>(&ab[ti * S * DP + c * S], DP);
     }
     // Q read before K overwrites it.
@@ -239,9 +240,9 @@ fn main(
         workgroupBarrier();
 
         // S = Q·Kᵀ for this row block: K read column-major is Kᵀ.
-        for (var tj = 0u; tj < SK; tj++) { // unroll
+        for (var tj = 0u; tj < BKV / S; tj++) { // unroll
             var acc = CC();
-            for (var c = 0u; c < SD; c++) { // unroll
+            for (var c = 0u; c < D / S; c++) { // unroll
                 let kb = coopLoad<CB>(&ab[tj * S * DP + c * S], DP);
                 acc = coopMultiplyAdd(qm[c], kb, acc);
             }
@@ -324,9 +325,9 @@ fn main(
         }
 
         // O += P·V for this row block.
-        for (var kk = 0u; kk < SK; kk++) { // unroll
+        for (var kk = 0u; kk < BKV / S; kk++) { // unroll
             let pa = coopLoadT<CA>(&ab[P0 + ti * S * KP + kk * S], KP);
-            for (var c = 0u; c < SD; c++) { // unroll
+            for (var c = 0u; c < D / S; c++) { // unroll
                 let vb = coopLoadT<CB>(&ab[V0 + kk * S * DP + c * S], DP);
                 om[c] = coopMultiplyAdd(pa, vb, om[c]);
             }

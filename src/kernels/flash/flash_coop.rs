@@ -28,10 +28,6 @@ constants! {
         rows => "BQ",
         /// Keys per tile (a multiple of `size`).
         keys => "BKV",
-        /// Cooperative matrices across the head width (`d / size`): each subgroup's Q and O.
-        blocks_d => "SD",
-        /// Cooperative matrices across a tile of keys (`keys / size`).
-        blocks_k => "SK",
         /// 1 when a mask is bound.
         mask => "MASK",
         /// 1 to write each row's log-sum-exp.
@@ -76,7 +72,7 @@ impl Kernel for Shader {
     fn loops(c: &FlashCoopConsts, p: &FlashParams, _: Build) -> u64 {
         let u = |x: u32| u64::from(x);
         let (s, d, bq, bkv) = (u(c.size).max(1), u(c.d), u(c.rows), u(c.keys).max(1));
-        let (sd, sk) = (u(c.blocks_d), u(c.blocks_k));
+        let (sd, sk) = (d / s, bkv / s);
         let (lpr, kpl) = (u(c.lanes_per_row).max(1), u(c.keys_per_lane));
         let wg = u64::from(WG);
         let stage = (3 * run(u(c.kv_e))).max(2 * run(loops::strided(bkv * d, KV_U * wg)));
@@ -139,8 +135,6 @@ fn at_block(
         d,
         rows,
         keys,
-        blocks_d: d / shape.size,
-        blocks_k: keys / shape.size,
         mask,
         lse,
         pad: if shape.f16_inputs { 8 } else { 4 },
@@ -366,10 +360,7 @@ mod tests {
         // 64 rows (a 16-row block for each of 4 subgroups of 32 lanes) of 32 keys: 32,260
         // bytes; with subgroups of 64 lanes, 2 subgroups: 32 rows.
         let c = consts(&op, f16, (&kib(64), 32), (0, 0)).unwrap();
-        assert_eq!(
-            (c.d, c.rows, c.keys, c.blocks_d, c.blocks_k),
-            (128, 64, 32, 8, 2)
-        );
+        assert_eq!((c.d, c.rows, c.keys), (128, 64, 32));
         assert_eq!(workgroup_bytes(&c, true), 32_260);
         let c = consts(&op, f16, (&kib(64), 64), (0, 0)).unwrap();
         assert_eq!((c.rows, c.keys), (32, 32));
