@@ -7,8 +7,8 @@
 const UNROLL: &str = "// unroll";
 
 /// Unrolls every loop written `for (var i = 0u; i < N; i++) { // unroll` whose bound `N`
-/// is a literal (`4u`) or one of `consts`, into `N` copies of its body, each in a block that
-/// starts with `const i = <k>u;`.
+/// is a literal (`4u`), one of `consts` or the quotient `A / B` of two of those, into `N`
+/// copies of its body, each in a block that starts with `const i = <k>u;`.
 ///
 /// Shader compilers that keep private arrays in registers only when every index is constant
 /// (llvmpipe's, for one) need this; others see the same program. The source stays valid WGSL
@@ -54,11 +54,19 @@ fn parse_for(line: &str, consts: &[(&str, u32)]) -> Option<(String, u32)> {
     if rest.trim() != format!("{var}++) {{") {
         return None;
     }
-    let count = match bound.strip_suffix('u').and_then(|b| b.parse().ok()) {
-        Some(n) => n,
-        None => consts.iter().find(|(name, _)| *name == bound)?.1,
+    let count = match bound.split_once(" / ") {
+        Some((a, b)) => value(a, consts)?.checked_div(value(b, consts)?)?,
+        None => value(bound, consts)?,
     };
     Some((var.to_string(), count))
+}
+
+/// A literal (`4u`) or one of `consts`.
+fn value(term: &str, consts: &[(&str, u32)]) -> Option<u32> {
+    match term.strip_suffix('u').and_then(|b| b.parse().ok()) {
+        Some(n) => Some(n),
+        None => Some(consts.iter().find(|(name, _)| *name == term)?.1),
+    }
 }
 
 /// Byte offset of the `}` closing a block whose `{` was just before `text`.

@@ -228,6 +228,13 @@ mod tests {
         assert_eq!(out.matches("const e = 1u;").count(), 2, "{out}");
         // A bound that is neither a literal nor a known constant stays a loop.
         assert!(out.contains("for (var j = 0u; j < n; j++)"), "{out}");
+        // A quotient of two: D / S trips.
+        let src = "for (var c = 0u; c < D / S; c++) { // unroll\n    y[c] = 0.0;\n}\n";
+        let out = unroll(src, &[("D", 128), ("S", 16)]);
+        assert_eq!(out.matches("y[c] = 0.0;").count(), 8, "{out}");
+        assert!(!out.contains("for (var c"), "{out}");
+        let out = unroll(src, &[("D", 128)]);
+        assert!(out.contains("for (var c = 0u; c < D / S; c++)"), "{out}");
     }
 
     #[test]

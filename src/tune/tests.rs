@@ -255,12 +255,14 @@ fn every_written_shader_is_the_validated_source_of_a_variant() {
         "subgroup/flash-subgroup-r2-d128-f16-sg8.wgsl",
         "coop/coop-matmul-16-f32.wgsl",
         "coop/flash-coop-16-d128-f16.wgsl",
-        // flash_coop takes its largest block at d = 128 from 48 KiB: no `-wg64k` file.
-        "coop/flash-coop-16-d128-f16-wg48k.wgsl",
+        // Subgroups of 16 to 64 lanes: 32 query rows; of 32 lanes, 64.
+        "coop/flash-coop-16-d128-f16-sg32.wgsl",
     ] {
         assert!(files.contains(&dir.path().join(want)), "{want} missing");
     }
     assert!(!files.contains(&dir.path().join("storage/flash-blocked-64x32-d256-f32.wgsl")));
+    // flash_coop takes its largest block at d = 128 from 32 KiB: no `-wg48k` or `-wg64k` file.
+    assert!(!files.contains(&dir.path().join("coop/flash-coop-16-d128-f16-wg48k.wgsl")));
     assert!(!files.contains(&dir.path().join("coop/flash-coop-16-d128-f16-wg64k.wgsl")));
     // 48 KiB of workgroup memory (NVIDIA, and AMD's 64) widens the Q/K chunks: another
     // variant; 64 KiB adds none to the storage family but double-buffered ones (two buffers

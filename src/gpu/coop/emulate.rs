@@ -52,8 +52,9 @@ fn pointer_args(args: &str) -> (String, String, String) {
 /// With `wide` (the subgroups themselves emulated, wider than the hardware's: the GPU
 /// stand-in), the lanes of one subgroup run in several hardware subgroups, one after the
 /// other, and each emulated load and store is every lane's own: a lane could then store a
-/// matrix (`flash_coop`'s O += P·V reads a block of O and stores it back) before another lane
-/// of its subgroup has loaded it, and that lane would add to it twice. Since a cooperative
+/// matrix (a kernel that reads a block, adds to it and stores it back, as `flash_coop`'s
+/// did before it held O in its subgroups' matrices) before another lane of its subgroup has
+/// loaded it, and that lane would add to it twice. Since a cooperative
 /// matrix is seen only through its stores, the first lane of each subgroup alone stores
 /// (the others' copies are the same, or wrong only where they read what it stored), which is
 /// what one collective store does.

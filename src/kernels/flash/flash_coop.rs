@@ -23,9 +23,10 @@ constants! {
         size => "S",
         /// The head width (max of d_k and d_v) rounded up to 16.
         d => "D",
-        /// Query rows per workgroup (a multiple of 16).
+        /// Query rows per workgroup (a multiple of `size`): one row block of `size` rows a
+        /// subgroup, so at most `size` times the fewest subgroups a workgroup may have.
         rows => "BQ",
-        /// Keys per tile (a multiple of 16).
+        /// Keys per tile (a multiple of `size`).
         keys => "BKV",
         /// 1 when a mask is bound.
         mask => "MASK",
@@ -63,39 +64,28 @@ impl Kernel for Shader {
     type Params = FlashParams;
 
     /// Per key tile: K and V staging (the fast path's loops, or the general one's trips of
-    /// `KV_U` elements: the larger), the rounds of S = Q·Kᵀ blocks and O += P·V pairs of
-    /// blocks (at least two subgroups share a workgroup of 128: subgroups are at most 64
-    /// lanes), the softmax's two walks of its keys, its read of the row's parts and its
-    /// share of O's rescale; the emulated matrices are loop-free. After the loop, the rows'
-    /// sums, and the Q and O passes.
-    fn loops(c: &FlashCoopConsts, p: &FlashParams, b: Build) -> u64 {
+    /// `KV_U` elements, K's then V's: the larger), the subgroup's S = Q·Kᵀ blocks and O +=
+    /// P·V steps, the softmax's two walks of its keys and its read of the row's parts, and
+    /// O's rescale (counted on every tile: data can raise a row's max on any); the emulated
+    /// matrices are loop-free. Before the loop, Q's staging and loads; after it, the rows'
+    /// sums and O's blocks out.
+    fn loops(c: &FlashCoopConsts, p: &FlashParams, _: Build) -> u64 {
         let u = |x: u32| u64::from(x);
         let (s, d, bq, bkv) = (u(c.size).max(1), u(c.d), u(c.rows), u(c.keys).max(1));
+        let (sd, sk) = (d / s, bkv / s);
         let (lpr, kpl) = (u(c.lanes_per_row).max(1), u(c.keys_per_lane));
         let wg = u64::from(WG);
-        let nsg = match b.emulate.subgroup {
-            0 => 2,
-            w => (wg / u64::from(w)).max(1),
-        };
-        let sq = bq / s;
-        // Work items: one block of S; a row block by two column blocks of O.
-        let (ts, to) = (sq * (bkv / s), sq * (d / s).div_ceil(2));
-        let (rs, ro) = (ts.div_ceil(nsg), to.div_ceil(nsg));
-        let stage = (2 * run(u(c.kv_e))).max(run(loops::strided(bkv * d, KV_U * wg)));
-        let tile = 1
-            + 2 * stage
-            + run(rs)
-            + rs * run(d / s)
-            + 2 * run(kpl)
-            + run(lpr)
-            + run(d / lpr)
-            + run(ro)
-            + ro * run(bkv / s);
+        let stage = (3 * run(u(c.kv_e))).max(2 * run(loops::strided(bkv * d, KV_U * wg)));
+        let products = 2 * (run(sk) + sk * run(sd));
+        let rescale = run(sd) + sd * run(s.div_ceil(lpr));
+        let tile = 1 + stage + products + 2 * run(kpl) + run(lpr) + rescale;
         let tiles = u(p.n_kv).div_ceil(bkv) + 1;
         run(tiles * tile)
-            + 2 * run(loops::strided(bq * d, wg))
-            + run(loops::strided(o_floats(s, d, bq), wg))
+            + run(loops::strided(bq * d, wg))
+            + run(sd)
             + run(lpr)
+            + run(sd)
+            + sd * run(loops::strided(bq * s, wg))
     }
 }
 
@@ -106,24 +96,28 @@ const KV_U: u64 = 8;
 /// The shader's workgroup size.
 const WG: u32 = 128;
 
-/// The block shapes (query rows × keys) tried, largest first; those that are multiples of
-/// the cooperative matrices' side.
-const SHAPES: [(u32, u32); 6] = [(32, 32), (32, 16), (16, 32), (16, 16), (16, 8), (8, 8)];
+/// The block shapes (query rows × keys) tried, largest first; those whose rows are a
+/// multiple of the cooperative matrices' side and at most that side times the fewest
+/// subgroups a workgroup may have, and whose keys are a multiple of the side.
+const SHAPES: [(u32, u32); 8] = [
+    (128, 32),
+    (64, 32),
+    (32, 32),
+    (32, 16),
+    (16, 32),
+    (16, 16),
+    (16, 8),
+    (8, 8),
+];
 
-/// Workgroup memory of the shader at these constants, in bytes: Q, K/V and P as `AB_T`, each
-/// row padded by 16 bytes; the scores, and O (rows padded by 16 bytes) with its `S` spare
-/// rows, in f32.
+/// Workgroup memory of the shader at these constants, in bytes: the `AB_T` array (Q over
+/// K, V and P, each row padded by 16 bytes), the scores (rows padded by 16 bytes) in f32,
+/// the rows' sums and maxes, and the rescale flag.
 fn workgroup_bytes(c: &FlashCoopConsts, f16_inputs: bool) -> u64 {
-    let [s, d, bq, bkv] = [c.size, c.d, c.rows, c.keys].map(u64::from);
-    let ab = if f16_inputs { 2 } else { 4 };
-    ab * (bq * d + bkv * d + bq * bkv)
-        + 16 * (2 * bq + bkv)
-        + 4 * (bq * bkv + o_floats(s, d, bq) + 1)
-}
-
-/// O's f32s: `bq` rows padded by 4, then `s` spare rows of which the first `s` columns.
-fn o_floats(s: u64, d: u64, bq: u64) -> u64 {
-    (bq + s - 1) * (d + 4) + s
+    let [d, bq, bkv] = [c.d, c.rows, c.keys].map(u64::from);
+    let (ab, pad) = if f16_inputs { (2, 8) } else { (4, 4) };
+    let kv_p = 2 * bkv * (d + pad) + bq * (bkv + pad);
+    ab * (bq * (d + pad)).max(kv_p) + 4 * (bq * (bkv + 4) + 2 * bq + 1)
 }
 
 /// The constants at block `(rows, keys)`: the staging's fast path where `d` divides the
@@ -151,7 +145,8 @@ fn at_block(
     }
 }
 
-/// The constants for `op` with `shape` under `limits`: the largest block of [`SHAPES`] whose
+/// The constants for `op` with `shape` under `limits`, for subgroups at most `widest` lanes
+/// wide: the largest block of [`SHAPES`] with a subgroup for each of its row blocks whose
 /// tiles fit the workgroup memory.
 ///
 /// # Errors
@@ -159,14 +154,17 @@ fn at_block(
 pub(crate) fn consts(
     op: &Flash,
     shape: CoopShape,
-    limits: &wgpu::Limits,
+    (limits, widest): (&wgpu::Limits, u32),
     (mask, lse): (u32, u32),
 ) -> Result<FlashCoopConsts> {
     let d = crate::kernels::u32_of("head width", op.dk_h.max(op.dv_h).max(1).div_ceil(16) * 16)?;
     let limit = u64::from(limits.max_compute_workgroup_storage_size);
+    let fewest = (WG / widest.clamp(1, WG)).max(1);
     let mut need = 0;
-    let whole = |(rows, keys): &(u32, u32)| rows % shape.size == 0 && keys % shape.size == 0;
-    for (rows, keys) in SHAPES.into_iter().filter(whole) {
+    let fits = |(rows, keys): &(u32, u32)| {
+        rows % shape.size == 0 && keys % shape.size == 0 && *rows <= shape.size * fewest
+    };
+    for (rows, keys) in SHAPES.into_iter().filter(fits) {
         let c = at_block(shape, d, (rows, keys), (mask, lse));
         need = workgroup_bytes(&c, shape.f16_inputs);
         if need <= limit {
@@ -181,6 +179,15 @@ pub(crate) fn consts(
     })
 }
 
+/// The widest subgroup `dev`'s kernels may run in (the whole workgroup where the adapter
+/// does not say).
+fn widest(dev: &Gpu) -> u32 {
+    match dev.hardware().subgroup_range.1 {
+        0 => WG,
+        w => w,
+    }
+}
+
 /// The loop iterations of `flash_coop`'s busiest invocation for `op` on `dev`: what
 /// recording it checks against the adapter's loop cap (the count does not depend on the
 /// mask or the saved log-sum-exp).
@@ -188,7 +195,7 @@ pub(crate) fn consts(
 /// # Errors
 /// No cooperative-matrix shape; the tiles do not fit; sizes past u32.
 pub(crate) fn loops(dev: &Gpu, op: &Flash) -> Result<u64> {
-    let c = consts(op, dev.require_coop()?, dev.limits(), (0, 0))?;
+    let c = consts(op, dev.require_coop()?, (dev.limits(), widest(dev)), (0, 0))?;
     let (params, _) = op.params(c.rows as usize, [0; 4])?;
     Ok(Shader::loops(
         &c,
@@ -218,7 +225,7 @@ pub(crate) fn dispatch(
     let shape = ctx.require_coop()?;
     let (mask, mask_strides, has_mask) = MaskArg::parts(ctx, mask)?;
     let (out, lse_buf, lse) = out.parts(ctx);
-    let c = consts(op, shape, ctx.limits(), (has_mask, lse))?;
+    let c = consts(op, shape, (ctx.limits(), widest(ctx)), (has_mask, lse))?;
     let (params, workgroups) = op.params(c.rows as usize, mask_strides)?;
     record::<Shader>(
         ctx,
@@ -246,8 +253,9 @@ mod tests {
 
     /// Every coop kernel as the pipeline cache would build it on each shape a device may
     /// report (16 f16, 8 f16, 8 and 16 f32 inputs), for d = 64 and 128 (and 40: rounded up),
-    /// f32 and f16 storage, with and without a mask and the saved log-sum-exp, at 32 and
-    /// 64 KiB of workgroup memory: what CI checks without the feature.
+    /// f32 and f16 storage, with and without a mask and the saved log-sum-exp, at 32, 48 and
+    /// 64 KiB of workgroup memory and subgroups of 16, 32 and 64 lanes: what CI checks
+    /// without the feature.
     fn every_key() -> Vec<PipelineKey> {
         let mut keys: Vec<PipelineKey> = coop_matmul::sources().into_iter().map(|s| s.1).collect();
         for (size, f16_inputs) in [(16, true), (8, true), (16, false), (8, false)] {
@@ -265,17 +273,13 @@ mod tests {
                         f16,
                         ..Flash::one_head(1, 1, d)
                     };
-                    for kib in [32, 64] {
+                    for (kib, widest) in [(32, 32), (64, 32), (48, 16), (48, 64)] {
                         let limits = wgpu::Limits {
                             max_compute_workgroup_storage_size: kib << 10,
                             ..wgpu::Limits::default()
                         };
                         for flags in [(0, 0), (1, 1)] {
-                            // 16 × 16 f32 inputs at d = 128 need more than 32 KiB.
-                            let Ok(c) = consts(&op, shape, &limits, flags) else {
-                                assert!((size, f16_inputs, d, kib) == (16, false, 128, 32));
-                                continue;
-                            };
+                            let c = consts(&op, shape, (&limits, widest), flags).unwrap();
                             keys.push(PipelineKey::of::<Shader>(&c, f16_bits(&op, shape)));
                         }
                     }
@@ -353,15 +357,20 @@ mod tests {
             max_compute_workgroup_storage_size: k << 10,
             ..wgpu::Limits::default()
         };
-        let c = consts(&op, f16, &kib(64), (0, 0)).unwrap();
-        assert_eq!((c.d, c.rows, c.keys), (128, 32, 32));
-        // 16 query rows of 16 keys: 26,932 bytes (16 × 32 takes 32,820 with its padding).
-        let c = consts(&op, f16, &kib(32), (0, 0)).unwrap();
-        assert_eq!((c.rows, c.keys), (16, 16));
-        assert_eq!(workgroup_bytes(&c, true), 26_932);
+        // 64 rows (a 16-row block for each of 4 subgroups of 32 lanes) of 32 keys: 32,260
+        // bytes; with subgroups of 64 lanes, 2 subgroups: 32 rows.
+        let c = consts(&op, f16, (&kib(64), 32), (0, 0)).unwrap();
+        assert_eq!((c.d, c.rows, c.keys), (128, 64, 32));
+        assert_eq!(workgroup_bytes(&c, true), 32_260);
+        let c = consts(&op, f16, (&kib(64), 64), (0, 0)).unwrap();
+        assert_eq!((c.rows, c.keys), (32, 32));
+        // 32 query rows of 16 keys: 13,060 bytes (32 × 32 takes 24,588).
+        let c = consts(&op, f16, (&kib(16), 32), (0, 0)).unwrap();
+        assert_eq!((c.rows, c.keys), (32, 16));
+        assert_eq!(workgroup_bytes(&c, true), 13_060);
         op.dk_h = 1000;
         assert!(matches!(
-            consts(&op, f16, &kib(16), (0, 0)),
+            consts(&op, f16, (&kib(16), 32), (0, 0)),
             Err(Error::LimitExceeded { .. })
         ));
     }

@@ -96,6 +96,18 @@ fn gpu(kib: u32) -> Result<Gpu> {
     })
 }
 
+/// A dry-run device standing for a GPU with cooperative matrices whose subgroups have `sg`
+/// lanes, with the least workgroup memory of [`GPU_WORKGROUP_KIB`]: `flash_coop`'s query
+/// block is one row block a subgroup, so the width the host plans for sets it.
+fn coop_gpu(sg: u32) -> Result<Gpu> {
+    Gpu::dry_run(&DryRun {
+        limits: gpu_limits_with(GPU_WORKGROUP_KIB[0]),
+        device_type: wgpu::DeviceType::DiscreteGpu,
+        subgroups: (sg, sg),
+        coop: Some(COOP_SHAPE),
+    })
+}
+
 /// A dry-run device standing for a GPU whose subgroups have `sg` lanes (the subgroup
 /// kernels' variants), with the least workgroup memory of [`GPU_WORKGROUP_KIB`].
 fn subgroup_gpu(sg: u32) -> Result<Gpu> {
@@ -569,6 +581,8 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
         }
         subgroup.push((sg, dev));
     }
+    // flash_coop as a GPU of 32-lane subgroups alone (NVIDIA's) plans it: 64 query rows.
+    let coop32 = coop_gpu(32)?;
     let mut seen = std::collections::HashSet::new();
     for (kib, dev) in &gpus {
         let kib = *kib;
@@ -602,6 +616,9 @@ pub(crate) fn write(dir: &Path, subgroup_size: Option<u32>) -> Result<Vec<PathBu
                 for (sg, sub) in widths.filter(|_| kib == 32 && common) {
                     let offered = super::flash_candidates(sub, &[Kernels::Subgroup], w4, w4, dtype);
                     variants.extend(offered.into_iter().map(|v| (sub, v, format!("-sg{sg}"))));
+                }
+                if kib == 32 && common && dev.coop_shape().is_some() {
+                    variants.push((&coop32, FlashVariant::Coop, "-sg32".to_string()));
                 }
                 for (dev, variant, suffix) in variants {
                     let family = match variant.family() {
