@@ -86,9 +86,13 @@ impl Given<'_, '_> {
         }
     }
 
-    /// Tensors of `ctx`, in the type the kernels read: the op's for Q, K, V and for X read
-    /// as they are; either for X under a layer's projections (a matmul reads both).
-    fn check_tensors(&self, ctx: &Context, op: &Attention) -> Result<()> {
+    /// A layer and tensors of `ctx`, the tensors in the type the kernels read: the op's for
+    /// Q, K, V and for X read as they are; either for X under a layer's projections (a matmul
+    /// reads both).
+    fn check_device(&self, ctx: &Context, op: &Attention) -> Result<()> {
+        if let Some(layer) = self.layer() {
+            layer.check_context(ctx)?;
+        }
         let of_op = |t: &Tensor, name: &str| {
             t.buffer(ctx, name)?;
             check_tensor_dtype(op, t, name)
@@ -159,9 +163,6 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
         given: Given<'a, 'p>,
         mask: &Mask<'m>,
     ) -> Result<Self> {
-        if let Some(layer) = given.layer() {
-            layer.check_context(ctx)?;
-        }
         // A saved forward always runs the fused kernel, and a gradient through NaN/Inf
         // means nothing.
         let op = match op.save {
@@ -169,7 +170,7 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
             false => *op,
         };
         let dims = given.dims(&op)?;
-        given.check_tensors(ctx, &op)?;
+        given.check_device(ctx, &op)?;
         match mask.modifiers() {
             // The backward takes them back through their derivatives: refused before any
             // work when one has none.

@@ -11,7 +11,6 @@ use super::whole::Recorded;
 use super::Dtype;
 use crate::error::Result;
 use crate::tensor::{Recorder, Tensor};
-use crate::variant::Kernels;
 
 /// What an operation on tensors returns: tensors on the device.
 pub(crate) type TensorOutput = super::Output<Tensor>;
@@ -56,28 +55,24 @@ pub(super) fn record_x(
     Ok(tensors(rec, call, out, dims.context_shape(), weights))
 }
 
-/// Plans and records the call into `rec`.
+/// Plans and records the call into `rec` (as a whole call does: past the textures' limit,
+/// once more on the storage kernels; what was recorded before the check only repeats work).
 fn record(
     rec: &mut Recorder<'_>,
     call: &Call<'_, '_, '_>,
     shape: Shape,
     source: &Source<'_, '_>,
 ) -> Result<Recorded> {
-    let (ctx, dims) = (rec.ctx, &call.dims);
-    let (bias, _) = call.masking();
-    let masking = (bias.as_ref(), None);
-    let plan = call.op.plan(ctx, dims)?;
-    call.op
-        .prepare_pipelines(ctx, &plan, dims, shape, source, masking)?;
-    let run = |rec: &mut Recorder<'_>, op: &super::Attention, plan| {
+    let (ctx, op, dims) = (rec.ctx, &call.op, &call.dims);
+    let (bias, mods) = call.masking();
+    let masking = (bias.as_ref(), mods);
+    let (plan, flash) = op.whole_plan(ctx, dims, shape, source, masking, None)?;
+    let mut run = |plan| {
         ctx.scoped(|| op.record_call(ctx, rec.encoder(), plan, dims, shape, source, masking))
     };
-    let result = run(rec, &call.op, &plan);
-    if call.op.retries_on_storage(&plan, &result) {
-        // As a whole call does (what was recorded before the check only repeats work).
-        let op = call.op.kernels(Kernels::Storage);
-        let plan = op.plan(ctx, dims)?;
-        return run(rec, &op, &plan);
+    let result = run(&plan);
+    if op.retries_on_storage(&plan, &result) {
+        return run(&op.on_storage(ctx, &plan, dims, &flash, mods.is_some())?);
     }
     result
 }
