@@ -1,28 +1,28 @@
 //! The projected layer's forward that keeps what its backward needs, and that backward, all
-//! on the device: `forward_saved` projects X (the matmul kernels), runs the fused kernel with
+//! on the device: [`forward`] (arrays) and [`record`] (tensors) project X (the matmul kernels), run the fused kernel with
 //! its row statistics on, and applies `W_O`; [`LayerSaved::backward`] takes `dY` and, in one
 //! encoder, runs `W_O`'s backward (`dW_O = Cᵀ·dY`, `db_O`, `dC = dY·W_Oᵀ`), the fused
 //! attention backward (`kernels/flash_backward_*`: dQ, dK, dV), and the projections'
 //! backward (`dW = Xᵀ·dQ` …, `dX = dQ·W_Qᵀ + dK·W_Kᵀ + dV·W_Vᵀ`, summed in place). Nothing
 //! comes back to the host before the gradients themselves.
 //!
-//! A forward on X with [`Attention::save_for_backward`] on ([`Attention::run`],
-//! [`Layer::run`], [`Layer::record`]) comes here; the public [`crate::Saved`] wraps the
-//! [`LayerSaved`], and [`crate::Saved::backward`] runs its backward.
+//! A call on X with [`Attention::save_for_backward`] on ([`Call::run`], [`Call::record`])
+//! comes here; the public [`crate::Saved`] wraps the [`LayerSaved`], and
+//! [`crate::Saved::backward`] runs its backward.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ndarray::{Array1, Array2, ArrayD, ArrayView, AsArray, Dimension, IxDyn};
+use ndarray::{Array1, Array2, ArrayD, ArrayView, ArrayViewD, AsArray, Dimension, IxDyn};
 
+use super::call::Call;
 use super::check_finite;
 use super::dispatch::Shape;
 use super::gradients::LayerGradients;
 use super::linear_grad::{InputGrad, LinearGrads};
 use super::projections::Projections;
 use super::saved::{record_table_grad, BackwardKernels};
-use super::shape::{named_inputs, Dims};
-use super::split::fits;
+use super::shape::Dims;
 use super::upload::{upload_as, MaskBuffer};
 use super::weights::{DeviceWeights, Layer};
 use super::{Attention, Dtype, Output};
@@ -31,15 +31,14 @@ use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
-use crate::mask::Mask;
 use crate::tensor::Tensor;
 use crate::variant;
 
 mod tensors;
+pub(super) use tensors::record;
 pub(crate) use tensors::TensorGradients;
 
-/// What a layer's saved forward ([`Attention::forward_saved`], [`Layer::forward_saved`])
-/// keeps on the device for [`LayerSaved::backward`]: X, the weights, the projected Q, K, V,
+/// What a saved forward on X ([`forward`], [`record`]) keeps on the device for [`LayerSaved::backward`]: X, the weights, the projected Q, K, V,
 /// the context before `W_O`, each row's log-sum-exp and the mask.
 pub(crate) struct LayerSaved {
     ctx_id: u64,
@@ -71,196 +70,138 @@ impl std::fmt::Debug for LayerSaved {
     }
 }
 
-impl Attention {
-    /// [`Attention::run`] on X that also returns what [`LayerSaved::backward`] needs,
-    /// kept on the device. The fused path: the weights are not returned; NaN/Inf inputs are
-    /// errors; a call past the device's limits is an error, not split.
-    ///
-    /// # Errors
-    /// As [`Attention::run`], and [`Error::LimitExceeded`] where that would split.
-    pub(crate) fn forward_saved<'a, D: Dimension>(
-        &self,
-        ctx: &Context,
-        x: impl AsArray<'a, f32, D>,
-        proj: Option<&Projections<'_>>,
-        mask: &Mask<'_>,
-    ) -> Result<(Output, LayerSaved)> {
-        let x: ArrayView<'a, f32, D> = x.into();
-        let x = x.into_dyn();
-        let op = self.return_weights(false).propagate_non_finite(false);
-        let dims = op.dims(x.shape(), proj)?;
-        let inputs = named_inputs(&x, proj);
-        for (name, a) in &inputs {
-            check_finite(name, a)?;
-        }
-        op.check_dtype(ctx, &inputs)?;
-        let weights = proj
-            .map(|p| ctx.scoped(|| DeviceWeights::upload(ctx, p, op.f16())))
-            .transpose()?;
-        op.run_saved_checked(ctx, &dims, x, weights, mask)
-    }
-
-    /// The saved forward of checked inputs (X, and the projections' weights on the device):
-    /// upload X, record the fused forward keeping what the backward needs, read back.
-    fn run_saved_checked(
-        &self,
-        ctx: &Context,
-        dims: &Dims,
-        x: ndarray::ArrayViewD<'_, f32>,
-        weights: Option<DeviceWeights>,
-        mask: &Mask<'_>,
-    ) -> Result<(Output, LayerSaved)> {
-        ctx.check_alive()?;
-        // The backward takes the modifiers back through their derivatives: refused here,
-        // before any work, when one has none.
-        if let Some(m) = mask.modifiers() {
-            m.check_differentiable()?;
-        }
-        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        let bias = bias.as_ref().map(|b| b.view());
-        self.check_saved_fits(ctx, dims, bias.as_ref())?;
-        let f16 = self.f16();
-        let rows = dims.batch * dims.n;
-        ctx.scoped(|| {
-            let _open = ctx.pool.open();
-            let x_buf = Buf::unpooled(upload_as(ctx, "X", x.view(), f16)?);
-            let written = Arc::new(AtomicBool::new(true));
-            let wrap = |buf: Buf, shape: Vec<usize>, dtype: Dtype| {
-                Tensor::new(ctx, buf, shape, dtype, Arc::clone(&written))
-            };
-            let x_dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
-            let x_t = wrap(x_buf, x.shape().to_vec(), x_dtype);
-            let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
-            let mut encoder = ctx
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("attention layer (saved)"),
-                });
-            let parts = SavedParts {
-                x: x_t,
-                weights,
-                mask: mask_buf,
-            };
-            let (projected, saved) =
-                self.record_saved_into(ctx, &mut encoder, dims, parts, &|b, s| {
-                    wrap(b, s, Dtype::F32)
-                })?;
-            let (y, width) = match &projected {
-                Some(y) => (y, dims.d_out),
-                None => (saved.context.buf(ctx, "context")?, dims.d_v),
-            };
-            let (y, _) = self.read_back_blocking(ctx, encoder, y, rows * width, None)?;
-            let context_out = ArrayD::from_shape_vec(IxDyn(&saved.out_shape), y)
-                .map_err(|e| Error::shape(e.to_string()))?;
-            let out = Output::new(context_out, None);
-            Ok((out, saved))
-        })
-    }
-
-    /// `Err` when the saved forward's buffers do not fit the device (it is never split).
-    pub(super) fn check_saved_fits(
-        &self,
-        ctx: &Context,
-        dims: &Dims,
-        bias: Option<&ndarray::ArrayView4<'_, f32>>,
-    ) -> Result<()> {
-        fits(ctx, &layer_buffers(dims), None, bias)
-    }
-
-    /// Records the saved forward of X (`parts.x`, on the device) into `encoder`: the
-    /// projections, the fused kernel with its row statistics, and `W_O`. Returns the output
-    /// projection's result (`None` without `W_O`: the output is the saved context) and the
-    /// saved state; `wrap` makes the f32 results tensors (of the caller's recorder, or marked
-    /// written for a caller that submits the encoder itself).
-    pub(super) fn record_saved_into(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        dims: &Dims,
-        parts: SavedParts,
-        wrap: &dyn Fn(Buf, Vec<usize>) -> Tensor,
-    ) -> Result<(Option<Buf>, LayerSaved)> {
-        let SavedParts {
-            x,
+/// The saved forward of a checked call on X (arrays): X uploaded, the projections' weights
+/// (the layer's, on the device already, or uploaded now), the fused forward keeping what the
+/// backward needs ([`record_into`]), the output read back. Never split.
+///
+/// # Errors
+/// Overflow in the output; GPU errors.
+pub(super) fn forward(
+    ctx: &Context,
+    call: &Call<'_, '_, '_>,
+    x: ArrayViewD<'_, f32>,
+    proj: Option<&Projections<'_>>,
+    layer: Option<&Layer>,
+) -> Result<(Output, LayerSaved)> {
+    let (op, dims) = (&call.op, &call.dims);
+    let f16 = op.f16();
+    let weights = match (layer, proj) {
+        (Some(l), _) => Some(l.device().clone()),
+        (None, Some(p)) => Some(ctx.scoped(|| DeviceWeights::upload(ctx, p, f16))?),
+        (None, None) => None,
+    };
+    let (bias, mods) = call.masking();
+    let rows = dims.batch * dims.n;
+    let (out, saved) = ctx.scoped(|| {
+        let _open = ctx.pool.open();
+        let x_buf = Buf::unpooled(upload_as(ctx, "X", x.view(), f16)?);
+        let written = Arc::new(AtomicBool::new(true));
+        let wrap = |buf: Buf, shape: Vec<usize>, dtype: Dtype| {
+            Tensor::new(ctx, buf, shape, dtype, Arc::clone(&written))
+        };
+        let x_dtype = if f16 { Dtype::F16 } else { Dtype::F32 };
+        let x_t = wrap(x_buf, x.shape().to_vec(), x_dtype);
+        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mods)?;
+        let mut encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("attention layer (saved)"),
+            });
+        let parts = SavedParts {
+            x: x_t,
             weights,
             mask: mask_buf,
-        } = parts;
-        let shape = Shape::self_attention(dims);
-        let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
-        flash.key_split = self.key_split;
-        let mods = mask_buf.as_ref().is_some_and(|m| m.arg().mods.is_some());
-        let plan = self.resolved(ctx, self.plan(ctx, dims)?, &flash, mods)?;
-        let rows = dims.batch * dims.n;
-        let heads_rows = dims.batch * dims.heads * dims.n;
-        let context = buffer::output(ctx, "context", rows * dims.d_v, self.nan_fill)?;
-        let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, self.nan_fill)?;
-        let x_buf = x.buffer(ctx, "X")?;
-        let qkv = match &weights {
-            Some(w) => {
-                let x_f16 = x.dtype() == Dtype::F16;
-                let (q, k, v) = self.record_projections(
-                    ctx,
-                    encoder,
-                    &plan,
-                    (rows, dims.d),
-                    (x_buf, x_f16),
-                    w,
-                )?;
-                Some([q, k, v])
-            }
-            None => None,
         };
-        let (q, k, v) = match &qkv {
-            Some([q, k, v]) => (&**q, &**k, &**v),
-            None => (x_buf, x_buf, x_buf),
+        let (projected, saved) = record_into(ctx, &mut encoder, call, parts, &|b, s| {
+            wrap(b, s, Dtype::F32)
+        })?;
+        let (y, width) = match &projected {
+            Some(y) => (y, dims.d_out),
+            None => (saved.context.buf(ctx, "context")?, dims.d_v),
         };
-        let out = FlashOut {
-            context: &context,
-            lse: Some(&stats),
-        };
-        let m = mask_buf.as_ref().map(MaskBuffer::arg);
-        variant::record_flash(ctx, encoder, &flash, plan.flash, (q, k, v), out, m, None)?;
-        let projected = self.record_output_projection(
-            ctx,
-            encoder,
-            &plan,
-            (rows, dims.d_v),
-            &context,
-            weights.as_ref(),
-        )?;
-        let mut context_shape = dims.context_shape();
-        if let Some(last) = context_shape.last_mut() {
-            *last = dims.d_v;
-        }
-        let saved = LayerSaved {
-            ctx_id: ctx.id(),
-            op: *self,
-            dims: *dims,
-            x_shape: x.shape().to_vec(),
-            out_shape: dims.context_shape(),
-            flash,
-            x,
-            weights,
-            qkv,
-            context: wrap(context, context_shape),
-            stats,
-            mask: mask_buf,
-            kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
-            version: None,
-        };
-        Ok((projected.map(|(y, _)| y), saved))
-    }
+        let (y, _) = op.read_back_blocking(ctx, encoder, y, rows * width, None)?;
+        let context_out = ArrayD::from_shape_vec(IxDyn(&saved.out_shape), y)
+            .map_err(|e| Error::shape(e.to_string()))?;
+        Ok((Output::new(context_out, None), saved))
+    })?;
+    Ok((out, saved.of(layer)))
 }
 
-/// The buffers of a layer's call on the device, named, and their lengths.
-pub(super) fn layer_buffers(dims: &Dims) -> [(&'static str, usize); 4] {
+/// Records the saved forward of a checked call on X (`parts.x`, on the device) into
+/// `encoder`: the projections, the fused kernel with its row statistics, and `W_O`. Returns
+/// the output projection's result (`None` without `W_O`: the output is the saved context)
+/// and the saved state; `wrap` makes the f32 results tensors (of the caller's recorder, or
+/// marked written for a caller that submits the encoder itself).
+pub(super) fn record_into(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    call: &Call<'_, '_, '_>,
+    parts: SavedParts,
+    wrap: &dyn Fn(Buf, Vec<usize>) -> Tensor,
+) -> Result<(Option<Buf>, LayerSaved)> {
+    let (op, dims) = (&call.op, &call.dims);
+    let SavedParts {
+        x,
+        weights,
+        mask: mask_buf,
+    } = parts;
+    let shape = Shape::self_attention(dims);
+    let mut flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
+    flash.key_split = op.key_split;
+    let plan = op.resolved(ctx, op.plan(ctx, dims)?, &flash, call.mods.is_some())?;
     let rows = dims.batch * dims.n;
-    [
-        ("X (batch·n·d)", rows * dims.d),
-        ("Q, K (batch·n·d_k)", rows * dims.d_k),
-        ("V, context (batch·n·d_v)", rows * dims.d_v),
-        ("output (batch·n·d_out)", rows * dims.d_out),
-    ]
+    let heads_rows = dims.batch * dims.heads * dims.n;
+    let context = buffer::output(ctx, "context", rows * dims.d_v, op.nan_fill)?;
+    let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, op.nan_fill)?;
+    let x_buf = x.buffer(ctx, "X")?;
+    let qkv = match &weights {
+        Some(w) => {
+            let x_f16 = x.dtype() == Dtype::F16;
+            let (q, k, v) =
+                op.record_projections(ctx, encoder, &plan, (rows, dims.d), (x_buf, x_f16), w)?;
+            Some([q, k, v])
+        }
+        None => None,
+    };
+    let (q, k, v) = match &qkv {
+        Some([q, k, v]) => (&**q, &**k, &**v),
+        None => (x_buf, x_buf, x_buf),
+    };
+    let out = FlashOut {
+        context: &context,
+        lse: Some(&stats),
+    };
+    let m = mask_buf.as_ref().map(MaskBuffer::arg);
+    variant::record_flash(ctx, encoder, &flash, plan.flash, (q, k, v), out, m, None)?;
+    let projected = op.record_output_projection(
+        ctx,
+        encoder,
+        &plan,
+        (rows, dims.d_v),
+        &context,
+        weights.as_ref(),
+    )?;
+    let mut context_shape = dims.context_shape();
+    if let Some(last) = context_shape.last_mut() {
+        *last = dims.d_v;
+    }
+    let saved = LayerSaved {
+        ctx_id: ctx.id(),
+        op: *op,
+        dims: *dims,
+        x_shape: x.shape().to_vec(),
+        out_shape: dims.context_shape(),
+        flash,
+        x,
+        weights,
+        qkv,
+        context: wrap(context, context_shape),
+        stats,
+        mask: mask_buf,
+        kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
+        version: None,
+    };
+    Ok((projected.map(|(y, _)| y), saved))
 }
 
 /// What a saved forward starts from: X on the device, the weights (if projected) and the
@@ -269,32 +210,6 @@ pub(super) struct SavedParts {
     pub x: Tensor,
     pub weights: Option<DeviceWeights>,
     pub mask: Option<MaskBuffer>,
-}
-
-impl Layer {
-    /// [`Attention::forward_saved`] with this layer's op and projections (on the device
-    /// already: only X is uploaded).
-    ///
-    /// # Errors
-    /// As [`Attention::forward_saved`], and a context other than the layer's.
-    pub(crate) fn forward_saved<'a, D: Dimension>(
-        &self,
-        ctx: &Context,
-        x: impl AsArray<'a, f32, D>,
-        mask: &Mask<'_>,
-    ) -> Result<(Output, LayerSaved)> {
-        self.check_context(ctx)?;
-        let x: ArrayView<'a, f32, D> = x.into();
-        let x = x.into_dyn();
-        let op = self.op().return_weights(false).propagate_non_finite(false);
-        let p = self.projections();
-        let dims = op.dims(x.shape(), Some(&p))?;
-        check_finite("X", &x)?;
-        op.check_dtype(ctx, &[("X", x.view())])?;
-        let (out, saved) =
-            op.run_saved_checked(ctx, &dims, x, Some(self.device().clone()), mask)?;
-        Ok((out, saved.of_version(self.version())))
-    }
 }
 
 /// A projection's gradients on the device: its name, dW and db, and W's shape.
@@ -397,9 +312,11 @@ impl LayerSaved {
         Ok(())
     }
 
-    /// Tags the state with the version of the layer's weights its forward read.
-    pub(super) fn of_version(mut self, version: &Arc<AtomicU64>) -> Self {
-        self.version = Some((Arc::clone(version), version.load(Ordering::Acquire)));
+    /// Tags the state with the version of `layer`'s weights its forward read, if a layer's.
+    pub(super) fn of(mut self, layer: Option<&Layer>) -> Self {
+        if let Some(version) = layer.map(Layer::version) {
+            self.version = Some((Arc::clone(version), version.load(Ordering::Acquire)));
+        }
         self
     }
 

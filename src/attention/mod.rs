@@ -1,9 +1,10 @@
 //! The attention op. This file holds the public face: the [`Attention`] builder and its
 //! options. A call goes in through [`Attention::run`], [`Attention::run_async`] or
 //! [`Attention::record`] (and [`Layer::run`], [`Layer::record`]) with [`Inputs`] and comes
-//! back as an [`Output`] (`run.rs`, `inputs.rs`, `outputs.rs`); a call on arrays of X or of
-//! Q, K, V is built as a value and checked once (`call.rs`), then handed over to the steps, one
-//! file each, in the order a call runs:
+//! back as an [`Output`] (`run.rs`, `inputs.rs`, `outputs.rs`). Every call — on arrays or
+//! tensors, of X or of Q, K, V, saved for the backward or not — is built as a value and
+//! checked once (`call.rs`), then handed over to the steps, one file each, in the order a
+//! call runs:
 //!
 //! - `shape.rs`: the sizes of the call ([`Dims`]) and the checks of its inputs;
 //! - `split.rs`: whole when it fits the device, else split on the device in the call's dtype
@@ -11,7 +12,11 @@
 //!   as one on Q, K, V is);
 //! - `whole.rs`: a call that fits, start to end: `plan.rs` (which kernels and variants), then
 //!   one encoder with `upload.rs` (Q, K, V, or X and the projections' matmuls), `dispatch.rs`
-//!   (the attention kernels and the output projection), and `readback.rs`.
+//!   (the attention kernels and the output projection), and `readback.rs`;
+//! - `resident.rs`: a call on tensors, the same plan and dispatch recorded into a
+//!   [`crate::Recorder`], its results left on the device;
+//! - `saved.rs` (on Q, K, V) and `layer_saved.rs` (on X): a call saved for the backward, the
+//!   fused kernel keeping its row statistics, and the backward itself.
 
 mod call;
 mod decode_step;
@@ -47,9 +52,7 @@ pub use shape::Dims;
 pub use weights::train::{Adam, MseLoss};
 pub use weights::Layer;
 
-use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::mask::Mask;
 use crate::variant::{FlashVariant, Kernels, KeySplit, MatmulVariant};
 
 /// Scaled dot-product self-attention, configured with a builder:
@@ -195,20 +198,6 @@ impl Attention {
     /// Whether NaN/Inf inputs are passed through ([`Options::propagate_non_finite`]).
     pub(crate) fn propagates_non_finite(&self) -> bool {
         self.propagate
-    }
-
-    /// Whether the weights are returned.
-    pub(crate) fn returns_weights(&self) -> bool {
-        self.return_weights
-    }
-}
-
-/// `Err` when `mask` carries modifiers and the path `what` does not apply them yet: never
-/// run a call without them silently.
-pub(crate) fn refuse_modifiers(ctx: &Context, mask: &Mask<'_>, what: &str) -> Result<()> {
-    match mask.modifiers() {
-        Some(_) => Err(crate::kernels::mods::unsupported(ctx, what)),
-        None => Ok(()),
     }
 }
 

@@ -8,8 +8,7 @@ use ndarray::{ArrayViewD, Ix4};
 
 use super::call::{Call, Given};
 use super::inputs::{Files, Host, Inputs, Kind, OnDevice, Operands};
-use super::outputs::{Output, Saved};
-use super::projections::Projections;
+use super::outputs::Output;
 use super::weights::Layer;
 use super::Attention;
 use crate::context::Context;
@@ -43,20 +42,6 @@ fn four<'a>(a: &ArrayViewD<'a, f32>, name: &str) -> Result<ndarray::ArrayView4<'
     })
 }
 
-/// Q, K and V views as what an upload copies.
-fn arrays<'a>(qkv: [ndarray::ArrayView4<'a, f32>; 3]) -> [Values<'a>; 3] {
-    qkv.map(|a| Values::Array(a.into_dyn()))
-}
-
-/// A call on X with the caller's projections, if any.
-fn given_x<'a, 'p>(x: ArrayViewD<'a, f32>, proj: Option<&'a Projections<'p>>) -> Given<'a, 'p> {
-    Given::X {
-        x,
-        proj,
-        resident: None,
-    }
-}
-
 fn no_projections<K: Kind>(inputs: &Inputs<'_, K>, why: &str) -> Result<()> {
     match inputs.projections {
         Some(_) => Err(Error::invalid("inputs", why.to_string())),
@@ -67,48 +52,94 @@ fn no_projections<K: Kind>(inputs: &Inputs<'_, K>, why: &str) -> Result<()> {
 const QKV_PROJECTED: &str = "projections apply to X, not to Q, K and V: give Inputs::x(x)";
 const LAYER_PROJECTED: &str =
     "a Layer projects with its own weights: give Inputs::x(x) without projections";
+const LAYER_TAKES_X: &str = "a Layer takes X: give Inputs::x(x)";
+
+/// What arrays `inputs` give a call: X and its projections, or Q, K and V (4-d).
+fn given_arrays<'a, 'p>(inputs: &'a Inputs<'p, Host>) -> Result<Given<'a, 'p>> {
+    match &inputs.operands {
+        Operands::X(x) => Ok(Given::X {
+            x: x.view(),
+            proj: inputs.projections.as_ref(),
+            layer: None,
+        }),
+        Operands::Qkv([q, k, v]) => {
+            no_projections(inputs, QKV_PROJECTED)?;
+            let qkv = [four(q, "Q")?, four(k, "K")?, four(v, "V")?];
+            Ok(Given::Qkv(qkv.map(|a| Values::Array(a.into_dyn()))))
+        }
+    }
+}
+
+/// What tensors `inputs` give a call: X, projected by `layer` when given, or Q, K and V.
+fn given_tensors<'a>(
+    inputs: &'a Inputs<'_, OnDevice>,
+    layer: Option<&'a Layer>,
+) -> Result<Given<'a, 'a>> {
+    match (&inputs.operands, layer) {
+        (Operands::X(x), None) => {
+            no_projections(
+                inputs,
+                "projections on tensors stay on the device in a Layer: build one with Layer::new",
+            )?;
+            Ok(Given::TensorX { x, layer: None })
+        }
+        (Operands::X(x), Some(layer)) => {
+            no_projections(inputs, LAYER_PROJECTED)?;
+            Ok(Given::TensorX {
+                x,
+                layer: Some(layer),
+            })
+        }
+        (Operands::Qkv([q, k, v]), None) => {
+            no_projections(inputs, QKV_PROJECTED)?;
+            Ok(Given::TensorQkv([q, k, v]))
+        }
+        (Operands::Qkv(_), Some(_)) => {
+            no_projections(inputs, LAYER_PROJECTED)?;
+            Err(Error::invalid("inputs", LAYER_TAKES_X))
+        }
+    }
+}
+
+/// A call on arrays, start to end ([`Call::new`], [`Call::run`]), timed as one call.
+async fn run_arrays(
+    op: &Attention,
+    ctx: &Context,
+    given: Given<'_, '_>,
+    mask: &Mask<'_>,
+) -> Result<Output> {
+    let _call = ctx.phases.call();
+    Call::new(op, ctx, given, mask)?.run(ctx).await
+}
+
+/// A call on tensors ([`Call::new`], [`Call::record`]), recorded into `rec`.
+fn record_tensors(
+    op: &Attention,
+    rec: &mut Recorder<'_>,
+    given: Given<'_, '_>,
+    mask: &Mask<'_>,
+) -> Result<Output<Tensor>> {
+    Call::new(op, rec.ctx, given, mask)?.record(rec)
+}
 
 impl Run for Host {
     fn run(op: &Attention, ctx: &Context, inputs: &Inputs<'_, Host>) -> Result<Output> {
-        let mask = inputs.mask_or_none();
-        match &inputs.operands {
-            Operands::X(x) if op.save => {
-                let (out, saved) =
-                    op.forward_saved(ctx, x.view(), inputs.projections.as_ref(), &mask)?;
-                Ok(out.with_saved(saved.into()))
-            }
-            Operands::X(x) => {
-                let proj = inputs.projections.as_ref();
-                block_on(op.run_arrays(ctx, given_x(x.view(), proj), &mask))
-            }
-            Operands::Qkv([q, k, v]) => {
-                no_projections(inputs, QKV_PROJECTED)?;
-                let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
-                if op.save {
-                    let (out, saved) = op.sdpa_saved(ctx, q, k, v, &mask)?;
-                    Ok(out.with_saved(saved.into()))
-                } else {
-                    block_on(op.run_arrays(ctx, Given::Qkv(arrays([q, k, v])), &mask))
-                }
-            }
-        }
+        let given = given_arrays(inputs)?;
+        block_on(run_arrays(op, ctx, given, &inputs.mask_or_none()))
     }
 
     fn run_layer(layer: &Layer, ctx: &Context, inputs: &Inputs<'_, Host>) -> Result<Output> {
         no_projections(inputs, LAYER_PROJECTED)?;
-        let mask = inputs.mask_or_none();
         let Operands::X(x) = &inputs.operands else {
-            return Err(Error::invalid(
-                "inputs",
-                "a Layer takes X: give Inputs::x(x)",
-            ));
+            return Err(Error::invalid("inputs", LAYER_TAKES_X));
         };
-        if layer.op().save {
-            let (out, saved) = layer.forward_saved(ctx, x.view(), &mask)?;
-            Ok(out.with_saved(saved.into()))
-        } else {
-            layer.forward_masked(ctx, x.view(), &mask)
-        }
+        let p = layer.projections();
+        let given = Given::X {
+            x: x.view(),
+            proj: Some(&p),
+            layer: Some(layer),
+        };
+        block_on(run_arrays(layer.op(), ctx, given, &inputs.mask_or_none()))
     }
 }
 
@@ -117,7 +148,7 @@ impl Run for Files {
         match &inputs.operands {
             Operands::Qkv([q, k, v]) if !op.save && inputs.projections.is_none() => {
                 let files = Given::Qkv([*q, *k, *v].map(Values::File));
-                block_on(op.run_arrays(ctx, files, &inputs.mask_or_none()))
+                block_on(run_arrays(op, ctx, files, &inputs.mask_or_none()))
             }
             _ => read_files(inputs, |host| Host::run(op, ctx, host)),
         }
@@ -174,17 +205,6 @@ impl Run for OnDevice {
 }
 
 impl Attention {
-    /// A call on arrays, start to end ([`Call::new`], [`Call::run`]), timed as one call.
-    pub(super) async fn run_arrays(
-        &self,
-        ctx: &Context,
-        given: Given<'_, '_>,
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        let _call = ctx.phases.call();
-        Call::new(self, ctx, given, mask)?.run(ctx).await
-    }
-
     /// Computes attention now, blocking until the results are ready.
     ///
     /// With arrays (`Inputs::x(&x)`, `Inputs::qkv(&q, &k, &v)`), the operands are uploaded,
@@ -223,19 +243,8 @@ impl Attention {
                 "a saved forward runs with Attention::run, not run_async",
             ));
         }
-        let mask = inputs.mask_or_none();
-        match &inputs.operands {
-            Operands::X(x) => {
-                let proj = inputs.projections.as_ref();
-                self.run_arrays(ctx, given_x(x.view(), proj), &mask).await
-            }
-            Operands::Qkv([q, k, v]) => {
-                no_projections(&inputs, QKV_PROJECTED)?;
-                let (q, k, v) = (four(q, "Q")?, four(k, "K")?, four(v, "V")?);
-                self.run_arrays(ctx, Given::Qkv(arrays([q, k, v])), &mask)
-                    .await
-            }
-        }
+        let given = given_arrays(&inputs)?;
+        run_arrays(self, ctx, given, &inputs.mask_or_none()).await
     }
 
     /// Records attention on tensors into `rec`: nothing runs until [`Recorder::submit`], so
@@ -249,37 +258,15 @@ impl Attention {
         rec: &mut Recorder<'_>,
         inputs: Inputs<'_, OnDevice>,
     ) -> Result<Output<Tensor>> {
-        let mask = inputs.mask_or_none();
-        match &inputs.operands {
-            Operands::X(x) => {
-                no_projections(
-                    &inputs,
-                    "projections on tensors stay on the device in a Layer: build one with Layer::new",
-                )?;
-                if self.save {
-                    let (out, saved) = self.record_saved(rec, x, None, &mask)?;
-                    Ok(out.with_saved(saved.into()))
-                } else {
-                    self.record_forward(rec, x, None, &mask)
-                }
-            }
-            Operands::Qkv([q, k, v]) => {
-                no_projections(&inputs, QKV_PROJECTED)?;
-                if self.save {
-                    let (out, saved) = self.sdpa_record_saved(rec, q, k, v, &mask)?;
-                    Ok(out.with_saved(saved.into()))
-                } else {
-                    self.sdpa_record(rec, q, k, v, &mask)
-                }
-            }
-        }
+        let given = given_tensors(&inputs, None)?;
+        record_tensors(self, rec, given, &inputs.mask_or_none())
     }
 }
 
 impl Layer {
     /// Runs the layer now on X (`Inputs::x`, with a mask if any): arrays come back as
     /// arrays, tensors stay on the device. With [`Attention::save_for_backward`] on the
-    /// layer's op, the output carries the [`Saved`] state for [`Saved::backward`].
+    /// layer's op, the output carries the [`crate::Saved`] state for [`crate::Saved::backward`].
     ///
     /// # Errors
     /// As [`Attention::run`]; Q, K, V or projections in `inputs` (the layer has its own).
@@ -296,19 +283,7 @@ impl Layer {
         rec: &mut Recorder<'_>,
         inputs: Inputs<'_, OnDevice>,
     ) -> Result<Output<Tensor>> {
-        no_projections(&inputs, LAYER_PROJECTED)?;
-        let mask = inputs.mask_or_none();
-        let Operands::X(x) = &inputs.operands else {
-            return Err(Error::invalid(
-                "inputs",
-                "a Layer takes X: give Inputs::x(x)",
-            ));
-        };
-        if self.op().save {
-            let (out, saved) = self.record_saved(rec, x, &mask)?;
-            Ok(out.with_saved(Saved::from(saved)))
-        } else {
-            self.record_masked(rec, x, &mask)
-        }
+        let given = given_tensors(&inputs, Some(self))?;
+        record_tensors(self.op(), rec, given, &inputs.mask_or_none())
     }
 }

@@ -1,10 +1,10 @@
 //! A forward pass that keeps what its backward pass needs, and that backward pass: the fused
 //! FlashAttention-2 backward on the device (`kernels/flash_backward_*.rs`).
 //!
-//! A forward on Q, K and V with [`Attention::save_for_backward`] on ([`Attention::run`] on
-//! arrays comes here, to [`Attention::sdpa_saved`]) runs the fused forward with its row
-//! statistics on (each row's log-sum-exp, written by the forward kernel itself) and returns,
-//! beside the output, a [`SdpaSaved`] (the public [`crate::Saved`] wraps it) holding Q, K,
+//! A call on Q, K and V with [`Attention::save_for_backward`] on ([`Call::run`] on arrays
+//! comes here, to [`forward`]; [`Call::record`] on tensors, to [`record`]) runs the fused
+//! forward with its row statistics on (each row's log-sum-exp, written by the forward kernel
+//! itself) and returns, beside the output, a [`SdpaSaved`] (the public [`crate::Saved`] wraps it) holding Q, K,
 //! V, the output O, the statistics and the mask on the device. [`SdpaSaved::backward`]
 //! (behind [`crate::Saved::backward`]) takes `dO` and runs three kernels in one encoder:
 //! `D_i = dO_i·O_i`, then dK and dV (one key per thread, over every query row of every query
@@ -13,23 +13,24 @@
 
 use ndarray::{Array2, Array3, Array4, ArrayView4};
 
+use super::call::Call;
 use super::dispatch::Shape;
 use super::gradients::SdpaGradients;
-use super::split::fits;
+use super::plan::Plan;
 use super::upload::MaskBuffer;
-use super::{Attention, Output};
+use super::{Attention, Output, TensorOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::gpu::buffer::{self, Buf};
+use crate::gpu::readback;
 use crate::gpu::timing;
-use crate::gpu::upload::{self, Stored};
-use crate::gpu::{buffer, readback};
+use crate::gpu::upload::{self, Stored, Values};
 use crate::kernels::bias_grad::TableGrad;
 use crate::kernels::flash_backward_dot::BackwardTiles;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::kernels::pack::PackLayout;
-use crate::mask::Mask;
 use crate::modifiers::Preset;
-use crate::tensor::Tensor;
+use crate::tensor::{Recorder, Tensor};
 use crate::variant::{self, FlashVariant};
 
 mod tensors;
@@ -41,7 +42,7 @@ pub(crate) use tensors::SdpaTensorGradients;
 /// n = 4096; dQ 33 ms with 1 row per lane and 25 ms with 2 at n = 1024.
 const SUBGROUP_PER_LANE: (u32, u32) = (1, 2);
 
-/// What an [`Attention::sdpa_saved`] forward keeps on the device for its backward pass:
+/// What a saved forward on Q, K, V ([`forward`], [`record`]) keeps on the device for its backward pass:
 /// Q, K and V as uploaded (f16 under [`crate::Dtype::F16`]), the output O, each query row's
 /// log-sum-exp, the mask (with key lengths, causal and its score/mask modifiers, whose
 /// upload the backward binds again), the scale, the grouped-query layout and the dtype,
@@ -266,164 +267,214 @@ fn from_rows(flat: Vec<f32>, [b, h, n, w]: [usize; 4]) -> Result<Array4<f32>> {
         .into_owned())
 }
 
-impl Attention {
-    /// The fused kernel's problem of a saved forward: `batch·heads` groups of `l` queries
-    /// against `kv_heads` of `s_len` keys, at this op's causal flag, scale, dtype and key
-    /// split (the array and tensor forms share it).
+/// What a saved forward on Q, K, V makes before it records: its fused kernel's problem, its
+/// plan, the mask's buffer, and the output and row statistics it writes (the array and
+/// tensor forms share it).
+struct Forward {
+    flash: Flash,
+    plan: Plan,
+    mask: Option<MaskBuffer>,
+    o: Buf,
+    stats: Buf,
+}
+
+impl Forward {
+    /// For `call` (checked), on Q, K and V heads-first (`heads_first`, the caller's arrays)
+    /// or in rows (tensors).
     ///
     /// # Errors
-    /// Sizes past u32 indexing.
-    fn saved_flash(
-        &self,
-        dims: &super::shape::Dims,
-        [batch, heads, kv_heads, l, s_len]: [usize; 5],
-        heads_first: bool,
-    ) -> Result<Flash> {
-        let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]);
-        let shape = if heads_first {
-            shape.heads_first()
-        } else {
-            shape
+    /// Sizes past u32 indexing; planning; GPU errors.
+    fn new(ctx: &Context, call: &Call<'_, '_, '_>, heads_first: bool) -> Result<Self> {
+        let (op, dims) = (&call.op, &call.dims);
+        let shape = Shape::sdpa(
+            dims,
+            [dims.batch, dims.heads, dims.kv_heads, dims.n, call.n_kv],
+        );
+        let shape = match heads_first {
+            true => shape.heads_first(),
+            false => shape,
         };
-        let mut flash = shape.flash(self.causal, dims.scale, self.f16(), false)?;
-        flash.key_split = self.key_split;
-        Ok(flash)
+        let mut flash = shape.flash(dims.causal, dims.scale, op.f16(), false)?;
+        flash.key_split = op.key_split;
+        let (bias, mods) = call.masking();
+        let plan = op.resolved(ctx, op.plan(ctx, dims)?, &flash, mods.is_some())?;
+        let mask = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref(), mods))?;
+        let rows = dims.batch * dims.heads * dims.n;
+        Ok(Forward {
+            flash,
+            plan,
+            mask,
+            o: buffer::output(ctx, "context", rows * dims.d_v / dims.heads, op.nan_fill)?,
+            stats: buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?,
+        })
+    }
+
+    /// Records the fused kernel of the plan on `qkv` into `encoder`, with its row statistics.
+    fn record(
+        &self,
+        ctx: &Context,
+        encoder: &mut wgpu::CommandEncoder,
+        [q, k, v]: &[wgpu::Buffer; 3],
+    ) -> Result<()> {
+        let out = FlashOut {
+            context: &self.o,
+            lse: Some(&self.stats),
+        };
+        let m = self.mask.as_ref().map(MaskBuffer::arg);
+        variant::record_flash(
+            ctx,
+            encoder,
+            &self.flash,
+            self.plan.flash,
+            (q, k, v),
+            out,
+            m,
+            None,
+        )
+        .map(drop)
+    }
+
+    /// `attempt`, and once more on the storage kernels when the plan was past the textures'
+    /// limit (as a plain call; what was recorded before the check only repeats work).
+    fn retried<T>(
+        &mut self,
+        ctx: &Context,
+        call: &Call<'_, '_, '_>,
+        mut attempt: impl FnMut(&Self) -> Result<T>,
+    ) -> Result<T> {
+        let result = attempt(self);
+        if !call.op.retries_on_storage(&self.plan, &result) {
+            return result;
+        }
+        let mods = call.mods.is_some();
+        self.plan = call
+            .op
+            .on_storage(ctx, &self.plan, &call.dims, &self.flash, mods)?;
+        attempt(self)
+    }
+
+    /// The output's shape, `(batch, heads, L, E_v)`.
+    fn out_shape(call: &Call<'_, '_, '_>) -> [usize; 4] {
+        let d = &call.dims;
+        [d.batch, d.heads, d.n, d.d_v / d.heads]
+    }
+
+    /// What the backward keeps: Q, K and V (`inputs` when they came as tensors, in rows;
+    /// else `uploads`, heads-first), the output made a tensor by `o`.
+    fn saved(
+        self,
+        ctx: &Context,
+        call: &Call<'_, '_, '_>,
+        qkv: [wgpu::Buffer; 3],
+        (inputs, uploads): (Option<[Tensor; 3]>, Vec<Buf>),
+        o: impl FnOnce(Buf) -> Tensor,
+    ) -> SdpaSaved {
+        let d = &call.dims;
+        let out_shape = Forward::out_shape(call);
+        let kv = [d.batch, d.kv_heads, call.n_kv];
+        let heads_first = inputs.is_none();
+        SdpaSaved {
+            ctx_id: ctx.id(),
+            op: call.op,
+            out_shape,
+            k_shape: [kv[0], kv[1], kv[2], d.d_k / d.heads],
+            v_shape: [kv[0], kv[1], kv[2], out_shape[3]],
+            qkv,
+            _inputs: inputs,
+            _uploads: uploads,
+            heads_first,
+            o: o(self.o),
+            stats: self.stats,
+            mask: self.mask,
+            kernels: BackwardKernels::choose(ctx, self.plan.flash, &self.flash),
+            flash: self.flash,
+        }
     }
 }
 
-impl Attention {
-    /// [`Attention::run`] on Q, K, V that also returns what [`SdpaSaved::backward`] needs, kept on
-    /// the device: what [`Attention::run`] on Q, K, V arrays runs with
-    /// [`Attention::save_for_backward`] on (an example is at [`crate::Saved::backward`]).
-    /// Always the fused path: the weights are not returned (`Output::weights` is `None`), and
-    /// NaN/Inf inputs are errors even with [`crate::Options::propagate_non_finite`]
-    /// (gradients through them mean nothing).
-    ///
-    /// # Errors
-    /// As [`Attention::run`], NaN/Inf in Q, K or V, and [`Error::LimitExceeded`]
-    /// when a buffer does not fit the device (a saved forward is never split).
-    pub(crate) fn sdpa_saved(
-        &self,
-        ctx: &Context,
-        q: ArrayView4<'_, f32>,
-        k: ArrayView4<'_, f32>,
-        v: ArrayView4<'_, f32>,
-        mask: &Mask<'_>,
-    ) -> Result<(Output, SdpaSaved)> {
-        let op = self.return_weights(false).propagate_non_finite(false);
-        let dims = op.sdpa_dims(q.shape(), k.shape(), v.shape())?;
-        let (batch, heads, l, _) = q.dim();
-        let (kv_heads, s_len, e_v) = (k.dim().1, k.dim().2, v.dim().3);
-        // The backward takes the modifiers back through their derivatives: refused here,
-        // before any work, when one has none.
-        if let Some(m) = mask.modifiers() {
-            m.check_differentiable()?;
-        }
-        let bias = mask.bias([batch, heads, l, s_len])?;
-        let inputs = [
-            ("Q", q.into_dyn()),
-            ("K", k.into_dyn()),
-            ("V", v.into_dyn()),
-        ];
-        if op.f16() {
-            ctx.require_f16()?;
-        }
-        ctx.check_alive()?;
-        let rows = batch * heads * l;
-        let named = [
-            ("Q (batch·heads·L·E)", q.len()),
-            ("K (batch·kv_heads·S·E)", k.len()),
-            ("V (batch·kv_heads·S·E_v)", v.len()),
-            ("context (batch·heads·L·E_v)", rows * e_v),
-            ("row statistics (2·batch·heads·L)", 2 * rows),
-        ];
-        let bias = bias.as_ref().map(|b| b.view());
-        fits(ctx, &named, None, bias.as_ref())?;
-        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len], true)?;
-        let mods = mask.modifiers().is_some();
-        let mut plan = op.resolved(ctx, op.plan(ctx, &dims)?, &flash, mods)?;
-        // Heads-first as the caller's arrays are, checked on the way up (NaN/Inf always: a
-        // gradient through them means nothing).
-        let how = Stored {
-            f16: op.f16(),
-            finite: true,
-            dry: false,
-        };
-        let inputs = inputs.map(|(n, a)| (n, upload::Values::Array(a)));
-        let uploads = upload::arrays(ctx, &inputs, how)?;
-        let qkv: [wgpu::Buffer; 3] = std::array::from_fn(|i| (*uploads[i]).clone());
-        let mask_buf = MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?;
-        let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
-        let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
-        let run = |plan: &crate::attention::plan::Plan| {
-            ctx.scoped(|| {
-                // Declared first, dropped last: buffers dropped while recording (a key split's
-                // partials) are not handed out before this encoder is submitted.
-                let _open = ctx.pool.open();
-                let mut encoder =
-                    ctx.device
-                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                            label: Some("attention (saved)"),
-                        });
-                timing::begin(ctx);
-                let out = FlashOut {
-                    context: &o,
-                    lse: Some(&stats),
-                };
-                let [q, k, v] = &qkv;
-                let m = mask_buf.as_ref().map(MaskBuffer::arg);
-                variant::record_flash(
-                    ctx,
-                    &mut encoder,
-                    &flash,
-                    plan.flash,
-                    (q, k, v),
-                    out,
-                    m,
-                    None,
-                )?;
-                op.read_back_blocking(ctx, encoder, &o, rows * e_v, None)
-            })
-        };
-        let mut result = run(&plan);
-        if op.retries_on_storage(&plan, &result) {
-            // As a plain forward: past the textures' limit, the storage kernels take it.
-            plan = op.on_storage(ctx, &plan, &dims, &flash, mods)?;
-            result = run(&plan);
-        }
-        let context = result?.0;
-        log::info!("saved forward: {plan}");
-        let output = Output {
-            context: Array4::from_shape_vec((batch, heads, l, e_v), context)
-                .map_err(|e| Error::shape(e.to_string()))?
-                .into_dyn(),
-            weights: None,
-            saved: None,
-        };
-        let saved = SdpaSaved {
-            ctx_id: ctx.id(),
-            op,
-            flash,
-            out_shape: [batch, heads, l, e_v],
-            k_shape: [batch, kv_heads, s_len, dims.d_k / heads],
-            v_shape: [batch, kv_heads, s_len, e_v],
-            qkv,
-            _inputs: None,
-            _uploads: uploads,
-            heads_first: true,
-            o: Tensor::new(
-                ctx,
-                o,
-                vec![batch, heads, l, e_v],
-                crate::Dtype::F32,
-                std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
-            ),
-            stats,
-            mask: mask_buf,
-            kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
-        };
-        Ok((output, saved))
-    }
+/// The saved forward of a checked call on Q, K, V arrays (or opened files): uploaded
+/// heads-first as they are, checked on the way up (NaN/Inf always: a gradient through them
+/// means nothing); the fused kernel keeping each row's log-sum-exp; the output read back.
+/// Always the fused path: the weights are not returned, and the call is never split.
+///
+/// # Errors
+/// NaN/Inf in Q, K or V; overflow in the output; GPU errors.
+pub(super) fn forward(
+    ctx: &Context,
+    call: &Call<'_, '_, '_>,
+    [q, k, v]: &[Values<'_>; 3],
+) -> Result<(Output, SdpaSaved)> {
+    let op = &call.op;
+    let mut fwd = Forward::new(ctx, call, true)?;
+    let how = Stored {
+        f16: op.f16(),
+        finite: true,
+        dry: false,
+    };
+    let named = [("Q", q.clone()), ("K", k.clone()), ("V", v.clone())];
+    let uploads = upload::arrays(ctx, &named, how)?;
+    let qkv: [wgpu::Buffer; 3] = std::array::from_fn(|i| (*uploads[i]).clone());
+    let out_shape = Forward::out_shape(call);
+    let len = out_shape.iter().product();
+    let (context, _) = fwd.retried(ctx, call, |fwd| {
+        ctx.scoped(|| {
+            // Declared first, dropped last: buffers dropped while recording (a key split's
+            // partials) are not handed out before this encoder is submitted.
+            let _open = ctx.pool.open();
+            let mut encoder = ctx
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("attention (saved)"),
+                });
+            timing::begin(ctx);
+            fwd.record(ctx, &mut encoder, &qkv)?;
+            op.read_back_blocking(ctx, encoder, &fwd.o, len, None)
+        })
+    })?;
+    log::info!("saved forward: {}", fwd.plan);
+    let output = Output::new(
+        Array4::from_shape_vec(out_shape, context)
+            .map_err(|e| Error::shape(e.to_string()))?
+            .into_dyn(),
+        None,
+    );
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let saved = fwd.saved(ctx, call, qkv, (None, uploads), |o| {
+        Tensor::new(ctx, o, out_shape.to_vec(), crate::Dtype::F32, written)
+    });
+    Ok((output, saved))
+}
+
+/// The saved forward of a checked call on Q, K, V tensors in the rows layout (`q`
+/// `(batch, L, heads, E)`, `k` `(batch, S, kv_heads, E)`, `v` `(batch, S, kv_heads, E_v)`),
+/// recorded into `rec`: the output `(batch, L, heads, E_v)` is a tensor of `rec`, and the
+/// [`SdpaSaved`] can record its backward into `rec` too ([`SdpaSaved::record_backward`]).
+/// NaN/Inf are not scanned for: a tensor was checked when it was made.
+///
+/// # Errors
+/// Tensors from a recorder not submitted yet; GPU errors.
+pub(super) fn record(
+    rec: &mut Recorder<'_>,
+    call: &Call<'_, '_, '_>,
+    [q, k, v]: [&Tensor; 3],
+) -> Result<(TensorOutput, SdpaSaved)> {
+    let ctx = rec.ctx;
+    let qkv = [
+        q.input(rec, "Q")?.clone(),
+        k.input(rec, "K")?.clone(),
+        v.input(rec, "V")?.clone(),
+    ];
+    let mut fwd = Forward::new(ctx, call, false)?;
+    fwd.retried(ctx, call, |fwd| {
+        ctx.scoped(|| fwd.record(ctx, rec.encoder(), &qkv))
+    })?;
+    let [b, h, l, e_v] = Forward::out_shape(call);
+    let wrap = rec.wrapper();
+    let inputs = Some([q.clone(), k.clone(), v.clone()]);
+    let saved = fwd.saved(ctx, call, qkv, (inputs, Vec::new()), |o| {
+        wrap(o, vec![b, l, h, e_v])
+    });
+    Ok((TensorOutput::new(saved.o.clone(), None), saved))
 }
 
 impl SdpaSaved {
@@ -587,7 +638,9 @@ impl SdpaSaved {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::call::Given;
     use crate::context::test_context;
+    use crate::mask::Mask;
     use crate::modifiers::Preset;
     use crate::reference;
     use crate::variant::FlashVariant;
@@ -632,11 +685,14 @@ mod tests {
             .preset(Preset::Window { left: 20, right: 0 });
         let mask = Mask::boolean(keep.view().into_dyn()).with_kv_lengths(&[45, 30]);
         let with_mods = mask.clone().with_modifiers(&mods);
-        let op = Attention::new().causal(true).options(
-            crate::Options::default()
-                .nan_fill(true)
-                .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 }),
-        );
+        let op = Attention::new()
+            .causal(true)
+            .save_for_backward(true)
+            .options(
+                crate::Options::default()
+                    .nan_fill(true)
+                    .flash_variant(FlashVariant::Blocked { rows: 32, keys: 32 }),
+            );
         let odd = BackwardTiles {
             owners: 8,
             split: 3,
@@ -656,9 +712,9 @@ mod tests {
             let want =
                 reference::sdpa_backward(&op, q.view(), k.view(), v.view(), d_o.view(), mask)
                     .unwrap();
-            let (_, mut saved) = op
-                .sdpa_saved(ctx, q.view(), k.view(), v.view(), mask)
-                .unwrap();
+            let values = [q.view(), k.view(), v.view()].map(|a| Values::Array(a.into_dyn()));
+            let call = Call::new(&op, ctx, Given::Qkv(values.clone()), mask).unwrap();
+            let (_, mut saved) = forward(ctx, &call, &values).unwrap();
             saved.kernels.tiles = tiles;
             let g = saved.backward(ctx, d_o.view()).unwrap();
             for (got, want) in [(&g.q, &want.q), (&g.k, &want.k), (&g.v, &want.v)] {

@@ -3,6 +3,7 @@
 
 use ndarray::ArrayViewD;
 
+use super::call::heads_first;
 use super::inputs::{Inputs, Kind, Operands};
 use super::projections::{check_projections, Projections};
 use super::{check_finite, Attention, Dtype};
@@ -53,15 +54,9 @@ impl Dims {
                 if K::HEADS_SECOND {
                     op.sdpa_dims(shapes[0], shapes[1], shapes[2])
                 } else {
-                    let swap = |s: &[usize]| {
-                        match *s {
-                        [b, l, h, e] => Ok([b, h, l, e]),
-                        _ => Err(Error::shape(format!(
-                            "Q, K and V must be (batch, rows, heads, width) on the device, got {s:?}"
-                        ))),
-                    }
-                    };
-                    op.sdpa_dims(&swap(shapes[0])?, &swap(shapes[1])?, &swap(shapes[2])?)
+                    let [q, k, v] = [(shapes[0], "Q"), (shapes[1], "K"), (shapes[2], "V")]
+                        .map(|(s, name)| heads_first(s, name));
+                    op.sdpa_dims(&q?, &k?, &v?)
                 }
             }
         }

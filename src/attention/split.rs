@@ -10,6 +10,7 @@
 
 use ndarray::{s, Array2, Array4, ArrayD, ArrayView2, ArrayView4, ArrayViewD, Axis, IxDyn};
 
+use super::call::Given;
 use super::plan::Plan;
 use super::projections::Projections;
 use super::shape::Dims;
@@ -151,17 +152,8 @@ impl Attention {
         [q, k, v]: [&[usize]; 3],
         bias: Option<&ArrayView4<'_, f32>>,
     ) -> Result<()> {
-        let side = |s: &[usize], i: usize| s.get(i).copied().unwrap_or(0);
-        let (batch, heads, l, e) = (side(q, 0), side(q, 1), side(q, 2), side(q, 3));
-        let (s_len, e_v) = (side(k, 2), side(v, 3));
-        let (bh, bkv) = (batch * heads, batch * side(k, 1));
-        let named = [
-            ("Q (batch·heads·L·E)", bh * l * e),
-            ("K (batch·kv_heads·S·E)", bkv * s_len * e),
-            ("V (batch·kv_heads·S·E_v)", bkv * s_len * e_v),
-            ("context (batch·heads·L·E_v)", bh * l * e_v),
-        ];
-        let weights = self.return_weights.then_some(bh * l * s_len);
+        let named = sdpa_buffers([q, k, v]);
+        let weights = self.return_weights.then_some(sdpa_weights([q, k]));
         fits(ctx, &named, weights, bias)
     }
 
@@ -451,23 +443,64 @@ impl Attention {
     }
 }
 
-/// Whether a call on X of these (checked) sizes fits the device whole (`return_weights`:
-/// with its weights): else the first limit it exceeds.
-pub(super) fn x_fits(
+/// Whether a (checked) call fits the device whole, else the first limit it exceeds: every
+/// buffer it makes there (its operands when they come from the host, the projected Q, K and
+/// V, the context and the output, a saved forward's row statistics) and the weights when
+/// they are returned.
+pub(super) fn call_fits(
     ctx: &Context,
+    op: &Attention,
     dims: &Dims,
-    return_weights: bool,
+    given: &Given<'_, '_>,
     bias: Option<&ArrayView4<'_, f32>>,
 ) -> Result<()> {
     let rows = dims.batch * dims.n;
-    let named = [
+    let mut named = match given {
+        Given::X { .. } => x_buffers(dims).to_vec(),
+        // X is on the device already.
+        Given::TensorX { .. } => x_buffers(dims)[1..].to_vec(),
+        Given::Qkv(qkv) => sdpa_buffers([qkv[0].shape(), qkv[1].shape(), qkv[2].shape()]).to_vec(),
+        // Q, K and V are on the device already.
+        Given::TensorQkv(_) => vec![("context (batch·heads·L·E_v)", rows * dims.d_v)],
+    };
+    if op.save {
+        named.push(("row statistics (2·batch·heads·L)", 2 * rows * dims.heads));
+    }
+    let n_kv = given.n_kv(dims);
+    let weights = op
+        .return_weights
+        .then_some(dims.batch * dims.heads * dims.n * n_kv);
+    fits(ctx, &named, weights, bias)
+}
+
+/// The buffers of a call on X on the device, named, and their lengths in f32s.
+pub(super) fn x_buffers(dims: &Dims) -> [(&'static str, usize); 4] {
+    let rows = dims.batch * dims.n;
+    [
         ("X (batch·n·d)", rows * dims.d),
         ("Q, K (batch·n·d_k)", rows * dims.d_k),
         ("V, context (batch·n·d_v)", rows * dims.d_v),
         ("output (batch·n·d_out)", rows * dims.d_out),
-    ];
-    let weights = return_weights.then_some(dims.batch * dims.heads * dims.n * dims.n);
-    fits(ctx, &named, weights, bias)
+    ]
+}
+
+/// The buffers of a call on Q, K, V of these (4-d) shapes, named, and their lengths.
+fn sdpa_buffers([q, k, v]: [&[usize]; 3]) -> [(&'static str, usize); 4] {
+    let side = |s: &[usize], i: usize| s.get(i).copied().unwrap_or(0);
+    let (batch, heads, l, e) = (side(q, 0), side(q, 1), side(q, 2), side(q, 3));
+    let (s_len, e_v) = (side(k, 2), side(v, 3));
+    let (bh, bkv) = (batch * heads, batch * side(k, 1));
+    [
+        ("Q (batch·heads·L·E)", bh * l * e),
+        ("K (batch·kv_heads·S·E)", bkv * s_len * e),
+        ("V (batch·kv_heads·S·E_v)", bkv * s_len * e_v),
+        ("context (batch·heads·L·E_v)", bh * l * e_v),
+    ]
+}
+
+/// The length of the weights of a call on Q, K of these shapes, `batch·heads·L·S`.
+fn sdpa_weights([q, k]: [&[usize]; 2]) -> usize {
+    q.iter().take(3).product::<usize>() * k.get(2).copied().unwrap_or(0)
 }
 
 /// Every buffer of a call fits the device's limits, or the first that does not: `named`

@@ -4,18 +4,15 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use ndarray::{Array1, Array2, ArrayView, AsArray, Dimension};
+use ndarray::{Array1, Array2};
 
-use super::call::Given;
 use super::plan::Plan;
 use super::projections::Projections;
 use super::upload::upload_as;
-use super::{Attention, Output};
+use super::Attention;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::gpu::oneshot::block_on;
 use crate::kernels::matmul::Matmul;
-use crate::mask::Mask;
 use crate::variant;
 
 pub(super) mod train;
@@ -240,28 +237,5 @@ impl Layer {
             Some((w, b)) => p.with_output(w.view(), b.as_ref().map(|b| b.view())),
             None => p,
         }
-    }
-
-    /// [`Attention::run`] on X with this layer's projections, uploading only `x` (and
-    /// the mask).
-    ///
-    /// # Errors
-    /// As [`Layer::run`], and the mask's errors.
-    pub(crate) fn forward_masked<'a, D: Dimension>(
-        &self,
-        ctx: &Context,
-        x: impl AsArray<'a, f32, D>,
-        mask: &Mask<'_>,
-    ) -> Result<Output> {
-        self.check_context(ctx)?;
-        let x: ArrayView<'a, f32, D> = x.into();
-        self.check_host_current(ctx, x.shape(), mask)?;
-        let p = self.projections();
-        let given = Given::X {
-            x: x.into_dyn(),
-            proj: Some(&p),
-            resident: Some(&self.device),
-        };
-        block_on(self.op.run_arrays(ctx, given, mask))
     }
 }

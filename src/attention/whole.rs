@@ -90,9 +90,11 @@ impl Attention {
         Ok(Output::new(context, weights))
     }
 
-    /// Plans the call (or takes `given`, a split call's) and runs it inside error scopes;
-    /// under [`Kernels::Auto`], a problem past the subgroup family's texture limit runs again
-    /// on the storage kernels.
+    /// Plans the call (or takes `given`, a split call's: [`Attention::whole_plan`]) and runs
+    /// it inside error scopes; under [`Kernels::Auto`], a problem past the subgroup family's
+    /// texture limit runs again on the storage kernels.
+    ///
+    /// [`Kernels::Auto`]: crate::variant::Kernels::Auto
     async fn run_whole(
         &self,
         ctx: &Context,
@@ -102,11 +104,37 @@ impl Attention {
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         given: Option<Plan>,
     ) -> Result<Flat> {
+        let masking = (bias.as_ref(), mods);
+        let (plan, op) = self.whole_plan(ctx, dims, shape, source, masking, given)?;
+        let run = async |plan: &Plan| {
+            let call = self.record_and_read(ctx, plan, dims, shape, source, masking);
+            ctx.scoped_async(call).await
+        };
+        let result = run(&plan).await;
+        if self.retries_on_storage(&plan, &result) {
+            return run(&self.on_storage(ctx, &plan, dims, &op, mods.is_some())?).await;
+        }
+        result
+    }
+
+    /// The plan of a call that fits the device, run on the device's buffers or recorded on
+    /// tensors (`given`: a split call's, else planned here): the block-sparse kernel when it
+    /// costs less, the fused kernel that really runs (logged), and the call's pipelines
+    /// prepared; with the fused kernel's problem, for [`Attention::on_storage`].
+    pub(super) fn whole_plan(
+        &self,
+        ctx: &Context,
+        dims: &Dims,
+        shape: Shape,
+        source: &Source<'_, '_>,
+        (bias, mods): (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
+        given: Option<Plan>,
+    ) -> Result<(Plan, crate::kernels::flash_tiled::Flash)> {
         let mut plan = match given {
             Some(plan) => plan,
             None => self.plan(ctx, dims)?,
         };
-        plan.flash = self.sparse_flash(ctx, &plan, dims, shape, source, (bias.as_ref(), mods));
+        plan.flash = self.sparse_flash(ctx, &plan, dims, shape, source, (bias, mods));
         let op = self.fused_op(shape, dims.scale)?;
         let plan = self.resolved(ctx, plan, &op, mods.is_some())?;
         log::info!(
@@ -120,16 +148,8 @@ impl Attention {
             shape.kv_heads,
             dims.causal
         );
-        let run = async |plan: &Plan| {
-            let call = self.record_and_read(ctx, plan, dims, shape, source, (bias.as_ref(), mods));
-            ctx.scoped_async(call).await
-        };
-        self.prepare_pipelines(ctx, &plan, dims, shape, source, (bias.as_ref(), mods))?;
-        let result = run(&plan).await;
-        if self.retries_on_storage(&plan, &result) {
-            return run(&self.on_storage(ctx, &plan, dims, &op, mods.is_some())?).await;
-        }
-        result
+        self.prepare_pipelines(ctx, &plan, dims, shape, source, (bias, mods))?;
+        Ok((plan, op))
     }
 
     /// The fused kernel of a block-sparse call (mask presets whose host block map leaves
@@ -202,7 +222,7 @@ impl Attention {
     /// meets them again inside its error scopes.
     ///
     /// [`PipelineCache::prepare`]: crate::gpu::pipeline::PipelineCache::prepare
-    pub(super) fn prepare_pipelines(
+    fn prepare_pipelines(
         &self,
         ctx: &Context,
         plan: &Plan,

@@ -1,17 +1,16 @@
 //! The saved forward and the backward of a layer on [`Tensor`]s: X goes in as a tensor, the
 //! output and every gradient come out as tensors on the device, and nothing is read back.
 //! Both can be recorded into one [`Recorder`] with the rest of a training step (a loss, an
-//! optimiser's update: see [`crate::Adam`]) and submitted together. [`Attention::record`] and
-//! [`Layer::record`] (and `run` on tensors) with [`Attention::save_for_backward`] on come
-//! here, and [`crate::Saved::backward`] on a tensor `dO` and [`crate::Saved::record_backward`].
+//! optimiser's update: see [`crate::Adam`]) and submitted together. A call on a tensor X
+//! with [`crate::Attention::save_for_backward`] on ([`Call::record`]) comes here, and [`crate::Saved::backward`] on a tensor `dO` and [`crate::Saved::record_backward`].
 
-use super::{DeviceGrads, LayerSaved, SavedParts};
+use super::{record_into, DeviceGrads, LayerSaved, SavedParts};
+use crate::attention::call::Call;
 use crate::attention::upload::MaskBuffer;
-use crate::attention::{Attention, Dtype, Layer, TensorOutput};
+use crate::attention::{Dtype, Layer, TensorOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::kernels::add;
-use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 
 /// The gradients of [`LayerSaved::backward_tensor`]: [`LayerGradients`]' fields as f32
@@ -47,72 +46,37 @@ pub(crate) struct TensorGradients {
     pub relative_bias: Option<Tensor>,
 }
 
-impl Attention {
-    /// [`Attention::forward_saved`] on a tensor `x` (`(n, d)` or `(batch, n, d)`, of the
-    /// op's dtype), recorded into `rec`, projected by `layer`'s weights when given, else
-    /// Q = K = V = X: the output is a tensor of `rec`, and the [`LayerSaved`] can record its
-    /// backward into `rec` too ([`LayerSaved::record_backward`]). Publicly: [`Attention::record`]
-    /// and [`Layer::record`] with the op saving for the backward.
-    ///
-    /// # Errors
-    /// As [`Attention::forward_saved`], and a tensor of another context, of another dtype
-    /// than the op's, or not yet written.
-    pub(crate) fn record_saved(
-        &self,
-        rec: &mut Recorder<'_>,
-        x: &Tensor,
-        layer: Option<&Layer>,
-        mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, LayerSaved)> {
-        let ctx = rec.ctx;
-        let op = self.return_weights(false).propagate_non_finite(false);
-        let proj = layer.map(Layer::projections);
-        let dims = op.dims(x.shape(), proj.as_ref())?;
-        if layer.is_none() {
-            op.check_tensor_dtype(x, "X")?;
-        } else if x.dtype() == Dtype::F16 || op.f16() {
-            ctx.require_f16()?;
-        }
-        x.input(rec, "X")?;
-        ctx.check_alive()?;
-        if let Some(m) = mask.modifiers() {
-            m.check_differentiable()?;
-        }
-        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        let bias = bias.as_ref().map(|b| b.view());
-        op.check_saved_fits(ctx, &dims, bias.as_ref())?;
-        let wrap = rec.wrapper();
-        let (projected, saved) = ctx.scoped(|| {
-            let parts = SavedParts {
-                x: x.clone(),
-                weights: layer.map(|l| l.device().clone()),
-                mask: MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers())?,
-            };
-            op.record_saved_into(ctx, rec.encoder(), &dims, parts, &wrap)
-        })?;
-        let saved = match layer {
-            Some(l) => saved.of_version(l.version()),
-            None => saved,
+/// The saved forward of a checked call on a tensor X (`(n, d)` or `(batch, n, d)`), projected
+/// by `layer`'s weights when given, else Q = K = V = X, recorded into `rec`: the output is a
+/// tensor of `rec`, and the [`LayerSaved`] can record its backward into `rec` too
+/// ([`LayerSaved::record_backward`]).
+///
+/// # Errors
+/// A tensor from a recorder not submitted yet; GPU errors.
+pub(in crate::attention) fn record(
+    rec: &mut Recorder<'_>,
+    call: &Call<'_, '_, '_>,
+    x: &Tensor,
+    layer: Option<&Layer>,
+) -> Result<(TensorOutput, LayerSaved)> {
+    let ctx = rec.ctx;
+    x.input(rec, "X")?;
+    let (bias, mods) = call.masking();
+    let wrap = rec.wrapper();
+    let (projected, saved) = ctx.scoped(|| {
+        let parts = SavedParts {
+            x: x.clone(),
+            weights: layer.map(|l| l.device().clone()),
+            mask: MaskBuffer::upload(ctx, bias.as_ref(), mods)?,
         };
-        let context = match projected {
-            Some(y) => wrap(y, saved.out_shape.clone()),
-            None => saved.context.clone(),
-        };
-        Ok((TensorOutput::new(context, None), saved))
-    }
-}
-
-impl Layer {
-    /// The saved forward of the layer on a tensor X, recorded into `rec`.
-    pub(crate) fn record_saved(
-        &self,
-        rec: &mut Recorder<'_>,
-        x: &Tensor,
-        mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, LayerSaved)> {
-        self.check_context(rec.ctx)?;
-        self.op().record_saved(rec, x, Some(self), mask)
-    }
+        record_into(ctx, rec.encoder(), call, parts, &wrap)
+    })?;
+    let saved = saved.of(layer);
+    let context = match projected {
+        Some(y) => wrap(y, saved.out_shape.clone()),
+        None => saved.context.clone(),
+    };
+    Ok((TensorOutput::new(context, None), saved))
 }
 
 impl LayerSaved {

@@ -1,20 +1,15 @@
-//! [`Attention::sdpa_saved`] and [`SdpaSaved::backward`] on [`Tensor`]s in the rows layout the
-//! kernels read (as [`Attention::record`] takes them in `Inputs::qkv`): the output, the saved
-//! state and the gradients stay on the device, and both can be recorded into one
-//! [`Recorder`]. [`Attention::record`] with [`Attention::save_for_backward`] on comes here,
-//! and [`crate::Saved::backward`] on a tensor `dO` and [`crate::Saved::record_backward`].
+//! [`SdpaSaved::backward`] on [`Tensor`]s in the rows layout the kernels read (the layout of
+//! a saved forward on tensors, `saved::record`): the gradients stay on the device, and can
+//! be recorded into the forward's [`Recorder`]. [`crate::Saved::backward`] on a tensor `dO`
+//! and [`crate::Saved::record_backward`] come here.
 
-use super::{BackwardKernels, SdpaSaved};
-use crate::attention::split::fits;
+use super::SdpaSaved;
 use crate::attention::upload::MaskBuffer;
-use crate::attention::{Attention, Dtype, TensorOutput};
+use crate::attention::Dtype;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer;
-use crate::kernels::flash_tiled::FlashOut;
-use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
-use crate::variant;
 
 /// The gradients of [`SdpaSaved::backward_tensor`], f32 tensors in the rows layout of the
 /// forward's tensors: `q` `(batch, L, heads, E)`, `k` `(batch, S, kv_heads, E)`, `v`
@@ -31,126 +26,6 @@ pub(crate) struct SdpaTensorGradients {
     pub v: Tensor,
     /// `∂ℓ/∂table` of a relative bias among the modifiers, `(buckets, heads)`.
     pub relative_bias: Option<Tensor>,
-}
-
-/// `(batch, rows, heads, width)` as `(batch, heads, rows, width)`.
-fn heads_first(t: &Tensor, name: &str) -> Result<[usize; 4]> {
-    match *t.shape() {
-        [b, l, h, e] => Ok([b, h, l, e]),
-        ref s => Err(Error::shape(format!(
-            "{name} must be (batch, rows, heads, width) on the device, got {s:?}"
-        ))),
-    }
-}
-
-impl Attention {
-    /// [`Attention::sdpa_saved`] on tensors (`q` `(batch, L, heads, E)`, `k`
-    /// `(batch, S, kv_heads, E)`, `v` `(batch, S, kv_heads, E_v)`, of the op's dtype),
-    /// recorded into `rec`: the output `(batch, L, heads, E_v)` is a tensor of `rec`, and
-    /// the [`SdpaSaved`] can record its backward into `rec` too ([`SdpaSaved::record_backward`]).
-    ///
-    /// # Errors
-    /// As [`Attention::sdpa_saved`] (NaN/Inf are not scanned for: a tensor was checked when
-    /// it was made), and tensors of another context, of another dtype than the op's, or not
-    /// yet written.
-    pub(crate) fn sdpa_record_saved(
-        &self,
-        rec: &mut Recorder<'_>,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        mask: &Mask<'_>,
-    ) -> Result<(TensorOutput, SdpaSaved)> {
-        let ctx = rec.ctx;
-        let op = self.return_weights(false).propagate_non_finite(false);
-        let (qs, ks, vs) = (
-            heads_first(q, "Q")?,
-            heads_first(k, "K")?,
-            heads_first(v, "V")?,
-        );
-        let dims = op.sdpa_dims(&qs, &ks, &vs)?;
-        let mut buffers = Vec::with_capacity(3);
-        for (t, name) in [(q, "Q"), (k, "K"), (v, "V")] {
-            op.check_tensor_dtype(t, name)?;
-            buffers.push(t.input(rec, name)?.clone());
-        }
-        if op.f16() {
-            ctx.require_f16()?;
-        }
-        ctx.check_alive()?;
-        let [batch, heads, l, _] = qs;
-        let (kv_heads, s_len, e_v) = (ks[1], ks[2], vs[3]);
-        // The backward takes the modifiers back through their derivatives: refused here,
-        // before any work, when one has none.
-        if let Some(m) = mask.modifiers() {
-            m.check_differentiable()?;
-        }
-        let bias = mask.bias([batch, heads, l, s_len])?;
-        let bias = bias.as_ref().map(|b| b.view());
-        let rows = batch * heads * l;
-        let named = [
-            ("context (batch·heads·L·E_v)", rows * e_v),
-            ("row statistics (2·batch·heads·L)", 2 * rows),
-        ];
-        fits(ctx, &named, None, bias.as_ref())?;
-        let flash = op.saved_flash(&dims, [batch, heads, kv_heads, l, s_len], false)?;
-        let mask_buf = ctx.scoped(|| MaskBuffer::upload(ctx, bias.as_ref(), mask.modifiers()))?;
-        let o = buffer::output(ctx, "context", rows * e_v, op.nan_fill)?;
-        let stats = buffer::output(ctx, "row statistics", 2 * rows, op.nan_fill)?;
-        let record = |rec: &mut Recorder<'_>, plan: &crate::attention::plan::Plan| {
-            ctx.scoped(|| {
-                let out = FlashOut {
-                    context: &o,
-                    lse: Some(&stats),
-                };
-                let m = mask_buf.as_ref().map(MaskBuffer::arg);
-                let (q, k, v) = (&buffers[0], &buffers[1], &buffers[2]);
-                variant::record_flash(
-                    ctx,
-                    rec.encoder(),
-                    &flash,
-                    plan.flash,
-                    (q, k, v),
-                    out,
-                    m,
-                    None,
-                )
-            })
-        };
-        let mods = mask.modifiers().is_some();
-        let mut plan = op.resolved(ctx, op.plan(ctx, &dims)?, &flash, mods)?;
-        let result = record(rec, &plan);
-        if op.retries_on_storage(&plan, &result) {
-            // As a plain call: past the textures' limit the storage kernels take it (what
-            // was recorded before the check only repeats work).
-            plan = op.on_storage(ctx, &plan, &dims, &flash, mods)?;
-            record(rec, &plan)?;
-        } else {
-            result?;
-        }
-        let wrap = rec.wrapper();
-        let o = wrap(o, vec![batch, l, heads, e_v]);
-        let [q_buf, k_buf, v_buf]: [wgpu::Buffer; 3] = buffers
-            .try_into()
-            .map_err(|_| Error::invalid("sdpa", "internal: three inputs"))?;
-        let saved = SdpaSaved {
-            ctx_id: ctx.id(),
-            op,
-            flash,
-            out_shape: [batch, heads, l, e_v],
-            k_shape: [batch, kv_heads, s_len, dims.d_k / heads],
-            v_shape: [batch, kv_heads, s_len, e_v],
-            qkv: [q_buf, k_buf, v_buf],
-            _inputs: Some([q.clone(), k.clone(), v.clone()]),
-            _uploads: Vec::new(),
-            heads_first: false,
-            o: o.clone(),
-            stats,
-            mask: mask_buf,
-            kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
-        };
-        Ok((TensorOutput::new(o, None), saved))
-    }
 }
 
 impl SdpaSaved {

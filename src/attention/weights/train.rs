@@ -19,14 +19,12 @@ use std::sync::atomic::Ordering;
 use ndarray::{Array1, Array2};
 
 use super::{Layer, Linear};
-use crate::attention::split::fits;
 use crate::attention::Gradients;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
 use crate::gpu::readback;
 use crate::kernels::{adam, mse};
-use crate::mask::Mask;
 use crate::tensor::{Recorder, Tensor};
 
 /// The Adam optimiser (Kingma & Ba; with [`Adam::weight_decay`], AdamW's decoupled decay),
@@ -396,36 +394,18 @@ impl Layer {
         Ok(())
     }
 
-    /// `Err` when the host copy is older than the device's weights and a call on X of
-    /// `x_shape` would be split (and projected on the CPU with the host copy).
-    pub(in crate::attention) fn check_host_current(
-        &self,
-        ctx: &Context,
-        x_shape: &[usize],
-        mask: &Mask<'_>,
-    ) -> Result<()> {
+    /// `Err` when the host copy is older than the device's weights: what a call on X that
+    /// splits (and is projected with the host copy) checks.
+    pub(in crate::attention) fn check_host_current(&self) -> Result<()> {
         if self.version.load(Ordering::Acquire) == self.host_version {
             return Ok(());
         }
-        let p = self.projections();
-        let dims = self.op().dims(x_shape, Some(&p))?;
-        crate::attention::refuse_modifiers(ctx, mask, "training")?;
-        let bias = mask.bias([dims.batch, dims.heads, dims.n, dims.n])?;
-        let named = crate::attention::layer_saved::layer_buffers(&dims);
-        let weights = self
-            .op()
-            .returns_weights()
-            .then_some(dims.batch * dims.heads * dims.n * dims.n);
-        let bias = bias.as_ref().map(|b| b.view());
-        if fits(ctx, &named, weights, bias.as_ref()).is_err() {
-            return Err(Error::invalid(
-                "layer",
-                "this call is past the device's limits, so it would be projected on the CPU \
-                 with the host copy of the weights, which Layer::update left behind: call \
-                 Layer::sync_host first",
-            ));
-        }
-        Ok(())
+        Err(Error::invalid(
+            "layer",
+            "this call is past the device's limits, so it would be projected on the CPU \
+             with the host copy of the weights, which Layer::update left behind: call \
+             Layer::sync_host first",
+        ))
     }
 }
 
