@@ -197,8 +197,8 @@ pub(super) fn record_into(
         qkv,
         context: wrap(context, context_shape),
         stats,
+        kernels: BackwardKernels::choose(ctx, plan.flash, &flash, mask_buf.as_ref()),
         mask: mask_buf,
-        kernels: BackwardKernels::choose(ctx, plan.flash, &flash),
         version: None,
     };
     Ok((projected.map(|(y, _)| y), saved))

@@ -105,17 +105,26 @@ pub(super) struct BackwardKernels {
 }
 
 impl BackwardKernels {
-    /// For a forward of `flash` with `variant` on `ctx`.
-    pub(super) fn choose(ctx: &Context, variant: FlashVariant, flash: &Flash) -> Self {
+    /// For a forward of `flash` with `variant` and `mask` on `ctx`.
+    pub(super) fn choose(
+        ctx: &Context,
+        variant: FlashVariant,
+        flash: &Flash,
+        mask: Option<&MaskBuffer>,
+    ) -> Self {
         let max = ctx.limits().max_texture_dimension_2d;
         let tiles = BackwardTiles::for_adapter(ctx);
         let subgroup = match variant {
             // Q and dO must fit textures too (the forward packed only K and V).
             FlashVariant::Subgroup { .. } => queries_fit_textures(max, flash),
             // The storage kernels loop over every key (dQ) or query row (dK/dV) one at a
-            // time, the subgroup ones a subgroup of them at a time.
+            // time, the subgroup ones a subgroup of them at a time; and they bind Q and dO
+            // as storage where the subgroup ones read textures.
             _ => {
-                subgroup_within_loop_cap(ctx, flash, tiles)
+                let mods = mask.map_or(0, MaskBuffer::mods_bindings);
+                (subgroup_within_loop_cap(ctx, flash, tiles)
+                    || storage_past_binding_count(ctx, mods))
+                    && ctx.subgroup_size().is_some()
                     && queries_fit_textures(max, flash)
                     && keys_fit_textures(max, flash)
             }
@@ -228,6 +237,19 @@ impl SdpaSaved {
         let saved = ([q, k, v], d_o, &*self.stats);
         record_table_grad(ctx, encoder, &self.flash, saved, self.mask.as_ref())
     }
+}
+
+/// Whether the storage backward's widest kernel (`flash_backward_kv`: Q, K, V, dO, the
+/// statistics, dK, dV and the mask) with the modifiers' `mods` bindings passes the device's
+/// storage buffers a stage (WebGPU's default is 8: one modifier buffer passes it), where the
+/// subgroup kernels, which read Q and dO as textures, fit.
+fn storage_past_binding_count(ctx: &Context, mods: usize) -> bool {
+    use crate::kernels::{flash_backward_kv, Kernel, Slot};
+    let own = <flash_backward_kv::Shader as Kernel>::BINDINGS
+        .iter()
+        .filter(|s| matches!(s, Slot::Read(_) | Slot::ReadWrite(_)))
+        .count();
+    mods > 0 && own + mods > ctx.limits().max_storage_buffers_per_shader_stage as usize
 }
 
 /// Whether Q and dO of `f` fit the subgroup backward's textures, `max` texels a side.
@@ -385,8 +407,8 @@ impl Forward {
             heads_first,
             o: o(self.o),
             stats: self.stats,
+            kernels: BackwardKernels::choose(ctx, self.plan.flash, &self.flash, self.mask.as_ref()),
             mask: self.mask,
-            kernels: BackwardKernels::choose(ctx, self.plan.flash, &self.flash),
             flash: self.flash,
         }
     }

@@ -270,6 +270,12 @@ impl MaskBuffer {
         }))
     }
 
+    /// The storage bindings the modifiers add to a kernel's own (see
+    /// [`crate::kernels::mods::ModsUpload::storage_bindings`]).
+    pub(super) fn mods_bindings(&self) -> usize {
+        self.mods.as_ref().map_or(0, |m| m.storage_bindings())
+    }
+
     /// As the kernels take it.
     pub(super) fn arg(&self) -> MaskArg<'_> {
         MaskArg {

@@ -179,6 +179,12 @@ impl ModsBind<'_> {
 }
 
 impl ModsUpload {
+    /// The storage bindings a kernel takes for these modifiers at the most: their buffers,
+    /// and a block map's where a mask modifier has one (as [`super::record`] counts them).
+    pub(crate) fn storage_bindings(&self) -> usize {
+        self.buffers.len() + usize::from(self.axes.is_some())
+    }
+
     /// The upload of `mods` on `dev`: the one made for modifiers the kernels see the same of
     /// ([`Modifiers::same_kernels`]), or a new one ([`ModsUpload::new`]), kept for the next.
     ///
