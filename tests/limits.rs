@@ -40,6 +40,33 @@ fn over_the_texture_limit_auto_falls_back_and_forced_subgroup_errors() {
     }
 }
 
+/// A saved forward past the texture limit, on X and on Q, K, V: `Kernels::Auto` hands it to
+/// the storage kernels as it does a plain call, and its backward runs.
+#[test]
+fn saved_forwards_over_the_texture_limit_fall_back_too() {
+    let ctx = context_with(|l| l.max_texture_dimension_2d = 64);
+    let n = 3000;
+    let x = Array2::from_shape_fn((n, 8), |(i, j)| ((i * 8 + j) as f32 * 0.37).sin());
+    let q = ndarray::Array4::from_shape_fn((1, 1, n, 8), wave(0.13));
+    let k = ndarray::Array4::from_shape_fn((1, 1, n, 8), wave(0.29));
+    let v = ndarray::Array4::from_shape_fn((1, 1, n, 8), wave(0.41));
+    let op = Attention::new()
+        .causal(true)
+        .return_weights(false)
+        .options(Options::default().nan_fill(true));
+    for inputs in [Inputs::x(&x), Inputs::qkv(&q, &k, &v)] {
+        let out = op
+            .save_for_backward(true)
+            .run(&ctx, inputs.clone())
+            .unwrap();
+        let want = reference::run(&op, &inputs).unwrap();
+        let (rel, _) = reference::compare(&out.context, &want.context);
+        assert!(rel < 1e-5, "rel {rel}");
+        let saved = out.saved.unwrap();
+        saved.backward(&ctx, &out.context).unwrap();
+    }
+}
+
 #[test]
 fn over_the_storage_binding_limit_the_problem_is_split_and_still_right() {
     // 16 Ki floats per binding: 64 KiB.

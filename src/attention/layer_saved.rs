@@ -20,6 +20,7 @@ use super::check_finite;
 use super::dispatch::Shape;
 use super::gradients::LayerGradients;
 use super::linear_grad::{InputGrad, LinearGrads};
+use super::plan::Plan;
 use super::projections::Projections;
 use super::saved::{record_table_grad, BackwardKernels};
 use super::shape::Dims;
@@ -128,7 +129,8 @@ pub(super) fn forward(
 }
 
 /// Records the saved forward of a checked call on X (`parts.x`, on the device) into
-/// `encoder`: the projections, the fused kernel with its row statistics, and `W_O`. Returns
+/// `encoder`: the projections, the fused kernel with its row statistics, and `W_O` (on the
+/// storage kernels past the textures' limit: [`Attention::with_storage_fallback`]). Returns
 /// the output projection's result (`None` without `W_O`: the output is the saved context)
 /// and the saved state; `wrap` makes the f32 results tensors (of the caller's recorder, or
 /// marked written for a caller that submits the encoder itself).
@@ -148,39 +150,45 @@ pub(super) fn record_into(
     let shape = Shape::self_attention(dims);
     let mut flash = shape.flash(op.causal, dims.scale, op.f16(), false)?;
     flash.key_split = op.key_split;
-    let plan = op.resolved(ctx, op.plan(ctx, dims)?, &flash, call.mods.is_some())?;
+    let mut plan = op.resolved(ctx, op.plan(ctx, dims)?, &flash, call.mods.is_some())?;
     let rows = dims.batch * dims.n;
     let heads_rows = dims.batch * dims.heads * dims.n;
-    let context = buffer::output(ctx, "context", rows * dims.d_v, op.nan_fill)?;
-    let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, op.nan_fill)?;
     let x_buf = x.buffer(ctx, "X")?;
-    let qkv = match &weights {
-        Some(w) => {
-            let x_f16 = x.dtype() == Dtype::F16;
-            let (q, k, v) =
-                op.record_projections(ctx, encoder, &plan, (rows, dims.d), (x_buf, x_f16), w)?;
-            Some([q, k, v])
-        }
-        None => None,
-    };
-    let (q, k, v) = match &qkv {
-        Some([q, k, v]) => (&**q, &**k, &**v),
-        None => (x_buf, x_buf, x_buf),
-    };
-    let out = FlashOut {
-        context: &context,
-        lse: Some(&stats),
-    };
     let m = mask_buf.as_ref().map(MaskBuffer::arg);
-    variant::record_flash(ctx, encoder, &flash, plan.flash, (q, k, v), out, m, None)?;
-    let projected = op.record_output_projection(
-        ctx,
-        encoder,
-        &plan,
-        (rows, dims.d_v),
-        &context,
-        weights.as_ref(),
-    )?;
+    let attempt = |plan: &Plan| {
+        let context = buffer::output(ctx, "context", rows * dims.d_v, op.nan_fill)?;
+        let stats = buffer::output(ctx, "row statistics", 2 * heads_rows, op.nan_fill)?;
+        let qkv = match &weights {
+            Some(w) => {
+                let x_f16 = x.dtype() == Dtype::F16;
+                let (q, k, v) =
+                    op.record_projections(ctx, encoder, plan, (rows, dims.d), (x_buf, x_f16), w)?;
+                Some([q, k, v])
+            }
+            None => None,
+        };
+        let (q, k, v) = match &qkv {
+            Some([q, k, v]) => (&**q, &**k, &**v),
+            None => (x_buf, x_buf, x_buf),
+        };
+        let out = FlashOut {
+            context: &context,
+            lse: Some(&stats),
+        };
+        variant::record_flash(ctx, encoder, &flash, plan.flash, (q, k, v), out, m, None)?;
+        let projected = op.record_output_projection(
+            ctx,
+            encoder,
+            plan,
+            (rows, dims.d_v),
+            &context,
+            weights.as_ref(),
+        )?;
+        Ok((qkv, context, stats, projected))
+    };
+    let fallback = (dims, &flash, call.mods.is_some());
+    let (qkv, context, stats, projected) =
+        op.with_storage_fallback(ctx, fallback, &mut plan, attempt)?;
     let mut context_shape = dims.context_shape();
     if let Some(last) = context_shape.last_mut() {
         *last = dims.d_v;

@@ -171,35 +171,26 @@ impl Attention {
         Ok(ran == FlashVariant::Coop)
     }
 
-    /// The storage kernels' plan for a call that [`Attention::retries_on_storage`] after
-    /// `plan`, with the fused kernel that runs for `op` ([`Attention::resolved`]), and a
-    /// warning naming what happened.
+    /// Runs `attempt` with `plan`, and once more on the storage kernels when it failed past
+    /// the textures' limit (`max_texture_dimension_2d`): texture sides bound the subgroup
+    /// kernels only (the fused one, or the matmul a tiny call takes), so when the family was
+    /// not forced, the storage kernels take what does not fit in a texture. `plan` is then
+    /// theirs, with the fused kernel that runs for `flash` ([`Attention::resolved`]; `mods`:
+    /// the call has score or mask modifiers), and a warning names what happened. Every path
+    /// that plans a call (whole, recorded, saved) runs its recording through here; what was
+    /// recorded before the check only repeats work.
     ///
     /// # Errors
-    /// As [`Attention::plan`] and [`Attention::resolved`].
-    pub(crate) fn on_storage(
+    /// `attempt`'s; as [`Attention::plan`] and [`Attention::resolved`] for the storage plan.
+    pub(super) fn with_storage_fallback<T>(
         &self,
         ctx: &Context,
-        plan: &Plan,
-        dims: &Dims,
-        op: &Flash,
-        mods: bool,
-    ) -> Result<Plan> {
-        let storage = self.kernels(Kernels::Storage).plan(ctx, dims)?;
-        let storage = self.resolved(ctx, storage, op, mods)?;
-        log::warn!(
-            "{plan} is past the texture limit (max_texture_dimension_2d): the storage kernels \
-             take the call instead: {storage}"
-        );
-        Ok(storage)
-    }
-
-    /// Whether a call planned with `plan` that failed with `err` runs again on the storage
-    /// kernels: texture sides bound the subgroup kernels only (the fused one, or the
-    /// matmul a tiny call takes), so when the family was not forced, the storage kernels
-    /// take what does not fit in a texture.
-    pub(super) fn retries_on_storage<T>(&self, plan: &Plan, result: &Result<T>) -> bool {
-        matches!(
+        (dims, flash, mods): (&Dims, &Flash, bool),
+        plan: &mut Plan,
+        mut attempt: impl FnMut(&Plan) -> Result<T>,
+    ) -> Result<T> {
+        let result = attempt(plan);
+        let past_textures = matches!(
             result,
             Err(Error::LimitExceeded {
                 limit_name: Limit::MaxTextureDimension2d,
@@ -207,7 +198,18 @@ impl Attention {
             })
         ) && self.kernels == Kernels::Auto
             && (plan.family() == Kernels::Subgroup
-                || matches!(plan.matmul, MatmulVariant::Subgroup { .. }))
+                || matches!(plan.matmul, MatmulVariant::Subgroup { .. }));
+        if !past_textures {
+            return result;
+        }
+        let storage = self.kernels(Kernels::Storage).plan(ctx, dims)?;
+        let storage = self.resolved(ctx, storage, flash, mods)?;
+        log::warn!(
+            "{plan} is past the texture limit (max_texture_dimension_2d): the storage kernels \
+             take the call instead: {storage}"
+        );
+        *plan = storage;
+        attempt(plan)
     }
 
     /// The plan of a tiny call ([`TINY_ROWS`]) under [`Kernels::Auto`] with no variant

@@ -55,8 +55,8 @@ pub(super) fn record_x(
     Ok(tensors(rec, call, out, dims.context_shape(), weights))
 }
 
-/// Plans and records the call into `rec` (as a whole call does: past the textures' limit,
-/// once more on the storage kernels; what was recorded before the check only repeats work).
+/// Plans and records the call into `rec` (as a whole call does, on the storage kernels past
+/// the textures' limit).
 fn record(
     rec: &mut Recorder<'_>,
     call: &Call<'_, '_, '_>,
@@ -66,15 +66,11 @@ fn record(
     let (ctx, op, dims) = (rec.ctx, &call.op, &call.dims);
     let (bias, mods) = call.masking();
     let masking = (bias.as_ref(), mods);
-    let (plan, flash) = op.whole_plan(ctx, dims, shape, source, masking, None)?;
-    let mut run = |plan| {
+    let (mut plan, flash) = op.whole_plan(ctx, dims, shape, source, masking, None)?;
+    let fallback = (dims, &flash, mods.is_some());
+    op.with_storage_fallback(ctx, fallback, &mut plan, |plan| {
         ctx.scoped(|| op.record_call(ctx, rec.encoder(), plan, dims, shape, source, masking))
-    };
-    let result = run(&plan);
-    if op.retries_on_storage(&plan, &result) {
-        return run(&op.on_storage(ctx, &plan, dims, &flash, mods.is_some())?);
-    }
-    result
+    })
 }
 
 /// The recorded buffers as tensors of the given shapes; the weights only when asked for.

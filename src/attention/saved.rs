@@ -331,11 +331,12 @@ impl Forward {
         })
     }
 
-    /// Records the fused kernel of the plan on `qkv` into `encoder`, with its row statistics.
+    /// Records the fused kernel of `plan` on `qkv` into `encoder`, with its row statistics.
     fn record(
         &self,
         ctx: &Context,
         encoder: &mut wgpu::CommandEncoder,
+        plan: &Plan,
         [q, k, v]: &[wgpu::Buffer; 3],
     ) -> Result<()> {
         let out = FlashOut {
@@ -347,7 +348,7 @@ impl Forward {
             ctx,
             encoder,
             &self.flash,
-            self.plan.flash,
+            plan.flash,
             (q, k, v),
             out,
             m,
@@ -356,23 +357,21 @@ impl Forward {
         .map(drop)
     }
 
-    /// `attempt`, and once more on the storage kernels when the plan was past the textures'
-    /// limit (as a plain call; what was recorded before the check only repeats work).
+    /// `attempt` with the plan, on the storage kernels past the textures' limit
+    /// ([`Attention::with_storage_fallback`], which leaves the plan that ran).
     fn retried<T>(
         &mut self,
         ctx: &Context,
         call: &Call<'_, '_, '_>,
-        mut attempt: impl FnMut(&Self) -> Result<T>,
+        mut attempt: impl FnMut(&Self, &Plan) -> Result<T>,
     ) -> Result<T> {
-        let result = attempt(self);
-        if !call.op.retries_on_storage(&self.plan, &result) {
-            return result;
-        }
-        let mods = call.mods.is_some();
-        self.plan = call
+        let mut plan = self.plan;
+        let fallback = (&call.dims, &self.flash, call.mods.is_some());
+        let result = call
             .op
-            .on_storage(ctx, &self.plan, &call.dims, &self.flash, mods)?;
-        attempt(self)
+            .with_storage_fallback(ctx, fallback, &mut plan, |plan| attempt(self, plan));
+        self.plan = plan;
+        result
     }
 
     /// The output's shape, `(batch, heads, L, E_v)`.
@@ -438,7 +437,7 @@ pub(super) fn forward(
     let qkv: [wgpu::Buffer; 3] = std::array::from_fn(|i| (*uploads[i]).clone());
     let out_shape = Forward::out_shape(call);
     let len = out_shape.iter().product();
-    let (context, _) = fwd.retried(ctx, call, |fwd| {
+    let (context, _) = fwd.retried(ctx, call, |fwd, plan| {
         ctx.scoped(|| {
             // Declared first, dropped last: buffers dropped while recording (a key split's
             // partials) are not handed out before this encoder is submitted.
@@ -449,7 +448,7 @@ pub(super) fn forward(
                     label: Some("attention (saved)"),
                 });
             timing::begin(ctx);
-            fwd.record(ctx, &mut encoder, &qkv)?;
+            fwd.record(ctx, &mut encoder, plan, &qkv)?;
             op.read_back_blocking(ctx, encoder, &fwd.o, len, None)
         })
     })?;
@@ -487,8 +486,8 @@ pub(super) fn record(
         v.input(rec, "V")?.clone(),
     ];
     let mut fwd = Forward::new(ctx, call, false)?;
-    fwd.retried(ctx, call, |fwd| {
-        ctx.scoped(|| fwd.record(ctx, rec.encoder(), &qkv))
+    fwd.retried(ctx, call, |fwd, plan| {
+        ctx.scoped(|| fwd.record(ctx, rec.encoder(), plan, &qkv))
     })?;
     let [b, h, l, e_v] = Forward::out_shape(call);
     let wrap = rec.wrapper();

@@ -91,10 +91,9 @@ impl Attention {
     }
 
     /// Plans the call (or takes `given`, a split call's: [`Attention::whole_plan`]) and runs
-    /// it inside error scopes; under [`Kernels::Auto`], a problem past the subgroup family's
-    /// texture limit runs again on the storage kernels.
-    ///
-    /// [`Kernels::Auto`]: crate::variant::Kernels::Auto
+    /// it inside error scopes: one encoder with upload → projections → attention → output
+    /// projection → copies out ([`Attention::record_call`], on the storage kernels past the
+    /// textures' limit: [`Attention::with_storage_fallback`]); one submit; the readback.
     async fn run_whole(
         &self,
         ctx: &Context,
@@ -105,22 +104,35 @@ impl Attention {
         given: Option<Plan>,
     ) -> Result<Flat> {
         let masking = (bias.as_ref(), mods);
-        let (plan, op) = self.whole_plan(ctx, dims, shape, source, masking, given)?;
-        let run = async |plan: &Plan| {
-            let call = self.record_and_read(ctx, plan, dims, shape, source, masking);
-            ctx.scoped_async(call).await
+        let (mut plan, flash) = self.whole_plan(ctx, dims, shape, source, masking, given)?;
+        let call = async {
+            // Declared first, dropped last: the call's buffers are reused only after it ends.
+            let _open = ctx.pool.open();
+            let record = |plan: &Plan| {
+                let mut encoder =
+                    ctx.device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("attention"),
+                        });
+                timing::begin(ctx);
+                let out =
+                    self.record_call(ctx, &mut encoder, plan, dims, shape, source, masking)?;
+                Ok((encoder, out))
+            };
+            let fallback = (dims, &flash, mods.is_some());
+            let (encoder, out) = self.with_storage_fallback(ctx, fallback, &mut plan, record)?;
+            let rows = shape.batch * shape.n_q;
+            let weights = out.weights.as_ref().map(|w| (w, out.weights_len));
+            self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
+                .await
         };
-        let result = run(&plan).await;
-        if self.retries_on_storage(&plan, &result) {
-            return run(&self.on_storage(ctx, &plan, dims, &op, mods.is_some())?).await;
-        }
-        result
+        ctx.scoped_async(call).await
     }
 
     /// The plan of a call that fits the device, run on the device's buffers or recorded on
     /// tensors (`given`: a split call's, else planned here): the block-sparse kernel when it
     /// costs less, the fused kernel that really runs (logged), and the call's pipelines
-    /// prepared; with the fused kernel's problem, for [`Attention::on_storage`].
+    /// prepared; with the fused kernel's problem, for [`Attention::with_storage_fallback`].
     pub(super) fn whole_plan(
         &self,
         ctx: &Context,
@@ -249,32 +261,6 @@ impl Attention {
             Ok(keys) => ctx.pipelines.prepare(ctx, &keys),
             Err(_) => Ok(()),
         }
-    }
-
-    /// One encoder: upload → projections → attention → output projection → copies out; one
-    /// submit; the readback.
-    async fn record_and_read(
-        &self,
-        ctx: &Context,
-        plan: &Plan,
-        dims: &Dims,
-        shape: Shape,
-        source: &Source<'_, '_>,
-        masking: (Option<&ArrayView4<'_, f32>>, Option<&Modifiers>),
-    ) -> Result<Flat> {
-        // Declared first, dropped last: the call's buffers are reused only after it ends.
-        let _open = ctx.pool.open();
-        let mut encoder = ctx
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("attention"),
-            });
-        timing::begin(ctx);
-        let out = self.record_call(ctx, &mut encoder, plan, dims, shape, source, masking)?;
-        let rows = shape.batch * shape.n_q;
-        let weights = out.weights.as_ref().map(|w| (w, out.weights_len));
-        self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
-            .await
     }
 
     /// Records one call into `encoder`: upload → projections → attention → output
