@@ -41,19 +41,10 @@ impl Attention {
             proj,
             weights: resident,
         };
-        let (context, weights) = self
+        let flat = self
             .run_whole(ctx, dims, shape, &source, (bias, mods), None)
             .await?;
-        let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
-        Ok(Output {
-            context: ArrayD::from_shape_vec(IxDyn(&dims.context_shape()), context)
-                .map_err(shape_err)?,
-            weights: weights
-                .map(|w| ArrayD::from_shape_vec(IxDyn(&dims.weights_shape()), w))
-                .transpose()
-                .map_err(shape_err)?,
-            saved: None,
-        })
+        shaped(flat, [&dims.context_shape(), &dims.weights_shape()])
     }
 
     /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (arrays or
@@ -77,17 +68,10 @@ impl Attention {
             check,
         };
         let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]).heads_first();
-        let (context, weights) = self
+        let flat = self
             .run_whole(ctx, dims, shape, &source, (bias, mods), plan)
             .await?;
-        let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
-        let context =
-            ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, e_v]), context).map_err(shape_err)?;
-        let weights = weights
-            .map(|w| ArrayD::from_shape_vec(IxDyn(&[batch, heads, l, s_len]), w))
-            .transpose()
-            .map_err(shape_err)?;
-        Ok(Output::new(context, weights))
+        shaped(flat, [&[batch, heads, l, e_v], &[batch, heads, l, s_len]])
     }
 
     /// Plans the call (or takes `given`, a split call's: [`Attention::whole_plan`]) and runs
@@ -309,6 +293,21 @@ impl Attention {
             weights,
         })
     }
+}
+
+/// The flat results read back as the caller's arrays: the context of `context`'s shape, the
+/// weights (if read) of `weights`'.
+fn shaped(
+    (context, weights): Flat,
+    [context_shape, weights_shape]: [&[usize]; 2],
+) -> Result<Output> {
+    let shape_err = |e: ndarray::ShapeError| Error::shape(e.to_string());
+    let context = ArrayD::from_shape_vec(IxDyn(context_shape), context).map_err(shape_err)?;
+    let weights = weights
+        .map(|w| ArrayD::from_shape_vec(IxDyn(weights_shape), w))
+        .transpose()
+        .map_err(shape_err)?;
+    Ok(Output::new(context, weights))
 }
 
 /// What [`Attention::record_call`] leaves on the device: the output `(rows, width)` and the
