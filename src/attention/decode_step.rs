@@ -122,7 +122,9 @@ impl Layer {
             cache.record_append(ctx, encoder, ks, vs, m)?;
             let problem = decoder.problem(cache, problem_dims, "Q is")?;
             let context = decoder.record_rows(ctx, encoder, cache, &problem, &q, f16)?;
-            op.record_output(ctx, encoder, &plan, (batch * m, dims.d_v), context, Some(w))
+            let rows = (batch * m, dims.d_v);
+            let out = op.record_output_projection(ctx, encoder, &plan, rows, &context, Some(w))?;
+            Ok(out.unwrap_or((context, dims.d_v)))
         });
         // A failure after the append was recorded takes its tokens back out of the count.
         // Copies into the cache may sit in `rec` even on a failure: it waits for `rec` either way.

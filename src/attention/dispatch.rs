@@ -186,23 +186,6 @@ impl Attention {
         ))
     }
 
-    /// Records `out = context·W_O + b_O` over every row of every batch index into a new buffer,
-    /// or returns the context as it is without an output projection; with its width.
-    pub(super) fn record_output(
-        &self,
-        ctx: &Context,
-        encoder: &mut wgpu::CommandEncoder,
-        plan: &Plan,
-        (rows, d_v): (usize, usize),
-        context: Buf,
-        weights: Option<&DeviceWeights>,
-    ) -> Result<(Buf, usize)> {
-        match self.record_output_projection(ctx, encoder, plan, (rows, d_v), &context, weights)? {
-            Some(out) => Ok(out),
-            None => Ok((context, d_v)),
-        }
-    }
-
     /// Records `out = context·W_O + b_O` into a new buffer, with its width; `None` without an
     /// output projection.
     pub(super) fn record_output_projection(

@@ -30,6 +30,7 @@ use super::{Attention, Dtype, Output};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
+use crate::gpu::oneshot::block_on;
 use crate::gpu::readback;
 use crate::kernels::flash_tiled::{Flash, FlashOut};
 use crate::tensor::Tensor;
@@ -120,7 +121,7 @@ pub(super) fn forward(
             Some(y) => (y, dims.d_out),
             None => (saved.context.buf(ctx, "context")?, dims.d_v),
         };
-        let (y, _) = op.read_back_blocking(ctx, encoder, y, rows * width, None)?;
+        let (y, _) = block_on(op.read_back(ctx, encoder, y, rows * width, None))?;
         let context_out = ArrayD::from_shape_vec(IxDyn(&saved.out_shape), y)
             .map_err(|e| Error::shape(e.to_string()))?;
         Ok((Output::new(context_out, None), saved))

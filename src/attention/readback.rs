@@ -9,19 +9,6 @@ use crate::gpu::timing;
 use crate::values::overflow_at as check_overflow_at;
 
 impl Attention {
-    /// [`Attention::read_back`], blocking: for the paths that have no async form (saved
-    /// forwards, tensors), native only.
-    pub(super) fn read_back_blocking(
-        &self,
-        ctx: &Context,
-        encoder: wgpu::CommandEncoder,
-        context: &crate::gpu::pool::Buf,
-        context_len: usize,
-        weights: Option<(&crate::gpu::pool::Buf, usize)>,
-    ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
-        crate::gpu::oneshot::block_on(self.read_back(ctx, encoder, context, context_len, weights))
-    }
-
     /// Finishes `encoder` with the copies out of `context` (its first `context_len` values)
     /// and, when asked for, of `weights` (buffer and length); submits, waits, and returns
     /// them.

@@ -22,6 +22,7 @@ use super::{Attention, Output, TensorOutput};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::{self, Buf};
+use crate::gpu::oneshot::block_on;
 use crate::gpu::readback;
 use crate::gpu::timing;
 use crate::gpu::upload::{self, Stored, Values};
@@ -449,7 +450,7 @@ pub(super) fn forward(
                 });
             timing::begin(ctx);
             fwd.record(ctx, &mut encoder, plan, &qkv)?;
-            op.read_back_blocking(ctx, encoder, &fwd.o, len, None)
+            block_on(op.read_back(ctx, encoder, &fwd.o, len, None))
         })
     })?;
     log::info!("saved forward: {}", fwd.plan);

@@ -284,8 +284,9 @@ impl Attention {
             &operands,
             mask.as_ref(),
         )?;
-        let (output, width) =
-            self.record_output(ctx, encoder, plan, (rows, shape.d_v), context, projection)?;
+        let (output, width) = self
+            .record_output_projection(ctx, encoder, plan, (rows, shape.d_v), &context, projection)?
+            .unwrap_or((context, shape.d_v));
         Ok(Recorded {
             output,
             width,
