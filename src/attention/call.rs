@@ -17,6 +17,7 @@ use ndarray::{Array4, ArrayView4, ArrayViewD, CowArray, IxDyn};
 use super::projections::Projections;
 use super::shape::{named_inputs, Dims};
 use super::split::call_fits;
+use super::upload::Source;
 use super::weights::Layer;
 use super::{check_finite, layer_saved, resident, saved, Attention, Dtype, Output};
 use crate::context::Context;
@@ -249,9 +250,12 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                 Ok(out.with_saved(saved.into()))
             }
             (Given::X { x, proj, layer }, None) => {
-                let resident = layer.map(Layer::device);
-                op.forward_whole(ctx, dims, x.view(), *proj, masking, resident)
-                    .await
+                let source = Source::Projected {
+                    x,
+                    proj: *proj,
+                    weights: layer.map(Layer::device),
+                };
+                op.run_whole(ctx, dims, source, masking, None).await
             }
             (Given::X { x, proj, layer }, Some(too_big)) => {
                 let plan = op.plan(ctx, dims)?;
@@ -268,8 +272,11 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                 .await
             }
             (Given::Qkv(values), None) => {
-                op.sdpa_whole(ctx, dims, values.clone(), masking, true, None)
-                    .await
+                let source = Source::Qkv {
+                    values: values.clone(),
+                    check: true,
+                };
+                op.run_whole(ctx, dims, source, masking, None).await
             }
             (Given::Qkv(_), Some(_)) => {
                 let Some([q, k, v]) = &self.arrays else {

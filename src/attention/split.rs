@@ -14,7 +14,7 @@ use super::call::Given;
 use super::plan::Plan;
 use super::projections::Projections;
 use super::shape::Dims;
-use super::upload::stored;
+use super::upload::{stored, Source};
 use super::weights::DeviceWeights;
 use super::{Attention, Output};
 use crate::context::Context;
@@ -47,8 +47,12 @@ impl Attention {
         else {
             let dims = self.sdpa_dims(q.shape(), k.shape(), v.shape())?;
             let values = [q, k, v].map(|a| Values::Array(a.into_dyn()));
+            let source = Source::Qkv {
+                values,
+                check: false,
+            };
             return self
-                .sdpa_whole(ctx, &dims, values, (bias, mods), false, Some(plan))
+                .run_whole(ctx, &dims, source, (bias, mods), Some(plan))
                 .await;
         };
         let kv_heads = k.dim().1;

@@ -1,14 +1,13 @@
 //! A call whose buffers fit the device, start to end: the plan, then one encoder with the
 //! upload, the dispatch sequence and the copies out, one submit, the readback, and the
-//! outputs shaped as the caller's API returns them. A call on X (`forward_*`) and one on Q,
-//! K, V (`sdpa_*`) differ only in where Q, K and V come from ([`Source`]) and in the layout
-//! they return.
+//! outputs shaped as the caller's API returns them ([`Attention::run_whole`]). A call on X
+//! and one on Q, K, V differ only in where Q, K and V come from ([`Source`]) and in the
+//! layout they return.
 
-use ndarray::{ArrayD, ArrayView4, ArrayViewD, IxDyn};
+use ndarray::{ArrayD, ArrayView4, IxDyn};
 
 use super::dispatch::Shape;
 use super::plan::Plan;
-use super::projections::Projections;
 use super::shape::Dims;
 use super::upload::{MaskBuffer, Source};
 use super::weights::DeviceWeights;
@@ -17,78 +16,42 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::gpu::buffer::Buf;
 use crate::gpu::timing;
-use crate::gpu::upload::Values;
 use crate::modifiers::Modifiers;
 
 /// The flat context `(batch, n_q, width)` and weights `(batch, heads, n_q, n_kv)` read back.
 type Flat = (Vec<f32>, Option<Vec<f32>>);
 
 impl Attention {
-    /// A checked call on X that fits the device, with the mask's bias and modifiers: the
-    /// whole call, its outputs shaped as the caller's.
-    pub(super) async fn forward_whole(
+    /// A checked call whose buffers fit the device, start to end, on X or on Q, K, V from the
+    /// host (`source`; Q, K, V as they are, arrays or opened files, the kernels reading them
+    /// and writing the context heads-first through their strides): planned (or with `given`,
+    /// a split part's: the whole call's plan; [`Attention::whole_plan`]), then inside error
+    /// scopes one encoder with upload → projections → attention → output projection →
+    /// copies out ([`Attention::record_call`], on the storage kernels past the textures'
+    /// limit: [`Attention::with_storage_fallback`]), one submit, the readback, and the
+    /// outputs shaped as the caller's ([`shaped`]). `dims` are the call's
+    /// ([`Attention::dims`], [`Attention::sdpa_dims`]).
+    pub(super) async fn run_whole(
         &self,
         ctx: &Context,
         dims: &Dims,
-        x: ArrayViewD<'_, f32>,
-        proj: Option<&Projections<'_>>,
-        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
-        resident: Option<&DeviceWeights>,
-    ) -> Result<Output> {
-        let shape = Shape::self_attention(dims);
-        let source = Source::Projected {
-            x: &x,
-            proj,
-            weights: resident,
-        };
-        let flat = self
-            .run_whole(ctx, dims, shape, &source, (bias, mods), None)
-            .await?;
-        shaped(flat, [&dims.context_shape(), &dims.weights_shape()])
-    }
-
-    /// A call on Q, K, V whose buffers fit: uploaded heads-first as they are (arrays or
-    /// opened files; checked on the way when `check`), the kernels reading them and writing
-    /// the context in that layout through their strides, the context read back straight into
-    /// the returned array; `dims` are theirs ([`Attention::sdpa_dims`]). With `plan`, a part
-    /// of a split call: the whole call's plan.
-    pub(super) async fn sdpa_whole(
-        &self,
-        ctx: &Context,
-        dims: &Dims,
-        [q, k, v]: [Values<'_>; 3],
-        (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
-        check: bool,
-        plan: Option<Plan>,
-    ) -> Result<Output> {
-        let (batch, heads, kv_heads, l) = (dims.batch, dims.heads, dims.kv_heads, dims.n);
-        let (s_len, e_v) = (k.shape()[2], dims.d_v / heads);
-        let source = Source::Qkv {
-            values: [q, k, v],
-            check,
-        };
-        let shape = Shape::sdpa(dims, [batch, heads, kv_heads, l, s_len]).heads_first();
-        let flat = self
-            .run_whole(ctx, dims, shape, &source, (bias, mods), plan)
-            .await?;
-        shaped(flat, [&[batch, heads, l, e_v], &[batch, heads, l, s_len]])
-    }
-
-    /// Plans the call (or takes `given`, a split call's: [`Attention::whole_plan`]) and runs
-    /// it inside error scopes: one encoder with upload → projections → attention → output
-    /// projection → copies out ([`Attention::record_call`], on the storage kernels past the
-    /// textures' limit: [`Attention::with_storage_fallback`]); one submit; the readback.
-    async fn run_whole(
-        &self,
-        ctx: &Context,
-        dims: &Dims,
-        shape: Shape,
-        source: &Source<'_, '_>,
+        source: Source<'_, '_>,
         (bias, mods): (Option<ArrayView4<'_, f32>>, Option<&Modifiers>),
         given: Option<Plan>,
-    ) -> Result<Flat> {
+    ) -> Result<Output> {
+        let (shape, [context_shape, weights_shape]) = match &source {
+            Source::Qkv { values, .. } => {
+                let (b, h, l, s_len) = (dims.batch, dims.heads, dims.n, values[1].shape()[2]);
+                let shape = Shape::sdpa(dims, [b, h, dims.kv_heads, l, s_len]).heads_first();
+                (shape, [vec![b, h, l, dims.d_v / h], vec![b, h, l, s_len]])
+            }
+            _ => (
+                Shape::self_attention(dims),
+                [dims.context_shape(), dims.weights_shape()],
+            ),
+        };
         let masking = (bias.as_ref(), mods);
-        let (mut plan, flash) = self.whole_plan(ctx, dims, shape, source, masking, given)?;
+        let (mut plan, flash) = self.whole_plan(ctx, dims, shape, &source, masking, given)?;
         let call = async {
             // Declared first, dropped last: the call's buffers are reused only after it ends.
             let _open = ctx.pool.open();
@@ -100,7 +63,7 @@ impl Attention {
                         });
                 timing::begin(ctx);
                 let out =
-                    self.record_call(ctx, &mut encoder, plan, dims, shape, source, masking)?;
+                    self.record_call(ctx, &mut encoder, plan, dims, shape, &source, masking)?;
                 Ok((encoder, out))
             };
             let fallback = (dims, &flash, mods.is_some());
@@ -110,7 +73,8 @@ impl Attention {
             self.read_back(ctx, encoder, &out.output, rows * out.width, weights)
                 .await
         };
-        ctx.scoped_async(call).await
+        let flat = ctx.scoped_async(call).await?;
+        shaped(flat, [&context_shape, &weights_shape])
     }
 
     /// The plan of a call that fits the device, run on the device's buffers or recorded on
