@@ -14,6 +14,7 @@
 
 use ndarray::{Array4, ArrayView4, ArrayViewD, CowArray, IxDyn};
 
+use super::plan::Plan;
 use super::projections::Projections;
 use super::shape::{named_inputs, Dims};
 use super::split::call_fits;
@@ -258,8 +259,7 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                 op.run_whole(ctx, dims, source, masking, None).await
             }
             (Given::X { x, proj, layer }, Some(too_big)) => {
-                let plan = op.plan(ctx, dims)?;
-                let op = op.whole_key_split(ctx, dims, dims.n, &plan);
+                let (op, plan) = self.split_plan(ctx)?;
                 let resident = layer.map(Layer::device);
                 op.forward_in_parts(
                     ctx,
@@ -282,8 +282,7 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                 let Some([q, k, v]) = &self.arrays else {
                     return Err(Error::invalid("split", "internal: Q, K, V not read"));
                 };
-                let plan = op.plan(ctx, dims)?;
-                let op = op.whole_key_split(ctx, dims, k.shape()[2], &plan);
+                let (op, plan) = self.split_plan(ctx)?;
                 let (q, k, v) = (four(q)?, four(k)?, four(v)?);
                 op.sdpa_in_parts(ctx, q, k, v, masking, plan).await
             }
@@ -292,6 +291,14 @@ impl<'a, 'p, 'm> Call<'a, 'p, 'm> {
                 "internal: a call on tensors is recorded, not run",
             )),
         }
+    }
+
+    /// The op and plan the parts of a call past the limits run with: the whole call's plan,
+    /// and the key split the whole call would take ([`Attention::whole_key_split`]).
+    fn split_plan(&self, ctx: &Context) -> Result<(Attention, Plan)> {
+        let plan = self.op.plan(ctx, &self.dims)?;
+        let op = self.op.whole_key_split(ctx, &self.dims, self.n_kv, &plan);
+        Ok((op, plan))
     }
 
     /// Records a call on tensors into `rec` (saved for the backward when the op says so):
