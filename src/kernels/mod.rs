@@ -65,6 +65,14 @@ pub(crate) trait Kernel {
     const WORKGROUP: [Dim; 3];
     /// The resources at bindings 1, 2, … (binding 0 is the uniform `p: Params`).
     const BINDINGS: &'static [Slot];
+    /// How many of [`Kernel::BINDINGS`] are storage buffers (read or read-write): what a
+    /// stage's `max_storage_buffers_per_shader_stage` counts of the kernel's own.
+    fn storage_bindings() -> usize {
+        Self::BINDINGS
+            .iter()
+            .filter(|s| matches!(s, Slot::Read(_) | Slot::ReadWrite(_)))
+            .count()
+    }
     /// The element-type aliases (`alias Q_T = f32;` or `f16`) the host prepends: bit `i` of a
     /// dispatch's `f16` mask makes `DTYPES[i]` f16.
     const DTYPES: &'static [&'static str] = &[];

@@ -64,12 +64,7 @@ pub(crate) fn record_with<K: Kernel>(
     if let Some(m) = &mods {
         // A caller's buffers take a storage binding each: say so before wgpu's validation
         // does, in a word no one can act on.
-        let storage = K::BINDINGS
-            .iter()
-            .filter(|s| matches!(s, Slot::Read(_) | Slot::ReadWrite(_)))
-            .count()
-            + m.upload.buffers.len()
-            + usize::from(m.map.is_some());
+        let storage = K::storage_bindings() + m.upload.buffers.len() + usize::from(m.map.is_some());
         let limit = ctx.limits().max_storage_buffers_per_shader_stage as usize;
         if storage > limit {
             return Err(Error::LimitExceeded {

@@ -154,11 +154,8 @@ pub(in crate::attention) fn record_table_grad(
 /// storage buffers a stage (WebGPU's default is 8: one modifier buffer passes it), where the
 /// subgroup kernels, which read Q and dO as textures, fit.
 fn storage_past_binding_count(ctx: &Context, mods: usize) -> bool {
-    use crate::kernels::{flash_backward_kv, Kernel, Slot};
-    let own = <flash_backward_kv::Shader as Kernel>::BINDINGS
-        .iter()
-        .filter(|s| matches!(s, Slot::Read(_) | Slot::ReadWrite(_)))
-        .count();
+    use crate::kernels::{flash_backward_kv, Kernel};
+    let own = <flash_backward_kv::Shader as Kernel>::storage_bindings();
     mods > 0 && own + mods > ctx.limits().max_storage_buffers_per_shader_stage as usize
 }
 
